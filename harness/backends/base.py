@@ -1,0 +1,148 @@
+"""The Backend protocol and the request/result objects every backend speaks.
+
+A backend turns one `ProbeRequest` into one `ProbeRun`. It never judges: the verdict is made
+above it from the run, the host witnesses and the control leg. It never falls back to running
+unsandboxed: if it cannot confine, it raises `BackendUnavailable` (before a run) or returns a
+run with `started=False` and the reason (during one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+# What a backend claims to enforce, so a verdict judges it against its own claim.
+#   network: "open"   nothing confines the network (the control leg)
+#            "proxy"  the only route out is an egress proxy with an allowlist
+#            "none"   no network at all
+#   filesystem: "open" | "workspace" (writes only inside the workspace)
+#   ipc: "open" | "isolated" (no host unix/abstract sockets, no host processes)
+NetworkMode = Literal["open", "proxy", "none"]
+FilesystemMode = Literal["open", "workspace"]
+IpcMode = Literal["open", "isolated"]
+
+# The first line a probe prints. A run without it never started inside the sandbox, whatever
+# the exit code says: wrappers exit 0 on failures often enough that nothing else is trusted.
+START_MARKER = "SANDBOX-ATTEST-START"
+
+
+@dataclass(frozen=True)
+class DeclaredPolicy:
+    """The confinement a backend promises; verdicts hold it to exactly this."""
+
+    network: NetworkMode
+    filesystem: FilesystemMode
+    ipc: IpcMode
+
+    def as_dict(self) -> dict[str, str]:
+        """The policy as plain JSON data for evidence and identity digests."""
+        return {"network": self.network, "filesystem": self.filesystem, "ipc": self.ipc}
+
+
+@dataclass(frozen=True)
+class EgressRoute:
+    """How the sandboxed payload reaches the egress proxy.
+
+    `unix_socket` is the host path of the proxy's socket (bound read-only into namespaced
+    sandboxes, where an in-sandbox shim re-exposes it on loopback); `tcp_url` is the loopback
+    TCP URL with the secret as userinfo, for backends that share the host's loopback.
+    """
+
+    unix_socket: Path
+    tcp_url: str
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One probe to run in one backend: everything the backend needs, nothing it may infer.
+
+    Attributes:
+        cell_id: `<backend>-<probe>`, stable across runs.
+        argv: the payload command as it runs inside (interpreter, probe script, task file).
+        env: the scrubbed environment the payload may see (only declared variables).
+        workspace: the only writable path the payload is granted.
+        read_only: host paths the payload needs to read (probe dir, task file, CA bundle,
+            interpreter prefixes); a backend binds them at the same path.
+        egress: the route to the proxy; `None` means no proxy at all.
+        timeout: seconds before the whole process tree is killed.
+    """
+
+    cell_id: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    workspace: Path
+    read_only: tuple[Path, ...]
+    egress: EgressRoute | None
+    timeout: float
+    cell_dir: Path  # host-only scratch for this cell (logs, rendered files); never bound in
+
+
+@dataclass
+class ProbeRun:
+    """What a backend observed from outside while a probe ran. Judged elsewhere."""
+
+    cell_id: str
+    started: bool  # the start marker was seen on stdout
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+    argv: list[str]  # the exact host argv that ran (the sandbox command line)
+    helper_stderr: str = ""  # shim / launcher diagnostics, surfaced in the verdict
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who ran the probes: recorded in evidence and in the attestation's configuration."""
+
+    name: str
+    version: str
+    platform: str  # e.g. "Linux 6.1.0-18-amd64 x86_64"
+    policy: DeclaredPolicy
+    profile: dict[str, Any]  # the argv template / profile / options that define confinement
+
+    @property
+    def profile_digest(self) -> str:
+        """sha256 of the canonical JSON of the confinement profile."""
+        canonical = json.dumps(self.profile, sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    def as_dict(self) -> dict[str, Any]:
+        """Identity as plain JSON data (with the profile digest)."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "platform": self.platform,
+            "policy": self.policy.as_dict(),
+            "profile": self.profile,
+            "profile_digest": self.profile_digest,
+        }
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run here; when it cannot, `reason` names the fix."""
+
+    ok: bool
+    reason: str
+    identity: Identity | None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A sandbox the harness can run probes in."""
+
+    name: str
+
+    def availability(self) -> Availability:
+        """Check this machine can run the backend, and say who it is."""
+        ...
+
+    def run(self, request: ProbeRequest) -> ProbeRun:
+        """Run one probe confined; never unconfined. Kill the whole tree on timeout."""
+        ...

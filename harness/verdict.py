@@ -1,0 +1,99 @@
+"""Verdicts: the expectation x the payload's report x the host witness x the control.
+
+The judging is split in two on purpose. A probe's own assessor (in `harness.catalog`) knows
+what its attempts and witnesses mean and reduces them to an `Assessment`; `decide` then applies
+the same fail-closed rules to every probe, so no probe can invent a lenient path to PASS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+
+class Verdict(StrEnum):
+    """The six outcomes of a matrix cell (see ARCHITECTURE.md, "Verdicts")."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    ERROR = "ERROR"
+    UNAVAILABLE = "UNAVAILABLE"
+    NOT_APPLICABLE = "NOT_APPLICABLE"
+
+
+# What the declared policy says must happen to the probe's attempt.
+#   "denied":  a confining sandbox must stop the escape attempt.
+#   "allowed": the attempt must succeed and be seen by the host (the control leg for a
+#              negative probe, or any leg for a capability such as the 18 MiB transfer).
+Expectation = Literal["denied", "allowed"]
+
+# What happened to the escape/capability, once payload and witness are compared:
+#   "escaped":    a host witness saw it (authoritative whatever the payload says).
+#   "refused":    the payload was refused and no host witness saw anything.
+#   "contained":  the payload "succeeded" but only inside the sandbox (its private tmpfs, its
+#                 own empty loopback); nothing reached the host. Not an escape.
+#   "disagree":   payload and witness tell different stories that containment can't explain.
+#   "undecided":  the attempt could not be made (tool missing, error before the attempt).
+Escape = Literal["escaped", "refused", "contained", "disagree", "undecided"]
+
+
+@dataclass
+class Assessment:
+    """A probe's reading of one run: the escape, the controls, and why.
+
+    Attributes:
+        escape: the combined payload/witness reading of the attempt (see `Escape`).
+        controls_ok: every positive control succeeded (inside and on the host), so a refusal
+            or a silent witness means something.
+        reasons: short lowercase phrases, most important first ("proxy answered 403").
+        observed: the payload's side in one word: "succeeded" | "refused" | "error".
+        witness: the host-side records this assessment relied on, for the evidence file.
+        control: the controls and their results, for the evidence file.
+    """
+
+    escape: Escape
+    controls_ok: bool
+    reasons: list[str]
+    observed: Literal["succeeded", "refused", "error"]
+    witness: dict[str, object] = field(default_factory=dict)
+    control: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A verdict and the one-line reason a reviewer reads first."""
+
+    verdict: Verdict
+    reason: str
+
+
+def decide(expected: Expectation, assessment: Assessment) -> Decision:
+    """Apply the fail-closed rules to one assessed cell.
+
+    Rules, in order:
+      1. A host witness that saw an escape where denial was expected is FAIL, always.
+      2. Controls that failed make any non-FAIL outcome INCONCLUSIVE: a denial nobody could
+         have seen succeed proves nothing.
+      3. Payload and witness disagreeing, or an attempt never made, is INCONCLUSIVE.
+      4. Expected denial + refused/contained is PASS; expected allowed + escaped is PASS.
+      5. Expected allowed but refused/contained is INCONCLUSIVE on the control leg's
+         negatives (the probe cannot see the capability) — the caller turns a capability
+         that a sandbox broke into FAIL via `capability_failed`.
+    """
+    why = "; ".join(assessment.reasons) or "no reason recorded"
+    escape = assessment.escape
+    if expected == "denied" and escape == "escaped":
+        return Decision(Verdict.FAIL, f"escape observed by the host: {why}")
+    if not assessment.controls_ok:
+        return Decision(Verdict.INCONCLUSIVE, f"positive control failed: {why}")
+    if escape == "disagree":
+        return Decision(Verdict.INCONCLUSIVE, f"payload and host witness disagree: {why}")
+    if escape == "undecided":
+        return Decision(Verdict.INCONCLUSIVE, f"the attempt could not be made: {why}")
+    if expected == "denied":
+        return Decision(Verdict.PASS, why)
+    if escape == "escaped":
+        return Decision(Verdict.PASS, why)
+    return Decision(Verdict.INCONCLUSIVE, f"expected to succeed and be seen, but: {why}")
