@@ -28,6 +28,18 @@ IpcMode = Literal["open", "isolated"]
 # the exit code says: wrappers exit 0 on failures often enough that nothing else is trusted.
 START_MARKER = "SANDBOX-ATTEST-START"
 
+# Where the in-sandbox shim listens when a backend routes egress through the proxy's unix
+# socket. Any port works inside a private network namespace; a fixed one keeps the task file and
+# the profile digest stable across cells.
+SHIM_PORT = 3128
+
+# How the payload inside reaches the proxy:
+#   "shim":       the backend makes the proxy's unix socket visible inside and runs the shim, so
+#                 the payload's proxy is http://127.0.0.1:SHIM_PORT (namespaced sandboxes).
+#   "direct-tcp": the payload shares the host loopback and uses the proxy's TCP URL with the
+#                 secret as userinfo (the control leg, seatbelt).
+EgressMode = Literal["shim", "direct-tcp"]
+
 
 @dataclass(frozen=True)
 class DeclaredPolicy:
@@ -77,7 +89,7 @@ class ProbeRequest:
     read_only: tuple[Path, ...]
     egress: EgressRoute | None
     timeout: float
-    cell_dir: Path  # host-only scratch for this cell (logs, rendered files); never bound in
+    cell_dir: Path  # host-only scratch for this cell (logs, rendered files); never bound whole
 
 
 @dataclass
@@ -138,6 +150,7 @@ class Backend(Protocol):
     """A sandbox the harness can run probes in."""
 
     name: str
+    egress_mode: EgressMode
 
     def availability(self) -> Availability:
         """Check this machine can run the backend, and say who it is."""

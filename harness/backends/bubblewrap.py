@@ -1,0 +1,207 @@
+"""bubblewrap: Linux namespaces around the payload, egress only through the proxy's socket.
+
+Everything about bwrap lives here: the availability check (with the fix when it fails), the
+argv, and the deliberate weakenings the tests use to prove the probes catch a broken sandbox.
+
+The mount plan is minimal on purpose. `--ro-bind / /` would expose every host unix socket
+(docker.sock among them) and every host file the probes are meant to miss, so only the
+system roots, a few /etc files, the interpreter (by its lexical and its resolved path) and the
+paths the request names are visible; the workspace is the only writable bind; /tmp is a fresh
+tmpfs; the network namespace is empty and the proxy's unix socket is the one way out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Final
+
+from harness.backends.base import (
+    SHIM_PORT,
+    Availability,
+    DeclaredPolicy,
+    EgressMode,
+    Identity,
+    ProbeRequest,
+    ProbeRun,
+)
+from harness.backends.none import platform_string
+from harness.backends.process import run_process
+
+POLICY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+
+# Inside the sandbox the proxy socket and the shim always sit here, so the argv (and its
+# digest) does not depend on where this run's scratch directory happens to be.
+SANDBOX_RUN_DIR: Final = "/run/sandbox-attest"
+SANDBOX_PROXY_SOCKET: Final = f"{SANDBOX_RUN_DIR}/proxy.sock"
+SANDBOX_SHIM: Final = f"{SANDBOX_RUN_DIR}/shim.py"
+
+# Top-level directories that are symlinks into /usr on merged-/usr systems (Debian 12) and real
+# directories elsewhere; bound read-only either way.
+SYSTEM_ROOTS: Final = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# The few /etc files a Python payload and pip need: the loader cache, user/group names, time.
+# resolv.conf is left out on purpose: with no resolver configured, glibc tries 127.0.0.1:53
+# inside the empty namespace, which cannot leak anywhere.
+ETC_FILES: Final = (
+    "/etc/ld.so.cache",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/localtime",
+    "/etc/alternatives",
+)
+
+# Deliberate holes, used only by tests to show that the matching probes FAIL.
+WEAKENINGS: Final = frozenset({"share-net", "share-ipc", "host-root-rw", "no-die-with-parent"})
+
+INSTALL_FIX: Final = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
+USERNS_FIX: Final = (
+    "allow unprivileged user namespaces: sysctl -w kernel.unprivileged_userns_clone=1 "
+    "(Debian), sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 (Ubuntu 24.04+), "
+    "and make sure user.max_user_namespaces is not 0"
+)
+
+
+def shim_path() -> Path:
+    """The stdlib-only shim script that bridges loopback to the proxy socket inside."""
+    return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
+
+
+def system_root_args() -> list[str]:
+    """Read-only binds for /usr and the top-level system roots, mirroring the host layout."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for root in SYSTEM_ROOTS:
+        path = Path(root)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), root]
+        elif path.is_dir():
+            args += ["--ro-bind", root, root]
+    for etc in ETC_FILES:
+        args += ["--ro-bind-try", etc, etc]
+    return args
+
+
+class BubblewrapBackend:
+    """Runs each payload in fresh user/pid/net/ipc/uts(/cgroup) namespaces with bwrap."""
+
+    name = "bubblewrap"
+    egress_mode: EgressMode = "shim"
+
+    def __init__(self, bwrap: str = "bwrap", weaken: frozenset[str] = frozenset()) -> None:
+        """Create the backend.
+
+        Args:
+            bwrap: the executable to use, found on PATH unless absolute.
+            weaken: deliberate holes from WEAKENINGS (tests only); recorded in the identity.
+
+        Raises:
+            ValueError: for a weakening this backend does not know.
+        """
+        unknown = set(weaken) - WEAKENINGS
+        if unknown:
+            raise ValueError(f"unknown bubblewrap weakening(s) {sorted(unknown)}; "
+                             f"choose from {sorted(WEAKENINGS)}")
+        self.bwrap = bwrap
+        self.weaken = frozenset(weaken)
+
+    # -- availability ------------------------------------------------------------------
+
+    def availability(self) -> Availability:
+        """Find bwrap, check it can create namespaces here, and say who it is."""
+        exe = shutil.which(self.bwrap)
+        if exe is None:
+            return Availability(False, f"bwrap not found on PATH; {INSTALL_FIX}", None)
+        try:
+            version = subprocess.run(
+                [exe, "--version"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout.strip()
+            true_exe = shutil.which("true") or "/usr/bin/true"
+            trial = subprocess.run(
+                [exe, "--unshare-all", "--die-with-parent", *system_root_args(),
+                 "--proc", "/proc", "--dev", "/dev", true_exe],
+                capture_output=True, text=True, timeout=20, check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Availability(False, f"bwrap could not be run ({exc}); {INSTALL_FIX}", None)
+        if trial.returncode != 0:
+            said = trial.stderr.strip() or f"exit {trial.returncode}"
+            return Availability(
+                False,
+                f"bubblewrap could not create its namespaces (bwrap said: {said!r}); {USERNS_FIX}",
+                None,
+            )
+        identity = Identity(
+            name=self.name + ("+weakened" if self.weaken else ""),
+            version=version or "unknown",
+            platform=platform_string(),
+            policy=POLICY,
+            profile={
+                "argv_template": self.argv_template(),
+                "weakened": sorted(self.weaken),
+                "egress": self.egress_mode,
+            },
+        )
+        return Availability(True, "", identity)
+
+    # -- argv --------------------------------------------------------------------------
+
+    def namespace_args(self) -> list[str]:
+        """The namespace and lifetime flags, minus any deliberate weakening."""
+        args = []
+        if "no-die-with-parent" not in self.weaken:
+            args.append("--die-with-parent")
+        args += ["--new-session", "--unshare-user", "--unshare-pid", "--unshare-uts",
+                 "--unshare-cgroup-try", "--hostname", "sandbox-attest", "--cap-drop", "ALL"]
+        if "share-net" not in self.weaken:
+            args.append("--unshare-net")
+        if "share-ipc" not in self.weaken:
+            args.append("--unshare-ipc")
+        return args
+
+    def build_argv(self, request: ProbeRequest) -> list[str]:
+        """The exact host command line for one request (deterministic for its inputs)."""
+        argv = [self.bwrap, *self.namespace_args()]
+        if "host-root-rw" in self.weaken:
+            argv += ["--bind", "/", "/"]
+        argv += system_root_args()
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
+        for path in request.read_only:
+            argv += ["--ro-bind", str(path), str(path)]
+        argv += ["--bind", str(request.workspace), str(request.workspace)]
+        payload = list(request.argv)
+        if request.egress is not None:
+            argv += ["--ro-bind", str(request.egress.unix_socket), SANDBOX_PROXY_SOCKET,
+                     "--ro-bind", str(shim_path()), SANDBOX_SHIM]
+            # The shim binds its port before it starts the payload, so the payload never races
+            # it; it runs under the payload's own interpreter (already bound above).
+            payload = [payload[0], SANDBOX_SHIM, "--unix", SANDBOX_PROXY_SOCKET,
+                       "--port", str(SHIM_PORT), "--", *payload]
+        # The sandbox's own root is a tmpfs bwrap built; make it read-only too, so that only the
+        # workspace and the private /tmp take writes.
+        argv += ["--remount-ro", "/", "--chdir", str(request.workspace), "--", *payload]
+        return argv
+
+    def argv_template(self) -> list[str]:
+        """The argv with per-cell paths replaced by names: what the identity digest covers."""
+        argv = [self.bwrap, *self.namespace_args()]
+        if "host-root-rw" in self.weaken:
+            argv += ["--bind", "/", "/"]
+        argv += system_root_args()
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",  # noqa: S108
+                 "--ro-bind", "{read_only...}", "{read_only...}",
+                 "--bind", "{workspace}", "{workspace}",
+                 "--ro-bind", "{proxy_socket}", SANDBOX_PROXY_SOCKET,
+                 "--ro-bind", "{shim}", SANDBOX_SHIM,
+                 "--remount-ro", "/", "--chdir", "{workspace}", "--", "{python}", SANDBOX_SHIM,
+                 "--unix", SANDBOX_PROXY_SOCKET, "--port", str(SHIM_PORT), "--", "{payload...}"]
+        return argv
+
+    # -- run ---------------------------------------------------------------------------
+
+    def run(self, request: ProbeRequest) -> ProbeRun:
+        """Run the payload under bwrap; a timeout kills bwrap's group (and so the sandbox)."""
+        argv = self.build_argv(request)
+        return run_process(request.cell_id, argv, dict(request.env), request.workspace,
+                           request.timeout)

@@ -1,0 +1,182 @@
+"""Run one sandbox command line as a process group, with a deadline and bounded capture.
+
+Shared by every backend that confines by wrapping a command (none, bubblewrap, command
+wrappers). The child starts in its own session so that a timeout can kill the whole tree:
+some wrappers exit on SIGTERM while their confined child keeps running, so we go straight to
+SIGKILL of the group and record the timeout ourselves.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from harness.backends.base import START_MARKER, ProbeRun
+
+# A probe prints two short lines. Anything beyond this is noise or an attack on the
+# harness's memory; keep the head (where the marker and the JSON line are) and say so.
+MAX_CAPTURE_BYTES = 4 * 1024 * 1024
+# Lines a helper (the shim) writes to stderr carry this prefix; they are surfaced apart.
+HELPER_PREFIXES = ("shim: ",)
+
+
+@dataclass(frozen=True)
+class Capture:
+    """Bytes read from one pipe, capped."""
+
+    data: bytes
+    truncated: bool
+
+
+def _drain(stream: IO[bytes], sink: list[Capture]) -> None:
+    chunks: list[bytes] = []
+    size = 0
+    truncated = False
+    while True:
+        chunk = stream.read(65536)
+        if not chunk:
+            break
+        if size < MAX_CAPTURE_BYTES:
+            keep = chunk[: MAX_CAPTURE_BYTES - size]
+            chunks.append(keep)
+            size += len(keep)
+            truncated = truncated or len(keep) < len(chunk)
+        else:
+            truncated = True  # keep reading so the child never blocks on a full pipe
+    sink.append(Capture(b"".join(chunks), truncated))
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by `pid`; a group already gone is fine."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the group `pgid` still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_process(
+    cell_id: str,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    timeout: float,
+) -> ProbeRun:
+    """Run `argv` in a new session; kill the whole group at the deadline.
+
+    Args:
+        cell_id: the matrix cell, copied into the result.
+        argv: the full host command line (the sandbox wrapper and the payload).
+        env: the exact environment of the child (nothing is inherited).
+        cwd: working directory of the child.
+        timeout: seconds until the group is killed and the run marked timed out.
+
+    Returns:
+        The run as seen from outside; `started` says whether the start marker was printed.
+        Never raises for a child's failure: an exec error becomes a run that did not start.
+    """
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return ProbeRun(
+            cell_id=cell_id,
+            started=False,
+            exit_code=None,
+            stdout="",
+            stderr=f"could not execute {argv[0]!r}: {exc}",
+            timed_out=False,
+            duration_s=time.monotonic() - start,
+            argv=argv,
+        )
+    assert proc.stdout is not None  # noqa: S101  (PIPE was requested just above)
+    assert proc.stderr is not None  # noqa: S101
+    out: list[Capture] = []
+    err: list[Capture] = []
+    readers = [
+        threading.Thread(target=_drain, args=(proc.stdout, out), daemon=True),
+        threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        # Kill the group on every path, a clean exit included: a payload may have left a
+        # background child holding our pipes open, and an outer guard (pytest-timeout,
+        # Ctrl-C) interrupting the wait must not leave the sandbox running.
+        kill_group(proc.pid)
+        proc.wait()
+    for reader in readers:
+        reader.join(timeout=5)
+    proc.stdout.close()
+    proc.stderr.close()
+    duration = time.monotonic() - start
+    stdout = out[0] if out else Capture(b"", False)
+    stderr = err[0] if err else Capture(b"", False)
+    return finish_run(
+        cell_id, argv, proc.returncode, stdout, stderr, timed_out=timed_out, duration=duration
+    )
+
+
+def finish_run(
+    cell_id: str,
+    argv: list[str],
+    exit_code: int | None,
+    stdout: Capture,
+    stderr: Capture,
+    *,
+    timed_out: bool,
+    duration: float,
+) -> ProbeRun:
+    """Build a ProbeRun from captured output: find the marker, split helper lines."""
+    out_text = stdout.data.decode("utf-8", "replace")
+    err_text = stderr.data.decode("utf-8", "replace")
+    helper = [ln for ln in err_text.splitlines() if ln.startswith(HELPER_PREFIXES)]
+    notes = []
+    if stdout.truncated:
+        notes.append(f"stdout truncated at {MAX_CAPTURE_BYTES} bytes")
+    if stderr.truncated:
+        notes.append(f"stderr truncated at {MAX_CAPTURE_BYTES} bytes")
+    if timed_out:
+        notes.append(f"timed out after {duration:.1f}s; process group killed")
+    started = any(ln.startswith(START_MARKER) for ln in out_text.splitlines())
+    return ProbeRun(
+        cell_id=cell_id,
+        started=started,
+        exit_code=exit_code,
+        stdout=out_text,
+        stderr=err_text,
+        timed_out=timed_out,
+        duration_s=duration,
+        argv=argv,
+        helper_stderr="\n".join(helper),
+        notes=notes,
+    )

@@ -1,0 +1,242 @@
+"""The bubblewrap backend: its argv, its availability message, and live confinement."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.backends import bubblewrap as bw
+from harness.backends.base import SHIM_PORT, START_MARKER, EgressRoute, ProbeRequest
+from harness.runner import interpreter_paths, payload_env
+
+pytestmark = pytest.mark.needs_bwrap
+
+# A payload that reports what it can see and do from inside; stdlib only, like a probe.
+PAYLOAD = r"""
+import json, os, socket, sys
+print("SANDBOX-ATTEST-START test", flush=True)
+facts = {"uid": os.getuid(), "pid": os.getpid(), "hostname": socket.gethostname(),
+         "netdevs": sorted(ln.split(":")[0].strip() for ln in open("/proc/net/dev").readlines()[2:])}
+ws = sys.argv[1]
+with open(os.path.join(ws, "inside.txt"), "w") as f:
+    f.write("written inside")
+for target in ("/usr/sandbox-attest-write-test", "/etc/sandbox-attest-write-test"):
+    try:
+        open(target, "w").close()
+        facts[target] = "succeeded"
+    except OSError as exc:
+        import errno
+        facts[target] = errno.errorcode.get(exc.errno, str(exc.errno))
+facts["docker_sock_visible"] = os.path.exists("/var/run/docker.sock") or os.path.exists("/run/docker.sock")
+facts["home_visible"] = sorted(os.listdir(os.path.expanduser("/root"))) if os.path.isdir("/root") else None
+if len(sys.argv) > 2 and sys.argv[2] == "proxy":
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[3])), timeout=5)
+    s.sendall(b"ping through shim")
+    s.shutdown(socket.SHUT_WR)
+    facts["echo"] = s.recv(100).decode()
+if len(sys.argv) > 2 and sys.argv[2] == "sleep":
+    import time; time.sleep(60)
+print(json.dumps({"attempts": [{"what": "facts"}], "facts": facts}), flush=True)
+"""
+
+
+@pytest.fixture
+def payload(tmp_path: Path) -> Path:
+    """The test payload, in a directory of its own (bound read-only)."""
+    pdir = tmp_path / "payload"
+    pdir.mkdir()
+    path = pdir / "payload.py"
+    path.write_text(PAYLOAD)
+    return path
+
+
+@pytest.fixture
+def echo_socket(tmp_path: Path) -> Iterator[Path]:
+    """A unix socket standing in for the proxy: echoes what it receives, prefixed."""
+    path = tmp_path / "proxy.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while chunk := conn.recv(4096):
+                    data += chunk
+                conn.sendall(b"echo:" + data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield path
+    server.close()
+
+
+def make_request(tmp_path: Path, payload: Path, *extra: str, socket_path: Path | None = None,
+                 timeout: float = 30) -> ProbeRequest:
+    """A request like the runner makes: venv interpreter, workspace, payload dir read-only."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir(exist_ok=True)
+    egress = None
+    if socket_path is not None:
+        egress = EgressRoute(unix_socket=socket_path, tcp_url="http://unused")
+    return ProbeRequest(
+        cell_id="bubblewrap-test",
+        argv=(sys.executable, str(payload), str(workspace), *extra),
+        env=payload_env(None, workspace),
+        workspace=workspace,
+        read_only=(*interpreter_paths(), payload.parent),
+        egress=egress,
+        timeout=timeout,
+        cell_dir=tmp_path,
+    )
+
+
+def facts_of(stdout: str) -> dict[str, object]:
+    """The payload's facts from its JSON line."""
+    line = [ln for ln in stdout.splitlines() if ln.startswith("{")][-1]
+    return dict(json.loads(line)["facts"])
+
+
+class TestArgv:
+    def test_confinement_flags_present(self, tmp_path: Path, payload: Path) -> None:
+        """The argv has every namespace, lifetime and capability flag the policy relies on."""
+        argv = bw.BubblewrapBackend().build_argv(make_request(tmp_path, payload))
+        for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                     "--unshare-uts", "--die-with-parent", "--new-session"):
+            assert flag in argv
+        assert argv[argv.index("--cap-drop") + 1] == "ALL"
+        assert argv[argv.index("--tmpfs") + 1] == "/tmp"
+
+    def test_workspace_is_the_only_writable_bind(self, tmp_path: Path, payload: Path) -> None:
+        """Exactly one read-write --bind exists, and it is the workspace; / is never bound."""
+        request = make_request(tmp_path, payload)
+        argv = bw.BubblewrapBackend().build_argv(request)
+        rw = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
+        assert rw == [str(request.workspace)]
+        ro = [argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"]
+        assert "/" not in ro
+
+    def test_interpreter_bound_by_lexical_and_resolved_path(self, tmp_path: Path,
+                                                            payload: Path) -> None:
+        """Both the interpreter's own path and its resolved target are visible inside."""
+        argv = bw.BubblewrapBackend().build_argv(make_request(tmp_path, payload))
+        ro = [Path(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind"]
+        lexical = Path(sys.executable)
+        resolved = lexical.resolve()
+        for exe in (lexical, resolved):
+            assert exe.is_relative_to("/usr") or any(exe.is_relative_to(p) for p in ro), exe
+
+    def test_weakening_is_visible_in_argv_and_identity(self, tmp_path: Path,
+                                                       payload: Path) -> None:
+        """A weakened backend drops exactly the flag it names and says so in its identity."""
+        weak = bw.BubblewrapBackend(weaken=frozenset({"share-net"}))
+        argv = weak.build_argv(make_request(tmp_path, payload))
+        assert "--unshare-net" not in argv
+        assert "--unshare-ipc" in argv
+        avail = weak.availability()
+        assert avail.identity is not None
+        assert avail.identity.name == "bubblewrap+weakened"
+        assert avail.identity.profile["weakened"] == ["share-net"]
+        strong = bw.BubblewrapBackend().availability().identity
+        assert strong is not None
+        assert strong.profile_digest != avail.identity.profile_digest
+
+    def test_unknown_weakening_is_refused(self) -> None:
+        """A typo in a weakening is an error, not a silently strong (or weak) sandbox."""
+        with pytest.raises(ValueError, match="unknown bubblewrap weakening"):
+            bw.BubblewrapBackend(weaken=frozenset({"share-netz"}))
+
+
+class TestAvailability:
+    def test_missing_bwrap_names_the_fix(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without bwrap on PATH the backend is unavailable and says how to install it."""
+        monkeypatch.setattr(bw.shutil, "which", lambda _name: None)
+        avail = bw.BubblewrapBackend().availability()
+        assert not avail.ok
+        assert "apt-get install bubblewrap" in avail.reason
+
+    def test_namespace_failure_names_the_sysctl(self, tmp_path: Path) -> None:
+        """A bwrap that cannot create namespaces is unavailable with the sysctl fix."""
+        fake = tmp_path / "bwrap"
+        fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'bubblewrap 0.0'; exit 0; }\n"
+                        "echo 'bwrap: setting up uid map: Permission denied' >&2; exit 1\n")
+        fake.chmod(0o755)
+        avail = bw.BubblewrapBackend(bwrap=str(fake)).availability()
+        assert not avail.ok
+        assert "setting up uid map" in avail.reason
+        assert "unprivileged_userns_clone" in avail.reason
+
+    def test_available_here_with_version(self) -> None:
+        """On this machine bwrap runs, and its identity carries the version and policy."""
+        avail = bw.BubblewrapBackend().availability()
+        assert avail.ok, avail.reason
+        assert avail.identity is not None
+        assert avail.identity.version.startswith("bubblewrap")
+        assert avail.identity.policy.network == "proxy"
+
+
+class TestLive:
+    def test_confined_payload_sees_an_empty_world(self, tmp_path: Path, payload: Path) -> None:
+        """Inside: only lo, read-only system, no docker.sock, no host home; workspace works."""
+        request = make_request(tmp_path, payload)
+        run = bw.BubblewrapBackend().run(request)
+        assert run.started, run.stderr
+        facts = facts_of(run.stdout)
+        assert facts["netdevs"] == ["lo"]
+        assert facts["/usr/sandbox-attest-write-test"] == "EROFS"
+        assert facts["/etc/sandbox-attest-write-test"] in {"EROFS", "EACCES", "ENOENT"}
+        assert facts["docker_sock_visible"] is False
+        assert facts["hostname"] == "sandbox-attest"
+        assert (request.workspace / "inside.txt").read_text() == "written inside"
+        home = facts["home_visible"]
+        assert isinstance(home, list)
+        assert not any(name.startswith(".ssh") for name in home)
+
+    def test_shim_bridges_loopback_to_the_proxy_socket(self, tmp_path: Path, payload: Path,
+                                                        echo_socket: Path) -> None:
+        """The only way out is the proxy socket, reached through the shim on loopback."""
+        request = make_request(tmp_path, payload, "proxy", str(SHIM_PORT),
+                               socket_path=echo_socket)
+        run = bw.BubblewrapBackend().run(request)
+        assert run.started, run.stderr
+        assert facts_of(run.stdout)["echo"] == "echo:ping through shim"
+
+    def test_timeout_kills_the_whole_tree(self, tmp_path: Path, payload: Path) -> None:
+        """A hung payload is killed with bwrap at the deadline and nothing survives."""
+        request = make_request(tmp_path, payload, "sleep", timeout=3)
+        start = time.monotonic()
+        run = bw.BubblewrapBackend().run(request)
+        assert run.timed_out
+        assert time.monotonic() - start < 15
+        survivors = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(request.workspace).encode() in cmdline:
+                survivors.append(pid)
+        assert survivors == []
+
+    def test_weakened_share_net_sees_host_interfaces(self, tmp_path: Path,
+                                                     payload: Path) -> None:
+        """Control for the weakening: sharing the network shows the host's devices."""
+        run = bw.BubblewrapBackend(weaken=frozenset({"share-net"})).run(
+            make_request(tmp_path, payload))
+        assert run.started, run.stderr
+        host = sorted(ln.split(":")[0].strip()
+                      for ln in Path("/proc/net/dev").read_text().splitlines()[2:])
+        assert len(host) > 1
+        assert facts_of(run.stdout)["netdevs"] == host
