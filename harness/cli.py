@@ -1,0 +1,124 @@
+"""`sandbox-attest run | backends | serve | verify | merge`; main(argv=None) for tests."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness import __version__
+from harness.errors import HarnessError
+from harness.paths import matrix_dir
+from harness.session import new_run_id
+
+HELP_OUT = "report directory (default: reports/<run-id>)"
+HELP_JOBS = "cells to run in parallel (needs pytest-xdist; default 1)"
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import pytest  # noqa: PLC0415  (only `run` needs pytest loaded)
+
+    out = Path(args.out) if args.out else Path("reports") / new_run_id()
+    out.mkdir(parents=True, exist_ok=True)
+    matrix = Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml"
+    policy = Path(args.policy) if args.policy else matrix_dir() / "policy.toml"
+    pytest_args = [
+        str(matrix),
+        "-v",
+        f"--rootdir={matrix.parent}",
+        "-c", str(matrix.parent / "pytest.ini"),
+        f"--junitxml={out / 'junit.xml'}",
+        f"--alluredir={out / 'allure-results'}",
+        f"--harness-report-dir={out}",
+        f"--harness-policy={policy}",
+    ]
+    for name in args.backend:
+        pytest_args.append(f"--sandbox-backend={name}")
+        if args.require_backend:
+            pytest_args.append(f"--require-backend={name}")
+    if args.key:
+        pytest_args.append(f"--harness-key={args.key}")
+    if args.jobs > 1:
+        pytest_args += ["-n", str(args.jobs)]
+    print(f"sandbox-attest {__version__}: report -> {out}", flush=True)
+    return int(pytest.main(pytest_args))
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from harness.backends import create_backend  # noqa: PLC0415
+    from harness.matrix import current_platform, load_matrix  # noqa: PLC0415
+
+    matrix = load_matrix(Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml")
+    platform = current_platform()
+    for row in matrix.backends:
+        if platform not in row.platforms:
+            print(f"{row.name:14} NOT_APPLICABLE  {row.reason}")
+            continue
+        avail = create_backend(row.name).availability()
+        if avail.ok and avail.identity is not None:
+            ident = avail.identity
+            print(f"{row.name:14} available       {ident.version}; {ident.platform}; "
+                  f"policy {ident.policy.as_dict()}; profile {ident.profile_digest}")
+        else:
+            print(f"{row.name:14} UNAVAILABLE     {avail.reason}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from harness.world import serve  # noqa: PLC0415
+
+    return serve(Path(args.run_dir) if args.run_dir else None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the whole CLI."""
+    parser = argparse.ArgumentParser(
+        prog="sandbox-attest",
+        description="Attest that a sandbox holds: live escape probes, host witnesses, signed.",
+    )
+    parser.add_argument("--version", action="version", version=f"sandbox-attest {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the probe matrix and write a signed report")
+    run.add_argument("--backend", action="append", default=[], metavar="NAME",
+                     help="backend to attest (repeatable); default: all of this platform")
+    run.add_argument("--require-backend", action="store_true",
+                     help="an unavailable --backend fails the run instead of being skipped")
+    run.add_argument("--out", help=HELP_OUT)
+    run.add_argument("--policy", help="release policy TOML (default: matrix/policy.toml)")
+    run.add_argument("--matrix", help="matrix TOML (default: matrix/matrix.toml)")
+    run.add_argument("--key", help="Ed25519 private key PEM for signing "
+                     "(or SANDBOX_ATTEST_SIGNING_KEY); default: an untrusted local key")
+    run.add_argument("-j", "--jobs", type=int, default=1, help=HELP_JOBS)
+    run.set_defaults(func=_cmd_run)
+
+    backends = sub.add_parser("backends", help="list backends and whether they run here")
+    backends.add_argument("--matrix", help="matrix TOML (default: matrix/matrix.toml)")
+    backends.set_defaults(func=_cmd_backends)
+
+    serve = sub.add_parser("serve", help="start the fixture world, print it as JSON, wait")
+    serve.add_argument("--run-dir", help="where sockets, logs and the CA bundle go")
+    serve.set_defaults(func=_cmd_serve)
+
+    try:
+        from harness.attest.cli import register  # noqa: PLC0415
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `sandbox-attest` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except HarnessError as exc:
+        print(f"sandbox-attest: error: {exc.diagnostics()}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

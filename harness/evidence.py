@@ -1,0 +1,98 @@
+"""The evidence file: every cell as it completes, then the whole run.
+
+Cells are appended to `evidence.jsonl` (one line each, flushed and fsynced) the moment they are
+judged, so a run interrupted midway keeps what it gathered; `evidence.json` is (re)written from
+those cells at the end, or on interrupt with `"complete": false`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness import __version__
+
+SCHEMA = "sandbox-attest/evidence/v1"
+
+
+def utc_now() -> str:
+    """An RFC 3339 UTC timestamp, seconds precision."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def platform_facts() -> dict[str, str]:
+    """The platform fields of the evidence header."""
+    return {
+        "system": platform.system().lower(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+    }
+
+
+@dataclass
+class EvidenceWriter:
+    """Accumulates cells and writes them; see the module docstring for the two files."""
+
+    report_dir: Path
+    run_id: str
+    policy_path: Path
+    matrix_digest: str
+    backends: list[dict[str, Any]] = field(default_factory=list)
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    started_at: str = field(default_factory=utc_now)
+
+    def __post_init__(self) -> None:
+        """Create the report directory and start a fresh journal."""
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = self.report_dir / "evidence.jsonl"
+        self.journal.write_text("")
+
+    def add_cell(self, cell: dict[str, Any]) -> None:
+        """Record one judged cell durably, right now."""
+        self.cells.append(cell)
+        with self.journal.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(cell, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def document(self, *, complete: bool) -> dict[str, Any]:
+        """The whole evidence document as it stands."""
+        return {
+            "schema": SCHEMA,
+            "run_id": self.run_id,
+            "complete": complete,
+            "started_at": self.started_at,
+            "finished_at": utc_now(),
+            "harness": {"version": __version__},
+            "platform": platform_facts(),
+            "policy": {"path": str(self.policy_path), "sha256": file_sha256(self.policy_path)},
+            "matrix": {"sha256": self.matrix_digest},
+            "backends": self.backends,
+            "cells": self.cells,
+        }
+
+    def write(self, *, complete: bool) -> Path:
+        """Write evidence.json atomically (temp file + rename) and return its path."""
+        target = self.report_dir / "evidence.json"
+        tmp = target.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.document(complete=complete), indent=2, sort_keys=True))
+        tmp.replace(target)
+        return target

@@ -1,0 +1,148 @@
+"""Load matrix/matrix.toml into typed rows; reject anything unknown with file, key and fix."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError
+
+PROBE_KEYS = {"id", "timeout"}
+BACKEND_KEYS = {"name", "platforms", "reason"}
+EXCLUDE_KEYS = {"backend", "probe", "reason"}
+TOP_KEYS = {"matrix", "probe", "backend", "exclude"}
+KNOWN_PLATFORMS = {"linux", "darwin", "windows"}
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """A probe column of the matrix."""
+
+    id: str
+    timeout: float
+
+
+@dataclass(frozen=True)
+class BackendRow:
+    """A backend row: the platforms it exists on and why not elsewhere."""
+
+    name: str
+    platforms: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (backend, probe) cell and, if it does not run here, the written reason."""
+
+    backend: str
+    probe: ProbeRow
+    not_applicable: str | None
+
+    @property
+    def cell_id(self) -> str:
+        """`<backend>-<probe>`, the stable id used in pytest, allure and the attestation."""
+        return f"{self.backend}-{self.probe.id}"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The loaded matrix file."""
+
+    path: Path
+    digest: str
+    control: str
+    probes: tuple[ProbeRow, ...]
+    backends: tuple[BackendRow, ...]
+    exclusions: dict[tuple[str, str], str]
+
+    def backend(self, name: str) -> BackendRow:
+        """The row of backend `name`, or a ConfigError listing the known names."""
+        for row in self.backends:
+            if row.name == name:
+                return row
+        known = ", ".join(r.name for r in self.backends)
+        raise ConfigError(f"{self.path}: no backend named {name!r}; known backends: {known}")
+
+    def cells(self, backends: list[str], platform: str) -> list[Cell]:
+        """The cells for `backends` on `platform`, control leg first, in matrix order."""
+        order = [self.control] + [b for b in backends if b != self.control]
+        cells = []
+        for name in order:
+            row = self.backend(name)
+            for probe in self.probes:
+                reason = None
+                if platform not in row.platforms:
+                    reason = row.reason or f"{name} does not run on {platform}"
+                elif (name, probe.id) in self.exclusions:
+                    reason = self.exclusions[(name, probe.id)]
+                cells.append(Cell(name, probe, reason))
+        return cells
+
+
+def current_platform() -> str:
+    """'linux', 'darwin' or 'windows'."""
+    return "windows" if sys.platform.startswith("win") else sys.platform
+
+
+def _check_keys(path: Path, where: str, table: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{path}, {where}: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}"
+        )
+
+
+def load_matrix(path: Path) -> Matrix:
+    """Parse and validate a matrix file.
+
+    Raises:
+        ConfigError: naming the file, the entry and the fix, for any malformed content.
+    """
+    try:
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: matrix file not found; pass --matrix FILE") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax there") from exc
+    _check_keys(path, "top level", data, TOP_KEYS)
+    control = str(data.get("matrix", {}).get("control", "none"))
+    probes = []
+    for i, row in enumerate(data.get("probe", [])):
+        _check_keys(path, f"[[probe]] #{i + 1}", row, PROBE_KEYS)
+        if "id" not in row:
+            raise ConfigError(f"{path}, [[probe]] #{i + 1}: missing 'id'; name the probe")
+        timeout = row.get("timeout", 60)
+        if not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(f"{path}, probe {row['id']!r}: timeout = {timeout!r} "
+                              "is not a positive number of seconds")
+        probes.append(ProbeRow(str(row["id"]), float(timeout)))
+    backends = []
+    for i, row in enumerate(data.get("backend", [])):
+        _check_keys(path, f"[[backend]] #{i + 1}", row, BACKEND_KEYS)
+        platforms = tuple(row.get("platforms", []))
+        bad = sorted(set(platforms) - KNOWN_PLATFORMS)
+        if "name" not in row or not platforms or bad:
+            raise ConfigError(f"{path}, [[backend]] #{i + 1}: needs 'name' and 'platforms' "
+                              f"from {sorted(KNOWN_PLATFORMS)} (got unknown {bad})")
+        backends.append(BackendRow(str(row["name"]), platforms, str(row.get("reason", ""))))
+    exclusions: dict[tuple[str, str], str] = {}
+    for i, row in enumerate(data.get("exclude", [])):
+        _check_keys(path, f"[[exclude]] #{i + 1}", row, EXCLUDE_KEYS)
+        if not str(row.get("reason", "")).strip():
+            raise ConfigError(f"{path}, [[exclude]] #{i + 1}: every exclusion needs a written "
+                              "'reason'")
+        exclusions[(str(row["backend"]), str(row["probe"]))] = str(row["reason"])
+    if not probes or not backends:
+        raise ConfigError(f"{path}: the matrix has no probes or no backends; an empty matrix "
+                          "can never attest anything")
+    ids = [p.id for p in probes]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{path}: a probe is listed twice in {ids}")
+    return Matrix(path, hashlib.sha256(raw).hexdigest(), control, tuple(probes),
+                  tuple(backends), exclusions)

@@ -1,0 +1,211 @@
+"""pytest plugin: collects matrix/matrix.toml as one test per cell. Wiring only.
+
+Decisions live in harness.session (a run's lifetime) and harness.runner (one cell). This
+module maps them onto pytest: options, collection, a verdict word per item, the grid at the
+end, and the run's finish after junit.xml has been written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from harness.verdict import Verdict
+
+if TYPE_CHECKING:
+    from harness.matrix import Cell
+    # The session pulls in the world, the backends and the catalog; the plugin is loaded into
+    # every pytest run (the self-tests too), so it imports them only when a matrix is collected.
+    from harness.session import RunSession
+
+HELP_BACKEND = "backend to attest (repeatable); default: every backend of this platform"
+HELP_REQUIRE = "backend that must be available: UNAVAILABLE fails instead of skipping (repeat)"
+HELP_REPORT_DIR = "directory for evidence.json, the attestation and the HTML report"
+HELP_POLICY = "release policy TOML (default: matrix/policy.toml)"
+HELP_KEY = "Ed25519 private key (PEM) to sign the attestation with"
+
+SESSION_KEY = pytest.StashKey["RunSession"]()
+MATRIX_FILE_NAME = "matrix.toml"
+
+
+class CellFailed(Exception):  # noqa: N818  (pytest shows the class name; this one reads well)
+    """A cell whose verdict is not PASS (and not an excused skip)."""
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        """Keep the evidence entry for the failure report."""
+        super().__init__(f"{entry['verdict']}: {entry['reason']}")
+        self.entry = entry
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Options of the matrix run."""
+    group = parser.getgroup("sandbox-attest")
+    group.addoption("--sandbox-backend", action="append", default=[], help=HELP_BACKEND)
+    group.addoption("--require-backend", action="append", default=[], help=HELP_REQUIRE)
+    group.addoption("--harness-report-dir", default=None, help=HELP_REPORT_DIR)
+    group.addoption("--harness-policy", default=None, help=HELP_POLICY)
+    group.addoption("--harness-key", default=None, help=HELP_KEY)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers the matrix and the self-tests use."""
+    config.addinivalue_line("markers", "cell(backend, probe): a matrix cell of sandbox-attest.")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """Collect the matrix file (any file named matrix.toml that a user points pytest at)."""
+    if file_path.name == MATRIX_FILE_NAME:
+        return MatrixFile.from_parent(parent, path=file_path)
+    return None
+
+
+def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
+    if SESSION_KEY not in config.stash:
+        from harness.matrix import current_platform, load_matrix  # noqa: PLC0415
+        from harness.paths import matrix_dir  # noqa: PLC0415
+        from harness.session import RunSession  # noqa: PLC0415
+
+        matrix = load_matrix(matrix_path)
+
+        platform = current_platform()
+        chosen = config.getoption("--sandbox-backend") or [
+            row.name for row in matrix.backends if platform in row.platforms
+        ]
+        report_dir = config.getoption("--harness-report-dir")
+        policy = config.getoption("--harness-policy")
+        key = config.getoption("--harness-key")
+        session = RunSession(
+            matrix=matrix,
+            backend_names=list(chosen),
+            report_dir=Path(report_dir) if report_dir else Path("reports") / "pytest-run",
+            policy_path=Path(policy) if policy else matrix_dir() / "policy.toml",
+            required_backends=set(config.getoption("--require-backend")),
+            key_path=Path(key) if key else None,
+        )
+        config.stash[SESSION_KEY] = session
+    return config.stash[SESSION_KEY]
+
+
+class MatrixFile(pytest.File):
+    """matrix.toml: yields one MatrixItem per (backend, probe) cell."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        """The cells, control leg first (later legs are judged against it)."""
+        session = _session(self.config, self.path)
+        for cell in session.cells():
+            yield MatrixItem.from_parent(self, name=cell.cell_id, cell=cell)
+
+
+class MatrixItem(pytest.Item):
+    """One cell; runs the probe in the backend and turns the verdict into an outcome."""
+
+    def __init__(self, *, cell: Cell, **kwargs: Any) -> None:
+        """Bind the cell and guard it with pytest-timeout (signal method: the session lives)."""
+        super().__init__(**kwargs)
+        self.cell = cell
+        self.entry: dict[str, Any] | None = None
+        self.add_marker(pytest.mark.cell(cell.backend, cell.probe.id))
+        self.add_marker(pytest.mark.timeout(cell.probe.timeout + 60, method="signal"))
+
+    def runtest(self) -> None:
+        """Run the cell; PASS returns, excused cells skip with their reason, the rest fail."""
+        session = self.config.stash[SESSION_KEY]
+        entry = session.run_cell(self.cell)
+        self.entry = entry
+        _attach_to_allure(entry, session.platform)
+        verdict = entry["verdict"]
+        self.user_properties.append(("verdict", verdict))
+        if verdict == Verdict.PASS.value:
+            return
+        if verdict == Verdict.NOT_APPLICABLE.value:
+            pytest.skip(f"NOT_APPLICABLE: {entry['reason']}")
+        if verdict == Verdict.UNAVAILABLE.value and not entry["required"]:
+            pytest.skip(f"UNAVAILABLE: {entry['reason']}")
+        raise CellFailed(entry)
+
+    def repr_failure(  # type: ignore[override]  # pytest's signature has a style param we ignore
+        self, excinfo: pytest.ExceptionInfo[BaseException]
+    ) -> str:
+        """The verdict and its reason, not a traceback into the harness."""
+        if isinstance(excinfo.value, CellFailed):
+            entry = excinfo.value.entry
+            return (f"{entry['cell_id']}: {entry['verdict']}\n  reason: {entry['reason']}\n"
+                    f"  evidence: {json.dumps(entry.get('run', {}).get('stderr', ''))[:600]}")
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        """Where the cell comes from, for pytest's reports."""
+        return self.path, 0, f"cell {self.name}"
+
+
+def _attach_to_allure(entry: dict[str, Any], platform: str) -> None:
+    """Labels and the evidence as an attachment; parameters keep cells from merging."""
+    try:
+        import allure  # noqa: PLC0415
+    except ImportError:
+        return
+    allure.dynamic.label("backend", entry["backend"])
+    allure.dynamic.label("probe", entry["probe"])
+    allure.dynamic.label("platform", platform)
+    allure.dynamic.parameter("backend", entry["backend"])
+    allure.dynamic.parameter("probe", entry["probe"])
+    allure.dynamic.parameter("platform", platform)
+    allure.attach(json.dumps(entry, indent=2, default=str), name="evidence",
+                  attachment_type=allure.attachment_type.JSON)
+
+
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
+) -> tuple[str, str, str] | None:
+    """Show the verdict word (PASS/FAIL/INCONCLUSIVE/...) instead of PASSED/FAILED."""
+    if report.when != "call" or SESSION_KEY not in config.stash:
+        return None
+    verdict = dict(report.user_properties).get("verdict")
+    if verdict is None:
+        return None
+    category = {"PASS": "passed", "NOT_APPLICABLE": "skipped"}.get(str(verdict), report.outcome)
+    return category, str(verdict)[0], str(verdict)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The probe x backend grid with verdicts."""
+    if SESSION_KEY not in config.stash:
+        return
+    session = config.stash[SESSION_KEY]
+    from harness.grid import render_grid  # noqa: PLC0415
+
+    terminalreporter.write_sep("=", "sandbox-attest verdicts")
+    for line in render_grid(session.writer.cells):
+        terminalreporter.write_line(line)
+    for cell_id in session.missing_required():
+        terminalreporter.write_line(f"MISSING required cell {cell_id} (backend not selected?)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a required cell is missing altogether."""
+    run = session.config.stash.get(SESSION_KEY, None)
+    if run is not None and run.missing_required() and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Write evidence.json, sign and render (after junit.xml exists)."""
+    run = config.stash.get(SESSION_KEY, None)
+    if run is None:
+        return
+    interrupted = bool(getattr(config, "_sandbox_attest_interrupted", False))
+    for line in run.finish(complete=not interrupted):
+        print(line)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Iterator[None]:
+    """Mark the run incomplete if the loop ends by interrupt or -x."""
+    outcome = yield
+    if outcome.excinfo is not None or session.shouldstop or session.shouldfail:
+        session.config._sandbox_attest_interrupted = True  # type: ignore[attr-defined]  # a flag for unconfigure

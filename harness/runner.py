@@ -1,0 +1,268 @@
+"""Run one matrix cell end to end: stage, run, witness, judge, record.
+
+This is the only place where a payload's run, the host witnesses, the host control and the
+control leg meet. Every path out of `run_cell` produces a verdict; an exception anywhere is an
+ERROR cell with the exception named, never a crash that loses the run or a silent pass.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.backends.base import SHIM_PORT, START_MARKER, Availability, Backend, EgressRoute
+from harness.backends.base import ProbeRequest, ProbeRun
+from harness.catalog import PROBES, CellContext, probe_path
+from harness.errors import HarnessError, ProbeOutputError
+from harness.matrix import Cell
+from harness.verdict import Assessment, Decision, Verdict, decide
+from harness.world import World
+
+# Seconds a probe keeps in reserve below the backend's hard timeout, so that a slow attempt
+# ends with its own report instead of a kill.
+PROBE_DEADLINE_MARGIN_S = 10.0
+# How much of a run's stdout/stderr goes into the evidence (the head carries the facts).
+EVIDENCE_TEXT_LIMIT = 16_384
+
+
+def interpreter_paths() -> list[Path]:
+    """The interpreter by its lexical and its resolved location, deduplicated.
+
+    A venv's `bin/python` is a symlink into the base installation: the sandbox needs the venv
+    (lexical path, pyvenv.cfg, site-packages with pip) and the base prefix it resolves into.
+    Paths under /usr are left out because every backend binds /usr already.
+    """
+    exe = Path(sys.executable)
+    candidates = {
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        exe.parent,
+        exe.resolve().parent,
+        Path(sys.base_prefix).resolve(),
+    }
+    kept = sorted(p for p in candidates if not p.is_relative_to("/usr"))
+    return [p for p in kept if not any(p != q and p.is_relative_to(q) for q in kept)]
+
+
+def payload_env(proxy_url: str | None, home: Path) -> dict[str, str]:
+    """The only environment a payload sees: a minimal PATH/HOME/LANG and the proxy."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",  # the probe dir is read-only inside the sandbox
+        "PYTHONUNBUFFERED": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    if proxy_url:
+        for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            env[key] = proxy_url
+    return env
+
+
+def parse_report(run: ProbeRun) -> dict[str, Any]:
+    """The probe's one JSON line after its start marker.
+
+    Raises:
+        ProbeOutputError: no marker, no JSON line, more than one, or a malformed one.
+    """
+    lines = run.stdout.splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith(START_MARKER)]
+    if not marks:
+        raise ProbeOutputError("no start marker on stdout")
+    reports = []
+    for line in lines[marks[0] + 1 :]:
+        stripped = line.strip()
+        if not stripped.startswith("{"):
+            continue
+        try:
+            value = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ProbeOutputError(f"malformed JSON line ({exc}): {stripped[:200]!r}") from exc
+        if isinstance(value, dict) and "attempts" in value:
+            reports.append(value)
+    if len(reports) != 1:
+        raise ProbeOutputError(f"expected exactly one JSON report line, found {len(reports)}")
+    report = reports[0]
+    if not isinstance(report["attempts"], list) or not report["attempts"]:
+        raise ProbeOutputError("the report has no attempts")
+    return report
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= EVIDENCE_TEXT_LIMIT else "…" + text[-EVIDENCE_TEXT_LIMIT:]
+
+
+def run_facts(run: ProbeRun | None) -> dict[str, Any]:
+    """The run as it goes into the evidence."""
+    if run is None:
+        return {"started": False}
+    return {
+        "started": run.started,
+        "exit_code": run.exit_code,
+        "timed_out": run.timed_out,
+        "duration_s": round(run.duration_s, 3),
+        "argv": run.argv,
+        "stdout": _tail(run.stdout),
+        "stderr": _tail(run.stderr),
+        "helper_stderr": _tail(run.helper_stderr),
+        "notes": run.notes,
+    }
+
+
+def run_failure(run: ProbeRun) -> Decision | None:
+    """ERROR when the sandbox never started, timed out or broke the output contract."""
+    helper = f"; helper said: {run.helper_stderr.strip()[-400:]}" if run.helper_stderr else ""
+    if run.timed_out:
+        return Decision(Verdict.ERROR, f"timed out after {run.duration_s:.1f}s; the process "
+                        f"tree was killed (started: {run.started}){helper}")
+    if not run.started:
+        err = run.stderr.strip()[-600:] or "stderr empty"
+        return Decision(Verdict.ERROR, f"the sandbox did not start the payload: no start marker "
+                        f"(exit {run.exit_code}; {err}){helper}")
+    return None
+
+
+@dataclass
+class CellRunner:
+    """Runs cells against one started world and a fixed set of backends."""
+
+    world: World
+    scratch: Path
+    backends: dict[str, Backend]
+    availability: dict[str, Availability]
+    platform: str
+    control_leg: str = "none"
+    control_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def run_cell(self, cell: Cell) -> dict[str, Any]:
+        """Run and judge one cell; always returns an evidence entry."""
+        entry: dict[str, Any] = {
+            "cell_id": cell.cell_id,
+            "backend": cell.backend,
+            "probe": cell.probe.id,
+            "platform": self.platform,
+        }
+        if cell.not_applicable is not None:
+            return entry | {"verdict": Verdict.NOT_APPLICABLE.value,
+                            "reason": cell.not_applicable}
+        avail = self.availability[cell.backend]
+        if not avail.ok:
+            return entry | {"verdict": Verdict.UNAVAILABLE.value, "reason": avail.reason}
+        try:
+            entry |= self._run_and_judge(cell)
+        except Exception as exc:  # fail closed: any harness fault is an ERROR cell
+            entry |= {
+                "verdict": Verdict.ERROR.value,
+                "reason": f"harness error while running the cell: {type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-4000:],
+            }
+        if cell.backend == self.control_leg:
+            self.control_results[cell.probe.id] = entry
+        else:
+            self._apply_control_leg(entry)
+        return entry
+
+    def _apply_control_leg(self, entry: dict[str, Any]) -> None:
+        """Downgrade a PASS when the control leg could not see this probe's escape."""
+        if entry["verdict"] != Verdict.PASS.value:
+            return
+        control = self.control_results.get(entry["probe"])
+        if control is None:
+            entry["verdict"] = Verdict.INCONCLUSIVE.value
+            entry["reason"] = ("the control leg did not run this probe, so nothing shows the "
+                               f"probe can see its escape; was: {entry['reason']}")
+        elif control["verdict"] != Verdict.PASS.value:
+            entry["verdict"] = Verdict.INCONCLUSIVE.value
+            entry["reason"] = (f"the control leg gave {control['verdict']} for this probe "
+                               f"({control['reason']}), so this PASS proves nothing; "
+                               f"was: {entry['reason']}")
+
+    def _run_and_judge(self, cell: Cell) -> dict[str, Any]:
+        spec = PROBES[cell.probe.id]
+        backend = self.backends[cell.backend]
+        identity = self.availability[cell.backend].identity
+        assert identity is not None  # noqa: S101  (available backends always carry one)
+        nonce = "n" + secrets.token_hex(8)
+        cell_dir = self.scratch / "cells" / f"{cell.cell_id}-{nonce}"
+        workspace = cell_dir / "workspace"
+        inputs = cell_dir / "input"
+        workspace.mkdir(parents=True)
+        inputs.mkdir()
+        ctx = CellContext(probe=cell.probe.id, backend=cell.backend, nonce=nonce,
+                          world=self.world, workspace=workspace, cell_dir=cell_dir,
+                          policy=identity.policy)
+        expected = spec.expectation(identity.policy)
+        info = self.world.info
+        proxy_url = (info.proxy.url if backend.egress_mode == "direct-tcp"
+                     else f"http://127.0.0.1:{SHIM_PORT}")
+        run: ProbeRun | None = None
+        try:
+            targets = spec.prepare(ctx)
+            task = {
+                "probe": cell.probe.id,
+                "nonce": nonce,
+                "cell_id": cell.cell_id,
+                "workspace": str(workspace),
+                "proxy_url": proxy_url,
+                "ca_bundle": info.ca_bundle,
+                "world": info.for_probe(),
+                "targets": targets,
+                "deadline_s": max(5.0, cell.probe.timeout - PROBE_DEADLINE_MARGIN_S),
+            }
+            task_path = inputs / "task.json"
+            task_path.write_text(json.dumps(task, indent=1))
+            read_only = (*interpreter_paths(), probe_path(cell.probe.id).parent, inputs,
+                         Path(info.ca_bundle))
+            request = ProbeRequest(
+                cell_id=cell.cell_id,
+                argv=(sys.executable, str(probe_path(cell.probe.id)), str(task_path)),
+                env=payload_env(proxy_url, workspace),
+                workspace=workspace,
+                read_only=read_only,
+                egress=EgressRoute(unix_socket=Path(info.proxy.socket), tcp_url=info.proxy.url),
+                timeout=cell.probe.timeout,
+                cell_dir=cell_dir,
+            )
+            run = backend.run(request)
+            control = spec.host_control(ctx)
+            witness = self.world.records(nonce)
+            facts: dict[str, Any] = {"nonce": nonce, "expected": expected,
+                                     "run": run_facts(run), "control": control}
+            failure = run_failure(run)
+            if failure is not None:
+                return facts | {"verdict": failure.verdict.value, "reason": failure.reason,
+                                "observed": "error", "witness": vars(witness)}
+            try:
+                report = parse_report(run)
+            except ProbeOutputError as exc:
+                return facts | {"verdict": Verdict.ERROR.value, "observed": "error",
+                                "reason": f"probe {cell.probe.id} broke its output contract: "
+                                f"{exc} (exit {run.exit_code}); see run.stdout/stderr",
+                                "witness": vars(witness)}
+            assessment: Assessment = spec.assess(ctx, report, witness, control)
+            decision = decide(expected, assessment)
+            return facts | {
+                "verdict": decision.verdict.value,
+                "reason": decision.reason,
+                "observed": assessment.observed,
+                "escape": assessment.escape,
+                "attempts": report.get("attempts", []),
+                "probe_facts": report.get("facts", {}),
+                "witness": assessment.witness or vars(witness),
+                "control": {"host": control, "assessed": assessment.control},
+            }
+        finally:
+            cleanup = getattr(spec, "cleanup", None)
+            if cleanup is not None:
+                try:
+                    cleanup(ctx)
+                except (OSError, HarnessError):
+                    pass  # cleanup of canaries must not turn a verdict into a crash
+            shutil.rmtree(cell_dir, ignore_errors=True)

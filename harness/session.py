@@ -1,0 +1,169 @@
+"""One attestation run: the world, the backends, the cells, and what is written at the end.
+
+`RunSession` is created by the pytest plugin (wiring only) and owns every decision about a
+run's lifetime: when the world starts, which backends are asked, how an interrupted run keeps
+its evidence, and what gets signed and rendered once the cells are done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.backends import Backend, create_backend
+from harness.backends.base import Availability
+from harness.errors import HarnessError
+from harness.evidence import EvidenceWriter
+from harness.matrix import Cell, Matrix, current_platform
+from harness.runner import CellRunner
+from harness.verdict import Verdict
+from harness.world import World, start_world
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: UTC time plus a random suffix."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
+
+
+def required_cells(policy_path: Path, platform: str) -> set[str]:
+    """Cell ids the release policy requires to PASS on this platform."""
+    from harness.attest.policy import load_policy  # noqa: PLC0415  (keeps import cycles out)
+
+    policy = load_policy(policy_path)
+    return {
+        f"{req.backend}-{probe}"
+        for req in policy.requirements
+        if req.platform == platform
+        for probe in req.probes
+    }
+
+
+@dataclass
+class RunSession:
+    """State of one run, shared by every matrix item of a pytest session."""
+
+    matrix: Matrix
+    backend_names: list[str]
+    report_dir: Path
+    policy_path: Path
+    required_backends: set[str]
+    key_path: Path | None = None
+    platform: str = field(default_factory=current_platform)
+    run_id: str = field(default_factory=new_run_id)
+    world: World | None = None
+    world_error: str | None = None
+    runner: CellRunner | None = None
+    scratch: Path | None = None
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        """Ask every backend whether it can run here, before any cell starts."""
+        self.backends: dict[str, Backend] = {}
+        self.availability: dict[str, Availability] = {}
+        names = [self.matrix.control, *[n for n in self.backend_names
+                                         if n != self.matrix.control]]
+        for name in names:
+            backend = create_backend(name)
+            self.backends[name] = backend
+            self.availability[name] = backend.availability()
+        self.required = required_cells(self.policy_path, self.platform)
+        self.writer = EvidenceWriter(
+            report_dir=self.report_dir,
+            run_id=self.run_id,
+            policy_path=self.policy_path,
+            matrix_digest=self.matrix.digest,
+            backends=[self._backend_record(n) for n in names],
+        )
+
+    def _backend_record(self, name: str) -> dict[str, Any]:
+        avail = self.availability[name]
+        return {
+            "name": name,
+            "available": avail.ok,
+            "reason": avail.reason,
+            "identity": avail.identity.as_dict() if avail.identity else None,
+        }
+
+    def cells(self) -> list[Cell]:
+        """The cells of this run, control leg first."""
+        return self.matrix.cells(list(self.backends), self.platform)
+
+    def is_required(self, cell: Cell) -> bool:
+        """Whether this cell must PASS: by policy, or because its backend was required."""
+        return cell.cell_id in self.required or cell.backend in self.required_backends
+
+    def _ensure_world(self) -> CellRunner | None:
+        if self.runner is not None or self.world_error is not None:
+            return self.runner
+        self.scratch = Path(tempfile.mkdtemp(prefix="sandbox-attest-"))
+        # The scratch holds workspaces that non-root sandbox users must traverse.
+        self.scratch.chmod(0o755)
+        try:
+            self.world = start_world(self.scratch / "world")
+        except (HarnessError, OSError) as exc:
+            self.world_error = f"the fixture world failed to start: {exc}"
+            return None
+        self.runner = CellRunner(world=self.world, scratch=self.scratch,
+                                 backends=self.backends, availability=self.availability,
+                                 platform=self.platform, control_leg=self.matrix.control)
+        return self.runner
+
+    def run_cell(self, cell: Cell) -> dict[str, Any]:
+        """Run one cell and record it durably; never raises for the cell's own failure."""
+        runner = self._ensure_world()
+        if runner is None:
+            entry = {"cell_id": cell.cell_id, "backend": cell.backend, "probe": cell.probe.id,
+                     "platform": self.platform, "verdict": Verdict.ERROR.value,
+                     "reason": self.world_error}
+        else:
+            entry = runner.run_cell(cell)
+        entry["required"] = self.is_required(cell)
+        self.writer.add_cell(entry)
+        return entry
+
+    def missing_required(self) -> list[str]:
+        """Required cells this run never produced (a backend not selected, say)."""
+        seen = {c["cell_id"] for c in self.writer.cells}
+        return sorted(self.required - seen)
+
+    def finish(self, *, complete: bool) -> list[str]:
+        """Stop the world, write evidence.json, then sign and render. Idempotent.
+
+        Returns:
+            Lines for the user: where the report is, how it was signed, what failed.
+        """
+        if self.finished:
+            return []
+        self.finished = True
+        if self.world is not None:
+            self.world.stop()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        self.writer.write(complete=complete)
+        return [f"evidence: {self.report_dir / 'evidence.json'}", *self._sign_and_render()]
+
+    def _sign_and_render(self) -> list[str]:
+        lines = []
+        try:
+            from harness.attest import load_signing_key, sign_report  # noqa: PLC0415
+
+            key = load_signing_key(self.key_path, os.environ)
+            lines.append(f"attestation: {sign_report(self.report_dir, key)}")
+        except (HarnessError, OSError, ImportError) as exc:
+            lines.append(f"attestation NOT written: {exc}")
+        with contextlib.suppress(ImportError):
+            from harness.render import write_html, write_summary  # noqa: PLC0415
+
+            for writer in (write_html, write_summary):
+                try:
+                    lines.append(f"{writer.__name__[6:]}: {writer(self.report_dir)}")
+                except (HarnessError, OSError) as exc:
+                    lines.append(f"{writer.__name__} failed: {exc}")
+        return lines
