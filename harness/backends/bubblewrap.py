@@ -23,6 +23,7 @@ from harness.backends.base import (
     Availability,
     DeclaredPolicy,
     EgressMode,
+    EgressRoute,
     Identity,
     ProbeRequest,
     ProbeRun,
@@ -160,12 +161,15 @@ class BubblewrapBackend:
             args.append("--unshare-ipc")
         return args
 
+    def mount_args(self) -> list[str]:
+        """System roots read-only, or (weakened) the whole host root writable."""
+        if "host-root-rw" in self.weaken:
+            return ["--bind", "/", "/"]
+        return system_root_args()
+
     def build_argv(self, request: ProbeRequest) -> list[str]:
         """The exact host command line for one request (deterministic for its inputs)."""
-        argv = [self.bwrap, *self.namespace_args()]
-        if "host-root-rw" in self.weaken:
-            argv += ["--bind", "/", "/"]
-        argv += system_root_args()
+        argv = [self.bwrap, *self.namespace_args(), *self.mount_args()]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
         for path in request.read_only:
             argv += ["--ro-bind", str(path), str(path)]
@@ -180,23 +184,25 @@ class BubblewrapBackend:
                        "--port", str(SHIM_PORT), "--", *payload]
         # The sandbox's own root is a tmpfs bwrap built; make it read-only too, so that only the
         # workspace and the private /tmp take writes.
-        argv += ["--remount-ro", "/", "--chdir", str(request.workspace), "--", *payload]
+        if "host-root-rw" not in self.weaken:
+            argv += ["--remount-ro", "/"]
+        argv += ["--chdir", str(request.workspace), "--", *payload]
         return argv
 
     def argv_template(self) -> list[str]:
         """The argv with per-cell paths replaced by names: what the identity digest covers."""
-        argv = [self.bwrap, *self.namespace_args()]
-        if "host-root-rw" in self.weaken:
-            argv += ["--bind", "/", "/"]
-        argv += system_root_args()
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",  # noqa: S108
-                 "--ro-bind", "{read_only...}", "{read_only...}",
-                 "--bind", "{workspace}", "{workspace}",
-                 "--ro-bind", "{proxy_socket}", SANDBOX_PROXY_SOCKET,
-                 "--ro-bind", "{shim}", SANDBOX_SHIM,
-                 "--remount-ro", "/", "--chdir", "{workspace}", "--", "{python}", SANDBOX_SHIM,
-                 "--unix", SANDBOX_PROXY_SOCKET, "--port", str(SHIM_PORT), "--", "{payload...}"]
-        return argv
+        placeholder = ProbeRequest(
+            cell_id="{cell}",
+            argv=("{python}", "{payload...}"),
+            env={},
+            workspace=Path("{workspace}"),
+            read_only=(Path("{read_only...}"),),
+            egress=EgressRoute(unix_socket=Path("{proxy_socket}"), tcp_url=""),
+            timeout=0,
+            cell_dir=Path("{cell_dir}"),
+        )
+        shim = str(shim_path())  # install location must not change the digest
+        return ["{shim}" if arg == shim else arg for arg in self.build_argv(placeholder)]
 
     # -- run ---------------------------------------------------------------------------
 

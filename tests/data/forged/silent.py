@@ -1,0 +1,1 @@
+"""Broken payload: prints nothing at all and exits 0."""
