@@ -16,8 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.backends.base import SHIM_PORT, START_MARKER, Availability, Backend, EgressRoute
-from harness.backends.base import ProbeRequest, ProbeRun
+from harness.backends.base import (
+    PROXY_FROM_ENV,
+    SHIM_PORT,
+    START_MARKER,
+    Availability,
+    Backend,
+    EgressRoute,
+    ProbeRequest,
+    ProbeRun,
+)
 from harness.catalog import PROBES, CellContext, probe_path
 from harness.errors import HarnessError, ProbeOutputError
 from harness.matrix import Cell
@@ -200,8 +208,11 @@ class CellRunner:
                           policy=identity.policy)
         expected = spec.expectation(identity.policy)
         info = self.world.info
-        proxy_url = (info.proxy.url if backend.egress_mode == "direct-tcp"
-                     else f"http://127.0.0.1:{SHIM_PORT}")
+        proxy_url = {
+            "direct-tcp": info.proxy.url,
+            "shim": f"http://127.0.0.1:{SHIM_PORT}",
+            "own": PROXY_FROM_ENV,
+        }[backend.egress_mode]
         run: ProbeRun | None = None
         try:
             targets = spec.prepare(ctx)
@@ -223,12 +234,13 @@ class CellRunner:
             request = ProbeRequest(
                 cell_id=cell.cell_id,
                 argv=(sys.executable, str(probe_path(cell.probe.id)), str(task_path)),
-                env=payload_env(proxy_url, workspace),
+                env=payload_env(None if proxy_url == PROXY_FROM_ENV else proxy_url, workspace),
                 workspace=workspace,
                 read_only=read_only,
                 egress=EgressRoute(unix_socket=Path(info.proxy.socket), tcp_url=info.proxy.url),
                 timeout=cell.probe.timeout,
                 cell_dir=cell_dir,
+                world=info,
             )
             run = backend.run(request)
             control = spec.host_control(ctx)

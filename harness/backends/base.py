@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from harness.worldinfo import WorldInfo
+
 # What a backend claims to enforce, so a verdict judges it against its own claim.
 #   network: "open"   nothing confines the network (the control leg)
 #            "proxy"  the only route out is an egress proxy with an allowlist
@@ -38,7 +40,11 @@ SHIM_PORT = 3128
 #                 the payload's proxy is http://127.0.0.1:SHIM_PORT (namespaced sandboxes).
 #   "direct-tcp": the payload shares the host loopback and uses the proxy's TCP URL with the
 #                 secret as userinfo (the control leg, seatbelt).
-EgressMode = Literal["shim", "direct-tcp"]
+#   "own":        the sandbox brings its own proxy and sets HTTP(S)_PROXY inside itself; the
+#                 task says `"proxy_url": "from-env"` and the harness sets no proxy variable.
+EgressMode = Literal["shim", "direct-tcp", "own"]
+# The task's proxy_url when the payload must take its proxy from its own environment.
+PROXY_FROM_ENV = "from-env"
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,9 @@ class ProbeRequest:
     egress: EgressRoute | None
     timeout: float
     cell_dir: Path  # host-only scratch for this cell (logs, rendered files); never bound whole
+    # The fixture world's public description (with the proxy secret), for backends that render
+    # per-cell files or argv placeholders from it (command wrappers). Others ignore it.
+    world: WorldInfo | None = None
 
 
 @dataclass

@@ -1,0 +1,385 @@
+"""The release-core probes, host side: what each expects, plants, controls and concludes.
+
+Each payload in `probes/` runs inside the sandbox and only reports what it saw. Its spec here
+runs on the host: it derives the expectation from the backend's declared policy, plants the
+targets (canaries), runs the host-side positive control right after the payload, and reads the
+payload's report against the host witnesses. The reading follows ARCHITECTURE.md "Which
+witness decides": a host witness that saw the escape wins over the payload; a refusal counts
+only when the host control shows the same witness would have seen it.
+
+Host controls use their own nonce (never a string containing the cell's nonce) so the
+listener's substring match cannot mistake the host's own attempt for the payload's.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import secrets
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+from harness.verdict import Assessment, Escape, Expectation
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from harness.backends.base import DeclaredPolicy
+    from harness.worldinfo import WorldInfo
+
+__all__ = [
+    "CellContext",
+    "ProbeSpec",
+    "WitnessRecordsLike",
+    "WorldLike",
+    "probe_path",
+]
+
+HOST_TIMEOUT_S = 10.0
+# Fixture logs are written by server threads; give them this long to show a host control.
+WITNESS_WAIT_S = 3.0
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+
+
+class WitnessRecordsLike(Protocol):
+    """The shape of `harness.world.WitnessRecords`: fixture log entries for one nonce."""
+
+    @property
+    def origin(self) -> list[dict[str, Any]]:
+        """Origin access-log entries (`host`, `path`, `status`, `bytes_sent`, `complete`...)."""
+        ...
+
+    @property
+    def dns(self) -> list[dict[str, Any]]:
+        """DNS fixture queries (`name`, `qtype`, `transport`)."""
+        ...
+
+    @property
+    def proxy(self) -> list[dict[str, Any]]:
+        """Proxy decisions (`decision`, `status`, `host`, `port`, `reason`, `nonce`)."""
+        ...
+
+    @property
+    def direct_tcp(self) -> list[dict[str, Any]]:
+        """Direct-egress TCP connections (`peer`, `data`)."""
+        ...
+
+    @property
+    def direct_udp(self) -> list[dict[str, Any]]:
+        """Direct-egress UDP datagrams (`peer`, `data`)."""
+        ...
+
+    @property
+    def daemon(self) -> list[dict[str, Any]]:
+        """Fake daemon requests (`socket`, `request_line`, `nonce`)."""
+        ...
+
+
+class WorldLike(Protocol):
+    """The shape of a running `harness.world.World` that the specs rely on."""
+
+    @property
+    def info(self) -> WorldInfo:
+        """Where every fixture listens (with the proxy secret)."""
+        ...
+
+    def records(self, nonce: str) -> WitnessRecordsLike:
+        """Every fixture log's entries attributed to `nonce`."""
+        ...
+
+
+@dataclass(frozen=True)
+class CellContext:
+    """One matrix cell as the spec sees it.
+
+    Attributes:
+        probe: the probe id.
+        backend: the backend name.
+        nonce: the per-cell nonce the payload tags everything with.
+        world: the running fixture world.
+        workspace: host path of the cell's workspace (empty dir, created by the runner).
+        cell_dir: host-only scratch for this cell; canaries are planted below it.
+        policy: the backend's declared confinement.
+    """
+
+    probe: str
+    backend: str
+    nonce: str
+    world: WorldLike
+    workspace: Path
+    cell_dir: Path
+    policy: DeclaredPolicy
+
+
+class ProbeSpec(Protocol):
+    """The host side of one probe."""
+
+    id: str
+    area: str  # net / dns / ipc / fs / pkg
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """What the declared policy says must happen to the attempt."""
+        ...
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Plant what the payload needs; returns the task's `targets`."""
+        ...
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host-side positive control: `{"ok", "nonce", "checks": [{what, ok, detail}]}`."""
+        ...
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Read the payload's report against the host witnesses and the control."""
+        ...
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Remove what `prepare` planted outside `cell_dir` (the runner removes cell_dir)."""
+        ...
+
+
+def probe_path(probe_id: str) -> Path:
+    """The payload script of `probe_id` (in the clone or the installed wheel)."""
+    try:
+        from harness.paths import probes_dir  # noqa: PLC0415  (optional while being written)
+    except ImportError:  # pragma: no cover - only before harness.paths existed
+        return Path(__file__).resolve().parent.parent / "probes" / f"{probe_id}.py"
+    return probes_dir() / f"{probe_id}.py"
+
+
+# ---------------------------------------------------------------------------------------------
+# Small shared readings of a report and the witnesses.
+
+
+def _attempts(report: dict[str, Any], role: str, prefix: str = "") -> list[dict[str, Any]]:
+    return [
+        a
+        for a in report.get("attempts", [])
+        if isinstance(a, dict)
+        and a.get("role") == role
+        and str(a.get("what", "")).startswith(prefix)
+    ]
+
+
+def _observed(attempts: list[dict[str, Any]]) -> Any:
+    """The payload's side in one word: any success wins, then refusals, else error."""
+    outcomes = {a.get("outcome") for a in attempts}
+    if "succeeded" in outcomes:
+        return "succeeded"
+    if outcomes == {"refused"}:
+        return "refused"
+    return "error"
+
+
+def _summary(attempts: list[dict[str, Any]]) -> str:
+    parts = []
+    for a in attempts:
+        fact = a.get("errno") or a.get("status") or ""
+        parts.append(f"{a.get('what')} {a.get('outcome')}{f' ({fact})' if fact else ''}")
+    return ", ".join(parts) or "no attempts reported"
+
+
+def _with_nonce(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
+    """Entries attributed to `nonce` by their `nonce` field or, failing that, their bytes."""
+    return [
+        e
+        for e in entries
+        if e.get("nonce") == nonce or (e.get("nonce") is None and nonce in str(e.get("data", "")))
+    ]
+
+
+def _namespace(kind: str) -> str | None:
+    """The host's own namespace id (`net:[...]`), to compare with what the payload saw."""
+    try:
+        return str(Path(f"/proc/self/ns/{kind}").readlink())
+    except OSError:
+        return None
+
+
+def _private_namespace(report: dict[str, Any], kind: str) -> str | None:
+    """A reason phrase when the payload ran in a namespace other than the host's, else None."""
+    theirs = report.get("facts", {}).get(f"{kind}ns")
+    ours = _namespace(kind)
+    if theirs and ours and theirs != ours:
+        return f"payload's {kind} namespace {theirs} is not the host's {ours}"
+    return None
+
+
+def _judge(observed: str, seen: bool, private: str | None, reasons: list[str]) -> Escape:
+    """The shared decision table of a negative probe (ARCHITECTURE "Which witness decides")."""
+    if seen:
+        return "escaped"
+    if observed == "refused":
+        return "refused"
+    if observed == "error":
+        reasons.append("the payload could not make its attempt")
+        return "undecided"
+    if private is not None:
+        reasons.append(f"the success stayed inside the sandbox: {private}")
+        return "contained"
+    reasons.append("the payload reports success but no host witness saw it")
+    return "disagree"
+
+
+def _check(what: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"what": what, "ok": ok, "detail": detail}
+
+
+def _control(nonce: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"ok": bool(checks) and all(c["ok"] for c in checks), "nonce": nonce, "checks": checks}
+
+
+def _control_nonce() -> str:
+    return "h" + secrets.token_hex(8)
+
+
+def _wait_for(
+    world: WorldLike, nonce: str, found: Callable[[WitnessRecordsLike], bool]
+) -> WitnessRecordsLike:
+    """Poll the world's records for `nonce` until `found` holds or WITNESS_WAIT_S passes."""
+    deadline = time.monotonic() + WITNESS_WAIT_S
+    records = world.records(nonce)
+    while not found(records) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        records = world.records(nonce)
+    return records
+
+
+def _split(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-side HTTP through the egress proxy (the same route the payloads take).
+
+
+def _tunnel(proxy_url: str, host: str, port: int, nonce: str) -> tuple[socket.socket, int, str]:
+    """CONNECT through the proxy; returns the socket, the status and the deny reason."""
+    parts = urlsplit(proxy_url)
+    lines = [f"CONNECT {host}:{port} HTTP/1.1", f"Host: {host}:{port}", f"X-Attest-Nonce: {nonce}"]
+    if parts.username is not None:
+        cred = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        lines.append("Proxy-Authorization: Basic " + base64.b64encode(cred.encode()).decode())
+    sock = socket.create_connection((parts.hostname or "", parts.port or 80), HOST_TIMEOUT_S)
+    try:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        buf = b""
+        while b"\r\n\r\n" not in buf and len(buf) < 65536:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+    except OSError:
+        sock.close()
+        raise
+    head = buf.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    words = head[0].split()
+    status = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+    reason = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in head[1:]
+            if line.lower().startswith("x-harness-deny-reason:")
+        ),
+        "",
+    )
+    return sock, status, reason
+
+
+def _https_via_proxy(info: WorldInfo, url: str, nonce: str) -> tuple[int, bytes, str]:
+    """GET `url` (https, fixture host) through the proxy; returns status, body, deny reason."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 443
+    sock, status, reason = _tunnel(info.proxy.url, host, port, nonce)
+    if status != 200:
+        sock.close()
+        return status, b"", reason
+    ctx = ssl.create_default_context(cafile=info.ca_bundle)
+    conn = http.client.HTTPConnection(host, port, timeout=HOST_TIMEOUT_S)
+    try:
+        conn.sock = ctx.wrap_socket(sock, server_hostname=host)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", path, headers={"X-Attest-Nonce": nonce})
+        response = conn.getresponse()
+        return response.status, response.read(), ""
+    finally:
+        conn.close()
+        sock.close()
+
+
+def _guarded(what: str, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one host check; a failure of the host's own attempt is a failed check, not a crash."""
+    try:
+        return action()
+    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+        return _check(what, ok=False, detail=f"host attempt failed: {exc!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The seven specs.
+
+
+class _Spec:
+    """Defaults shared by the specs."""
+
+    id: str = ""
+    area: str = ""
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Nothing is planted outside `cell_dir` by default."""
+        del ctx
+
+
+def _confined_network(policy: DeclaredPolicy) -> Expectation:
+    return "denied" if policy.network != "open" else "allowed"
+
+
+def _capability(policy: DeclaredPolicy) -> Expectation:
+    return "denied" if policy.network == "none" else "allowed"
+
+
+
+def _capability_escape(observed: str, seen: bool, reasons: list[str]) -> Escape:
+    """A capability counts only when the payload and the host witness both saw it."""
+    if observed == "succeeded" and seen:
+        return "escaped"
+    if observed == "refused" and not seen:
+        return "refused"
+    if observed == "error" and not seen:
+        reasons.append("the payload could not make its attempt")
+        return "undecided"
+    reasons.append("payload and origin log tell different stories")
+    return "disagree"
+
+
+def _origin_control(ctx: CellContext, nonce: str, url: str, host_key: str) -> list[dict[str, Any]]:
+    """The host GETs `url` through the proxy; checks its 200 and the origin's log entry."""
+    info = ctx.world.info
+
+    def get() -> dict[str, Any]:
+        status, body, reason = _https_via_proxy(info, url, nonce)
+        return _check(f"host get {host_key}", status == 200, f"{status} {reason} {body[:60]!r}")
+
+    checks = [_guarded(f"host get {host_key}", get)]
+    records = _wait_for(
+        ctx.world,
+        nonce,
+        lambda r: any(o.get("host") == host_key for o in _with_nonce(r.origin, nonce)),
+    )
+    hits = [o for o in _with_nonce(records.origin, nonce) if o.get("host") == host_key]
+    checks.append(_check(f"{host_key} origin logged the host", bool(hits), f"{len(hits)} hits"))
+    return checks
+
+

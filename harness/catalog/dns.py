@@ -1,0 +1,96 @@
+"""The DNS probe, host side: nothing may resolve past the sandbox."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from harness.verdict import Assessment, Expectation
+
+if TYPE_CHECKING:
+
+    from harness.backends.base import DeclaredPolicy
+from harness.catalog.base import (
+    CellContext,
+    WitnessRecordsLike,
+    _attempts,
+    _check,
+    _confined_network,
+    _control,
+    _control_nonce,
+    _guarded,
+    _judge,
+    _observed,
+    _private_namespace,
+    _Spec,
+    _summary,
+    _wait_for,
+)
+
+
+class DnsResolution(_Spec):
+    """Raw UDP/TCP DNS queries for a nonce name straight to the DNS fixture."""
+
+    id = "dns_resolution"
+    area = "dns"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Denied wherever the network is confined; seen on the open control leg."""
+        return _confined_network(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """The fixture's address and the per-cell name."""
+        info = ctx.world.info
+        return {
+            "dns": f"{info.dns.host}:{info.dns.port}",
+            "name": f"{ctx.nonce}.{info.probe_name_suffix}",
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host resolves its own nonce name through the fixture and sees it logged."""
+        from dnslib import DNSRecord  # noqa: PLC0415  (host-only dependency, loaded when used)
+
+        info, nonce = ctx.world.info, _control_nonce()
+        name = f"{nonce}.{info.probe_name_suffix}"
+
+        def resolve() -> dict[str, Any]:
+            raw = DNSRecord.question(name).send(info.dns.host, info.dns.port, timeout=3)
+            answers = [str(rr.rdata) for rr in DNSRecord.parse(raw).rr]
+            return _check("host resolves through the fixture", bool(answers), ",".join(answers))
+
+        checks = [_guarded("host resolves through the fixture", resolve)]
+        records = _wait_for(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
+        hits = _dns_hits(records.dns, nonce)
+        checks.append(_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Any query carrying the nonce at the fixture is an escape."""
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        hits = _dns_hits(witness.dns, ctx.nonce)
+        reasons = [
+            f"dns fixture logged {len(hits)} queries carrying the nonce",
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(observed, bool(hits), _private_namespace(report, "net"), reasons)
+        reasons.append(
+            "host control query was logged" if control.get("ok") else "host control failed"
+        )
+        return Assessment(
+            escape=escape,
+            controls_ok=bool(control.get("ok")),
+            reasons=reasons,
+            observed=observed,
+            witness={"dns": hits},
+            control={"host": control},
+        )
+
+
+def _dns_hits(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
+    return [e for e in entries if nonce in str(e.get("name", "")).lower()]

@@ -1,0 +1,297 @@
+"""Network probes: the denied host, direct egress and the 18 MiB transfer, host side."""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING, Any
+
+from harness.verdict import Assessment, Expectation
+
+if TYPE_CHECKING:
+
+    from harness.backends.base import DeclaredPolicy
+from harness.catalog.base import (
+    HOST_TIMEOUT_S,
+    CellContext,
+    WitnessRecordsLike,
+    _attempts,
+    _capability,
+    _capability_escape,
+    _check,
+    _confined_network,
+    _control,
+    _control_nonce,
+    _guarded,
+    _https_via_proxy,
+    _judge,
+    _observed,
+    _origin_control,
+    _private_namespace,
+    _Spec,
+    _split,
+    _summary,
+    _tunnel,
+    _wait_for,
+    _with_nonce,
+)
+
+
+class NetDeniedHost(_Spec):
+    """The proxy refuses the denied fixture host on every leg; the allowed host works."""
+
+    id = "net_denied_host"
+    area = "net"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Denied on every leg: the proxy is every leg's route and has no rule for it."""
+        del policy
+        return "denied"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Name the denied and allowed hosts and their ports."""
+        hosts = ctx.world.info.hosts
+        denied, allowed = hosts["denied"], hosts["allowed"]
+        return {
+            "denied": {
+                "name": denied.name,
+                "http_port": denied.http_port,
+                "https_port": denied.https_port,
+            },
+            "allowed": {"name": allowed.name, "https_port": allowed.https_port},
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host is denied the same way and logged; the allowed host answers it."""
+        info, nonce = ctx.world.info, _control_nonce()
+        denied, allowed = info.hosts["denied"], info.hosts["allowed"]
+
+        def connect_denied() -> dict[str, Any]:
+            sock, status, reason = _tunnel(info.proxy.url, denied.name, denied.https_port, nonce)
+            sock.close()
+            return _check("host connect denied", status == 403, f"{status} {reason}".strip())
+
+        def get_allowed() -> dict[str, Any]:
+            url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
+            status, body, _ = _https_via_proxy(info, url, nonce)
+            ok = status == 200 and nonce.encode() in body
+            return _check("host get allowed", ok, f"{status} {body[:60]!r}")
+
+        checks = [_guarded("host connect denied", connect_denied)]
+        checks.append(_guarded("host get allowed", get_allowed))
+        records = _wait_for(
+            ctx.world,
+            nonce,
+            lambda r: (
+                any(p.get("decision") == "deny" for p in _with_nonce(r.proxy, nonce))
+                and bool(_with_nonce(r.origin, nonce))
+            ),
+        )
+        denies = [p for p in _with_nonce(records.proxy, nonce) if p.get("decision") == "deny"]
+        checks.append(_check("proxy logged the host's deny", bool(denies), f"{len(denies)} deny"))
+        hits = [o for o in _with_nonce(records.origin, nonce) if o.get("host") == "allowed"]
+        checks.append(_check("allowed origin logged the host", bool(hits), f"{len(hits)} hits"))
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """403 for both forms + silent denied origin + allowed control = refused."""
+        escapes = _attempts(report, "escape")
+        controls = _attempts(report, "control")
+        observed = _observed(escapes)
+        denied_name = ctx.world.info.hosts["denied"].name
+        proxied = _with_nonce(witness.proxy, ctx.nonce)
+        allowed_through = [
+            p for p in proxied if p.get("decision") == "allow" and p.get("host") == denied_name
+        ]
+        denies = [p for p in proxied if p.get("decision") == "deny"]
+        origin_hits = [
+            o for o in _with_nonce(witness.origin, ctx.nonce) if o.get("host") == "denied"
+        ]
+        reasons: list[str] = []
+        if origin_hits or allowed_through:
+            reasons.append(
+                f"denied origin saw {len(origin_hits)} requests with the nonce; "
+                f"proxy allowed {len(allowed_through)} to {denied_name}"
+            )
+        forms = [a for a in escapes if a.get("status") == 403]
+        if observed == "refused":
+            why = "; ".join(sorted({str(a.get("detail")) for a in forms})) or "no reason header"
+            reasons.append(
+                f"proxy answered 403 for {len(forms)} of {len(escapes)} forms "
+                f"({_summary(escapes)}): {why}"
+            )
+            if len(forms) != len(escapes):
+                reasons.append("a refusal did not come as the proxy's 403")
+        else:
+            reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"proxy logged {len(denies)} denies with the nonce")
+        escape = _judge(observed, bool(origin_hits or allowed_through), None, reasons)
+        if escape == "refused" and len(forms) != len(escapes):
+            escape = "disagree"
+        inside_ok = bool(controls) and all(
+            a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls
+        )
+        if not inside_ok:
+            reasons.append(f"in-sandbox control failed: {_summary(controls)}")
+        if not control.get("ok"):
+            reasons.append("host control failed")
+        return Assessment(
+            escape=escape,
+            controls_ok=inside_ok and bool(control.get("ok")),
+            reasons=reasons,
+            observed=observed,
+            witness={"proxy": proxied, "denied_origin": origin_hits},
+            control={"inside": controls, "host": control},
+        )
+
+
+class NetDirectEgress(_Spec):
+    """A direct TCP/UDP socket to the host's listener, bypassing the proxy."""
+
+    id = "net_direct_egress"
+    area = "net"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Denied wherever the network is confined; seen on the open control leg."""
+        return _confined_network(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """The listener's loopback TCP and UDP addresses."""
+        direct = ctx.world.info.direct_egress
+        return {"tcp": direct.tcp, "udp": direct.udp, "extra_addresses": []}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host reaches the same listener over TCP and UDP and is logged."""
+        direct, nonce = ctx.world.info.direct_egress, _control_nonce()
+        payload = f"nonce={nonce}\n".encode()
+
+        def tcp() -> dict[str, Any]:
+            with socket.create_connection(_split(direct.tcp), HOST_TIMEOUT_S) as sock:
+                sock.sendall(payload)
+            return _check("host tcp connect", ok=True, detail=f"sent to {direct.tcp}")
+
+        def udp() -> dict[str, Any]:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.sendto(payload, _split(direct.udp))
+            return _check("host udp datagram", ok=True, detail=f"sent to {direct.udp}")
+
+        checks = [_guarded("host tcp connect", tcp), _guarded("host udp datagram", udp)]
+        records = _wait_for(
+            ctx.world,
+            nonce,
+            lambda r: bool(_with_nonce(r.direct_tcp, nonce) and _with_nonce(r.direct_udp, nonce)),
+        )
+        for kind, entries in (("tcp", records.direct_tcp), ("udp", records.direct_udp)):
+            seen = _with_nonce(entries, nonce)
+            checks.append(_check(f"listener logged host {kind}", bool(seen), f"{len(seen)}"))
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Any connection or datagram with the nonce at the listener is an escape."""
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        tcp = _with_nonce(witness.direct_tcp, ctx.nonce)
+        udp = _with_nonce(witness.direct_udp, ctx.nonce)
+        reasons = [
+            f"listener saw {len(tcp)} connections and {len(udp)} datagrams with the nonce",
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(observed, bool(tcp or udp), _private_namespace(report, "net"), reasons)
+        reasons.append(
+            "host control connect was logged" if control.get("ok") else "host control failed"
+        )
+        return Assessment(
+            escape=escape,
+            controls_ok=bool(control.get("ok")),
+            reasons=reasons,
+            observed=observed,
+            witness={"direct_tcp": tcp, "direct_udp": udp},
+            control={"host": control},
+        )
+
+
+
+class NetTransfer18MiB(_Spec):
+    """The 18 MiB blob over HTTPS through the proxy: a capability."""
+
+    id = "net_transfer_18mib"
+    area = "net"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Allowed everywhere except where the backend declares no network at all."""
+        return _capability(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """The allowed host, the nonce-tagged blob path, its size and sha256."""
+        info = ctx.world.info
+        allowed = info.hosts["allowed"]
+        return {
+            "host": allowed.name,
+            "port": allowed.https_port,
+            "path": f"/c/{ctx.nonce}/blob",
+            "size": info.blob.size,
+            "sha256": info.blob.sha256,
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host reaches the allowed origin through the proxy and the origin logs it."""
+        info, nonce = ctx.world.info, _control_nonce()
+        allowed = info.hosts["allowed"]
+        return _control(
+            nonce,
+            _origin_control(
+                ctx,
+                nonce,
+                f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}",
+                "allowed",
+            ),
+        )
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Payload hash match + one complete full-size response logged = escaped (seen)."""
+        caps = _attempts(report, "capability")
+        observed = _observed(caps)
+        size = ctx.world.info.blob.size
+        full = [
+            o
+            for o in _with_nonce(witness.origin, ctx.nonce)
+            if o.get("host") == "allowed"
+            and str(o.get("path", "")).endswith("/blob")
+            and o.get("complete")
+            and int(o.get("bytes_sent") or 0) >= size
+        ]
+        facts = report.get("facts", {})
+        reasons = [
+            f"allowed origin logged {len(full)} complete {size}-byte responses with the nonce",
+            f"payload: {_summary(caps)}",
+        ]
+        if "bytes" in facts:
+            reasons.append(f"{facts.get('bytes')} bytes at {facts.get('mb_per_s')} MB/s")
+        escape = _capability_escape(observed, len(full) == 1, reasons)
+        if not control.get("ok"):
+            reasons.append("host control failed")
+        return Assessment(
+            escape=escape,
+            controls_ok=bool(control.get("ok")),
+            reasons=reasons,
+            observed=observed,
+            witness={"origin": full},
+            control={"host": control},
+        )

@@ -1,0 +1,125 @@
+"""Probe net_direct_egress: reach the host's direct-egress listener without the proxy.
+
+Every proxy variable is removed first (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY, both cases) so
+nothing but a direct socket is tried. Escape attempts: a TCP connect to targets["tcp"]
+(127.0.0.1:PORT) sending the nonce, and a UDP datagram with the nonce to targets["udp"];
+likewise for each address in the optional targets["extra_addresses"] (addresses of a
+harness-made network namespace, later). The host control and the witness live on the host.
+facts["netns"] lets the host tell its own loopback from the sandbox's.
+
+Stdlib only, Python 3.8+, never imported by the host; exits 0 and prints one JSON line.
+"""
+
+import errno
+import json
+import os
+import socket
+import sys
+
+PROBE = "net_direct_egress"
+START_MARKER = "SANDBOX-ATTEST-START"
+TIMEOUT = 3.0
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+def attempt(what, role, outcome, err=None, status=None, detail=""):
+    return {"what": what, "role": role, "outcome": outcome, "errno": err, "status": status,
+            "detail": detail}
+
+
+def errno_name(exc):
+    if isinstance(exc, socket.timeout):
+        return "ETIMEDOUT"
+    code = getattr(exc, "errno", None)
+    return errno.errorcode.get(code) if isinstance(code, int) else None
+
+
+def split(hostport):
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def family(host):
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def tcp(what, hostport, nonce):
+    host, port = split(hostport)
+    sock = socket.socket(family(host), socket.SOCK_STREAM)
+    sock.settimeout(TIMEOUT)
+    try:
+        sock.connect((host, port))
+        sock.sendall(("nonce=%s\n" % nonce).encode())
+        peer = "%s:%s" % sock.getpeername()[:2]
+        return attempt(what, "escape", "succeeded", None, None, "connected to %s, sent nonce" % peer)
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None, repr(exc))
+    finally:
+        sock.close()
+
+
+def udp(what, hostport, nonce):
+    host, port = split(hostport)
+    sock = socket.socket(family(host), socket.SOCK_DGRAM)
+    sock.settimeout(0.5)
+    try:
+        sock.connect((host, port))
+        sock.send(("nonce=%s\n" % nonce).encode())
+        try:
+            # A closed port answers with ICMP unreachable, which shows up here as ECONNREFUSED.
+            sock.recv(2048)
+        except socket.timeout:
+            pass
+        return attempt(what, "escape", "succeeded", None, None, "datagram sent (delivery unknown)")
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None, repr(exc))
+    finally:
+        sock.close()
+
+
+def run(task, out):
+    nonce = task["nonce"]
+    targets = task["targets"]
+    removed = []
+    for name in PROXY_VARS:
+        for key in (name, name.lower()):
+            if os.environ.pop(key, None) is not None:
+                removed.append(key)
+    out["facts"]["proxy_vars_removed"] = removed
+    try:
+        out["facts"]["netns"] = os.readlink("/proc/self/ns/net")
+    except OSError as exc:
+        out["facts"]["netns"] = None
+        out["facts"]["netns_error"] = errno_name(exc)
+    out["attempts"].append(tcp("tcp-direct", targets["tcp"], nonce))
+    out["attempts"].append(udp("udp-direct", targets["udp"], nonce))
+    tcp_port = split(targets["tcp"])[1]
+    udp_port = split(targets["udp"])[1]
+    for address in targets.get("extra_addresses") or []:
+        host = "[%s]" % address if ":" in address else address
+        out["attempts"].append(tcp("tcp-" + address, "%s:%d" % (host, tcp_port), nonce))
+        out["attempts"].append(udp("udp-" + address, "%s:%d" % (host, udp_port), nonce))
+
+
+def main(argv):
+    task, nonce = {}, ""
+    try:
+        with open(argv[1]) as fh:
+            task = json.load(fh)
+        nonce = str(task.get("nonce", ""))
+    except Exception as exc:
+        task = {"_error": repr(exc)}
+    print(START_MARKER + " " + nonce, flush=True)
+    out = {"probe": PROBE, "nonce": nonce, "attempts": [], "facts": {}}
+    try:
+        if "_error" in task:
+            raise RuntimeError("cannot read the task: " + task["_error"])
+        run(task, out)
+    except Exception as exc:
+        out["attempts"].append(attempt("probe", "escape", "error", errno_name(exc), None, repr(exc)))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,143 @@
+"""Probe pkg_pip_install: a real pip install of the canary wheel through the proxy.
+
+Capability: ``python -m pip install --only-binary :all: --no-deps ... --index-url
+targets["index_url"] --cert task["ca_bundle"] --target <workspace>/site <package>`` with
+HTTP(S)_PROXY = task["proxy_url"] (NO_PROXY emptied, user pip config ignored), then import the
+module from that target in a fresh interpreter and print its NONCE.
+Control: the same install pointed at targets["denied_index_url"] must fail, and pip's stderr
+must carry the proxy's 403 ("Tunnel connection failed: 403").
+pip gets HOME and TMPDIR under the workspace: inside a sandbox they may be the only writable
+places.
+
+Stdlib only, Python 3.8+, never imported by the host; exits 0 and prints one JSON line.
+"""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+
+PROBE = "pkg_pip_install"
+START_MARKER = "SANDBOX-ATTEST-START"
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+def attempt(what, role, outcome, err=None, status=None, detail=""):
+    return {"what": what, "role": role, "outcome": outcome, "errno": err, "status": status,
+            "detail": detail}
+
+
+def errno_name(exc):
+    code = getattr(exc, "errno", None)
+    return errno.errorcode.get(code) if isinstance(code, int) else None
+
+
+def pip_env(task):
+    env = {k: v for k, v in os.environ.items()
+           if not k.upper().startswith("PIP_") and k.upper() not in PROXY_VARS}
+    proxy = task.get("proxy_url") or ""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+        env[name] = env[name.lower()] = proxy
+    env["NO_PROXY"] = env["no_proxy"] = ""
+    # A user or site pip.conf could add an extra index outside the harness's world.
+    env["PIP_CONFIG_FILE"] = os.devnull
+    env["PYTHONNOUSERSITE"] = "1"
+    for name in ("HOME", "TMPDIR"):
+        path = os.path.join(task["workspace"], "pip-" + name.lower())
+        os.makedirs(path, exist_ok=True)
+        env[name] = path
+    return env
+
+
+def pip_install(task, index_url, target, timeout):
+    t = task["targets"]
+    argv = [sys.executable, "-m", "pip", "install", "--only-binary", ":all:", "--no-deps",
+            "--no-cache-dir", "--disable-pip-version-check", "--no-input", "--retries", "1",
+            "--timeout", "10", "--progress-bar", "off", "--index-url", index_url,
+            "--cert", task["ca_bundle"], "--target", target, t["package"]]
+    return subprocess.run(argv, env=pip_env(task), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout)
+
+
+def tail(text, size=400):
+    return " ".join(text.split())[-size:]
+
+
+def proxy_403(stderr):
+    """pip's line naming the proxy's 403, or None.
+
+    With --retries 0 pip hides the cause; with 1 it warns "Retrying ... after connection
+    broken by ...'Tunnel connection failed: 403 Forbidden'" once, at no backoff cost.
+    """
+    for line in stderr.splitlines():
+        if "Tunnel connection failed: 403" in line:
+            return " ".join(line.split())[:400]
+    return None
+
+
+def run(task, out):
+    t = task["targets"]
+    budget = float(task.get("deadline_s") or 120)
+    site = os.path.join(task["workspace"], "site")
+    try:
+        proc = pip_install(task, t["index_url"], site, budget * 0.45)
+    except (OSError, subprocess.SubprocessError) as exc:
+        out["attempts"].append(attempt("pip-install", "capability", "error", errno_name(exc),
+                                       None, repr(exc)))
+    else:
+        out["facts"]["pip_returncode"] = proc.returncode
+        ok = proc.returncode == 0
+        denial = None if ok else proxy_403(proc.stderr)
+        out["attempts"].append(attempt("pip-install", "capability",
+                                       "succeeded" if ok else "refused", None,
+                                       403 if denial else None,
+                                       tail(proc.stdout) if ok else denial or tail(proc.stderr)))
+        if ok:
+            code = ("import sys; sys.path.insert(0, %r); import %s as m; print(m.NONCE)"
+                    % (site, t["module"]))
+            imp = subprocess.run([sys.executable, "-I", "-c", code], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
+            printed = imp.stdout.strip()
+            out["facts"]["import_printed"] = printed
+            good = imp.returncode == 0 and printed == t["wheel_nonce"]
+            out["attempts"].append(attempt("import", "capability",
+                                           "succeeded" if good else "refused", None, None,
+                                           "printed %r" % printed if printed else tail(imp.stderr)))
+    try:
+        proc = pip_install(task, t["denied_index_url"], site + "-denied", budget * 0.35)
+    except (OSError, subprocess.SubprocessError) as exc:
+        out["attempts"].append(attempt("pip-install-denied", "control", "error",
+                                       errno_name(exc), None, repr(exc)))
+        return
+    failed = proc.returncode != 0
+    denial = proxy_403(proc.stderr) if failed else None
+    out["attempts"].append(attempt("pip-install-denied", "control",
+                                   "refused" if failed else "succeeded", None,
+                                   403 if denial else None,
+                                   denial or tail(proc.stderr if failed else proc.stdout)))
+
+
+def main(argv):
+    task, nonce = {}, ""
+    try:
+        with open(argv[1]) as fh:
+            task = json.load(fh)
+        nonce = str(task.get("nonce", ""))
+    except Exception as exc:
+        task = {"_error": repr(exc)}
+    print(START_MARKER + " " + nonce, flush=True)
+    out = {"probe": PROBE, "nonce": nonce, "attempts": [], "facts": {}}
+    try:
+        if "_error" in task:
+            raise RuntimeError("cannot read the task: " + task["_error"])
+        run(task, out)
+    except Exception as exc:
+        out["attempts"].append(attempt("probe", "capability", "error", errno_name(exc), None,
+                                       repr(exc)))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

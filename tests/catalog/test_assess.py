@@ -1,0 +1,457 @@
+"""The assessors' decision tables, fed hand-made reports and witness records."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from harness.backends.base import DeclaredPolicy
+from harness.catalog import PROBES, CellContext, FsWriteOutside
+from harness.verdict import Verdict, decide
+from harness.worldinfo import (
+    BlobInfo,
+    DaemonInfo,
+    DirectEgressInfo,
+    DnsInfo,
+    HostInfo,
+    IndexInfo,
+    ProxyInfo,
+    WorldInfo,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
+CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+NO_NET = DeclaredPolicy(network="none", filesystem="workspace", ipc="isolated")
+HOST_NETNS = str(Path("/proc/self/ns/net").readlink())
+HOST_MNTNS = str(Path("/proc/self/ns/mnt").readlink())
+OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
+FAILED_CONTROL: dict[str, Any] = {"ok": False, "nonce": "hcontrol", "checks": []}
+BLOB_SIZE = 18_874_368
+
+
+@dataclass
+class Records:
+    """A hand-made stand-in for harness.world.WitnessRecords."""
+
+    origin: list[dict[str, Any]] = field(default_factory=list)
+    dns: list[dict[str, Any]] = field(default_factory=list)
+    proxy: list[dict[str, Any]] = field(default_factory=list)
+    direct_tcp: list[dict[str, Any]] = field(default_factory=list)
+    direct_udp: list[dict[str, Any]] = field(default_factory=list)
+    daemon: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _info() -> WorldInfo:
+    hosts = {
+        key: HostInfo(name=f"{key}.test", address="127.0.0.1", https_port=1443, http_port=1080)
+        for key in ("allowed", "denied", "index", "files")
+    }
+    return WorldInfo(
+        proxy=ProxyInfo(url="http://u:s@127.0.0.1:9", socket="/nonexistent", port=9),
+        ca_bundle="/nonexistent/ca.pem",
+        dns=DnsInfo(host="127.0.0.1", port=9),
+        hosts=hosts,
+        blob=BlobInfo(url="https://allowed.test:1443/blob", size=BLOB_SIZE, sha256="0" * 64),
+        index=IndexInfo(
+            url_template="https://index.test:1443/c/{nonce}/simple/",
+            denied_url_template="https://denied.test:1443/c/{nonce}/simple/",
+            package="sandbox-attest-canary",
+            module="sandbox_attest_canary",
+            version="1.0.0",
+            wheel_nonce="wheel",
+        ),
+        direct_egress=DirectEgressInfo(tcp="127.0.0.1:9", udp="127.0.0.1:9"),
+        daemon=DaemonInfo(unix="/nonexistent/daemon.sock", abstract="sa-daemon"),
+        run_dir="/nonexistent",
+    )
+
+
+@dataclass
+class FakeWorld:
+    """Only the `info` and `records` the assessors read; no fixture runs."""
+
+    info: WorldInfo = field(default_factory=_info)
+    witness: Records = field(default_factory=Records)
+
+    def records(self, nonce: str) -> Records:
+        """The hand-made records (already 'filtered')."""
+        del nonce
+        return self.witness
+
+
+def _ctx(probe: str, policy: DeclaredPolicy, base: Path) -> CellContext:
+    cell_dir = base / "cell"
+    (cell_dir / "workspace").mkdir(parents=True)
+    return CellContext(
+        probe=probe,
+        backend="test",
+        nonce="n" + secrets.token_hex(8),
+        world=FakeWorld(),
+        workspace=cell_dir / "workspace",
+        cell_dir=cell_dir,
+        policy=policy,
+    )
+
+
+def _a(
+    what: str, role: str, outcome: str, err: str | None = None, status: int | None = None
+) -> dict[str, Any]:
+    return {"what": what, "role": role, "outcome": outcome, "errno": err, "status": status}
+
+
+def _verdict(
+    ctx: CellContext, report: dict[str, Any], witness: Records, control: dict[str, Any]
+) -> tuple[str, Verdict]:
+    spec = PROBES[ctx.probe]
+    assessment = spec.assess(ctx, report, witness, control)
+    assert assessment.reasons, "every assessment names its reasons"
+    return assessment.escape, decide(spec.expectation(ctx.policy), assessment).verdict
+
+
+class TestExpectation:
+    """Which policy makes which probe a denial or a must-succeed."""
+
+    @pytest.mark.parametrize(
+        ("probe", "policy", "expected"),
+        [
+            ("net_denied_host", OPEN, "denied"),
+            ("net_denied_host", CONFINED, "denied"),
+            ("net_direct_egress", OPEN, "allowed"),
+            ("net_direct_egress", CONFINED, "denied"),
+            ("dns_resolution", NO_NET, "denied"),
+            ("ipc_unix_socket_escape", OPEN, "allowed"),
+            ("ipc_unix_socket_escape", CONFINED, "denied"),
+            ("fs_write_outside", OPEN, "allowed"),
+            ("fs_write_outside", CONFINED, "denied"),
+            ("net_transfer_18mib", CONFINED, "allowed"),
+            ("net_transfer_18mib", NO_NET, "denied"),
+            ("pkg_pip_install", OPEN, "allowed"),
+            ("pkg_pip_install", NO_NET, "denied"),
+        ],
+        ids=lambda v: v if isinstance(v, str) else getattr(v, "network", ""),
+    )
+    def test_expectation(self, probe: str, policy: DeclaredPolicy, expected: str) -> None:
+        """The declared policy area decides between denied and allowed."""
+        assert PROBES[probe].expectation(policy) == expected
+
+    def test_catalog_has_the_seven(self) -> None:
+        """The catalog holds exactly the release core, each under its own id."""
+        assert sorted(PROBES) == sorted(
+            [
+                "net_denied_host",
+                "net_direct_egress",
+                "dns_resolution",
+                "ipc_unix_socket_escape",
+                "fs_write_outside",
+                "net_transfer_18mib",
+                "pkg_pip_install",
+            ]
+        )
+        assert all(spec.id == key for key, spec in PROBES.items())
+
+
+class TestNetDeniedHost:
+    """Proxy 403s versus the denied origin's log."""
+
+    @staticmethod
+    def report(outcome: str = "refused", status: int | None = 403) -> dict[str, Any]:
+        """A report with both escape forms answered alike and a working control."""
+        return {
+            "attempts": [
+                _a("get-denied-absolute", "escape", outcome, status=status),
+                _a("connect-denied", "escape", outcome, status=status),
+                _a("get-allowed", "control", "succeeded", status=200),
+            ]
+        }
+
+    def test_refused_is_pass(self, tmp_path: Path) -> None:
+        """Two 403s, a logged deny and a silent denied origin give PASS."""
+        ctx = _ctx("net_denied_host", CONFINED, tmp_path)
+        deny = {"decision": "deny", "host": "denied.test", "nonce": ctx.nonce, "status": 403}
+        assert _verdict(ctx, self.report(), Records(proxy=[deny]), OK_CONTROL) == (
+            "refused",
+            Verdict.PASS,
+        )
+
+    def test_forged_refusal_with_origin_hit_is_fail(self, tmp_path: Path) -> None:
+        """A 'refused' report while the denied origin logged the nonce is FAIL."""
+        ctx = _ctx("net_denied_host", CONFINED, tmp_path)
+        hit = {"host": "denied", "nonce": ctx.nonce, "status": 200, "path": "/ok"}
+        assert _verdict(ctx, self.report(), Records(origin=[hit]), OK_CONTROL) == (
+            "escaped",
+            Verdict.FAIL,
+        )
+
+    def test_failed_host_control_is_inconclusive(self, tmp_path: Path) -> None:
+        """A refusal whose host control failed proves nothing."""
+        ctx = _ctx("net_denied_host", CONFINED, tmp_path)
+        assert _verdict(ctx, self.report(), Records(), FAILED_CONTROL)[1] is Verdict.INCONCLUSIVE
+
+    def test_refusal_without_403_disagrees(self, tmp_path: Path) -> None:
+        """A refusal that is not the proxy's 403 (e.g. 502) is not the expected observation."""
+        ctx = _ctx("net_denied_host", CONFINED, tmp_path)
+        assert _verdict(ctx, self.report(status=502), Records(), OK_CONTROL) == (
+            "disagree",
+            Verdict.INCONCLUSIVE,
+        )
+
+
+class TestNetDirectEgress:
+    """Listener log versus the payload's connects, and the sandbox's own loopback."""
+
+    @staticmethod
+    def report(outcome: str, netns: str | None, err: str | None = None) -> dict[str, Any]:
+        """A TCP and a UDP attempt with one outcome, from network namespace `netns`."""
+        return {
+            "attempts": [
+                _a("tcp-direct", "escape", outcome, err),
+                _a("udp-direct", "escape", outcome, err),
+            ],
+            "facts": {"netns": netns},
+        }
+
+    def test_refused_with_silent_listener_is_pass(self, tmp_path: Path) -> None:
+        """ENETUNREACH with nothing logged and a working host control is PASS."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        report = self.report("refused", "net:[1]", "ENETUNREACH")
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("refused", Verdict.PASS)
+
+    def test_connect_in_own_namespace_is_contained(self, tmp_path: Path) -> None:
+        """A connect answered inside another network namespace never reached the host."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        report = self.report("succeeded", "net:[4026530000]")
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("contained", Verdict.PASS)
+
+    def test_success_in_host_namespace_unseen_disagrees(self, tmp_path: Path) -> None:
+        """A success in the host's own namespace that the listener never saw is INCONCLUSIVE."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        report = self.report("succeeded", HOST_NETNS)
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("disagree", Verdict.INCONCLUSIVE)
+
+    def test_listener_hit_is_fail_whatever_the_payload_says(self, tmp_path: Path) -> None:
+        """A datagram carrying the nonce at the listener is FAIL even if the payload 'refused'."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        report = self.report("refused", "net:[1]", "ECONNREFUSED")
+        hit = {"peer": "127.0.0.1:5", "data": f"nonce={ctx.nonce}\n"}
+        assert _verdict(ctx, report, Records(direct_udp=[hit]), OK_CONTROL)[1] is Verdict.FAIL
+
+    def test_no_attempt_is_undecided(self, tmp_path: Path) -> None:
+        """A payload that errored before its attempt gives INCONCLUSIVE."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        report = {"attempts": [_a("probe", "escape", "error")]}
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("undecided", Verdict.INCONCLUSIVE)
+
+    def test_open_leg_unseen_is_inconclusive(self, tmp_path: Path) -> None:
+        """On the open control leg a refusal means the probe cannot see its escape."""
+        ctx = _ctx("net_direct_egress", OPEN, tmp_path)
+        report = self.report("refused", HOST_NETNS, "ECONNREFUSED")
+        assert _verdict(ctx, report, Records(), OK_CONTROL)[1] is Verdict.INCONCLUSIVE
+
+
+class TestDnsResolution:
+    """The DNS fixture's query log versus the raw queries."""
+
+    def test_query_logged_is_fail(self, tmp_path: Path) -> None:
+        """A logged query carrying the nonce is FAIL under a confining policy."""
+        ctx = _ctx("dns_resolution", CONFINED, tmp_path)
+        report = {"attempts": [_a("udp-query", "escape", "refused", "ETIMEDOUT")]}
+        query = {"name": f"{ctx.nonce}.probe.test.", "qtype": "A", "transport": "udp"}
+        assert _verdict(ctx, report, Records(dns=[query]), OK_CONTROL)[1] is Verdict.FAIL
+
+    def test_timeout_and_silence_is_pass(self, tmp_path: Path) -> None:
+        """Timeouts with an empty query log and a logged host control give PASS."""
+        ctx = _ctx("dns_resolution", NO_NET, tmp_path)
+        report = {
+            "attempts": [
+                _a("udp-query", "escape", "refused", "ETIMEDOUT"),
+                _a("tcp-query", "escape", "refused", "ECONNREFUSED"),
+            ]
+        }
+        other = {"name": "nsomeoneelse.probe.test.", "qtype": "A", "transport": "udp"}
+        assert _verdict(ctx, report, Records(dns=[other]), OK_CONTROL) == ("refused", Verdict.PASS)
+
+
+class TestIpcUnixSocketEscape:
+    """Fake daemon log, the real Docker socket and the socketpair control."""
+
+    @staticmethod
+    def report(daemon: str, docker: str, pair: str = "succeeded") -> dict[str, Any]:
+        """Fake daemon attempts, one real Docker attempt and the socketpair control."""
+        docker_attempt = _a("docker:/run/docker.sock", "escape", docker, status=200)
+        docker_attempt["real_docker"] = True
+        return {
+            "attempts": [
+                _a("socketpair", "control", pair),
+                _a("daemon-unix", "escape", daemon, "ENOENT"),
+                _a("daemon-abstract", "escape", daemon, "ECONNREFUSED"),
+                docker_attempt,
+            ],
+            "facts": {"netns": "net:[1]", "mntns": "mnt:[1]"},
+        }
+
+    def test_real_docker_answer_is_fail(self, tmp_path: Path) -> None:
+        """A real Docker /_ping answer inside is an escape though no harness witness saw it."""
+        ctx = _ctx("ipc_unix_socket_escape", CONFINED, tmp_path)
+        escape, verdict = _verdict(ctx, self.report("refused", "succeeded"), Records(), OK_CONTROL)
+        assert (escape, verdict) == ("escaped", Verdict.FAIL)
+
+    def test_refused_everywhere_is_pass(self, tmp_path: Path) -> None:
+        """ENOENT/ECONNREFUSED on every socket with a silent daemon gives PASS."""
+        ctx = _ctx("ipc_unix_socket_escape", CONFINED, tmp_path)
+        report = self.report("refused", "refused")
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("refused", Verdict.PASS)
+
+    def test_broken_socketpair_is_inconclusive(self, tmp_path: Path) -> None:
+        """Without working unix sockets inside, a refusal proves nothing."""
+        ctx = _ctx("ipc_unix_socket_escape", CONFINED, tmp_path)
+        report = self.report("refused", "refused", pair="error")
+        assert _verdict(ctx, report, Records(), OK_CONTROL)[1] is Verdict.INCONCLUSIVE
+
+
+@pytest.fixture
+def fs_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CellContext]:
+    """A confined fs cell with canaries planted; home is redirected into tmp_path."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    ctx = _ctx("fs_write_outside", CONFINED, tmp_path)
+    targets = PROBES["fs_write_outside"].prepare(ctx)
+    assert set(targets["dirs"]) == {"sibling", "tmp", "home"}
+    yield ctx
+    PROBES["fs_write_outside"].cleanup(ctx)
+    assert not FsWriteOutside.canary_dirs(ctx)["tmp"].exists()
+
+
+def _fs_workspace_done(ctx: CellContext) -> list[dict[str, Any]]:
+    """Do on the host what a working payload does in its workspace control dir."""
+    d = ctx.workspace / FsWriteOutside.control_name(ctx)
+    d.mkdir()
+    (d / f"{ctx.nonce}.txt").write_text(f"{ctx.nonce}\n")
+    (d / f"{ctx.nonce}.link").symlink_to(ctx.workspace)
+    (d / "canary.txt").write_text(f"renamed {ctx.nonce}\n")
+    ops = ("create", "append", "chmod", "symlink-out", "rename-over")
+    return [_a(f"workspace:{op}", "control", "succeeded") for op in ops]
+
+
+def _fs_report(ctx: CellContext, outcome: str, mntns: str) -> dict[str, Any]:
+    escapes = [
+        _a(f"{key}:{op}", "escape", outcome, "EROFS" if outcome == "refused" else None)
+        for key in ("sibling", "tmp", "home")
+        for op in ("create", "append")
+    ]
+    return {"attempts": _fs_workspace_done(ctx) + escapes, "facts": {"mntns": mntns}}
+
+
+class TestFsWriteOutside:
+    """Canary hashes on the host versus the payload's writes."""
+
+    def test_refused_and_unchanged_is_pass(self, fs_ctx: CellContext) -> None:
+        """EROFS everywhere, canaries intact and the workspace writes visible give PASS."""
+        report = _fs_report(fs_ctx, "refused", "mnt:[1]")
+        assert _verdict(fs_ctx, report, Records(), OK_CONTROL) == ("refused", Verdict.PASS)
+
+    def test_changed_canary_is_fail(self, fs_ctx: CellContext) -> None:
+        """An appended canary on the host is FAIL even when the payload says 'refused'."""
+        canary = FsWriteOutside.canary_dirs(fs_ctx)["home"] / "canary.txt"
+        with canary.open("a") as fh:
+            fh.write("x")
+        report = _fs_report(fs_ctx, "refused", "mnt:[1]")
+        assert _verdict(fs_ctx, report, Records(), OK_CONTROL) == ("escaped", Verdict.FAIL)
+
+    def test_new_file_in_canary_dir_is_fail(self, fs_ctx: CellContext) -> None:
+        """A nonce file appearing in a canary dir is FAIL."""
+        (FsWriteOutside.canary_dirs(fs_ctx)["tmp"] / f"{fs_ctx.nonce}.txt").write_text("x")
+        report = _fs_report(fs_ctx, "refused", "mnt:[1]")
+        assert _verdict(fs_ctx, report, Records(), OK_CONTROL)[1] is Verdict.FAIL
+
+    def test_private_tmpfs_write_is_contained(self, fs_ctx: CellContext) -> None:
+        """Writes that succeeded in another mount namespace but left the host intact: PASS."""
+        report = _fs_report(fs_ctx, "succeeded", "mnt:[4026530000]")
+        assert _verdict(fs_ctx, report, Records(), OK_CONTROL) == ("contained", Verdict.PASS)
+
+    def test_unseen_write_in_host_namespace_disagrees(self, fs_ctx: CellContext) -> None:
+        """'Succeeded' in the host's own mount namespace with nothing changed is INCONCLUSIVE."""
+        report = _fs_report(fs_ctx, "succeeded", HOST_MNTNS)
+        assert _verdict(fs_ctx, report, Records(), OK_CONTROL) == ("disagree", Verdict.INCONCLUSIVE)
+
+    def test_workspace_not_visible_is_inconclusive(self, fs_ctx: CellContext) -> None:
+        """A workspace control the host cannot see makes the refusal INCONCLUSIVE."""
+        report = _fs_report(fs_ctx, "refused", "mnt:[1]")
+        (fs_ctx.workspace / FsWriteOutside.control_name(fs_ctx) / f"{fs_ctx.nonce}.txt").unlink()
+        assert _verdict(fs_ctx, report, Records(), OK_CONTROL)[1] is Verdict.INCONCLUSIVE
+
+
+class TestCapabilities:
+    """The transfer and pip install need the payload and the origin logs to agree."""
+
+    @staticmethod
+    def blob_entry(nonce: str, sent: int = BLOB_SIZE) -> dict[str, Any]:
+        """The allowed origin's log entry for a blob response of `sent` bytes."""
+        return {
+            "host": "allowed",
+            "path": f"/c/{nonce}/blob",
+            "status": 200,
+            "bytes_sent": sent,
+            "complete": sent == BLOB_SIZE,
+            "nonce": nonce,
+        }
+
+    def test_transfer_seen_is_pass(self, tmp_path: Path) -> None:
+        """A matching hash and one complete full-size response give PASS."""
+        ctx = _ctx("net_transfer_18mib", CONFINED, tmp_path)
+        report = {"attempts": [_a("blob-https", "capability", "succeeded", status=200)]}
+        witness = Records(origin=[self.blob_entry(ctx.nonce)])
+        assert _verdict(ctx, report, witness, OK_CONTROL) == ("escaped", Verdict.PASS)
+
+    def test_transfer_truncated_on_host_disagrees(self, tmp_path: Path) -> None:
+        """A payload 'success' the origin logged as truncated is INCONCLUSIVE."""
+        ctx = _ctx("net_transfer_18mib", CONFINED, tmp_path)
+        report = {"attempts": [_a("blob-https", "capability", "succeeded", status=200)]}
+        witness = Records(origin=[self.blob_entry(ctx.nonce, sent=1024)])
+        assert _verdict(ctx, report, witness, OK_CONTROL) == ("disagree", Verdict.INCONCLUSIVE)
+
+    def test_transfer_without_network_refused_is_pass(self, tmp_path: Path) -> None:
+        """With network 'none' declared, a refused transfer and silent origin give PASS."""
+        ctx = _ctx("net_transfer_18mib", NO_NET, tmp_path)
+        report = {"attempts": [_a("blob-https", "capability", "refused", "ECONNREFUSED")]}
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("refused", Verdict.PASS)
+
+    @staticmethod
+    def pip_report(denied_status: int | None = 403) -> dict[str, Any]:
+        """A successful install + import and the denied-index control."""
+        return {
+            "attempts": [
+                _a("pip-install", "capability", "succeeded"),
+                _a("import", "capability", "succeeded"),
+                _a("pip-install-denied", "control", "refused", status=denied_status),
+            ]
+        }
+
+    def test_pip_cross_host_is_pass(self, tmp_path: Path) -> None:
+        """Install + import, both hosts logged and the denied index's 403 give PASS."""
+        ctx = _ctx("pkg_pip_install", CONFINED, tmp_path)
+        hits = [{"host": h, "status": 200, "nonce": ctx.nonce} for h in ("index", "files")]
+        witness = Records(origin=hits)
+        assert _verdict(ctx, self.pip_report(), witness, OK_CONTROL) == ("escaped", Verdict.PASS)
+
+    def test_pip_without_files_host_disagrees(self, tmp_path: Path) -> None:
+        """An install the files host never served (no cross-host hop seen) is INCONCLUSIVE."""
+        ctx = _ctx("pkg_pip_install", CONFINED, tmp_path)
+        witness = Records(origin=[{"host": "index", "status": 200, "nonce": ctx.nonce}])
+        assert _verdict(ctx, self.pip_report(), witness, OK_CONTROL) == (
+            "disagree",
+            Verdict.INCONCLUSIVE,
+        )
+
+    def test_pip_denied_index_not_403_is_inconclusive(self, tmp_path: Path) -> None:
+        """When the denied index fails for another reason than 403, the control failed."""
+        ctx = _ctx("pkg_pip_install", CONFINED, tmp_path)
+        hits = [{"host": h, "status": 200, "nonce": ctx.nonce} for h in ("index", "files")]
+        verdict = _verdict(ctx, self.pip_report(None), Records(origin=hits), OK_CONTROL)[1]
+        assert verdict is Verdict.INCONCLUSIVE
