@@ -11,7 +11,7 @@ from typing import Any
 
 from harness.errors import ConfigError
 
-PROBE_KEYS = {"id", "timeout"}
+PROBE_KEYS = {"id", "timeout", "platforms", "reason"}
 BACKEND_KEYS = {"name", "platforms", "reason"}
 EXCLUDE_KEYS = {"backend", "probe", "reason"}
 TOP_KEYS = {"matrix", "probe", "backend", "exclude"}
@@ -24,6 +24,8 @@ class ProbeRow:
 
     id: str
     timeout: float
+    platforms: tuple[str, ...] = ("linux", "darwin", "windows")
+    reason: str = ""  # why the probe does not apply on the other platforms
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class Matrix:
                 reason = None
                 if platform not in row.platforms:
                     reason = row.reason or f"{name} does not run on {platform}"
+                elif platform not in probe.platforms:
+                    reason = probe.reason or f"{probe.id} does not apply on {platform}"
                 elif (name, probe.id) in self.exclusions:
                     reason = self.exclusions[(name, probe.id)]
                 cells.append(Cell(name, probe, reason))
@@ -121,7 +125,16 @@ def load_matrix(path: Path) -> Matrix:
         if not isinstance(timeout, int | float) or timeout <= 0:
             raise ConfigError(f"{path}, probe {row['id']!r}: timeout = {timeout!r} "
                               "is not a positive number of seconds")
-        probes.append(ProbeRow(str(row["id"]), float(timeout)))
+        platforms = tuple(row.get("platforms", ProbeRow.platforms))
+        bad = sorted(set(platforms) - KNOWN_PLATFORMS)
+        if bad or not platforms:
+            raise ConfigError(f"{path}, probe {row['id']!r}: platforms {list(platforms)} must be "
+                              f"a non-empty list from {sorted(KNOWN_PLATFORMS)}")
+        if set(platforms) != KNOWN_PLATFORMS and not str(row.get("reason", "")).strip():
+            raise ConfigError(f"{path}, probe {row['id']!r}: applies only to {list(platforms)}; "
+                              "add a 'reason' saying why it does not apply elsewhere")
+        probes.append(ProbeRow(str(row["id"]), float(timeout), platforms,
+                               str(row.get("reason", ""))))
     backends = []
     for i, row in enumerate(data.get("backend", [])):
         _check_keys(path, f"[[backend]] #{i + 1}", row, BACKEND_KEYS)

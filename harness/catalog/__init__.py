@@ -14,6 +14,7 @@ from harness.catalog.base import (
     WorldLike,
     probe_path,
 )
+from harness.catalog import host, net_wide, proc
 from harness.catalog.dns import DnsResolution
 from harness.catalog.fs import FsWriteOutside
 from harness.catalog.ipc import IpcUnixSocketEscape
@@ -40,5 +41,8 @@ PROBES: dict[str, ProbeSpec] = {
         FsWriteOutside(),
         NetTransfer18MiB(),
         PkgPipInstall(),
+        *net_wide.SPECS,
+        *host.SPECS,
+        *proc.SPECS,
     )
 }
