@@ -1,0 +1,341 @@
+"""The fixture world, started and stopped as one unit, and `sandbox-attest serve`.
+
+`start_world(run_dir)` brings up, in order: the PKI, the DNS fixture, the origins, the
+direct-egress listener, the fake daemons, the canary wheel (published on the index and files
+hosts) and the egress proxy. Everything it writes stays under `run_dir`. If a step fails,
+whatever already started is stopped and the `FixtureError` names the step.
+
+`World.records(nonce)` is the witness side of a cell: every fixture log filtered to one nonce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+from harness.blob import load_blob_spec
+from harness.dns import DnsFixture
+from harness.egress.rules import Rule
+from harness.errors import FixtureError
+from harness.listeners import LOOPBACK, DirectEgressListener, FakeDaemon
+from harness.origins import Origins, load_hosts
+from harness.paths import fixtures_dir
+from harness.pki import Pki
+from harness.wheel import build_canary_wheel, load_canary_metadata
+from harness.worldinfo import (
+    PROBE_NAME_SUFFIX,
+    BlobInfo,
+    DaemonInfo,
+    DirectEgressInfo,
+    DnsInfo,
+    IndexInfo,
+    ProxyInfo,
+    WorldInfo,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
+    from harness.egress.proxy import ProxyProcess
+
+# The roles the proxy admits, with exactly their origin ports. `denied` has no rule on purpose:
+# every request to it must end in the proxy's 403.
+_ALLOWED_ROLES = ("allowed", "index", "files")
+_UNIX_PATH_MAX = 103  # sun_path is 104 bytes on macOS, 108 on Linux, NUL included
+
+
+@dataclass
+class WitnessRecords:
+    """Every fixture log filtered to one nonce: what the host saw of one cell."""
+
+    origin: list[dict[str, Any]]
+    dns: list[dict[str, Any]]
+    proxy: list[dict[str, Any]]
+    direct_tcp: list[dict[str, Any]]
+    direct_udp: list[dict[str, Any]]
+    daemon: list[dict[str, Any]]
+
+    def is_empty(self) -> bool:
+        """Whether no witness saw anything carrying the nonce."""
+        return not any(
+            (self.origin, self.dns, self.proxy, self.direct_tcp, self.direct_udp, self.daemon)
+        )
+
+
+@dataclass
+class World:
+    """The running fixture world. No public constructor: get one from `start_world`.
+
+    Use as a context manager (stops on exit) or call `stop()`, which is idempotent.
+    """
+
+    info: WorldInfo
+    pki: Pki
+    dns: DnsFixture
+    proxy: ProxyProcess
+    origins: Origins
+    listener: DirectEgressListener
+    daemons: tuple[FakeDaemon, ...]
+    wheel: Path
+    _stop_stack: contextlib.ExitStack = field(repr=False)
+    _stopped: bool = field(default=False, repr=False)
+
+    def __enter__(self) -> Self:
+        """Return the (already running) world."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Stop the world."""
+        self.stop()
+
+    def records(self, nonce: str) -> WitnessRecords:
+        """Every fixture log filtered to `nonce`.
+
+        Origins, proxy and daemons match their `nonce` field exactly; DNS matches when the
+        nonce appears in the queried name (case-insensitively: DNS names are); the
+        listeners match when the nonce's bytes appear in what they received.
+        """
+        lowered = nonce.lower()
+        direct = self.listener.records_with(nonce)
+        return WitnessRecords(
+            origin=self.origins.records(nonce),
+            dns=[q for q in self.dns.queries() if lowered in str(q.get("name", "")).lower()],
+            proxy=[d for d in self.proxy.decisions() if d.get("nonce") == nonce],
+            direct_tcp=direct["tcp"],
+            direct_udp=direct["udp"],
+            daemon=sorted(
+                (r for d in self.daemons for r in d.records(nonce)), key=lambda r: r["time"]
+            ),
+        )
+
+    def stop(self) -> None:
+        """Stop everything in reverse start order; safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop_stack.close()
+
+
+def _check_socket_path(path: Path) -> None:
+    if len(os.fsencode(path)) > _UNIX_PATH_MAX:
+        raise FixtureError(
+            f"unix socket path {str(path)!r} is longer than {_UNIX_PATH_MAX} bytes; "
+            "pass a shorter run directory (e.g. under /tmp)"
+        )
+
+
+def _unlink_quietly(path: Path) -> Callable[[], None]:
+    def unlink() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+    return unlink
+
+
+def _world_info(
+    *,
+    run_dir: Path,
+    pki: Pki,
+    dns: DnsFixture,
+    proxy: ProxyProcess,
+    origins: Origins,
+    listener: DirectEgressListener,
+    daemons: list[FakeDaemon],
+    wheel_nonce: str,
+) -> WorldInfo:
+    """Fill `WorldInfo` from the running parts."""
+    if proxy.url is None or proxy.port is None or proxy.socket is None:
+        raise FixtureError("the egress proxy must listen on both its unix socket and TCP")
+    meta = load_canary_metadata(fixtures_dir() / "canary_wheel")
+    blob = origins.blob
+    published = origins.published_wheels()[0]
+    index_base = origins.base_url("index")
+    denied_base = origins.base_url("denied")
+    unix = next(d for d in daemons if d.path is not None)
+    abstract = next((d.abstract for d in daemons if d.abstract is not None), None)
+    return WorldInfo(
+        proxy=ProxyInfo(url=proxy.url, socket=str(proxy.socket), port=proxy.port),
+        ca_bundle=str(pki.ca_bundle),
+        dns=DnsInfo(host=dns.host, port=dns.port),
+        hosts={h.key: origins.host_info(h.key) for h in origins.hosts},
+        blob=BlobInfo(
+            url=f"{origins.base_url('allowed')}/blob", size=blob.size, sha256=blob.sha256
+        ),
+        index=IndexInfo(
+            url_template=f"{index_base}/c/{{nonce}}/simple/",
+            denied_url_template=f"{denied_base}/c/{{nonce}}/simple/",
+            package=meta.name,
+            module=meta.wheel_stem,
+            version=meta.version,
+            wheel_nonce=wheel_nonce,
+        ),
+        direct_egress=DirectEgressInfo(
+            tcp=f"{LOOPBACK}:{listener.tcp_port}", udp=f"{LOOPBACK}:{listener.udp_port}"
+        ),
+        daemon=DaemonInfo(unix=str(unix.path), abstract=abstract),
+        run_dir=str(run_dir),
+        extra={"wheel": {"filename": published.filename, "sha256": published.sha256}},
+    )
+
+
+def start_world(run_dir: Path) -> World:
+    """Start the whole fixture world with its files under `run_dir`.
+
+    Args:
+        run_dir: a directory for the CA bundle, the wheel, the proxy's socket and decision
+            log and the fake daemon's socket (created if missing; keep its path short, unix
+            socket paths are limited to ~100 bytes).
+
+    Returns:
+        The running `World`; stop it with `stop()` or a `with` block.
+
+    Raises:
+        FixtureError: a step failed; the message names it, and nothing is left running.
+    """
+    # Imported here: harness.egress.proxy is loaded lazily by its package (it also runs as
+    # its own process), and a world is the only thing that needs it.
+    from harness.egress.proxy import ProxyConfig, start_proxy  # noqa: PLC0415
+
+    run_dir = run_dir.resolve()
+    stack = contextlib.ExitStack()
+    step = "run directory"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        proxy_sock = run_dir / "proxy.sock"
+        daemon_sock = run_dir / "daemon.sock"
+        for path in (proxy_sock, daemon_sock):
+            _check_socket_path(path)
+        hosts = load_hosts()
+        blob = load_blob_spec()
+
+        step = "pki"
+        pki = Pki.create(run_dir, [h.name for h in hosts])
+
+        step = "dns"
+        dns = DnsFixture(
+            records={h.name: LOOPBACK for h in hosts},
+            wildcard={PROBE_NAME_SUFFIX: LOOPBACK},
+            host=LOOPBACK,
+        )
+        dns.start()
+        stack.callback(dns.stop)
+
+        step = "origins"
+        origins = Origins(pki, hosts, blob=blob)
+        origins.start()
+        stack.callback(origins.stop)
+
+        step = "direct-egress listener"
+        listener = DirectEgressListener(LOOPBACK)
+        listener.start()
+        stack.callback(listener.stop)
+
+        step = "fake daemons"
+        daemons: list[FakeDaemon] = [FakeDaemon(path=daemon_sock)]
+        if sys.platform.startswith("linux"):
+            daemons.append(FakeDaemon(abstract=f"sandbox-attest-daemon-{secrets.token_hex(8)}"))
+        for daemon in daemons:
+            daemon.start()
+            stack.callback(daemon.stop)
+
+        step = "canary wheel"
+        wheel_nonce = f"w{secrets.token_hex(8)}"
+        wheel = build_canary_wheel(fixtures_dir() / "canary_wheel", run_dir / "wheels", wheel_nonce)
+        origins.publish_wheel(wheel)
+
+        step = "egress proxy"
+        rules = tuple(
+            Rule(
+                host=origins.host_info(role).name,
+                ports=(origins.port(role, "https"), origins.port(role, "http")),
+                allow_private=True,  # the fixture origins live on loopback
+            )
+            for role in _ALLOWED_ROLES
+        )
+        proxy = start_proxy(
+            ProxyConfig(
+                rules=rules,
+                dns=(LOOPBACK, dns.port),
+                unix_socket=proxy_sock,
+                tcp=True,
+                decision_log=run_dir / "proxy-decisions.jsonl",
+            )
+        )
+        stack.callback(_unlink_quietly(proxy_sock))
+        stack.callback(proxy.stop)
+
+        step = "world info"
+        info = _world_info(
+            run_dir=run_dir,
+            pki=pki,
+            dns=dns,
+            proxy=proxy,
+            origins=origins,
+            listener=listener,
+            daemons=daemons,
+            wheel_nonce=wheel_nonce,
+        )
+    except BaseException as exc:
+        stack.close()
+        if isinstance(exc, Exception):
+            raise FixtureError(
+                f"the fixture world failed to start at step {step!r}: {exc}"
+            ) from exc
+        raise
+    return World(
+        info=info,
+        pki=pki,
+        dns=dns,
+        proxy=proxy,
+        origins=origins,
+        listener=listener,
+        daemons=tuple(daemons),
+        wheel=wheel,
+        _stop_stack=stack,
+    )
+
+
+def serve(run_dir: Path | None) -> int:
+    """Run the world until SIGINT/SIGTERM: `sandbox-attest serve`.
+
+    Prints `WorldInfo` as one JSON line on stdout (it contains the proxy secret), then blocks.
+    Without `run_dir`, a temporary directory is used and removed at exit.
+
+    Returns:
+        0 after a clean stop, 1 if the world could not start (the reason is on stderr).
+    """
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001  (signal API)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    own_dir = run_dir is None
+    directory = Path(tempfile.mkdtemp(prefix="sa-world-")) if run_dir is None else run_dir
+    try:
+        try:
+            world = start_world(directory)
+        except FixtureError as exc:
+            print(exc.diagnostics(), file=sys.stderr)
+            return 1
+        with world:
+            print(json.dumps(world.info.to_json_dict()), flush=True)
+            while not stop.wait(1.0):
+                pass
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if own_dir:
+            shutil.rmtree(directory, ignore_errors=True)
