@@ -1,0 +1,138 @@
+"""The `verify` and `merge` subcommands of `sandbox-attest` (registered by `register`).
+
+Exit codes: 0 the report (or merge) holds; 1 it does not, with every reason listed on stderr;
+2 the inputs are unusable (bad key, bad policy, bad --expect-legs), with the fix named.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.attest.keys import load_signing_key, load_trusted_key
+from harness.attest.merge import load_expected_legs, merge_legs
+from harness.attest.policy import load_policy
+from harness.attest.verify import verify_report
+from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    import argparse
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+DEFAULT_POLICY = Path("matrix/policy.toml")
+HELP_TRUSTED_KEY = "PEM Ed25519 public key whose signatures count (`openssl pkey -in KEY -pubout`)"
+HELP_POLICY = "release policy: which probes must PASS on which platform/backend"
+HELP_ALLOW_LOCAL = (
+    "accept a report signed by a per-machine (untrusted) local key; that key must also be "
+    "the --trusted-key"
+)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    try:
+        trusted = load_trusted_key(args.trusted_key)
+        policy = load_policy(args.policy)
+    except HarnessError as exc:
+        print(f"error: {exc.diagnostics()}", file=sys.stderr)
+        return EXIT_USAGE
+    result = verify_report(
+        args.report_dir, trusted, policy, allow_untrusted_local=args.allow_untrusted_local
+    )
+    gate = result.gate.result if result.gate else "unknown"
+    if result.ok:
+        print(f"OK: {args.report_dir} verifies with key {trusted.keyid} (gate {gate})")
+        return EXIT_OK
+    print(
+        f"FAILED: {args.report_dir} does not verify ({len(result.reasons)} reasons):",
+        file=sys.stderr,
+    )
+    for reason in result.reasons:
+        print(f"  - {reason}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def _run_merge(args: argparse.Namespace) -> int:
+    try:
+        trusted = load_trusted_key(args.trusted_key)
+        policy = load_policy(args.policy)
+        expected = load_expected_legs(args.expect_legs)
+        key = load_signing_key(args.key, os.environ)
+    except HarnessError as exc:
+        print(f"error: {exc.diagnostics()}", file=sys.stderr)
+        return EXIT_USAGE
+    result = merge_legs(
+        args.leg_dirs,
+        expected=expected,
+        trusted=trusted,
+        policy=policy,
+        key=key,
+        out_dir=args.out,
+        allow_untrusted_local=args.allow_untrusted_local,
+    )
+    if result.ok:
+        legs = ", ".join(f"{p}/{b}" for p, b in sorted(result.legs))
+        print(
+            f"OK: merged {len(result.legs)} legs ({legs}) -> {result.attestation} "
+            f"(gate {result.result})"
+        )
+        return EXIT_OK
+    print(f"REFUSED: merge not written ({len(result.reasons)} reasons):", file=sys.stderr)
+    for reason in result.reasons:
+        print(f"  - {reason}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `verify` and `merge` subcommands; each sets `func(args) -> exit code`."""
+    verify = subparsers.add_parser(
+        "verify",
+        help="check a signed report against a trusted key and the release policy",
+        description="Exit 0 only if every signature, digest, the gate and the policy hold.",
+    )
+    verify.add_argument("report_dir", type=Path, metavar="REPORT_DIR")
+    verify.add_argument(
+        "--trusted-key", type=Path, required=True, metavar="PUB", help=HELP_TRUSTED_KEY
+    )
+    verify.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help=HELP_POLICY)
+    verify.add_argument("--allow-untrusted-local", action="store_true", help=HELP_ALLOW_LOCAL)
+    verify.set_defaults(func=_run_verify)
+
+    merge = subparsers.add_parser(
+        "merge",
+        help="verify CI legs and sign one release decision over all of them",
+        description="Refuses (writes nothing) on a leg that fails, a duplicate or a missing leg.",
+    )
+    merge.add_argument("leg_dirs", type=Path, nargs="+", metavar="LEG_DIR")
+    merge.add_argument(
+        "--expect-legs",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help='TOML: [[leg]] platform = "linux" backend = "bubblewrap", one per leg',
+    )
+    merge.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="where the merged attestation.intoto.jsonl is written",
+    )
+    merge.add_argument(
+        "--trusted-key", type=Path, required=True, metavar="PUB", help=HELP_TRUSTED_KEY
+    )
+    merge.add_argument(
+        "--key",
+        type=Path,
+        default=None,
+        metavar="KEY",
+        help="PEM Ed25519 private key to sign the merge (else "
+        "$SANDBOX_ATTEST_SIGNING_KEY, else the untrusted local key)",
+    )
+    merge.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help=HELP_POLICY)
+    merge.add_argument("--allow-untrusted-local", action="store_true", help=HELP_ALLOW_LOCAL)
+    merge.set_defaults(func=_run_merge)

@@ -1,0 +1,302 @@
+"""The release policy (matrix/policy.toml) and the gate result derived from evidence with it.
+
+The policy names legs (platform x backend) and the probes that must PASS in each; only PASS
+satisfies it. `evaluate` turns a list of evidence cells into the test-result gate
+(PASSED / WARNED / FAILED) over the legs the cells cover, and `missing_legs` says which legs the
+policy requires that the cells do not cover. Both signer and verifier call the same code, so
+`verify` can re-derive the signed result instead of believing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from harness.errors import ConfigError
+from harness.verdict import Verdict
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from pathlib import Path
+
+GateResult = Literal["PASSED", "WARNED", "FAILED"]
+# Set by `merge` on control cells: the leg directory that carried them (see `evaluate`).
+CARRIER_KEY = "_carrier"
+
+_TOP_KEYS = frozenset({"policy", "require", "exclude"})
+_POLICY_KEYS = frozenset({"name", "version"})
+_REQUIRE_KEYS = frozenset({"platform", "backend", "probes"})
+_EXCLUDE_KEYS = frozenset({"platform", "backend", "probe", "reason"})
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Every probe in `probes` must have a PASS cell on `platform` under `backend`."""
+
+    platform: str
+    backend: str
+    probes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A cell deliberately not required, with the written reason ("*" matches anything)."""
+
+    platform: str
+    backend: str
+    probe: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A loaded release policy; `sha256` is over the file's exact bytes."""
+
+    path: str
+    sha256: str
+    name: str
+    version: int
+    requirements: tuple[Requirement, ...]
+    excludes: tuple[Exclusion, ...]
+
+    def legs(self) -> set[tuple[str, str]]:
+        """The (platform, backend) legs the policy requires."""
+        return {(r.platform, r.backend) for r in self.requirements}
+
+
+def _check_keys(table: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r}; allowed keys are "
+            f"{', '.join(sorted(allowed))} (fix the spelling or remove it)"
+        )
+
+
+def _string(table: Mapping[str, Any], key: str, where: str) -> str:
+    value = table.get(key)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: {key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _tables(data: Mapping[str, Any], key: str, path: Path) -> list[Mapping[str, Any]]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(f"{path}: {key} must be an array of tables, written [[{key}]]")
+    return value
+
+
+def _requirement(table: Mapping[str, Any], where: str) -> Requirement:
+    _check_keys(table, _REQUIRE_KEYS, where)
+    probes = table.get("probes")
+    if not isinstance(probes, list) or not all(isinstance(p, str) and p for p in probes):
+        raise ConfigError(f"{where}: probes must be a list of probe ids")
+    if not probes:
+        raise ConfigError(
+            f"{where}: probes is empty; a leg that requires nothing proves nothing "
+            "(list its probes or delete the table)"
+        )
+    if len(set(probes)) != len(probes):
+        raise ConfigError(f"{where}: probes lists the same probe twice")
+    return Requirement(
+        _string(table, "platform", where), _string(table, "backend", where), tuple(probes)
+    )
+
+
+def _exclusion(table: Mapping[str, Any], where: str) -> Exclusion:
+    _check_keys(table, _EXCLUDE_KEYS, where)
+    return Exclusion(
+        str(table.get("platform", "*")),
+        str(table.get("backend", "*")),
+        str(table.get("probe", "*")),
+        _string(table, "reason", where),
+    )
+
+
+def load_policy(path: Path) -> Policy:
+    """Load and validate a policy file.
+
+    Raises:
+        ConfigError: unreadable, not TOML, an unknown key (with file, key and fix), a bad
+            value, or a policy that requires nothing (which would let any run pass).
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read policy {path}: {exc.strerror}; pass the release policy with --policy"
+        ) from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    _check_keys(data, _TOP_KEYS, str(path))
+    meta = data.get("policy", {})
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path}: [policy] must be a table")
+    _check_keys(meta, _POLICY_KEYS, f"{path}, [policy]")
+    version = meta.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ConfigError(f"{path}, [policy]: version must be an integer, got {version!r}")
+
+    requirements = [
+        _requirement(t, f"{path}, [[require]] #{i}")
+        for i, t in enumerate(_tables(data, "require", path), start=1)
+    ]
+    if not requirements:
+        raise ConfigError(
+            f"{path}: the policy requires nothing, so any run would pass it; add at least one "
+            '[[require]] table (platform = "...", backend = "...", probes = [...])'
+        )
+    legs = [(r.platform, r.backend) for r in requirements]
+    dupes = sorted({leg for leg in legs if legs.count(leg) > 1})
+    if dupes:
+        raise ConfigError(
+            f"{path}: leg {dupes[0][0]}/{dupes[0][1]} has two [[require]] tables; merge them"
+        )
+
+    excludes = [
+        _exclusion(t, f"{path}, [[exclude]] #{i}")
+        for i, t in enumerate(_tables(data, "exclude", path), start=1)
+    ]
+    return Policy(
+        path=str(path),
+        sha256=hashlib.sha256(raw).hexdigest(),
+        name=str(meta.get("name", path.stem)),
+        version=version,
+        requirements=tuple(requirements),
+        excludes=tuple(excludes),
+    )
+
+
+def cell_leg(cell: Mapping[str, Any], default_platform: str) -> tuple[str, str]:
+    """The (platform, backend) leg a cell belongs to."""
+    platform = cell.get("platform") or default_platform
+    return str(platform), str(cell.get("backend", ""))
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The gate over some cells: the result, the test lists and every reason for FAILED."""
+
+    result: GateResult
+    passed: tuple[str, ...]
+    warned: tuple[str, ...]
+    failed: tuple[str, ...]
+    problems: tuple[str, ...]
+
+
+_VERDICTS = frozenset(v.value for v in Verdict)
+
+
+def _judge_cell(
+    name: str, key: tuple[str, str, str], verdict: str, is_required: bool, cell: Mapping[str, Any]
+) -> tuple[str, str | None]:
+    """Which test list a cell belongs in ("" for none) and the problem it raises, if any."""
+    platform, backend, probe = key
+    if verdict == Verdict.PASS:
+        return "passed", None
+    if verdict == Verdict.FAIL:
+        return "failed", f"{name} is FAIL: {cell.get('reason') or 'an escape was observed'}"
+    if verdict not in _VERDICTS:
+        return "failed", f"{name} has unknown verdict {verdict!r}"
+    if is_required:
+        return "failed", (
+            f"required probe {probe} on {platform}/{backend} is {verdict}, and only PASS "
+            f"satisfies the policy ({cell.get('reason') or 'no reason recorded'})"
+        )
+    if verdict in (Verdict.INCONCLUSIVE, Verdict.ERROR):
+        return "warned", None
+    return "", None
+
+
+def _required_cells(
+    policy: Policy | None, present_legs: set[tuple[str, str]]
+) -> dict[tuple[str, str, str], bool]:
+    """(platform, backend, probe) the policy requires in the legs present -> seen PASS yet."""
+    if policy is None:
+        return {}
+    return {
+        (req.platform, req.backend, probe): False
+        for req in policy.requirements
+        if (req.platform, req.backend) in present_legs
+        for probe in req.probes
+    }
+
+
+def evaluate(
+    cells: Sequence[Mapping[str, Any]],
+    policy: Policy | None,
+    *,
+    default_platform: str,
+    complete: bool = True,
+    qualify: bool = False,
+) -> Gate:
+    """Derive the gate from evidence cells, over the legs those cells cover.
+
+    Rules (fail closed): no cells, an incomplete run, a FAIL cell, or a required cell that is
+    missing or not PASS is FAILED. A non-required INCONCLUSIVE or ERROR cell is WARNED.
+    UNAVAILABLE and NOT_APPLICABLE cells that nothing requires are listed nowhere.
+    Requirements for legs absent from `cells` are not judged here: see `missing_legs`.
+
+    Args:
+        cells: evidence cells (`cell_id`, `backend`, `probe`, `platform`, `verdict`).
+        policy: the release policy, or None to judge the cells alone.
+        default_platform: the platform of cells that do not name one.
+        complete: the evidence says the run finished.
+        qualify: name tests `platform:cell_id` (merged legs from several platforms).
+    """
+    problems: list[str] = []
+    passed: list[str] = []
+    warned: list[str] = []
+    failed: list[str] = []
+    lists = {"passed": passed, "warned": warned, "failed": failed}
+    if not cells:
+        problems.append("the run has zero cells; a run that tested nothing never passes")
+    if not complete:
+        problems.append("the evidence is marked incomplete (the run was interrupted)")
+    required = _required_cells(policy, {cell_leg(c, default_platform) for c in cells})
+    seen: set[tuple[str, str, str]] = set()
+    seen_tagged: set[tuple[str, str, str, str]] = set()
+    for cell in cells:
+        platform, backend = cell_leg(cell, default_platform)
+        probe = str(cell.get("probe", ""))
+        cell_id = str(cell.get("cell_id") or f"{backend}-{probe}")
+        # A merge tags control-leg cells with the leg that carried them: every CI leg runs
+        # its own `none` control, so the same control cell legitimately appears once per leg.
+        carrier = str(cell.get(CARRIER_KEY, ""))
+        name = (f"{platform}:{cell_id}" if qualify else cell_id) + (
+            f"@{carrier}" if carrier else ""
+        )
+        key = (platform, backend, probe)
+        verdict = str(cell.get("verdict", ""))
+        if (*key, carrier) in seen_tagged:
+            problems.append(f"cell {name} appears twice in the evidence")
+            failed.append(name)
+            continue
+        seen_tagged.add((*key, carrier))
+        seen.add(key)
+        bucket, problem = _judge_cell(name, key, verdict, key in required, cell)
+        if bucket:
+            lists[bucket].append(name)
+        if bucket == "passed" and key in required:
+            required[key] = True
+        if problem:
+            problems.append(problem)
+    for (platform, backend, probe), ok in required.items():
+        if not ok and (platform, backend, probe) not in seen:
+            problems.append(
+                f"missing required cell {backend}-{probe} on {platform}: the policy requires "
+                "it to PASS but the evidence has no such cell"
+            )
+    result: GateResult = "FAILED" if problems or failed else "WARNED" if warned else "PASSED"
+    return Gate(result, tuple(passed), tuple(warned), tuple(failed), tuple(problems))
+
+
+def missing_legs(policy: Policy, legs: Iterable[tuple[str, str]]) -> list[str]:
+    """Policy legs (as "platform/backend") that none of `legs` covers, sorted."""
+    have = set(legs)
+    return sorted(f"{p}/{b}" for p, b in policy.legs() - have)

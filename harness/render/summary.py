@@ -1,0 +1,90 @@
+"""summary.md: the run in a few lines of Markdown for `$GITHUB_STEP_SUMMARY`.
+
+GitHub refuses a step summary over 1 MiB, so the text is cut at a line boundary to fit what
+is left of that budget, with a note saying so. GitHub renders HTML inside summaries, so every
+value from evidence is HTML-escaped and table pipes are escaped too.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from harness.render import ReportView
+
+STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub's per-step limit
+_MARGIN = 4096  # room for the truncation note and for other tools appending later
+TRUNCATED_NOTE = "\n\n_Summary truncated to stay under GitHub's 1 MiB limit; see report.html._\n"
+
+
+def _md(value: object) -> str:
+    text = html.escape(str(value), quote=False).replace("|", "\\|")
+    return " ".join(text.split())
+
+
+def render_markdown(view: ReportView) -> str:
+    """The summary as Markdown."""
+    ev = view.evidence
+    lines = [
+        f"## sandbox-attest: {view.gate.result} (run `{_md(ev.get('run_id', ''))}`)",
+        "",
+        f"**Signature:** {_md(view.signature)}",
+        "",
+        (
+            f"Platform: {_md((ev.get('platform') or {}).get('system', '?'))}, harness "
+            f"{_md((ev.get('harness') or {}).get('version', '?'))}, {len(view.cells)} cells."
+        ),
+        "",
+    ]
+    lines += [f"- {_md(p)}" for p in view.gate.problems]
+    if view.gate.problems:
+        lines.append("")
+    lines.append("| probe | " + " | ".join(_md(b) for b in view.backends) + " |")
+    lines.append("|---" * (len(view.backends) + 1) + "|")
+    for probe in view.probes:
+        row = []
+        for backend in view.backends:
+            cell = view.cell(backend, probe)
+            row.append(_md(cell.get("verdict", "")) if cell else "-")
+        lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
+    bad = [c for c in view.cells if c.get("verdict") not in ("PASS", "NOT_APPLICABLE")]
+    if bad:
+        lines += ["", "### Not passing", ""]
+        lines += [
+            f"- `{_md(c.get('cell_id', ''))}` {_md(c.get('verdict', ''))}: "
+            f"{_md(c.get('reason', ''))}"
+            for c in bad
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def fit(text: str, budget: int) -> str:
+    """Cut `text` at a line boundary so it and the note fit in `budget` UTF-8 bytes."""
+    data = text.encode("utf-8")
+    if len(data) <= budget:
+        return text
+    room = max(0, budget - len(TRUNCATED_NOTE.encode("utf-8")))
+    cut = data[:room].decode("utf-8", errors="ignore")
+    return cut[: cut.rfind("\n") + 1] + TRUNCATED_NOTE
+
+
+def write(report_dir: Path, view: ReportView, env: Mapping[str, str] | None = None) -> Path:
+    """Write summary.md; append it to $GITHUB_STEP_SUMMARY when set, within its budget."""
+    env = os.environ if env is None else env
+    text = fit(render_markdown(view), STEP_SUMMARY_LIMIT - _MARGIN)
+    out = report_dir / "summary.md"
+    out.write_text(text, encoding="utf-8")
+    target = env.get("GITHUB_STEP_SUMMARY")
+    if target:
+        step = Path(target)
+        used = step.stat().st_size if step.exists() else 0
+        budget = STEP_SUMMARY_LIMIT - _MARGIN - used
+        if budget > len(TRUNCATED_NOTE):
+            with step.open("a", encoding="utf-8") as handle:
+                handle.write(fit(text, budget))
+    return out

@@ -1,0 +1,108 @@
+"""Policy loading (unknown keys, empty policies) and the gate derived from cells."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from attest.builder import make_cells, write_policy
+from harness.attest.policy import evaluate, load_policy, missing_legs
+from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from harness.attest.policy import Policy
+
+
+class TestLoadPolicy:
+    def test_repo_policy_loads(self) -> None:
+        """The repository's matrix/policy.toml is a valid policy with its two linux legs."""
+        from pathlib import Path  # noqa: PLC0415  (runtime import; the module imports it for typing only)
+
+        policy = load_policy(Path(__file__).resolve().parents[2] / "matrix" / "policy.toml")
+        assert ("linux", "bubblewrap") in policy.legs()
+        assert len(policy.sha256) == 64
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            (
+                '[policy]\nnmae = "x"\n',
+                r"\[policy\]: unknown key 'nmae'; allowed keys are name, version",
+            ),
+            (
+                '[[require]]\nplatform="linux"\nbackend="none"\nprobe=["a"]\n',
+                r"\[\[require\]\] #1: unknown key 'probe'",
+            ),
+            ("[polcy]\n", r"unknown key 'polcy'"),
+        ],
+        ids=["policy-table", "require-table", "top-level"],
+    )
+    def test_unknown_key_names_file_key_and_fix(
+        self, tmp_path: Path, text: str, message: str
+    ) -> None:
+        """An unknown key is refused with the file, the key and the allowed keys."""
+        path = tmp_path / "p.toml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=message) as info:
+            load_policy(path)
+        assert str(path) in str(info.value)
+
+    def test_empty_policy_is_refused(self, tmp_path: Path) -> None:
+        """A policy that requires nothing is refused: it would let any run pass."""
+        path = tmp_path / "empty.toml"
+        path.write_text('[policy]\nname = "empty"\n')
+        with pytest.raises(ConfigError, match="requires nothing"):
+            load_policy(path)
+
+    def test_empty_probe_list_is_refused(self, tmp_path: Path) -> None:
+        """A [[require]] with no probes is refused."""
+        path = tmp_path / "p.toml"
+        path.write_text('[[require]]\nplatform="linux"\nbackend="none"\nprobes=[]\n')
+        with pytest.raises(ConfigError, match="probes is empty"):
+            load_policy(path)
+
+    def test_bad_toml(self, tmp_path: Path) -> None:
+        """Invalid TOML is a ConfigError naming the file."""
+        path = tmp_path / "p.toml"
+        path.write_text("[[require]\n")
+        with pytest.raises(ConfigError, match="not valid TOML"):
+            load_policy(path)
+
+
+class TestEvaluate:
+    def test_all_pass_is_passed(self, policy: Policy) -> None:
+        """Every required cell PASS gives PASSED with every cell in passedTests."""
+        gate = evaluate(make_cells(), policy, default_platform="linux")
+        assert gate.result == "PASSED"
+        assert len(gate.passed) == 14
+        assert gate.failed == gate.warned == gate.problems == ()
+
+    def test_zero_cells_never_pass(self, policy: Policy) -> None:
+        """A run with zero cells is FAILED."""
+        gate = evaluate([], policy, default_platform="linux")
+        assert gate.result == "FAILED"
+        assert "zero cells" in gate.problems[0]
+
+    def test_optional_inconclusive_warns(self, tmp_path: Path) -> None:
+        """An INCONCLUSIVE cell nothing requires gives WARNED, not FAILED."""
+        policy = load_policy(write_policy(tmp_path / "p.toml", probes=("net_denied_host",)))
+        cells = make_cells(verdicts={"bubblewrap-dns_resolution": "INCONCLUSIVE"})
+        gate = evaluate(cells, policy, default_platform="linux")
+        assert gate.result == "WARNED"
+        assert gate.warned == ("bubblewrap-dns_resolution",)
+
+    def test_required_not_pass_fails(self, policy: Policy) -> None:
+        """A required cell that is UNAVAILABLE fails the gate: only PASS satisfies the policy."""
+        cells = make_cells(verdicts={"bubblewrap-dns_resolution": "UNAVAILABLE"})
+        gate = evaluate(cells, policy, default_platform="linux")
+        assert gate.result == "FAILED"
+        assert "only PASS satisfies the policy" in gate.problems[0]
+
+    def test_missing_legs(self, policy: Policy) -> None:
+        """A policy leg with no cells is reported by missing_legs, not by evaluate."""
+        cells = make_cells(backends=("none",))
+        assert evaluate(cells, policy, default_platform="linux").result == "PASSED"
+        assert missing_legs(policy, {("linux", "none")}) == ["linux/bubblewrap"]

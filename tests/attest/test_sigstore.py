@@ -1,0 +1,54 @@
+"""Keyless Sigstore: only the decision logic and the absent path (no network here)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from harness.attest.sigstore import ED25519_ONLY, KEYLESS, decide, sigstore_importable
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+GITHUB = {
+    "ACTIONS_ID_TOKEN_REQUEST_URL": "http://127.0.0.1:1/t",
+    "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "x",
+}
+
+
+class TestDecide:
+    def test_no_token_is_ed25519_only(self) -> None:
+        """Without an ambient OIDC token the report is Ed25519 only, saying how to get one."""
+        d = decide({}, importable=lambda: True)
+        assert (d.attempt, d.status) == (False, ED25519_ONLY)
+        assert "id-token: write" in d.reason
+
+    def test_token_without_package(self) -> None:
+        """A token without the sigstore package is Ed25519 only, naming the package."""
+        d = decide(GITHUB, importable=lambda: False)
+        assert (d.attempt, d.status) == (False, ED25519_ONLY)
+        assert "pip install sigstore" in d.reason
+
+    def test_token_and_package_attempts_keyless(self) -> None:
+        """Both present (either GitHub's endpoint or SIGSTORE_ID_TOKEN) attempts keyless signing."""
+        assert decide(GITHUB, importable=lambda: True).status == KEYLESS
+        assert decide({"SIGSTORE_ID_TOKEN": "e30"}, importable=lambda: True).attempt
+
+    def test_half_a_github_token_is_no_token(self) -> None:
+        """Only the request URL without its bearer token is not an identity."""
+        env = {"ACTIONS_ID_TOKEN_REQUEST_URL": "http://127.0.0.1:1/t"}
+        assert not decide(env, importable=lambda: True).attempt
+
+    def test_opt_out(self) -> None:
+        """SANDBOX_ATTEST_SIGSTORE=0 turns keyless off even with a token."""
+        d = decide({**GITHUB, "SANDBOX_ATTEST_SIGSTORE": "0"}, importable=lambda: True)
+        assert not d.attempt
+
+
+def test_sign_report_records_ed25519_only(signed_report: Path) -> None:
+    """Here (no token, no sigstore package) signing.json says Ed25519 only, and no bundle exists."""
+    assert not sigstore_importable()
+    signing = json.loads((signed_report / "signing.json").read_text())
+    assert signing["sigstore"]["status"] == ED25519_ONLY
+    assert not (signed_report / "attestation.sigstore.jsonl").exists()
+    assert signing["trust"] == "provided"

@@ -1,0 +1,54 @@
+"""summary.md: the gate, the grid in Markdown, escaping, and GitHub's 1 MiB budget."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from harness.render import load_view, write_summary
+from harness.render.summary import STEP_SUMMARY_LIMIT, TRUNCATED_NOTE, fit, write
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
+
+
+class TestSummary:
+    def test_content(self, report: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The summary names the gate, the signer, every grid row, and the failing cell's reason."""
+        monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        text = write_summary(report).read_text()
+        assert text.startswith("## sandbox-attest: FAILED")
+        assert "signed with a provided Ed25519 key" in text
+        assert "| net_denied_host | PASS | PASS | PASS |" in text
+        assert "`bubblewrap-fs_write_outside` FAIL: escape observed by the host" in text
+
+    def test_appends_to_step_summary(self, report: Path, tmp_path: Path) -> None:
+        """With $GITHUB_STEP_SUMMARY set, the summary is appended after what is already there."""
+        step = tmp_path / "step.md"
+        step.write_text("earlier step\n")
+        write(report, load_view(report), {"GITHUB_STEP_SUMMARY": str(step)})
+        content = step.read_text()
+        assert content.startswith("earlier step\n## sandbox-attest: FAILED")
+
+    def test_stays_under_the_limit(self, report: Path, tmp_path: Path) -> None:
+        """A step summary already near 1 MiB only gets what fits, cut with a note."""
+        step = tmp_path / "step.md"
+        step.write_text("x" * (STEP_SUMMARY_LIMIT - 4096 - 600) + "\n")
+        write(report, load_view(report), {"GITHUB_STEP_SUMMARY": str(step)})
+        assert step.stat().st_size < STEP_SUMMARY_LIMIT
+        assert step.read_text().endswith(TRUNCATED_NOTE)
+
+    def test_fit_cuts_on_a_line_boundary(self) -> None:
+        """fit() keeps whole lines and adds the note when the text is too long."""
+        text = "".join(f"line {i}\n" for i in range(10_000))
+        cut = fit(text, 1000)
+        assert len(cut.encode()) <= 1000
+        assert cut.endswith(TRUNCATED_NOTE)
+        assert cut[: -len(TRUNCATED_NOTE)].endswith("\n")
+        assert fit("short\n", 1000) == "short\n"
+
+    def test_values_are_escaped(self, report: Path) -> None:
+        """A pipe in a reason does not break the table and HTML is escaped."""
+        text = write_summary(report).read_text()
+        assert "<script" not in text
