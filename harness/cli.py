@@ -12,7 +12,7 @@ from harness.paths import matrix_dir
 from harness.session import new_run_id
 
 HELP_OUT = "report directory (default: reports/<run-id>)"
-HELP_JOBS = "cells to run in parallel (needs pytest-xdist; default 1)"
+HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -39,7 +39,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.key:
         pytest_args.append(f"--harness-key={args.key}")
     if args.jobs > 1:
-        pytest_args += ["-n", str(args.jobs)]
+        pytest_args.append(f"--harness-jobs={args.jobs}")
     print(f"sandbox-attest {__version__}: report -> {out}", flush=True)
     return int(pytest.main(pytest_args))
 

@@ -27,6 +27,7 @@ HELP_REQUIRE = "backend that must be available: UNAVAILABLE fails instead of ski
 HELP_REPORT_DIR = "directory for evidence.json, the attestation and the HTML report"
 HELP_POLICY = "release policy TOML (default: matrix/policy.toml)"
 HELP_KEY = "Ed25519 private key (PEM) to sign the attestation with"
+HELP_JOBS = "cells to run at once in a pool (control leg first, then the rest)"
 
 SESSION_KEY = pytest.StashKey["RunSession"]()
 MATRIX_FILE_NAME = "matrix.toml"
@@ -49,6 +50,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-report-dir", default=None, help=HELP_REPORT_DIR)
     group.addoption("--harness-policy", default=None, help=HELP_POLICY)
     group.addoption("--harness-key", default=None, help=HELP_KEY)
+    group.addoption("--harness-jobs", type=int, default=1, help=HELP_JOBS)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,6 +87,7 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
             policy_path=Path(policy) if policy else matrix_dir() / "policy.toml",
             required_backends=set(config.getoption("--require-backend")),
             key_path=Path(key) if key else None,
+            jobs=max(1, int(config.getoption("--harness-jobs"))),
         )
         config.stash[SESSION_KEY] = session
     return config.stash[SESSION_KEY]
@@ -156,6 +159,14 @@ def _attach_to_allure(entry: dict[str, Any], platform: str) -> None:
     allure.dynamic.parameter("platform", platform)
     allure.attach(json.dumps(entry, indent=2, default=str), name="evidence",
                   attachment_type=allure.attachment_type.JSON)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Hand the collected cells to the run, which may start them in parallel."""
+    cells = [item.cell for item in session.items if isinstance(item, MatrixItem)]
+    run = session.config.stash.get(SESSION_KEY, None)
+    if run is not None and cells:
+        run.plan(cells)
 
 
 def pytest_report_teststatus(

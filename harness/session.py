@@ -12,6 +12,8 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,6 +64,8 @@ class RunSession:
     runner: CellRunner | None = None
     scratch: Path | None = None
     finished: bool = False
+    jobs: int = 1
+    futures: dict[str, Future[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Ask every backend whether it can run here, before any cell starts."""
@@ -115,15 +119,46 @@ class RunSession:
                                  platform=self.platform, control_leg=self.matrix.control)
         return self.runner
 
-    def run_cell(self, cell: Cell) -> dict[str, Any]:
-        """Run one cell and record it durably; never raises for the cell's own failure."""
+    def _judge(self, cell: Cell) -> dict[str, Any]:
         runner = self._ensure_world()
         if runner is None:
-            entry = {"cell_id": cell.cell_id, "backend": cell.backend, "probe": cell.probe.id,
-                     "platform": self.platform, "verdict": Verdict.ERROR.value,
-                     "reason": self.world_error}
-        else:
-            entry = runner.run_cell(cell)
+            return {"cell_id": cell.cell_id, "backend": cell.backend, "probe": cell.probe.id,
+                    "platform": self.platform, "verdict": Verdict.ERROR.value,
+                    "reason": self.world_error}
+        return runner.run_cell(cell)
+
+    def plan(self, cells: list[Cell]) -> None:
+        """With jobs > 1, start running `cells` in a pool: the control leg first, then the rest.
+
+        Later legs are judged against the control leg, so phase two starts only when every
+        control cell is done. Each cell has its own nonce, so the shared world's logs never
+        mix. Items still report (and evidence is still appended) in collection order.
+        """
+        if self.jobs <= 1 or self.futures:
+            return
+        self._ensure_world()
+        self.futures = {cell.cell_id: Future() for cell in cells}
+        control = [c for c in cells if c.backend == self.matrix.control]
+        rest = [c for c in cells if c.backend != self.matrix.control]
+
+        def run_into(cell: Cell) -> None:
+            future = self.futures[cell.cell_id]
+            try:
+                future.set_result(self._judge(cell))
+            except BaseException as exc:  # surfaced to the waiting item, never swallowed
+                future.set_exception(exc)
+
+        def orchestrate() -> None:
+            with ThreadPoolExecutor(self.jobs, thread_name_prefix="cell") as pool:
+                list(pool.map(run_into, control))
+                list(pool.map(run_into, rest))
+
+        threading.Thread(target=orchestrate, name="cell-pool", daemon=True).start()
+
+    def run_cell(self, cell: Cell) -> dict[str, Any]:
+        """Run (or, when planned in parallel, await) one cell and record it durably."""
+        future = self.futures.get(cell.cell_id)
+        entry = future.result() if future is not None else self._judge(cell)
         entry["required"] = self.is_required(cell)
         self.writer.add_cell(entry)
         return entry
