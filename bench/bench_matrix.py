@@ -1,0 +1,89 @@
+"""Benchmark: bubblewrap spawn overhead, and the matrix's wall time serial vs parallel.
+
+Run by hand: `.venv/bin/python bench/bench_matrix.py [--runs N]`. Everything is measured side
+by side in this one run on this machine, and printed as ratios, because absolute seconds on a
+shared 2-core machine mean little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from harness.backends.bubblewrap import BubblewrapBackend
+from harness.backends.process import run_process
+from harness.runner import interpreter_paths
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn_times(runs: int) -> tuple[float, float]:
+    """Median seconds of `python -c pass` bare and under our bubblewrap argv."""
+    backend = BubblewrapBackend()
+    bare: list[float] = []
+    boxed: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workspace = Path(tmp)
+        from harness.backends.base import ProbeRequest  # noqa: PLC0415
+
+        request = ProbeRequest(cell_id="bench", argv=(sys.executable, "-c", "pass"), env={},
+                               workspace=workspace, read_only=tuple(interpreter_paths()),
+                               egress=None, timeout=30, cell_dir=workspace)
+        argv = backend.build_argv(request)
+        for _ in range(runs):
+            start = time.perf_counter()
+            run_process("bench", [sys.executable, "-c", "pass"], {}, workspace, 30)
+            bare.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            run_process("bench", argv, {}, workspace, 30)
+            boxed.append(time.perf_counter() - start)
+    return statistics.median(bare), statistics.median(boxed)
+
+
+def matrix_run(jobs: int) -> tuple[float, list[dict[str, object]]]:
+    """Wall seconds of `sandbox-attest run` on none + bubblewrap, and its cells."""
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [str(ROOT / ".venv/bin/sandbox-attest"), "run", "--backend", "none", "--backend",
+             "bubblewrap", "--out", out, "-j", str(jobs)],
+            capture_output=True, text=True, check=False,
+        )
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            print(proc.stdout[-3000:], proc.stderr[-2000:])
+            raise SystemExit(f"matrix run failed (exit {proc.returncode})")
+        cells = json.loads((Path(out) / "evidence.json").read_text())["cells"]
+    return wall, cells
+
+
+def main() -> None:
+    """Print the measurements."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    bare, boxed = spawn_times(args.runs)
+    print(f"spawn: bare python -c pass {bare * 1000:.1f} ms, under bubblewrap "
+          f"{boxed * 1000:.1f} ms (median of {args.runs}); ratio {boxed / bare:.2f}x")
+    serial, cells = matrix_run(1)
+    parallel, _ = matrix_run(2)
+    print(f"matrix none+bubblewrap ({len(cells)} cells): serial {serial:.1f} s, -j 2 "
+          f"{parallel:.1f} s; parallel/serial {parallel / serial:.2f}x (target < 20 s)")
+    per_probe: dict[str, dict[str, float]] = defaultdict(dict)
+    for cell in cells:
+        run = cell.get("run") or {}
+        per_probe[str(cell["probe"])][str(cell["backend"])] = float(run.get("duration_s", 0.0))
+    print(f"{'probe':24} {'none s':>8} {'bwrap s':>8}")
+    for probe, cost in per_probe.items():
+        print(f"{probe:24} {cost.get('none', 0):8.2f} {cost.get('bubblewrap', 0):8.2f}")
+
+
+if __name__ == "__main__":
+    main()
