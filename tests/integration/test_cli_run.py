@@ -1,0 +1,103 @@
+"""`sandbox-attest run` as a user runs it: real backends, a real world, a signed report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+CLI = [sys.executable, "-m", "harness.cli"]
+CORE = ["net_denied_host", "net_direct_egress", "dns_resolution", "ipc_unix_socket_escape",
+        "fs_write_outside", "net_transfer_18mib", "pkg_pip_install"]
+
+
+def keypair(directory: Path) -> tuple[Path, Path]:
+    """A fresh Ed25519 signing key and its public key, as PEM files."""
+    key = Ed25519PrivateKey.generate()
+    private = directory / "signing.pem"
+    public = directory / "signing.pub.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.chmod(0o600)
+    return private, public
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a subprocess from the repo root."""
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False, cwd=Path(__file__).parent.parent.parent)
+
+
+@pytest.mark.slow
+class TestRun:
+    def test_both_legs_pass_signed_and_verified(self, tmp_path: Path) -> None:
+        """Both legs PASS all seven probes, exit 0, and the signed report verifies."""
+        private, public = keypair(tmp_path)
+        out = tmp_path / "report"
+        proc = run_cli("run", "--backend", "none", "--backend", "bubblewrap", "--out",
+                       str(out), "--key", str(private), "-j", "2")
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        evidence = json.loads((out / "evidence.json").read_text())
+        assert evidence["complete"] is True
+        verdicts = {c["cell_id"]: c["verdict"] for c in evidence["cells"]}
+        assert verdicts == {f"{b}-{p}": "PASS" for b in ("none", "bubblewrap") for p in CORE}
+        for cell in evidence["cells"]:
+            assert cell["run"]["started"] is True
+            assert cell["reason"]
+        for name in ("junit.xml", "attestation.intoto.jsonl", "report.html", "summary.md"):
+            assert (out / name).is_file(), name
+        assert any((out / "allure-results").glob("*-result.json"))
+        assert "sandbox-attest verdicts" in proc.stdout
+        verify = run_cli("verify", str(out), "--trusted-key", str(public))
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+
+    def test_missing_required_leg_fails_the_run(self, tmp_path: Path) -> None:
+        """Attesting only the control leg cannot satisfy a policy that requires bubblewrap."""
+        proc = run_cli("run", "--backend", "none", "--out", str(tmp_path / "r"))
+        assert proc.returncode != 0
+        assert "MISSING required cell bubblewrap-net_denied_host" in proc.stdout
+
+    def test_interrupted_run_keeps_its_evidence(self, tmp_path: Path) -> None:
+        """SIGINT midway leaves evidence.jsonl and an evidence.json marked incomplete."""
+        out = tmp_path / "r"
+        proc = subprocess.Popen([*CLI, "run", "--backend", "none", "--backend", "bubblewrap",
+                                 "--out", str(out)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                cwd=Path(__file__).parent.parent.parent)
+        journal = out / "evidence.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if journal.exists() and len(journal.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+        evidence = json.loads((out / "evidence.json").read_text())
+        assert evidence["complete"] is False
+        assert len(evidence["cells"]) >= 2
+        assert len(evidence["cells"]) < 2 * len(CORE)
+        assert [json.loads(line)["cell_id"] for line in journal.read_text().splitlines()] == [
+            c["cell_id"] for c in evidence["cells"]]
+
+
+class TestBackendsCommand:
+    def test_lists_availability_with_reason(self) -> None:
+        """`backends` lists each backend; bubblewrap is available here with its version."""
+        proc = run_cli("backends")
+        assert proc.returncode == 0, proc.stderr
+        lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+        assert "available" in lines["bubblewrap"]
+        assert "bubblewrap 0." in lines["bubblewrap"]
+        assert "NOT_APPLICABLE" in lines["seatbelt"]
+        assert os.uname().sysname == "Linux"
