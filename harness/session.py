@@ -179,6 +179,14 @@ class RunSession:
         self.finished = True
         if self.world is not None:
             self.world.stop()
+        for backend in self.backends.values():
+            # Backends that create engine objects (docker's per-run image tag) remove them.
+            close = getattr(backend, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except (HarnessError, OSError) as exc:
+                    print(f"sandbox-attest: cleanup of backend {backend.name} failed: {exc}")
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
         self.writer.write(complete=complete)

@@ -212,6 +212,7 @@ def start_world(run_dir: Path) -> World:
     step = "run directory"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.chmod(0o700)  # sockets and logs of this world are for this user and its sandboxes
         proxy_sock = run_dir / "proxy.sock"
         daemon_sock = run_dir / "daemon.sock"
         for path in (proxy_sock, daemon_sock):
@@ -274,6 +275,11 @@ def start_world(run_dir: Path) -> World:
         )
         stack.callback(_unlink_quietly(proxy_sock))
         stack.callback(proxy.stop)
+        # Sandboxes run their payload as a non-root uid (docker: 65532) and must be able to
+        # connect; connecting to a unix socket needs write permission on it. The socket only
+        # reaches the allowlisted fixture hosts, and the run dir holding it is private (0700),
+        # so on the host only this user can traverse to it; sandboxes get it bind-mounted.
+        proxy_sock.chmod(0o666)
 
         step = "world info"
         info = _world_info(

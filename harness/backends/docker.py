@@ -1,0 +1,743 @@
+"""docker: each payload in a fresh container with no network, a read-only root and no privileges.
+
+The backend speaks to the engine through the `docker` SDK (never the CLI) and confines every
+container the same way, all of it recorded in the identity profile so its digest covers it:
+
+- `network_mode="none"`: only `lo` inside, no bridge traffic at all. The only way out is the
+  egress proxy's unix socket, mounted read-only and re-exposed on 127.0.0.1:SHIM_PORT by the
+  stdlib shim (`harness/egress/shim.py`, also mounted read-only, never copied), with
+  `HTTP_PROXY`/`HTTPS_PROXY` pointing at it.
+- read-only root filesystem, `cap_drop=["ALL"]`, `no-new-privileges`, a pids limit, a private
+  IPC namespace, a non-root user.
+- the workspace is the only writable mount (and the only writable path at all: no tmpfs).
+
+The user. Inside, the payload runs as an unprivileged uid. When the harness itself runs as a
+non-root user it is that uid (it owns the workspace already, and it cannot chown to another
+one). When the harness runs as root (CI here), a container running as root would be a weaker
+sandbox than the claim, so it runs as `SANDBOX_UID` (65532) and the workspace is chowned to it
+for the run and handed back to its owner afterwards (only entries the sandbox uid owns, never
+through a symlink). Read-only inputs must be readable by that uid; the run's notes say when
+they are not, and the proxy socket must be connectable by it (0666, or group-writable: its gid
+is then added to the container's groups).
+
+Deliberate weakenings (`weaken=`, for the matrix's "does the probe catch a broken sandbox"
+tests) are recorded in the identity, which then carries the name `docker+weakened`.
+
+Every container is labelled `sandbox-attest.run=<run id>` and removed after its run (on
+timeout too: killed, then removed); the built image carries the run id in its tag (its id is a
+content digest shared by runs, see `docker_image`), and `close()` removes that tag and any
+container left over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import socket
+import stat
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Self
+
+from harness.backends.base import (
+    SHIM_PORT,
+    Availability,
+    DeclaredPolicy,
+    EgressMode,
+    Identity,
+    ProbeRequest,
+    ProbeRun,
+)
+from harness.backends.docker_image import (
+    DEFAULT_REPOSITORY,
+    RUN_LABEL,
+    ImageInfo,
+    build_hostroot_image,
+    describe_image,
+    remove_image,
+)
+from harness.backends.none import platform_string
+from harness.backends.process import MAX_CAPTURE_BYTES, Capture, finish_run
+from harness.errors import BackendError, BackendUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from types import TracebackType
+
+POLICY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+
+# The unprivileged uid/gid containers run as when the harness runs as root ("nonroot" in the
+# distroless convention; no host account uses it).
+SANDBOX_UID: Final = 65532
+SANDBOX_GID: Final = 65532
+PIDS_LIMIT: Final = 256
+CELL_LABEL: Final = "sandbox-attest.cell"
+
+# Inside every container the proxy socket and the shim sit here (as under bubblewrap), so the
+# command and its digest do not depend on where this run's scratch directory is.
+SANDBOX_RUN_DIR: Final = "/run/sandbox-attest"
+SANDBOX_PROXY_SOCKET: Final = f"{SANDBOX_RUN_DIR}/proxy.sock"
+SANDBOX_SHIM: Final = f"{SANDBOX_RUN_DIR}/shim.py"
+SHIM_PROXY_URL: Final = f"http://127.0.0.1:{SHIM_PORT}"
+# Where the "host-root-rw" weakening mounts the host's /.
+HOST_ROOT_TARGET: Final = "/host"
+DEFAULT_ENGINE_SOCKET: Final = "/var/run/docker.sock"
+
+# The confinement every container gets, verbatim in the identity profile.
+CONFINEMENT: Final[dict[str, Any]] = {
+    "read_only": True,
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+    "ipc_mode": "private",
+    "privileged": False,
+    "hostname": "sandbox-attest",
+    # json-file keeps the whole output for `logs()` after exit; the cap bounds the disk a noisy
+    # payload can fill (the harness keeps only the first MAX_CAPTURE_BYTES anyway).
+    "log_config": {"type": "json-file", "config": {"max-size": "16m", "max-file": "2"}},
+}
+
+# Deliberate holes, used only by tests to show that the matching probes FAIL.
+WEAKENINGS: Final = frozenset({"docker-socket", "host-network", "host-root-rw", "host-pid"})
+
+ENGINE_FIX: Final = (
+    "start one with `scripts/docker-engine.sh start` (installs Debian's docker.io if needed and "
+    "starts dockerd; needs root), or point DOCKER_HOST at a running engine"
+)
+SDK_FIX: Final = "install the docker SDK: pip install 'sandbox-attest[docker]'"
+
+
+class DockerEngineError(BackendError):
+    """The Docker engine refused or failed a request (create, start, wait, remove)."""
+
+
+class DockerImageError(BackendError):
+    """The image to run payloads in is missing or could not be built."""
+
+
+def shim_path() -> Path:
+    """The stdlib-only shim script that bridges loopback to the proxy socket inside."""
+    return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
+
+
+def engine_socket_path() -> str:
+    """The host path of the engine's unix socket (DOCKER_HOST when it names one)."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://"):
+        return host.removeprefix("unix://")
+    return DEFAULT_ENGINE_SOCKET
+
+
+def _check_engine_socket() -> None:
+    """Fail fast, with the fix, when the engine's unix socket does not accept a connection.
+
+    Besides the clearer message, this spares the SDK a connect that fails: it leaks the socket
+    of a failed unix connection (closed only by the garbage collector).
+
+    Raises:
+        BackendUnavailable: the socket is missing or refuses connections.
+    """
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return  # a TCP/SSH engine: the SDK's own connect reports it
+    path = engine_socket_path()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(5)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            raise BackendUnavailable(
+                f"no Docker engine answers at unix://{path} ({name}: {exc.strerror}); " + ENGINE_FIX
+            ) from exc
+
+
+def _translate(exc: Exception, doing: str) -> BackendError:
+    """One docker SDK (or transport) exception as a harness error that names the fix."""
+    import docker.errors  # noqa: PLC0415  (optional extra, imported once the SDK is known)
+    import requests  # noqa: PLC0415  (the SDK's transport, installed with it)
+
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return DockerImageError(
+            f"could not {doing}: {exc.explanation}; nothing is pulled here (no registry), so "
+            "build or import the image locally, or omit image= to use the built-in one"
+        )
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return BackendUnavailable(
+            f"could not {doing}: no Docker engine answers at {engine_socket_path()} ({exc}); "
+            + ENGINE_FIX
+        )
+    if isinstance(exc, docker.errors.APIError):
+        return DockerEngineError(f"the Docker engine refused to {doing}: {exc.explanation}")
+    if isinstance(exc, docker.errors.DockerException):
+        if "Error while fetching server API version" in str(exc):
+            return BackendUnavailable(f"no Docker engine answers ({exc}); {ENGINE_FIX}")
+        return DockerEngineError(f"could not {doing}: {exc}")
+    return DockerEngineError(f"could not {doing}: {exc!r}")
+
+
+@contextlib.contextmanager
+def _engine(doing: str) -> Iterator[None]:
+    """Translate SDK and transport exceptions raised inside the block into harness errors."""
+    import docker.errors  # noqa: PLC0415
+    import requests  # noqa: PLC0415
+
+    try:
+        yield
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise _translate(exc, doing) from exc
+
+
+@dataclass(frozen=True)
+class BindMount:
+    """A host path bound into the container."""
+
+    source: str
+    target: str
+    read_only: bool
+
+    def flag(self) -> str:
+        """The `--mount` value the CLI would take for this bind."""
+        ro = ",readonly" if self.read_only else ""
+        return f"type=bind,source={self.source},target={self.target}{ro}"
+
+
+@dataclass
+class ContainerSpec:
+    """Everything one container is created with; rendered for the SDK and for the record."""
+
+    image_id: str
+    name: str
+    command: list[str]
+    user: str
+    working_dir: str
+    env: dict[str, str]
+    mounts: list[BindMount]
+    network_mode: str
+    pids_limit: int
+    labels: dict[str, str]
+    group_add: list[str] = field(default_factory=list)
+    pid_mode: str | None = None  # None: a private pid namespace (docker's default)
+
+    def create_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `client.containers.create`."""
+        from docker.types import LogConfig, Mount  # noqa: PLC0415
+
+        log = CONFINEMENT["log_config"]
+        kwargs: dict[str, Any] = {
+            "image": self.image_id,
+            "command": self.command,
+            "name": self.name,
+            "user": self.user,
+            "working_dir": self.working_dir,
+            "environment": self.env,
+            "mounts": [
+                Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in self.mounts
+            ],
+            "network_mode": self.network_mode,
+            "pids_limit": self.pids_limit,
+            "labels": self.labels,
+            "read_only": CONFINEMENT["read_only"],
+            "cap_drop": CONFINEMENT["cap_drop"],
+            "security_opt": CONFINEMENT["security_opt"],
+            "ipc_mode": CONFINEMENT["ipc_mode"],
+            "privileged": CONFINEMENT["privileged"],
+            "hostname": CONFINEMENT["hostname"],
+            "log_config": LogConfig(type=log["type"], config=log["config"]),
+            "stdin_open": False,
+            "tty": False,
+        }
+        if self.group_add:
+            kwargs["group_add"] = self.group_add
+        if self.pid_mode:
+            kwargs["pid_mode"] = self.pid_mode
+        return kwargs
+
+    def docker_argv(self) -> list[str]:
+        """The equivalent `docker run` command line, recorded as the run's argv."""
+        argv = ["docker", "run", "--rm", "--name", self.name, "--network", self.network_mode]
+        argv += ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        argv += ["--ipc", "private", "--hostname", CONFINEMENT["hostname"]]
+        argv += ["--pids-limit", str(self.pids_limit), "--user", self.user]
+        argv += [f"--group-add={gid}" for gid in self.group_add]
+        if self.pid_mode:
+            argv += ["--pid", self.pid_mode]
+        for mount in self.mounts:
+            argv += ["--mount", mount.flag()]
+        argv += ["--workdir", self.working_dir]
+        for key, value in sorted(self.env.items()):
+            argv += ["--env", f"{key}={value}"]
+        for key, value in sorted(self.labels.items()):
+            argv += ["--label", f"{key}={value}"]
+        return [*argv, self.image_id, *self.command]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    exit_code: int | None
+    stdout: Capture
+    stderr: Capture
+    timed_out: bool
+    duration: float
+
+
+def _read_capped(chunks: Iterator[bytes]) -> Capture:
+    """Keep the head of a log stream (where the marker and the JSON line are), up to the cap."""
+    kept: list[bytes] = []
+    size = 0
+    truncated = False
+    for chunk in chunks:
+        if size < MAX_CAPTURE_BYTES:
+            keep = chunk[: MAX_CAPTURE_BYTES - size]
+            kept.append(keep)
+            size += len(keep)
+            truncated = truncated or len(keep) < len(chunk)
+        else:
+            truncated = True
+            break
+    return Capture(b"".join(kept), truncated)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-")[:48] or "cell"
+
+
+class DockerBackend:
+    """Runs each payload in a fresh, confined container of a locally built (or named) image."""
+
+    name = "docker"
+    egress_mode: EgressMode = "shim"
+
+    def __init__(
+        self,
+        image: str | None = None,
+        *,
+        python: str | None = None,
+        pids_limit: int = PIDS_LIMIT,
+        weaken: frozenset[str] = frozenset(),
+        run_id: str | None = None,
+        engine_timeout: float = 60.0,
+    ) -> None:
+        """Create the backend (nothing touches the engine until `availability` or `run`).
+
+        Args:
+            image: a local image with Python in it; `None` builds the skeleton image that runs
+                the host's interpreter from the host's /usr mounted read-only.
+            python: the interpreter inside the image; when given it replaces the payload's
+                argv[0] (the host's interpreter path, meaningless in a foreign image).
+            pids_limit: the container's pids cgroup limit.
+            weaken: deliberate holes from WEAKENINGS (tests only); recorded in the identity.
+            run_id: labels everything this backend creates; a fresh one when omitted.
+            engine_timeout: seconds for one engine API call (not the payload's timeout).
+
+        Raises:
+            ValueError: for a weakening this backend does not know.
+        """
+        unknown = set(weaken) - WEAKENINGS
+        if unknown:
+            raise ValueError(
+                f"unknown docker weakening(s) {sorted(unknown)}; choose from {sorted(WEAKENINGS)}"
+            )
+        self.image_ref = image
+        self.python = python
+        self.pids_limit = pids_limit
+        self.weaken = frozenset(weaken)
+        self.run_id = run_id or f"{time.strftime('%Y%m%dt%H%M%S')}-{secrets.token_hex(3)}"
+        self.engine_timeout = engine_timeout
+        self._client_obj: Any = None
+        self._image: ImageInfo | None = None
+        self._lock = threading.Lock()
+        if os.geteuid() == 0:
+            self.uid, self.gid = SANDBOX_UID, SANDBOX_GID
+        else:
+            self.uid, self.gid = os.geteuid(), os.getegid()
+
+    # -- engine and image ----------------------------------------------------------------
+
+    def _client(self) -> Any:
+        """The SDK client, created once; `BackendUnavailable` when the SDK or engine is missing."""
+        if self._client_obj is not None:
+            return self._client_obj
+        try:
+            import docker  # noqa: PLC0415  (optional extra)
+        except ImportError as exc:
+            raise BackendUnavailable(f"the docker SDK is not installed ({exc}); {SDK_FIX}") from exc
+        _check_engine_socket()
+        client = None
+        try:
+            with _engine("connect to the Docker engine"):
+                client = docker.from_env(timeout=int(self.engine_timeout))
+                client.ping()
+        except BackendError:
+            if client is not None:
+                client.close()
+            raise
+        self._client_obj = client
+        return client
+
+    def image(self) -> ImageInfo:
+        """The image payloads run in: the named one, or the skeleton built for this run."""
+        with self._lock:
+            if self._image is None:
+                client = self._client()
+                if self.image_ref is None:
+                    with _engine("build the local skeleton image"):
+                        self._image = build_hostroot_image(client, self.run_id, self.uid, self.gid)
+                else:
+                    with _engine(f"find the local image {self.image_ref!r}"):
+                        self._image = describe_image(client, self.image_ref)
+            return self._image
+
+    def identity(self) -> Identity:
+        """Who runs the payloads: engine version, image identity and every confinement option."""
+        client = self._client()
+        with _engine("read the engine's version and info"):
+            version = client.version()
+            info = client.info()
+        image = self.image()
+        profile: dict[str, Any] = {
+            "image": image.as_dict(),
+            "user": f"{self.uid}:{self.gid}",
+            "network_mode": self._network_mode(),
+            "pids_limit": self.pids_limit,
+            **CONFINEMENT,
+            "writable": ["{workspace}"],
+            "mounts_template": [m.flag() for m in self._template_mounts(image)],
+            "env_added": {"HTTP_PROXY": SHIM_PROXY_URL, "HTTPS_PROXY": SHIM_PROXY_URL},
+            "command_template": self._command_template(),
+            "python": self.python,
+            "weakened": sorted(self.weaken),
+            "egress": self.egress_mode,
+            "engine": {
+                "version": version.get("Version", "unknown"),
+                "api_version": version.get("ApiVersion", "unknown"),
+                "security_options": list(info.get("SecurityOptions") or []),
+                "cgroup_version": info.get("CgroupVersion", ""),
+                "default_runtime": info.get("DefaultRuntime", ""),
+            },
+        }
+        return Identity(
+            name=self.name + ("+weakened" if self.weaken else ""),
+            version=f"engine {version.get('Version', 'unknown')}",
+            platform=platform_string(),
+            policy=POLICY,
+            profile=profile,
+        )
+
+    def availability(self) -> Availability:
+        """Reach the engine, build or find the image, start a trial container, say who it is."""
+        try:
+            self.image()
+            trial = self._trial()
+            if trial.exit_code != 0:
+                said = trial.stderr.data.decode("utf-8", "replace").strip()
+                return Availability(
+                    ok=False,
+                    reason=f"a trial container exited {trial.exit_code} ({said!r}); the engine "
+                    "runs but cannot run this image confined here: check that the image has the "
+                    "interpreter (python=) and read the engine's log",
+                    identity=None,
+                )
+            return Availability(ok=True, reason="", identity=self.identity())
+        except BackendError as exc:
+            self.close()
+            return Availability(ok=False, reason=exc.diagnostics(), identity=None)
+
+    def _trial(self) -> _Outcome:
+        """Run a no-op under the full confinement, so a kernel/runtime gap shows up here."""
+        image = self.image()
+        program = [self.python, "-c", "pass"] if self.python else ["/usr/bin/true"]
+        spec = ContainerSpec(
+            image_id=image.id,
+            name=f"sa-{self.run_id}-trial-{secrets.token_hex(3)}",
+            command=program,
+            user=f"{self.uid}:{self.gid}",
+            working_dir="/",
+            env={},
+            mounts=[BindMount(r, r, read_only=True) for r in image.host_roots],
+            network_mode="none",
+            pids_limit=self.pids_limit,
+            labels={RUN_LABEL: self.run_id, CELL_LABEL: "trial"},
+        )
+        return self._run_container(spec, timeout=60.0)
+
+    # -- the container -------------------------------------------------------------------
+
+    def _network_mode(self) -> str:
+        return "host" if "host-network" in self.weaken else "none"
+
+    def _weakened_mounts(self) -> list[BindMount]:
+        mounts = []
+        if "docker-socket" in self.weaken:
+            sock = engine_socket_path()
+            mounts.append(BindMount(sock, DEFAULT_ENGINE_SOCKET, read_only=False))
+        if "host-root-rw" in self.weaken:
+            mounts.append(BindMount("/", HOST_ROOT_TARGET, read_only=False))
+        return mounts
+
+    def _template_mounts(self, image: ImageInfo) -> list[BindMount]:
+        mounts = [BindMount(r, r, read_only=True) for r in image.host_roots]
+        mounts += [
+            BindMount("{read_only...}", "{read_only...}", read_only=True),
+            BindMount("{workspace}", "{workspace}", read_only=False),
+            BindMount("{proxy_socket}", SANDBOX_PROXY_SOCKET, read_only=True),
+            BindMount("{shim}", SANDBOX_SHIM, read_only=True),
+        ]
+        return mounts + self._weakened_mounts()
+
+    def _command_template(self) -> list[str]:
+        python = self.python or "{payload[0]}"
+        return [python, SANDBOX_SHIM, "--unix", SANDBOX_PROXY_SOCKET, "--port", str(SHIM_PORT),
+                "--", python, "{payload[1:]...}"]  # fmt: skip
+
+    def container_spec(self, request: ProbeRequest) -> tuple[ContainerSpec, list[str]]:
+        """The container for one request, and notes about inputs the sandbox uid cannot read.
+
+        Raises:
+            DockerEngineError: the proxy socket is not connectable by the sandbox uid.
+        """
+        image = self.image()
+        notes: list[str] = []
+        payload = list(request.argv)
+        if self.python:
+            payload[0] = self.python
+        mounts = [BindMount(r, r, read_only=True) for r in image.host_roots]
+        for path in request.read_only:
+            if not path.exists():
+                notes.append(f"read-only path {path} does not exist on the host; not mounted")
+                continue
+            mounts.append(BindMount(str(path), str(path), read_only=True))
+            if not self._readable(path):
+                notes.append(
+                    f"read-only path {path} is not readable by uid {self.uid} inside the "
+                    "container; make it world-readable (or owned by that uid)"
+                )
+        workspace = str(request.workspace)
+        mounts.append(BindMount(workspace, workspace, read_only=False))
+        env = dict(request.env)
+        group_add: list[str] = []
+        command = payload
+        if request.egress is not None:
+            sock = request.egress.unix_socket
+            group_add += self._socket_groups(sock)
+            mounts.append(BindMount(str(sock), SANDBOX_PROXY_SOCKET, read_only=True))
+            mounts.append(BindMount(str(shim_path()), SANDBOX_SHIM, read_only=True))
+            # The shim binds its port before it starts the payload, so the payload never races
+            # it; it runs under the payload's own interpreter.
+            command = [payload[0], SANDBOX_SHIM, "--unix", SANDBOX_PROXY_SOCKET,
+                       "--port", str(SHIM_PORT), "--", *payload]  # fmt: skip
+            for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                env[key] = SHIM_PROXY_URL
+        mounts += self._weakened_mounts()
+        if "docker-socket" in self.weaken:
+            group_add += self._socket_groups(Path(engine_socket_path()))
+        spec = ContainerSpec(
+            image_id=image.id,
+            name=f"sa-{self.run_id}-{_slug(request.cell_id)}-{secrets.token_hex(3)}",
+            command=command,
+            user=f"{self.uid}:{self.gid}",
+            working_dir=workspace,
+            env=env,
+            mounts=mounts,
+            network_mode=self._network_mode(),
+            pids_limit=self.pids_limit,
+            labels={RUN_LABEL: self.run_id, CELL_LABEL: request.cell_id},
+            group_add=sorted(set(group_add)),
+            pid_mode="host" if "host-pid" in self.weaken else None,
+        )
+        return spec, notes
+
+    def _readable(self, path: Path) -> bool:
+        """Whether the sandbox uid can read `path` by its mode bits (the owner or others)."""
+        st = path.stat()
+        want = stat.S_IROTH | (stat.S_IXOTH if path.is_dir() else 0)
+        if st.st_uid == self.uid:
+            return True
+        return st.st_mode & want == want
+
+    def _socket_groups(self, sock: Path) -> list[str]:
+        """The supplementary group the sandbox uid needs to connect to `sock` (if any).
+
+        Raises:
+            DockerEngineError: no mode bit lets the sandbox uid connect.
+        """
+        st = sock.stat()
+        if st.st_uid == self.uid or st.st_mode & stat.S_IWOTH:
+            return []
+        if st.st_mode & stat.S_IWGRP:
+            return [str(st.st_gid)]
+        raise DockerEngineError(
+            f"the socket {sock} (mode {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid}) is not "
+            f"connectable by the container's uid {self.uid}; make it 0666, or group-writable "
+            "(its group is then added to the container)"
+        )
+
+    def _prepare_workspace(self, workspace: Path) -> Callable[[], None]:
+        """Hand the workspace to the sandbox uid for the run; return how to hand it back."""
+        if os.geteuid() != 0:
+            return lambda: None
+        owner = workspace.stat()
+        for path in [workspace, *workspace.rglob("*")]:
+            os.chown(path, self.uid, self.gid, follow_symlinks=False)
+
+        def restore() -> None:
+            # Only what the sandbox uid owns, never through a symlink: a payload may plant
+            # links to host files in the workspace, and chown must not follow them out.
+            for path in [workspace, *workspace.rglob("*")]:
+                with contextlib.suppress(FileNotFoundError):
+                    if path.lstat().st_uid == self.uid:
+                        os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+
+        return restore
+
+    def _run_container(self, spec: ContainerSpec, timeout: float) -> _Outcome:
+        """Create, start, wait (kill at the deadline), read the logs, and always remove."""
+        import requests  # noqa: PLC0415  (the SDK's transport: a wait that timed out)
+
+        client = self._client()
+        with _engine(f"create the container {spec.name}"):
+            container = client.containers.create(**spec.create_kwargs())
+        timed_out = False
+        exit_code: int | None = None
+        try:
+            start = time.monotonic()
+            with _engine(f"start the container {spec.name}"):
+                container.start()
+            try:
+                result = container.wait(timeout=max(timeout, 0.1))
+                exit_code = int(result.get("StatusCode", -1))
+            except requests.exceptions.RequestException:
+                # The read timed out: the payload outlived its deadline. Kill first, then ask
+                # the engine what happened, so a payload that exited at the same instant keeps
+                # its exit code.
+                with _engine(f"kill the container {spec.name}"):
+                    container.reload()
+                    if container.status == "running":
+                        timed_out = True
+                        container.kill()
+                    result = container.wait(timeout=30)
+                    if not timed_out:
+                        exit_code = int(result.get("StatusCode", -1))
+            duration = time.monotonic() - start
+            with _engine(f"read the logs of {spec.name}"):
+                stdout = _read_capped(container.logs(stdout=True, stderr=False, stream=True))
+                stderr = _read_capped(container.logs(stdout=False, stderr=True, stream=True))
+        finally:
+            with _engine(f"remove the container {spec.name}"):
+                container.remove(force=True, v=True)
+        return _Outcome(exit_code, stdout, stderr, timed_out, duration)
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def run(self, request: ProbeRequest) -> ProbeRun:
+        """Run the payload in a fresh container; on timeout kill and remove it.
+
+        Raises:
+            BackendUnavailable: the engine stopped answering.
+            DockerEngineError: the engine refused to create or start the container.
+            DockerImageError: the image is missing or could not be built.
+        """
+        spec, notes = self.container_spec(request)
+        restore = self._prepare_workspace(request.workspace)
+        try:
+            outcome = self._run_container(spec, request.timeout)
+        finally:
+            restore()
+        run = finish_run(
+            request.cell_id,
+            spec.docker_argv(),
+            outcome.exit_code,
+            outcome.stdout,
+            outcome.stderr,
+            timed_out=outcome.timed_out,
+            duration=outcome.duration,
+        )
+        if outcome.timed_out:
+            run.notes = [n for n in run.notes if not n.startswith("timed out")]
+            run.notes.append(f"timed out after {outcome.duration:.1f}s; container killed")
+        run.notes += notes
+        return run
+
+    # -- cleanup --------------------------------------------------------------------------
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Containers, images and volumes still labelled with this run (should be none).
+
+        Usable after `close()`: it then opens a connection of its own and closes it again.
+        """
+        was_open = self._client_obj is not None
+        client = self._client()
+        label = {"label": f"{RUN_LABEL}={self.run_id}"}
+        # The built image carries the run in its tag, not a label (its id is content-addressed
+        # and shared across runs; see docker_image), so images are listed both ways.
+        tagged = {"reference": f"{DEFAULT_REPOSITORY}:{self.run_id}"}
+        try:
+            with _engine("list what this run created"):
+                images = client.images.list(filters=label) + client.images.list(filters=tagged)
+                return {
+                    "containers": [c.name for c in client.containers.list(all=True, filters=label)],
+                    "images": sorted({str(i.id) for i in images}),
+                    "volumes": [v.name for v in client.volumes.list(filters=label)],
+                }
+        finally:
+            if not was_open:
+                self._disconnect()
+
+    def close(self) -> None:
+        """Remove every container of this run still there and the image tag built for it."""
+        if self._client_obj is None:
+            return
+        client = self._client_obj
+        label = {"label": f"{RUN_LABEL}={self.run_id}"}
+        try:
+            with _engine("clean up this run's containers and image"):
+                for container in client.containers.list(all=True, filters=label):
+                    container.remove(force=True, v=True)
+                for volume in client.volumes.list(filters=label):
+                    volume.remove(force=True)
+                with self._lock:
+                    if self._image is not None:
+                        remove_image(client, self._image)
+                        self._image = None
+        finally:
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        """Close the SDK client's connection pool (its sockets would otherwise leak)."""
+        client, self._client_obj = self._client_obj, None
+        if client is not None:
+            client.close()
+
+    def __enter__(self) -> Self:
+        """Use the backend as a context manager that cleans up on exit."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Remove what this run created."""
+        self.close()
+
+
+def main() -> int:
+    """Print the backend's availability as JSON (a quick check: `python -m ...docker`)."""
+    import json  # noqa: PLC0415
+
+    with DockerBackend() as backend:
+        avail = backend.availability()
+        print(json.dumps({"ok": avail.ok, "reason": avail.reason,
+                          "identity": avail.identity.as_dict() if avail.identity else None},
+                         indent=2))  # fmt: skip
+    return 0 if avail.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
