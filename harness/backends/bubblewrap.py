@@ -55,7 +55,18 @@ ETC_FILES: Final = (
 )
 
 # Deliberate holes, used only by tests to show that the matching probes FAIL.
-WEAKENINGS: Final = frozenset({"share-net", "share-ipc", "host-root-rw", "no-die-with-parent"})
+WEAKENINGS: Final = frozenset({
+    "share-net",  # no --unshare-net: the host's network and its abstract sockets
+    "share-ipc",  # no --unshare-ipc
+    "share-pid",  # no --unshare-pid: /proc shows (and signals reach) host processes
+    "host-root-rw",  # the host's / bound writable instead of the read-only system roots
+    "no-die-with-parent",  # the sandbox may outlive the harness
+    "pass-env",  # the harness's whole environment passed in, not the declared one
+    "leak-fd",  # a host file descriptor left open into the sandbox
+})
+# The host file a "leak-fd" weakening leaves open in the sandbox (any readable host file works;
+# the probe looks for descriptors beyond 0-2, not for this file's contents).
+LEAKED_FILE: Final = "/etc/hostname"
 
 INSTALL_FIX: Final = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 USERNS_FIX: Final = (
@@ -153,8 +164,10 @@ class BubblewrapBackend:
         args = []
         if "no-die-with-parent" not in self.weaken:
             args.append("--die-with-parent")
-        args += ["--new-session", "--unshare-user", "--unshare-pid", "--unshare-uts",
-                 "--unshare-cgroup-try", "--hostname", "sandbox-attest", "--cap-drop", "ALL"]
+        args += ["--new-session", "--unshare-user", "--unshare-uts", "--unshare-cgroup-try",
+                 "--hostname", "sandbox-attest", "--cap-drop", "ALL"]
+        if "share-pid" not in self.weaken:
+            args.append("--unshare-pid")
         if "share-net" not in self.weaken:
             args.append("--unshare-net")
         if "share-ipc" not in self.weaken:
@@ -209,5 +222,11 @@ class BubblewrapBackend:
     def run(self, request: ProbeRequest) -> ProbeRun:
         """Run the payload under bwrap; a timeout kills bwrap's group (and so the sandbox)."""
         argv = self.build_argv(request)
-        return run_process(request.cell_id, argv, dict(request.env), request.workspace,
-                           request.timeout)
+        env = dict(request.env)
+        if "pass-env" in self.weaken:
+            env = {**os.environ, **env}
+        if "leak-fd" not in self.weaken:
+            return run_process(request.cell_id, argv, env, request.workspace, request.timeout)
+        with Path(LEAKED_FILE).open("rb") as leaked:
+            return run_process(request.cell_id, argv, env, request.workspace, request.timeout,
+                               pass_fds=(leaked.fileno(),))

@@ -77,6 +77,7 @@ def run_process(
     env: dict[str, str],
     cwd: Path,
     timeout: float,
+    pass_fds: tuple[int, ...] = (),
 ) -> ProbeRun:
     """Run `argv` in a new session; kill the whole group at the deadline.
 
@@ -86,6 +87,7 @@ def run_process(
         env: the exact environment of the child (nothing is inherited).
         cwd: working directory of the child.
         timeout: seconds until the group is killed and the run marked timed out.
+        pass_fds: descriptors to leave open in the child (only deliberate weakenings do).
 
     Returns:
         The run as seen from outside; `started` says whether the start marker was printed.
@@ -101,6 +103,7 @@ def run_process(
             env=env,
             cwd=cwd,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     except OSError as exc:
         return ProbeRun(
