@@ -1,0 +1,193 @@
+"""In-sandbox shim: bridge 127.0.0.1:PORT to the egress proxy's unix socket.
+
+This file runs INSIDE the sandbox, alone: it is copied or bound in without the rest of the
+harness, so it imports only the standard library and runs on Python 3.8+.
+
+    python3 shim.py --unix SOCK --port PORT [--log FILE] -- CMD ARGS...
+        Listen first (so the payload can connect the moment it starts: readiness by
+        construction), run CMD with inherited stdio, relay until CMD exits, exit with its code.
+        Exit 97 without running CMD if the port cannot be bound.
+    python3 shim.py --unix SOCK --port PORT
+        Print `READY 127.0.0.1:PORT` on stdout once listening (PORT 0 picks one) and serve
+        until SIGTERM.
+
+Diagnostics go to --log FILE (appended) or to stderr prefixed `shim: `, never to stdout: in
+CMD mode stdout belongs to the payload, whose one JSON line is the probe's report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+EXIT_BIND_FAILED = 97
+_BUFFER = 256 * 1024
+_PIPE_SIZE = 1024 * 1024
+_HAVE_SPLICE = hasattr(os, "splice") and sys.platform.startswith("linux")
+
+
+class _Log:
+    def __init__(self, path: str | None) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+
+    def __call__(self, message: str) -> None:
+        line = "shim: " + message + "\n"
+        with self._lock:
+            try:
+                if self._path:
+                    with open(self._path, "a", encoding="utf-8") as handle:  # noqa: PTH123
+                        handle.write(time.strftime("%Y-%m-%dT%H:%M:%S ") + line)
+                else:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            except OSError:
+                pass  # a diagnostics failure must never break the payload's traffic
+
+
+def _abort(*socks: socket.socket) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _splice_copy(src: socket.socket, dst: socket.socket) -> int:
+    read_end, write_end = os.pipe()
+    try:
+        with contextlib.suppress(Exception):  # a smaller pipe still works, only slower
+            import fcntl  # noqa: PLC0415  (Linux only, like splice)
+
+            fcntl.fcntl(write_end, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+        total = 0
+        src_fd, dst_fd = src.fileno(), dst.fileno()
+        while True:
+            n = os.splice(src_fd, write_end, _PIPE_SIZE)
+            if n == 0:
+                return total
+            while n:
+                out = os.splice(read_end, dst_fd, n)
+                n -= out
+                total += out
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _buffer_copy(src: socket.socket, dst: socket.socket) -> int:
+    buf = bytearray(_BUFFER)
+    view = memoryview(buf)
+    total = 0
+    while True:
+        n = src.recv_into(buf)
+        if n == 0:
+            return total
+        dst.sendall(view[:n])
+        total += n
+
+
+def _pump(
+    src: socket.socket, dst: socket.socket, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    """Copy until EOF, then half-close; blocking writes give backpressure."""
+    try:
+        (_splice_copy if _HAVE_SPLICE else _buffer_copy)(src, dst)
+    except OSError:
+        _abort(*pair)  # wake the other direction; the owner closes both
+        return
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+
+
+def _bridge(client: socket.socket, unix_path: str, log: _Log) -> None:
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            upstream.connect(unix_path)
+        except OSError as exc:
+            log("cannot reach the proxy socket %s: %s" % (unix_path, exc))  # noqa: UP031
+            return
+        pair = (client, upstream)
+        thread = threading.Thread(target=_pump, args=(client, upstream, pair), daemon=True)
+        thread.start()
+        _pump(upstream, client, pair)
+        thread.join()
+    finally:
+        upstream.close()
+        client.close()
+
+
+def _serve(listener: socket.socket, unix_path: str, log: _Log) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError as exc:
+            if listener.fileno() == -1:
+                return
+            log("accept failed: %s" % exc)  # noqa: UP031
+            time.sleep(0.05)
+            continue
+        threading.Thread(target=_bridge, args=(client, unix_path, log), daemon=True).start()
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="shim.py", description="Bridge 127.0.0.1:PORT to the egress proxy's unix socket."
+    )
+    parser.add_argument("--unix", required=True, help="the proxy's unix socket path")
+    parser.add_argument("--port", required=True, type=int, help="loopback port (0 = pick one)")
+    parser.add_argument("--log", default=None, help="append diagnostics here instead of stderr")
+    return parser.parse_args(argv), command
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the shim; returns the exit code (CMD's code in CMD mode)."""
+    args, command = _parse(sys.argv[1:] if argv is None else argv)
+    log = _Log(args.log)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", args.port))
+        listener.listen(128)
+    except OSError as exc:
+        # Always to stderr, whatever --log says: the caller needs the reason next to the 97.
+        sys.stderr.write("shim: cannot listen on 127.0.0.1:%d: %s\n" % (args.port, exc))  # noqa: UP031
+        listener.close()
+        return EXIT_BIND_FAILED
+    port = listener.getsockname()[1]
+    threading.Thread(target=_serve, args=(listener, args.unix, log), daemon=True).start()
+    stop = threading.Event()
+    if not command:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        sys.stdout.write("READY 127.0.0.1:%d\n" % port)  # noqa: UP031
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            pass
+        listener.close()
+        return 0
+    try:
+        child = subprocess.Popen(command)
+    except OSError as exc:
+        log("cannot run %r: %s" % (command[0], exc))  # noqa: UP031
+        listener.close()
+        return 127
+    # Pass a polite stop on to the payload rather than dying under it.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda s, _f: child.send_signal(s))
+    code = child.wait()
+    listener.close()
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
