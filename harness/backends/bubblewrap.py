@@ -99,7 +99,6 @@ class BubblewrapBackend:
     """Runs each payload in fresh user/pid/net/ipc/uts(/cgroup) namespaces with bwrap."""
 
     name = "bubblewrap"
-    egress_mode: EgressMode = "shim"
 
     def __init__(self, bwrap: str = "bwrap", weaken: frozenset[str] = frozenset()) -> None:
         """Create the backend.
@@ -117,6 +116,10 @@ class BubblewrapBackend:
                              f"choose from {sorted(WEAKENINGS)}")
         self.bwrap = bwrap
         self.weaken = frozenset(weaken)
+        # A sandbox sharing the host's network would put the shim on the host's loopback, where
+        # parallel cells collide on its port; it reaches the proxy's TCP port like the control
+        # leg does instead (which is what such a sandbox really offers).
+        self.egress_mode: EgressMode = "direct-tcp" if "share-net" in self.weaken else "shim"
 
     # -- availability ------------------------------------------------------------------
 
@@ -188,7 +191,7 @@ class BubblewrapBackend:
             argv += ["--ro-bind", str(path), str(path)]
         argv += ["--bind", str(request.workspace), str(request.workspace)]
         payload = list(request.argv)
-        if request.egress is not None:
+        if request.egress is not None and self.egress_mode == "shim":
             argv += ["--ro-bind", str(request.egress.unix_socket), SANDBOX_PROXY_SOCKET,
                      "--ro-bind", str(shim_path()), SANDBOX_SHIM]
             # The shim binds its port before it starts the payload, so the payload never races

@@ -311,7 +311,6 @@ class DockerBackend:
     """Runs each payload in a fresh, confined container of a locally built (or named) image."""
 
     name = "docker"
-    egress_mode: EgressMode = "shim"
 
     def __init__(
         self,
@@ -347,6 +346,11 @@ class DockerBackend:
         self.python = python
         self.pids_limit = pids_limit
         self.weaken = frozenset(weaken)
+        # With the host's network the shim would bind the host's loopback port (colliding
+        # across parallel cells); such a container reaches the proxy's TCP port directly.
+        self.egress_mode: EgressMode = (
+            "direct-tcp" if "host-network" in self.weaken else "shim"
+        )
         self.run_id = run_id or f"{time.strftime('%Y%m%dt%H%M%S')}-{secrets.token_hex(3)}"
         self.engine_timeout = engine_timeout
         self._client_obj: Any = None
@@ -522,7 +526,7 @@ class DockerBackend:
         env = dict(request.env)
         group_add: list[str] = []
         command = payload
-        if request.egress is not None:
+        if request.egress is not None and self.egress_mode == "shim":
             sock = request.egress.unix_socket
             group_add += self._socket_groups(sock)
             mounts.append(BindMount(str(sock), SANDBOX_PROXY_SOCKET, read_only=True))
