@@ -1,7 +1,745 @@
-"""Wider-catalogue probes (issue 8), host side: filled in by their own change."""
+"""Process and kernel probes (issue 8), host side; all five are Linux-only.
+
+Visibility of host processes, privileges, namespace escape, syscall surface and resource
+limits.
+
+Two kinds of witness are used. Where the host can see an escape, it does: a harness-planted
+"anchor" process records in a host file whenever something ptraces it and carries a secret in
+its environment that exists nowhere else; a canary directory and a read-only-bound task
+directory get a nonce file only if a namespace escape worked; the direct-egress listener logs
+a connection made from the host's network namespace. Where nothing on the host can see it
+(the capabilities a process holds, whether a syscall reaches its kernel handler, how far a
+fork loop got), the payload's report is the evidence. That is acceptable only in one
+direction: a report *against* the sandbox ("I hold CapEff", "keyctl reached the kernel") is
+believed, because no payload gains anything by forging one; a refusal is believed only when
+the same file run unsandboxed on the host (the host control) shows the attempt succeeding
+there, so the refusal means something.
+
+Every payload is safe unsandboxed as root (the control leg runs them so): signal 0 only,
+ptrace only PTRACE_SEIZE of the anchor, mounts only inside a private mount namespace, syscalls
+only with arguments the kernel rejects, loops bounded by `BOUNDS`.
+"""
 
 from __future__ import annotations
 
-from harness.catalog.base import ProbeSpec
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-SPECS: tuple[ProbeSpec, ...] = ()
+from harness.catalog.base import (
+    HOST_TIMEOUT_S,
+    CellContext,
+    ProbeSpec,
+    WitnessRecordsLike,
+    _attempts,
+    _check,
+    _control,
+    _control_nonce,
+    _guarded,
+    _judge,
+    _observed,
+    _Spec,
+    _split,
+    _summary,
+    _wait_for,
+    _with_nonce,
+    probe_path,
+)
+from harness.errors import FixtureError
+from harness.verdict import Assessment, Escape, Expectation
+
+if TYPE_CHECKING:
+    from harness.backends.base import DeclaredPolicy
+
+__all__ = [
+    "BOUNDS",
+    "DECLARED_LIMITS",
+    "LINUX_ONLY_REASON",
+    "SPECS",
+    "ProcNamespaceEscape",
+    "ProcPrivileges",
+    "ProcSyscallSurface",
+    "ProcVisibility",
+    "ResourceLimits",
+    "ResourceLimitsSpec",
+    "declared_limits",
+]
+
+# For the matrix rows: every probe here reads /proc, Linux namespaces or Linux syscalls.
+LINUX_ONLY_REASON: Final = (
+    "reads /proc and uses Linux namespaces, ptrace and syscall numbers; "
+    "macOS and Windows get their own process probes"
+)
+
+SECRET_VAR: Final = "SANDBOX_ATTEST_ANCHOR_SECRET"  # noqa: S105  (a variable name, not a secret)
+# The anchor exits on its own after this long, so a crashed run never leaves it behind.
+ANCHOR_LIFETIME_S: Final = 300
+# The anchor polls its own TracerPid this often; the payload holds its seize for 0.3 s.
+_ANCHOR_CODE: Final = """
+import sys, time
+marker, lifetime, witness = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+seen = set()
+end = time.monotonic() + lifetime
+while time.monotonic() < end:
+    try:
+        with open("/proc/self/status") as fh:
+            tracer = [l.split()[1] for l in fh if l.startswith("TracerPid:")][0]
+    except (OSError, IndexError):
+        tracer = "0"
+    if tracer != "0" and tracer not in seen:
+        seen.add(tracer)
+        with open(witness, "a") as out:
+            out.write(tracer + "\\n")
+    time.sleep(0.02)
+"""
+
+
+def _confines_anything(policy: DeclaredPolicy) -> bool:
+    return (policy.network, policy.filesystem, policy.ipc) != ("open", "open", "open")
+
+
+# ---------------------------------------------------------------------------------------------
+# The anchor: a harmless host process carrying the nonce, started per cell.
+
+
+@dataclass
+class _Anchor:
+    process: subprocess.Popen[bytes]
+    marker: str
+    secret: str
+    traced_file: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def tracers(self) -> list[str]:
+        try:
+            return self.traced_file.read_text().split()
+        except OSError:
+            return []
+
+
+class _AnchoredSpec(_Spec):
+    """A spec that starts one anchor process per cell in `prepare` and kills it in `cleanup`."""
+
+    def __init__(self) -> None:
+        self._anchors: dict[str, _Anchor] = {}
+        self._lock = threading.Lock()
+
+    def _start_anchor(self, ctx: CellContext) -> _Anchor:
+        directory = ctx.cell_dir / "anchor"
+        directory.mkdir(parents=True, exist_ok=True)
+        marker = f"sandbox-attest-anchor:{ctx.nonce}"
+        traced = directory / "traced.txt"
+        env = {"PATH": "/usr/bin:/bin", SECRET_VAR: secrets.token_hex(16)}
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _ANCHOR_CODE, marker, str(ANCHOR_LIFETIME_S), str(traced)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=directory,
+            )
+        except OSError as exc:
+            raise FixtureError(
+                f"could not start the anchor process for {ctx.probe} ({exc}); "
+                f"is {sys.executable} runnable?"
+            ) from exc
+        anchor = _Anchor(process, marker, env[SECRET_VAR], traced)
+        with self._lock:
+            self._anchors[ctx.nonce] = anchor
+        return anchor
+
+    def _anchor(self, ctx: CellContext) -> _Anchor | None:
+        with self._lock:
+            return self._anchors.get(ctx.nonce)
+
+    def _anchor_checks(self, ctx: CellContext) -> list[dict[str, Any]]:
+        """The anchor is alive and the host sees it: marker, secret, kill(pid, 0)."""
+        anchor = self._anchor(ctx)
+        if anchor is None:
+            return [_check("anchor started", ok=False, detail="prepare() did not run")]
+
+        def alive() -> dict[str, Any]:
+            os.kill(anchor.pid, 0)  # signal 0: the host's own existence check
+            cmdline = Path(f"/proc/{anchor.pid}/cmdline").read_bytes().split(b"\0")
+            ok = anchor.process.poll() is None and anchor.marker.encode() in cmdline
+            return _check("host sees the anchor", ok, f"pid {anchor.pid}")
+
+        def environ() -> dict[str, Any]:
+            env = Path(f"/proc/{anchor.pid}/environ").read_bytes().split(b"\0")
+            ok = f"{SECRET_VAR}={anchor.secret}".encode() in env
+            return _check("host reads the anchor's environ", ok, f"{len(env)} variables")
+
+        return [_guarded("host sees the anchor", alive), _guarded("host reads environ", environ)]
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Kill this cell's anchor (only that process) and reap it."""
+        with self._lock:
+            anchor = self._anchors.pop(ctx.nonce, None)
+        if anchor is None:
+            return
+        anchor.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL is not ignorable
+            anchor.process.wait(timeout=HOST_TIMEOUT_S)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host controls that run the payload file itself, unsandboxed.
+
+
+def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
+    """Run the probe's own payload unsandboxed on the host; returns its report.
+
+    The same file, the same attempts: a difference between this baseline and the sandboxed
+    report is the sandbox's doing, not a difference in how the two sides looked.
+
+    Raises:
+        ValueError: the payload broke its output contract on the host (a broken probe).
+    """
+    nonce = _control_nonce()
+    directory = ctx.cell_dir / "host-control"
+    workspace = directory / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": targets}
+    task_path = directory / "task.json"
+    task_path.write_text(json.dumps(task))
+    done = subprocess.run(
+        [sys.executable, str(probe_path(ctx.probe)), str(task_path)],
+        capture_output=True,
+        text=True,
+        timeout=HOST_TIMEOUT_S * 3,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        cwd=workspace,
+        check=False,
+    )
+    reports = [
+        json.loads(line)
+        for line in done.stdout.splitlines()
+        if line.startswith("{") and '"attempts"' in line
+    ]
+    if len(reports) != 1:
+        raise ValueError(
+            f"the {ctx.probe} payload printed {len(reports)} reports on the host "
+            f"(exit {done.returncode}, stderr {done.stderr[-300:]!r}); run it by hand to see why"
+        )
+    report: dict[str, Any] = reports[0]
+    return report
+
+
+def _baseline_control(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
+    """The host control of a self-reporting probe: the payload's own baseline on the host."""
+    nonce = _control_nonce()
+    try:
+        baseline = _run_on_host(ctx, targets)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        control = _control(nonce, [_check("host baseline ran", ok=False, detail=repr(exc))])
+        control["baseline"] = None
+        return control
+    inside = _attempts(baseline, "control")
+    ok = bool(inside) and all(a.get("outcome") == "succeeded" for a in inside)
+    control = _control(nonce, [_check("host baseline ran", ok, _summary(inside))])
+    control["baseline"] = baseline
+    return control
+
+
+def _inside_controls(report: dict[str, Any], reasons: list[str]) -> tuple[list[Any], bool]:
+    controls = _attempts(report, "control")
+    ok = bool(controls) and all(a.get("outcome") == "succeeded" for a in controls)
+    if not ok:
+        reasons.append(f"in-sandbox control failed: {_summary(controls)}")
+    return controls, ok
+
+
+def _self_reported(observed: str, reasons: list[str]) -> Escape:
+    """The escape of a probe no host witness can see: believed against the sandbox only."""
+    if observed == "succeeded":
+        reasons.append(
+            "the payload reports it (no host witness exists; a report against the "
+            "sandbox is believed)"
+        )
+        return "escaped"
+    if observed == "refused":
+        return "refused"
+    reasons.append("the payload could not make its attempt")
+    return "undecided"
+
+
+# ---------------------------------------------------------------------------------------------
+# The specs.
+
+
+class ProcVisibility(_AnchoredSpec):
+    """Find, read, signal (0) and ptrace a harness-planted host process."""
+
+    id = "proc_visibility"
+    area = "proc"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Denied when ipc is "isolated": that claim includes no view of host processes."""
+        return "denied" if policy.ipc == "isolated" else "allowed"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Start the anchor; the payload gets its marker and pid, never its secret."""
+        anchor = self._start_anchor(ctx)
+        return {"marker": anchor.marker, "anchor_pid": anchor.pid}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host sees the anchor by its marker, reads its secret and signals it (0)."""
+        return _control(_control_nonce(), self._anchor_checks(ctx))
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """The anchor's tracer log, its secret echoed, or its host pid found is an escape."""
+        del witness  # the anchor is this probe's witness
+        anchor = self._anchor(ctx)
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        facts = report.get("facts", {})
+        tracers = anchor.tracers() if anchor else []
+        secret_read = anchor is not None and facts.get("environ_secret") == anchor.secret
+        found = [p for p in facts.get("found_pids", []) if isinstance(p, int)]
+        pid_found = anchor is not None and anchor.pid in found
+        reasons = [
+            (
+                f"anchor pid {anchor.pid if anchor else '?'}: traced by {tracers or 'nobody'}, "
+                f"secret echoed: {secret_read}, host pid found: {pid_found}"
+            ),
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(observed, bool(tracers or secret_read or pid_found), None, reasons)
+        inside, inside_ok = _inside_controls(report, reasons)
+        if not control.get("ok"):
+            reasons.append("host control failed: the anchor was not visible to the host")
+        return Assessment(
+            escape=escape,
+            controls_ok=inside_ok and bool(control.get("ok")),
+            reasons=reasons,
+            observed=observed,
+            witness={"tracers": tracers, "secret_echoed": secret_read, "pid_found": pid_found},
+            control={"inside": inside, "host": control},
+        )
+
+
+class ProcPrivileges(_Spec):
+    """Capabilities held, and setuid elevation possible, inside the sandbox."""
+
+    id = "proc_privileges"
+    area = "proc"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Denied wherever anything is confined: privilege can undo any confinement."""
+        return "denied" if _confines_anything(policy) else "allowed"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Nothing to plant: the payload only reads its own credentials."""
+        del ctx
+        return {}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The same read, by the same file, unsandboxed on the host."""
+        return _baseline_control(ctx, {})
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Any effective capability or a usable setuid route is an escape (self-reported)."""
+        del ctx, witness
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        facts = report.get("facts", {})
+        status = facts.get("status", {})
+        reasons = [
+            f"payload: {_summary(escapes)}",
+            (
+                f"CapEff={status.get('CapEff')} CapBnd={status.get('CapBnd')} "
+                f"NoNewPrivs={status.get('NoNewPrivs')} Seccomp={status.get('Seccomp')} "
+                f"uid_map={facts.get('uid_map')}"
+            ),
+        ]
+        escape = _self_reported(observed, reasons)
+        inside, inside_ok = _inside_controls(report, reasons)
+        baseline = control.get("baseline") or {}
+        host_status = baseline.get("facts", {}).get("status", {})
+        if not control.get("ok"):
+            reasons.append("host control failed: the host could not read its own credentials")
+        return Assessment(
+            escape=escape,
+            controls_ok=inside_ok and bool(control.get("ok")),
+            reasons=reasons,
+            observed=observed,
+            witness={"payload_status": status, "host_status": host_status},
+            control={"inside": inside, "host": control},
+        )
+
+
+class ProcNamespaceEscape(_AnchoredSpec):
+    """setns into the host's namespaces; mount power in a private namespace."""
+
+    id = "proc_namespace_escape"
+    area = "proc"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Denied wherever anything is confined: a joined host namespace undoes all of it."""
+        return "denied" if _confines_anything(policy) else "allowed"
+
+    @staticmethod
+    def canary_dir(ctx: CellContext) -> Path:
+        """A host-only directory (never bound into a sandbox) the setns-mnt child writes to."""
+        return ctx.cell_dir / "ns-canary"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Start the anchor, plant the canary dir, name the listener."""
+        anchor = self._start_anchor(ctx)
+        self.canary_dir(ctx).mkdir(parents=True, exist_ok=True)
+        return {
+            "marker": anchor.marker,
+            "anchor_pid": anchor.pid,
+            "canary_dir": str(self.canary_dir(ctx)),
+            "listener": ctx.world.info.direct_egress.tcp,
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host sees the anchor's namespaces, writes the canary dir, reaches the listener."""
+        import socket  # noqa: PLC0415  (only this control needs it)
+
+        nonce = _control_nonce()
+        checks = self._anchor_checks(ctx)
+        anchor = self._anchor(ctx)
+
+        def namespaces() -> dict[str, Any]:
+            pid = anchor.pid if anchor else 0
+            ours = [str(Path(f"/proc/self/ns/{k}").readlink()) for k in ("mnt", "net")]
+            theirs = [str(Path(f"/proc/{pid}/ns/{k}").readlink()) for k in ("mnt", "net")]
+            return _check("anchor is in the host's namespaces", ours == theirs, str(theirs))
+
+        def canary() -> dict[str, Any]:
+            probe = self.canary_dir(ctx) / f"{nonce}.host"
+            probe.write_text(nonce)
+            probe.unlink()
+            return _check("host writes the canary dir", ok=True, detail=str(probe.parent))
+
+        def listener() -> dict[str, Any]:
+            with socket.create_connection(
+                _split(ctx.world.info.direct_egress.tcp), HOST_TIMEOUT_S
+            ) as sock:
+                sock.sendall(f"nonce={nonce} via=host-control\n".encode())
+            return _check("host connects to the listener", ok=True, detail="sent")
+
+        checks += [
+            _guarded("anchor namespaces", namespaces),
+            _guarded("host writes the canary dir", canary),
+            _guarded("host connects to the listener", listener),
+        ]
+        records = _wait_for(ctx.world, nonce, lambda r: bool(_with_nonce(r.direct_tcp, nonce)))
+        seen = _with_nonce(records.direct_tcp, nonce)
+        checks.append(_check("listener logged the host", bool(seen), f"{len(seen)}"))
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A nonce file in the canary or task dir, or a setns-net connection, is an escape."""
+        escapes = [
+            a for a in _attempts(report, "escape") if not str(a.get("what")).startswith("inner:")
+        ]
+        inner = [a for a in _attempts(report, "escape") if str(a.get("what")).startswith("inner:")]
+        observed = _observed(escapes)
+        mnt_file = self.canary_dir(ctx) / f"{ctx.nonce}.setns-mnt"
+        remounts = sorted(str(p) for p in ctx.cell_dir.rglob(f"{ctx.nonce}.remount"))
+        net_hits = [
+            e for e in _with_nonce(witness.direct_tcp, ctx.nonce) if "via=setns-net" in str(e)
+        ]
+        seen = mnt_file.exists() or bool(remounts) or bool(net_hits)
+        reasons = [
+            (
+                f"host saw: setns-mnt file {mnt_file.exists()}, remount files {len(remounts)}, "
+                f"setns-net connections {len(net_hits)}"
+            ),
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(observed, seen, None, reasons)
+        powers = [str(a.get("what")) for a in inner if a.get("outcome") == "succeeded"]
+        if powers:
+            reasons.append(f"exposure, not an escape (private to the payload): {', '.join(powers)}")
+        inside, inside_ok = _inside_controls(report, reasons)
+        if not control.get("ok"):
+            reasons.append("host control failed")
+        return Assessment(
+            escape=escape,
+            controls_ok=inside_ok and bool(control.get("ok")),
+            reasons=reasons,
+            observed=observed,
+            witness={
+                "setns_mnt_file": mnt_file.exists(),
+                "remount_files": remounts,
+                "setns_net": net_hits,
+                "inner": inner,
+            },
+            control={"inside": inside, "host": control},
+        )
+
+
+class ProcSyscallSurface(_Spec):
+    """io_uring, keyctl, bpf, TIOCSTI and vsock/netlink/packet sockets, with bad arguments."""
+
+    id = "proc_syscall_surface"
+    area = "proc"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Denied when ipc is "isolated".
+
+        Keyrings are per-uid across namespaces, vsock talks to the hypervisor, TIOCSTI types
+        into a terminal: each is a channel to the host that isolation has to close. A kernel
+        interface reached at all is also kernel attack surface the payload shares with the host.
+        """
+        return "denied" if policy.ipc == "isolated" else "allowed"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Nothing to plant: every call uses arguments the kernel rejects."""
+        del ctx
+        return {}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The unfiltered baseline: the same file's calls, unsandboxed on the host."""
+        return _baseline_control(ctx, {})
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A call the host baseline reaches and the payload reaches too is an escape."""
+        del ctx, witness
+        baseline = control.get("baseline") or {}
+        host = {a.get("what"): a for a in _attempts(baseline, "escape")}
+        escapes = _attempts(report, "escape")
+        # An interface the host kernel itself lacks (EAFNOSUPPORT for vsock...) proves nothing.
+        judged = [a for a in escapes if host.get(a.get("what"), {}).get("outcome") == "succeeded"]
+        skipped = sorted(str(a.get("what")) for a in escapes if a not in judged)
+        observed: Literal["succeeded", "refused", "error"] = (
+            _observed(judged) if judged else "error"
+        )
+        reached = [a for a in judged if a.get("outcome") == "succeeded"]
+        reasons = [
+            f"reached the kernel handler: {_summary(reached) or 'none'}",
+            f"refused: {_summary([a for a in judged if a.get('outcome') == 'refused']) or 'none'}",
+            f"seccomp={report.get('facts', {}).get('seccomp')}",
+        ]
+        if skipped:
+            reasons.append(f"not judged (the host baseline does not reach them): {skipped}")
+        escape = _self_reported(observed, reasons)
+        inside, inside_ok = _inside_controls(report, reasons)
+        if not control.get("ok"):
+            reasons.append("host control failed: no unfiltered baseline")
+        return Assessment(
+            escape=escape,
+            controls_ok=inside_ok and bool(control.get("ok")) and bool(judged),
+            reasons=reasons,
+            observed=observed,
+            witness={"reached": reached, "host_baseline": list(host.values())},
+            control={"inside": inside, "host": control},
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Resource limits.
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """What a backend declares it caps; None = no claim.
+
+    Attributes:
+        forks: children the payload can have alive at once.
+        memory_mib: MiB the payload can allocate on top of its interpreter.
+        fsize_mib: MiB a single file can grow to.
+        nofile: descriptors the payload can open on top of the ones it starts with.
+    """
+
+    forks: int | None = None
+    memory_mib: int | None = None
+    fsize_mib: int | None = None
+    nofile: int | None = None
+
+    def claims(self) -> dict[str, int]:
+        """The declared limits only."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+# Every loop stops here even where nothing caps it: the control leg runs unsandboxed on a
+# shared machine. A declared limit at or above its bound cannot be tested (reported, not judged).
+BOUNDS: Final = {"forks": 64, "memory_mib": 256, "fsize_mib": 32, "nofile": 512}
+
+# What each backend declares. bubblewrap sets no limits as configured (it has no flag for
+# rlimits or cgroups), so its cell is INCONCLUSIVE until the backend declares and applies some;
+# docker's pids limit is its own (harness.backends.docker.PIDS_LIMIT) and above the fork bound.
+DECLARED_LIMITS: dict[str, ResourceLimits] = {
+    "none": ResourceLimits(),
+    "bubblewrap": ResourceLimits(),
+}
+
+
+def declared_limits(backend: str) -> ResourceLimits:
+    """The limits `backend` declares (none when it declares nothing)."""
+    return DECLARED_LIMITS.get(backend, ResourceLimits())
+
+
+class ResourceLimitsSpec(_Spec):
+    """Bounded fork, memory, file-size and open-file loops against the declared limits."""
+
+    id = "resource_limits"
+    area = "proc"
+
+    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+        """Denied (held to its declared limits) wherever anything is confined.
+
+        The open control leg declares no limit and must be seen running every loop to its
+        bound, which proves the loops can exceed a limit that is not enforced.
+        """
+        return "denied" if _confines_anything(policy) else "allowed"
+
+    @staticmethod
+    def fork_dir(ctx: CellContext) -> str:
+        """Workspace-relative dir where each forked child leaves a file (host witness)."""
+        return f"forks-{ctx.nonce}"
+
+    @staticmethod
+    def fsize_file(ctx: CellContext) -> str:
+        """Workspace-relative file the fsize loop grows (host witness)."""
+        return f"fsize-{ctx.nonce}.bin"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """The bounds, the backend's declared limits, and where the witnesses go."""
+        return {
+            "bounds": dict(BOUNDS),
+            "declared": declared_limits(ctx.backend).claims(),
+            "fork_dir": self.fork_dir(ctx),
+            "fsize_file": self.fsize_file(ctx),
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host can write the workspace and sees what the payload left there."""
+        nonce = _control_nonce()
+
+        def write() -> dict[str, Any]:
+            probe = ctx.workspace / f"{nonce}.host"
+            probe.write_text(nonce)
+            ok = probe.read_text() == nonce
+            probe.unlink()
+            return _check("host writes the workspace", ok, str(ctx.workspace))
+
+        return _control(nonce, [_guarded("host writes the workspace", write)])
+
+    def _witnessed(self, ctx: CellContext) -> dict[str, int]:
+        forks = ctx.workspace / self.fork_dir(ctx)
+        grown = ctx.workspace / self.fsize_file(ctx)
+        try:
+            fork_count = sum(1 for p in forks.iterdir() if p.name.startswith("fork-"))
+        except OSError:
+            fork_count = 0
+        try:
+            size_mib = grown.stat().st_size // (1024 * 1024)
+        except OSError:
+            size_mib = 0
+        return {"forks": fork_count, "fsize_mib": size_mib}
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A loop that went past its declared limit is an escape; the host counts two loops."""
+        del witness
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        reached = {
+            {
+                "forks": "forks",
+                "memory": "memory_mib",
+                "fsize": "fsize_mib",
+                "nofile": "nofile",
+            }.get(str(a.get("what")), str(a.get("what"))): int(a.get("reached") or 0)
+            for a in escapes
+        }
+        seen = self._witnessed(ctx)
+        # The host's count wins where it has one: files a child made exist or they don't.
+        for key, value in seen.items():
+            if reached.get(key) != value:
+                reached[f"{key}_payload"] = reached.get(key, 0)
+                reached[key] = value
+        reasons = [f"reached {reached} (bounds {BOUNDS}); host counted {seen}"]
+        disagree = any(k.endswith("_payload") for k in reached)
+        if disagree:
+            reasons.append("the payload's counts differ from what the host found")
+        declared = declared_limits(ctx.backend).claims()
+        testable = {k: v for k, v in declared.items() if v < BOUNDS[k]}
+        escape: Escape
+        if any(a.get("outcome") == "error" for a in escapes) or len(escapes) != len(BOUNDS):
+            reasons.append(f"a loop could not run: {_summary(escapes)}")
+            escape = "undecided"
+        elif self.expectation(ctx.policy) == "denied":
+            exceeded = {k: reached.get(k) for k, v in testable.items() if reached.get(k, 0) > v}
+            if not testable:
+                reasons.append(
+                    f"backend {ctx.backend!r} declares no limit below the probe's bounds "
+                    f"(declared {declared or 'nothing'}): nothing to hold it to"
+                )
+                escape = "undecided"
+            elif exceeded:
+                reasons.insert(0, f"went past the declared limits {testable}: {exceeded}")
+                escape = "escaped"
+            else:
+                reasons.insert(0, f"every declared limit held: {testable}")
+                escape = "disagree" if disagree else "refused"
+        else:
+            at_bound = all(reached.get(k, 0) >= v for k, v in BOUNDS.items())
+            escape = "escaped" if at_bound and not disagree else "disagree"
+            if not at_bound:
+                reasons.append("an unconfined loop stopped before its bound")
+        inside, inside_ok = _inside_controls(report, reasons)
+        if not control.get("ok"):
+            reasons.append("host control failed")
+        return Assessment(
+            escape=escape,
+            controls_ok=inside_ok and bool(control.get("ok")),
+            reasons=reasons,
+            observed=observed,
+            witness={"host_counted": seen, "declared": declared, "reached": reached},
+            control={"inside": inside, "host": control},
+        )
+
+
+SPECS: tuple[ProbeSpec, ...] = (
+    ProcVisibility(),
+    ProcPrivileges(),
+    ProcNamespaceEscape(),
+    ProcSyscallSurface(),
+    ResourceLimitsSpec(),
+)

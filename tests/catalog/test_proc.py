@@ -1,0 +1,549 @@
+"""The proc probes live (control leg, real bubblewrap, weakened bubblewrap) and their tables.
+
+Live cells go through the real `CellRunner` with one module-scoped fixture world. Weakened
+sandboxes are test-only subclasses of `BubblewrapBackend` that drop one flag of its argv, so
+each hole is exactly one flag away from the shipped configuration.
+"""
+
+from __future__ import annotations
+
+import secrets
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pytest
+
+from harness.backends.base import Backend, DeclaredPolicy, ProbeRequest
+from harness.backends.bubblewrap import BubblewrapBackend
+from harness.backends.none import NoneBackend
+from harness.catalog import PROBES, CellContext
+from harness.catalog import proc as proc_module
+from harness.catalog.proc import BOUNDS, ResourceLimits
+from harness.matrix import Cell, ProbeRow
+from harness.runner import CellRunner
+from harness.verdict import Verdict, decide
+from harness.world import World, start_world
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+PROC_PROBES = (
+    "proc_visibility",
+    "proc_privileges",
+    "proc_namespace_escape",
+    "proc_syscall_surface",
+    "resource_limits",
+)
+OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
+CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
+FAILED_CONTROL: dict[str, Any] = {"ok": False, "nonce": "hcontrol", "checks": []}
+
+pytestmark = pytest.mark.skipif(
+    not BubblewrapBackend().availability().ok, reason="bubblewrap cannot run here"
+)
+
+
+class _Without(BubblewrapBackend):
+    """bubblewrap with one namespace flag group removed (a test-only hole)."""
+
+    def __init__(self, *drop: str) -> None:
+        super().__init__()
+        self.drop = drop
+
+    def namespace_args(self) -> list[str]:
+        """The shipped flags minus `drop` (and the argument that follows --cap-drop)."""
+        args = super().namespace_args()
+        if "--cap-drop" in self.drop:
+            i = args.index("--cap-drop")
+            del args[i : i + 2]
+        return [a for a in args if a not in self.drop]
+
+
+class _Limited(BubblewrapBackend):
+    """bubblewrap under prlimit: the limits the test declares for it are really applied."""
+
+    def build_argv(self, request: ProbeRequest) -> list[str]:
+        """Wrap bwrap in prlimit; every process inside inherits the rlimits."""
+        return [
+            "prlimit",
+            "--nofile=64",
+            f"--fsize={8 * 1024 * 1024}",
+            *super().build_argv(request),
+        ]
+
+
+LIMITS = ResourceLimits(fsize_mib=8, nofile=64)
+
+
+@dataclass
+class Live:
+    """A runner over the control leg, bubblewrap and the weakened variants."""
+
+    runner: CellRunner
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def run(self, backend: str, probe: str) -> dict[str, Any]:
+        """Run one cell once; later calls return the same entry."""
+        key = f"{backend}-{probe}"
+        if key not in self.entries:
+            self.entries[key] = self.runner.run_cell(Cell(backend, ProbeRow(probe, 60), None))
+        return self.entries[key]
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    """One fixture world for the module, under a short /tmp path (unix socket limits)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="sa-proc-", dir="/tmp") as base,
+        start_world(Path(base) / "w") as running,
+    ):
+        yield running
+
+
+@pytest.fixture(scope="module")
+def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """The runner, with the control leg already run for every proc probe."""
+    backends: dict[str, Backend] = {
+        "none": NoneBackend(),
+        "bubblewrap": BubblewrapBackend(),
+        "keep-caps": _Without("--cap-drop"),
+        "share-pid": _Without("--unshare-pid"),
+        "limited": _Limited(),
+        "unenforced": BubblewrapBackend(),
+    }
+    runner = CellRunner(
+        world=world,
+        scratch=tmp_path_factory.mktemp("proc"),
+        backends=backends,
+        availability={name: b.availability() for name, b in backends.items()},
+        platform="linux",
+    )
+    saved = dict(proc_module.DECLARED_LIMITS)
+    proc_module.DECLARED_LIMITS.update(limited=LIMITS, unenforced=LIMITS)
+    state = Live(runner)
+    for probe in PROC_PROBES:
+        state.run("none", probe)
+    yield state
+    proc_module.DECLARED_LIMITS.clear()
+    proc_module.DECLARED_LIMITS.update(saved)
+
+
+def why(entry: dict[str, Any]) -> str:
+    """The verdict and its reason, for assertion messages."""
+    return f"{entry['verdict']}: {entry['reason']}"
+
+
+class TestLive:
+    @pytest.mark.parametrize("probe", PROC_PROBES)
+    def test_control_leg_sees_the_escape(self, live: Live, probe: str) -> None:
+        """Unconfined on this host, every proc probe's escape is seen: PASS."""
+        entry = live.run("none", probe)
+        assert entry["verdict"] == "PASS", why(entry)
+        assert entry["escape"] == "escaped"
+
+    @pytest.mark.parametrize(
+        "probe", ["proc_visibility", "proc_privileges", "proc_namespace_escape"]
+    )
+    def test_bubblewrap_refuses(self, live: Live, probe: str) -> None:
+        """Under the shipped bubblewrap the escape is refused and every control worked."""
+        entry = live.run("bubblewrap", probe)
+        assert entry["verdict"] == "PASS", why(entry)
+        assert entry["escape"] == "refused"
+
+    def test_bubblewrap_has_no_seccomp_filter(self, live: Live) -> None:
+        """Finding: shipped bubblewrap has no seccomp filter, so the surface probe FAILs.
+
+        keyctl, io_uring_setup and TIOCSTI reach their kernel handlers (reported, not weakened).
+        """
+        entry = live.run("bubblewrap", "proc_syscall_surface")
+        assert entry["verdict"] == "FAIL", why(entry)
+        reached = {a["what"] for a in entry["attempts"] if a["outcome"] == "succeeded"}
+        assert {"keyctl", "io_uring_setup", "ioctl-tiocsti"} <= reached
+        assert entry["probe_facts"]["seccomp"] == "0"
+
+    def test_bubblewrap_nested_userns_is_reported_as_exposure(self, live: Live) -> None:
+        """A nested user namespace works inside bubblewrap; its remount is refused.
+
+        The remount of the read-only bind fails with EPERM: exposure in the reason, no escape.
+        """
+        entry = live.run("bubblewrap", "proc_namespace_escape")
+        by_what = {a["what"]: a for a in entry["attempts"]}
+        assert by_what["remount-rw:userns"]["errno"] == "EPERM"
+        assert by_what["inner:unshare-mnt"]["errno"] == "EPERM"
+        assert "exposure, not an escape" in entry["reason"]
+
+    def test_bubblewrap_without_declared_limits_is_inconclusive(self, live: Live) -> None:
+        """The shipped bubblewrap declares no resource limit, so nothing can PASS it."""
+        entry = live.run("bubblewrap", "resource_limits")
+        assert entry["verdict"] == "INCONCLUSIVE", why(entry)
+        assert "declares no limit" in entry["reason"]
+
+    def test_declared_and_applied_limits_pass(self, live: Live) -> None:
+        """The prlimit-wrapped bubblewrap holds the fsize and nofile limits it declares."""
+        entry = live.run("limited", "resource_limits")
+        assert entry["verdict"] == "PASS", why(entry)
+        loops = {a["what"]: a for a in entry["attempts"] if a["role"] == "escape"}
+        assert loops["fsize"]["errno"] == "EFBIG"
+        assert loops["nofile"]["errno"] == "EMFILE"
+        assert entry["witness"]["host_counted"]["fsize_mib"] <= 8
+
+    @pytest.mark.parametrize(
+        ("backend", "probe"),
+        [
+            ("share-pid", "proc_visibility"),
+            ("keep-caps", "proc_privileges"),
+            ("keep-caps", "proc_namespace_escape"),
+            ("unenforced", "resource_limits"),
+        ],
+    )
+    def test_hole_fails_the_matching_probe(self, live: Live, backend: str, probe: str) -> None:
+        """One flag removed (or a limit declared but not applied) FAILs the matching probe."""
+        entry = live.run(backend, probe)
+        assert entry["verdict"] == "FAIL", why(entry)
+
+    def test_keep_caps_remount_reached_the_host(self, live: Live) -> None:
+        """With capabilities kept, the read-only task dir was remounted rw and written.
+
+        The host found the nonce file, so the FAIL rests on a host witness.
+        """
+        entry = live.run("keep-caps", "proc_namespace_escape")
+        assert entry["witness"]["remount_files"], why(entry)
+
+    def test_visibility_witnesses_on_the_control_leg(self, live: Live) -> None:
+        """Unconfined, the anchor logged the payload's ptrace and the payload echoed its secret."""
+        witness = live.run("none", "proc_visibility")["witness"]
+        assert witness["tracers"]
+        assert witness["secret_echoed"] is True
+
+    def test_anchor_is_gone_after_the_cell(self, live: Live) -> None:
+        """cleanup() killed the cell's anchor: no process carries its marker any more."""
+        live.run("none", "proc_visibility")
+        spec = PROBES["proc_visibility"]
+        assert isinstance(spec, proc_module.ProcVisibility)
+        assert spec._anchors == {}
+        markers = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                markers += [a for a in cmdline.read_bytes().split(b"\0") if b"anchor:" in a]
+            except OSError:
+                continue
+        assert not [m for m in markers if b"sandbox-attest-anchor:" in m]
+
+    def test_no_mount_leaked_to_the_host(self, live: Live) -> None:
+        """The control leg's tmpfs and pivot_root stayed in the child's private namespace."""
+        live.run("none", "proc_namespace_escape")
+        assert "sandbox-attest" not in Path("/proc/self/mountinfo").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Decision tables with hand-made reports.
+
+
+@dataclass
+class Records:
+    """A hand-made stand-in for harness.world.WitnessRecords."""
+
+    origin: list[dict[str, Any]] = field(default_factory=list)
+    dns: list[dict[str, Any]] = field(default_factory=list)
+    proxy: list[dict[str, Any]] = field(default_factory=list)
+    direct_tcp: list[dict[str, Any]] = field(default_factory=list)
+    direct_udp: list[dict[str, Any]] = field(default_factory=list)
+    daemon: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class FakeWorld:
+    """Only `records` is used by the assessors under test."""
+
+    info: Any = None
+
+    def records(self, nonce: str) -> Records:
+        """No fixture saw anything."""
+        del nonce
+        return Records()
+
+
+def make_ctx(
+    tmp_path: Path, probe: str, policy: DeclaredPolicy = CONFINED, backend: str = "bubblewrap"
+) -> CellContext:
+    """A context whose cell_dir exists (assessors look for witness files there)."""
+    nonce = "n" + secrets.token_hex(8)
+    cell_dir = tmp_path / nonce
+    (cell_dir / "workspace").mkdir(parents=True)
+    return CellContext(
+        probe=probe,
+        backend=backend,
+        nonce=nonce,
+        world=FakeWorld(),
+        workspace=cell_dir / "workspace",
+        cell_dir=cell_dir,
+        policy=policy,
+    )
+
+
+def att(
+    what: str, outcome: str, role: str = "escape", errno: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """One attempt line."""
+    return {
+        "what": what,
+        "role": role,
+        "outcome": outcome,
+        "errno": errno,
+        "status": None,
+        "detail": "",
+        **extra,
+    }
+
+
+def verdict_of(
+    ctx: CellContext,
+    report: dict[str, Any],
+    control: dict[str, Any],
+    witness: Records | None = None,
+) -> Verdict:
+    """Assess and decide one hand-made cell."""
+    spec = PROBES[ctx.probe]
+    assessment = spec.assess(ctx, report, witness or Records(), control)
+    return decide(spec.expectation(ctx.policy), assessment).verdict
+
+
+class TestVisibilityTable:
+    @pytest.fixture
+    def ctx(self, tmp_path: Path) -> Iterator[CellContext]:
+        """A cell with a real anchor (prepare) that cleanup removes."""
+        ctx = make_ctx(tmp_path, "proc_visibility")
+        spec = PROBES["proc_visibility"]
+        spec.prepare(ctx)
+        yield ctx
+        spec.cleanup(ctx)
+
+    def refused(self) -> dict[str, Any]:
+        """Every escape refused, controls fine."""
+        return {
+            "attempts": [
+                att("scan-own", "succeeded", "control"),
+                att("scan-proc", "refused", errno="ENOENT"),
+                att("ptrace-seize", "refused", errno="ENOENT"),
+            ],
+            "facts": {},
+        }
+
+    def test_refused_is_pass(self, ctx: CellContext) -> None:
+        """Refused everywhere, nothing traced the anchor, controls ok: PASS."""
+        assert verdict_of(ctx, self.refused(), OK_CONTROL) is Verdict.PASS
+
+    def test_forged_refusal_with_tracer_logged_is_fail(self, ctx: CellContext) -> None:
+        """The anchor logged a tracer while the payload said refused: FAIL."""
+        anchor = PROBES["proc_visibility"]._anchor(ctx)  # type: ignore[attr-defined]
+        anchor.traced_file.write_text("4242\n")
+        assert verdict_of(ctx, self.refused(), OK_CONTROL) is Verdict.FAIL
+
+    def test_secret_echoed_is_fail(self, ctx: CellContext) -> None:
+        """A report carrying the anchor's environ secret proves the read: FAIL."""
+        anchor = PROBES["proc_visibility"]._anchor(ctx)  # type: ignore[attr-defined]
+        report = self.refused() | {"facts": {"environ_secret": anchor.secret}}
+        assert verdict_of(ctx, report, OK_CONTROL) is Verdict.FAIL
+
+    def test_dead_host_control_is_inconclusive(self, ctx: CellContext) -> None:
+        """The host could not see its own anchor: a refusal proves nothing."""
+        assert verdict_of(ctx, self.refused(), FAILED_CONTROL) is Verdict.INCONCLUSIVE
+
+    def test_unwitnessed_success_is_inconclusive(self, ctx: CellContext) -> None:
+        """A claimed find of some other pid, with no witness, is a disagreement."""
+        report = self.refused()
+        report["attempts"][1] = att("scan-proc", "succeeded")
+        report["facts"] = {"found_pids": [1]}
+        assert verdict_of(ctx, report, OK_CONTROL) is Verdict.INCONCLUSIVE
+
+
+class TestNamespaceTable:
+    def report(self, outcome: str = "refused") -> dict[str, Any]:
+        """The setns and remount attempts with `outcome`, plus an inner exposure."""
+        return {
+            "attempts": [
+                att("read-own-ns", "succeeded", "control"),
+                att("setns-mnt", outcome, errno="ENOENT"),
+                att("remount-rw:userns", outcome, errno="EPERM"),
+                att("inner:unshare-userns", "succeeded"),
+            ],
+            "facts": {},
+        }
+
+    def test_refused_with_inner_exposure_is_pass(self, tmp_path: Path) -> None:
+        """Host namespaces unreachable; a private nested namespace is exposure only: PASS."""
+        ctx = make_ctx(tmp_path, "proc_namespace_escape")
+        assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.PASS
+
+    def test_forged_refusal_with_canary_file_is_fail(self, tmp_path: Path) -> None:
+        """The setns-mnt canary appeared on the host while the payload said refused: FAIL."""
+        ctx = make_ctx(tmp_path, "proc_namespace_escape")
+        canary = PROBES["proc_namespace_escape"].canary_dir(ctx)  # type: ignore[attr-defined]
+        canary.mkdir()
+        (canary / f"{ctx.nonce}.setns-mnt").write_text("x")
+        assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.FAIL
+
+    def test_remount_file_is_fail(self, tmp_path: Path) -> None:
+        """A nonce file in the read-only task dir is a host-seen remount escape: FAIL."""
+        ctx = make_ctx(tmp_path, "proc_namespace_escape")
+        (ctx.cell_dir / "input").mkdir()
+        (ctx.cell_dir / "input" / f"{ctx.nonce}.remount").write_text("x")
+        assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.FAIL
+
+    def test_setns_net_connection_is_fail(self, tmp_path: Path) -> None:
+        """The listener logged a via=setns-net connection with the nonce: FAIL."""
+        ctx = make_ctx(tmp_path, "proc_namespace_escape")
+        hit = Records(direct_tcp=[{"data": f"nonce={ctx.nonce} via=setns-net"}])
+        assert verdict_of(ctx, self.report(), OK_CONTROL, hit) is Verdict.FAIL
+
+    def test_dead_control_is_inconclusive(self, tmp_path: Path) -> None:
+        """A refusal whose host control failed proves nothing."""
+        ctx = make_ctx(tmp_path, "proc_namespace_escape")
+        assert verdict_of(ctx, self.report(), FAILED_CONTROL) is Verdict.INCONCLUSIVE
+
+
+class TestSelfReportedTables:
+    BASELINE: ClassVar[dict[str, Any]] = {
+        "attempts": [
+            att("getpid", "succeeded", "control"),
+            att("keyctl", "succeeded", errno="EOPNOTSUPP"),
+            att("socket-vsock", "refused", errno="EAFNOSUPPORT"),
+        ]
+    }
+
+    def control(self, ok: bool = True) -> dict[str, Any]:
+        """A host control carrying the unfiltered baseline."""
+        return {"ok": ok, "nonce": "h", "checks": [], "baseline": self.BASELINE}
+
+    @pytest.mark.parametrize(
+        ("keyctl", "vsock", "expected"),
+        [
+            ("refused", "refused", Verdict.PASS),
+            ("succeeded", "refused", Verdict.FAIL),
+            # vsock is refused on the host too: its success inside is not judged.
+            ("refused", "succeeded", Verdict.PASS),
+            ("error", "refused", Verdict.INCONCLUSIVE),
+        ],
+        ids=["filtered", "keyctl-reached", "host-lacks-vsock", "attempt-broken"],
+    )
+    def test_syscall_surface(
+        self, tmp_path: Path, keyctl: str, vsock: str, expected: Verdict
+    ) -> None:
+        """Only calls the host baseline reaches are judged; any reached inside FAILs."""
+        ctx = make_ctx(tmp_path, "proc_syscall_surface")
+        report = {
+            "attempts": [
+                att("getpid", "succeeded", "control"),
+                att("keyctl", keyctl),
+                att("socket-vsock", vsock),
+            ],
+            "facts": {"seccomp": "2"},
+        }
+        assert verdict_of(ctx, report, self.control()) is expected
+
+    def test_syscall_surface_without_baseline_is_inconclusive(self, tmp_path: Path) -> None:
+        """A filtered report with no unfiltered baseline proves nothing."""
+        ctx = make_ctx(tmp_path, "proc_syscall_surface")
+        report = {"attempts": [att("getpid", "succeeded", "control"), att("keyctl", "refused")]}
+        control = {"ok": False, "nonce": "h", "checks": [], "baseline": None}
+        assert verdict_of(ctx, report, control) is Verdict.INCONCLUSIVE
+
+    @pytest.mark.parametrize(
+        ("caps", "control_ok", "policy", "expected"),
+        [
+            ("refused", True, CONFINED, Verdict.PASS),
+            ("succeeded", True, CONFINED, Verdict.FAIL),
+            ("refused", False, CONFINED, Verdict.INCONCLUSIVE),
+            ("succeeded", True, OPEN, Verdict.PASS),
+            ("refused", True, OPEN, Verdict.INCONCLUSIVE),
+        ],
+    )
+    def test_privileges(
+        self, tmp_path: Path, caps: str, control_ok: bool, policy: DeclaredPolicy, expected: Verdict
+    ) -> None:
+        """Capabilities held inside a confining sandbox FAIL; the open leg must see them."""
+        ctx = make_ctx(tmp_path, "proc_privileges", policy)
+        report = {
+            "attempts": [
+                att("read-status", "succeeded", "control"),
+                att("effective-capabilities", caps),
+                att("setuid-elevation", "refused", errno="EPERM"),
+            ]
+        }
+        assert verdict_of(ctx, report, self.control(control_ok)) is expected
+
+
+class TestResourceLimitsTable:
+    def report(self, **reached: int) -> dict[str, Any]:
+        """Loops that reached `reached` (the rest their bound)."""
+        attempts = [att("write-and-fork-once", "succeeded", "control")]
+        for what, key in (
+            ("forks", "forks"),
+            ("memory", "memory_mib"),
+            ("fsize", "fsize_mib"),
+            ("nofile", "nofile"),
+        ):
+            value = reached.get(key, BOUNDS[key])
+            attempts.append(
+                att(
+                    what,
+                    "succeeded" if value >= BOUNDS[key] else "refused",
+                    reached=value,
+                    bound=BOUNDS[key],
+                )
+            )
+        return {"attempts": attempts, "facts": {}}
+
+    def witness_files(self, ctx: CellContext, forks: int, fsize_mib: int) -> None:
+        """What the payload's loops would have left in the workspace."""
+        spec = proc_module.ResourceLimitsSpec
+        fork_dir = ctx.workspace / spec.fork_dir(ctx)
+        fork_dir.mkdir()
+        for i in range(forks):
+            (fork_dir / f"fork-{i}").write_text("1")
+        with (ctx.workspace / spec.fsize_file(ctx)).open("wb") as fh:
+            fh.truncate(fsize_mib * 1024 * 1024)
+
+    def test_held_limits_pass(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Loops stopped at the declared fsize and nofile limits: PASS."""
+        monkeypatch.setitem(proc_module.DECLARED_LIMITS, "limited", LIMITS)
+        ctx = make_ctx(tmp_path, "resource_limits", backend="limited")
+        self.witness_files(ctx, BOUNDS["forks"], 8)
+        report = self.report(fsize_mib=8, nofile=60)
+        assert verdict_of(ctx, report, OK_CONTROL) is Verdict.PASS
+
+    def test_forged_stop_with_grown_file_is_fail(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The payload claims it stopped at 8 MiB but the host finds 32 MiB: FAIL."""
+        monkeypatch.setitem(proc_module.DECLARED_LIMITS, "limited", LIMITS)
+        ctx = make_ctx(tmp_path, "resource_limits", backend="limited")
+        self.witness_files(ctx, BOUNDS["forks"], 32)
+        report = self.report(fsize_mib=8, nofile=60)
+        assert verdict_of(ctx, report, OK_CONTROL) is Verdict.FAIL
+
+    def test_no_declaration_is_inconclusive(self, tmp_path: Path) -> None:
+        """A confining backend that declares no limit cannot PASS this probe."""
+        ctx = make_ctx(tmp_path, "resource_limits")
+        self.witness_files(ctx, BOUNDS["forks"], 32)
+        assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.INCONCLUSIVE
+
+    def test_dead_control_is_inconclusive(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Held limits with a failed host control prove nothing."""
+        monkeypatch.setitem(proc_module.DECLARED_LIMITS, "limited", LIMITS)
+        ctx = make_ctx(tmp_path, "resource_limits", backend="limited")
+        self.witness_files(ctx, BOUNDS["forks"], 8)
+        report = self.report(fsize_mib=8, nofile=60)
+        assert verdict_of(ctx, report, FAILED_CONTROL) is Verdict.INCONCLUSIVE
+
+    def test_control_leg_short_of_bound_is_inconclusive(self, tmp_path: Path) -> None:
+        """Unconfined loops that stop before their bound cannot show an unenforced limit."""
+        ctx = make_ctx(tmp_path, "resource_limits", OPEN, "none")
+        self.witness_files(ctx, BOUNDS["forks"], 32)
+        report = self.report(nofile=10)
+        assert verdict_of(ctx, report, OK_CONTROL) is Verdict.INCONCLUSIVE
