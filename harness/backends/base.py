@@ -54,10 +54,17 @@ class DeclaredPolicy:
     network: NetworkMode
     filesystem: FilesystemMode
     ipc: IpcMode
+    # Resource limits the backend applies, as (name, value) pairs: "fsize_mib", "nofile",
+    # "forks", "memory_mib". Empty: the backend claims none (resource_limits is INCONCLUSIVE).
+    limits: tuple[tuple[str, int], ...] = ()
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
         """The policy as plain JSON data for evidence and identity digests."""
-        return {"network": self.network, "filesystem": self.filesystem, "ipc": self.ipc}
+        data: dict[str, Any] = {"network": self.network, "filesystem": self.filesystem,
+                                "ipc": self.ipc}
+        if self.limits:
+            data["limits"] = dict(self.limits)
+        return data
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ tmpfs; the network namespace is empty and the proxy's unix socket is the one way
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -30,8 +32,14 @@ from harness.backends.base import (
 )
 from harness.backends.none import platform_string
 from harness.backends.process import run_process
+from harness.backends.seccomp import build_filter, denied_names
+from harness.errors import BackendUnavailable
 
-POLICY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+# The rlimits every sandboxed process inherits (applied with prlimit around bwrap, which has no
+# rlimit flag of its own). Sized so the probes' own work fits: no payload writes a file over a
+# few MiB or holds more than a few dozen descriptors.
+LIMITS: Final = (("fsize_mib", 16), ("nofile", 256))
+POLICY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated", limits=LIMITS)
 
 # Inside the sandbox the proxy socket and the shim always sit here, so the argv (and its
 # digest) does not depend on where this run's scratch directory happens to be.
@@ -63,6 +71,10 @@ WEAKENINGS: Final = frozenset({
     "no-die-with-parent",  # the sandbox may outlive the harness
     "pass-env",  # the harness's whole environment passed in, not the declared one
     "leak-fd",  # a host file descriptor left open into the sandbox
+    "keep-caps",  # no --cap-drop ALL: the sandbox's root keeps its (namespaced) capabilities
+    "no-seccomp",  # no syscall filter: io_uring, keyrings, bpf, TIOCSTI, vsock reach the kernel
+    "allow-userns",  # no --disable-userns: nested user namespaces (and their mounts) allowed
+    "no-limits",  # the rlimits are still declared but not applied
 })
 # The host file a "leak-fd" weakening leaves open in the sandbox (any readable host file works;
 # the probe looks for descriptors beyond 0-2, not for this file's contents).
@@ -74,6 +86,25 @@ USERNS_FIX: Final = (
     "(Debian), sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 (Ubuntu 24.04+), "
     "and make sure user.max_user_namespaces is not 0"
 )
+
+
+@contextlib.contextmanager
+def _program_pipe(program: bytes) -> Iterator[int]:
+    """A pipe whose read end holds `program`, for `bwrap --seccomp FD`.
+
+    The program is a few hundred bytes, far below a pipe's buffer, so writing it whole before
+    bwrap starts cannot block.
+    """
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, program)
+        os.close(write_fd)
+        write_fd = -1
+        yield read_fd
+    finally:
+        if write_fd != -1:
+            os.close(write_fd)
+        os.close(read_fd)
 
 
 def shim_path() -> Path:
@@ -128,14 +159,22 @@ class BubblewrapBackend:
         exe = shutil.which(self.bwrap)
         if exe is None:
             return Availability(False, f"bwrap not found on PATH; {INSTALL_FIX}", None)
+        if self.limit_args() and shutil.which("prlimit") is None:
+            return Availability(False, "prlimit not found on PATH (it applies the declared "
+                                "rlimits); install util-linux", None)
+        try:
+            build_filter()
+        except BackendUnavailable as exc:
+            return Availability(False, exc.diagnostics(), None)
         try:
             version = subprocess.run(
                 [exe, "--version"], capture_output=True, text=True, timeout=10, check=False
             ).stdout.strip()
             true_exe = shutil.which("true") or "/usr/bin/true"
             trial = subprocess.run(
-                [exe, "--unshare-all", "--die-with-parent", *system_root_args(),
-                 "--proc", "/proc", "--dev", "/dev", true_exe],
+                [exe, "--unshare-all", "--unshare-user", "--die-with-parent",
+                 *([] if "allow-userns" in self.weaken else ["--disable-userns"]),
+                 *system_root_args(), "--proc", "/proc", "--dev", "/dev", true_exe],
                 capture_output=True, text=True, timeout=20, check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -156,6 +195,7 @@ class BubblewrapBackend:
                 "argv_template": self.argv_template(),
                 "weakened": sorted(self.weaken),
                 "egress": self.egress_mode,
+                "seccomp_denies": [] if "no-seccomp" in self.weaken else denied_names(),
             },
         )
         return Availability(True, "", identity)
@@ -168,7 +208,11 @@ class BubblewrapBackend:
         if "no-die-with-parent" not in self.weaken:
             args.append("--die-with-parent")
         args += ["--new-session", "--unshare-user", "--unshare-uts", "--unshare-cgroup-try",
-                 "--hostname", "sandbox-attest", "--cap-drop", "ALL"]
+                 "--hostname", "sandbox-attest"]
+        if "keep-caps" not in self.weaken:
+            args += ["--cap-drop", "ALL"]
+        if "allow-userns" not in self.weaken:
+            args.append("--disable-userns")
         if "share-pid" not in self.weaken:
             args.append("--unshare-pid")
         if "share-net" not in self.weaken:
@@ -183,9 +227,26 @@ class BubblewrapBackend:
             return ["--bind", "/", "/"]
         return system_root_args()
 
-    def build_argv(self, request: ProbeRequest) -> list[str]:
-        """The exact host command line for one request (deterministic for its inputs)."""
-        argv = [self.bwrap, *self.namespace_args(), *self.mount_args()]
+    def limit_args(self) -> list[str]:
+        """The prlimit prefix that applies the declared rlimits (absent when weakened)."""
+        if "no-limits" in self.weaken:
+            return []
+        limits = dict(LIMITS)
+        return ["prlimit", f"--fsize={limits['fsize_mib'] * 1024 * 1024}",
+                f"--nofile={limits['nofile']}", "--"]
+
+    def build_argv(self, request: ProbeRequest, seccomp_fd: int | str | None = None) -> list[str]:
+        """The exact host command line for one request (deterministic for its inputs).
+
+        Args:
+            request: the probe to run.
+            seccomp_fd: the descriptor bwrap reads the filter program from (see `run`);
+                None leaves the filter out (only the "no-seccomp" weakening does).
+        """
+        argv = [*self.limit_args(), self.bwrap, *self.namespace_args()]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        argv += self.mount_args()
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
         for path in request.read_only:
             argv += ["--ro-bind", str(path), str(path)]
@@ -218,18 +279,24 @@ class BubblewrapBackend:
             cell_dir=Path("{cell_dir}"),
         )
         shim = str(shim_path())  # install location must not change the digest
-        return ["{shim}" if arg == shim else arg for arg in self.build_argv(placeholder)]
+        fd = None if "no-seccomp" in self.weaken else "{seccomp_fd}"
+        return ["{shim}" if arg == shim else arg for arg in self.build_argv(placeholder, fd)]
 
     # -- run ---------------------------------------------------------------------------
 
     def run(self, request: ProbeRequest) -> ProbeRun:
         """Run the payload under bwrap; a timeout kills bwrap's group (and so the sandbox)."""
-        argv = self.build_argv(request)
         env = dict(request.env)
         if "pass-env" in self.weaken:
             env = {**os.environ, **env}
-        if "leak-fd" not in self.weaken:
-            return run_process(request.cell_id, argv, env, request.workspace, request.timeout)
-        with Path(LEAKED_FILE).open("rb") as leaked:
+        with contextlib.ExitStack() as stack:
+            pass_fds: list[int] = []
+            seccomp_fd = None
+            if "no-seccomp" not in self.weaken:
+                seccomp_fd = stack.enter_context(_program_pipe(build_filter()))
+                pass_fds.append(seccomp_fd)
+            if "leak-fd" in self.weaken:
+                pass_fds.append(stack.enter_context(Path(LEAKED_FILE).open("rb")).fileno())
+            argv = self.build_argv(request, seccomp_fd)
             return run_process(request.cell_id, argv, env, request.workspace, request.timeout,
-                               pass_fds=(leaked.fileno(),))
+                               pass_fds=tuple(pass_fds))

@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BOUNDS",
-    "DECLARED_LIMITS",
     "LINUX_ONLY_REASON",
     "SPECS",
     "ProcNamespaceEscape",
@@ -595,18 +594,9 @@ class ResourceLimits:
 # shared machine. A declared limit at or above its bound cannot be tested (reported, not judged).
 BOUNDS: Final = {"forks": 64, "memory_mib": 256, "fsize_mib": 32, "nofile": 512}
 
-# What each backend declares. bubblewrap sets no limits as configured (it has no flag for
-# rlimits or cgroups), so its cell is INCONCLUSIVE until the backend declares and applies some;
-# docker's pids limit is its own (harness.backends.docker.PIDS_LIMIT) and above the fork bound.
-DECLARED_LIMITS: dict[str, ResourceLimits] = {
-    "none": ResourceLimits(),
-    "bubblewrap": ResourceLimits(),
-}
-
-
-def declared_limits(backend: str) -> ResourceLimits:
-    """The limits `backend` declares (none when it declares nothing)."""
-    return DECLARED_LIMITS.get(backend, ResourceLimits())
+def declared_limits(policy: DeclaredPolicy) -> ResourceLimits:
+    """The limits a backend's declared policy claims (none when it claims nothing)."""
+    return ResourceLimits(**dict(policy.limits))
 
 
 class ResourceLimitsSpec(_Spec):
@@ -637,7 +627,7 @@ class ResourceLimitsSpec(_Spec):
         """The bounds, the backend's declared limits, and where the witnesses go."""
         return {
             "bounds": dict(BOUNDS),
-            "declared": declared_limits(ctx.backend).claims(),
+            "declared": declared_limits(ctx.policy).claims(),
             "fork_dir": self.fork_dir(ctx),
             "fsize_file": self.fsize_file(ctx),
         }
@@ -698,7 +688,7 @@ class ResourceLimitsSpec(_Spec):
         disagree = any(k.endswith("_payload") for k in reached)
         if disagree:
             reasons.append("the payload's counts differ from what the host found")
-        declared = declared_limits(ctx.backend).claims()
+        declared = declared_limits(ctx.policy).claims()
         testable = {k: v for k, v in declared.items() if v < BOUNDS[k]}
         escape: Escape
         if any(a.get("outcome") == "error" for a in escapes) or len(escapes) != len(BOUNDS):

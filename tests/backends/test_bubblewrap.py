@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.backends import bubblewrap as bw
-from harness.backends.base import SHIM_PORT, START_MARKER, EgressRoute, ProbeRequest
+from harness.backends.base import SHIM_PORT, EgressRoute, ProbeRequest
+from harness.errors import BackendUnavailable
 from harness.runner import interpreter_paths, payload_env
 
 pytestmark = pytest.mark.needs_bwrap
@@ -240,3 +242,40 @@ class TestLive:
                       for ln in Path("/proc/net/dev").read_text().splitlines()[2:])
         assert len(host) > 1
         assert facts_of(run.stdout)["netdevs"] == host
+
+
+class TestHardening:
+    def test_filter_program_is_well_formed(self) -> None:
+        """The seccomp program is whole instructions, allows by default and denies with EPERM."""
+        from harness.backends import seccomp  # noqa: PLC0415
+
+        program = seccomp.build_filter("x86_64")
+        assert len(program) % 8 == 0
+        assert 8 < len(program) // 8 < 64  # short enough for a reviewer and for u8 jumps
+        last_code, _, _, last_k = struct.unpack("=HBBI", program[-8:])
+        assert (last_code, last_k) == (seccomp.BPF_RET_K, seccomp.SECCOMP_RET_ERRNO | 1)
+        assert seccomp.build_filter("aarch64") != program
+
+    def test_unknown_architecture_is_unavailable(self) -> None:
+        """No syscall table means no filter, and the backend must not run without it."""
+        from harness.backends import seccomp  # noqa: PLC0415
+
+        with pytest.raises(BackendUnavailable, match="no seccomp syscall table"):
+            seccomp.build_filter("sparc64")
+
+    def test_argv_carries_filter_userns_and_limits(self, tmp_path: Path, payload: Path) -> None:
+        """--seccomp FD, --disable-userns and the prlimit prefix are all in the argv."""
+        backend = bw.BubblewrapBackend()
+        argv = backend.build_argv(make_request(tmp_path, payload), seccomp_fd=7)
+        assert argv[: argv.index("--") + 1] == ["prlimit", f"--fsize={16 * 1024 * 1024}",
+                                                "--nofile=256", "--"]
+        assert argv[argv.index("--seccomp") + 1] == "7"
+        assert "--disable-userns" in argv
+        assert "--seccomp" not in bw.BubblewrapBackend(
+            weaken=frozenset({"no-seccomp"})).argv_template()
+
+    def test_declared_limits_are_in_the_identity(self) -> None:
+        """The policy a verdict judges against names the limits the argv applies."""
+        identity = bw.BubblewrapBackend().availability().identity
+        assert identity is not None
+        assert identity.policy.as_dict()["limits"] == {"fsize_mib": 16, "nofile": 256}

@@ -122,8 +122,10 @@ def test_control_leg_passes(cells: dict[str, CellResult], probe: str) -> None:
     """Unconfined, each probe's escape or capability is seen by the host: PASS."""
     cell = cells[probe]
     assert cell.decision.verdict is Verdict.PASS, (cell.decision, cell.report, cell.control)
-    # net_denied_host is denied on every leg (the proxy is every leg's route): refused here too.
-    assert cell.assessment.escape == ("refused" if probe == "net_denied_host" else "escaped")
+    # Probes through the proxy (net_denied_host and its kin) are denied on every leg, the proxy
+    # being every leg's route: refused here too. Every other escape is seen on the open leg.
+    expected = PROBES[probe].expectation(OPEN)
+    assert cell.assessment.escape == ("refused" if expected == "denied" else "escaped")
     assert cell.assessment.controls_ok
     assert cell.control["ok"], cell.control
 

@@ -41,41 +41,9 @@ CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated
 OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
 FAILED_CONTROL: dict[str, Any] = {"ok": False, "nonce": "hcontrol", "checks": []}
 
-pytestmark = pytest.mark.skipif(
-    not BubblewrapBackend().availability().ok, reason="bubblewrap cannot run here"
-)
-
-
-class _Without(BubblewrapBackend):
-    """bubblewrap with one namespace flag group removed (a test-only hole)."""
-
-    def __init__(self, *drop: str) -> None:
-        super().__init__()
-        self.drop = drop
-
-    def namespace_args(self) -> list[str]:
-        """The shipped flags minus `drop` (and the argument that follows --cap-drop)."""
-        args = super().namespace_args()
-        if "--cap-drop" in self.drop:
-            i = args.index("--cap-drop")
-            del args[i : i + 2]
-        return [a for a in args if a not in self.drop]
-
-
-class _Limited(BubblewrapBackend):
-    """bubblewrap under prlimit: the limits the test declares for it are really applied."""
-
-    def build_argv(self, request: ProbeRequest) -> list[str]:
-        """Wrap bwrap in prlimit; every process inside inherits the rlimits."""
-        return [
-            "prlimit",
-            "--nofile=64",
-            f"--fsize={8 * 1024 * 1024}",
-            *super().build_argv(request),
-        ]
-
-
-LIMITS = ResourceLimits(fsize_mib=8, nofile=64)
+# The limits of the unit tables: a confining policy that declares fsize and nofile caps.
+LIMITED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated",
+                         limits=(("fsize_mib", 8), ("nofile", 64)))
 
 
 @dataclass
@@ -106,13 +74,18 @@ def world() -> Iterator[World]:
 @pytest.fixture(scope="module")
 def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """The runner, with the control leg already run for every proc probe."""
+    # Each weakened variant removes exactly one protection of the shipped configuration.
     backends: dict[str, Backend] = {
         "none": NoneBackend(),
         "bubblewrap": BubblewrapBackend(),
-        "keep-caps": _Without("--cap-drop"),
-        "share-pid": _Without("--unshare-pid"),
-        "limited": _Limited(),
-        "unenforced": BubblewrapBackend(),
+        "keep-caps": BubblewrapBackend(weaken=frozenset({"keep-caps"})),
+        # Capabilities alone no longer reach the host: --disable-userns nests the payload one
+        # user namespace below the mounts' owner, which locks them. Both holes are needed.
+        "keep-caps+userns": BubblewrapBackend(weaken=frozenset({"keep-caps", "allow-userns"})),
+        "share-pid": BubblewrapBackend(weaken=frozenset({"share-pid"})),
+        "no-seccomp": BubblewrapBackend(weaken=frozenset({"no-seccomp"})),
+        "allow-userns": BubblewrapBackend(weaken=frozenset({"allow-userns"})),
+        "unenforced": BubblewrapBackend(weaken=frozenset({"no-limits"})),
     }
     runner = CellRunner(
         world=world,
@@ -121,14 +94,10 @@ def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
         availability={name: b.availability() for name, b in backends.items()},
         platform="linux",
     )
-    saved = dict(proc_module.DECLARED_LIMITS)
-    proc_module.DECLARED_LIMITS.update(limited=LIMITS, unenforced=LIMITS)
     state = Live(runner)
     for probe in PROC_PROBES:
         state.run("none", probe)
     yield state
-    proc_module.DECLARED_LIMITS.clear()
-    proc_module.DECLARED_LIMITS.update(saved)
 
 
 def why(entry: dict[str, Any]) -> str:
@@ -144,63 +113,49 @@ class TestLive:
         assert entry["verdict"] == "PASS", why(entry)
         assert entry["escape"] == "escaped"
 
-    @pytest.mark.parametrize(
-        "probe", ["proc_visibility", "proc_privileges", "proc_namespace_escape"]
-    )
-    def test_bubblewrap_refuses(self, live: Live, probe: str) -> None:
-        """Under the shipped bubblewrap the escape is refused and every control worked."""
+    @pytest.mark.parametrize("probe", PROC_PROBES)
+    def test_bubblewrap_passes(self, live: Live, probe: str) -> None:
+        """Under the shipped bubblewrap every proc probe PASSes with its controls working."""
         entry = live.run("bubblewrap", probe)
         assert entry["verdict"] == "PASS", why(entry)
-        assert entry["escape"] == "refused"
 
-    def test_bubblewrap_has_no_seccomp_filter(self, live: Live) -> None:
-        """Finding: shipped bubblewrap has no seccomp filter, so the surface probe FAILs.
-
-        keyctl, io_uring_setup and TIOCSTI reach their kernel handlers (reported, not weakened).
-        """
+    def test_seccomp_filter_refuses_the_surface(self, live: Live) -> None:
+        """The filter answers EPERM where the host baseline reaches the kernel handler."""
         entry = live.run("bubblewrap", "proc_syscall_surface")
-        assert entry["verdict"] == "FAIL", why(entry)
-        reached = {a["what"] for a in entry["attempts"] if a["outcome"] == "succeeded"}
-        assert {"keyctl", "io_uring_setup", "ioctl-tiocsti"} <= reached
-        assert entry["probe_facts"]["seccomp"] == "0"
+        by_what = {a["what"]: a for a in entry["attempts"]}
+        for call in ("keyctl", "io_uring_setup", "ioctl-tiocsti"):
+            assert by_what[call]["errno"] == "EPERM", by_what[call]
+        assert entry["probe_facts"]["seccomp"] == "2"  # SECCOMP_MODE_FILTER
 
-    def test_bubblewrap_nested_userns_is_reported_as_exposure(self, live: Live) -> None:
-        """A nested user namespace works inside bubblewrap; its remount is refused.
-
-        The remount of the read-only bind fails with EPERM: exposure in the reason, no escape.
-        """
+    def test_nested_user_namespaces_are_disabled(self, live: Live) -> None:
+        """--disable-userns: the payload cannot create a user namespace of its own."""
         entry = live.run("bubblewrap", "proc_namespace_escape")
         by_what = {a["what"]: a for a in entry["attempts"]}
-        assert by_what["remount-rw:userns"]["errno"] == "EPERM"
-        assert by_what["inner:unshare-mnt"]["errno"] == "EPERM"
-        assert "exposure, not an escape" in entry["reason"]
+        userns = [a for w, a in by_what.items() if "userns" in w]
+        assert userns
+        assert all(a["outcome"] != "succeeded" for a in userns), userns
 
-    def test_bubblewrap_without_declared_limits_is_inconclusive(self, live: Live) -> None:
-        """The shipped bubblewrap declares no resource limit, so nothing can PASS it."""
+    def test_declared_limits_are_applied(self, live: Live) -> None:
+        """bubblewrap holds the fsize and nofile limits it declares (prlimit around bwrap)."""
         entry = live.run("bubblewrap", "resource_limits")
-        assert entry["verdict"] == "INCONCLUSIVE", why(entry)
-        assert "declares no limit" in entry["reason"]
-
-    def test_declared_and_applied_limits_pass(self, live: Live) -> None:
-        """The prlimit-wrapped bubblewrap holds the fsize and nofile limits it declares."""
-        entry = live.run("limited", "resource_limits")
         assert entry["verdict"] == "PASS", why(entry)
         loops = {a["what"]: a for a in entry["attempts"] if a["role"] == "escape"}
         assert loops["fsize"]["errno"] == "EFBIG"
         assert loops["nofile"]["errno"] == "EMFILE"
-        assert entry["witness"]["host_counted"]["fsize_mib"] <= 8
+        assert entry["witness"]["host_counted"]["fsize_mib"] <= 16
 
     @pytest.mark.parametrize(
         ("backend", "probe"),
         [
             ("share-pid", "proc_visibility"),
             ("keep-caps", "proc_privileges"),
-            ("keep-caps", "proc_namespace_escape"),
+            ("keep-caps+userns", "proc_namespace_escape"),
+            ("no-seccomp", "proc_syscall_surface"),
             ("unenforced", "resource_limits"),
         ],
     )
     def test_hole_fails_the_matching_probe(self, live: Live, backend: str, probe: str) -> None:
-        """One flag removed (or a limit declared but not applied) FAILs the matching probe."""
+        """One protection removed (or a limit declared, not applied) FAILs the matching probe."""
         entry = live.run(backend, probe)
         assert entry["verdict"] == "FAIL", why(entry)
 
@@ -209,8 +164,14 @@ class TestLive:
 
         The host found the nonce file, so the FAIL rests on a host witness.
         """
-        entry = live.run("keep-caps", "proc_namespace_escape")
+        entry = live.run("keep-caps+userns", "proc_namespace_escape")
         assert entry["witness"]["remount_files"], why(entry)
+
+    def test_keep_caps_alone_is_held_by_the_nested_userns(self, live: Live) -> None:
+        """With only the capabilities kept, the remount of the read-only bind is refused."""
+        entry = live.run("keep-caps", "proc_namespace_escape")
+        assert entry["verdict"] == "PASS", why(entry)
+        assert entry["witness"]["remount_files"] == []
 
     def test_visibility_witnesses_on_the_control_leg(self, live: Live) -> None:
         """Unconfined, the anchor logged the payload's ptrace and the payload echoed its secret."""
@@ -507,20 +468,16 @@ class TestResourceLimitsTable:
         with (ctx.workspace / spec.fsize_file(ctx)).open("wb") as fh:
             fh.truncate(fsize_mib * 1024 * 1024)
 
-    def test_held_limits_pass(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_held_limits_pass(self, tmp_path: Path) -> None:
         """Loops stopped at the declared fsize and nofile limits: PASS."""
-        monkeypatch.setitem(proc_module.DECLARED_LIMITS, "limited", LIMITS)
-        ctx = make_ctx(tmp_path, "resource_limits", backend="limited")
+        ctx = make_ctx(tmp_path, "resource_limits", LIMITED)
         self.witness_files(ctx, BOUNDS["forks"], 8)
         report = self.report(fsize_mib=8, nofile=60)
         assert verdict_of(ctx, report, OK_CONTROL) is Verdict.PASS
 
-    def test_forged_stop_with_grown_file_is_fail(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_forged_stop_with_grown_file_is_fail(self, tmp_path: Path) -> None:
         """The payload claims it stopped at 8 MiB but the host finds 32 MiB: FAIL."""
-        monkeypatch.setitem(proc_module.DECLARED_LIMITS, "limited", LIMITS)
-        ctx = make_ctx(tmp_path, "resource_limits", backend="limited")
+        ctx = make_ctx(tmp_path, "resource_limits", LIMITED)
         self.witness_files(ctx, BOUNDS["forks"], 32)
         report = self.report(fsize_mib=8, nofile=60)
         assert verdict_of(ctx, report, OK_CONTROL) is Verdict.FAIL
@@ -531,12 +488,9 @@ class TestResourceLimitsTable:
         self.witness_files(ctx, BOUNDS["forks"], 32)
         assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.INCONCLUSIVE
 
-    def test_dead_control_is_inconclusive(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_dead_control_is_inconclusive(self, tmp_path: Path) -> None:
         """Held limits with a failed host control prove nothing."""
-        monkeypatch.setitem(proc_module.DECLARED_LIMITS, "limited", LIMITS)
-        ctx = make_ctx(tmp_path, "resource_limits", backend="limited")
+        ctx = make_ctx(tmp_path, "resource_limits", LIMITED)
         self.witness_files(ctx, BOUNDS["forks"], 8)
         report = self.report(fsize_mib=8, nofile=60)
         assert verdict_of(ctx, report, FAILED_CONTROL) is Verdict.INCONCLUSIVE
