@@ -52,6 +52,11 @@ if TYPE_CHECKING:
 # The roles the proxy admits, with exactly their origin ports. `denied` has no rule on purpose:
 # every request to it must end in the proxy's 403.
 _ALLOWED_ROLES = ("allowed", "index", "files")
+# Names below this zone pass the allowlist (on the allowed origin's ports) WITHOUT
+# allow_private, and nothing answers for them until a probe plants an answer with
+# `world.dns.set_answers` (net_private_address plants loopback/link-local/private addresses):
+# the proxy must refuse each one after resolving it and before dialing.
+PRIVATE_NAME_SUFFIX = "private.test"
 _UNIX_PATH_MAX = 103  # sun_path is 104 bytes on macOS, 108 on Linux, NUL included
 
 
@@ -256,13 +261,21 @@ def start_world(run_dir: Path) -> World:
         origins.publish_wheel(wheel)
 
         step = "egress proxy"
-        rules = tuple(
+        rules = (
+            *(
+                Rule(
+                    host=origins.host_info(role).name,
+                    ports=(origins.port(role, "https"), origins.port(role, "http")),
+                    allow_private=True,  # the fixture origins live on loopback
+                )
+                for role in _ALLOWED_ROLES
+            ),
             Rule(
-                host=origins.host_info(role).name,
-                ports=(origins.port(role, "https"), origins.port(role, "http")),
-                allow_private=True,  # the fixture origins live on loopback
-            )
-            for role in _ALLOWED_ROLES
+                host=PRIVATE_NAME_SUFFIX,
+                suffix=True,
+                ports=(origins.port("allowed", "https"), origins.port("allowed", "http")),
+                allow_private=False,  # the point: a non-global answer must be refused
+            ),
         )
         proxy = start_proxy(
             ProxyConfig(

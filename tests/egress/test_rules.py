@@ -166,7 +166,7 @@ class TestAddressAllowed:
             ("127.9.9.9", "loopback"),
             ("::1", "loopback"),
             ("::ffff:127.0.0.1", "loopback"),
-            ("169.254.169.254", "link-local"),
+            ("169.254.7.7", "link-local"),
             ("fe80::1", "link-local"),
             ("10.1.2.3", "private"),
             ("192.168.1.1", "private"),
