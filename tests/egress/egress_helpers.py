@@ -151,6 +151,11 @@ class Origin:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         length = int(headers.get("content-length", "0"))
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            # Read the whole chunked body before answering, as a real origin does: answering
+            # early lets the proxy close the upstream mid-body, and the body's arrival would
+            # then depend on thread timing.
+            length, rest = _chunked_length(conn, rest)
         while len(rest) < length:
             chunk = conn.recv(65536)
             if not chunk:
@@ -177,6 +182,44 @@ class Origin:
             while chunk := conn.recv(65536):
                 extra += chunk
         self.trailing.append(extra)
+
+
+def _recv_at_least(conn: socket.socket, data: bytes, size: int) -> bytes:
+    """`data` plus what `conn` sends until at least `size` bytes are held.
+
+    Raises:
+        OSError: the peer closed first (a truncated body).
+    """
+    while len(data) < size:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise OSError("peer closed inside a chunked body")
+        data += chunk
+    return data
+
+
+def _chunked_length(conn: socket.socket, data: bytes) -> tuple[int, bytes]:
+    """Length of the complete chunked body at the start of `data`, reading more as needed.
+
+    Returns the offset just past the trailers' empty line (bytes after it are not the body)
+    and the data read so far, which holds at least that many bytes.
+    """
+    pos = 0
+    while True:
+        while (end := data.find(b"\r\n", pos)) == -1:
+            data = _recv_at_least(conn, data, len(data) + 1)
+        size = int(data[pos:end].split(b";", 1)[0].strip(), 16)
+        pos = end + 2
+        if size == 0:
+            while True:  # trailers, up to the empty line
+                while (end := data.find(b"\r\n", pos)) == -1:
+                    data = _recv_at_least(conn, data, len(data) + 1)
+                line_empty = end == pos
+                pos = end + 2
+                if line_empty:
+                    return pos, data
+        pos += size + 2
+        data = _recv_at_least(conn, data, pos)
 
 
 def auth_header(secret: str, user: str = PROXY_USER) -> str:
