@@ -9,6 +9,7 @@ SIGKILL of the group and record the timeout ourselves.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -22,6 +23,8 @@ from harness.backends.base import START_MARKER, ProbeRun
 # A probe prints two short lines. Anything beyond this is noise or an attack on the
 # harness's memory; keep the head (where the marker and the JSON line are) and say so.
 MAX_CAPTURE_BYTES = 4 * 1024 * 1024
+# How long output may keep arriving after the group is gone (buffered tail of a dead writer).
+PIPE_GRACE_S = 2.0
 # Lines a helper (the shim) writes to stderr carry this prefix; they are surfaced apart.
 HELPER_PREFIXES = ("shim: ",)
 
@@ -34,12 +37,21 @@ class Capture:
     truncated: bool
 
 
-def _drain(stream: IO[bytes], sink: list[Capture]) -> None:
+def _drain(stream: IO[bytes], sink: list[Capture], stop: threading.Event) -> None:
+    """Read `stream` to EOF (capped), or until `stop` is set.
+
+    A process that left the group (setsid) can keep the write end open forever, so a blocking
+    read might never return; polling with a short timeout lets the caller end the capture.
+    """
+    fd = stream.fileno()
     chunks: list[bytes] = []
     size = 0
     truncated = False
-    while True:
-        chunk = stream.read(65536)
+    while not stop.is_set():
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
         if not chunk:
             break
         if size < MAX_CAPTURE_BYTES:
@@ -120,9 +132,10 @@ def run_process(
     assert proc.stderr is not None  # noqa: S101
     out: list[Capture] = []
     err: list[Capture] = []
+    stop = threading.Event()
     readers = [
-        threading.Thread(target=_drain, args=(proc.stdout, out), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True),
+        threading.Thread(target=_drain, args=(proc.stdout, out, stop), daemon=True),
+        threading.Thread(target=_drain, args=(proc.stderr, err, stop), daemon=True),
     ]
     for reader in readers:
         reader.start()
@@ -137,16 +150,30 @@ def run_process(
         # Ctrl-C) interrupting the wait must not leave the sandbox running.
         kill_group(proc.pid)
         proc.wait()
+    held_open = False
+    grace_end = time.monotonic() + PIPE_GRACE_S
     for reader in readers:
-        reader.join(timeout=5)
+        reader.join(timeout=max(0.0, grace_end - time.monotonic()))
+    if any(reader.is_alive() for reader in readers):
+        # Something outside the killed group still holds our pipes: stop capturing, and say so.
+        held_open = True
+        stop.set()
+        for reader in readers:
+            reader.join()
     proc.stdout.close()
     proc.stderr.close()
     duration = time.monotonic() - start
     stdout = out[0] if out else Capture(b"", False)
     stderr = err[0] if err else Capture(b"", False)
-    return finish_run(
+    run = finish_run(
         cell_id, argv, proc.returncode, stdout, stderr, timed_out=timed_out, duration=duration
     )
+    if held_open:
+        run.notes.append(
+            f"output pipes still held open {PIPE_GRACE_S:.0f}s after the process group was "
+            "killed: a process outside the group (setsid?) survived the run"
+        )
+    return run
 
 
 def finish_run(
