@@ -32,6 +32,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         f"--harness-report-dir={out}",
         f"--harness-policy={policy}",
     ]
+    pytest_args += [f"--backend-spec={Path(spec).resolve()}" for spec in args.backend_spec]
     for name in args.backend:
         pytest_args.append(f"--sandbox-backend={name}")
         if args.require_backend:
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the probe matrix and write a signed report")
     run.add_argument("--backend", action="append", default=[], metavar="NAME",
                      help="backend to attest (repeatable); default: all of this platform")
+    run.add_argument("--backend-spec", action="append", default=[], metavar="FILE",
+                     help="command-wrapper spec TOML to attest too (repeatable); a name X "
+                     "given to --backend finds matrix/backends/X.toml by itself")
     run.add_argument("--require-backend", action="store_true",
                      help="an unavailable --backend fails the run instead of being skipped")
     run.add_argument("--out", help=HELP_OUT)

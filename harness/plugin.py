@@ -18,6 +18,7 @@ from harness.verdict import Verdict
 
 if TYPE_CHECKING:
     from harness.matrix import Cell
+
     # The session pulls in the world, the backends and the catalog; the plugin is loaded into
     # every pytest run (the self-tests too), so it imports them only when a matrix is collected.
     from harness.session import RunSession
@@ -28,6 +29,7 @@ HELP_REPORT_DIR = "directory for evidence.json, the attestation and the HTML rep
 HELP_POLICY = "release policy TOML (default: matrix/policy.toml)"
 HELP_KEY = "Ed25519 private key (PEM) to sign the attestation with"
 HELP_JOBS = "cells to run at once in a pool (control leg first, then the rest)"
+HELP_SPEC = "command-wrapper backend spec TOML to attest as well (repeatable)"
 
 SESSION_KEY = pytest.StashKey["RunSession"]()
 MATRIX_FILE_NAME = "matrix.toml"
@@ -51,6 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-policy", default=None, help=HELP_POLICY)
     group.addoption("--harness-key", default=None, help=HELP_KEY)
     group.addoption("--harness-jobs", type=int, default=1, help=HELP_JOBS)
+    group.addoption("--backend-spec", action="append", default=[], metavar="FILE",
+                    help=HELP_SPEC)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,7 +73,7 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
     if SESSION_KEY not in config.stash:
         from harness.matrix import current_platform, load_matrix  # noqa: PLC0415
         from harness.paths import matrix_dir  # noqa: PLC0415
-        from harness.session import RunSession  # noqa: PLC0415
+        from harness.session import RunSession, with_spec_backends  # noqa: PLC0415
 
         matrix = load_matrix(matrix_path)
 
@@ -77,6 +81,7 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
         chosen = config.getoption("--sandbox-backend") or [
             row.name for row in matrix.backends if platform in row.platforms
         ]
+        matrix, chosen = with_spec_backends(matrix, chosen, config.getoption("--backend-spec"))
         report_dir = config.getoption("--harness-report-dir")
         policy = config.getoption("--harness-policy")
         key = config.getoption("--harness-key")

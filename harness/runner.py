@@ -222,6 +222,9 @@ class CellRunner:
                 "cell_id": cell.cell_id,
                 "workspace": str(workspace),
                 "proxy_url": proxy_url,
+                # "literal": dial 127.0.0.1:PORT, verify TLS for the name (wrappers whose own
+                # proxy refuses names that resolve to loopback); see probes/README.md.
+                "address_by": getattr(backend, "address_by", "name"),
                 "ca_bundle": info.ca_bundle,
                 "world": info.for_probe(),
                 "targets": targets,

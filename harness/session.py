@@ -8,6 +8,7 @@ its evidence, and what gets signed and rendered once the cells are done.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
@@ -23,7 +24,7 @@ from harness.backends import Backend, create_backend
 from harness.backends.base import Availability
 from harness.errors import HarnessError
 from harness.evidence import EvidenceWriter
-from harness.matrix import Cell, Matrix, current_platform
+from harness.matrix import BackendRow, Cell, Matrix, current_platform
 from harness.runner import CellRunner
 from harness.verdict import Verdict
 from harness.world import World, start_world
@@ -32,6 +33,37 @@ from harness.world import World, start_world
 def new_run_id() -> str:
     """A sortable, unique run id: UTC time plus a random suffix."""
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
+
+
+def with_spec_backends(
+    matrix: Matrix, chosen: list[str], spec_files: list[str]
+) -> tuple[Matrix, list[str]]:
+    """Add command-wrapper specs to the matrix and to the chosen backends.
+
+    A spec comes from `--backend-spec FILE`, or from a chosen name without a matrix row that
+    names `matrix/backends/<name>.toml`. Each gets a row for the platforms it declares.
+
+    Returns:
+        The matrix with the specs' rows, and the chosen names with the specs' names added.
+    """
+    from harness.backends import register_spec  # noqa: PLC0415
+    from harness.backends.command import resolve_spec  # noqa: PLC0415
+    from harness.backends.spec import load_spec  # noqa: PLC0415
+
+    known = {row.name for row in matrix.backends}
+    files = [*spec_files, *(str(path) for name in chosen if name not in known
+                            and (path := resolve_spec(name)) is not None)]
+    rows = list(matrix.backends)
+    names: list[str] = []
+    for spec_file in files:
+        spec = load_spec(Path(spec_file))
+        register_spec(Path(spec_file))
+        names.append(spec.name)
+        if all(row.name != spec.name for row in rows):
+            reason = f"{spec.name} ({spec_file}) is declared for {', '.join(spec.platforms)}"
+            rows.append(BackendRow(spec.name, spec.platforms, reason))
+    matrix = dataclasses.replace(matrix, backends=tuple(rows))
+    return matrix, [*chosen, *(n for n in names if n not in chosen)]
 
 
 def required_cells(policy_path: Path, platform: str) -> set[str]:

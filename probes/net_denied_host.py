@@ -14,6 +14,7 @@ import base64
 import errno
 import http.client
 import json
+import os
 import socket
 import ssl
 import sys
@@ -22,6 +23,36 @@ from urllib.parse import unquote, urlsplit
 PROBE = "net_denied_host"
 START_MARKER = "SANDBOX-ATTEST-START"
 TIMEOUT = 8.0
+
+
+# Probe contract additions (probes/README.md): "from-env" takes the proxy from the payload's own
+# environment (a wrapper that brings its own proxy sets it), "literal" dials 127.0.0.1:PORT.
+PROXY_FROM_ENV = "from-env"
+PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
+
+
+def task_proxy(task):
+    """The proxy URL to use: the task's, or for "from-env" HTTPS_PROXY/HTTP_PROXY (any case).
+
+    NO_PROXY is ignored on purpose: fixture targets are only reachable through the proxy.
+    """
+    url = task.get("proxy_url")
+    if url != PROXY_FROM_ENV:
+        return url
+    for name in PROXY_ENV:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def dial_host(task, name):
+    """What to dial (or CONNECT to) for a fixture name: the name, or its loopback literal."""
+    if task.get("address_by") != "literal":
+        return name
+    for host in (task.get("world") or {}).get("hosts", {}).values():
+        if host.get("name") == name and host.get("address"):
+            return host["address"]
+    return name
 
 
 def attempt(what, role, outcome, err=None, status=None, detail=""):
@@ -79,14 +110,14 @@ def tls_get_ok(sock, host, port, nonce, ca_bundle):
     return resp.status, body
 
 
-def via_connect(what, role, proxy, host, port, nonce, ca_bundle):
+def via_connect(what, role, proxy, host, port, nonce, ca_bundle, dial=None):
     phost, pport, auth = proxy
     try:
         sock = socket.create_connection((phost, pport), timeout=TIMEOUT)
     except OSError as exc:
         return attempt(what, role, "refused", errno_name(exc), None, "proxy unreachable: %r" % exc)
     try:
-        target = "%s:%d" % (host, port)
+        target = "%s:%d" % (dial or host, port)
         headers = {"Host": target, "X-Attest-Nonce": nonce}
         headers.update(auth)
         send_head(sock, "CONNECT %s HTTP/1.1" % target, headers)
@@ -105,6 +136,7 @@ def via_connect(what, role, proxy, host, port, nonce, ca_bundle):
 
 
 def absolute_form(what, proxy, host, port, nonce):
+    # `host` is what goes on the wire: the fixture name, or its literal under "literal".
     phost, pport, auth = proxy
     try:
         sock = socket.create_connection((phost, pport), timeout=TIMEOUT)
@@ -128,19 +160,25 @@ def absolute_form(what, proxy, host, port, nonce):
 def run(task, out):
     nonce = task["nonce"]
     targets = task["targets"]
-    if not task.get("proxy_url"):
-        out["facts"]["proxy"] = "no proxy_url in the task: no route to attempt"
+    proxy_url = task_proxy(task)
+    if not proxy_url:
+        out["facts"]["proxy"] = "no proxy (task proxy_url %r): no route to attempt" % (
+            task.get("proxy_url"),)
         out["attempts"].append(attempt("get-denied-absolute", "escape", "error", None, None,
                                        "no proxy_url"))
         return
-    proxy = proxy_parts(task["proxy_url"])
+    proxy = proxy_parts(proxy_url)
     denied, allowed = targets["denied"], targets["allowed"]
-    out["attempts"].append(absolute_form("get-denied-absolute", proxy, denied["name"],
+    out["facts"]["address_by"] = task.get("address_by", "name")
+    out["attempts"].append(absolute_form("get-denied-absolute", proxy,
+                                         dial_host(task, denied["name"]),
                                          denied["http_port"], nonce))
     out["attempts"].append(via_connect("connect-denied", "escape", proxy, denied["name"],
-                                       denied["https_port"], nonce, task["ca_bundle"]))
+                                       denied["https_port"], nonce, task["ca_bundle"],
+                                       dial_host(task, denied["name"])))
     out["attempts"].append(via_connect("get-allowed", "control", proxy, allowed["name"],
-                                       allowed["https_port"], nonce, task["ca_bundle"]))
+                                       allowed["https_port"], nonce, task["ca_bundle"],
+                                       dial_host(task, allowed["name"])))
 
 
 def main(argv):

@@ -13,6 +13,7 @@ import errno
 import hashlib
 import http.client
 import json
+import os
 import socket
 import ssl
 import sys
@@ -23,6 +24,36 @@ PROBE = "net_transfer_18mib"
 START_MARKER = "SANDBOX-ATTEST-START"
 TIMEOUT = 15.0
 READ_SIZE = 256 * 1024
+
+
+# Probe contract additions (probes/README.md): "from-env" takes the proxy from the payload's own
+# environment (a wrapper that brings its own proxy sets it), "literal" dials 127.0.0.1:PORT.
+PROXY_FROM_ENV = "from-env"
+PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
+
+
+def task_proxy(task):
+    """The proxy URL to use: the task's, or for "from-env" HTTPS_PROXY/HTTP_PROXY (any case).
+
+    NO_PROXY is ignored on purpose: fixture targets are only reachable through the proxy.
+    """
+    url = task.get("proxy_url")
+    if url != PROXY_FROM_ENV:
+        return url
+    for name in PROXY_ENV:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def dial_host(task, name):
+    """What to dial (or CONNECT to) for a fixture name: the name, or its loopback literal."""
+    if task.get("address_by") != "literal":
+        return name
+    for host in (task.get("world") or {}).get("hosts", {}).values():
+        if host.get("name") == name and host.get("address"):
+            return host["address"]
+    return name
 
 
 def attempt(what, role, outcome, err=None, status=None, detail=""):
@@ -38,7 +69,7 @@ def errno_name(exc):
 
 
 def connect_tunnel(proxy_url, host, port, nonce):
-    """Open a CONNECT tunnel; returns (socket, status, deny reason)."""
+    """Open a CONNECT tunnel to `host` (a name or a literal); returns (socket, status, reason)."""
     parts = urlsplit(proxy_url)
     lines = ["CONNECT %s:%d HTTP/1.1" % (host, port), "Host: %s:%d" % (host, port),
              "X-Attest-Nonce: " + nonce]
@@ -65,10 +96,13 @@ def connect_tunnel(proxy_url, host, port, nonce):
 def transfer(task, out):
     nonce = task["nonce"]
     t = task["targets"]
-    if not task.get("proxy_url"):
-        return attempt("blob-https", "capability", "refused", None, None, "no proxy_url: no route")
+    proxy_url = task_proxy(task)
+    if not proxy_url:
+        return attempt("blob-https", "capability", "refused", None, None,
+                       "no proxy (task proxy_url %r): no route" % (task.get("proxy_url"),))
     try:
-        sock, status, reason = connect_tunnel(task["proxy_url"], t["host"], t["port"], nonce)
+        sock, status, reason = connect_tunnel(proxy_url, dial_host(task, t["host"]), t["port"],
+                                              nonce)
     except OSError as exc:
         return attempt("blob-https", "capability", "refused", errno_name(exc), None, repr(exc))
     try:

@@ -23,6 +23,26 @@ START_MARKER = "SANDBOX-ATTEST-START"
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
 
+# Probe contract additions (probes/README.md): "from-env" takes the proxy from the payload's own
+# environment (a wrapper that brings its own proxy sets it), "literal" dials 127.0.0.1:PORT.
+PROXY_FROM_ENV = "from-env"
+PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
+
+
+def task_proxy(task):
+    """The proxy URL to use: the task's, or for "from-env" HTTPS_PROXY/HTTP_PROXY (any case).
+
+    NO_PROXY is ignored on purpose: fixture targets are only reachable through the proxy.
+    """
+    url = task.get("proxy_url")
+    if url != PROXY_FROM_ENV:
+        return url
+    for name in PROXY_ENV:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
 def attempt(what, role, outcome, err=None, status=None, detail=""):
     return {"what": what, "role": role, "outcome": outcome, "errno": err, "status": status,
             "detail": detail}
@@ -36,7 +56,9 @@ def errno_name(exc):
 def pip_env(task):
     env = {k: v for k, v in os.environ.items()
            if not k.upper().startswith("PIP_") and k.upper() not in PROXY_VARS}
-    proxy = task.get("proxy_url") or ""
+    # pip addresses hosts by the index URL's name whatever task["address_by"] says: it must
+    # verify TLS against the name in the URL, so a "literal" wrapper's proxy sees names here.
+    proxy = task_proxy(task) or ""
     for name in ("HTTP_PROXY", "HTTPS_PROXY"):
         env[name] = env[name.lower()] = proxy
     env["NO_PROXY"] = env["no_proxy"] = ""

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from harness.backends.base import (
     SHIM_PORT,
     START_MARKER,
     Availability,
     Backend,
     DeclaredPolicy,
+    EgressMode,
     EgressRoute,
     Identity,
     ProbeRequest,
     ProbeRun,
 )
 from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "SHIM_PORT",
@@ -27,13 +33,31 @@ __all__ = [
     "ProbeRequest",
     "ProbeRun",
     "create_backend",
+    "register_spec",
 ]
+
+# Specs given by path (`--backend-spec FILE`), by the name inside them: the session creates
+# backends by name, so a spec outside matrix/backends/ is registered here first.
+_REGISTERED_SPECS: dict[str, Path] = {}
+
+
+def register_spec(path: Path) -> str:
+    """Load a command-wrapper spec from `path` and make its name creatable; returns the name.
+
+    Raises:
+        ConfigError: the spec is invalid (the message names the file, the key and the fix).
+    """
+    from harness.backends.spec import load_spec  # noqa: PLC0415
+
+    spec = load_spec(path)
+    _REGISTERED_SPECS[spec.name] = path
+    return spec.name
 
 
 class MissingBackend:
     """Stands in for a backend whose code cannot load here; always unavailable, never runs."""
 
-    egress_mode = "shim"
+    egress_mode: EgressMode = "shim"
 
     def __init__(self, name: str, reason: str) -> None:
         """Remember why the backend cannot be created."""
@@ -49,8 +73,11 @@ class MissingBackend:
         raise ConfigError(f"backend {self.name} is unavailable: {self.reason}")
 
 
-def create_backend(name: str) -> Backend:
-    """A backend instance by its matrix name.
+def create_backend(name: str) -> Backend:  # noqa: PLR0911  (one return per backend kind)
+    """A backend instance by its matrix name, or a command-wrapper spec by name or path.
+
+    A name that is not built in resolves to a spec registered with `register_spec`, then to
+    `matrix/backends/<name>.toml`; a path ending in `.toml` loads that spec file.
 
     Import errors (an optional extra not installed) become a MissingBackend whose
     availability names the extra to install, so the run reports UNAVAILABLE instead of
@@ -79,5 +106,13 @@ def create_backend(name: str) -> Backend:
         from harness.backends.appcontainer import AppContainerBackend  # noqa: PLC0415
 
         return AppContainerBackend()
+    # Not a built-in: a command-wrapper spec, registered by path, named in matrix/backends/,
+    # or a path to a spec file.
+    from harness.backends.command import CommandBackend, resolve_spec, specs_dir  # noqa: PLC0415
+
+    spec_path = _REGISTERED_SPECS.get(name) or resolve_spec(name)
+    if spec_path is not None:
+        return CommandBackend.from_path(spec_path)
     raise ConfigError(f"unknown backend {name!r}; known: none, bubblewrap, docker, seatbelt, "
-                      "appcontainer (or a command-wrapper spec with --backend-spec FILE)")
+                      f"appcontainer, or a command-wrapper spec: put {name}.toml in "
+                      f"{specs_dir()} or pass --backend-spec FILE")

@@ -1,0 +1,411 @@
+"""The command-wrapper backend: attest any third-party sandbox CLI described by a spec file.
+
+The spec (see `harness.backends.spec`) says how to find the wrapper, the argv around the
+payload, the files it needs per cell, how egress reaches the fixture world and what it claims
+to enforce. This module turns one `ProbeRequest` into that command line and runs it the way
+real wrappers demand:
+
+* a fresh working directory per cell (some wrappers fail at random when parallel runs share
+  one), holding the files rendered for that cell;
+* the wrapper in its own session, the whole group SIGKILLed at the deadline (some wrappers exit
+  0 on SIGTERM, and a timeout is recorded by us, never inferred from their exit status);
+* after every run, a sweep for anything the run started that is still alive, including
+  children that left the process group with setsid(): every process of the run carries a
+  per-run tag in its environment, and whatever still carries it afterwards is killed and named
+  in the run's notes.
+
+The wrapper's exit status is never the probe's: the runner reads the start marker and the JSON
+line, and a wrapper that refuses to start is an ERROR with its stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import unquote, urlsplit
+
+from harness.backends.base import (
+    SHIM_PORT,
+    Availability,
+    EgressMode,
+    Identity,
+    ProbeRequest,
+    ProbeRun,
+)
+from harness.backends.none import platform_string
+from harness.backends.process import run_process
+from harness.backends.spec import (
+    ALLOWED_ROLES,
+    HOST_ROLES,
+    AddressBy,
+    CommandSpec,
+    RenderContext,
+    SpecEgress,
+    json_list,
+    load_spec,
+    shell_join,
+)
+from harness.errors import BackendError
+from harness.matrix import current_platform
+from harness.paths import matrix_dir
+
+# Every process of one run carries this variable (value: a per-run random tag), so that the
+# sweep after the run finds children that left the wrapper's process group.
+RUN_TAG_VAR: Final = "SANDBOX_ATTEST_RUN_TAG"
+# How long the final sweep keeps killing tagged processes (a forking daemon may respawn).
+SWEEP_SECONDS: Final = 3.0
+DETECT_TIMEOUT_S: Final = 30.0
+EGRESS_MODES: Final[dict[SpecEgress, EgressMode]] = {
+    "harness-unix": "shim",
+    "harness-tcp": "direct-tcp",
+    "own": "own",
+}
+PROXY_VARS: Final = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+
+
+def specs_dir() -> Path:
+    """Where named specs live: `matrix/backends/<name>.toml`."""
+    return matrix_dir() / "backends"
+
+
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Processes whose environment carries `RUN_TAG_VAR=tag` (unreadable ones are skipped)."""
+    needle = f"{RUN_TAG_VAR}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone already, or not ours to read
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _describe(pid: int) -> str:
+    try:
+        cmd = (
+            Path(f"/proc/{pid}/cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")
+            .decode("utf-8", "replace")
+        )
+    except OSError:
+        cmd = "?"
+    return f"{pid} ({cmd.strip()[:120]})"
+
+
+class CommandBackend:
+    """A third-party sandbox CLI driven by a spec file."""
+
+    def __init__(self, spec: CommandSpec) -> None:
+        """Wrap a validated spec (see `from_path`)."""
+        self.spec = spec
+        self.name = spec.name
+        self.egress_mode: EgressMode = EGRESS_MODES[spec.egress]
+        # The runner puts this in the task: "literal" makes payloads dial 127.0.0.1:PORT.
+        self.address_by: AddressBy = spec.address_by
+
+    @classmethod
+    def from_path(cls, path: Path) -> CommandBackend:
+        """Load the spec at `path` (ConfigError naming the file, key and fix if invalid)."""
+        return cls(load_spec(path))
+
+    # -- availability ------------------------------------------------------------------
+
+    def availability(self) -> Availability:
+        """Find the wrapper's executables, run its check, and say who it is."""
+        spec = self.spec
+        fix = spec.install or f"install it, or fix [detect] executables in {spec.source}"
+        here = current_platform()
+        if here not in spec.platforms:
+            return _unavailable(
+                f"{spec.name} is declared for {list(spec.platforms)} "
+                f"in {spec.source}; this machine is {here}",
+            )
+        for exe in spec.executables:
+            if shutil.which(exe) is None:
+                return _unavailable(
+                    f"{exe} not found on PATH (needed by the "
+                    f"{spec.name} spec {spec.source}); {fix}",
+                )
+        version = "unknown"
+        if spec.version_argv:
+            result = self._detect(spec.version_argv)
+            if isinstance(result, subprocess.CompletedProcess):
+                version = _first_line(result.stdout) or _first_line(result.stderr) or version
+        if spec.check_argv:
+            result = self._detect(spec.check_argv)
+            if isinstance(result, str) or result.returncode != 0:
+                said = (
+                    result
+                    if isinstance(result, str)
+                    else (
+                        f"exit {result.returncode}: "
+                        f"{(result.stderr.strip() or result.stdout.strip())[-400:] or 'no output'}"
+                    )
+                )
+                return _unavailable(
+                    f"{spec.name} is installed but cannot confine here: "
+                    f"`{shell_join(list(spec.check_argv))}` failed ({said}); check the "
+                    f"wrapper works on this machine, or fix [detect] check in {spec.source}",
+                )
+        identity = Identity(
+            name=spec.name,
+            version=version,
+            platform=platform_string(),
+            policy=spec.policy,
+            profile={
+                "kind": "command",
+                "spec": json.loads(json.dumps(spec.raw, sort_keys=True, default=str)),
+                "egress": self.egress_mode,
+                "address_by": self.address_by,
+            },
+        )
+        return Availability(ok=True, reason="", identity=identity)
+
+    def _detect(self, argv: tuple[str, ...]) -> subprocess.CompletedProcess[str] | str:
+        try:
+            return subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=DETECT_TIMEOUT_S,
+                check=False,
+                stdin=subprocess.DEVNULL,
+                env=self._base_env(),
+                start_new_session=True,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    # -- rendering ---------------------------------------------------------------------
+
+    def context(self, request: ProbeRequest, run_dir: Path) -> RenderContext:
+        """Every placeholder's value for one cell."""
+        world = request.world
+        if world is None:
+            raise BackendError(
+                f"the {self.name} command backend renders fixture addresses "
+                "and needs ProbeRequest.world; run it through the CellRunner"
+            )
+        proxy = urlsplit(world.proxy.url)
+        scalars: dict[str, str] = {
+            "workspace": str(request.workspace),
+            "run_dir": str(run_dir),
+            "cell_id": request.cell_id,
+            "python": request.argv[0],
+            "probe_argv": shell_join(list(request.argv)),
+            "proxy_url": world.proxy.url,
+            "proxy_host": proxy.hostname or "127.0.0.1",
+            "proxy_port": str(world.proxy.port),
+            "proxy_user": unquote(proxy.username or ""),
+            "proxy_secret": unquote(proxy.password or ""),
+            "proxy_socket": world.proxy.socket,
+            "shim": str(shim_path()),
+            "shim_port": str(SHIM_PORT),
+            "ca_bundle": world.ca_bundle,
+            "dns_host": world.dns.host,
+            "dns_port": str(world.dns.port),
+            "world_dir": world.run_dir,
+        }
+        for role in HOST_ROLES:
+            host = world.hosts[role]
+            scalars |= {
+                f"{role}_host": host.name,
+                f"{role}_ip": host.address,
+                f"{role}_https_port": str(host.https_port),
+                f"{role}_http_port": str(host.http_port),
+            }
+        denied_roles = [r for r in HOST_ROLES if r not in ALLOWED_ROLES]
+        lists: dict[str, list[str]] = {
+            "read_only": [str(p) for p in request.read_only],
+            "allowed_hosts": [world.hosts[r].name for r in ALLOWED_ROLES],
+            "allowed_addresses": _addresses(world.hosts, ALLOWED_ROLES),
+            "denied_hosts": [world.hosts[r].name for r in denied_roles],
+            "denied_addresses": _addresses(world.hosts, denied_roles),
+        }
+        for name, values in lists.items():
+            scalars[f"{name}_json"] = json_list(values)
+            scalars[f"{name}_csv"] = ",".join(values)
+        base = RenderContext(scalars, lists, [])
+        scalars["proxy_socket_inside"] = base.render(
+            self.spec.proxy_socket_inside, f"{self.spec.source}, [run] proxy_socket_inside"
+        )
+        scalars["shim_inside"] = base.render(
+            self.spec.shim_inside, f"{self.spec.source}, [run] shim_inside"
+        )
+        payload = list(request.argv)
+        if self.spec.egress == "harness-unix" and request.egress is not None:
+            # The shim listens before it starts the payload, so the payload never races it; it
+            # runs under the payload's own interpreter, which the wrapper must expose anyway.
+            payload = [
+                payload[0],
+                scalars["shim_inside"],
+                "--unix",
+                scalars["proxy_socket_inside"],
+                "--port",
+                str(SHIM_PORT),
+                "--",
+                *payload,
+            ]
+        scalars["payload_shell"] = shell_join(payload)
+        return RenderContext(scalars, lists, payload)
+
+    def _base_env(self) -> dict[str, str]:
+        env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        for name in self.spec.env_host:
+            if name in os.environ:
+                env[name] = os.environ[name]
+        return env
+
+    def build_env(self, request: ProbeRequest, ctx: RenderContext, tag: str) -> dict[str, str]:
+        """The wrapper's environment: declared names only, never the harness's own."""
+        env = {k: request.env[k] for k in self.spec.env_pass if k in request.env}
+        if self.spec.egress == "harness-tcp":
+            # The route itself: the payload may take its proxy from the environment.
+            env |= {k: request.env[k] for k in PROXY_VARS if k in request.env}
+        for name in self.spec.env_host:
+            if name in os.environ:
+                env[name] = os.environ[name]
+        for name, template in self.spec.env_set.items():
+            env[name] = ctx.render(template, f"{self.spec.source}, [env] set.{name}")
+        env[RUN_TAG_VAR] = tag
+        return env
+
+    def prepare(self, request: ProbeRequest) -> tuple[list[str], dict[str, str], Path, str]:
+        """Make the cell's run dir, render its files; return (argv, env, run_dir, tag)."""
+        run_dir = request.cell_dir / f"run-{self.name}"
+        run_dir.mkdir(parents=True)  # fresh per cell: an existing one is a harness bug
+        ctx = self.context(request, run_dir)
+        for i, entry in enumerate(self.spec.files):
+            where = f"{self.spec.source}, [[file]] #{i + 1}"
+            target = run_dir / ctx.render(entry.path, f"{where}.path")
+            if not target.resolve().is_relative_to(run_dir.resolve()):
+                raise BackendError(f"{where}: path renders to {target}, outside the run dir")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(ctx.render(entry.template, f"{where}.template"), encoding="utf-8")
+            target.chmod(entry.mode)
+        tag = secrets.token_hex(12)
+        return ctx.render_argv(self.spec), self.build_env(request, ctx, tag), run_dir, tag
+
+    # -- run ---------------------------------------------------------------------------
+
+    def run(self, request: ProbeRequest) -> ProbeRun:
+        """Run the payload under the wrapper; kill its group at the deadline, then sweep."""
+        argv, env, run_dir, tag = self.prepare(request)
+        # The watcher must run *during* the run: a leftover that holds our stdout/stderr pipes
+        # open would otherwise keep the output readers (and so the run) from ever finishing.
+        watcher = LeftoverWatcher(tag)
+        watcher.start()
+        try:
+            run = run_process(request.cell_id, argv, env, run_dir, request.timeout)
+        finally:
+            watcher.finish()
+        if watcher.killed:
+            run.notes.append(
+                f"killed {len(watcher.killed)} process(es) the run left behind: "
+                + "; ".join(watcher.killed.values())
+            )
+        if watcher.surviving:
+            run.notes.append("STILL ALIVE after the sweep: " + "; ".join(watcher.surviving))
+        return run
+
+
+class LeftoverWatcher(threading.Thread):
+    """Kills what a run leaves behind as soon as the wrapper itself has exited.
+
+    The wrapper is the only tagged process whose parent is this process (the tag appears at
+    exec, so there is no window where a forked harness child carries it). Once no tagged
+    process is our child, the wrapper is gone (or a zombie awaiting reaping, whose environ
+    reads empty), and everything still tagged is a leftover: killed at once, whatever session
+    or process group it moved to.
+    """
+
+    POLL_S: Final = 0.05
+
+    def __init__(self, tag: str) -> None:
+        """Watch the processes carrying `tag`."""
+        super().__init__(name=f"leftovers-{tag[:6]}", daemon=True)
+        self.tag = tag
+        self.killed: dict[int, str] = {}
+        self.surviving: list[str] = []
+        self._done = threading.Event()
+        self._enabled = Path("/proc/self/stat").exists()  # no procfs (macOS): group kill only
+
+    def run(self) -> None:
+        """Poll until `finish`; kill leftovers whenever the wrapper is no longer running."""
+        while self._enabled and not self._done.wait(self.POLL_S):
+            pids = [p for p in tagged_pids(self.tag) if p != os.getpid()]
+            if pids and not any(_ppid(p) == os.getpid() for p in pids):
+                self._kill(pids)
+
+    def finish(self) -> None:
+        """Stop watching, then sweep until nothing tagged is left (or give up and say so)."""
+        self._done.set()
+        self.join()
+        if not self._enabled:
+            return
+        deadline = time.monotonic() + SWEEP_SECONDS
+        while pids := [p for p in tagged_pids(self.tag) if p != os.getpid()]:
+            if time.monotonic() > deadline:
+                self.surviving = [_describe(p) for p in pids]
+                return
+            self._kill(pids)
+            time.sleep(self.POLL_S)
+
+    def _kill(self, pids: list[int]) -> None:
+        for pid in pids:
+            self.killed.setdefault(pid, _describe(pid))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _unavailable(reason: str) -> Availability:
+    return Availability(ok=False, reason=reason, identity=None)
+
+
+def _addresses(hosts: dict[str, Any], roles: list[str] | tuple[str, ...]) -> list[str]:
+    out = []
+    for role in roles:
+        host = hosts[role]
+        out += [f"{host.address}:{host.https_port}", f"{host.address}:{host.http_port}"]
+    return out
+
+
+def shim_path() -> Path:
+    """The stdlib-only shim that bridges loopback to the proxy socket inside."""
+    return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
+
+
+def resolve_spec(name_or_path: str) -> Path | None:
+    """`X` -> matrix/backends/X.toml if it exists; a path to a .toml file as is."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or os.sep in name_or_path:
+        return candidate
+    named = specs_dir() / f"{name_or_path}.toml"
+    return named if named.is_file() else None

@@ -1,0 +1,470 @@
+"""Command-wrapper backend specs: load, validate and render `matrix/backends/<name>.toml`.
+
+A spec describes a third-party sandbox CLI (firejail, bwrap, a vendor's wrapper) closely
+enough that the harness can attest it without a line of Python: how to find it, the argv to
+wrap around the payload, the files it needs per cell, how egress reaches the fixture world,
+which environment passes in, and the policy it claims. Every mistake is a `ConfigError` that
+names the file, the key and the fix, raised at load time (a spec is rendered once against a
+sample context while loading, so an unknown placeholder never waits for a live run).
+
+Placeholders are `{name}`, lower-case identifiers only, so the braces of a JSON or profile
+template need no escaping; `{{name}}` gives the literal text `{name}`. An argv element that
+is exactly `{payload}` expands to several arguments (the probe argv, wrapped in the shim for
+`harness-unix`); an argv element that is a table
+`{each = "read_only", args = ["--ro-bind", "{item}", "{item}"]}` repeats `args` per item.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Final, Literal, cast, get_args
+
+from harness.backends.base import DeclaredPolicy, FilesystemMode, IpcMode, NetworkMode
+from harness.errors import ConfigError
+
+SpecEgress = Literal["harness-unix", "harness-tcp", "own"]
+AddressBy = Literal["name", "literal"]
+
+PAYLOAD: Final = "{payload}"
+# Lists an argv table can iterate over with `each`.
+LIST_NAMES: Final = (
+    "read_only",
+    "allowed_hosts",
+    "allowed_addresses",
+    "denied_hosts",
+    "denied_addresses",
+)
+# Scalar placeholders and what they hold (the README's table is written from this).
+SCALARS: Final[dict[str, str]] = {
+    "workspace": "the cell's workspace, the only writable grant",
+    "run_dir": "a fresh per-cell directory: the wrapper's cwd, rendered files live here",
+    "cell_id": "`<backend>-<probe>`",
+    "python": "the payload's interpreter (first element of the probe argv)",
+    "probe_argv": "the probe argv as one shell-quoted string (no shim)",
+    "payload_shell": "the `{payload}` expansion as one shell-quoted string",
+    "proxy_url": "the harness proxy's TCP URL with its secret as userinfo",
+    "proxy_host": "the harness proxy's TCP address (127.0.0.1)",
+    "proxy_port": "the harness proxy's TCP port",
+    "proxy_user": "the user name of the proxy's Basic auth",
+    "proxy_secret": "the per-start proxy secret (password of the Basic auth)",
+    "proxy_socket": "host path of the harness proxy's unix socket",
+    "proxy_socket_inside": "where the payload sees the socket ([run] proxy_socket_inside)",
+    "shim": "host path of the stdlib shim script",
+    "shim_inside": "where the payload sees the shim ([run] shim_inside)",
+    "shim_port": "the loopback port the shim listens on inside",
+    "ca_bundle": "the run's CA bundle (PEM)",
+    "dns_host": "the DNS fixture's address",
+    "dns_port": "the DNS fixture's port",
+    "world_dir": "the fixture world's directory (sockets, CA bundle, logs)",
+}
+HOST_ROLES: Final = ("allowed", "denied", "index", "files")
+# The roles the harness proxy admits: the same set the world's allowlist is built from.
+ALLOWED_ROLES: Final = ("allowed", "index", "files")
+for _role in HOST_ROLES:
+    SCALARS[f"{_role}_host"] = f"the {_role} fixture host's name"
+    SCALARS[f"{_role}_ip"] = f"the address the DNS fixture gives the {_role} host"
+    SCALARS[f"{_role}_https_port"] = f"the {_role} host's HTTPS port"
+    SCALARS[f"{_role}_http_port"] = f"the {_role} host's HTTP port"
+for _list in LIST_NAMES:
+    SCALARS[f"{_list}_json"] = f"`{_list}` as a JSON array"
+    SCALARS[f"{_list}_csv"] = f"`{_list}` joined with commas"
+
+# Environment names a spec may never pass through from the harness's own environment: the
+# signing key and anything that looks like a credential stays outside the sandbox.
+SECRET_ENV: Final = re.compile(
+    r"^SANDBOX_ATTEST_|KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE
+)
+DEFAULT_PASS: Final = ("PATH", "HOME", "LANG")
+NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# `{name}` is a placeholder; `{{name}}` is the literal text `{name}`; every other brace is
+# literal, so JSON and profile templates (`{"a": {"b": 1}}`) need no escaping at all.
+PLACEHOLDER_RE: Final = re.compile(r"\{\{[a-z_][a-z0-9_]*\}\}|\{([a-z_][a-z0-9_]*)\}")
+
+TOP_KEYS: Final = {"backend", "detect", "run", "env", "file", "policy"}
+SECTION_KEYS: Final[dict[str, set[str]]] = {
+    "backend": {"name", "description", "platforms"},
+    "detect": {"executables", "version", "check", "install"},
+    "run": {"argv", "egress", "address_by", "proxy_socket_inside", "shim_inside"},
+    "env": {"pass", "host", "set"},
+    "policy": {"network", "filesystem", "ipc"},
+}
+FILE_KEYS: Final = {"path", "template", "mode"}
+EACH_KEYS: Final = {"each", "args"}
+
+ArgvItem = str | tuple[str, tuple[str, ...]]  # a template, or (list name, args per item)
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """A file rendered per cell into the run dir (a wrapper's settings or profile)."""
+
+    path: str  # relative to {run_dir}; may itself hold placeholders
+    template: str
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """A validated backend spec. Build it with `load_spec`."""
+
+    source: Path
+    name: str
+    description: str
+    platforms: tuple[str, ...]
+    executables: tuple[str, ...]
+    version_argv: tuple[str, ...]
+    check_argv: tuple[str, ...]
+    install: str
+    argv: tuple[ArgvItem, ...]
+    egress: SpecEgress
+    address_by: AddressBy
+    proxy_socket_inside: str
+    shim_inside: str
+    env_pass: tuple[str, ...]
+    env_host: tuple[str, ...]
+    env_set: dict[str, str]
+    files: tuple[FileSpec, ...]
+    policy: DeclaredPolicy
+    raw: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """The values one cell's placeholders take."""
+
+    scalars: dict[str, str]
+    lists: dict[str, list[str]]
+    payload: list[str]
+
+    def render(self, template: str, where: str, extra: dict[str, str] | None = None) -> str:
+        """Fill `template`'s placeholders.
+
+        Raises:
+            ConfigError: for a placeholder this context does not know (`where` names it).
+        """
+        values = self.scalars if extra is None else self.scalars | extra
+
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name is None:  # `{{name}}`: the literal `{name}`
+                return match.group(0)[1:-1]
+            if name in values:
+                return values[name]
+            if name == "payload":
+                raise ConfigError(
+                    f"{where}: {{payload}} expands to several arguments and must "
+                    "be a whole argv element; inside a string use {payload_shell}"
+                )
+            known = ", ".join(sorted({*values, "payload"}))
+            raise ConfigError(
+                f"{where}: unknown placeholder {{{name}}}; known: {known} "
+                "(write {{name}} for a literal {name})"
+            )
+
+        return PLACEHOLDER_RE.sub(sub, template)
+
+    def render_argv(self, spec: CommandSpec) -> list[str]:
+        """The wrapper's full host argv for this cell."""
+        argv: list[str] = []
+        for i, item in enumerate(spec.argv):
+            where = f"{spec.source}, [run] argv[{i}]"
+            if isinstance(item, str):
+                if item == PAYLOAD:
+                    argv += self.payload
+                else:
+                    argv.append(self.render(item, where))
+                continue
+            list_name, args = item
+            for value in self.lists[list_name]:
+                argv += [self.render(a, where, {"item": value}) for a in args]
+        return argv
+
+
+def _fail(source: Path, key: str, message: str) -> ConfigError:
+    return ConfigError(f"{source}: {key}: {message}")
+
+
+def _str_list(source: Path, key: str, value: object, *, required: bool) -> tuple[str, ...]:
+    if value is None and not required:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(source, key, f"must be a list of non-empty strings, got {value!r}")
+    if required and not value:
+        raise _fail(source, key, "must not be empty")
+    return tuple(cast("list[str]", value))
+
+
+def _choice(source: Path, key: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise _fail(source, key, f"is {value!r}; choose one of {list(allowed)}")
+    return str(value)
+
+
+def _section(source: Path, data: dict[str, Any], name: str) -> dict[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise _fail(source, f"[{name}]", "must be a table")
+    unknown = sorted(set(table) - SECTION_KEYS[name])
+    if unknown:
+        raise _fail(
+            source,
+            f"[{name}]",
+            f"unknown key(s) {unknown}; allowed keys are {sorted(SECTION_KEYS[name])}",
+        )
+    return cast("dict[str, Any]", table)
+
+
+def _argv(source: Path, value: object) -> tuple[ArgvItem, ...]:
+    if not isinstance(value, list) or not value:
+        raise _fail(
+            source,
+            "[run] argv",
+            'must be a non-empty list (the wrapper command line around "{payload}")',
+        )
+    items: list[ArgvItem] = []
+    for i, element in enumerate(value):
+        key = f"[run] argv[{i}]"
+        if isinstance(element, str):
+            if PAYLOAD in element and element != PAYLOAD:
+                raise _fail(
+                    source,
+                    key,
+                    "{payload} expands to several arguments and must be a "
+                    "whole argv element; inside a string use {payload_shell}",
+                )
+            items.append(element)
+        elif isinstance(element, dict):
+            unknown = sorted(set(element) - EACH_KEYS)
+            if unknown or "each" not in element or "args" not in element:
+                raise _fail(
+                    source,
+                    key,
+                    "a table element needs exactly 'each' (one of "
+                    f"{list(LIST_NAMES)}) and 'args' (strings using {{item}})",
+                )
+            list_name = _choice(source, f"{key}.each", element["each"], LIST_NAMES)
+            args = _str_list(source, f"{key}.args", element["args"], required=True)
+            items.append((list_name, args))
+        else:
+            raise _fail(
+                source, key, f"must be a string or an {{each, args}} table, got {element!r}"
+            )
+    if items.count(PAYLOAD) != 1:
+        raise _fail(
+            source,
+            "[run] argv",
+            'must contain the element "{payload}" exactly once (where the probe command goes)',
+        )
+    if not isinstance(items[0], str) or "{" in items[0]:
+        raise _fail(source, "[run] argv[0]", "must be the wrapper's executable, literally")
+    return tuple(items)
+
+
+def _files(source: Path, value: object) -> tuple[FileSpec, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _fail(source, "[[file]]", "must be an array of tables ([[file]] blocks)")
+    files = []
+    for i, entry in enumerate(value):
+        key = f"[[file]] #{i + 1}"
+        if not isinstance(entry, dict):
+            raise _fail(source, key, "must be a table")
+        unknown = sorted(set(entry) - FILE_KEYS)
+        if unknown:
+            raise _fail(
+                source, key, f"unknown key(s) {unknown}; allowed keys are {sorted(FILE_KEYS)}"
+            )
+        path, template = entry.get("path"), entry.get("template")
+        if not isinstance(path, str) or not isinstance(template, str) or not path:
+            raise _fail(
+                source,
+                key,
+                "needs 'path' (relative to the run dir) and 'template' "
+                "(the file's text), both strings",
+            )
+        pure = PurePosixPath(path)
+        if pure.is_absolute() or ".." in pure.parts:
+            raise _fail(
+                source,
+                f"{key}.path",
+                f"{path!r} must stay inside the per-cell run "
+                "dir: write a relative path without '..' and point the wrapper at "
+                "{run_dir}/<path>",
+            )
+        files.append(FileSpec(path, template, _mode(source, f"{key}.mode", entry)))
+    return tuple(files)
+
+
+def _mode(source: Path, key: str, entry: dict[str, Any]) -> int:
+    raw = entry.get("mode", "0644")
+    try:
+        mode = int(raw, 8) if isinstance(raw, str) else -1
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise _fail(
+            source, key, f'{raw!r} is not a file mode; write it as an octal string like "0600"'
+        )
+    return mode
+
+
+def _env(
+    source: Path, table: dict[str, Any]
+) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    passed = _str_list(source, "[env] pass", table.get("pass", list(DEFAULT_PASS)), required=False)
+    host = _str_list(source, "[env] host", table.get("host"), required=False)
+    for name in host:
+        if SECRET_ENV.search(name):
+            raise _fail(
+                source,
+                "[env] host",
+                f"{name!r} looks like a harness secret or a "
+                "credential and never passes into a sandbox; remove it",
+            )
+    setting = table.get("set", {})
+    if not isinstance(setting, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in setting.items()
+    ):
+        raise _fail(source, "[env] set", 'must be a table of NAME = "template" strings')
+    return passed, host, cast("dict[str, str]", setting)
+
+
+def _policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
+    for key in SECTION_KEYS["policy"]:
+        if key not in table:
+            raise _fail(
+                source,
+                f"[policy] {key}",
+                "is missing; a wrapper is judged against "
+                "its own claim, so declare network, filesystem and ipc",
+            )
+    network = _choice(source, "[policy] network", table["network"], get_args(NetworkMode))
+    filesystem = _choice(
+        source, "[policy] filesystem", table["filesystem"], get_args(FilesystemMode)
+    )
+    ipc = _choice(source, "[policy] ipc", table["ipc"], get_args(IpcMode))
+    return DeclaredPolicy(
+        cast("NetworkMode", network), cast("FilesystemMode", filesystem), cast("IpcMode", ipc)
+    )
+
+
+def sample_context() -> RenderContext:
+    """A context with every placeholder set, for validating a spec before any run."""
+    scalars = {name: f"<{name}>" for name in SCALARS}
+    lists = {name: [f"<{name}>"] for name in LIST_NAMES}
+    return RenderContext(scalars, lists, ["<python>", "<probe>", "<task>"])
+
+
+def load_spec(path: Path) -> CommandSpec:
+    """Read and validate a backend spec.
+
+    Args:
+        path: the TOML file.
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        ConfigError: naming the file, the key and the fix, for any mistake.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"{path}: backend spec not found; pass an existing file to "
+            "--backend-spec, or put <name>.toml in matrix/backends/"
+        ) from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax there") from exc
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise _fail(path, "top level", f"unknown key(s) {unknown}; allowed are {sorted(TOP_KEYS)}")
+    backend = _section(path, data, "backend")
+    name = backend.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _fail(
+            path,
+            "[backend] name",
+            f"{name!r} must be a lower-case name "
+            "(letters, digits, '-', '_'): it becomes the matrix row and the cell ids",
+        )
+    platforms = _str_list(
+        path, "[backend] platforms", backend.get("platforms", ["linux"]), required=True
+    )
+    bad = sorted(set(platforms) - {"linux", "darwin", "windows"})
+    if bad:
+        raise _fail(path, "[backend] platforms", f"unknown {bad}; use linux, darwin, windows")
+    detect = _section(path, data, "detect")
+    run = _section(path, data, "run")
+    egress = _choice(path, "[run] egress", run.get("egress"), get_args(SpecEgress))
+    address_by = _choice(
+        path, "[run] address_by", run.get("address_by", "name"), get_args(AddressBy)
+    )
+    if address_by == "literal" and egress != "own":
+        raise _fail(
+            path,
+            "[run] address_by",
+            '"literal" is for wrappers with their own '
+            'proxy (egress = "own"); the harness proxy resolves fixture names itself',
+        )
+    inside: dict[str, str] = {}
+    for key, default in (("proxy_socket_inside", "{proxy_socket}"), ("shim_inside", "{shim}")):
+        value = run.get(key, default)
+        if not isinstance(value, str) or not value:
+            raise _fail(path, f"[run] {key}", "must be a non-empty path string")
+        inside[key] = value
+    env_pass, env_host, env_set = _env(path, _section(path, data, "env"))
+    spec = CommandSpec(
+        source=path,
+        name=name,
+        description=str(backend.get("description", "")),
+        platforms=platforms,
+        executables=_str_list(
+            path, "[detect] executables", detect.get("executables"), required=True
+        ),
+        version_argv=_str_list(path, "[detect] version", detect.get("version"), required=False),
+        check_argv=_str_list(path, "[detect] check", detect.get("check"), required=False),
+        install=str(detect.get("install", "")),
+        argv=_argv(path, run.get("argv")),
+        egress=cast("SpecEgress", egress),
+        address_by=cast("AddressBy", address_by),
+        proxy_socket_inside=inside["proxy_socket_inside"],
+        shim_inside=inside["shim_inside"],
+        env_pass=env_pass,
+        env_host=env_host,
+        env_set=env_set,
+        files=_files(path, data.get("file")),
+        policy=_policy(path, _section(path, data, "policy")),
+        raw=data,
+    )
+    _dry_render(spec)
+    return spec
+
+
+def _dry_render(spec: CommandSpec) -> None:
+    """Render every template once against the sample context: unknown names fail now."""
+    ctx = sample_context()
+    ctx.render_argv(spec)
+    ctx.render(spec.proxy_socket_inside, f"{spec.source}, [run] proxy_socket_inside")
+    ctx.render(spec.shim_inside, f"{spec.source}, [run] shim_inside")
+    for name, value in spec.env_set.items():
+        ctx.render(value, f"{spec.source}, [env] set.{name}")
+    for i, entry in enumerate(spec.files):
+        ctx.render(entry.path, f"{spec.source}, [[file]] #{i + 1}.path")
+        ctx.render(entry.template, f"{spec.source}, [[file]] #{i + 1}.template")
+
+
+def shell_join(argv: list[str]) -> str:
+    """Argv as one POSIX shell string (for wrappers that take a command string)."""
+    return shlex.join(argv)
+
+
+def json_list(values: list[str]) -> str:
+    """A list as compact JSON (for settings-file templates)."""
+    return json.dumps(values)

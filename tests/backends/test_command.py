@@ -1,0 +1,357 @@
+"""The command-wrapper backend: specs, process hygiene, and live verdicts of real wrappers.
+
+Live tests drive the real CellRunner against a real fixture world (copying
+tests/integration/test_verdicts_live.py): real bwrap, real firejail, real proxy, DNS and TLS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.backends import create_backend, register_spec
+from harness.backends.base import Backend, EgressRoute, ProbeRequest
+from harness.backends.bubblewrap import BubblewrapBackend
+from harness.backends.command import RUN_TAG_VAR, CommandBackend, tagged_pids
+from harness.backends.none import NoneBackend
+from harness.backends.spec import load_spec
+from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from harness.egress.rules import Rule
+from harness.errors import ConfigError
+from harness.matrix import Cell, ProbeRow
+from harness.paths import matrix_dir
+from harness.runner import CellRunner
+from harness.world import World, start_world
+
+SPECS = Path(__file__).parent.parent / "data" / "specs"
+LIVE_SPECS = matrix_dir() / "backends"
+CORE = (
+    "net_denied_host",
+    "net_direct_egress",
+    "dns_resolution",
+    "ipc_unix_socket_escape",
+    "fs_write_outside",
+    "net_transfer_18mib",
+    "pkg_pip_install",
+)
+TIMEOUTS = {"net_transfer_18mib": 120.0, "pkg_pip_install": 180.0}
+# What firejail (0.9.72, matrix/backends/firejail.toml) earned on Debian 12 as root. Filesystem
+# unix sockets stay reachable: firejail has no socket isolation unless each path is blacklisted.
+FIREJAIL_VERDICTS = dict.fromkeys(CORE, "PASS") | {"ipc_unix_socket_escape": "FAIL"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """One real fixture world for the module."""
+    started = start_world(tmp_path_factory.mktemp("world"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def runner(world: World, tmp_path_factory: pytest.TempPathFactory) -> CellRunner:
+    """A runner whose control leg has run every core probe once (later legs judge by it)."""
+    none = NoneBackend()
+    run = CellRunner(
+        world=world,
+        scratch=tmp_path_factory.mktemp("cells"),
+        backends={"none": none},
+        availability={"none": none.availability()},
+        platform="linux",
+    )
+    for probe in CORE:
+        entry = run.run_cell(cell("none", probe))
+        assert entry["verdict"] == "PASS", verdict(entry)
+    return run
+
+
+def cell(backend: str, probe: str, timeout: float | None = None) -> Cell:
+    """A matrix cell."""
+    return Cell(backend, ProbeRow(probe, timeout or TIMEOUTS.get(probe, 60.0)), None)
+
+
+def verdict(entry: dict[str, Any]) -> str:
+    """The verdict, with the reason shown when an assertion fails."""
+    return f"{entry['verdict']}: {entry['reason']}"
+
+
+def add(runner: CellRunner, backend: Backend) -> str:
+    """Make `backend` runnable by `runner`; skip (with the reason) if it cannot run here."""
+    avail = backend.availability()
+    if not avail.ok:
+        pytest.skip(f"{backend.name} UNAVAILABLE here: {avail.reason}")
+    runner.backends[backend.name] = backend
+    runner.availability[backend.name] = avail
+    return backend.name
+
+
+def verdicts(runner: CellRunner, name: str, probes: tuple[str, ...]) -> dict[str, str]:
+    """Run `probes` in backend `name`; probe id -> verdict (reasons kept for failures)."""
+    out = {}
+    for probe in probes:
+        entry = runner.run_cell(cell(name, probe))
+        out[probe] = entry["verdict"]
+        if entry["verdict"] != "PASS":
+            print(f"{name}-{probe}: {verdict(entry)}")
+    return out
+
+
+class TestSpecValidation:
+    @pytest.mark.parametrize(
+        ("spec", "needle"),
+        [
+            ("broken_bad_toml.toml", "not valid TOML"),
+            ("broken_bad_name.toml", "[backend] name"),
+            ("broken_unknown_key.toml", "[run]: unknown key(s) ['argvs']"),
+            ("broken_missing_payload.toml", 'must contain the element "{payload}"'),
+            ("broken_payload_inside_string.toml", "use {payload_shell}"),
+            ("broken_unknown_placeholder.toml", "unknown placeholder {workdir}"),
+            ("broken_bad_egress.toml", "[run] egress: is 'socks5'"),
+            ("broken_each_unknown_list.toml", "argv[1].each: is 'read_write'"),
+            ("broken_missing_policy_network.toml", "[policy] network: is missing"),
+            ("broken_policy_unknown_mode.toml", "[policy] network: is 'sealed'"),
+            ("broken_file_outside_run_dir.toml", "must stay inside the per-cell run dir"),
+            ("broken_env_passes_secret.toml", "never passes into a sandbox"),
+            ("broken_literal_without_own_proxy.toml", "[run] address_by"),
+        ],
+    )
+    def test_broken_spec_names_file_key_and_fix(self, spec: str, needle: str) -> None:
+        """Every broken spec is a ConfigError naming its file and the offending key."""
+        with pytest.raises(ConfigError) as info:
+            load_spec(SPECS / spec)
+        assert str(SPECS / spec) in str(info.value)
+        assert needle in str(info.value)
+
+    @pytest.mark.parametrize("name", ["firejail", "bwrap-generic"])
+    def test_live_specs_load_by_name(self, name: str) -> None:
+        """create_backend resolves a non-built-in name to matrix/backends/<name>.toml."""
+        backend = create_backend(name)
+        assert isinstance(backend, CommandBackend)
+        assert backend.spec.source == LIVE_SPECS / f"{name}.toml"
+        assert backend.egress_mode == "shim"
+
+    def test_spec_path_and_registered_name(self) -> None:
+        """A spec path loads as is; a registered spec is then creatable by its name."""
+        path = SPECS / "hole_env_shared_net.toml"
+        assert create_backend(str(path)).name == "env-shared-net"
+        assert register_spec(path) == "env-shared-net"
+        backend = create_backend("env-shared-net")
+        assert isinstance(backend, CommandBackend)
+        assert (backend.egress_mode, backend.address_by) == ("own", "name")
+
+    def test_unknown_name_says_where_specs_go(self) -> None:
+        """An unknown backend name points at matrix/backends/ and --backend-spec."""
+        with pytest.raises(ConfigError, match="--backend-spec FILE"):
+            create_backend("no-such-sandbox")
+
+
+class TestAvailability:
+    def test_missing_executable_is_unavailable_with_fix(self) -> None:
+        """A spec whose wrapper is not installed is UNAVAILABLE and names the install."""
+        avail = CommandBackend.from_path(SPECS / "missing_wrapper.toml").availability()
+        assert not avail.ok
+        assert "sandbox-attest-no-such-wrapper not found on PATH" in avail.reason
+        assert "apt-get install sandbox-attest-no-such-wrapper" in avail.reason
+
+    def test_failing_check_is_unavailable_with_its_stderr(self) -> None:
+        """A wrapper that cannot confine here is UNAVAILABLE with its own words."""
+        avail = CommandBackend.from_path(SPECS / "check_fails.toml").availability()
+        assert not avail.ok
+        assert "cannot create user namespace: Operation not permitted" in avail.reason
+
+    def test_identity_carries_version_policy_and_spec_digest(self) -> None:
+        """The identity has the wrapper's version, its declared policy and a spec digest."""
+        backend = create_backend("bwrap-generic")
+        avail = backend.availability()
+        if not avail.ok:
+            pytest.skip(f"bwrap UNAVAILABLE here: {avail.reason}")
+        assert avail.identity is not None
+        assert avail.identity.version.startswith("bubblewrap ")
+        assert avail.identity.policy.as_dict() == {
+            "network": "proxy",
+            "filesystem": "workspace",
+            "ipc": "isolated",
+        }
+        assert avail.identity.profile_digest.startswith("sha256:")
+
+
+class TestProcessHygiene:
+    def request(self, world: World, tmp_path: Path, timeout: float) -> ProbeRequest:
+        """A request whose payload prints the start marker and then hangs."""
+        workspace = tmp_path / "workspace"
+        workspace.mkdir()
+        hang = "print('SANDBOX-ATTEST-START x', flush=True); import time; time.sleep(120)"
+        return ProbeRequest(
+            cell_id="daemonizing-hang",
+            argv=(sys.executable, "-c", hang),
+            env={
+                "PATH": os.environ["PATH"],
+                "HOME": str(workspace),
+                "LANG": "C.UTF-8",
+                "SANDBOX_ATTEST_SIGNING_KEY": "must-not-leak",
+            },
+            workspace=workspace,
+            read_only=(),
+            timeout=timeout,
+            cell_dir=tmp_path / "cell",
+            egress=EgressRoute(Path(world.info.proxy.socket), world.info.proxy.url),
+            world=world.info,
+        )
+
+    def test_daemonized_helper_does_not_survive_timeout(self, world: World, tmp_path: Path) -> None:
+        """A wrapper that setsid()s a helper and exits 0 on SIGTERM leaves nothing running."""
+        backend = CommandBackend.from_path(SPECS / "daemonizing_wrapper.toml")
+        request = self.request(world, tmp_path, timeout=3)
+        run = backend.run(request)
+        assert run.timed_out
+        assert run.started
+        daemon = int((request.cell_dir / "run-daemonizing" / "daemon.pid").read_text())
+        # The helper left the wrapper's process group, so only the tag sweep could find it.
+        assert any("sleep 300" in note and str(daemon) in note for note in run.notes), run.notes
+        assert not any("STILL ALIVE" in note for note in run.notes)
+        status = Path(f"/proc/{daemon}/status")
+        assert not status.exists() or "\nState:\tZ" in status.read_text()
+
+    def test_wrapper_env_is_declared_only(self, world: World, tmp_path: Path) -> None:
+        """The wrapper sees PATH/HOME/LANG and the run tag, never other variables."""
+        backend = CommandBackend.from_path(SPECS / "daemonizing_wrapper.toml")
+        argv, env, run_dir, tag = backend.prepare(self.request(world, tmp_path, timeout=3))
+        assert set(env) == {"PATH", "HOME", "LANG", RUN_TAG_VAR}
+        assert env[RUN_TAG_VAR] == tag
+        assert argv[:2] == ["sh", str(run_dir / "wrapper.sh")]
+        assert (run_dir / "wrapper.sh").stat().st_mode & 0o777 == 0o700
+        assert str(run_dir) in (run_dir / "wrapper.sh").read_text()
+        assert tagged_pids(tag) == []
+
+    def test_wrapper_refusing_to_start_is_error_with_stderr(self, runner: CellRunner) -> None:
+        """A wrapper that exits 0 without starting the payload is ERROR with its stderr."""
+        name = add(runner, CommandBackend.from_path(SPECS / "refuses_to_start.toml"))
+        entry = runner.run_cell(cell(name, "net_direct_egress"))
+        assert verdict(entry).startswith("ERROR: the sandbox did not start the payload")
+        assert "cannot mount /proc: Permission denied" in entry["reason"]
+        assert entry["run"]["exit_code"] == 0
+
+
+class TestLiveWrappers:
+    def test_bwrap_generic_earns_the_native_verdicts(self, runner: CellRunner) -> None:
+        """Bwrap through the generic spec earns the native backend's verdict on every probe."""
+        generic = add(runner, create_backend("bwrap-generic"))
+        native = add(runner, BubblewrapBackend())
+        through_spec = verdicts(runner, generic, CORE)
+        assert through_spec == verdicts(runner, native, CORE)
+        assert set(through_spec.values()) == {"PASS"}
+
+    def test_firejail_verdicts_as_recorded(self, runner: CellRunner) -> None:
+        """Firejail earns the recorded verdicts: host unix sockets stay reachable (FAIL)."""
+        if shutil.which("firejail") is None:
+            pytest.skip("firejail UNAVAILABLE here: not installed (apt-get install firejail)")
+        name = add(runner, create_backend("firejail"))
+        assert verdicts(runner, name, CORE) == FIREJAIL_VERDICTS
+
+
+class TestHoles:
+    @pytest.mark.parametrize("probe", ["net_direct_egress", "dns_resolution"])
+    def test_firejail_sharing_the_network_fails(self, runner: CellRunner, probe: str) -> None:
+        """Firejail without --net=none FAILs the probes that reach the host network directly."""
+        name = add(runner, CommandBackend.from_path(SPECS / "hole_firejail_shared_net.toml"))
+        entry = runner.run_cell(cell(name, probe))
+        assert verdict(entry).startswith("FAIL: escape observed by the host")
+
+    def test_own_proxy_wrapper_sharing_the_network(self, runner: CellRunner) -> None:
+        """Its proxy (from the env, NO_PROXY ignored) denies; its shared network FAILs."""
+        name = add(runner, CommandBackend.from_path(SPECS / "hole_env_shared_net.toml"))
+        denied = runner.run_cell(cell(name, "net_denied_host"))
+        assert denied["verdict"] == "PASS", verdict(denied)
+        direct = runner.run_cell(cell(name, "net_direct_egress"))
+        assert verdict(direct).startswith("FAIL: escape observed by the host")
+
+
+@pytest.fixture
+def own_proxy(world: World, tmp_path: Path) -> Iterator[ProxyProcess]:
+    """A wrapper's own proxy: admits only loopback literals on the allowed hosts' ports."""
+    ports = tuple(
+        p
+        for role in ("allowed", "index", "files")
+        for p in (world.info.hosts[role].https_port, world.info.hosts[role].http_port)
+    )
+    proxy = start_proxy(
+        ProxyConfig(
+            rules=(Rule(host="127.0.0.1", ports=ports, allow_private=True),),
+            dns=(world.info.dns.host, world.info.dns.port),
+            unix_socket=None,
+            tcp=True,
+            decision_log=tmp_path / "own-proxy.jsonl",
+        )
+    )
+    yield proxy
+    proxy.stop()
+
+
+class TestOwnProxyLiteral:
+    def spec(self, tmp_path: Path, proxy_url: str) -> Path:
+        """A wrapper with its own proxy that addresses fixtures by loopback literal."""
+        path = tmp_path / "own-literal.toml"
+        path.write_text(f"""
+[backend]
+name = "own-literal"
+[detect]
+executables = ["env"]
+[run]
+egress = "own"
+address_by = "literal"
+argv = ["env", "HTTPS_PROXY={proxy_url}", "NO_PROXY=127.0.0.1", "{{payload}}"]
+[[file]]
+path = "allowlist.json"
+template = '{{"allow": {{"v4": {{allowed_addresses_json}}}}, "deny_names": {{denied_hosts_json}}}}'
+[policy]
+network = "proxy"
+filesystem = "open"
+ipc = "open"
+""")
+        return path
+
+    def test_literal_addressing_through_the_wrappers_proxy(
+        self, runner: CellRunner, own_proxy: ProxyProcess, tmp_path: Path
+    ) -> None:
+        """Payloads CONNECT to 127.0.0.1:PORT through the wrapper's proxy; TLS checks names."""
+        assert own_proxy.url is not None
+        backend = CommandBackend.from_path(self.spec(tmp_path, own_proxy.url))
+        name = add(runner, backend)
+        for probe in ("net_denied_host", "net_transfer_18mib"):
+            entry = runner.run_cell(cell(name, probe))
+            assert entry["verdict"] == "PASS", verdict(entry)
+            assert entry["probe_facts"].get("address_by", "literal") == "literal"
+        targets = {d.get("target") or d.get("host") for d in own_proxy.decisions()}
+        assert any(str(t).startswith("127.0.0.1") for t in targets), own_proxy.decisions()
+
+    def test_allowlist_rendered_from_allowed_addresses(self, world: World, tmp_path: Path) -> None:
+        """The wrapper's allowlist file lists the allowed hosts' loopback addresses only."""
+        backend = CommandBackend.from_path(self.spec(tmp_path, "http://127.0.0.1:9"))
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        request = ProbeRequest(
+            cell_id="own-literal-x",
+            argv=(sys.executable, "probe.py", "task.json"),
+            env={},
+            workspace=workspace,
+            read_only=(),
+            egress=None,
+            timeout=5,
+            cell_dir=tmp_path / "cell",
+            world=world.info,
+        )
+        argv, env, run_dir, _ = backend.prepare(request)
+        allow = json.loads((run_dir / "allowlist.json").read_text())
+        hosts = world.info.hosts
+        assert f"127.0.0.1:{hosts['allowed'].https_port}" in allow["allow"]["v4"]
+        assert not any(str(hosts["denied"].https_port) in a for a in allow["allow"]["v4"])
+        assert allow["deny_names"] == [hosts["denied"].name]
+        assert argv[-3:] == [sys.executable, "probe.py", "task.json"]
+        assert "HTTPS_PROXY" not in env
