@@ -12,14 +12,13 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from attest.builder import build_report, make_cells, write_policy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 
 from harness.attest import sign_report
 from harness.attest.keys import SigningKey, TrustedKey
 from harness.attest.policy import load_policy
 from harness.attest.verify import verify_report
+from tests.attest.builder import build_report, make_cells, write_policy
 
 BUDGET_S = 1.0
 

@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.process import run_process
@@ -33,9 +34,16 @@ def spawn_times(runs: int) -> tuple[float, float]:
         workspace = Path(tmp)
         from harness.backends.base import ProbeRequest  # noqa: PLC0415
 
-        request = ProbeRequest(cell_id="bench", argv=(sys.executable, "-c", "pass"), env={},
-                               workspace=workspace, read_only=tuple(interpreter_paths()),
-                               egress=None, timeout=30, cell_dir=workspace)
+        request = ProbeRequest(
+            cell_id="bench",
+            argv=(sys.executable, "-c", "pass"),
+            env={},
+            workspace=workspace,
+            read_only=tuple(interpreter_paths()),
+            egress=None,
+            timeout=30,
+            cell_dir=workspace,
+        )
         argv = backend.build_argv(request)
         for _ in range(runs):
             start = time.perf_counter()
@@ -47,14 +55,26 @@ def spawn_times(runs: int) -> tuple[float, float]:
     return statistics.median(bare), statistics.median(boxed)
 
 
-def matrix_run(jobs: int) -> tuple[float, list[dict[str, object]]]:
+def matrix_run(jobs: int) -> tuple[float, list[dict[str, Any]]]:
     """Wall seconds of `sandbox-attest run` on none + bubblewrap, and its cells."""
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         proc = subprocess.run(
-            [str(ROOT / ".venv/bin/sandbox-attest"), "run", "--backend", "none", "--backend",
-             "bubblewrap", "--out", out, "-j", str(jobs)],
-            capture_output=True, text=True, check=False,
+            [
+                str(ROOT / ".venv/bin/sandbox-attest"),
+                "run",
+                "--backend",
+                "none",
+                "--backend",
+                "bubblewrap",
+                "--out",
+                out,
+                "-j",
+                str(jobs),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         wall = time.perf_counter() - start
         if proc.returncode != 0:
@@ -70,12 +90,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     bare, boxed = spawn_times(args.runs)
-    print(f"spawn: bare python -c pass {bare * 1000:.1f} ms, under bubblewrap "
-          f"{boxed * 1000:.1f} ms (median of {args.runs}); ratio {boxed / bare:.2f}x")
+    print(
+        f"spawn: bare python -c pass {bare * 1000:.1f} ms, under bubblewrap "
+        f"{boxed * 1000:.1f} ms (median of {args.runs}); ratio {boxed / bare:.2f}x"
+    )
     serial, cells = matrix_run(1)
     parallel, _ = matrix_run(2)
-    print(f"matrix none+bubblewrap ({len(cells)} cells): serial {serial:.1f} s, -j 2 "
-          f"{parallel:.1f} s; parallel/serial {parallel / serial:.2f}x (target < 20 s)")
+    print(
+        f"matrix none+bubblewrap ({len(cells)} cells): serial {serial:.1f} s, -j 2 "
+        f"{parallel:.1f} s; parallel/serial {parallel / serial:.2f}x (target < 20 s)"
+    )
     per_probe: dict[str, dict[str, float]] = defaultdict(dict)
     for cell in cells:
         run = cell.get("run") or {}

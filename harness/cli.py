@@ -26,7 +26,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         str(matrix),
         "-v",
         f"--rootdir={matrix.parent}",
-        "-c", str(matrix.parent / "pytest.ini"),
+        "-c",
+        str(matrix.parent / "pytest.ini"),
         f"--junitxml={out / 'junit.xml'}",
         f"--alluredir={out / 'allure-results'}",
         f"--harness-report-dir={out}",
@@ -58,8 +59,10 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         avail = create_backend(row.name).availability()
         if avail.ok and avail.identity is not None:
             ident = avail.identity
-            print(f"{row.name:14} available       {ident.version}; {ident.platform}; "
-                  f"policy {ident.policy.as_dict()}; profile {ident.profile_digest}")
+            print(
+                f"{row.name:14} available       {ident.version}; {ident.platform}; "
+                f"policy {ident.policy.as_dict()}; profile {ident.profile_digest}"
+            )
         else:
             print(f"{row.name:14} UNAVAILABLE     {avail.reason}")
     return 0
@@ -81,18 +84,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the probe matrix and write a signed report")
-    run.add_argument("--backend", action="append", default=[], metavar="NAME",
-                     help="backend to attest (repeatable); default: all of this platform")
-    run.add_argument("--backend-spec", action="append", default=[], metavar="FILE",
-                     help="command-wrapper spec TOML to attest too (repeatable); a name X "
-                     "given to --backend finds matrix/backends/X.toml by itself")
-    run.add_argument("--require-backend", action="store_true",
-                     help="an unavailable --backend fails the run instead of being skipped")
+    run.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="backend to attest (repeatable); default: all of this platform",
+    )
+    run.add_argument(
+        "--backend-spec",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="command-wrapper spec TOML to attest too (repeatable); a name X "
+        "given to --backend finds matrix/backends/X.toml by itself",
+    )
+    run.add_argument(
+        "--require-backend",
+        action="store_true",
+        help="an unavailable --backend fails the run instead of being skipped",
+    )
     run.add_argument("--out", help=HELP_OUT)
     run.add_argument("--policy", help="release policy TOML (default: matrix/policy.toml)")
     run.add_argument("--matrix", help="matrix TOML (default: matrix/matrix.toml)")
-    run.add_argument("--key", help="Ed25519 private key PEM for signing "
-                     "(or SANDBOX_ATTEST_SIGNING_KEY); default: an untrusted local key")
+    run.add_argument(
+        "--key",
+        help="Ed25519 private key PEM for signing "
+        "(or SANDBOX_ATTEST_SIGNING_KEY); default: an untrusted local key",
+    )
     run.add_argument("-j", "--jobs", type=int, default=1, help=HELP_JOBS)
     run.set_defaults(func=_cmd_run)
 

@@ -20,10 +20,14 @@ def render_grid(cells: list[dict[str, Any]]) -> list[str]:
         return ["(no cells ran)"]
     first = max(len("probe"), *(len(p) for p in probes))
     widths = [max(len(b), 14) for b in backends]
-    lines = ["  ".join(["probe".ljust(first), *(b.ljust(w) for b, w in zip(backends, widths,
-                                                                         strict=True))])]
+    lines = [
+        "  ".join(
+            ["probe".ljust(first), *(b.ljust(w) for b, w in zip(backends, widths, strict=True))]
+        )
+    ]
     for probe in probes:
-        row = [verdicts.get((probe, b), "-").ljust(w) for b, w in zip(backends, widths,
-                                                                      strict=True)]
+        row = [
+            verdicts.get((probe, b), "-").ljust(w) for b, w in zip(backends, widths, strict=True)
+        ]
         lines.append("  ".join([probe.ljust(first), *row]))
     return lines

@@ -101,6 +101,63 @@ def _check_keys(path: Path, where: str, table: dict[str, Any], allowed: set[str]
         )
 
 
+def _load_probes(path: Path, tables: list[dict[str, Any]]) -> list[ProbeRow]:
+    probes = []
+    for i, row in enumerate(tables):
+        _check_keys(path, f"[[probe]] #{i + 1}", row, PROBE_KEYS)
+        if "id" not in row:
+            raise ConfigError(f"{path}, [[probe]] #{i + 1}: missing 'id'; name the probe")
+        timeout = row.get("timeout", 60)
+        if not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(
+                f"{path}, probe {row['id']!r}: timeout = {timeout!r} "
+                "is not a positive number of seconds"
+            )
+        platforms = tuple(row.get("platforms", ProbeRow.platforms))
+        bad = sorted(set(platforms) - KNOWN_PLATFORMS)
+        if bad or not platforms:
+            raise ConfigError(
+                f"{path}, probe {row['id']!r}: platforms {list(platforms)} must be "
+                f"a non-empty list from {sorted(KNOWN_PLATFORMS)}"
+            )
+        if set(platforms) != KNOWN_PLATFORMS and not str(row.get("reason", "")).strip():
+            raise ConfigError(
+                f"{path}, probe {row['id']!r}: applies only to {list(platforms)}; "
+                "add a 'reason' saying why it does not apply elsewhere"
+            )
+        probes.append(
+            ProbeRow(str(row["id"]), float(timeout), platforms, str(row.get("reason", "")))
+        )
+    return probes
+
+
+def _load_backends(path: Path, tables: list[dict[str, Any]]) -> list[BackendRow]:
+    backends = []
+    for i, row in enumerate(tables):
+        _check_keys(path, f"[[backend]] #{i + 1}", row, BACKEND_KEYS)
+        platforms = tuple(row.get("platforms", []))
+        bad = sorted(set(platforms) - KNOWN_PLATFORMS)
+        if "name" not in row or not platforms or bad:
+            raise ConfigError(
+                f"{path}, [[backend]] #{i + 1}: needs 'name' and 'platforms' "
+                f"from {sorted(KNOWN_PLATFORMS)} (got unknown {bad})"
+            )
+        backends.append(BackendRow(str(row["name"]), platforms, str(row.get("reason", ""))))
+    return backends
+
+
+def _load_exclusions(path: Path, tables: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    exclusions: dict[tuple[str, str], str] = {}
+    for i, row in enumerate(tables):
+        _check_keys(path, f"[[exclude]] #{i + 1}", row, EXCLUDE_KEYS)
+        if not str(row.get("reason", "")).strip():
+            raise ConfigError(
+                f"{path}, [[exclude]] #{i + 1}: every exclusion needs a written 'reason'"
+            )
+        exclusions[(str(row["backend"]), str(row["probe"]))] = str(row["reason"])
+    return exclusions
+
+
 def load_matrix(path: Path) -> Matrix:
     """Parse and validate a matrix file.
 
@@ -116,46 +173,17 @@ def load_matrix(path: Path) -> Matrix:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax there") from exc
     _check_keys(path, "top level", data, TOP_KEYS)
     control = str(data.get("matrix", {}).get("control", "none"))
-    probes = []
-    for i, row in enumerate(data.get("probe", [])):
-        _check_keys(path, f"[[probe]] #{i + 1}", row, PROBE_KEYS)
-        if "id" not in row:
-            raise ConfigError(f"{path}, [[probe]] #{i + 1}: missing 'id'; name the probe")
-        timeout = row.get("timeout", 60)
-        if not isinstance(timeout, int | float) or timeout <= 0:
-            raise ConfigError(f"{path}, probe {row['id']!r}: timeout = {timeout!r} "
-                              "is not a positive number of seconds")
-        platforms = tuple(row.get("platforms", ProbeRow.platforms))
-        bad = sorted(set(platforms) - KNOWN_PLATFORMS)
-        if bad or not platforms:
-            raise ConfigError(f"{path}, probe {row['id']!r}: platforms {list(platforms)} must be "
-                              f"a non-empty list from {sorted(KNOWN_PLATFORMS)}")
-        if set(platforms) != KNOWN_PLATFORMS and not str(row.get("reason", "")).strip():
-            raise ConfigError(f"{path}, probe {row['id']!r}: applies only to {list(platforms)}; "
-                              "add a 'reason' saying why it does not apply elsewhere")
-        probes.append(ProbeRow(str(row["id"]), float(timeout), platforms,
-                               str(row.get("reason", ""))))
-    backends = []
-    for i, row in enumerate(data.get("backend", [])):
-        _check_keys(path, f"[[backend]] #{i + 1}", row, BACKEND_KEYS)
-        platforms = tuple(row.get("platforms", []))
-        bad = sorted(set(platforms) - KNOWN_PLATFORMS)
-        if "name" not in row or not platforms or bad:
-            raise ConfigError(f"{path}, [[backend]] #{i + 1}: needs 'name' and 'platforms' "
-                              f"from {sorted(KNOWN_PLATFORMS)} (got unknown {bad})")
-        backends.append(BackendRow(str(row["name"]), platforms, str(row.get("reason", ""))))
-    exclusions: dict[tuple[str, str], str] = {}
-    for i, row in enumerate(data.get("exclude", [])):
-        _check_keys(path, f"[[exclude]] #{i + 1}", row, EXCLUDE_KEYS)
-        if not str(row.get("reason", "")).strip():
-            raise ConfigError(f"{path}, [[exclude]] #{i + 1}: every exclusion needs a written "
-                              "'reason'")
-        exclusions[(str(row["backend"]), str(row["probe"]))] = str(row["reason"])
+    probes = _load_probes(path, data.get("probe", []))
+    backends = _load_backends(path, data.get("backend", []))
+    exclusions = _load_exclusions(path, data.get("exclude", []))
     if not probes or not backends:
-        raise ConfigError(f"{path}: the matrix has no probes or no backends; an empty matrix "
-                          "can never attest anything")
+        raise ConfigError(
+            f"{path}: the matrix has no probes or no backends; an empty matrix "
+            "can never attest anything"
+        )
     ids = [p.id for p in probes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{path}: a probe is listed twice in {ids}")
-    return Matrix(path, hashlib.sha256(raw).hexdigest(), control, tuple(probes),
-                  tuple(backends), exclusions)
+    return Matrix(
+        path, hashlib.sha256(raw).hexdigest(), control, tuple(probes), tuple(backends), exclusions
+    )

@@ -8,7 +8,7 @@ end, and the run's finish after junit.xml has been written.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ HELP_JOBS = "cells to run at once in a pool (control leg first, then the rest)"
 HELP_SPEC = "command-wrapper backend spec TOML to attest as well (repeatable)"
 
 SESSION_KEY = pytest.StashKey["RunSession"]()
+INTERRUPTED_KEY = pytest.StashKey[bool]()
 MATRIX_FILE_NAME = "matrix.toml"
 
 
@@ -53,8 +54,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-policy", default=None, help=HELP_POLICY)
     group.addoption("--harness-key", default=None, help=HELP_KEY)
     group.addoption("--harness-jobs", type=int, default=1, help=HELP_JOBS)
-    group.addoption("--backend-spec", action="append", default=[], metavar="FILE",
-                    help=HELP_SPEC)
+    group.addoption("--backend-spec", action="append", default=[], metavar="FILE", help=HELP_SPEC)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -141,8 +141,10 @@ class MatrixItem(pytest.Item):
         """The verdict and its reason, not a traceback into the harness."""
         if isinstance(excinfo.value, CellFailed):
             entry = excinfo.value.entry
-            return (f"{entry['cell_id']}: {entry['verdict']}\n  reason: {entry['reason']}\n"
-                    f"  evidence: {json.dumps(entry.get('run', {}).get('stderr', ''))[:600]}")
+            return (
+                f"{entry['cell_id']}: {entry['verdict']}\n  reason: {entry['reason']}\n"
+                f"  evidence: {json.dumps(entry.get('run', {}).get('stderr', ''))[:600]}"
+            )
         return str(super().repr_failure(excinfo))
 
     def reportinfo(self) -> tuple[Path, int, str]:
@@ -156,14 +158,18 @@ def _attach_to_allure(entry: dict[str, Any], platform: str) -> None:
         import allure  # noqa: PLC0415
     except ImportError:
         return
-    allure.dynamic.label("backend", entry["backend"])
-    allure.dynamic.label("probe", entry["probe"])
-    allure.dynamic.label("platform", platform)
-    allure.dynamic.parameter("backend", entry["backend"])
-    allure.dynamic.parameter("probe", entry["probe"])
-    allure.dynamic.parameter("platform", platform)
-    allure.attach(json.dumps(entry, indent=2, default=str), name="evidence",
-                  attachment_type=allure.attachment_type.JSON)
+    dynamic: Any = allure.dynamic  # allure-python ships no type hints for `dynamic`
+    dynamic.label("backend", entry["backend"])
+    dynamic.label("probe", entry["probe"])
+    dynamic.label("platform", platform)
+    dynamic.parameter("backend", entry["backend"])
+    dynamic.parameter("probe", entry["probe"])
+    dynamic.parameter("platform", platform)
+    allure.attach(
+        json.dumps(entry, indent=2, default=str),
+        name="evidence",
+        attachment_type=allure.attachment_type.JSON,
+    )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -214,14 +220,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run = config.stash.get(SESSION_KEY, None)
     if run is None:
         return
-    interrupted = bool(getattr(config, "_sandbox_attest_interrupted", False))
+    interrupted = config.stash.get(INTERRUPTED_KEY, False)
     for line in run.finish(complete=not interrupted):
         print(line)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtestloop(session: pytest.Session) -> Iterator[None]:
-    """Mark the run incomplete if the loop ends by interrupt or -x."""
-    outcome = yield
-    if outcome.excinfo is not None or session.shouldstop or session.shouldfail:
-        session.config._sandbox_attest_interrupted = True  # type: ignore[attr-defined]  # a flag for unconfigure
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, object]:
+    """Mark the run incomplete if the loop ends by interrupt, -x or an error."""
+    try:
+        result = yield
+    except BaseException:
+        session.config.stash[INTERRUPTED_KEY] = True
+        raise
+    if session.shouldstop or session.shouldfail:
+        session.config.stash[INTERRUPTED_KEY] = True
+    return result

@@ -7,6 +7,7 @@ ERROR cell with the exception named, never a crash that loses the run or a silen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import shutil
@@ -128,12 +129,18 @@ def run_failure(run: ProbeRun) -> Decision | None:
     """ERROR when the sandbox never started, timed out or broke the output contract."""
     helper = f"; helper said: {run.helper_stderr.strip()[-400:]}" if run.helper_stderr else ""
     if run.timed_out:
-        return Decision(Verdict.ERROR, f"timed out after {run.duration_s:.1f}s; the process "
-                        f"tree was killed (started: {run.started}){helper}")
+        return Decision(
+            Verdict.ERROR,
+            f"timed out after {run.duration_s:.1f}s; the process "
+            f"tree was killed (started: {run.started}){helper}",
+        )
     if not run.started:
         err = run.stderr.strip()[-600:] or "stderr empty"
-        return Decision(Verdict.ERROR, f"the sandbox did not start the payload: no start marker "
-                        f"(exit {run.exit_code}; {err}){helper}")
+        return Decision(
+            Verdict.ERROR,
+            f"the sandbox did not start the payload: no start marker "
+            f"(exit {run.exit_code}; {err}){helper}",
+        )
     return None
 
 
@@ -158,8 +165,7 @@ class CellRunner:
             "platform": self.platform,
         }
         if cell.not_applicable is not None:
-            return entry | {"verdict": Verdict.NOT_APPLICABLE.value,
-                            "reason": cell.not_applicable}
+            return entry | {"verdict": Verdict.NOT_APPLICABLE.value, "reason": cell.not_applicable}
         avail = self.availability[cell.backend]
         if not avail.ok:
             return entry | {"verdict": Verdict.UNAVAILABLE.value, "reason": avail.reason}
@@ -184,13 +190,17 @@ class CellRunner:
         control = self.control_results.get(entry["probe"])
         if control is None:
             entry["verdict"] = Verdict.INCONCLUSIVE.value
-            entry["reason"] = ("the control leg did not run this probe, so nothing shows the "
-                               f"probe can see its escape; was: {entry['reason']}")
+            entry["reason"] = (
+                "the control leg did not run this probe, so nothing shows the "
+                f"probe can see its escape; was: {entry['reason']}"
+            )
         elif control["verdict"] != Verdict.PASS.value:
             entry["verdict"] = Verdict.INCONCLUSIVE.value
-            entry["reason"] = (f"the control leg gave {control['verdict']} for this probe "
-                               f"({control['reason']}), so this PASS proves nothing; "
-                               f"was: {entry['reason']}")
+            entry["reason"] = (
+                f"the control leg gave {control['verdict']} for this probe "
+                f"({control['reason']}), so this PASS proves nothing; "
+                f"was: {entry['reason']}"
+            )
 
     def _run_and_judge(self, cell: Cell) -> dict[str, Any]:
         spec = PROBES[cell.probe.id]
@@ -203,9 +213,15 @@ class CellRunner:
         inputs = cell_dir / "input"
         workspace.mkdir(parents=True)
         inputs.mkdir()
-        ctx = CellContext(probe=cell.probe.id, backend=cell.backend, nonce=nonce,
-                          world=self.world, workspace=workspace, cell_dir=cell_dir,
-                          policy=identity.policy)
+        ctx = CellContext(
+            probe=cell.probe.id,
+            backend=cell.backend,
+            nonce=nonce,
+            world=self.world,
+            workspace=workspace,
+            cell_dir=cell_dir,
+            policy=identity.policy,
+        )
         expected = spec.expectation(identity.policy)
         info = self.world.info
         proxy_url = {
@@ -232,8 +248,12 @@ class CellRunner:
             }
             task_path = inputs / "task.json"
             task_path.write_text(json.dumps(task, indent=1))
-            read_only = (*interpreter_paths(), probe_path(cell.probe.id).parent, inputs,
-                         Path(info.ca_bundle))
+            read_only = (
+                *interpreter_paths(),
+                probe_path(cell.probe.id).parent,
+                inputs,
+                Path(info.ca_bundle),
+            )
             request = ProbeRequest(
                 cell_id=cell.cell_id,
                 argv=(sys.executable, str(probe_path(cell.probe.id)), str(task_path)),
@@ -248,19 +268,30 @@ class CellRunner:
             run = backend.run(request)
             control = spec.host_control(ctx)
             witness = self.world.records(nonce)
-            facts: dict[str, Any] = {"nonce": nonce, "expected": expected,
-                                     "run": run_facts(run), "control": control}
+            facts: dict[str, Any] = {
+                "nonce": nonce,
+                "expected": expected,
+                "run": run_facts(run),
+                "control": control,
+            }
             failure = run_failure(run)
             if failure is not None:
-                return facts | {"verdict": failure.verdict.value, "reason": failure.reason,
-                                "observed": "error", "witness": vars(witness)}
+                return facts | {
+                    "verdict": failure.verdict.value,
+                    "reason": failure.reason,
+                    "observed": "error",
+                    "witness": vars(witness),
+                }
             try:
                 report = parse_report(run)
             except ProbeOutputError as exc:
-                return facts | {"verdict": Verdict.ERROR.value, "observed": "error",
-                                "reason": f"probe {cell.probe.id} broke its output contract: "
-                                f"{exc} (exit {run.exit_code}); see run.stdout/stderr",
-                                "witness": vars(witness)}
+                return facts | {
+                    "verdict": Verdict.ERROR.value,
+                    "observed": "error",
+                    "reason": f"probe {cell.probe.id} broke its output contract: "
+                    f"{exc} (exit {run.exit_code}); see run.stdout/stderr",
+                    "witness": vars(witness),
+                }
             assessment: Assessment = spec.assess(ctx, report, witness, control)
             decision = decide(expected, assessment)
             return facts | {
@@ -276,8 +307,7 @@ class CellRunner:
         finally:
             cleanup = getattr(spec, "cleanup", None)
             if cleanup is not None:
-                try:
+                # Cleanup of canaries must not turn a verdict into a crash.
+                with contextlib.suppress(OSError, HarnessError):
                     cleanup(ctx)
-                except (OSError, HarnessError):
-                    pass  # cleanup of canaries must not turn a verdict into a crash
             shutil.rmtree(cell_dir, ignore_errors=True)

@@ -51,8 +51,14 @@ def with_spec_backends(
     from harness.backends.spec import load_spec  # noqa: PLC0415
 
     known = {row.name for row in matrix.backends}
-    files = [*spec_files, *(str(path) for name in chosen if name not in known
-                            and (path := resolve_spec(name)) is not None)]
+    files = [
+        *spec_files,
+        *(
+            str(path)
+            for name in chosen
+            if name not in known and (path := resolve_spec(name)) is not None
+        ),
+    ]
     rows = list(matrix.backends)
     names: list[str] = []
     for spec_file in files:
@@ -103,8 +109,7 @@ class RunSession:
         """Ask every backend whether it can run here, before any cell starts."""
         self.backends: dict[str, Backend] = {}
         self.availability: dict[str, Availability] = {}
-        names = [self.matrix.control, *[n for n in self.backend_names
-                                         if n != self.matrix.control]]
+        names = [self.matrix.control, *[n for n in self.backend_names if n != self.matrix.control]]
         for name in names:
             backend = create_backend(name)
             self.backends[name] = backend
@@ -146,17 +151,27 @@ class RunSession:
         except (HarnessError, OSError) as exc:
             self.world_error = f"the fixture world failed to start: {exc}"
             return None
-        self.runner = CellRunner(world=self.world, scratch=self.scratch,
-                                 backends=self.backends, availability=self.availability,
-                                 platform=self.platform, control_leg=self.matrix.control)
+        self.runner = CellRunner(
+            world=self.world,
+            scratch=self.scratch,
+            backends=self.backends,
+            availability=self.availability,
+            platform=self.platform,
+            control_leg=self.matrix.control,
+        )
         return self.runner
 
     def _judge(self, cell: Cell) -> dict[str, Any]:
         runner = self._ensure_world()
         if runner is None:
-            return {"cell_id": cell.cell_id, "backend": cell.backend, "probe": cell.probe.id,
-                    "platform": self.platform, "verdict": Verdict.ERROR.value,
-                    "reason": self.world_error}
+            return {
+                "cell_id": cell.cell_id,
+                "backend": cell.backend,
+                "probe": cell.probe.id,
+                "platform": self.platform,
+                "verdict": Verdict.ERROR.value,
+                "reason": self.world_error,
+            }
         return runner.run_cell(cell)
 
     def plan(self, cells: list[Cell]) -> None:

@@ -66,9 +66,9 @@ class MissingBackend:
 
     def availability(self) -> Availability:
         """Unavailable, with the reason and its fix."""
-        return Availability(False, self.reason, None)
+        return Availability(ok=False, reason=self.reason, identity=None)
 
-    def run(self, request: ProbeRequest) -> ProbeRun:
+    def run(self, request: ProbeRequest) -> ProbeRun:  # noqa: ARG002  (the protocol's shape)
         """Never runs: an unavailable backend must not fall back to anything."""
         raise ConfigError(f"backend {self.name} is unavailable: {self.reason}")
 
@@ -95,8 +95,11 @@ def create_backend(name: str) -> Backend:  # noqa: PLR0911  (one return per back
         try:
             from harness.backends.docker import DockerBackend  # noqa: PLC0415
         except ImportError as exc:
-            return MissingBackend(name, f"the docker backend needs the docker SDK ({exc}); "
-                                  "pip install 'sandbox-attest[docker]'")
+            return MissingBackend(
+                name,
+                f"the docker backend needs the docker SDK ({exc}); "
+                "pip install 'sandbox-attest[docker]'",
+            )
         return DockerBackend()
     if name == "seatbelt":
         from harness.backends.seatbelt import SeatbeltBackend  # noqa: PLC0415
@@ -113,6 +116,8 @@ def create_backend(name: str) -> Backend:  # noqa: PLR0911  (one return per back
     spec_path = _REGISTERED_SPECS.get(name) or resolve_spec(name)
     if spec_path is not None:
         return CommandBackend.from_path(spec_path)
-    raise ConfigError(f"unknown backend {name!r}; known: none, bubblewrap, docker, seatbelt, "
-                      f"appcontainer, or a command-wrapper spec: put {name}.toml in "
-                      f"{specs_dir()} or pass --backend-spec FILE")
+    raise ConfigError(
+        f"unknown backend {name!r}; known: none, bubblewrap, docker, seatbelt, "
+        f"appcontainer, or a command-wrapper spec: put {name}.toml in "
+        f"{specs_dir()} or pass --backend-spec FILE"
+    )

@@ -60,8 +60,11 @@ class DeclaredPolicy:
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as plain JSON data for evidence and identity digests."""
-        data: dict[str, Any] = {"network": self.network, "filesystem": self.filesystem,
-                                "ipc": self.ipc}
+        data: dict[str, Any] = {
+            "network": self.network,
+            "filesystem": self.filesystem,
+            "ipc": self.ipc,
+        }
         if self.limits:
             data["limits"] = dict(self.limits)
         return data

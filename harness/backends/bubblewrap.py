@@ -63,19 +63,21 @@ ETC_FILES: Final = (
 )
 
 # Deliberate holes, used only by tests to show that the matching probes FAIL.
-WEAKENINGS: Final = frozenset({
-    "share-net",  # no --unshare-net: the host's network and its abstract sockets
-    "share-ipc",  # no --unshare-ipc
-    "share-pid",  # no --unshare-pid: /proc shows (and signals reach) host processes
-    "host-root-rw",  # the host's / bound writable instead of the read-only system roots
-    "no-die-with-parent",  # the sandbox may outlive the harness
-    "pass-env",  # the harness's whole environment passed in, not the declared one
-    "leak-fd",  # a host file descriptor left open into the sandbox
-    "keep-caps",  # no --cap-drop ALL: the sandbox's root keeps its (namespaced) capabilities
-    "no-seccomp",  # no syscall filter: io_uring, keyrings, bpf, TIOCSTI, vsock reach the kernel
-    "allow-userns",  # no --disable-userns: nested user namespaces (and their mounts) allowed
-    "no-limits",  # the rlimits are still declared but not applied
-})
+WEAKENINGS: Final = frozenset(
+    {
+        "share-net",  # no --unshare-net: the host's network and its abstract sockets
+        "share-ipc",  # no --unshare-ipc
+        "share-pid",  # no --unshare-pid: /proc shows (and signals reach) host processes
+        "host-root-rw",  # the host's / bound writable instead of the read-only system roots
+        "no-die-with-parent",  # the sandbox may outlive the harness
+        "pass-env",  # the harness's whole environment passed in, not the declared one
+        "leak-fd",  # a host file descriptor left open into the sandbox
+        "keep-caps",  # no --cap-drop ALL: the sandbox's root keeps its (namespaced) capabilities
+        "no-seccomp",  # no syscall filter: io_uring, keyrings, bpf, TIOCSTI, vsock reach the kernel
+        "allow-userns",  # no --disable-userns: nested user namespaces (and their mounts) allowed
+        "no-limits",  # the rlimits are still declared but not applied
+    }
+)
 # The host file a "leak-fd" weakening leaves open in the sandbox (any readable host file works;
 # the probe looks for descriptors beyond 0-2, not for this file's contents).
 LEAKED_FILE: Final = "/etc/hostname"
@@ -118,7 +120,7 @@ def system_root_args() -> list[str]:
     for root in SYSTEM_ROOTS:
         path = Path(root)
         if path.is_symlink():
-            args += ["--symlink", os.readlink(path), root]
+            args += ["--symlink", str(path.readlink()), root]
         elif path.is_dir():
             args += ["--ro-bind", root, root]
     for etc in ETC_FILES:
@@ -143,8 +145,10 @@ class BubblewrapBackend:
         """
         unknown = set(weaken) - WEAKENINGS
         if unknown:
-            raise ValueError(f"unknown bubblewrap weakening(s) {sorted(unknown)}; "
-                             f"choose from {sorted(WEAKENINGS)}")
+            raise ValueError(
+                f"unknown bubblewrap weakening(s) {sorted(unknown)}; "
+                f"choose from {sorted(WEAKENINGS)}"
+            )
         self.bwrap = bwrap
         self.weaken = frozenset(weaken)
         # A sandbox sharing the host's network would put the shim on the host's loopback, where
@@ -158,33 +162,55 @@ class BubblewrapBackend:
         """Find bwrap, check it can create namespaces here, and say who it is."""
         exe = shutil.which(self.bwrap)
         if exe is None:
-            return Availability(False, f"bwrap not found on PATH; {INSTALL_FIX}", None)
+            return Availability(
+                ok=False, reason=f"bwrap not found on PATH; {INSTALL_FIX}", identity=None
+            )
         if self.limit_args() and shutil.which("prlimit") is None:
-            return Availability(False, "prlimit not found on PATH (it applies the declared "
-                                "rlimits); install util-linux", None)
+            return Availability(
+                ok=False,
+                reason="prlimit not found on PATH (it applies the declared rlimits); "
+                "install util-linux",
+                identity=None,
+            )
         try:
             build_filter()
         except BackendUnavailable as exc:
-            return Availability(False, exc.diagnostics(), None)
+            return Availability(ok=False, reason=exc.diagnostics(), identity=None)
         try:
             version = subprocess.run(
                 [exe, "--version"], capture_output=True, text=True, timeout=10, check=False
             ).stdout.strip()
             true_exe = shutil.which("true") or "/usr/bin/true"
             trial = subprocess.run(
-                [exe, "--unshare-all", "--unshare-user", "--die-with-parent",
-                 *([] if "allow-userns" in self.weaken else ["--disable-userns"]),
-                 *system_root_args(), "--proc", "/proc", "--dev", "/dev", true_exe],
-                capture_output=True, text=True, timeout=20, check=False,
+                [
+                    exe,
+                    "--unshare-all",
+                    "--unshare-user",
+                    "--die-with-parent",
+                    *([] if "allow-userns" in self.weaken else ["--disable-userns"]),
+                    *system_root_args(),
+                    "--proc",
+                    "/proc",
+                    "--dev",
+                    "/dev",
+                    true_exe,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return Availability(False, f"bwrap could not be run ({exc}); {INSTALL_FIX}", None)
+            return Availability(
+                ok=False, reason=f"bwrap could not be run ({exc}); {INSTALL_FIX}", identity=None
+            )
         if trial.returncode != 0:
             said = trial.stderr.strip() or f"exit {trial.returncode}"
             return Availability(
-                False,
-                f"bubblewrap could not create its namespaces (bwrap said: {said!r}); {USERNS_FIX}",
-                None,
+                ok=False,
+                reason=f"bubblewrap could not create its namespaces (bwrap said: {said!r}); "
+                f"{USERNS_FIX}",
+                identity=None,
             )
         identity = Identity(
             name=self.name + ("+weakened" if self.weaken else ""),
@@ -198,7 +224,7 @@ class BubblewrapBackend:
                 "seccomp_denies": [] if "no-seccomp" in self.weaken else denied_names(),
             },
         )
-        return Availability(True, "", identity)
+        return Availability(ok=True, reason="", identity=identity)
 
     # -- argv --------------------------------------------------------------------------
 
@@ -207,8 +233,14 @@ class BubblewrapBackend:
         args = []
         if "no-die-with-parent" not in self.weaken:
             args.append("--die-with-parent")
-        args += ["--new-session", "--unshare-user", "--unshare-uts", "--unshare-cgroup-try",
-                 "--hostname", "sandbox-attest"]
+        args += [
+            "--new-session",
+            "--unshare-user",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox-attest",
+        ]
         if "keep-caps" not in self.weaken:
             args += ["--cap-drop", "ALL"]
         if "allow-userns" not in self.weaken:
@@ -232,8 +264,12 @@ class BubblewrapBackend:
         if "no-limits" in self.weaken:
             return []
         limits = dict(LIMITS)
-        return ["prlimit", f"--fsize={limits['fsize_mib'] * 1024 * 1024}",
-                f"--nofile={limits['nofile']}", "--"]
+        return [
+            "prlimit",
+            f"--fsize={limits['fsize_mib'] * 1024 * 1024}",
+            f"--nofile={limits['nofile']}",
+            "--",
+        ]
 
     def build_argv(self, request: ProbeRequest, seccomp_fd: int | str | None = None) -> list[str]:
         """The exact host command line for one request (deterministic for its inputs).
@@ -253,12 +289,26 @@ class BubblewrapBackend:
         argv += ["--bind", str(request.workspace), str(request.workspace)]
         payload = list(request.argv)
         if request.egress is not None and self.egress_mode == "shim":
-            argv += ["--ro-bind", str(request.egress.unix_socket), SANDBOX_PROXY_SOCKET,
-                     "--ro-bind", str(shim_path()), SANDBOX_SHIM]
+            argv += [
+                "--ro-bind",
+                str(request.egress.unix_socket),
+                SANDBOX_PROXY_SOCKET,
+                "--ro-bind",
+                str(shim_path()),
+                SANDBOX_SHIM,
+            ]
             # The shim binds its port before it starts the payload, so the payload never races
             # it; it runs under the payload's own interpreter (already bound above).
-            payload = [payload[0], SANDBOX_SHIM, "--unix", SANDBOX_PROXY_SOCKET,
-                       "--port", str(SHIM_PORT), "--", *payload]
+            payload = [
+                payload[0],
+                SANDBOX_SHIM,
+                "--unix",
+                SANDBOX_PROXY_SOCKET,
+                "--port",
+                str(SHIM_PORT),
+                "--",
+                *payload,
+            ]
         # The sandbox's own root is a tmpfs bwrap built; make it read-only too, so that only the
         # workspace and the private /tmp take writes.
         if "host-root-rw" not in self.weaken:
@@ -298,5 +348,11 @@ class BubblewrapBackend:
             if "leak-fd" in self.weaken:
                 pass_fds.append(stack.enter_context(Path(LEAKED_FILE).open("rb")).fileno())
             argv = self.build_argv(request, seccomp_fd)
-            return run_process(request.cell_id, argv, env, request.workspace, request.timeout,
-                               pass_fds=tuple(pass_fds))
+            return run_process(
+                request.cell_id,
+                argv,
+                env,
+                request.workspace,
+                request.timeout,
+                pass_fds=tuple(pass_fds),
+            )

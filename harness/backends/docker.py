@@ -348,9 +348,7 @@ class DockerBackend:
         self.weaken = frozenset(weaken)
         # With the host's network the shim would bind the host's loopback port (colliding
         # across parallel cells); such a container reaches the proxy's TCP port directly.
-        self.egress_mode: EgressMode = (
-            "direct-tcp" if "host-network" in self.weaken else "shim"
-        )
+        self.egress_mode: EgressMode = "direct-tcp" if "host-network" in self.weaken else "shim"
         self.run_id = run_id or f"{time.strftime('%Y%m%dt%H%M%S')}-{secrets.token_hex(3)}"
         self.engine_timeout = engine_timeout
         self._client_obj: Any = None

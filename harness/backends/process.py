@@ -8,6 +8,7 @@ SIGKILL of the group and record the timeout ourselves.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -66,10 +67,8 @@ def _drain(stream: IO[bytes], sink: list[Capture], stop: threading.Event) -> Non
 
 def kill_group(pid: int) -> None:
     """SIGKILL the process group led by `pid`; a group already gone is fine."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def group_alive(pgid: int) -> bool:
@@ -163,8 +162,8 @@ def run_process(
     proc.stdout.close()
     proc.stderr.close()
     duration = time.monotonic() - start
-    stdout = out[0] if out else Capture(b"", False)
-    stderr = err[0] if err else Capture(b"", False)
+    stdout = out[0] if out else Capture(b"", truncated=False)
+    stderr = err[0] if err else Capture(b"", truncated=False)
     run = finish_run(
         cell_id, argv, proc.returncode, stdout, stderr, timed_out=timed_out, duration=duration
     )

@@ -57,17 +57,37 @@ class ArchTable:
 ARCHES: Final = {
     "x86_64": ArchTable(
         audit_arch=0xC000003E,
-        denied={"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-                "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321,
-                "perf_event_open": 298, "userfaultfd": 323},
-        socket=41, socketpair=53, ioctl=16,
+        denied={
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "keyctl": 250,
+            "add_key": 248,
+            "request_key": 249,
+            "bpf": 321,
+            "perf_event_open": 298,
+            "userfaultfd": 323,
+        },
+        socket=41,
+        socketpair=53,
+        ioctl=16,
     ),
     "aarch64": ArchTable(
         audit_arch=0xC00000B7,
-        denied={"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-                "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280,
-                "perf_event_open": 241, "userfaultfd": 282},
-        socket=198, socketpair=199, ioctl=29,
+        denied={
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "keyctl": 219,
+            "add_key": 217,
+            "request_key": 218,
+            "bpf": 280,
+            "perf_event_open": 241,
+            "userfaultfd": 282,
+        },
+        socket=198,
+        socketpair=199,
+        ioctl=29,
     ),
 }
 
@@ -129,8 +149,9 @@ def build_filter(machine: str | None = None) -> bytes:
         # A jump is relative to the next instruction; None falls through.
         return 0 if target is None else labels[target] - index - 1
 
-    return b"".join(_insn(code, k, offset(i, jt), offset(i, jf))
-                    for i, (code, k, jt, jf) in enumerate(prog))
+    return b"".join(
+        _insn(code, k, offset(i, jt), offset(i, jf)) for i, (code, k, jt, jf) in enumerate(prog)
+    )
 
 
 def denied_names(machine: str | None = None) -> list[str]:
@@ -138,5 +159,10 @@ def denied_names(machine: str | None = None) -> list[str]:
     table = ARCHES.get(machine or platform.machine())
     if table is None:
         return []
-    return [*sorted(table.denied), "socket/socketpair families other than unix/inet/inet6",
-            "ioctl TIOCSTI", "x32 syscalls", "any other architecture"]
+    return [
+        *sorted(table.denied),
+        "socket/socketpair families other than unix/inet/inet6",
+        "ioctl TIOCSTI",
+        "x32 syscalls",
+        "any other architecture",
+    ]

@@ -7,6 +7,7 @@ own helpers, and `harness.catalog.base` holds the protocol and the readings they
 
 from __future__ import annotations
 
+from harness.catalog import host, net_wide, proc
 from harness.catalog.base import (
     CellContext,
     ProbeSpec,
@@ -14,7 +15,6 @@ from harness.catalog.base import (
     WorldLike,
     probe_path,
 )
-from harness.catalog import host, net_wide, proc
 from harness.catalog.dns import DnsResolution
 from harness.catalog.fs import FsWriteOutside
 from harness.catalog.ipc import IpcUnixSocketEscape
@@ -31,18 +31,16 @@ __all__ = [
     "probe_path",
 ]
 
-PROBES: dict[str, ProbeSpec] = {
-    spec.id: spec
-    for spec in (
-        NetDeniedHost(),
-        NetDirectEgress(),
-        DnsResolution(),
-        IpcUnixSocketEscape(),
-        FsWriteOutside(),
-        NetTransfer18MiB(),
-        PkgPipInstall(),
-        *net_wide.SPECS,
-        *host.SPECS,
-        *proc.SPECS,
-    )
-}
+_SPECS: tuple[ProbeSpec, ...] = (
+    NetDeniedHost(),
+    NetDirectEgress(),
+    DnsResolution(),
+    IpcUnixSocketEscape(),
+    FsWriteOutside(),
+    NetTransfer18MiB(),
+    PkgPipInstall(),
+    *net_wide.SPECS,
+    *host.SPECS,
+    *proc.SPECS,
+)
+PROBES: dict[str, ProbeSpec] = {spec.id: spec for spec in _SPECS}

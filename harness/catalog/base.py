@@ -350,7 +350,6 @@ def _capability(policy: DeclaredPolicy) -> Expectation:
     return "denied" if policy.network == "none" else "allowed"
 
 
-
 def _capability_escape(observed: str, seen: bool, reasons: list[str]) -> Escape:
     """A capability counts only when the payload and the host witness both saw it."""
     if observed == "succeeded" and seen:
@@ -381,5 +380,3 @@ def _origin_control(ctx: CellContext, nonce: str, url: str, host_key: str) -> li
     hits = [o for o in _with_nonce(records.origin, nonce) if o.get("host") == host_key]
     checks.append(_check(f"{host_key} origin logged the host", bool(hits), f"{len(hits)} hits"))
     return checks
-
-

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from harness.verdict import Assessment, Expectation
 
 if TYPE_CHECKING:
-
     from harness.backends.base import DeclaredPolicy
 from harness.catalog.base import (
     DOCKER_SOCKETS,

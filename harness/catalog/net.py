@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from harness.verdict import Assessment, Expectation
 
 if TYPE_CHECKING:
-
     from harness.backends.base import DeclaredPolicy
 from harness.catalog.base import (
     HOST_TIMEOUT_S,
@@ -219,7 +218,6 @@ class NetDirectEgress(_Spec):
             witness={"direct_tcp": tcp, "direct_udp": udp},
             control={"host": control},
         )
-
 
 
 class NetTransfer18MiB(_Spec):

@@ -9,7 +9,6 @@ from urllib.parse import urljoin
 from harness.verdict import Assessment, Expectation
 
 if TYPE_CHECKING:
-
     from harness.backends.base import DeclaredPolicy
 from harness.catalog.base import (
     CellContext,

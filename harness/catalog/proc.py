@@ -594,6 +594,7 @@ class ResourceLimits:
 # shared machine. A declared limit at or above its bound cannot be tested (reported, not judged).
 BOUNDS: Final = {"forks": 64, "memory_mib": 256, "fsize_mib": 32, "nofile": 512}
 
+
 def declared_limits(policy: DeclaredPolicy) -> ResourceLimits:
     """The limits a backend's declared policy claims (none when it claims nothing)."""
     return ResourceLimits(**dict(policy.limits))

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from attest.builder import build_report, write_policy
 from harness.attest import sign_report
 from harness.attest.keys import SigningKey, TrustedKey
 from harness.attest.policy import Policy, load_policy
+from tests.attest.builder import build_report, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from attest.builder import build_report, make_cells
 from harness.attest import sign_report
 from harness.attest.merge import load_expected_legs, merge_legs
 from harness.errors import ConfigError
+from tests.attest.builder import build_report, make_cells
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from attest.builder import make_cells, write_policy
 from harness.attest.policy import evaluate, load_policy, missing_legs
 from harness.errors import ConfigError
+from tests.attest.builder import make_cells, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path

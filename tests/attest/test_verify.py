@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from attest.builder import build_report, make_cells, write_policy
 from harness.attest import dsse, sign_report
 from harness.attest.cli import register
 from harness.attest.keys import (
@@ -21,6 +20,7 @@ from harness.attest.keys import (
 )
 from harness.attest.statement import STATEMENT_TYPE, statement_bytes
 from harness.attest.verify import verify_report
+from tests.attest.builder import build_report, make_cells, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import sys
@@ -26,7 +25,8 @@ PAYLOAD = r"""
 import json, os, socket, sys
 print("SANDBOX-ATTEST-START test", flush=True)
 facts = {"uid": os.getuid(), "pid": os.getpid(), "hostname": socket.gethostname(),
-         "netdevs": sorted(ln.split(":")[0].strip() for ln in open("/proc/net/dev").readlines()[2:])}
+         "netdevs": sorted(ln.split(":")[0].strip()
+                           for ln in open("/proc/net/dev").readlines()[2:])}
 ws = sys.argv[1]
 with open(os.path.join(ws, "inside.txt"), "w") as f:
     f.write("written inside")
@@ -37,8 +37,9 @@ for target in ("/usr/sandbox-attest-write-test", "/etc/sandbox-attest-write-test
     except OSError as exc:
         import errno
         facts[target] = errno.errorcode.get(exc.errno, str(exc.errno))
-facts["docker_sock_visible"] = os.path.exists("/var/run/docker.sock") or os.path.exists("/run/docker.sock")
-facts["home_visible"] = sorted(os.listdir(os.path.expanduser("/root"))) if os.path.isdir("/root") else None
+facts["docker_sock_visible"] = any(
+    os.path.exists(p) for p in ("/var/run/docker.sock", "/run/docker.sock"))
+facts["home_visible"] = sorted(os.listdir("/root")) if os.path.isdir("/root") else None
 if len(sys.argv) > 2 and sys.argv[2] == "proxy":
     s = socket.create_connection(("127.0.0.1", int(sys.argv[3])), timeout=5)
     s.sendall(b"ping through shim")
@@ -85,8 +86,9 @@ def echo_socket(tmp_path: Path) -> Iterator[Path]:
     server.close()
 
 
-def make_request(tmp_path: Path, payload: Path, *extra: str, socket_path: Path | None = None,
-                 timeout: float = 30) -> ProbeRequest:
+def make_request(
+    tmp_path: Path, payload: Path, *extra: str, socket_path: Path | None = None, timeout: float = 30
+) -> ProbeRequest:
     """A request like the runner makes: venv interpreter, workspace, payload dir read-only."""
     workspace = tmp_path / "workspace"
     workspace.mkdir(exist_ok=True)
@@ -115,8 +117,15 @@ class TestArgv:
     def test_confinement_flags_present(self, tmp_path: Path, payload: Path) -> None:
         """The argv has every namespace, lifetime and capability flag the policy relies on."""
         argv = bw.BubblewrapBackend().build_argv(make_request(tmp_path, payload))
-        for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-                     "--unshare-uts", "--die-with-parent", "--new-session"):
+        for flag in (
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--new-session",
+        ):
             assert flag in argv
         assert argv[argv.index("--cap-drop") + 1] == "ALL"
         assert argv[argv.index("--tmpfs") + 1] == "/tmp"
@@ -130,8 +139,9 @@ class TestArgv:
         ro = [argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"]
         assert "/" not in ro
 
-    def test_interpreter_bound_by_lexical_and_resolved_path(self, tmp_path: Path,
-                                                            payload: Path) -> None:
+    def test_interpreter_bound_by_lexical_and_resolved_path(
+        self, tmp_path: Path, payload: Path
+    ) -> None:
         """Both the interpreter's own path and its resolved target are visible inside."""
         argv = bw.BubblewrapBackend().build_argv(make_request(tmp_path, payload))
         ro = [Path(argv[i + 1]) for i, a in enumerate(argv) if a == "--ro-bind"]
@@ -140,8 +150,7 @@ class TestArgv:
         for exe in (lexical, resolved):
             assert exe.is_relative_to("/usr") or any(exe.is_relative_to(p) for p in ro), exe
 
-    def test_weakening_is_visible_in_argv_and_identity(self, tmp_path: Path,
-                                                       payload: Path) -> None:
+    def test_weakening_is_visible_in_argv_and_identity(self, tmp_path: Path, payload: Path) -> None:
         """A weakened backend drops exactly the flag it names and says so in its identity."""
         weak = bw.BubblewrapBackend(weaken=frozenset({"share-net"}))
         argv = weak.build_argv(make_request(tmp_path, payload))
@@ -164,7 +173,7 @@ class TestArgv:
 class TestAvailability:
     def test_missing_bwrap_names_the_fix(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without bwrap on PATH the backend is unavailable and says how to install it."""
-        monkeypatch.setattr(bw.shutil, "which", lambda _name: None)
+        monkeypatch.setattr("harness.backends.bubblewrap.shutil.which", lambda _name: None)
         avail = bw.BubblewrapBackend().availability()
         assert not avail.ok
         assert "apt-get install bubblewrap" in avail.reason
@@ -172,8 +181,10 @@ class TestAvailability:
     def test_namespace_failure_names_the_sysctl(self, tmp_path: Path) -> None:
         """A bwrap that cannot create namespaces is unavailable with the sysctl fix."""
         fake = tmp_path / "bwrap"
-        fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'bubblewrap 0.0'; exit 0; }\n"
-                        "echo 'bwrap: setting up uid map: Permission denied' >&2; exit 1\n")
+        fake.write_text(
+            "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'bubblewrap 0.0'; exit 0; }\n"
+            "echo 'bwrap: setting up uid map: Permission denied' >&2; exit 1\n"
+        )
         fake.chmod(0o755)
         avail = bw.BubblewrapBackend(bwrap=str(fake)).availability()
         assert not avail.ok
@@ -206,11 +217,11 @@ class TestLive:
         assert isinstance(home, list)
         assert not any(name.startswith(".ssh") for name in home)
 
-    def test_shim_bridges_loopback_to_the_proxy_socket(self, tmp_path: Path, payload: Path,
-                                                        echo_socket: Path) -> None:
+    def test_shim_bridges_loopback_to_the_proxy_socket(
+        self, tmp_path: Path, payload: Path, echo_socket: Path
+    ) -> None:
         """The only way out is the proxy socket, reached through the shim on loopback."""
-        request = make_request(tmp_path, payload, "proxy", str(SHIM_PORT),
-                               socket_path=echo_socket)
+        request = make_request(tmp_path, payload, "proxy", str(SHIM_PORT), socket_path=echo_socket)
         run = bw.BubblewrapBackend().run(request)
         assert run.started, run.stderr
         assert facts_of(run.stdout)["echo"] == "echo:ping through shim"
@@ -223,23 +234,26 @@ class TestLive:
         assert run.timed_out
         assert time.monotonic() - start < 15
         survivors = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        for proc_dir in Path("/proc").iterdir():
+            if not proc_dir.name.isdigit():
+                continue
             try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                cmdline = (proc_dir / "cmdline").read_bytes()
             except OSError:
                 continue
             if str(request.workspace).encode() in cmdline:
-                survivors.append(pid)
+                survivors.append(proc_dir.name)
         assert survivors == []
 
-    def test_weakened_share_net_sees_host_interfaces(self, tmp_path: Path,
-                                                     payload: Path) -> None:
+    def test_weakened_share_net_sees_host_interfaces(self, tmp_path: Path, payload: Path) -> None:
         """Control for the weakening: sharing the network shows the host's devices."""
         run = bw.BubblewrapBackend(weaken=frozenset({"share-net"})).run(
-            make_request(tmp_path, payload))
+            make_request(tmp_path, payload)
+        )
         assert run.started, run.stderr
-        host = sorted(ln.split(":")[0].strip()
-                      for ln in Path("/proc/net/dev").read_text().splitlines()[2:])
+        host = sorted(
+            ln.split(":")[0].strip() for ln in Path("/proc/net/dev").read_text().splitlines()[2:]
+        )
         assert len(host) > 1
         assert facts_of(run.stdout)["netdevs"] == host
 
@@ -267,12 +281,18 @@ class TestHardening:
         """--seccomp FD, --disable-userns and the prlimit prefix are all in the argv."""
         backend = bw.BubblewrapBackend()
         argv = backend.build_argv(make_request(tmp_path, payload), seccomp_fd=7)
-        assert argv[: argv.index("--") + 1] == ["prlimit", f"--fsize={16 * 1024 * 1024}",
-                                                "--nofile=256", "--"]
+        assert argv[: argv.index("--") + 1] == [
+            "prlimit",
+            f"--fsize={16 * 1024 * 1024}",
+            "--nofile=256",
+            "--",
+        ]
         assert argv[argv.index("--seccomp") + 1] == "7"
         assert "--disable-userns" in argv
-        assert "--seccomp" not in bw.BubblewrapBackend(
-            weaken=frozenset({"no-seccomp"})).argv_template()
+        assert (
+            "--seccomp"
+            not in bw.BubblewrapBackend(weaken=frozenset({"no-seccomp"})).argv_template()
+        )
 
     def test_declared_limits_are_in_the_identity(self) -> None:
         """The policy a verdict judges against names the limits the argv applies."""

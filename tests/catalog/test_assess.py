@@ -145,9 +145,15 @@ class TestExpectation:
 
     def test_catalog_holds_the_release_core(self) -> None:
         """The catalog holds the release core, each spec under its own id."""
-        core = {"net_denied_host", "net_direct_egress", "dns_resolution",
-                "ipc_unix_socket_escape", "fs_write_outside", "net_transfer_18mib",
-                "pkg_pip_install"}
+        core = {
+            "net_denied_host",
+            "net_direct_egress",
+            "dns_resolution",
+            "ipc_unix_socket_escape",
+            "fs_write_outside",
+            "net_transfer_18mib",
+            "pkg_pip_install",
+        }
         assert core <= set(PROBES)
         assert all(spec.id == key for key, spec in PROBES.items())
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
-from harness.backends.base import Backend, DeclaredPolicy, ProbeRequest
+from harness.backends.base import Backend, DeclaredPolicy
 from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.none import NoneBackend
 from harness.catalog import PROBES, CellContext
 from harness.catalog import proc as proc_module
-from harness.catalog.proc import BOUNDS, ResourceLimits
+from harness.catalog.proc import BOUNDS
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
 from harness.verdict import Verdict, decide
@@ -42,8 +42,12 @@ OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
 FAILED_CONTROL: dict[str, Any] = {"ok": False, "nonce": "hcontrol", "checks": []}
 
 # The limits of the unit tables: a confining policy that declares fsize and nofile caps.
-LIMITED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated",
-                         limits=(("fsize_mib", 8), ("nofile", 64)))
+LIMITED = DeclaredPolicy(
+    network="proxy",
+    filesystem="workspace",
+    ipc="isolated",
+    limits=(("fsize_mib", 8), ("nofile", 64)),
+)
 
 
 @dataclass
@@ -72,7 +76,7 @@ def world() -> Iterator[World]:
 
 
 @pytest.fixture(scope="module")
-def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Live:
     """The runner, with the control leg already run for every proc probe."""
     # Each weakened variant removes exactly one protection of the shipped configuration.
     backends: dict[str, Backend] = {
@@ -97,7 +101,7 @@ def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
     state = Live(runner)
     for probe in PROC_PROBES:
         state.run("none", probe)
-    yield state
+    return state
 
 
 def why(entry: dict[str, Any]) -> str:
@@ -136,7 +140,7 @@ class TestLive:
         assert all(a["outcome"] != "succeeded" for a in userns), userns
 
     def test_declared_limits_are_applied(self, live: Live) -> None:
-        """bubblewrap holds the fsize and nofile limits it declares (prlimit around bwrap)."""
+        """Bubblewrap holds the fsize and nofile limits it declares (prlimit around bwrap)."""
         entry = live.run("bubblewrap", "resource_limits")
         assert entry["verdict"] == "PASS", why(entry)
         loops = {a["what"]: a for a in entry["attempts"] if a["role"] == "escape"}

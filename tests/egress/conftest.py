@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trustme
-from egress_helpers import Origin, OriginMode
 
 from harness.dns import DnsFixture
 from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from tests.egress.egress_helpers import Origin, OriginMode
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from egress_helpers import (
+
+from harness.egress.proxy import DENY_HEADER, MAX_HEAD, ProxyConfig, start_proxy
+from harness.egress.rules import Rule
+from harness.errors import FixtureError
+from tests.egress.egress_helpers import (
     BLOCK,
     Origin,
     auth_header,
@@ -29,10 +33,6 @@ from egress_helpers import (
     vm_rss_kib,
     wait_for,
 )
-
-from harness.egress.proxy import DENY_HEADER, MAX_HEAD, ProxyConfig, start_proxy
-from harness.egress.rules import Rule
-from harness.errors import FixtureError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -658,7 +658,7 @@ class TestTransfer:
 
 
 def _block(i: int) -> bytes:
-    from egress_helpers import blob_block  # noqa: PLC0415
+    from tests.egress.egress_helpers import blob_block  # noqa: PLC0415
 
     return blob_block(i)
 

@@ -7,17 +7,15 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from egress_helpers import SHIM, read_all, read_head
-
 from harness.egress.rules import Rule
+from tests.egress.egress_helpers import SHIM, read_all, read_head
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from egress_helpers import Origin
-
     from harness.egress.proxy import ProxyProcess
+    from tests.egress.egress_helpers import Origin
 
 
 def _free_port() -> int:

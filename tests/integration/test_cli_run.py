@@ -15,8 +15,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 CLI = [sys.executable, "-m", "harness.cli"]
-CORE = ["net_denied_host", "net_direct_egress", "dns_resolution", "ipc_unix_socket_escape",
-        "fs_write_outside", "net_transfer_18mib", "pkg_pip_install"]
+CORE = [
+    "net_denied_host",
+    "net_direct_egress",
+    "dns_resolution",
+    "ipc_unix_socket_escape",
+    "fs_write_outside",
+    "net_transfer_18mib",
+    "pkg_pip_install",
+]
 
 
 def keypair(directory: Path) -> tuple[Path, Path]:
@@ -24,19 +31,32 @@ def keypair(directory: Path) -> tuple[Path, Path]:
     key = Ed25519PrivateKey.generate()
     private = directory / "signing.pem"
     public = directory / "signing.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     private.chmod(0o600)
     return private, public
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run the CLI in a subprocess from the repo root."""
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          check=False, cwd=Path(__file__).parent.parent.parent)
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=Path(__file__).parent.parent.parent,
+    )
 
 
 @pytest.mark.slow
@@ -45,8 +65,19 @@ class TestRun:
         """Both legs PASS all seven probes, exit 0, and the signed report verifies."""
         private, public = keypair(tmp_path)
         out = tmp_path / "report"
-        proc = run_cli("run", "--backend", "none", "--backend", "bubblewrap", "--out",
-                       str(out), "--key", str(private), "-j", "2")
+        proc = run_cli(
+            "run",
+            "--backend",
+            "none",
+            "--backend",
+            "bubblewrap",
+            "--out",
+            str(out),
+            "--key",
+            str(private),
+            "-j",
+            "2",
+        )
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         evidence = json.loads((out / "evidence.json").read_text())
         assert evidence["complete"] is True
@@ -71,10 +102,13 @@ class TestRun:
     def test_interrupted_run_keeps_its_evidence(self, tmp_path: Path) -> None:
         """SIGINT midway leaves evidence.jsonl and an evidence.json marked incomplete."""
         out = tmp_path / "r"
-        proc = subprocess.Popen([*CLI, "run", "--backend", "none", "--backend", "bubblewrap",
-                                 "--out", str(out)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True,
-                                cwd=Path(__file__).parent.parent.parent)
+        proc = subprocess.Popen(
+            [*CLI, "run", "--backend", "none", "--backend", "bubblewrap", "--out", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).parent.parent.parent,
+        )
         journal = out / "evidence.jsonl"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -88,7 +122,8 @@ class TestRun:
         assert len(evidence["cells"]) >= 2
         assert len(evidence["cells"]) < 2 * len(CORE)
         assert [json.loads(line)["cell_id"] for line in journal.read_text().splitlines()] == [
-            c["cell_id"] for c in evidence["cells"]]
+            c["cell_id"] for c in evidence["cells"]
+        ]
 
 
 class TestBackendsCommand:

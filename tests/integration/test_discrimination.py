@@ -26,8 +26,15 @@ from harness.world import World, start_world
 
 pytestmark = pytest.mark.slow
 
-CORE = ("net_denied_host", "net_direct_egress", "dns_resolution", "ipc_unix_socket_escape",
-        "fs_write_outside", "net_transfer_18mib", "pkg_pip_install")
+CORE = (
+    "net_denied_host",
+    "net_direct_egress",
+    "dns_resolution",
+    "ipc_unix_socket_escape",
+    "fs_write_outside",
+    "net_transfer_18mib",
+    "pkg_pip_install",
+)
 
 
 def docker(weaken: frozenset[str] = frozenset()) -> Backend:
@@ -48,19 +55,30 @@ class Broken:
 
 
 CORPUS = [
-    Broken("bubblewrap-share-net", lambda: BubblewrapBackend(weaken=frozenset({"share-net"})),
-           frozenset({"net_direct_egress", "dns_resolution", "ipc_unix_socket_escape"}),
-           "the host network: its listener, its DNS port and its abstract sockets"),
-    Broken("bubblewrap-host-root-rw",
-           lambda: BubblewrapBackend(weaken=frozenset({"host-root-rw"})),
-           frozenset({"fs_write_outside", "ipc_unix_socket_escape"}),
-           "the host's / writable: canaries change, and /var/run/docker.sock is visible"),
-    Broken("docker-socket-mounted", lambda: docker(frozenset({"docker-socket"})),
-           frozenset({"ipc_unix_socket_escape"}),
-           "the Docker socket mounted in answers /_ping"),
-    Broken("docker-host-network", lambda: docker(frozenset({"host-network"})),
-           frozenset({"net_direct_egress", "dns_resolution", "ipc_unix_socket_escape"}),
-           "the host network namespace"),
+    Broken(
+        "bubblewrap-share-net",
+        lambda: BubblewrapBackend(weaken=frozenset({"share-net"})),
+        frozenset({"net_direct_egress", "dns_resolution", "ipc_unix_socket_escape"}),
+        "the host network: its listener, its DNS port and its abstract sockets",
+    ),
+    Broken(
+        "bubblewrap-host-root-rw",
+        lambda: BubblewrapBackend(weaken=frozenset({"host-root-rw"})),
+        frozenset({"fs_write_outside", "ipc_unix_socket_escape"}),
+        "the host's / writable: canaries change, and /var/run/docker.sock is visible",
+    ),
+    Broken(
+        "docker-socket-mounted",
+        lambda: docker(frozenset({"docker-socket"})),
+        frozenset({"ipc_unix_socket_escape"}),
+        "the Docker socket mounted in answers /_ping",
+    ),
+    Broken(
+        "docker-host-network",
+        lambda: docker(frozenset({"host-network"})),
+        frozenset({"net_direct_egress", "dns_resolution", "ipc_unix_socket_escape"}),
+        "the host network namespace",
+    ),
 ]
 STRONG: dict[str, Callable[[], Backend]] = {
     "bubblewrap": BubblewrapBackend,
@@ -92,13 +110,18 @@ def probes() -> list[str]:
     return [row.id for row in rows if "linux" in row.platforms and row.id in PROBES]
 
 
-def make_runner(world: World, scratch: Path, backends: dict[str, Backend],
-                control: dict[str, Any] | None = None) -> CellRunner:
+def make_runner(
+    world: World, scratch: Path, backends: dict[str, Backend], control: dict[str, Any] | None = None
+) -> CellRunner:
     """A runner over `backends` with the control leg's results preloaded."""
     every: dict[str, Backend] = {"none": NoneBackend(), **backends}
-    runner = CellRunner(world=world, scratch=scratch, backends=every,
-                        availability={n: b.availability() for n, b in every.items()},
-                        platform="linux")
+    runner = CellRunner(
+        world=world,
+        scratch=scratch,
+        backends=every,
+        availability={n: b.availability() for n, b in every.items()},
+        platform="linux",
+    )
     runner.control_results.update(control or {})
     return runner
 
@@ -109,8 +132,9 @@ def run_all(runner: CellRunner, backend: str) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("broken", CORPUS, ids=[b.id for b in CORPUS])
-def test_hole_fails_its_probes_and_nothing_else(broken: Broken, world: World, tmp_path: Path,
-                                                control: dict[str, Any]) -> None:
+def test_hole_fails_its_probes_and_nothing_else(
+    broken: Broken, world: World, tmp_path: Path, control: dict[str, Any]
+) -> None:
     """The matching probes FAIL; every unrelated probe still PASSes."""
     backend = broken.make()
     try:
@@ -125,8 +149,9 @@ def test_hole_fails_its_probes_and_nothing_else(broken: Broken, world: World, tm
 
 
 @pytest.mark.parametrize("name", list(STRONG))
-def test_strong_configuration_is_clean_three_times(name: str, world: World, tmp_path: Path,
-                                                   control: dict[str, Any]) -> None:
+def test_strong_configuration_is_clean_three_times(
+    name: str, world: World, tmp_path: Path, control: dict[str, Any]
+) -> None:
     """A good configuration gives all PASS, identically, in three repeated runs."""
     backend = STRONG[name]()
     try:
@@ -134,5 +159,5 @@ def test_strong_configuration_is_clean_three_times(name: str, world: World, tmp_
         rounds = [{p: e["verdict"] for p, e in run_all(runner, name).items()} for _ in range(3)]
     finally:
         getattr(backend, "close", lambda: None)()
-    assert rounds[0] == {p: "PASS" for p in probes()}
+    assert rounds[0] == dict.fromkeys(probes(), "PASS")
     assert rounds[0] == rounds[1] == rounds[2]

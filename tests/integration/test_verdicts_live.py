@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness import runner as runner_module
-from harness.backends.base import Availability, Backend, ProbeRequest, ProbeRun
+from harness.backends.base import Availability, Backend, EgressMode, ProbeRequest, ProbeRun
 from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.none import NoneBackend
 from harness.backends.process import run_process
@@ -38,7 +38,7 @@ class ExitsBeforeStart:
     """A sandbox that fails before the payload runs (its wrapper says why on stderr)."""
 
     name = "broken"
-    egress_mode = "direct-tcp"
+    egress_mode: EgressMode = "direct-tcp"
 
     def __init__(self) -> None:
         """Borrow the control leg's identity; only `run` differs."""
@@ -57,9 +57,13 @@ class ExitsBeforeStart:
 def make_runner(world: World, tmp_path: Path, backends: dict[str, Backend]) -> CellRunner:
     """A runner over `backends` (the control leg always included)."""
     all_backends: dict[str, Backend] = {"none": NoneBackend(), **backends}
-    return CellRunner(world=world, scratch=tmp_path, backends=all_backends,
-                      availability={n: b.availability() for n, b in all_backends.items()},
-                      platform="linux")
+    return CellRunner(
+        world=world,
+        scratch=tmp_path,
+        backends=all_backends,
+        availability={n: b.availability() for n, b in all_backends.items()},
+        platform="linux",
+    )
 
 
 def cell(backend: str, probe: str, timeout: float = 60) -> Cell:
@@ -83,19 +87,22 @@ def verdict(entry: dict[str, Any]) -> str:
 
 
 class TestForgedAndBroken:
-    def test_forged_refusal_seen_by_witness_is_fail(self, world: World, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_forged_refusal_seen_by_witness_is_fail(
+        self, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """A payload that reaches the listener but prints 'refused' is FAIL: the host saw it."""
         forge(monkeypatch, "net_direct_egress", "lying_direct_egress.py")
-        runner = make_runner(world, tmp_path, {
-            "bubblewrap": BubblewrapBackend(weaken=frozenset({"share-net"}))})
+        runner = make_runner(
+            world, tmp_path, {"bubblewrap": BubblewrapBackend(weaken=frozenset({"share-net"}))}
+        )
         runner.run_cell(cell("none", "net_direct_egress"))
         entry = runner.run_cell(cell("bubblewrap", "net_direct_egress"))
         assert verdict(entry).startswith("FAIL: escape observed by the host")
         assert entry["observed"] == "refused"  # the payload's lie is kept as evidence
 
-    def test_failed_control_is_inconclusive(self, world: World, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_failed_control_is_inconclusive(
+        self, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """A correct-looking denial whose allowed-host control failed proves nothing."""
         forge(monkeypatch, "net_denied_host", "denied_host_control_fails.py")
         runner = make_runner(world, tmp_path, {"bubblewrap": BubblewrapBackend()})
@@ -110,9 +117,14 @@ class TestForgedAndBroken:
             ("two_reports.py", "found 2"),
         ],
     )
-    def test_broken_payload_is_error(self, world: World, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch, script: str,
-                                     needle: str) -> None:
+    def test_broken_payload_is_error(
+        self,
+        world: World,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        script: str,
+        needle: str,
+    ) -> None:
         """A payload that crashes, stays silent or prints two reports is ERROR, never PASS."""
         forge(monkeypatch, "net_direct_egress", script)
         runner = make_runner(world, tmp_path, {"bubblewrap": BubblewrapBackend()})
@@ -120,29 +132,31 @@ class TestForgedAndBroken:
         assert entry["verdict"] == "ERROR", verdict(entry)
         assert needle in entry["reason"]
 
-    def test_crash_keeps_the_traceback_as_evidence(self, world: World, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_crash_keeps_the_traceback_as_evidence(
+        self, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """The payload's stderr (its traceback) is in the evidence of an ERROR cell."""
         forge(monkeypatch, "net_direct_egress", "crash_after_marker.py")
         runner = make_runner(world, tmp_path, {"bubblewrap": BubblewrapBackend()})
         entry = runner.run_cell(cell("bubblewrap", "net_direct_egress"))
         assert "payload crashed on purpose" in entry["run"]["stderr"]
 
-    def test_backend_exiting_before_start_is_error(self, world: World,
-                                                   tmp_path: Path) -> None:
+    def test_backend_exiting_before_start_is_error(self, world: World, tmp_path: Path) -> None:
         """A sandbox that never starts the payload is ERROR, with the wrapper's stderr."""
         runner = make_runner(world, tmp_path, {"broken": ExitsBeforeStart()})
         entry = runner.run_cell(cell("broken", "net_direct_egress"))
         assert entry["verdict"] == "ERROR", verdict(entry)
         assert "cannot create namespace" in entry["reason"]
 
-    def test_timeout_is_error_with_partial_output(self, world: World, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_timeout_is_error_with_partial_output(
+        self, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """A payload that hangs is killed at the deadline: ERROR, with what it printed."""
         hang = tmp_path / "forged" / "hang.py"
         hang.parent.mkdir()
-        hang.write_text("import time\nprint('SANDBOX-ATTEST-START x', flush=True)\n"
-                        "time.sleep(120)\n")
+        hang.write_text(
+            "import time\nprint('SANDBOX-ATTEST-START x', flush=True)\ntime.sleep(120)\n"
+        )
         monkeypatch.setattr(runner_module, "probe_path", lambda _probe: hang)
         runner = make_runner(world, tmp_path, {"bubblewrap": BubblewrapBackend()})
         entry = runner.run_cell(cell("bubblewrap", "net_direct_egress", timeout=3))
@@ -164,8 +178,9 @@ class TestControlLeg:
         assert verdict(entry).startswith("INCONCLUSIVE: the control leg gave INCONCLUSIVE")
         assert "was: " in entry["reason"]
 
-    def test_missing_control_leg_makes_pass_inconclusive(self, world: World,
-                                                         tmp_path: Path) -> None:
+    def test_missing_control_leg_makes_pass_inconclusive(
+        self, world: World, tmp_path: Path
+    ) -> None:
         """A PASS with no control-leg run for the same probe is not accepted."""
         runner = make_runner(world, tmp_path, {"bubblewrap": BubblewrapBackend()})
         entry = runner.run_cell(cell("bubblewrap", "dns_resolution"))
@@ -184,13 +199,18 @@ class TestWeakenedBubblewrap:
             ("host-root-rw", "fs_write_outside"),
         ],
     )
-    def test_hole_makes_matching_probe_fail(self, world: World, tmp_path: Path,
-                                            weakening: str, probe: str) -> None:
+    def test_hole_makes_matching_probe_fail(
+        self, world: World, tmp_path: Path, weakening: str, probe: str
+    ) -> None:
         """The probe that matches the hole FAILs, and the strong sandbox PASSes it."""
-        runner = make_runner(world, tmp_path, {
-            "bubblewrap": BubblewrapBackend(),
-            "weak": BubblewrapBackend(weaken=frozenset({weakening})),
-        })
+        runner = make_runner(
+            world,
+            tmp_path,
+            {
+                "bubblewrap": BubblewrapBackend(),
+                "weak": BubblewrapBackend(weaken=frozenset({weakening})),
+            },
+        )
         control = runner.run_cell(cell("none", probe))
         assert control["verdict"] == "PASS", verdict(control)
         strong = runner.run_cell(cell("bubblewrap", probe))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
-from attest.builder import build_report, make_cells, write_policy
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from harness.attest import sign_report
 from harness.attest.keys import SigningKey
+from tests.attest.builder import build_report, make_cells, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.render import write_html
-from render.conftest import HOSTILE
+from tests.render.conftest import HOSTILE
 
 if TYPE_CHECKING:
     from pathlib import Path

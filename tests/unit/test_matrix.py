@@ -24,7 +24,7 @@ class TestLoadMatrix:
         assert all(c.not_applicable is None for c in cells)
 
     def test_backend_of_another_platform_is_not_applicable_with_reason(self) -> None:
-        """seatbelt on Linux is NOT_APPLICABLE, and the reason is the written one."""
+        """Seatbelt on Linux is NOT_APPLICABLE, and the reason is the written one."""
         matrix = load_matrix(matrix_dir() / "matrix.toml")
         cells = [c for c in matrix.cells(["seatbelt"], "linux") if c.backend == "seatbelt"]
         assert cells

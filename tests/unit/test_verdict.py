@@ -9,8 +9,9 @@ from harness.verdict import Assessment, Escape, Expectation, Verdict, decide
 
 def assessment(escape: Escape, *, controls_ok: bool = True) -> Assessment:
     """An assessment with one reason, for the decision table."""
-    return Assessment(escape=escape, controls_ok=controls_ok, reasons=["because"],
-                      observed="refused")
+    return Assessment(
+        escape=escape, controls_ok=controls_ok, reasons=["because"], observed="refused"
+    )
 
 
 CASES = [
@@ -31,10 +32,14 @@ CASES = [
 
 
 class TestDecide:
-    @pytest.mark.parametrize(("expected", "escape", "controls_ok", "verdict"), CASES,
-                             ids=[f"{c[0]}-{c[1]}-controls_{c[2]}" for c in CASES])
-    def test_decision_table(self, expected: Expectation, escape: Escape, controls_ok: bool,
-                            verdict: Verdict) -> None:
+    @pytest.mark.parametrize(
+        ("expected", "escape", "controls_ok", "verdict"),
+        CASES,
+        ids=[f"{c[0]}-{c[1]}-controls_{c[2]}" for c in CASES],
+    )
+    def test_decision_table(
+        self, expected: Expectation, escape: Escape, controls_ok: bool, verdict: Verdict
+    ) -> None:
         """Each (expectation, escape, control) combination gives exactly one verdict."""
         assert decide(expected, assessment(escape, controls_ok=controls_ok)).verdict == verdict
 
@@ -51,7 +56,10 @@ class TestDecide:
             for e in ("denied", "allowed")
             for esc in ("escaped", "refused", "contained", "disagree", "undecided")
             for ok in (True, False)
-            if decide(e, assessment(esc, controls_ok=ok)).verdict is Verdict.PASS  # type: ignore[arg-type]
+            if decide(e, assessment(esc, controls_ok=ok)).verdict is Verdict.PASS
         }
-        assert passing == {("denied", "refused", True), ("denied", "contained", True),
-                           ("allowed", "escaped", True)}
+        assert passing == {
+            ("denied", "refused", True),
+            ("denied", "contained", True),
+            ("allowed", "escaped", True),
+        }
