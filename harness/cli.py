@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness import __version__
 from harness.errors import HarnessError
@@ -43,7 +44,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.jobs > 1:
         pytest_args.append(f"--harness-jobs={args.jobs}")
     print(f"sandbox-attest {__version__}: report -> {out}", flush=True)
-    return int(pytest.main(pytest_args))
+    gate = _GateWatch()
+    code = int(pytest.main(pytest_args, plugins=[gate]))
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or gate.failures is None:
+        return code  # interrupted, usage or internal error: never a pass
+    for line in gate.failures:
+        print(f"gate: {line}")
+    print("gate: " + ("FAILED" if gate.failures else "PASSED (every required cell PASSed)"))
+    return 1 if gate.failures else 0
+
+
+class _GateWatch:
+    """Reads the release gate off the run before pytest tears it down."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] | None = None
+
+    def pytest_unconfigure(self, config: Any) -> None:
+        """Collect the gate's failures (None when no matrix ran)."""
+        from harness.plugin import INTERRUPTED_KEY, SESSION_KEY  # noqa: PLC0415
+
+        run = config.stash.get(SESSION_KEY, None)
+        if run is not None:
+            interrupted = config.stash.get(INTERRUPTED_KEY, False)
+            self.failures = run.gate_failures() + (
+                ["the run was interrupted"] if interrupted else []
+            )
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:

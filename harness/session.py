@@ -215,6 +215,23 @@ class RunSession:
         seen = {c["cell_id"] for c in self.writer.cells}
         return sorted(self.required - seen)
 
+    def gate_failures(self) -> list[str]:
+        """Why the release gate does not hold for this run; empty when it holds.
+
+        Only required cells (policy or --require-backend) decide the gate: a FAIL in a backend
+        nobody requires is reported in the grid and the evidence, never hidden, but it does
+        not make the run's exit status non-zero. An empty requirement never holds.
+        """
+        if not self.required and not self.required_backends:
+            return ["the policy requires no cell on this platform; nothing can be attested"]
+        failures = [f"missing required cell {cell_id}" for cell_id in self.missing_required()]
+        failures += [
+            f"required cell {c['cell_id']} is {c['verdict']}: {c['reason']}"
+            for c in self.writer.cells
+            if c.get("required") and c["verdict"] != "PASS"
+        ]
+        return failures
+
     def finish(self, *, complete: bool) -> list[str]:
         """Stop the world, write evidence.json, then sign and render. Idempotent.
 

@@ -91,8 +91,11 @@ SECTION_KEYS: Final[dict[str, set[str]]] = {
     "detect": {"executables", "version", "check", "install"},
     "run": {"argv", "egress", "address_by", "proxy_socket_inside", "shim_inside"},
     "env": {"pass", "host", "set"},
-    "policy": {"network", "filesystem", "ipc"},
+    "policy": {"network", "filesystem", "ipc", "limits"},
 }
+# The resource limits a spec may claim ([policy] limits = {fsize_mib = 16, nofile = 256}); the
+# resource_limits probe holds the wrapper to them.
+LIMIT_NAMES: Final = frozenset({"fsize_mib", "nofile", "forks", "memory_mib"})
 FILE_KEYS: Final = {"path", "template", "mode"}
 EACH_KEYS: Final = {"each", "args"}
 
@@ -336,7 +339,7 @@ def _env(
 
 
 def _policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
-    for key in SECTION_KEYS["policy"]:
+    for key in SECTION_KEYS["policy"] - {"limits"}:
         if key not in table:
             raise _fail(
                 source,
@@ -349,8 +352,22 @@ def _policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
         source, "[policy] filesystem", table["filesystem"], get_args(FilesystemMode)
     )
     ipc = _choice(source, "[policy] ipc", table["ipc"], get_args(IpcMode))
+    limits = table.get("limits", {})
+    if not isinstance(limits, dict) or not all(
+        name in LIMIT_NAMES and isinstance(value, int) and value > 0
+        for name, value in limits.items()
+    ):
+        raise _fail(
+            source,
+            "[policy] limits",
+            f"must map names from {sorted(LIMIT_NAMES)} to positive integers "
+            "(e.g. limits = {fsize_mib = 16, nofile = 256})",
+        )
     return DeclaredPolicy(
-        cast("NetworkMode", network), cast("FilesystemMode", filesystem), cast("IpcMode", ipc)
+        cast("NetworkMode", network),
+        cast("FilesystemMode", filesystem),
+        cast("IpcMode", ipc),
+        limits=tuple(sorted(limits.items())),
     )
 
 

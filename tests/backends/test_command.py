@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,10 +82,14 @@ def verdict(entry: dict[str, Any]) -> str:
 
 
 def add(runner: CellRunner, backend: Backend) -> str:
-    """Make `backend` runnable by `runner`; skip (with the reason) if it cannot run here."""
+    """Make `backend` runnable by `runner`; fail (never skip) with the reason if it cannot run.
+
+    ./run test installs every wrapper the live tests use, so an unavailable one is a broken
+    install step that must show up red.
+    """
     avail = backend.availability()
     if not avail.ok:
-        pytest.skip(f"{backend.name} UNAVAILABLE here: {avail.reason}")
+        pytest.fail(f"{backend.name} UNAVAILABLE here: {avail.reason}")
     runner.backends[backend.name] = backend
     runner.availability[backend.name] = avail
     return backend.name
@@ -170,14 +173,14 @@ class TestAvailability:
         """The identity has the wrapper's version, its declared policy and a spec digest."""
         backend = create_backend("bwrap-generic")
         avail = backend.availability()
-        if not avail.ok:
-            pytest.skip(f"bwrap UNAVAILABLE here: {avail.reason}")
+        assert avail.ok, avail.reason
         assert avail.identity is not None
         assert avail.identity.version.startswith("bubblewrap ")
         assert avail.identity.policy.as_dict() == {
             "network": "proxy",
             "filesystem": "workspace",
             "ipc": "isolated",
+            "limits": {"fsize_mib": 16, "nofile": 256},
         }
         assert avail.identity.profile_digest.startswith("sha256:")
 
@@ -250,8 +253,6 @@ class TestLiveWrappers:
 
     def test_firejail_verdicts_as_recorded(self, runner: CellRunner) -> None:
         """Firejail earns the recorded verdicts: host unix sockets stay reachable (FAIL)."""
-        if shutil.which("firejail") is None:
-            pytest.skip("firejail UNAVAILABLE here: not installed (apt-get install firejail)")
         name = add(runner, create_backend("firejail"))
         assert verdicts(runner, name, CORE) == FIREJAIL_VERDICTS
 
