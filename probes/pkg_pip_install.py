@@ -53,9 +53,15 @@ def errno_name(exc):
     return errno.errorcode.get(code) if isinstance(code, int) else None
 
 
+# Variables that silently replace pip's --cert (requests and curl honour them over the flag), so
+# an inherited one would make the install fail against the run's CA for reasons of the host.
+CA_OVERRIDES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR")
+
+
 def pip_env(task):
     env = {k: v for k, v in os.environ.items()
-           if not k.upper().startswith("PIP_") and k.upper() not in PROXY_VARS}
+           if not k.upper().startswith("PIP_") and k.upper() not in PROXY_VARS
+           and k.upper() not in CA_OVERRIDES}
     # pip addresses hosts by the index URL's name whatever task["address_by"] says: it must
     # verify TLS against the name in the URL, so a "literal" wrapper's proxy sees names here.
     proxy = task_proxy(task) or ""

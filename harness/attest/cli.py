@@ -31,6 +31,11 @@ HELP_ALLOW_LOCAL = (
     "accept a report signed by a per-machine (untrusted) local key; that key must also be "
     "the --trusted-key"
 )
+HELP_PARTIAL = (
+    "verify one machine's report: legs the policy names that this report does not hold are "
+    "not required (every cell of the legs it does hold still is); a release uses merge + "
+    "a full verify instead"
+)
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -41,11 +46,16 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(f"error: {exc.diagnostics()}", file=sys.stderr)
         return EXIT_USAGE
     result = verify_report(
-        args.report_dir, trusted, policy, allow_untrusted_local=args.allow_untrusted_local
+        args.report_dir,
+        trusted,
+        policy,
+        allow_untrusted_local=args.allow_untrusted_local,
+        require_all_legs=not args.partial,
     )
     gate = result.gate.result if result.gate else "unknown"
     if result.ok:
-        print(f"OK: {args.report_dir} verifies with key {trusted.keyid} (gate {gate})")
+        scope = " (partial: only the legs this report holds)" if args.partial else ""
+        print(f"OK: {args.report_dir} verifies with key {trusted.keyid} (gate {gate}){scope}")
         return EXIT_OK
     print(
         f"FAILED: {args.report_dir} does not verify ({len(result.reasons)} reasons):",
@@ -100,6 +110,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     verify.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help=HELP_POLICY)
     verify.add_argument("--allow-untrusted-local", action="store_true", help=HELP_ALLOW_LOCAL)
+    verify.add_argument("--partial", action="store_true", help=HELP_PARTIAL)
     verify.set_defaults(func=_run_verify)
 
     merge = subparsers.add_parser(

@@ -71,16 +71,13 @@ WEAKENINGS: Final = frozenset(
         "host-root-rw",  # the host's / bound writable instead of the read-only system roots
         "no-die-with-parent",  # the sandbox may outlive the harness
         "pass-env",  # the harness's whole environment passed in, not the declared one
-        "leak-fd",  # a host file descriptor left open into the sandbox
         "keep-caps",  # no --cap-drop ALL: the sandbox's root keeps its (namespaced) capabilities
         "no-seccomp",  # no syscall filter: io_uring, keyrings, bpf, TIOCSTI, vsock reach the kernel
         "allow-userns",  # no --disable-userns: nested user namespaces (and their mounts) allowed
         "no-limits",  # the rlimits are still declared but not applied
     }
 )
-# The host file a "leak-fd" weakening leaves open in the sandbox (any readable host file works;
-# the probe looks for descriptors beyond 0-2, not for this file's contents).
-LEAKED_FILE: Final = "/etc/hostname"
+
 
 INSTALL_FIX: Final = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 USERNS_FIX: Final = (
@@ -345,8 +342,6 @@ class BubblewrapBackend:
             if "no-seccomp" not in self.weaken:
                 seccomp_fd = stack.enter_context(_program_pipe(build_filter()))
                 pass_fds.append(seccomp_fd)
-            if "leak-fd" in self.weaken:
-                pass_fds.append(stack.enter_context(Path(LEAKED_FILE).open("rb")).fileno())
             argv = self.build_argv(request, seccomp_fd)
             return run_process(
                 request.cell_id,
