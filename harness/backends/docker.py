@@ -7,8 +7,13 @@ container the same way, all of it recorded in the identity profile so its digest
   egress proxy's unix socket, mounted read-only and re-exposed on 127.0.0.1:SHIM_PORT by the
   stdlib shim (`harness/egress/shim.py`, also mounted read-only, never copied), with
   `HTTP_PROXY`/`HTTPS_PROXY` pointing at it.
-- read-only root filesystem, `cap_drop=["ALL"]`, `no-new-privileges`, a pids limit, a private
-  IPC namespace, a non-root user.
+- read-only root filesystem, `cap_drop=["ALL"]`, `no-new-privileges`, a private IPC
+  namespace, a non-root user.
+- our seccomp profile (`docker_seccomp`: docker's own denials as a short deny list, plus
+  io_uring, keyrings, bpf, TIOCSTI and socket families other than unix/inet/inet6, which
+  docker's default lets through), passed to the engine as JSON text.
+- limits, declared in the policy so `resource_limits` holds the backend to them: bubblewrap's
+  rlimits (fsize, nofile) as docker ulimits, and the pids cgroup limit as "forks".
 - the workspace is the only writable mount (and the only writable path at all: no tmpfs).
 
 The user. Inside, the payload runs as an unprivileged uid. When the harness itself runs as a
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -45,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self
 
+from harness.backends import docker_seccomp
 from harness.backends.base import (
     SHIM_PORT,
     Availability,
@@ -54,6 +61,7 @@ from harness.backends.base import (
     ProbeRequest,
     ProbeRun,
 )
+from harness.backends.bubblewrap import LIMITS
 from harness.backends.docker_image import (
     DEFAULT_REPOSITORY,
     RUN_LABEL,
@@ -70,13 +78,18 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import TracebackType
 
-POLICY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
-
 # The unprivileged uid/gid containers run as when the harness runs as root ("nonroot" in the
 # distroless convention; no host account uses it).
 SANDBOX_UID: Final = 65532
 SANDBOX_GID: Final = 65532
-PIDS_LIMIT: Final = 256
+# The pids cgroup limit: tasks (processes and threads) the whole container may hold, shim and
+# payload included, so it also caps the payload's children (declared as "forks"). Measured: the
+# pip install probe (pip, the shim and their threads) runs under 16; 32 leaves it room.
+PIDS_LIMIT: Final = 32
+MIB: Final = 1024 * 1024
+# The rlimits every process in the container starts with: bubblewrap's, as docker ulimits
+# (soft = hard, so the payload cannot raise them). RLIMIT_FSIZE is in bytes.
+ULIMITS: Final = (("fsize", dict(LIMITS)["fsize_mib"] * MIB), ("nofile", dict(LIMITS)["nofile"]))
 CELL_LABEL: Final = "sandbox-attest.cell"
 
 # Inside every container the proxy socket and the shim sit here (as under bubblewrap), so the
@@ -103,7 +116,16 @@ CONFINEMENT: Final[dict[str, Any]] = {
 }
 
 # Deliberate holes, used only by tests to show that the matching probes FAIL.
-WEAKENINGS: Final = frozenset({"docker-socket", "host-network", "host-root-rw", "host-pid"})
+WEAKENINGS: Final = frozenset(
+    {
+        "docker-socket",
+        "host-network",
+        "host-root-rw",
+        "host-pid",
+        "default-seccomp",  # the engine's profile: io_uring, TIOCSTI, vsock reach the kernel
+        "no-limits",  # no ulimits and no pids limit, but the limits are still declared
+    }
+)
 
 ENGINE_FIX: Final = (
     "start one with `scripts/docker-engine.sh start` (installs Debian's docker.io if needed and "
@@ -219,14 +241,23 @@ class ContainerSpec:
     env: dict[str, str]
     mounts: list[BindMount]
     network_mode: str
-    pids_limit: int
+    pids_limit: int | None  # None: no pids limit (only the "no-limits" weakening)
     labels: dict[str, str]
     group_add: list[str] = field(default_factory=list)
     pid_mode: str | None = None  # None: a private pid namespace (docker's default)
+    seccomp: str | None = None  # the profile's JSON text; None: the engine's default profile
+    ulimits: tuple[tuple[str, int], ...] = ()
+
+    def security_opt(self) -> list[str]:
+        """`no-new-privileges`, and our seccomp profile unless the engine's default is used."""
+        opts = list(CONFINEMENT["security_opt"])
+        if self.seccomp is not None:
+            opts.append(f"seccomp={self.seccomp}")
+        return opts
 
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `client.containers.create`."""
-        from docker.types import LogConfig, Mount  # noqa: PLC0415
+        from docker.types import LogConfig, Mount, Ulimit  # noqa: PLC0415
 
         log = CONFINEMENT["log_config"]
         kwargs: dict[str, Any] = {
@@ -240,11 +271,10 @@ class ContainerSpec:
                 Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in self.mounts
             ],
             "network_mode": self.network_mode,
-            "pids_limit": self.pids_limit,
             "labels": self.labels,
             "read_only": CONFINEMENT["read_only"],
             "cap_drop": CONFINEMENT["cap_drop"],
-            "security_opt": CONFINEMENT["security_opt"],
+            "security_opt": self.security_opt(),
             "ipc_mode": CONFINEMENT["ipc_mode"],
             "privileged": CONFINEMENT["privileged"],
             "hostname": CONFINEMENT["hostname"],
@@ -252,6 +282,10 @@ class ContainerSpec:
             "stdin_open": False,
             "tty": False,
         }
+        if self.pids_limit is not None:
+            kwargs["pids_limit"] = self.pids_limit
+        if self.ulimits:
+            kwargs["ulimits"] = [Ulimit(name=n, soft=v, hard=v) for n, v in self.ulimits]
         if self.group_add:
             kwargs["group_add"] = self.group_add
         if self.pid_mode:
@@ -262,8 +296,15 @@ class ContainerSpec:
         """The equivalent `docker run` command line, recorded as the run's argv."""
         argv = ["docker", "run", "--rm", "--name", self.name, "--network", self.network_mode]
         argv += ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        if self.seccomp is not None:
+            # The JSON itself is in the identity profile; the argv names it by digest.
+            digest = hashlib.sha256(self.seccomp.encode()).hexdigest()
+            argv += ["--security-opt", f"seccomp=sandbox-attest-seccomp.json#sha256:{digest}"]
         argv += ["--ipc", "private", "--hostname", CONFINEMENT["hostname"]]
-        argv += ["--pids-limit", str(self.pids_limit), "--user", self.user]
+        if self.pids_limit is not None:
+            argv += ["--pids-limit", str(self.pids_limit)]
+        argv += [f"--ulimit={name}={value}:{value}" for name, value in self.ulimits]
+        argv += ["--user", self.user]
         argv += [f"--group-add={gid}" for gid in self.group_add]
         if self.pid_mode:
             argv += ["--pid", self.pid_mode]
@@ -329,7 +370,7 @@ class DockerBackend:
                 the host's interpreter from the host's /usr mounted read-only.
             python: the interpreter inside the image; when given it replaces the payload's
                 argv[0] (the host's interpreter path, meaningless in a foreign image).
-            pids_limit: the container's pids cgroup limit.
+            pids_limit: the container's pids cgroup limit (declared as the "forks" limit).
             weaken: deliberate holes from WEAKENINGS (tests only); recorded in the identity.
             run_id: labels everything this backend creates; a fresh one when omitted.
             engine_timeout: seconds for one engine API call (not the payload's timeout).
@@ -406,8 +447,12 @@ class DockerBackend:
             "image": image.as_dict(),
             "user": f"{self.uid}:{self.gid}",
             "network_mode": self._network_mode(),
-            "pids_limit": self.pids_limit,
+            "pids_limit": self._pids_limit(),
+            "ulimits": dict(self._ulimits()),
             **CONFINEMENT,
+            # The whole profile, so the digest covers every rule; None: the engine's default.
+            "seccomp": None if "default-seccomp" in self.weaken else docker_seccomp.profile(),
+            "seccomp_denies": [] if "default-seccomp" in self.weaken else docker_seccomp.summary(),
             "writable": ["{workspace}"],
             "mounts_template": [m.flag() for m in self._template_mounts(image)],
             "env_added": {"HTTP_PROXY": SHIM_PROXY_URL, "HTTPS_PROXY": SHIM_PROXY_URL},
@@ -427,8 +472,18 @@ class DockerBackend:
             name=self.name + ("+weakened" if self.weaken else ""),
             version=f"engine {version.get('Version', 'unknown')}",
             platform=platform_string(),
-            policy=POLICY,
+            policy=self.policy(),
             profile=profile,
+        )
+
+    def policy(self) -> DeclaredPolicy:
+        """The claim: proxy-only network, workspace-only writes, isolation, and the limits.
+
+        The limits are declared even under the "no-limits" weakening, which is the point of it.
+        """
+        limits = (*LIMITS, ("forks", self.pids_limit))
+        return DeclaredPolicy(
+            network="proxy", filesystem="workspace", ipc="isolated", limits=limits
         )
 
     def availability(self) -> Availability:
@@ -463,12 +518,23 @@ class DockerBackend:
             env={},
             mounts=[BindMount(r, r, read_only=True) for r in image.host_roots],
             network_mode="none",
-            pids_limit=self.pids_limit,
+            pids_limit=self._pids_limit(),
             labels={RUN_LABEL: self.run_id, CELL_LABEL: "trial"},
+            seccomp=self._seccomp(),
+            ulimits=self._ulimits(),
         )
         return self._run_container(spec, timeout=60.0)
 
     # -- the container -------------------------------------------------------------------
+
+    def _seccomp(self) -> str | None:
+        return None if "default-seccomp" in self.weaken else docker_seccomp.profile_json()
+
+    def _ulimits(self) -> tuple[tuple[str, int], ...]:
+        return () if "no-limits" in self.weaken else ULIMITS
+
+    def _pids_limit(self) -> int | None:
+        return None if "no-limits" in self.weaken else self.pids_limit
 
     def _network_mode(self) -> str:
         return "host" if "host-network" in self.weaken else "none"
@@ -547,10 +613,12 @@ class DockerBackend:
             env=env,
             mounts=mounts,
             network_mode=self._network_mode(),
-            pids_limit=self.pids_limit,
+            pids_limit=self._pids_limit(),
             labels={RUN_LABEL: self.run_id, CELL_LABEL: request.cell_id},
             group_add=sorted(set(group_add)),
             pid_mode="host" if "host-pid" in self.weaken else None,
+            seccomp=self._seccomp(),
+            ulimits=self._ulimits(),
         )
         return spec, notes
 

@@ -9,10 +9,13 @@ to be real from inside *and* absent without it. Nothing here leaves loopback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import resource
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import sys
@@ -24,14 +27,21 @@ from typing import Any
 
 import pytest
 
+from harness.backends import docker_seccomp, seccomp
 from harness.backends.base import START_MARKER, Backend, EgressRoute, ProbeRequest, ProbeRun
+from harness.backends.bubblewrap import LIMITS
 from harness.backends.docker import (
     HOST_ROOT_TARGET,
+    PIDS_LIMIT,
     SANDBOX_UID,
     DockerBackend,
     DockerEngineError,
     engine_socket_path,
 )
+from harness.backends.none import NoneBackend
+from harness.matrix import Cell, ProbeRow
+from harness.runner import CellRunner
+from harness.world import World, start_world
 
 pytestmark = [pytest.mark.needs_docker, pytest.mark.timeout(120)]
 
@@ -40,7 +50,7 @@ pytestmark = [pytest.mark.needs_docker, pytest.mark.timeout(120)]
 PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 
 PAYLOAD = r"""
-import errno, json, os, socket, sys, time, urllib.request
+import ctypes, errno, json, os, platform, resource, socket, sys, threading, time, urllib.request
 
 nonce = sys.argv[1]
 print("SANDBOX-ATTEST-START " + nonce, flush=True)
@@ -57,6 +67,64 @@ def write(path, text):
     with open(path, "w") as handle:
         handle.write(text)
     return path
+
+# Syscall numbers: ioctl, socket, mount, unshare, ptrace, personality, keyctl, bpf, getpid.
+NR = {"x86_64": {"ioctl": 16, "socket": 41, "mount": 165, "unshare": 272, "ptrace": 101,
+                 "personality": 135, "keyctl": 250, "bpf": 321, "getpid": 39},
+      "aarch64": {"ioctl": 29, "socket": 198, "mount": 40, "unshare": 97, "ptrace": 117,
+                  "personality": 92, "keyctl": 219, "bpf": 280, "getpid": 172},
+      }.get(platform.machine())
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def sc(nr, *args):
+    # Every call below uses arguments the kernel rejects (fd -1, NULL, unknown commands), so
+    # where it is allowed it fails in its handler (EBADF, EFAULT...) and changes nothing.
+    ctypes.set_errno(0)
+    result = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    if result >= 0:
+        return "ok"
+    return errno.errorcode.get(ctypes.get_errno(), "?")
+
+def in_child(fn):
+    # How a call ends in a forked child: "exit N", or "signal N" when seccomp kills it.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(fn())
+    status = os.waitpid(pid, 0)[1]
+    if os.WIFSIGNALED(status):
+        return "signal %d" % os.WTERMSIG(status)
+    return "exit %d" % os.WEXITSTATUS(status)
+
+def syscalls():
+    out = {}
+    out["io_uring_setup"] = sc(425, 0, 0)
+    out["keyctl"] = sc(NR["keyctl"], 0x7FFF, 0, 0)
+    out["bpf"] = sc(NR["bpf"], 0x7FFF, 0, 0)
+    out["ioctl_tiocsti"] = sc(NR["ioctl"], -1, 0x5412, 0)
+    out["ioctl_tiocsti_high_bit"] = sc(NR["ioctl"], -1, 0x5412 | 1 << 32, 0)
+    out["ioctl_other"] = sc(NR["ioctl"], -1, 0x5413, 0)
+    families = {"vsock": 40, "netlink": 16, "packet": 17, "unspec": 0, "x25": 9,
+                "inet_high_bit": 2 | 1 << 32, "unix": 1, "inet": 2, "inet6": 10}
+    for name, family in families.items():
+        out["socket_" + name] = sc(NR["socket"], family, socket.SOCK_DGRAM, 0)
+    out["mount"] = sc(NR["mount"], 0, 0, 0, 0, 0)
+    out["unshare_user"] = sc(NR["unshare"], 0x10000000)
+    out["clone3"] = sc(435, 0, 0)
+    out["ptrace"] = sc(NR["ptrace"], 0x7FFF, 0, 0, 0)
+    out["personality_query"] = sc(NR["personality"], 0xFFFFFFFF)
+    out["personality_linux32"] = sc(NR["personality"], 0x8)
+    sc(NR["personality"], 0)
+    out["personality_no_aslr"] = sc(NR["personality"], 0x40000)
+    out["personality_query_bit_no_aslr"] = sc(NR["personality"], 0x80040000)
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    out["thread"] = "ok"
+    out["fork"] = in_child(lambda: 0)
+    if platform.machine() == "x86_64":
+        out["x32_getpid"] = in_child(lambda: 0 if sc(0x40000000 | NR["getpid"]) == "ok" else 2)
+    return out
 
 attempt("write_usr", lambda: write("/usr/sandbox-attest-" + nonce, nonce))
 attempt("write_root", lambda: write("/sandbox-attest-" + nonce, nonce))
@@ -85,6 +153,11 @@ for action in sys.argv[2:]:
         attempt("tcp", connect)
     elif verb == "write":
         attempt("write", lambda: write(arg, nonce))
+    elif verb == "syscalls":
+        facts["syscalls"] = syscalls()
+    elif verb == "rlimits":
+        facts["rlimits"] = {"fsize": resource.getrlimit(resource.RLIMIT_FSIZE),
+                            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)}
 print(json.dumps({"nonce": nonce, "facts": facts}), flush=True)
 """
 
@@ -231,7 +304,9 @@ class TestConfinement:
         assert profile["read_only"] is True
         assert profile["cap_drop"] == ["ALL"]
         assert profile["security_opt"] == ["no-new-privileges"]
-        assert profile["pids_limit"] == 256
+        assert profile["seccomp"] == docker_seccomp.profile()
+        assert profile["pids_limit"] == PIDS_LIMIT
+        assert profile["ulimits"] == {"fsize": 16 * 1024 * 1024, "nofile": 256}
         assert profile["user"] == f"{SANDBOX_UID}:{SANDBOX_UID}"
         assert identity.profile_digest.startswith("sha256:")
 
@@ -430,3 +505,193 @@ class TestWeakened:
         assert weak["write"]["ok"] is True
         assert target.read_text() == nonce
         assert stat.S_IMODE(world_dir.stat().st_mode) == 0o777
+
+
+# ---------------------------------------------------------------------------------------------
+# The seccomp profile and the limits (what proc_syscall_surface and resource_limits found).
+
+# The refusals of docker's default profile the brief names (for a container without
+# capabilities); ours must keep every one of them.
+DOCKER_DEFAULT_DENIALS = (
+    "mount", "umount2", "pivot_root", "unshare", "setns", "reboot", "kexec_load",
+    "kexec_file_load", "init_module", "finit_module", "delete_module", "swapon", "swapoff",
+    "acct", "settimeofday", "clock_settime", "iopl", "ioperm", "quotactl", "open_by_handle_at",
+    "lookup_dcookie", "keyctl", "add_key", "request_key", "bpf", "perf_event_open",
+    "userfaultfd", "name_to_handle_at", "ptrace", "process_vm_readv", "process_vm_writev",
+)  # fmt: skip
+
+
+def _refused_names(profile: dict[str, Any]) -> set[str]:
+    """Names the profile refuses unconditionally (entries without argument conditions)."""
+    return {name for rule in profile["syscalls"] if not rule.get("args") for name in rule["names"]}
+
+
+class TestSeccompProfile:
+    def test_is_a_deny_list_for_two_architectures(self) -> None:
+        """Everything not named is allowed; every entry refuses; only x86_64 and aarch64."""
+        profile = docker_seccomp.profile()
+        assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+        assert profile["architectures"] == ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"]
+        codes = {(r["action"], r["errnoRet"]) for r in profile["syscalls"]}
+        assert codes == {("SCMP_ACT_ERRNO", errno.EPERM), ("SCMP_ACT_ERRNO", errno.ENOSYS)}
+        enosys = [r["names"] for r in profile["syscalls"] if r["errnoRet"] == errno.ENOSYS]
+        assert enosys == [["clone3"]]
+
+    def test_keeps_docker_default_denials_and_bubblewraps(self) -> None:
+        """Docker's own refusals and bubblewrap's deny list are all refused outright."""
+        refused = _refused_names(docker_seccomp.profile())
+        shared = {name for table in seccomp.ARCHES.values() for name in table.denied}
+        assert set(DOCKER_DEFAULT_DENIALS) - refused == set()
+        assert shared - refused == set()
+        assert {"io_uring_setup", "io_uring_enter", "io_uring_register"} <= refused
+
+    def test_argument_rules_are_single_and_low_32_bit(self) -> None:
+        """Each conditional entry has one condition; equalities mask the low 32 bits."""
+        conditional = [r for r in docker_seccomp.profile()["syscalls"] if r.get("args")]
+        assert {n for r in conditional for n in r["names"]} == {
+            "clone", "personality", "socket", "socketpair", "ioctl",
+        }  # fmt: skip
+        for rule in conditional:
+            assert len(rule["args"]) == 1, rule
+            (arg,) = rule["args"]
+            if arg["op"] == "SCMP_CMP_MASKED_EQ" and rule["names"] != ["clone"]:
+                assert arg["value"] <= docker_seccomp.LOW32, rule
+            else:
+                assert arg["op"] in {"SCMP_CMP_MASKED_EQ", "SCMP_CMP_GT"}, rule
+
+    def test_profile_json_round_trips(self) -> None:
+        """The JSON text handed to the engine is the profile recorded in the identity."""
+        assert json.loads(docker_seccomp.profile_json()) == docker_seccomp.profile()
+
+
+class TestSeccompLive:
+    def test_refuses_the_doors_the_probe_found(
+        self, backend: DockerBackend, tmp_path: Path, payload_dir: Path
+    ) -> None:
+        """io_uring, keyrings, bpf, TIOCSTI, vsock/netlink/packet sockets get EPERM inside."""
+        request, _ = make_request(tmp_path, payload_dir, "syscalls")
+        calls = report(backend.run(request))["syscalls"]
+        eperm = [
+            "io_uring_setup", "keyctl", "bpf", "ioctl_tiocsti", "ioctl_tiocsti_high_bit",
+            "socket_vsock", "socket_netlink", "socket_packet", "socket_unspec", "socket_x25",
+            "socket_inet_high_bit", "mount", "unshare_user", "ptrace", "personality_no_aslr",
+            "personality_query_bit_no_aslr",
+        ]  # fmt: skip
+        assert {k: calls[k] for k in eperm} == dict.fromkeys(eperm, "EPERM")
+        assert calls["clone3"] == "ENOSYS"  # so libc falls back to clone, whose flags we see
+        if "x32_getpid" in calls:
+            assert calls["x32_getpid"] == f"signal {signal.SIGSYS.value}"  # not our arch: killed
+
+    def test_ordinary_calls_still_work(
+        self, backend: DockerBackend, tmp_path: Path, payload_dir: Path
+    ) -> None:
+        """unix/inet/inet6 sockets, threads, fork, other ioctls and allowed personas work."""
+        request, _ = make_request(tmp_path, payload_dir, "syscalls")
+        calls = report(backend.run(request))["syscalls"]
+        ok = ["socket_unix", "socket_inet", "socket_inet6", "thread", "personality_query",
+              "personality_linux32"]  # fmt: skip
+        assert {k: calls[k] for k in ok} == dict.fromkeys(ok, "ok")
+        assert calls["fork"] == "exit 0"
+        assert calls["ioctl_other"] == "EBADF"  # reached its handler: only TIOCSTI is refused
+
+    def test_default_seccomp_lets_them_reach_the_kernel(
+        self, weakened: Any, tmp_path: Path, payload_dir: Path
+    ) -> None:
+        """Under the engine's default profile io_uring, TIOCSTI and vsock reach the kernel."""
+        live = weakened("default-seccomp")
+        identity = live.identity()
+        assert identity.profile["seccomp"] is None
+        request, _ = make_request(tmp_path, payload_dir, "syscalls")
+        calls = report(live.run(request))["syscalls"]
+        assert calls["io_uring_setup"] in {"EFAULT", "EINVAL"}
+        assert calls["ioctl_tiocsti"] == "EBADF"
+        assert calls["socket_vsock"] != "EPERM"
+        assert "seccomp=" not in " ".join(live.run(request).argv)
+
+
+class TestLimits:
+    def test_ulimits_applied_and_declared(
+        self, backend: DockerBackend, tmp_path: Path, payload_dir: Path
+    ) -> None:
+        """Bubblewrap's rlimits hold inside (soft = hard) and the policy declares them."""
+        request, _ = make_request(tmp_path, payload_dir, "rlimits")
+        run = backend.run(request)
+        limits = report(run)["rlimits"]
+        assert limits == {"fsize": [16 * 1024 * 1024] * 2, "nofile": [256, 256]}
+        declared = dict(backend.policy().limits)
+        assert declared == {**dict(LIMITS), "forks": PIDS_LIMIT}
+        assert run.argv[run.argv.index("--pids-limit") + 1] == str(PIDS_LIMIT)
+        assert "--ulimit=nofile=256:256" in run.argv
+
+    def test_no_limits_declares_but_does_not_apply(
+        self, weakened: Any, tmp_path: Path, payload_dir: Path
+    ) -> None:
+        """The "no-limits" weakening keeps the claim and drops the ulimits and pids limit."""
+        live = weakened("no-limits")
+        request, _ = make_request(tmp_path, payload_dir, "rlimits")
+        run = live.run(request)
+        limits = report(run)["rlimits"]
+        assert limits["fsize"] == [resource.RLIM_INFINITY] * 2
+        assert limits["nofile"][0] > 256
+        assert dict(live.policy().limits) == {**dict(LIMITS), "forks": PIDS_LIMIT}
+        assert "--pids-limit" not in run.argv
+
+
+# ---------------------------------------------------------------------------------------------
+# The two probes through the real runner: strong PASS, each weakening FAILs its own probe.
+
+FOUND = ("proc_syscall_surface", "resource_limits")
+HOLES = {"default-seccomp": "proc_syscall_surface", "no-limits": "resource_limits"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """One real fixture world for the module (proxy, DNS, origins, listeners, daemon)."""
+    started = start_world(tmp_path_factory.mktemp("world"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def runner(
+    world: World, backend: DockerBackend, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CellRunner]:
+    """A runner over the control leg, the strong backend and one backend per new weakening.
+
+    The control leg runs both probes first: every later verdict is judged against it.
+    """
+    holes = {f"docker-{hole}": DockerBackend(weaken=frozenset({hole})) for hole in HOLES}
+    every: dict[str, Backend] = {"none": NoneBackend(), "docker": backend, **holes}
+    try:
+        live = CellRunner(
+            world=world,
+            scratch=tmp_path_factory.mktemp("cells"),
+            backends=every,
+            availability={name: b.availability() for name, b in every.items()},
+            platform="linux",
+        )
+        for probe in FOUND:
+            entry = live.run_cell(Cell("none", ProbeRow(probe, 120), None))
+            assert entry["verdict"] == "PASS", f"control leg {probe}: {entry['reason']}"
+        yield live
+    finally:
+        for weak in holes.values():
+            weak.close()
+            assert weak.leftovers() == {"containers": [], "images": [], "volumes": []}
+
+
+class TestFoundProbes:
+    @pytest.mark.parametrize("probe", FOUND)
+    def test_strong_backend_passes(self, runner: CellRunner, probe: str) -> None:
+        """The strong docker backend PASSes the two probes that found its gaps."""
+        entry = runner.run_cell(Cell("docker", ProbeRow(probe, 120), None))
+        assert entry["verdict"] == "PASS", entry["reason"]
+
+    @pytest.mark.parametrize("hole", list(HOLES))
+    def test_weakening_fails_its_probe_only(self, runner: CellRunner, hole: str) -> None:
+        """Each new weakening FAILs its matching probe and still PASSes the other one."""
+        got = {p: runner.run_cell(Cell(f"docker-{hole}", ProbeRow(p, 120), None)) for p in FOUND}
+        want = {p: ("FAIL" if p == HOLES[hole] else "PASS") for p in FOUND}
+        assert {p: e["verdict"] for p, e in got.items()} == want, {
+            p: e["reason"] for p, e in got.items()
+        }
