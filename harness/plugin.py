@@ -204,7 +204,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for line in render_grid(session.writer.cells):
         terminalreporter.write_line(line)
     for cell_id in session.missing_required():
-        terminalreporter.write_line(f"MISSING required cell {cell_id} (backend not selected?)")
+        terminalreporter.write_line(f"MISSING required cell {cell_id}")
+    for name in session.not_attested():
+        terminalreporter.write_line(
+            f"not attested in this run: backend {name} (the release policy requires it; "
+            "a release merges every leg)"
+        )
 
 
 @pytest.hookimpl(trylast=True)

@@ -210,10 +210,25 @@ class RunSession:
         self.writer.add_cell(entry)
         return entry
 
+    def _backend_of(self, cell_id: str) -> str:
+        """The backend part of `<backend>-<probe>` (backend names may contain dashes)."""
+        for row in self.matrix.probes:
+            if cell_id.endswith(f"-{row.id}"):
+                return cell_id[: -len(row.id) - 1]
+        return cell_id.rsplit("-", 1)[0]
+
     def missing_required(self) -> list[str]:
-        """Required cells this run never produced (a backend not selected, say)."""
+        """Required cells of this run's backends that the run never produced."""
         seen = {c["cell_id"] for c in self.writer.cells}
-        return sorted(self.required - seen)
+        return sorted(c for c in self.required - seen if self._backend_of(c) in self.backends)
+
+    def not_attested(self) -> list[str]:
+        """Backends the policy requires on this platform that this run did not select.
+
+        A CI leg attests one backend and the release merge checks that every leg is there, so
+        these are listed for the reader; they never count as a PASS.
+        """
+        return sorted({self._backend_of(c) for c in self.required} - set(self.backends))
 
     def gate_failures(self) -> list[str]:
         """Why the release gate does not hold for this run; empty when it holds.
@@ -224,6 +239,15 @@ class RunSession:
         """
         if not self.required and not self.required_backends:
             return ["the policy requires no cell on this platform; nothing can be attested"]
+        sandboxes = {
+            c["backend"]
+            for c in self.writer.cells
+            if c.get("required") and c["backend"] != self.matrix.control
+        }
+        if not sandboxes and not self.required_backends - {self.matrix.control}:
+            selected = ", ".join(self.backends)
+            why = "the control leg alone attests nothing"
+            return [f"no sandbox backend the policy requires ran: {why} (selected: {selected})"]
         failures = [f"missing required cell {cell_id}" for cell_id in self.missing_required()]
         failures += [
             f"required cell {c['cell_id']} is {c['verdict']}: {c['reason']}"

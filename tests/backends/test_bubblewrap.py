@@ -213,9 +213,15 @@ class TestLive:
         assert facts["docker_sock_visible"] is False
         assert facts["hostname"] == "sandbox-attest"
         assert (request.workspace / "inside.txt").read_text() == "written inside"
+        # /root inside holds at most the directories on the way to a bound interpreter prefix
+        # (pyenv lives there on some machines); the host's own home entries never show.
         home = facts["home_visible"]
-        assert isinstance(home, list)
-        assert not any(name.startswith(".ssh") for name in home)
+        bound = {
+            p.relative_to("/root").parts[0]
+            for p in request.read_only
+            if p.is_relative_to("/root") and p != Path("/root")
+        }
+        assert home is None or (isinstance(home, list) and set(home) <= bound), home
 
     def test_shim_bridges_loopback_to_the_proxy_socket(
         self, tmp_path: Path, payload: Path, echo_socket: Path

@@ -106,7 +106,8 @@ class TestRun:
         """Attesting only the control leg cannot satisfy a policy that requires bubblewrap."""
         proc = run_cli("run", "--backend", "none", "--out", str(tmp_path / "r"))
         assert proc.returncode != 0
-        assert "MISSING required cell bubblewrap-net_denied_host" in proc.stdout
+        assert "gate: no sandbox backend the policy requires ran" in proc.stdout
+        assert "not attested in this run: backend bubblewrap" in proc.stdout
 
     def test_interrupted_run_keeps_its_evidence(self, tmp_path: Path) -> None:
         """SIGINT midway leaves evidence.jsonl and an evidence.json marked incomplete."""
