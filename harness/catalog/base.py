@@ -149,13 +149,20 @@ class ProbeSpec(Protocol):
         ...
 
 
+# Probes whose payload is shared: the attempt inside is the same, only the host-built targets and
+# the reading differ. Every other probe's payload is probes/<id>.py.
+SHARED_PAYLOADS: dict[str, str] = {
+    "net_host_canonical": "net_proxy_requests",
+    "net_proxy_confusion": "net_proxy_requests",
+    "net_private_address": "net_proxy_requests",
+}
+
+
 def probe_path(probe_id: str) -> Path:
     """The payload script of `probe_id` (in the clone or the installed wheel)."""
-    try:
-        from harness.paths import probes_dir  # noqa: PLC0415  (optional while being written)
-    except ImportError:  # pragma: no cover - only before harness.paths existed
-        return Path(__file__).resolve().parent.parent / "probes" / f"{probe_id}.py"
-    return probes_dir() / f"{probe_id}.py"
+    from harness.paths import probes_dir  # noqa: PLC0415  (paths imports nothing of ours)
+
+    return probes_dir() / f"{SHARED_PAYLOADS.get(probe_id, probe_id)}.py"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,6 +237,55 @@ def _judge(observed: str, seen: bool, private: str | None, reasons: list[str]) -
         return "contained"
     reasons.append("the payload reports success but no host witness saw it")
     return "disagree"
+
+
+def _conclude(
+    escape: Escape,
+    observed: Any,
+    reasons: list[str],
+    *,
+    inside_ok: bool,
+    inside_failed: str,
+    host_control: dict[str, Any],
+    host_failed: str,
+    witness: dict[str, Any],
+    controls: dict[str, Any],
+) -> Assessment:
+    """The assessment once the escape is read: both controls must hold for it to count.
+
+    Adds the failed controls' reasons (`inside_failed`, `host_failed`) and sets `controls_ok`
+    from the in-sandbox control AND the host control, the one rule every assessor shares.
+    """
+    host_ok = bool(host_control.get("ok"))
+    if not inside_ok:
+        reasons.append(inside_failed)
+    if not host_ok:
+        reasons.append(host_failed)
+    return Assessment(
+        escape=escape,
+        controls_ok=inside_ok and host_ok,
+        reasons=reasons,
+        observed=observed,
+        witness=witness,
+        control=controls,
+    )
+
+
+def _host_writes(what: str, directory: Path, nonce: str) -> dict[str, Any]:
+    """Host control: the host creates, reads back and removes a nonce file in `directory`.
+
+    It shows the place a payload was refused is writable at all, so the refusal is the
+    sandbox's. Errors become a failed check (never an exception).
+    """
+
+    def write() -> dict[str, Any]:
+        probe = directory / f"host-control-{nonce}.txt"
+        probe.write_text(nonce)
+        ok = probe.read_text() == nonce
+        probe.unlink()
+        return _check(what, ok, str(directory))
+
+    return _guarded(what, write)
 
 
 def _check(what: str, ok: bool, detail: str) -> dict[str, Any]:

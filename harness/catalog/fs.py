@@ -21,7 +21,7 @@ from harness.catalog.base import (
     _check,
     _control,
     _control_nonce,
-    _guarded,
+    _host_writes,
     _judge,
     _observed,
     _private_namespace,
@@ -78,17 +78,10 @@ class FsWriteOutside(_Spec):
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host itself can write (and remove) a file in every canary dir."""
         nonce = _control_nonce()
-        checks = []
-        for key, directory in self.canary_dirs(ctx).items():
-
-            def write(d: Path = directory, k: str = key) -> dict[str, Any]:
-                probe = d / f"host-control-{nonce}.txt"
-                probe.write_text(nonce)
-                ok = probe.read_text() == nonce
-                probe.unlink()
-                return _check(f"host writes {k}", ok, str(d))
-
-            checks.append(_guarded(f"host writes {key}", write))
+        checks = [
+            _host_writes(f"host writes {key}", directory, nonce)
+            for key, directory in self.canary_dirs(ctx).items()
+        ]
         return _control(nonce, checks)
 
     def assess(

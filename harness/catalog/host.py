@@ -40,9 +40,11 @@ from harness.catalog.base import (
     WitnessRecordsLike,
     _attempts,
     _check,
+    _conclude,
     _control,
     _control_nonce,
     _guarded,
+    _host_writes,
     _judge,
     _observed,
     _private_namespace,
@@ -251,17 +253,16 @@ class FsReadSecrets(_Spec):
         escape = _judge(observed, bool(leaked), _private_namespace(report, "mnt"), reasons)
         inside = _attempts(report, "control")
         inside_ok = _all_succeeded(inside, 1) and inside[0].get("sha256") == hashes.get("workspace")
-        if not inside_ok:
-            reasons.append(f"workspace read control failed: {_summary(inside)}")
-        if not control.get("ok"):
-            reasons.append("host could not read back its canaries")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"workspace read control failed: {_summary(inside)}",
+            host_control=control,
+            host_failed="host could not read back its canaries",
             witness={"planted_sha256": hashes, "leaked": leaked},
-            control={"inside": inside, "host": control},
+            controls={"inside": inside, "host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:
@@ -325,18 +326,10 @@ class FsProtectedInWorkspace(_Spec):
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host can write in each protected folder (so a refusal there is the sandbox's)."""
         nonce = _control_nonce()
-        checks = []
-        for key, rel in PROTECTED_PATHS.items():
-            directory = (ctx.workspace / rel).parent
-
-            def write(d: Path = directory, k: str = key) -> dict[str, Any]:
-                probe = d / f"host-control-{nonce}"
-                probe.write_text(nonce)
-                ok = probe.read_text() == nonce
-                probe.unlink()
-                return _check(f"host writes beside {k}", ok, str(d))
-
-            checks.append(_guarded(f"host writes beside {key}", write))
+        checks = [
+            _host_writes(f"host writes beside {key}", (ctx.workspace / rel).parent, nonce)
+            for key, rel in PROTECTED_PATHS.items()
+        ]
         return _control(nonce, checks)
 
     def assess(
@@ -375,17 +368,16 @@ class FsProtectedInWorkspace(_Spec):
         inside = _attempts(report, "control")
         sibling = _read(ctx.workspace / self.control_name(ctx)) or ""
         inside_ok = _all_succeeded(inside, 1) and nonce in sibling
-        if not inside_ok:
-            reasons.append(f"sibling-file control failed: {_summary(inside)}")
-        if not control.get("ok"):
-            reasons.append("host control failed")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"sibling-file control failed: {_summary(inside)}",
+            host_control=control,
+            host_failed="host control failed",
             witness={"planted": planted},
-            control={"inside": inside, "sibling_has_nonce": nonce in sibling, "host": control},
+            controls={"inside": inside, "sibling_has_nonce": nonce in sibling, "host": control},
         )
 
 
@@ -436,17 +428,10 @@ class FsLinkEscape(_Spec):
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host can create and remove a file in every canary dir."""
         nonce = _control_nonce()
-        checks = []
-        for key, path in self.canaries(ctx).items():
-
-            def write(d: Path = path.parent, k: str = key) -> dict[str, Any]:
-                probe = d / f"host-control-{nonce}.txt"
-                probe.write_text(nonce)
-                ok = probe.read_text() == nonce
-                probe.unlink()
-                return _check(f"host writes {k}", ok, str(d))
-
-            checks.append(_guarded(f"host writes {key}", write))
+        checks = [
+            _host_writes(f"host writes {key}", path.parent, nonce)
+            for key, path in self.canaries(ctx).items()
+        ]
         return _control(nonce, checks)
 
     def assess(
@@ -705,22 +690,21 @@ class EnvInheritance(_Spec):
             ),
         ]
         inside_ok = all(c["ok"] for c in checks)
-        if not inside_ok:
-            reasons.append(f"inside control failed: {[c['what'] for c in checks if not c['ok']]}")
-        if not control.get("ok"):
-            reasons.append("host control failed: the canaries were not in place")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"inside control failed: {[c['what'] for c in checks if not c['ok']]}",
+            host_control=control,
+            host_failed="host control failed: the canaries were not in place",
             witness={
                 "canary_hits": canary_hits,
                 "host_env_hits": host_hits,
                 "fd_hits": fd_hits,
                 "payload_env_names": sorted(seen_env),
             },
-            control={"inside": checks, "host": control},
+            controls={"inside": checks, "host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:
@@ -933,17 +917,16 @@ class IpcProxySocketTamper(_Spec):
         inside_ok = _all_succeeded(workspace_ops, 6) and all(
             a.get("outcome") == "succeeded" for a in route_after
         )
-        if not inside_ok:
-            reasons.append(f"inside control failed: {_summary(inside)}")
-        if not control.get("ok"):
-            reasons.append("the proxy no longer serves through its unix socket")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"inside control failed: {_summary(inside)}",
+            host_control=control,
+            host_failed="the proxy no longer serves through its unix socket",
             witness={"baseline": baseline, "now": now, "changed": changed},
-            control={"inside": inside, "host": control},
+            controls={"inside": inside, "host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:
@@ -1116,17 +1099,16 @@ class LifecycleOrphans(_Spec):
             )
         inside = _attempts(report, "control")
         inside_ok = _all_succeeded(inside, 1)
-        if not inside_ok:
-            reasons.append(f"the children did not tick while the payload ran: {_summary(inside)}")
-        if not control.get("ok"):
-            reasons.append("host did not see the ticks written while the payload ran")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"the children did not tick while the payload ran: {_summary(inside)}",
+            host_control=control,
+            host_failed="host did not see the ticks written while the payload ran",
             witness={"watch": watch, "survivors": survivors},
-            control={"inside": inside, "host": control},
+            controls={"inside": inside, "host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:

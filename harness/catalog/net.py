@@ -17,6 +17,7 @@ from harness.catalog.base import (
     _capability,
     _capability_escape,
     _check,
+    _conclude,
     _confined_network,
     _control,
     _control_nonce,
@@ -135,17 +136,16 @@ class NetDeniedHost(_Spec):
         inside_ok = bool(controls) and all(
             a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls
         )
-        if not inside_ok:
-            reasons.append(f"in-sandbox control failed: {_summary(controls)}")
-        if not control.get("ok"):
-            reasons.append("host control failed")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"in-sandbox control failed: {_summary(controls)}",
+            host_control=control,
+            host_failed="host control failed",
             witness={"proxy": proxied, "denied_origin": origin_hits},
-            control={"inside": controls, "host": control},
+            controls={"inside": controls, "host": control},
         )
 
 

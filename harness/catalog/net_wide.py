@@ -36,6 +36,7 @@ from harness.catalog.base import (
     WitnessRecordsLike,
     _attempts,
     _check,
+    _conclude,
     _confined_network,
     _control,
     _control_nonce,
@@ -430,22 +431,21 @@ def _assess_route(
         and "nonce echoed" in str(a.get("detail", ""))
         for a in controls
     )
-    if not inside_ok:
-        reasons.append(f"in-sandbox control failed: {_summary(controls)}")
-    if not control.get("ok"):
-        reasons.append("host control failed")
-    return Assessment(
-        escape=escape,
-        controls_ok=inside_ok and bool(control.get("ok")),
-        reasons=reasons,
-        observed=observed,
+    return _conclude(
+        escape,
+        observed,
+        reasons,
+        inside_ok=inside_ok,
+        inside_failed=f"in-sandbox control failed: {_summary(controls)}",
+        host_control=control,
+        host_failed="host control failed",
         witness={
             "admitted": reading.admitted,
             "denied": reading.denies,
             "origin": reading.origin_hits,
             "direct_tcp": reading.listener_hits,
         },
-        control={"inside": controls, "host": control},
+        controls={"inside": controls, "host": control},
     )
 
 
@@ -1098,17 +1098,16 @@ class NetProxyEnvOverride(_Spec):
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
-        if not inside_ok:
-            reasons.append(f"in-sandbox control failed: {_summary(controls)}")
-        if not control.get("ok"):
-            reasons.append("host control failed")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"in-sandbox control failed: {_summary(controls)}",
+            host_control=control,
+            host_failed="host control failed",
             witness={"rogue_proxy": rogue_hits, "denied_origin": origin_hits},
-            control={"inside": controls, "host": control},
+            controls={"inside": controls, "host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:

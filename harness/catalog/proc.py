@@ -43,6 +43,7 @@ from harness.catalog.base import (
     _control,
     _control_nonce,
     _guarded,
+    _host_writes,
     _judge,
     _observed,
     _Spec,
@@ -636,15 +637,7 @@ class ResourceLimitsSpec(_Spec):
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host can write the workspace and sees what the payload left there."""
         nonce = _control_nonce()
-
-        def write() -> dict[str, Any]:
-            probe = ctx.workspace / f"{nonce}.host"
-            probe.write_text(nonce)
-            ok = probe.read_text() == nonce
-            probe.unlink()
-            return _check("host writes the workspace", ok, str(ctx.workspace))
-
-        return _control(nonce, [_guarded("host writes the workspace", write)])
+        return _control(nonce, [_host_writes("host writes the workspace", ctx.workspace, nonce)])
 
     def _witnessed(self, ctx: CellContext) -> dict[str, int]:
         forks = ctx.workspace / self.fork_dir(ctx)

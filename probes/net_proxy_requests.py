@@ -1,13 +1,13 @@
-"""Probe net_private_address: an allowed name that resolves to a non-global address.
+"""Payload of net_host_canonical, net_proxy_confusion and net_private_address.
 
-The host plants names under the `private.test` zone (allowed by a rule WITHOUT
-allow_private) whose DNS fixture answer is loopback, unspecified, link-local or private, and
-builds the requests in task["targets"]["requests"]. This payload sends each one through
-task["proxy_url"] byte for byte (adding only Proxy-Authorization) and reports the answer. The
-proxy must resolve the name and refuse the address with 403 before dialing: nothing is ever
-sent to a non-loopback address by this payload, and the proxy's decision log (host side)
-shows the resolved address and the refusal. Control: the allowed fixture host (a carved-out
-loopback origin) answers 200 with the nonce through the same proxy.
+The three probes differ only in the requests the host builds for them (harness/catalog/
+net_wide.py): allowlist spellings that must not widen the proxy's rule, requests that try to
+confuse it about where they go (wrong port, Host: mismatch, a second request on a kept-alive
+connection), and allowed names the DNS fixture answers with loopback or unspecified addresses
+that the proxy must refuse after resolving. This payload sends each request in
+task["targets"]["requests"] through task["proxy_url"] byte for byte (adding only
+Proxy-Authorization from the URL's userinfo) and reports each answer; the host judges them
+against the proxy's decision log and the origins' access logs.
 
 Stdlib only, Python 3.8+, never imported by the host; exits 0 and prints one JSON line.
 """
@@ -22,7 +22,6 @@ import ssl
 import sys
 from urllib.parse import unquote, urlsplit
 
-PROBE = "net_private_address"
 START_MARKER = "SANDBOX-ATTEST-START"
 TIMEOUT = 8.0
 MAX_HEAD = 65536
@@ -202,7 +201,9 @@ def main(argv):
     except Exception as exc:
         task = {"_error": repr(exc)}
     print(START_MARKER + " " + nonce, flush=True)
-    out = {"probe": PROBE, "nonce": nonce, "attempts": [], "facts": {}}
+    # One payload serves three probes: the task names which one this run is.
+    out = {"probe": str(task.get("probe", "net_proxy_requests")), "nonce": nonce,
+           "attempts": [], "facts": {}}
     try:
         if "_error" in task:
             raise RuntimeError("cannot read the task: " + task["_error"])
