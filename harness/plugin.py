@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from harness.allure_results import attach_cell, write_run_files
 from harness.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class MatrixItem(pytest.Item):
         session = self.config.stash[SESSION_KEY]
         entry = session.run_cell(self.cell)
         self.entry = entry
-        _attach_to_allure(entry, session.platform)
+        attach_cell(entry, session.platform)
         verdict = entry["verdict"]
         self.user_properties.append(("verdict", verdict))
         if verdict == Verdict.PASS.value:
@@ -150,26 +151,6 @@ class MatrixItem(pytest.Item):
     def reportinfo(self) -> tuple[Path, int, str]:
         """Where the cell comes from, for pytest's reports."""
         return self.path, 0, f"cell {self.name}"
-
-
-def _attach_to_allure(entry: dict[str, Any], platform: str) -> None:
-    """Labels and the evidence as an attachment; parameters keep cells from merging."""
-    try:
-        import allure  # noqa: PLC0415
-    except ImportError:
-        return
-    dynamic: Any = allure.dynamic  # allure-python ships no type hints for `dynamic`
-    dynamic.label("backend", entry["backend"])
-    dynamic.label("probe", entry["probe"])
-    dynamic.label("platform", platform)
-    dynamic.parameter("backend", entry["backend"])
-    dynamic.parameter("probe", entry["probe"])
-    dynamic.parameter("platform", platform)
-    allure.attach(
-        json.dumps(entry, indent=2, default=str),
-        name="evidence",
-        attachment_type=allure.attachment_type.JSON,
-    )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -226,6 +207,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if run is None:
         return
     interrupted = config.stash.get(INTERRUPTED_KEY, False)
+    alluredir = config.getoption("--alluredir", None)
+    if alluredir:
+        write_run_files(Path(alluredir), run.environment())
     for line in run.finish(complete=not interrupted):
         print(line)
 

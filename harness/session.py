@@ -20,10 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness import __version__
 from harness.backends import Backend, create_backend
 from harness.backends.base import Availability
 from harness.errors import HarnessError
-from harness.evidence import EvidenceWriter
+from harness.evidence import EvidenceWriter, file_sha256
 from harness.matrix import BackendRow, Cell, Matrix, current_platform
 from harness.runner import CellRunner
 from harness.verdict import Verdict
@@ -229,6 +230,24 @@ class RunSession:
         these are listed for the reader; they never count as a PASS.
         """
         return sorted({self._backend_of(c) for c in self.required} - set(self.backends))
+
+    def environment(self) -> dict[str, str]:
+        """Who ran what, for allure's environment.properties."""
+        env = {
+            "run_id": self.run_id,
+            "platform": self.platform,
+            "policy": f"{self.policy_path} sha256:{file_sha256(self.policy_path)}",
+            "matrix": f"sha256:{self.matrix.digest}",
+            "harness": __version__,
+        }
+        for name, avail in self.availability.items():
+            ident = avail.identity
+            env[f"backend.{name}"] = (
+                f"{ident.version}; {ident.profile_digest}"
+                if ident
+                else f"UNAVAILABLE: {avail.reason}"
+            )
+        return env
 
     def gate_failures(self) -> list[str]:
         """Why the release gate does not hold for this run; empty when it holds.

@@ -95,6 +95,9 @@ class TestRun:
         for name in ("junit.xml", "attestation.intoto.jsonl", "report.html", "summary.md"):
             assert (out / name).is_file(), name
         assert any((out / "allure-results").glob("*-result.json"))
+        environment = (out / "allure-results" / "environment.properties").read_text()
+        assert "backend.bubblewrap=bubblewrap" in environment
+        assert (out / "allure-results" / "categories.json").is_file()
         assert "sandbox-attest verdicts" in proc.stdout
         verify = run_cli("verify", str(out), "--trusted-key", str(public), "--partial")
         assert verify.returncode == 0, verify.stdout + verify.stderr
