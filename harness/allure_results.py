@@ -18,8 +18,8 @@ class Category(TypedDict):
     """One entry of allure's categories.json."""
 
     name: str
-    messageRegex: str  # noqa: N815  (allure's own key)
-    matchedStatuses: list[str]  # noqa: N815  (allure's own key)
+    messageRegex: str  # allure's own key names (camelCase)
+    matchedStatuses: list[str]
 
 
 # Categories match on the failure message, which is "CellFailed: <VERDICT>: <reason>" for a
