@@ -1,8 +1,10 @@
 """Where the data folders (`probes/`, `fixtures/`, `matrix/`) live, in a clone or a wheel.
 
 In a clone they sit next to the `harness` package; an installed wheel carries them as package
-data under `harness/_data/<name>` (pyproject's `force-include`). The clone wins when both exist,
-so an editable install always reads the files being edited.
+data under `harness/_data/<name>` (pyproject's `force-include`). The wheel's copy wins when it
+exists: installed, the folder beside the package is site-packages, where a folder named
+`probes` or `matrix` may belong to another distribution entirely. A clone (or an editable
+install) has no `_data`, so it reads the files being edited.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def _data_dir(name: str) -> Path:
-    """The folder `name`: the repo's copy beside the package, else the wheel's `_data` copy.
+    """The folder `name`: the wheel's `_data` copy, else the clone's copy beside the package.
 
     Raises:
         FixtureError: neither copy exists (a broken install).
     """
-    candidates = (_PACKAGE_DIR.parent / name, _PACKAGE_DIR / "_data" / name)
+    candidates = (_PACKAGE_DIR / "_data" / name, _PACKAGE_DIR.parent / name)
     for candidate in candidates:
         if candidate.is_dir():
             return candidate

@@ -1,0 +1,78 @@
+"""The wheel carries probes/, fixtures/ and matrix/ and finds them when installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built once (offline: hatchling comes from the test dependencies)."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (built,) = out.glob("sandbox_attest-*.whl")
+    return built
+
+
+@pytest.mark.slow
+class TestWheel:
+    def test_data_folders_are_package_data(self, wheel: Path) -> None:
+        """Every probe, the matrix and the fixture data ride under harness/_data."""
+        names = set(zipfile.ZipFile(wheel).namelist())
+        for probe in (ROOT / "probes").glob("*.py"):
+            assert f"harness/_data/probes/{probe.name}" in names
+        for required in (
+            "harness/_data/matrix/matrix.toml",
+            "harness/_data/matrix/policy.toml",
+            "harness/_data/fixtures/blob.toml",
+            "harness/egress/shim.py",
+        ):
+            assert required in names
+        # The one import package: no top-level probes/fixtures/matrix to shadow PyPI's.
+        assert not {n.split("/")[0] for n in names} & {"probes", "fixtures", "matrix", "reports"}
+
+    def test_installed_copy_reads_its_own_data(self, wheel: Path, tmp_path: Path) -> None:
+        """Unpacked like site-packages, the package finds _data, not a folder beside it."""
+        site = tmp_path / "site"
+        zipfile.ZipFile(wheel).extractall(site)
+        (site / "probes").mkdir()  # another distribution's `probes` package, say
+        code = (
+            "from harness.paths import probes_dir, matrix_dir; "
+            "print(probes_dir()); print(matrix_dir())"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONPATH": str(site)},
+            timeout=60,
+        ).stdout
+        assert out.split() == [
+            str(site / "harness/_data/probes"),
+            str(site / "harness/_data/matrix"),
+        ]
