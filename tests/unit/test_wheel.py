@@ -71,6 +71,7 @@ class TestWheel:
             check=True,
             env={"PYTHONPATH": str(site)},
             timeout=60,
+            cwd=tmp_path,  # not the clone: `python -c` puts the cwd first on sys.path
         ).stdout
         assert out.split() == [
             str(site / "harness/_data/probes"),
