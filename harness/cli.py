@@ -48,9 +48,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     code = int(pytest.main(pytest_args, plugins=[gate]))
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or gate.failures is None:
         return code  # interrupted, usage or internal error: never a pass
+    for line in gate.warnings:
+        print(f"gate: warning: {line[:400]}")
     for line in gate.failures:
         print(f"gate: {line}")
-    print("gate: " + ("FAILED" if gate.failures else "PASSED (every required cell PASSed)"))
+    if gate.failures:
+        print("gate: FAILED")
+    elif gate.warnings:
+        print(f"gate: PASSED with {len(gate.warnings)} warnings (every required cell PASSed)")
+    else:
+        print("gate: PASSED (every required cell PASSed)")
     return 1 if gate.failures else 0
 
 
@@ -59,6 +66,7 @@ class _GateWatch:
 
     def __init__(self) -> None:
         self.failures: list[str] | None = None
+        self.warnings: list[str] = []
 
     def pytest_unconfigure(self, config: Any) -> None:
         """Collect the gate's failures (None when no matrix ran)."""
@@ -67,6 +75,7 @@ class _GateWatch:
         run = config.stash.get(SESSION_KEY, None)
         if run is not None:
             interrupted = config.stash.get(INTERRUPTED_KEY, False)
+            self.warnings = run.gate_warnings()
             self.failures = run.gate_failures() + (
                 ["the run was interrupted"] if interrupted else []
             )

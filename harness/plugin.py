@@ -82,7 +82,12 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
         chosen = config.getoption("--sandbox-backend") or [
             row.name for row in matrix.backends if platform in row.platforms
         ]
+        # Backends named on purpose (--sandbox-backend, --backend-spec) are attested on purpose:
+        # an escape there fails the run. Default-included ones are held to the policy only.
+        named = set(config.getoption("--sandbox-backend"))
+        before = set(chosen)
         matrix, chosen = with_spec_backends(matrix, chosen, config.getoption("--backend-spec"))
+        named |= set(chosen) - before  # the --backend-spec files
         report_dir = config.getoption("--harness-report-dir")
         policy = config.getoption("--harness-policy")
         key = config.getoption("--harness-key")
@@ -92,6 +97,7 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
             report_dir=Path(report_dir) if report_dir else Path("reports") / "pytest-run",
             policy_path=Path(policy) if policy else matrix_dir() / "policy.toml",
             required_backends=set(config.getoption("--require-backend")),
+            named_backends=named - {matrix.control},
             key_path=Path(key) if key else None,
             jobs=max(1, int(config.getoption("--harness-jobs"))),
         )

@@ -95,6 +95,8 @@ class RunSession:
     report_dir: Path
     policy_path: Path
     required_backends: set[str]
+    # Backends the user named; every cell of theirs must PASS (an escape there fails the run).
+    named_backends: set[str] = field(default_factory=set)
     key_path: Path | None = None
     platform: str = field(default_factory=current_platform)
     run_id: str = field(default_factory=new_run_id)
@@ -139,7 +141,11 @@ class RunSession:
 
     def is_required(self, cell: Cell) -> bool:
         """Whether this cell must PASS: by policy, or because its backend was required."""
-        return cell.cell_id in self.required or cell.backend in self.required_backends
+        return (
+            cell.cell_id in self.required
+            or cell.backend in self.required_backends
+            or (cell.backend in self.named_backends and cell.not_applicable is None)
+        )
 
     def _ensure_world(self) -> CellRunner | None:
         if self.runner is not None or self.world_error is not None:
@@ -249,6 +255,15 @@ class RunSession:
             )
         return env
 
+    def gate_warnings(self) -> list[str]:
+        """Cells that did not PASS in backends nothing required: shown, never hidden."""
+        return [
+            f"{c['cell_id']} is {c['verdict']} (not required: name --backend "
+            f"{c['backend']} to require it): {c['reason']}"
+            for c in self.writer.cells
+            if not c.get("required") and c["verdict"] in ("FAIL", "INCONCLUSIVE", "ERROR")
+        ]
+
     def gate_failures(self) -> list[str]:
         """Why the release gate does not hold for this run; empty when it holds.
 
@@ -263,7 +278,9 @@ class RunSession:
             for c in self.writer.cells
             if c.get("required") and c["backend"] != self.matrix.control
         }
-        if not sandboxes and not self.required_backends - {self.matrix.control}:
+        if not sandboxes and not (self.required_backends | self.named_backends) - {
+            self.matrix.control
+        }:
             selected = ", ".join(self.backends)
             why = "the control leg alone attests nothing"
             return [f"no sandbox backend the policy requires ran: {why} (selected: {selected})"]

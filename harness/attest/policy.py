@@ -197,18 +197,20 @@ def _judge_cell(
 ) -> tuple[str, str | None]:
     """Which test list a cell belongs in ("" for none) and the problem it raises, if any."""
     platform, backend, probe = key
-    if verdict == Verdict.PASS:
-        return "passed", None
-    if verdict == Verdict.FAIL:
-        return "failed", f"{name} is FAIL: {cell.get('reason') or 'an escape was observed'}"
     if verdict not in _VERDICTS:
         return "failed", f"{name} has unknown verdict {verdict!r}"
+    if verdict == Verdict.PASS:
+        return "passed", None
     if is_required:
+        if verdict == Verdict.FAIL:
+            return "failed", f"{name} is FAIL: {cell.get('reason') or 'an escape was observed'}"
         return "failed", (
             f"required probe {probe} on {platform}/{backend} is {verdict}, and only PASS "
             f"satisfies the policy ({cell.get('reason') or 'no reason recorded'})"
         )
-    if verdict in (Verdict.INCONCLUSIVE, Verdict.ERROR):
+    # Not required (a wrapper included by default, say): an escape, an inconclusive or an
+    # erroring cell is shown in every report and summary as WARNED, never as PASSED.
+    if verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.ERROR):
         return "warned", None
     return "", None
 
@@ -237,8 +239,10 @@ def evaluate(
 ) -> Gate:
     """Derive the gate from evidence cells, over the legs those cells cover.
 
-    Rules (fail closed): no cells, an incomplete run, a FAIL cell, or a required cell that is
-    missing or not PASS is FAILED. A non-required INCONCLUSIVE or ERROR cell is WARNED.
+    Rules (fail closed): no cells, an incomplete run, or a required cell that is missing or not
+    PASS is FAILED. A cell is required when the policy names it or the run marked it
+    `"required": true` (its backend was selected or required by name). A non-required FAIL,
+    INCONCLUSIVE or ERROR cell is WARNED.
     UNAVAILABLE and NOT_APPLICABLE cells that nothing requires are listed nowhere.
     Requirements for legs absent from `cells` are not judged here: see `missing_legs`.
 
@@ -279,7 +283,8 @@ def evaluate(
             continue
         seen_tagged.add((*key, carrier))
         seen.add(key)
-        bucket, problem = _judge_cell(name, key, verdict, key in required, cell)
+        is_required = key in required or cell.get("required") is True
+        bucket, problem = _judge_cell(name, key, verdict, is_required, cell)
         if bucket:
             lists[bucket].append(name)
         if bucket == "passed" and key in required:

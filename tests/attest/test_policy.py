@@ -106,3 +106,23 @@ class TestEvaluate:
         cells = make_cells(backends=("none",))
         assert evaluate(cells, policy, default_platform="linux").result == "PASSED"
         assert missing_legs(policy, {("linux", "none")}) == ["linux/bubblewrap"]
+
+
+class TestRequiredByTheRun:
+    def test_escape_in_a_backend_nobody_requires_warns(self, tmp_path: Path) -> None:
+        """A FAIL outside the policy is WARNED: visible, never PASSED, not a release blocker."""
+        policy = load_policy(write_policy(tmp_path / "p.toml", probes=("net_denied_host",)))
+        cells = make_cells(verdicts={"bubblewrap-dns_resolution": "FAIL"})
+        gate = evaluate(cells, policy, default_platform="linux")
+        assert gate.result == "WARNED"
+        assert gate.warned == ("bubblewrap-dns_resolution",)
+
+    def test_escape_in_a_backend_the_run_named_fails(self, tmp_path: Path) -> None:
+        """A cell the run marked required (its backend was named) must PASS like a policy one."""
+        policy = load_policy(write_policy(tmp_path / "p.toml", probes=("net_denied_host",)))
+        cells = make_cells(verdicts={"bubblewrap-dns_resolution": "FAIL"})
+        for cell in cells:
+            cell["required"] = cell["cell_id"] == "bubblewrap-dns_resolution"
+        gate = evaluate(cells, policy, default_platform="linux")
+        assert gate.result == "FAILED"
+        assert "bubblewrap-dns_resolution is FAIL" in gate.problems[0]

@@ -105,6 +105,24 @@ class TestRun:
         assert full.returncode == 1
         assert "missing leg" in full.stderr  # the release policy names other platforms too
 
+    def test_default_run_is_the_main_job(self, tmp_path: Path) -> None:
+        """With no options every backend here runs; wrapper escapes warn, the gate holds."""
+        out = tmp_path / "r"
+        proc = run_cli("run", "--out", str(out), "-j", "2")
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        cells = json.loads((out / "evidence.json").read_text())["cells"]
+        firejail_fail = [c for c in cells if c["backend"] == "firejail" and c["verdict"] == "FAIL"]
+        assert firejail_fail  # firejail's default spec lets the payload reach host sockets
+        assert not any(c["required"] for c in firejail_fail)
+        assert "gate: PASSED with" in proc.stdout
+        assert "gate: warning: firejail-ipc_unix_socket_escape is FAIL" in proc.stdout
+
+    def test_escape_in_a_named_backend_fails_the_run(self, tmp_path: Path) -> None:
+        """Naming a backend requires its cells: firejail's escapes then fail the run."""
+        proc = run_cli("run", "--backend", "firejail", "--out", str(tmp_path / "r"), "-j", "2")
+        assert proc.returncode == 1
+        assert "gate: required cell firejail-ipc_unix_socket_escape is FAIL" in proc.stdout
+
     def test_missing_required_leg_fails_the_run(self, tmp_path: Path) -> None:
         """Attesting only the control leg cannot satisfy a policy that requires bubblewrap."""
         proc = run_cli("run", "--backend", "none", "--out", str(tmp_path / "r"))
