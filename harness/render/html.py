@@ -24,7 +24,8 @@ h1{font-size:1.4em;margin:0 0 .3em} h2{font-size:1.15em;margin-top:1.6em}
 .sig.untrusted{border-color:#c60;background:#fff0e0}
 table{border-collapse:collapse;margin:.4em 0} th,td{border:1px solid #ccc;padding:.3em .5em;
 vertical-align:top;text-align:left} th{background:#f0f0f0}
-#grid td{min-width:9em}
+#grid td{min-width:7em} #grid a{color:inherit;font-weight:600;text-decoration:none}
+details.cell{border:1px solid #ccc;border-radius:4px;margin:.3em 0;padding:.2em .5em}
 .v-PASS{background:#c8efcf} .v-FAIL{background:#f6b5ae} .v-INCONCLUSIVE{background:#ffe7a3}
 .v-ERROR{background:#f3c1f0} .v-UNAVAILABLE{background:#e2e2e2} .v-NOT_APPLICABLE{background:#eef}
 .v-missing{background:#fff;color:#999}
@@ -88,6 +89,10 @@ def _attempts(cell: dict[str, Any]) -> str:
     return f"<table class=attempts><tr>{head}</tr>{rows}</table>"
 
 
+def _anchor(cell: dict[str, Any]) -> str:
+    return "cell-" + str(cell.get("cell_id", ""))
+
+
 def _cell_details(cell: dict[str, Any]) -> str:
     run = cell.get("run") or {}
     timing = (
@@ -96,8 +101,11 @@ def _cell_details(cell: dict[str, Any]) -> str:
     )
     verdict = str(cell.get("verdict", ""))
     is_open = " open" if verdict in ("FAIL", "ERROR") else ""
+    required = " (required)" if cell.get("required") else ""
     return (
-        f"<details{is_open}><summary>{_e(verdict)}</summary>"
+        f"<details{is_open} id='{_e(_anchor(cell))}' class='cell v-{_e(verdict)}' "
+        f"data-cell='{_e(cell.get('cell_id', ''))}'>"
+        f"<summary>{_e(cell.get('cell_id', ''))}: {_e(verdict)}{required}</summary>"
         f"<p class=reason>{_e(cell.get('reason', ''))}</p><dl>"
         f"<dt>expected</dt><dd>{_e(cell.get('expected'))}</dd>"
         f"<dt>observed</dt><dd>{_e(cell.get('observed'))}</dd>"
@@ -123,10 +131,24 @@ def _grid(view: ReportView) -> str:
             verdict = str(cell.get("verdict", ""))
             tds.append(
                 f"<td class='v-{_e(verdict)}' data-cell='{_e(cell.get('cell_id', ''))}' "
-                f"data-verdict='{_e(verdict)}'>{_cell_details(cell)}</td>"
+                f"data-verdict='{_e(verdict)}'><a href='#{_e(_anchor(cell))}'>"
+                f"{_e(verdict)}</a></td>"
             )
         rows.append(f"<tr><th>{_e(probe)}</th>{''.join(tds)}</tr>")
     return f"<table id=grid><tr><th>probe \\ backend</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def _cells(view: ReportView) -> str:
+    """Every cell's evidence, failing ones first and open; the grid links here."""
+    order = {"FAIL": 0, "ERROR": 1, "INCONCLUSIVE": 2, "UNAVAILABLE": 3, "PASS": 4}
+    cells = [
+        cell
+        for backend in view.backends
+        for probe in view.probes
+        if (cell := view.cell(backend, probe)) is not None
+    ]
+    cells.sort(key=lambda c: order.get(str(c.get("verdict")), 5))
+    return "<section id=cells>" + "".join(_cell_details(c) for c in cells) + "</section>"
 
 
 def _backends(view: ReportView) -> str:
@@ -229,9 +251,10 @@ def render_html(view: ReportView) -> str:
 </table>
 <h2>Backends</h2>{_backends(view)}
 <h2>Probe &times; backend</h2>
-<p class=small>Click a cell for expected / observed / witness / control, errno and status, timing
-and the raw evidence. Failing cells are expanded.</p>
+<p class=small>Each verdict links to its cell below: expected / observed / witness / control,
+errno and status, timing and the raw evidence. Failing cells come first and are expanded.</p>
 {_grid(view)}
+<h2>Cells</h2>{_cells(view)}
 <h2>Control leg (<code>none</code>)</h2>{_control(view)}
 <h2>What this run does not prove</h2>{_not_proven(view)}
 </body></html>

@@ -84,9 +84,12 @@ class TestBrowser:
         assert len(cells) == 21
         assert ("FAIL", "bubblewrap-fs_write_outside") in cells
         assert ("UNAVAILABLE", "docker-dns_resolution") in cells
-        failing = dom[dom.index('data-cell="bubblewrap-fs_write_outside"') :]
-        failing = failing[: failing.index('<td class="v-')]  # up to the next grid cell
-        assert "<details open=" in failing
+        # The grid cell links to the cell's own section, which is open because it FAILed.
+        assert 'href="#cell-bubblewrap-fs_write_outside"' in dom
+        failing = dom[dom.index('<details open="" id="cell-bubblewrap-fs_write_outside"') :]
+        # Up to the next cell's section (or the end of the cells), so only this cell is read.
+        after = re.search(r'<details[^>]*class="cell v-', failing[1:])
+        failing = failing[: after.start() + 1 if after else failing.index("</section>")]
         assert "canary ~/.bashrc changed" in failing
         assert "/home/u/.bashrc" in failing
         assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in failing
