@@ -448,9 +448,9 @@ class TestPrivateAddressDecisionTable:
         self, world: World, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """prepare() never plants an address the proxy would dial."""
-        monkeypatch.setattr(
-            net_wide, "PRIVATE_ANSWERS", (("global", "192.0.2.1"), ("oops", "9.9.9.9"))
-        )
+        # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed; prepare() must refuse it before
+        # anything is planted, so nothing is ever sent anywhere.
+        monkeypatch.setattr(net_wide, "PRIVATE_ANSWERS", (("global", "192.0.2.1"),))
         spec = NetPrivateAddress()
         with pytest.raises(FixtureError, match="would dial it"):
             spec.prepare(ctx_for(world, spec.id, "nunit0003"))
