@@ -738,12 +738,22 @@ PRIVATE_ANSWERS: tuple[tuple[str, str], ...] = (
 
 
 def _check_never_dialed(address: str) -> None:
-    """Refuse to plant an answer the proxy's own address check would let it dial."""
+    """Refuse to plant an answer that could send traffic off this host.
+
+    Two checks: the address must stay on the host (loopback or unspecified), because a sandbox
+    that brings its own proxy dials whatever the fixture answers; and the harness proxy's own
+    check must refuse it, or the probe would prove nothing.
+    """
+    ip = ipaddress.ip_address(address)
+    if not (ip.is_loopback or ip.is_unspecified):
+        raise FixtureError(
+            f"net_private_address will not plant {address}: a sandbox's own proxy could dial "
+            "it off this host; plant only loopback or unspecified answers"
+        )
     ok, why = address_allowed(address, Rule(host=PRIVATE_NAME_SUFFIX, suffix=True))
     if ok:
         raise FixtureError(
-            f"net_private_address will not plant {address}: the proxy would dial it ({why}); "
-            "plant only loopback, link-local or private answers"
+            f"net_private_address will not plant {address}: the proxy would dial it ({why})"
         )
 
 

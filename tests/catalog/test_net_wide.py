@@ -452,7 +452,7 @@ class TestPrivateAddressDecisionTable:
         # anything is planted, so nothing is ever sent anywhere.
         monkeypatch.setattr(net_wide, "PRIVATE_ANSWERS", (("global", "192.0.2.1"),))
         spec = NetPrivateAddress()
-        with pytest.raises(FixtureError, match="would dial it"):
+        with pytest.raises(FixtureError, match="off this host"):
             spec.prepare(ctx_for(world, spec.id, "nunit0003"))
 
 
