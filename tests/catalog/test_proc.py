@@ -1,8 +1,8 @@
 """The proc probes live (control leg, real bubblewrap, weakened bubblewrap) and their tables.
 
 Live cells go through the real `CellRunner` with one module-scoped fixture world. Weakened
-sandboxes are test-only subclasses of `BubblewrapBackend` that drop one flag of its argv, so
-each hole is exactly one flag away from the shipped configuration.
+sandboxes are `BubblewrapBackend(weaken=...)`: each named hole removes exactly one protection
+of the shipped configuration.
 """
 
 from __future__ import annotations
