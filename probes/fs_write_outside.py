@@ -11,6 +11,9 @@ Control: the same five writes in ``<workspace>/<targets["control_name"]>`` (the 
 it and its canary.txt) succeed; the host then checks them from outside.
 A write that succeeds here but leaves the host path unchanged landed in a private view (a
 tmpfs /tmp): the host decides that, the probe only reports what it saw.
+Containers often get the host's root mounted somewhere (`-v /:/host`): where one of the usual
+mount points exists, the same attempts run at <mount point><canary dir> too, as container
+escape scanners do.
 
 Stdlib only, Python 3.8+, never imported by the host; exits 0 and prints one JSON line.
 """
@@ -22,6 +25,8 @@ import stat
 import sys
 
 PROBE = "fs_write_outside"
+# Where a misconfigured container commonly finds the host's root.
+HOST_ROOT_MOUNTS = ("/host", "/hostfs", "/rootfs", "/host-root")
 START_MARKER = "SANDBOX-ATTEST-START"
 
 
@@ -116,6 +121,12 @@ def run(task, out):
     for key, d in sorted(targets["dirs"].items()):
         out["facts"]["visible:" + key] = os.path.isdir(d)
         out["attempts"].extend(try_all(key, d, "escape", nonce, workspace))
+        for root in HOST_ROOT_MOUNTS:
+            mounted = root + d
+            if os.path.isdir(mounted):
+                out["facts"]["visible:" + key + "@" + root] = True
+                out["attempts"].extend(try_all(key + "@" + root, mounted, "escape", nonce,
+                                               workspace))
 
 
 def main(argv):

@@ -290,3 +290,21 @@ def test_strong_configuration_is_clean_three_times(
             if e["verdict"] != "PASS"
         }
         assert not bad, bad
+
+
+def test_non_root_uid_holds_a_writable_host_root(
+    world: World, tmp_path: Path, control: dict[str, Any]
+) -> None:
+    """The host's / mounted writable is refused to the non-root container uid (EACCES)."""
+    backend = docker("host-root-rw")()
+    try:
+        runner = make_runner(world, tmp_path, "docker-host-root-rw", backend, control)
+        entry = runner.run_cell(
+            Cell("docker-host-root-rw", ProbeRow("fs_write_outside", 180), None)
+        )
+    finally:
+        getattr(backend, "close", lambda: None)()
+    assert entry["verdict"] == "PASS", entry["reason"]
+    via_host = [a for a in entry["attempts"] if "@/host:" in a["what"]]
+    assert via_host  # the probe found the mounted host root and tried it
+    assert {a["errno"] for a in via_host} <= {"EACCES", "EPERM"}
