@@ -185,9 +185,23 @@ def _fd_count() -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts fds in /proc")
+def _wait_for_connection_threads(deadline_s: float = 10.0) -> None:
+    """Wait (with a deadline) until no per-connection server thread of any world is alive."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if not [t for t in threading.enumerate() if t.name.endswith("-conn")]:
+            return
+        time.sleep(0.05)
+    alive = [t.name for t in threading.enumerate() if t.name.endswith("-conn")]
+    raise AssertionError(f"connection threads still alive after {deadline_s}s: {alive}")
+
+
 class TestLifecycle:
     def test_stop_leaves_nothing_behind(self, tmp_path: Path) -> None:
         """After stop(): no new thread, no extra fd, proxy gone, unix sockets removed."""
+        # Connection threads of worlds other tests started end on their own schedule (when
+        # their client hangs up); taking the baseline while one is closing made this flaky.
+        _wait_for_connection_threads()
         threads_before = set(threading.enumerate())
         fds_before = _fd_count()
         world = start_world(tmp_path / "w")
@@ -214,6 +228,7 @@ class TestLifecycle:
         """A daemon that cannot bind fails start_world naming the step; nothing keeps running."""
         run_dir = tmp_path / "w"
         (run_dir / "daemon.sock").mkdir(parents=True)  # bind() fails: the path is taken
+        _wait_for_connection_threads()
         threads_before = set(threading.enumerate())
         fds_before = _fd_count()
         with pytest.raises(FixtureError, match="'fake daemons'"):
