@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness import __version__
 from harness.errors import HarnessError
 from harness.paths import matrix_dir
@@ -19,10 +21,11 @@ HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
 def _cmd_run(args: argparse.Namespace) -> int:
     import pytest  # noqa: PLC0415  (only `run` needs pytest loaded)
 
-    out = Path(args.out) if args.out else Path("reports") / new_run_id()
-    out.mkdir(parents=True, exist_ok=True)
     matrix = Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml"
     policy = Path(args.policy) if args.policy else matrix_dir() / "policy.toml"
+    _preflight(matrix, policy, args.backend, args.backend_spec)
+    out = Path(args.out) if args.out else Path("reports") / new_run_id()
+    out.mkdir(parents=True, exist_ok=True)
     pytest_args = [
         str(matrix),
         "-v",
@@ -46,19 +49,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"sandbox-attest {__version__}: report -> {out}", flush=True)
     gate = _GateWatch()
     code = int(pytest.main(pytest_args, plugins=[gate]))
-    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or gate.failures is None:
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         return code  # interrupted, usage or internal error: never a pass
-    for line in gate.warnings:
-        print(f"gate: warning: {line[:400]}")
-    for line in gate.failures:
-        print(f"gate: {line}")
-    if gate.failures:
-        print("gate: FAILED")
-    elif gate.warnings:
-        print(f"gate: PASSED with {len(gate.warnings)} warnings (every required cell PASSed)")
-    else:
-        print("gate: PASSED (every required cell PASSed)")
-    return 1 if gate.failures else 0
+    return gate.report()
 
 
 class _GateWatch:
@@ -68,6 +61,14 @@ class _GateWatch:
         self.failures: list[str] | None = None
         self.warnings: list[str] = []
 
+    def report(self) -> int:
+        """Print the gate and return the run's exit status (0 only if it holds)."""
+        if self.failures is None:
+            print("gate: FAILED: no matrix ran, so nothing was attested", file=sys.stderr)
+            return 1
+        return _print_gate(self.failures, self.warnings)
+
+    @pytest.hookimpl(trylast=True)  # after the plugin has signed and rendered the report
     def pytest_unconfigure(self, config: Any) -> None:
         """Collect the gate's failures (None when no matrix ran)."""
         from harness.plugin import INTERRUPTED_KEY, SESSION_KEY  # noqa: PLC0415
@@ -76,9 +77,45 @@ class _GateWatch:
         if run is not None:
             interrupted = config.stash.get(INTERRUPTED_KEY, False)
             self.warnings = run.gate_warnings()
-            self.failures = run.gate_failures() + (
-                ["the run was interrupted"] if interrupted else []
+            self.failures = (
+                run.gate_failures()
+                + (["the run was interrupted"] if interrupted else [])
+                + run.artifact_errors
             )
+
+
+def _print_gate(failures: list[str], warnings: list[str]) -> int:
+    for line in warnings:
+        print(f"gate: warning: {line[:400]}")
+    for line in failures:
+        print(f"gate: {line}")
+    if failures:
+        print("gate: FAILED")
+    elif warnings:
+        print(f"gate: PASSED with {len(warnings)} warnings (every required cell PASSed)")
+    else:
+        print("gate: PASSED (every required cell PASSed)")
+    return 1 if failures else 0
+
+
+def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]) -> None:
+    """Check the inputs before any fixture starts, so a typo is one clear line, not a trace.
+
+    Raises:
+        HarnessError: the matrix, the policy, a spec or a backend name is wrong (the message
+            names the file or the name and the fix).
+    """
+    from harness.attest.policy import load_policy  # noqa: PLC0415
+    from harness.backends import create_backend  # noqa: PLC0415
+    from harness.matrix import load_matrix  # noqa: PLC0415
+    from harness.session import with_spec_backends  # noqa: PLC0415
+
+    loaded, chosen = with_spec_backends(load_matrix(matrix), list(backends), list(specs))
+    load_policy(policy)
+    known = {row.name for row in loaded.backends}
+    for name in chosen:
+        if name not in known:
+            create_backend(name)  # raises ConfigError naming the fix for an unknown name
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:

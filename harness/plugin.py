@@ -110,7 +110,14 @@ class MatrixFile(pytest.File):
 
     def collect(self) -> Iterator[pytest.Item]:
         """The cells, control leg first (later legs are judged against it)."""
-        session = _session(self.config, self.path)
+        from harness.errors import HarnessError  # noqa: PLC0415
+
+        try:
+            session = _session(self.config, self.path)
+        except HarnessError as exc:
+            # A bad matrix, policy or backend is the user's input: one line that names the
+            # fix, not a traceback into the harness (pytest then stops with exit 4).
+            raise pytest.UsageError(exc.diagnostics()) from exc
         for cell in session.cells():
             yield MatrixItem.from_parent(self, name=cell.cell_id, cell=cell)
 

@@ -7,7 +7,6 @@ its evidence, and what gets signed and rendered once the cells are done.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import secrets
@@ -106,6 +105,9 @@ class RunSession:
     scratch: Path | None = None
     finished: bool = False
     jobs: int = 1
+    # Report files that could not be written (attestation, HTML, summary): the gate fails on
+    # them, because a release cannot verify what was never signed.
+    artifact_errors: list[str] = field(default_factory=list)
     futures: dict[str, Future[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -317,20 +319,21 @@ class RunSession:
         return [f"evidence: {self.report_dir / 'evidence.json'}", *self._sign_and_render()]
 
     def _sign_and_render(self) -> list[str]:
+        from harness.attest import load_signing_key, sign_report  # noqa: PLC0415
+        from harness.render import write_html, write_summary  # noqa: PLC0415
+
         lines = []
         try:
-            from harness.attest import load_signing_key, sign_report  # noqa: PLC0415
-
             key = load_signing_key(self.key_path, os.environ)
             lines.append(f"attestation: {sign_report(self.report_dir, key)}")
-        except (HarnessError, OSError, ImportError) as exc:
+        except (HarnessError, OSError) as exc:
+            self.artifact_errors.append(f"the attestation was not written: {exc}")
             lines.append(f"attestation NOT written: {exc}")
-        with contextlib.suppress(ImportError):
-            from harness.render import write_html, write_summary  # noqa: PLC0415
 
-            for writer in (write_html, write_summary):
-                try:
-                    lines.append(f"{writer.__name__[6:]}: {writer(self.report_dir)}")
-                except (HarnessError, OSError) as exc:
-                    lines.append(f"{writer.__name__} failed: {exc}")
+        for writer in (write_html, write_summary):
+            try:
+                lines.append(f"{writer.__name__[6:]}: {writer(self.report_dir)}")
+            except (HarnessError, OSError) as exc:
+                self.artifact_errors.append(f"{writer.__name__} failed: {exc}")
+                lines.append(f"{writer.__name__} failed: {exc}")
         return lines

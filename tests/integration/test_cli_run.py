@@ -158,6 +158,42 @@ class TestRun:
         ]
 
 
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("args", "needle"),
+        [
+            (["--backend", "nosuch"], "unknown backend 'nosuch'"),
+            (["--policy", "/nonexistent/policy.toml"], "pass the release policy with --policy"),
+            (["--matrix", "/nonexistent/matrix.toml"], "matrix file not found"),
+        ],
+    )
+    def test_bad_input_is_one_clear_line(
+        self, tmp_path: Path, args: list[str], needle: str
+    ) -> None:
+        """A typo stops the run before any fixture starts: exit 2, the fix, no traceback."""
+        proc = run_cli("run", *args, "--out", str(tmp_path / "r"))
+        assert proc.returncode == 2
+        assert needle in proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout
+        assert not (tmp_path / "r").exists()
+
+    @pytest.mark.slow
+    def test_unsigned_run_fails_the_gate(self, tmp_path: Path) -> None:
+        """A run whose attestation could not be signed exits non-zero, saying why."""
+        env = {**os.environ, "SANDBOX_ATTEST_SIGNING_KEY": "not a key"}
+        proc = subprocess.run(
+            [*CLI, "run", "--backend", "bubblewrap", "--out", str(tmp_path / "r"), "-j", "2"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            env=env,
+            cwd=Path(__file__).parent.parent.parent,
+        )
+        assert proc.returncode == 1, proc.stdout[-3000:]
+        assert "gate: the attestation was not written" in proc.stdout
+
+
 class TestBackendsCommand:
     def test_lists_availability_with_reason(self) -> None:
         """`backends` lists each backend; bubblewrap is available here with its version."""
