@@ -104,6 +104,22 @@ def parse_report(run: ProbeRun) -> dict[str, Any]:
     return report
 
 
+def check_identity(report: dict[str, Any], probe: str, nonce: str) -> None:
+    """The report must be this cell's: its probe and its nonce.
+
+    A report carrying another nonce is a replayed or cached one (or a payload that never
+    read its task), and its attempts say nothing about this cell.
+
+    Raises:
+        ProbeOutputError: naming both sides.
+    """
+    if report.get("nonce") != nonce or report.get("probe") != probe:
+        raise ProbeOutputError(
+            f"the report is not this cell's (got probe {report.get('probe')!r} nonce "
+            f"{report.get('nonce')!r}, expected {probe!r} {nonce!r})"
+        )
+
+
 def _tail(text: str) -> str:
     return text if len(text) <= EVIDENCE_TEXT_LIMIT else "…" + text[-EVIDENCE_TEXT_LIMIT:]
 
@@ -284,6 +300,7 @@ class CellRunner:
                 }
             try:
                 report = parse_report(run)
+                check_identity(report, cell.probe.id, nonce)
             except ProbeOutputError as exc:
                 return facts | {
                     "verdict": Verdict.ERROR.value,

@@ -217,3 +217,24 @@ class TestWeakenedBubblewrap:
         assert strong["verdict"] == "PASS", verdict(strong)
         weak = runner.run_cell(cell("weak", probe))
         assert weak["verdict"] == "FAIL", verdict(weak)
+
+
+class TestReplayedReport:
+    def test_report_for_another_nonce_is_error(
+        self, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A report that is not this cell's (stale nonce) is ERROR, never judged."""
+        stale = tmp_path / "forged" / "stale.py"
+        stale.parent.mkdir()
+        stale.write_text(
+            "import json, sys\n"
+            "task = json.load(open(sys.argv[1]))\n"
+            "print('SANDBOX-ATTEST-START ' + task['nonce'], flush=True)\n"
+            "print(json.dumps({'probe': task['probe'], 'nonce': 'n-old-run', 'facts': {},\n"
+            "  'attempts': [{'what': 'tcp-direct', 'role': 'escape', 'outcome': 'refused'}]}))\n"
+        )
+        monkeypatch.setattr(runner_module, "probe_path", lambda _probe: stale)
+        runner = make_runner(world, tmp_path, {"bubblewrap": BubblewrapBackend()})
+        entry = runner.run_cell(cell("bubblewrap", "net_direct_egress"))
+        assert entry["verdict"] == "ERROR", verdict(entry)
+        assert "the report is not this cell's" in entry["reason"]
