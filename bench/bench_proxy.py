@@ -2,14 +2,18 @@
 
     python bench/bench_proxy.py [--mib 256]
 
-Prints MB/s for both paths and their ratio (target >= 0.5x), the proxy's CPU seconds per GiB
-(utime + stime from /proc/PID/stat; target <= 0.6 s), and the proxy's RSS growth while 512 MiB
-are offered to a client that never reads (target < 8 MiB). Linux only (/proc).
+Prints MB/s for three paths measured alternately from the same source: a direct loopback
+copy, shim + proxy as sandboxes use them (the shim hands each connection to the proxy), and
+shim + proxy with the shim relaying bytes itself (`--relay`, its fallback); their ratios to
+direct (target >= 0.5x for the handoff path), the proxy's and shim's CPU seconds per GiB
+(utime + stime from /proc/PID/stat; proxy target <= 0.6 s), and the proxy's RSS growth while
+512 MiB are offered to a client that never reads (target < 8 MiB). Linux only (/proc).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import os
 import socket
@@ -19,13 +23,14 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.dns import DnsFixture
-from harness.egress.proxy import ProxyConfig, start_proxy
+from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
 from harness.egress.rules import Rule
 
 if TYPE_CHECKING:
@@ -92,10 +97,10 @@ def rss_kib(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def shim(socket_path: Path) -> Iterator[tuple[int, int]]:
+def shim(socket_path: Path, *extra: str) -> Iterator[tuple[int, int]]:
     """The shim in serve mode; yields (port, pid)."""
     proc = subprocess.Popen(
-        [sys.executable, str(SHIM), "--unix", str(socket_path), "--port", "0"],
+        [sys.executable, str(SHIM), "--unix", str(socket_path), "--port", "0", *extra],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -121,71 +126,94 @@ def read_status(sock: socket.socket) -> int:
     return int(head.split(b" ", 2)[1])
 
 
-def main() -> int:  # noqa: PLR0915  (one linear script, read top to bottom)
-    """Run the three measurements and print them."""
+@dataclass
+class Route:
+    """One way of reaching the source: its timings and the CPU its relays spent."""
+
+    label: str
+    seconds: list[float] = field(default_factory=list)
+    proxy_cpu: float = 0.0
+    shim_cpu: float = 0.0
+
+
+def through_shim(
+    path: Route, shim_port: int, shim_pid: int, proxy_pid: int, source: Source
+) -> None:
+    """One CONNECT transfer via a shim; adds its time and both processes' CPU to `path`."""
+    proxy_before, shim_before = cpu_seconds(proxy_pid), cpu_seconds(shim_pid)
+    with socket.create_connection(("127.0.0.1", shim_port)) as sock:
+        sock.sendall(f"CONNECT allowed.test:{source.port} HTTP/1.1\r\n\r\n".encode())
+        if read_status(sock) != 200:
+            raise SystemExit("proxy refused the benchmark CONNECT")
+        path.seconds.append(drain(sock, source.size))
+    time.sleep(0.1)  # let the relays finish their closes before reading their CPU
+    path.proxy_cpu += cpu_seconds(proxy_pid) - proxy_before
+    path.shim_cpu += cpu_seconds(shim_pid) - shim_before
+
+
+def stalled_reader_growth(proxy: ProxyProcess, stall_source: Source) -> tuple[float, int]:
+    """Proxy RSS growth (MiB) over 2 s with a client that never reads; and bytes offered."""
+    assert proxy.port is not None
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        token = base64.b64encode(f"sandbox-attest:{proxy.secret}".encode()).decode()
+        sock.sendall(
+            f"CONNECT allowed.test:{stall_source.port} HTTP/1.1\r\n"
+            f"Proxy-Authorization: Basic {token}\r\n\r\n".encode()
+        )
+        if read_status(sock) != 200:
+            raise SystemExit("proxy refused the stall CONNECT")
+        time.sleep(0.3)
+        rss_before = rss_kib(proxy.pid)
+        time.sleep(2.0)
+        return (rss_kib(proxy.pid) - rss_before) / 1024, stall_source.offered
+
+
+def main() -> int:
+    """Run the measurements and print them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
     size = parser.parse_args().mib * MIB
     source = Source(size)
     stall_source = Source(512 * MIB)
     rules = (Rule("allowed.test", ports=(source.port, stall_source.port), allow_private=True),)
+    direct = Route("direct loopback")
+    handoff = Route("shim hands off")
+    relay = Route("shim relays")
     with tempfile.TemporaryDirectory() as tmp, DnsFixture({"allowed.test": "127.0.0.1"}) as dns:
+        sock_path = Path(tmp) / "proxy.sock"
         config = ProxyConfig(
             rules=rules,
             dns=("127.0.0.1", dns.port),
-            unix_socket=Path(tmp) / "proxy.sock",
+            unix_socket=sock_path,
             tcp=True,
             decision_log=Path(tmp) / "decisions.jsonl",
         )
-        with start_proxy(config) as proxy, shim(Path(tmp) / "proxy.sock") as (shim_port, shim_pid):
-            # Alternate direct and proxied copies from the same source in the same run and
-            # take medians: the machine is shared, and single runs swing by 2x either way.
-            directs: list[float] = []
-            proxieds: list[float] = []
-            cpu = shim_cpu = 0.0
+        with (
+            start_proxy(config) as proxy,
+            shim(sock_path) as (handoff_port, handoff_pid),
+            shim(sock_path, "--relay") as (relay_port, relay_pid),
+        ):
+            # Alternate the three paths from the same source in the same run and take
+            # medians: the machine is shared, and single runs swing by 2x either way.
             for _ in range(ROUNDS):
                 with socket.create_connection(("127.0.0.1", source.port)) as sock:
-                    directs.append(drain(sock, size))
-                cpu_before = cpu_seconds(proxy.pid)
-                shim_cpu_before = cpu_seconds(shim_pid)
-                with socket.create_connection(("127.0.0.1", shim_port)) as sock:
-                    sock.sendall(f"CONNECT allowed.test:{source.port} HTTP/1.1\r\n\r\n".encode())
-                    if read_status(sock) != 200:
-                        raise SystemExit("proxy refused the benchmark CONNECT")
-                    proxieds.append(drain(sock, size))
-                time.sleep(0.1)
-                cpu += cpu_seconds(proxy.pid) - cpu_before
-                shim_cpu += cpu_seconds(shim_pid) - shim_cpu_before
-            direct = statistics.median(directs)
-            proxied = statistics.median(proxieds)
-
-            assert proxy.port is not None
-            with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-                import base64  # noqa: PLC0415
-
-                token = base64.b64encode(f"sandbox-attest:{proxy.secret}".encode()).decode()
-                sock.sendall(
-                    f"CONNECT allowed.test:{stall_source.port} HTTP/1.1\r\n"
-                    f"Proxy-Authorization: Basic {token}\r\n\r\n".encode()
-                )
-                if read_status(sock) != 200:
-                    raise SystemExit("proxy refused the stall CONNECT")
-                time.sleep(0.3)
-                rss_before = rss_kib(proxy.pid)
-                time.sleep(2.0)
-                rss_after = rss_kib(proxy.pid)
-                offered = stall_source.offered
+                    direct.seconds.append(drain(sock, size))
+                through_shim(handoff, handoff_port, handoff_pid, proxy.pid, source)
+                through_shim(relay, relay_port, relay_pid, proxy.pid, source)
+            growth, offered = stalled_reader_growth(proxy, stall_source)
     gib = size * ROUNDS / (1024 * MIB)
-    direct_mbs = size / direct / 1e6
-    proxied_mbs = size / proxied / 1e6
-    print(f"transfer            {size // MIB} MiB x {ROUNDS} rounds (medians)")
-    print(f"direct loopback     {direct_mbs:8.0f} MB/s")
-    print(f"shim + proxy        {proxied_mbs:8.0f} MB/s")
-    print(f"ratio               {proxied_mbs / direct_mbs:8.2f}x   (target >= 0.5x)")
-    print(f"proxy CPU           {cpu / gib:8.3f} s/GiB (target <= 0.6)")
-    print(f"shim CPU            {shim_cpu / gib:8.3f} s/GiB")
-    growth = (rss_after - rss_before) / 1024
+    direct_mbs = size / statistics.median(direct.seconds) / 1e6
+    print(f"transfer            {size // MIB} MiB x {ROUNDS} rounds, alternating (medians)")
+    print(f"{direct.label:20}{direct_mbs:8.0f} MB/s")
+    for path in (handoff, relay):
+        mbs = size / statistics.median(path.seconds) / 1e6
+        target = "   (target >= 0.5x)" if path is handoff else ""
+        print(f"{path.label:20}{mbs:8.0f} MB/s  {mbs / direct_mbs:5.2f}x{target}")
+        print(
+            f"{'':20}proxy CPU {path.proxy_cpu / gib:.3f} s/GiB (target <= 0.6), "
+            f"shim CPU {path.shim_cpu / gib:.3f} s/GiB"
+        )
     print(
         f"stalled reader      {growth:8.2f} MiB RSS growth (target < 8); "
         f"origin got {offered // MIB} of 512 MiB out"

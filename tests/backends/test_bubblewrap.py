@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from harness.backends import bubblewrap as bw
 from harness.backends.base import SHIM_PORT, EgressRoute, ProbeRequest
 from harness.errors import BackendUnavailable
 from harness.runner import interpreter_paths, payload_env
+from tests.backends.standin import take_client
 
 pytestmark = pytest.mark.needs_bwrap
 
@@ -61,12 +63,20 @@ def payload(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def echo_socket(tmp_path: Path) -> Iterator[Path]:
+@dataclass
+class EchoProxy:
     """A unix socket standing in for the proxy: echoes what it receives, prefixed."""
-    path = tmp_path / "proxy.sock"
+
+    path: Path
+    routes: list[str]  # how each client came: "handoff" (the shim passed its socket) or "stream"
+
+
+@pytest.fixture
+def echo_socket(tmp_path: Path) -> Iterator[EchoProxy]:
+    """The stand-in proxy on tmp_path/proxy.sock, serving until teardown."""
+    stand_in = EchoProxy(tmp_path / "proxy.sock", [])
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
+    server.bind(str(stand_in.path))
     server.listen(4)
 
     def serve() -> None:
@@ -76,13 +86,15 @@ def echo_socket(tmp_path: Path) -> Iterator[Path]:
             except OSError:
                 return
             with conn:
-                data = b""
-                while chunk := conn.recv(4096):
-                    data += chunk
-                conn.sendall(b"echo:" + data)
+                client, data, route = take_client(conn)
+                stand_in.routes.append(route)
+                with client:
+                    while chunk := client.recv(4096):
+                        data += chunk
+                    client.sendall(b"echo:" + data)
 
     threading.Thread(target=serve, daemon=True).start()
-    yield path
+    yield stand_in
     server.close()
 
 
@@ -224,13 +236,20 @@ class TestLive:
         assert home is None or (isinstance(home, list) and set(home) <= bound), home
 
     def test_shim_bridges_loopback_to_the_proxy_socket(
-        self, tmp_path: Path, payload: Path, echo_socket: Path
+        self, tmp_path: Path, payload: Path, echo_socket: EchoProxy
     ) -> None:
-        """The only way out is the proxy socket, reached through the shim on loopback."""
-        request = make_request(tmp_path, payload, "proxy", str(SHIM_PORT), socket_path=echo_socket)
+        """The only way out is the proxy socket, reached through the shim on loopback.
+
+        The shim hands the payload's own connection across the namespace boundary to the
+        proxy, which answers on it directly.
+        """
+        request = make_request(
+            tmp_path, payload, "proxy", str(SHIM_PORT), socket_path=echo_socket.path
+        )
         run = bw.BubblewrapBackend().run(request)
         assert run.started, run.stderr
         assert facts_of(run.stdout)["echo"] == "echo:ping through shim"
+        assert echo_socket.routes == ["handoff"]
 
     def test_timeout_kills_the_whole_tree(self, tmp_path: Path, payload: Path) -> None:
         """A hung payload is killed with bwrap at the deadline and nothing survives."""

@@ -42,6 +42,7 @@ from harness.backends.none import NoneBackend
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
 from harness.world import World, start_world
+from tests.backends.standin import take_client
 
 pytestmark = [pytest.mark.needs_docker, pytest.mark.timeout(120)]
 
@@ -231,6 +232,7 @@ class _UnixHttpProxy:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.seen: list[str] = []
+        self.routes: list[str] = []  # "handoff" when the shim passed the payload's socket
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(path))
         path.chmod(0o666)  # the sandbox uid must be able to connect (the socket is the grant)
@@ -245,19 +247,24 @@ class _UnixHttpProxy:
             except OSError:
                 return
             with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    head += chunk
-                line = head.split(b"\r\n", 1)[0].decode()
-                self.seen.append(line)
-                body = f"proxied {line}".encode()
-                conn.sendall(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                    % (len(body), body)
-                )
+                client, head, route = take_client(conn)
+                self.routes.append(route)
+                with client:
+                    self._answer(client, head)
+
+    def _answer(self, client: socket.socket, head: bytes) -> None:
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+        line = head.split(b"\r\n", 1)[0].decode()
+        self.seen.append(line)
+        body = f"proxied {line}".encode()
+        client.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (len(body), body)
+        )
 
     def close(self) -> None:
         self.sock.close()
@@ -357,6 +364,7 @@ class TestConfinement:
             proxy.close()
         expected_line = f"GET http://allowed.test/ok?nonce={nonce} HTTP/1.1"
         assert proxy.seen == [expected_line], run.stderr
+        assert proxy.routes == ["handoff"]  # the container's own socket crossed to the proxy
         assert facts["proxy"] == {"ok": True, "value": f"proxied {expected_line}"}
         assert facts["interfaces"] == ["lo"]
 

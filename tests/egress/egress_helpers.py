@@ -289,10 +289,17 @@ def vm_rss_kib(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def running_shim(socket_path: Path) -> Iterator[int]:
+def running_shim(socket_path: Path, *extra: str) -> Iterator[int]:
     """The shim in serve mode bridging a free loopback port to `socket_path`; yields the port."""
+    with shim_process(socket_path, *extra) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def shim_process(socket_path: Path, *extra: str) -> Iterator[tuple[int, int]]:
+    """The shim in serve mode with extra arguments; yields (port, pid)."""
     proc = subprocess.Popen(
-        [sys.executable, str(SHIM), "--unix", str(socket_path), "--port", "0"],
+        [sys.executable, str(SHIM), "--unix", str(socket_path), "--port", "0", *extra],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -300,7 +307,7 @@ def running_shim(socket_path: Path) -> Iterator[int]:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("READY 127.0.0.1:"), line
-        yield int(line.rsplit(":", 1)[1])
+        yield int(line.rsplit(":", 1)[1]), proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -587,10 +587,15 @@ class TestUpstreamFailures:
         assert proxy.decisions()[0]["address"] == "127.0.0.1"
 
 
-def _transfer_through_shim(proxy: ProxyProcess, origin: Origin, size: int) -> tuple[str, float]:
+def _transfer_through_shim(
+    proxy: ProxyProcess, origin: Origin, size: int, *shim_args: str
+) -> tuple[str, float]:
     """Pull `size` bytes from a source origin via shim + proxy; returns (sha256, seconds)."""
     assert proxy.socket is not None
-    with running_shim(proxy.socket) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+    with (
+        running_shim(proxy.socket, *shim_args) as port,
+        socket.create_connection(("127.0.0.1", port)) as sock,
+    ):
         started = time.monotonic()
         sock.sendall(f"CONNECT allowed.test:{origin.port} HTTP/1.1\r\n\r\n".encode())
         status, _, rest = read_head(sock)
@@ -606,17 +611,27 @@ def _transfer_through_shim(proxy: ProxyProcess, origin: Origin, size: int) -> tu
 
 
 class TestTransfer:
+    @pytest.mark.parametrize(
+        ("shim_args", "route"),
+        [((), "unix-handoff"), (("--relay",), "unix")],
+        ids=["handoff", "relay"],
+    )
     def test_18mib_byte_exact_through_shim(
-        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+        self,
+        make_proxy: Callable[..., ProxyProcess],
+        make_origin: Callable[..., Origin],
+        shim_args: tuple[str, ...],
+        route: str,
     ) -> None:
-        """18 MiB arrive through shim + proxy with the origin's sha256."""
+        """18 MiB arrive through shim + proxy with the origin's sha256, handed off or relayed."""
         size = 18 * BLOCK
         origin = make_origin("source", size=size)
         proxy = make_proxy((_rule("allowed.test", origin.port),))
-        digest, _ = _transfer_through_shim(proxy, origin, size)
+        digest, _ = _transfer_through_shim(proxy, origin, size, *shim_args)
         assert digest == blob_sha256(size)
         assert wait_for(lambda: len(proxy.decisions()) == 1)
         assert proxy.decisions()[0]["bytes_down"] == size
+        assert proxy.decisions()[0]["client"] == route
 
     def test_18mib_echo_both_ways_with_half_close(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]

@@ -1,0 +1,308 @@
+"""The shim hands each connection to the proxy (SCM_RIGHTS); the proxy adopts only TCP sockets.
+
+Everything runs for real: the proxy subprocess, the shim subprocess, real descriptors passed
+over the proxy's unix socket. The adversarial cases are what a payload could send on the same
+socket itself: the marker without a descriptor, descriptors of the wrong kind, too many.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import os
+import socket
+import threading
+from typing import TYPE_CHECKING
+
+import pytest
+
+from harness.egress import shim
+from harness.egress.proxy import DENY_HEADER, HANDOFF_MARKER
+from harness.egress.rules import Rule
+from tests.egress.egress_helpers import (
+    connect_request,
+    fd_count,
+    read_all,
+    read_head,
+    shim_process,
+    tcp_client,
+    wait_for,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from harness.egress.proxy import ProxyProcess
+    from tests.egress.egress_helpers import Origin
+
+
+def _rules(origin: Origin) -> tuple[Rule, ...]:
+    return (Rule("allowed.test", ports=(origin.port,), allow_private=True),)
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected loopback TCP pair: (the payload's end, the end a shim would accept)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        payload = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+    return payload, accepted
+
+
+def _send_fds(proxy: ProxyProcess, data: bytes, fds: list[int]) -> socket.socket:
+    """Connect to the proxy's unix socket and send `data` carrying `fds`; returns the socket."""
+    assert proxy.socket is not None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(10)
+    conn.connect(str(proxy.socket))
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    conn.sendmsg([data], ancillary)
+    return conn
+
+
+@contextlib.contextmanager
+def _owned(*socks: socket.socket) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+class TestHandoff:
+    def test_shim_holds_nothing_for_a_handed_off_connection(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """While a tunnel is open the shim's descriptors are at baseline; the proxy serves it."""
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin))
+        assert proxy.socket is not None
+        with shim_process(proxy.socket) as (port, shim_pid):
+            baseline = fd_count(shim_pid)
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(connect_request(f"allowed.test:{origin.port}", None))
+                assert read_head(sock)[0] == 200
+                sock.sendall(b"ping")
+                assert sock.recv(4) == b"ping"
+                assert fd_count(shim_pid) == baseline
+                sock.shutdown(socket.SHUT_WR)
+                assert read_all(sock) == b""
+        assert wait_for(lambda: len(proxy.decisions()) == 1)
+        line = proxy.decisions()[0]
+        assert (line["client"], line["decision"], line["bytes_up"], line["bytes_down"]) == (
+            "unix-handoff",
+            "allow",
+            4,
+            4,
+        )
+
+    def test_refusal_reaches_the_payload_itself(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """A denied CONNECT on a handed-off connection: the payload reads the 403 and reason."""
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin))
+        assert proxy.socket is not None
+        with (
+            shim_process(proxy.socket) as (port, _),
+            socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+        ):
+            sock.sendall(connect_request(f"denied.test:{origin.port}", None))
+            status, headers, _ = read_head(sock)
+        assert (status, headers[DENY_HEADER.lower()]) == (403, "no rule matched")
+        assert origin.accepts == 0
+        assert wait_for(lambda: len(proxy.decisions()) == 1)
+        assert proxy.decisions()[0]["client"] == "unix-handoff"
+
+    def test_descriptors_back_to_baseline_after_handoffs(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """100 aborted and 100 clean handed-off connections leave the proxy's count unchanged."""
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin))
+        assert proxy.socket is not None
+        request = connect_request(f"allowed.test:{origin.port}", None)
+        with shim_process(proxy.socket) as (port, _):
+            baseline = fd_count(proxy.pid)
+            for i in range(100):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(request if i % 2 else request[:10])
+                if i % 2:
+                    read_head(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                sock.close()  # RST
+            for _ in range(100):
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                    sock.sendall(request + b"ping")
+                    read_head(sock)
+                    sock.shutdown(socket.SHUT_WR)
+                    read_all(sock)
+            assert wait_for(lambda: fd_count(proxy.pid) == baseline, timeout=15), (
+                fd_count(proxy.pid),
+                baseline,
+            )
+
+
+class TestAdoptionRefusals:
+    """What a payload could put on the unix socket itself: each is a 400, nothing leaks."""
+
+    @staticmethod
+    def _refused(proxy: ProxyProcess, data: bytes, fds: list[int]) -> str:
+        baseline = fd_count(proxy.pid)
+        conn = _send_fds(proxy, data, fds)
+        with conn:
+            status, headers, _ = read_head(conn)
+        assert status == 400
+        assert wait_for(lambda: fd_count(proxy.pid) == baseline), (fd_count(proxy.pid), baseline)
+        return headers[DENY_HEADER.lower()]
+
+    def test_marker_without_a_descriptor(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """The marker alone is refused (a handoff must carry exactly one TCP socket)."""
+        proxy = make_proxy(_rules(make_origin("echo")))
+        reason = self._refused(proxy, HANDOFF_MARKER, [])
+        assert reason == "a handoff must carry exactly one TCP socket"
+
+    def test_two_descriptors(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """Two sockets behind the marker: both closed by the proxy, refused."""
+        proxy = make_proxy(_rules(make_origin("echo")))
+        payload, accepted = _tcp_pair()
+        other, other_accepted = _tcp_pair()
+        with _owned(payload, accepted, other, other_accepted):
+            reason = self._refused(proxy, HANDOFF_MARKER, [accepted.fileno(), other.fileno()])
+        assert reason == "a handoff must carry exactly one TCP socket"
+
+    def test_descriptor_without_the_marker(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """A socket riding on an HTTP byte is not a handoff: closed and refused."""
+        proxy = make_proxy(_rules(make_origin("echo")))
+        payload, accepted = _tcp_pair()
+        with _owned(payload, accepted):
+            reason = self._refused(proxy, b"C", [accepted.fileno()])
+        assert reason == "descriptors sent without the handoff marker"
+
+    @pytest.mark.parametrize("kind", ["pipe", "udp", "listening-tcp", "unconnected-tcp", "unix"])
+    def test_wrong_kind_of_descriptor(
+        self,
+        make_proxy: Callable[..., ProxyProcess],
+        make_origin: Callable[..., Origin],
+        kind: str,
+    ) -> None:
+        """Only a connected TCP socket is adopted; anything else is closed and refused."""
+        proxy = make_proxy(_rules(make_origin("echo")))
+        keep: list[socket.socket] = []
+        if kind == "pipe":
+            read_end, write_end = os.pipe()
+            fd = write_end
+        else:
+            if kind == "udp":
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            elif kind == "listening-tcp":
+                sock = socket.create_server(("127.0.0.1", 0))
+            elif kind == "unconnected-tcp":
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            else:
+                sock, peer = socket.socketpair()
+                keep.append(peer)
+            keep.append(sock)
+            fd = sock.fileno()
+        try:
+            reason = self._refused(proxy, HANDOFF_MARKER, [fd])
+        finally:
+            for sock in keep:
+                sock.close()
+            if kind == "pipe":
+                os.close(read_end)
+                os.close(write_end)
+        expected = (
+            "the handed-over descriptor is not a socket"
+            if kind == "pipe"
+            else "the handed-over descriptor is not a connected TCP socket"
+        )
+        assert reason == expected
+
+
+class TestClientLimit:
+    def test_over_the_limit_gets_503_and_a_slot_frees(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """With max_clients=2, a third client reads 503 (also handed off); a closed one frees."""
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin), max_clients=2)
+        assert proxy.socket is not None
+        request = connect_request(f"allowed.test:{origin.port}", proxy.secret)
+        held = [tcp_client(proxy), tcp_client(proxy)]
+        for sock in held:
+            sock.sendall(request)
+            assert read_head(sock)[0] == 200
+        with tcp_client(proxy) as third:
+            third.sendall(request)
+            status, headers, _ = read_head(third)
+        assert status == 503
+        assert headers[DENY_HEADER.lower()] == "proxy busy: 2 clients already connected"
+        with (
+            shim_process(proxy.socket) as (port, _),
+            socket.create_connection(("127.0.0.1", port), timeout=10) as handed,
+        ):
+            handed.sendall(request)
+            assert read_head(handed)[0] == 503
+        held.pop().close()
+        assert wait_for(lambda: sum(d["status"] == 200 for d in proxy.decisions()) == 1)
+        with tcp_client(proxy) as again:
+            again.sendall(request)
+            assert read_head(again)[0] == 200
+        for sock in held:
+            sock.close()
+        assert origin.accepts == 3
+
+
+class TestShimFallback:
+    def test_relays_when_the_sandbox_refuses_descriptor_passing(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """A sendmsg refused (as an LSM may refuse SCM_RIGHTS) falls back to relaying bytes.
+
+        The one simulated piece: this machine has no policy that refuses SCM_RIGHTS, so the
+        refusal is a socket whose sendmsg raises EPERM; the proxy and sockets are real.
+        """
+
+        class NoPassing(socket.socket):
+            def sendmsg(self, *_args: object, **_kwargs: object) -> int:
+                raise PermissionError(1, "Operation not permitted")
+
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin))
+        assert proxy.socket is not None
+        payload, accepted = _tcp_pair()
+        upstream = NoPassing(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.connect(str(proxy.socket))
+        messages: list[str] = []
+
+        def log(message: str) -> None:
+            messages.append(message)
+
+        bridge = threading.Thread(
+            target=shim._serve_connection,
+            args=(accepted, upstream, log, False),
+        )
+        bridge.start()
+        with _owned(payload, accepted, upstream):
+            payload.settimeout(10)
+            payload.sendall(connect_request(f"allowed.test:{origin.port}", None))
+            assert read_head(payload)[0] == 200
+            payload.sendall(b"ping")
+            assert payload.recv(4) == b"ping"
+            payload.shutdown(socket.SHUT_WR)
+            assert read_all(payload) == b""
+            bridge.join(timeout=10)
+        assert not bridge.is_alive()
+        expected = (
+            "handing the connection to the proxy failed ([Errno 1] Operation not permitted); "
+            "relaying its bytes"
+        )
+        assert messages == [expected]
+        assert wait_for(lambda: len(proxy.decisions()) == 1)
+        assert proxy.decisions()[0]["client"] == "unix"
