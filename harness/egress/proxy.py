@@ -62,6 +62,7 @@ from harness.egress.rules import (
 from harness.errors import ConfigError, FixtureError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import TracebackType
 
 PROXY_USER = "sandbox-attest"
@@ -500,14 +501,24 @@ class _Server:
                 time.sleep(0.05)  # EMFILE and friends: back off instead of spinning
                 continue
             label = f"tcp:{peer[0]}:{peer[1]}" if needs_auth else "unix"
-            if not self._slots.acquire(blocking=False):
-                threading.Thread(
-                    target=self._turn_away, args=(conn, label, needs_auth), daemon=True
-                ).start()
-                continue
-            threading.Thread(
-                target=self._handle, args=(conn, label, needs_auth), daemon=True
-            ).start()
+            if self._slots.acquire(blocking=False):
+                self._spawn(self._handle, conn, label, needs_auth, holds_slot=True)
+            else:
+                self._spawn(self._turn_away, conn, label, needs_auth, holds_slot=False)
+
+    def _spawn(
+        self, target: Callable[..., None], conn: socket.socket, *args: object, holds_slot: bool
+    ) -> None:
+        """Serve `conn` in its own thread; if no thread can start, drop it, never the loop."""
+        try:
+            threading.Thread(target=target, args=(conn, *args), daemon=True).start()
+        except RuntimeError:  # "can't start new thread": out of memory or a tasks limit
+            print("egress proxy: cannot start a thread; connection dropped", file=sys.stderr)
+            sys.stderr.flush()  # before the close, so whoever sees the drop can read why
+            conn.close()
+            if holds_slot:
+                self._slots.release()
+            time.sleep(0.05)
 
     def _turn_away(self, conn: socket.socket, label: str, needs_auth: bool) -> None:
         """Answer 503 to a client over the concurrency limit (it holds no slot).

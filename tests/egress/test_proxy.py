@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import resource
 import signal
 import socket
 import ssl
@@ -708,6 +709,48 @@ class TestResources:
             fd_count(proxy.pid),
             baseline,
         )
+
+    def test_accept_loop_survives_when_no_thread_can_start(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """Out of memory for thread stacks: new clients are dropped, the proxy keeps serving.
+
+        The proxy's address space is capped (RLIMIT_AS, set from outside) just above what it
+        maps now. Idle clients each hold a handler thread until glibc's cached stacks run out
+        and a new 8 MiB stack cannot be mapped; that client is closed unanswered. Lifting the
+        cap must find the accept loop alive.
+        """
+        origin = make_origin("echo")
+        proxy = make_proxy((_rule("allowed.test", origin.port),))
+        request = connect_request(f"allowed.test:{origin.port}", proxy.secret)
+        assert exchange(proxy, request + b"x")[0] == 200  # every lazy import done
+        vm_size = next(
+            int(line.split()[1]) * 1024
+            for line in Path(f"/proc/{proxy.pid}/status").read_text().splitlines()
+            if line.startswith("VmSize:")
+        )
+        unlimited = resource.prlimit(proxy.pid, resource.RLIMIT_AS)
+        resource.prlimit(proxy.pid, resource.RLIMIT_AS, (vm_size + 2 * 1024 * 1024, unlimited[1]))
+        idle: list[socket.socket] = []
+        dropped = False
+        try:
+            for _ in range(40):
+                sock = tcp_client(proxy)
+                idle.append(sock)
+                sock.settimeout(0.3)
+                try:
+                    dropped = sock.recv(100) == b""  # closed unanswered
+                except TimeoutError:
+                    continue  # a handler thread is waiting for this client's head
+                break
+        finally:
+            resource.prlimit(proxy.pid, resource.RLIMIT_AS, unlimited)
+            for sock in idle:
+                sock.close()
+        assert dropped
+        assert "cannot start a thread; connection dropped" in proxy.stderr_path.read_text()
+        status, _, body = exchange(proxy, request + b"again")
+        assert (status, body) == (200, b"again")
 
     def test_stalled_reader_does_not_grow_rss(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
