@@ -1,7 +1,8 @@
 """The egress route out of a sandbox: allowlist rules, the proxy process, the in-sandbox shim.
 
 `rules` is pure matching; `proxy` runs as its own process (`start_proxy`); `shim.py` is a
-stdlib-only script copied into sandboxes and never imported by the host.
+stdlib-only script copied or bound into sandboxes (never imported by host code) that hands each
+connection it accepts to the proxy's unix socket.
 """
 
 from __future__ import annotations
