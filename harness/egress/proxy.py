@@ -543,41 +543,20 @@ class _Server:
     # -- one client ---------------------------------------------------------------------------
 
     def _handle(self, conn: socket.socket, label: str, needs_auth: bool) -> None:
-        """Serve one accepted connection; `needs_auth` is the TCP route, else the unix route."""
+        """Serve one accepted connection; `needs_auth` is the TCP route, else the unix route.
+
+        Owns the connection's lifetime: the slot, the decision line, every close.
+        """
         record = _Record(client=label)
         client = conn
-        upstream: socket.socket | None = None
+        leash: _Leash | None = None
         logged = False
         try:
             initial = b""
             if not needs_auth:
                 client, initial = self._take_handoff(conn, record)
-            head, rest = self._read_head(client, record, initial)
-            record.method = head.method
-            record.target = head.target[:2048]
-            # The nonce is read before auth so that even a 407 is attributed to its cell.
-            record.nonce = head.get(NONCE_HEADER) or _nonce_from_target(head)
-            if needs_auth:
-                self._check_auth(head)
-            host, port, path = self._target(head, record)
-            # Body framing is checked before the dial: a smuggling shape never costs a connect.
-            framing = _body_framing(head) if head.method != "CONNECT" else 0
-            upstream = self._admit(host, port, record)
-            record.decision = "allow"
-            if head.method == "CONNECT":
-                self._connect(client, upstream, rest, record)
-            else:
-                self._forward_http(
-                    client,
-                    upstream,
-                    head=head,
-                    rest=rest,
-                    host=host,
-                    port=port,
-                    path=path,
-                    framing=framing,
-                    record=record,
-                )
+                leash = _Leash(conn, client) if client is not conn else None
+            self._serve(client, initial, record, needs_auth=needs_auth)
         except _Refusal as refusal:
             record.status = refusal.status
             record.reason = refusal.reason
@@ -596,13 +575,47 @@ class _Server:
             else:
                 record.reason = f"client connection failed: {exc.__class__.__name__}"
         finally:
-            if upstream is not None:
-                upstream.close()
+            if leash is not None:
+                leash.release(record)
             client.close()
             conn.close()
             self._slots.release()
             if not logged:
                 self.log.write(record)
+
+    def _serve(
+        self, client: socket.socket, initial: bytes, record: _Record, *, needs_auth: bool
+    ) -> None:
+        """Read the head, admit, then tunnel or forward; raises _Refusal for every refusal."""
+        head, rest = self._read_head(client, record, initial)
+        record.method = head.method
+        record.target = head.target[:2048]
+        # The nonce is read before auth so that even a 407 is attributed to its cell.
+        record.nonce = head.get(NONCE_HEADER) or _nonce_from_target(head)
+        if needs_auth:
+            self._check_auth(head)
+        host, port, path = self._target(head, record)
+        # Body framing is checked before the dial: a smuggling shape never costs a connect.
+        framing = _body_framing(head) if head.method != "CONNECT" else 0
+        upstream = self._admit(host, port, record)
+        record.decision = "allow"
+        try:
+            if head.method == "CONNECT":
+                self._connect(client, upstream, rest, record)
+            else:
+                self._forward_http(
+                    client,
+                    upstream,
+                    head=head,
+                    rest=rest,
+                    host=host,
+                    port=port,
+                    path=path,
+                    framing=framing,
+                    record=record,
+                )
+        finally:
+            upstream.close()
 
     def _take_handoff(self, conn: socket.socket, record: _Record) -> tuple[socket.socket, bytes]:
         """Read a unix client's first byte: a handoff (marker + one TCP socket) or plain HTTP.
@@ -629,7 +642,6 @@ class _Server:
             return conn, data
         client = _adopt_handed_socket(fds[0])
         record.client = "unix-handoff"
-        conn.close()  # the shim's unix connection has done its job
         return client, b""
 
     def _read_head(
@@ -1066,6 +1078,45 @@ def _header_safe(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Byte movers
 # ---------------------------------------------------------------------------------------------
+
+
+class _Leash:
+    """Ties a handed-over socket to the unix connection that brought it.
+
+    The sender keeps that connection open while the payload's connection lives (the shim
+    waits for our close). When it closes, because the shim or its whole sandbox is gone, the
+    handed-over connection is cut: without this a sandbox could hand over both ends of one
+    TCP connection and leave a tunnel running after it exited.
+    """
+
+    def __init__(self, conn: socket.socket, client: socket.socket) -> None:
+        self._conn = conn
+        self._client = client
+        self._lock = threading.Lock()
+        self._released = False
+        self.fired = False
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        with contextlib.suppress(OSError):
+            # Returns at EOF (the sender is gone) or on any byte (not part of the protocol).
+            self._conn.recv(1)
+        with self._lock:
+            if not self._released:
+                self.fired = True
+                with contextlib.suppress(OSError):
+                    self._client.shutdown(socket.SHUT_RDWR)  # wakes both pumps; owner closes
+
+    def release(self, record: _Record) -> None:
+        """End the watch before the owner closes the sockets (so no descriptor is reused)."""
+        with self._lock:
+            self._released = True
+        with contextlib.suppress(OSError):
+            self._conn.shutdown(socket.SHUT_RDWR)  # wakes the watcher's recv
+        self._thread.join()
+        if self.fired:
+            record.reason = f"{record.reason}; cut: the unix connection that handed it over closed"
 
 
 def _adopt_handed_socket(fd: int) -> socket.socket:

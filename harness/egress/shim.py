@@ -13,9 +13,10 @@ harness, so it imports only the standard library and runs on Python 3.8+.
 
 Each accepted connection is handed to the proxy whole: one NUL byte on the unix socket
 carrying the connection's socket (SCM_RIGHTS), after which the proxy serves the payload
-directly and the shim holds nothing. If the sandbox refuses descriptor passing, or with
---relay, the shim relays the bytes itself instead (about 0.45x a direct loopback copy, against
-about 0.6x handed off; bench/bench_proxy.py).
+directly. The shim keeps that unix connection open until the proxy closes it: the proxy cuts
+a handed-over connection when its unix connection closes, so nothing handed over outlives the
+shim or its sandbox. If the sandbox refuses descriptor passing, or with --relay, the shim
+relays the bytes itself instead (bench/bench_proxy.py measures both).
 
 Diagnostics go to --log FILE (appended) or to stderr prefixed `shim: `, never to stdout: in
 CMD mode stdout belongs to the payload, whose one JSON line is the probe's report.
@@ -99,6 +100,13 @@ def _hand_off(client: socket.socket, upstream: socket.socket) -> None:
     upstream.sendmsg([HANDOFF_MARKER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
 
 
+def _hold_until_proxy_closes(upstream: socket.socket) -> None:
+    """Keep the unix connection (the handed-over connection's lifeline) until the proxy ends."""
+    with contextlib.suppress(OSError):
+        while upstream.recv(4096):
+            pass  # the proxy sends nothing here; a byte would be ignored, not relayed
+
+
 def _bridge(client: socket.socket, unix_path: str, log: _Log, relay: bool) -> None:
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -124,7 +132,9 @@ def _serve_connection(
             # sendmsg is all or nothing: the proxy has seen no byte, so relaying is clean.
             log("handing the connection to the proxy failed (%s); relaying its bytes" % exc)  # noqa: UP031
         else:
-            return  # closing our copies leaves the proxy's references open
+            client.close()  # the proxy holds its own reference; ours is not needed
+            _hold_until_proxy_closes(upstream)
+            return
     pair = (client, upstream)
     thread = threading.Thread(target=_pump, args=(client, upstream, pair), daemon=True)
     thread.start()

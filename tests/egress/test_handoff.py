@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import contextlib
 import os
+import signal
 import socket
 import threading
 from typing import TYPE_CHECKING
@@ -69,10 +70,13 @@ def _owned(*socks: socket.socket) -> Iterator[None]:
 
 
 class TestHandoff:
-    def test_shim_holds_nothing_for_a_handed_off_connection(
+    def test_shim_holds_only_the_lifeline(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
     ) -> None:
-        """While a tunnel is open the shim's descriptors are at baseline; the proxy serves it."""
+        """An open tunnel costs the shim one descriptor, the lifeline, and no socket copy.
+
+        The unix connection bounds the tunnel's life; the proxy serves the payload directly.
+        """
         origin = make_origin("echo")
         proxy = make_proxy(_rules(origin))
         assert proxy.socket is not None
@@ -83,9 +87,10 @@ class TestHandoff:
                 assert read_head(sock)[0] == 200
                 sock.sendall(b"ping")
                 assert sock.recv(4) == b"ping"
-                assert fd_count(shim_pid) == baseline
+                assert fd_count(shim_pid) == baseline + 1
                 sock.shutdown(socket.SHUT_WR)
                 assert read_all(sock) == b""
+            assert wait_for(lambda: fd_count(shim_pid) == baseline)
         assert wait_for(lambda: len(proxy.decisions()) == 1)
         line = proxy.decisions()[0]
         assert (line["client"], line["decision"], line["bytes_up"], line["bytes_down"]) == (
@@ -140,6 +145,79 @@ class TestHandoff:
                 fd_count(proxy.pid),
                 baseline,
             )
+
+
+CUT = "cut: the unix connection that handed it over closed"
+
+
+class TestLeash:
+    """A handed-over connection lives no longer than the unix connection that brought it."""
+
+    def test_closing_the_unix_connection_cuts_the_tunnel(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """The sender goes away while the payload still holds its end: the proxy closes."""
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin))
+        payload, accepted = _tcp_pair()
+        lifeline = _send_fds(proxy, HANDOFF_MARKER, [accepted.fileno()])
+        accepted.close()
+        with payload:
+            payload.settimeout(10)
+            payload.sendall(connect_request(f"allowed.test:{origin.port}", None))
+            assert read_head(payload)[0] == 200
+            payload.sendall(b"ping")
+            assert payload.recv(4) == b"ping"
+            lifeline.close()
+            assert read_all(payload) == b""  # EOF from the proxy, not a timeout
+        assert wait_for(lambda: len(proxy.decisions()) == 1)
+        line = proxy.decisions()[0]
+        assert line["decision"] == "allow"
+        assert str(line["reason"]).endswith(CUT)
+
+    def test_both_ends_handed_over_do_not_outlive_their_senders(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """Both ends of one connection handed over end when their unix connections close.
+
+        Each end has a CONNECT queued for the other, so the two tunnels feed each other with
+        no sandbox descriptor left; closing the unix connections ends both and returns the
+        proxy to its descriptor baseline.
+        """
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin))
+        baseline = fd_count(proxy.pid)
+        one, other = _tcp_pair()
+        request = connect_request(f"allowed.test:{origin.port}", None)
+        one.sendall(request)
+        other.sendall(request)
+        lifelines = [_send_fds(proxy, HANDOFF_MARKER, [sock.fileno()]) for sock in (one, other)]
+        one.close()
+        other.close()
+        assert wait_for(lambda: origin.accepts == 2)
+        for lifeline in lifelines:
+            lifeline.close()
+        assert wait_for(lambda: len(proxy.decisions()) == 2)
+        assert all(str(line["reason"]).endswith(CUT) for line in proxy.decisions())
+        assert wait_for(lambda: fd_count(proxy.pid) == baseline), (fd_count(proxy.pid), baseline)
+
+    def test_a_killed_shim_takes_its_connections_with_it(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """SIGKILL of the shim (its sandbox torn down) ends the payload's open tunnel."""
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin))
+        assert proxy.socket is not None
+        with (
+            shim_process(proxy.socket) as (port, shim_pid),
+            socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+        ):
+            sock.sendall(connect_request(f"allowed.test:{origin.port}", None))
+            assert read_head(sock)[0] == 200
+            os.kill(shim_pid, signal.SIGKILL)
+            assert read_all(sock) == b""
+        assert wait_for(lambda: len(proxy.decisions()) == 1)
+        assert str(proxy.decisions()[0]["reason"]).endswith(CUT)
 
 
 class TestAdoptionRefusals:
