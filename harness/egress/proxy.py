@@ -14,12 +14,14 @@ this is threads.
 
 Handoff on the unix socket. The in-sandbox shim does not relay bytes itself: for each
 connection it accepts it sends one NUL byte carrying that TCP socket (SCM_RIGHTS), and the
-proxy serves the payload's connection directly. That takes a copy hop and two threads out of
-the path (about 0.6x a direct loopback copy instead of about 0.45x), while every byte still
-passes the proxy's admission, accounting and backpressure. Only the sandbox's own socket
-crosses the boundary, into the proxy; no host socket is ever passed into a sandbox. The proxy
-adopts a handed-over descriptor only if it is a connected TCP socket, and refuses anything
-else with a 400. A unix client that does not start with NUL simply speaks HTTP.
+proxy serves the payload's connection directly, so every byte still passes the proxy's
+admission, accounting and backpressure. That takes the shim's copy hop out of the path
+(bench/bench_proxy.py: about 2.3 GB/s handed off against 1.7-2.4 GB/s relayed, and the shim's
+CPU from about 0.27 s/GiB to none). Only the sandbox's own socket crosses the boundary, into
+the proxy; no host socket is ever passed into a sandbox. The proxy adopts a handed-over
+descriptor only if it is a connected TCP socket (400 otherwise), and keeps it no longer than
+the unix connection that brought it stays open (`_Leash`), so nothing handed over outlives the
+shim or its sandbox. A unix client that does not start with NUL simply speaks HTTP.
 
 Run by `start_proxy`; the child is `python -m harness.egress.proxy CONFIG.json` with the
 per-start secret on stdin (never on argv or in a file, where other processes could read it).
@@ -74,8 +76,9 @@ MAX_HEAD = 64 * 1024  # a request head of exactly this many bytes (CRLFCRLF incl
 HANDOFF_MARKER = b"\x00"
 READY_PREFIX = "READY "
 # The copy buffer starts small (most connections carry a few KiB) and doubles each time a read
-# fills it, up to 4 MiB: measured on 256 MiB TCP -> TCP, 4 MiB moved about 1.1x the bytes per
-# second of 1 MiB (fewer syscalls and wake-ups), and 8 or 16 MiB no more.
+# fills it, up to 4 MiB: on 256 MiB TCP -> TCP (bench/bench_relay_copy.py) 4 MiB moved as many
+# or up to 1.1x the bytes per second of 1 MiB (fewer syscalls and wake-ups); 8 or 16 MiB, tried
+# the same way, no more.
 _BUFFER_START = 64 * 1024
 _BUFFER_MAX = 4 * 1024 * 1024
 _PIPE_SIZE = 1024 * 1024
@@ -1178,9 +1181,9 @@ def _pump(src: socket.socket, dst: socket.socket, abort: tuple[socket.socket, ..
 
     Returns the number of bytes moved (also when the copy ended in an error). Blocking writes
     are the backpressure: nothing is read from `src` until `dst` accepted the previous chunk.
-    Splice only when a unix socket is an end: measured side by side on 256 MiB (bench/), splice
-    beat the buffer TCP -> unix (0.42x vs 0.34x of direct, two hops) but lost TCP -> TCP
-    (0.48x vs 0.61x, one hop).
+    Splice only when a unix socket is an end (bench/bench_relay_copy.py, 256 MiB, ratios to a
+    direct loopback read): TCP -> TCP it lost to the buffer (0.37-0.43x against 0.48-0.52x);
+    TCP -> unix it was even or ahead (0.73-1.01x against 0.70-0.83x).
     """
     moved = [0]
     unix_end = socket.AF_UNIX in (src.family, dst.family)

@@ -36,11 +36,9 @@ import time
 
 EXIT_BIND_FAILED = 97
 HANDOFF_MARKER = b"\x00"  # the proxy reads a NUL first byte as "a socket rides with this"
-# One 1 MiB buffer per direction. Measured side by side (bench/bench_proxy.py, 4 alternating
-# runs of 256 MiB each): recv_into/sendall moved about 1.25x the bytes per second of an
-# os.splice pipe for the unix-socket <-> loopback hops the shim makes, at the same CPU, because
-# splice into or out of a unix socket copies anyway. The proxy keeps splice (TCP <-> TCP/unix),
-# where it measured faster.
+# Relaying (the fallback) uses one 1 MiB buffer per direction. Measured side by side (4
+# alternating runs of 256 MiB each): recv_into/sendall moved about 1.25x the bytes per second
+# of an os.splice pipe for the unix-socket <-> loopback hops the shim makes, at the same CPU.
 _BUFFER = 1024 * 1024
 
 
