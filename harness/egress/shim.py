@@ -5,7 +5,8 @@ harness, so it imports only the standard library and runs on Python 3.8+.
 
     python3 shim.py --unix SOCK --port PORT [--log FILE] [--relay] -- CMD ARGS...
         Listen first (so the payload can connect the moment it starts: readiness by
-        construction), run CMD with inherited stdio, relay until CMD exits, exit with its code.
+        construction), run CMD with inherited stdio, serve connections until CMD exits, exit
+        with its code.
         Exit 97 without running CMD if the port cannot be bound.
     python3 shim.py --unix SOCK --port PORT
         Print `READY 127.0.0.1:PORT` on stdout once listening (PORT 0 picks one) and serve
