@@ -260,7 +260,7 @@ def _conclude(
     if not inside_ok:
         reasons.append(inside_failed)
     if not host_ok:
-        reasons.append(host_failed)
+        reasons.append(f"{host_failed}: {_failed_checks(host_control)}")
     return Assessment(
         escape=escape,
         controls_ok=inside_ok and host_ok,
@@ -269,6 +269,20 @@ def _conclude(
         witness=witness,
         control=controls,
     )
+
+
+def _failed_checks(control: dict[str, Any]) -> str:
+    """Which checks of a host control failed and why, for a verdict's reason."""
+    checks = control.get("checks") or []
+    if not checks:
+        return "it ran no check"
+    failed = [f"{c.get('what')} ({c.get('detail')})" for c in checks if not c.get("ok")]
+    return "; ".join(failed) or "no check failed, yet it is not ok"
+
+
+def host_control_failed(control: dict[str, Any]) -> str:
+    """The reason for a failed host control, naming each failed check and its detail."""
+    return f"host control failed: {_failed_checks(control)}"
 
 
 def _host_writes(what: str, directory: Path, nonce: str) -> dict[str, Any]:
