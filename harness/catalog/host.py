@@ -807,6 +807,33 @@ def _get_via_unix_proxy(
         sock.close()
 
 
+def _sandbox_route_missed(
+    report: dict[str, Any], escapes: list[dict[str, Any]], reasons: list[str]
+) -> bool:
+    """Whether the payload was told to attack the in-sandbox route but could not find it.
+
+    Adds the phrase saying what happened to the in-sandbox part either way.
+    """
+    facts = report.get("facts", {})
+    if not facts.get("sandbox_route_tried"):
+        reasons.append("in-sandbox route not present (the task's proxy is not the shim)")
+        return False
+    inside = [a for a in escapes if str(a.get("what", "")).startswith("sandbox:")]
+    missing = (
+        facts.get("visible:sandbox") is not True
+        or not inside
+        or all(a.get("errno") == "ENOENT" for a in inside)
+    )
+    if missing:
+        reasons.append(
+            "the in-sandbox route was not attacked: its socket and shim are not at the "
+            "paths the probe was given (every attempt ENOENT or the socket not visible)"
+        )
+        return True
+    reasons.append("in-sandbox route attacked")
+    return False
+
+
 class IpcProxySocketTamper(_Spec):
     """chmod / replace / unlink of the egress route's socket and shim.
 
@@ -908,9 +935,11 @@ class IpcProxySocketTamper(_Spec):
         else:
             reasons.append("decoy and real socket/shim unchanged on the host")
             reasons.append(_refusals(escapes))
-        tried = bool(report.get("facts", {}).get("sandbox_route_tried"))
-        reasons.append("in-sandbox route attacked" if tried else "in-sandbox route not present")
         escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
+        if _sandbox_route_missed(report, escapes, reasons) and escape != "escaped":
+            # The paths are bubblewrap's and docker's mount points; a wrapper that shows the
+            # route elsewhere never had its route attacked, so its refusals prove nothing.
+            escape = "undecided"
         inside = _attempts(report, "control")
         workspace_ops = [a for a in inside if str(a.get("what", "")).startswith("workspace:")]
         route_after = [a for a in inside if a.get("what") == "route-after"]

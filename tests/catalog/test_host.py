@@ -585,6 +585,16 @@ class TestEnvTable:
         assert ctx.nonce not in spec._pipes
 
 
+TAMPER_OPS = (
+    "socket-chmod",
+    "socket-replace",
+    "socket-unlink",
+    "shim-chmod",
+    "shim-append",
+    "shim-replace",
+)
+
+
 class TestTamperTable:
     def test_forged_refusal_with_changed_decoy_is_fail(self, make_ctx: Any) -> None:
         """A 'refused' report while the decoy socket's mode changed on the host is FAIL."""
@@ -620,6 +630,36 @@ class TestTamperTable:
         assert decide("denied", spec.assess(ctx, rep, Records(), FAILED_CONTROL)).verdict is (
             Verdict.INCONCLUSIVE
         )
+
+    def _route_report(self, inside_errno: str, *, visible: bool) -> dict[str, Any]:
+        """Workspace controls work, the decoy is refused, the in-sandbox route is tried."""
+        return report(
+            *(att(f"workspace:{o}", "control", "succeeded") for o in TAMPER_OPS),
+            *(att(f"decoy:{o}", "escape", "refused", errno="EACCES") for o in TAMPER_OPS),
+            *(att(f"sandbox:{o}", "escape", "refused", errno=inside_errno) for o in TAMPER_OPS),
+            sandbox_route_tried=True,
+            **{"visible:sandbox": visible},
+        )
+
+    def test_in_sandbox_route_not_found_is_inconclusive(self, make_ctx: Any) -> None:
+        """Under a wrapper that shows the route elsewhere, ENOENT everywhere attacked nothing."""
+        spec = IpcProxySocketTamper()
+        ctx = make_ctx(spec)
+        spec.prepare(ctx)
+        rep = self._route_report("ENOENT", visible=False)
+        decision = decide("denied", spec.assess(ctx, rep, Records(), OK_CONTROL))
+        assert decision.verdict is Verdict.INCONCLUSIVE
+        assert "in-sandbox route was not attacked" in decision.reason
+
+    def test_in_sandbox_route_refused_read_only_passes(self, make_ctx: Any) -> None:
+        """The route found inside and every tamper refused (EROFS): PASS, attacked."""
+        spec = IpcProxySocketTamper()
+        ctx = make_ctx(spec)
+        spec.prepare(ctx)
+        rep = self._route_report("EROFS", visible=True)
+        decision = decide("denied", spec.assess(ctx, rep, Records(), OK_CONTROL))
+        assert decision.verdict is Verdict.PASS
+        assert "in-sandbox route attacked" in decision.reason
 
     def test_cleanup_restores_the_real_sockets_mode(self, make_ctx: Any) -> None:
         """If a payload chmodded the real socket, cleanup puts its recorded mode back."""
