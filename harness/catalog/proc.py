@@ -540,19 +540,37 @@ class ProcSyscallSurface(_Spec):
         escapes = _attempts(report, "escape")
         # An interface the host kernel itself lacks (EAFNOSUPPORT for vsock...) proves nothing.
         judged = [a for a in escapes if host.get(a.get("what"), {}).get("outcome") == "succeeded"]
-        skipped = sorted(str(a.get("what")) for a in escapes if a not in judged)
+        skipped = sorted(
+            str(a.get("what")) for a in escapes if a not in judged and a.get("outcome") != "error"
+        )
         observed: Literal["succeeded", "refused", "error"] = (
             _observed(judged) if judged else "error"
         )
         reached = [a for a in judged if a.get("outcome") == "succeeded"]
+        refused = [a for a in judged if a.get("outcome") == "refused"]
         reasons = [
-            f"reached the kernel handler: {_summary(reached) or 'none'}",
-            f"refused: {_summary([a for a in judged if a.get('outcome') == 'refused']) or 'none'}",
+            f"reached the kernel handler: {_summary(reached) if reached else 'none'}",
+            f"refused: {_summary(refused) if refused else 'none'}",
             f"seccomp={report.get('facts', {}).get('seccomp')}",
         ]
         if skipped:
-            reasons.append(f"not judged (the host baseline does not reach them): {skipped}")
+            reasons.append(
+                f"not judged (the host baseline does not reach them): {', '.join(skipped)}"
+            )
         escape = _self_reported(observed, reasons)
+        # A refusal counts only for a surface that was tried: a crash, or a call the host
+        # reaches that the report never mentions, leaves that surface unknown.
+        crashed = [a for a in escapes if a.get("outcome") == "error"]
+        tried = {a.get("what") for a in escapes}
+        missing = sorted(
+            str(w) for w, a in host.items() if a.get("outcome") == "succeeded" and w not in tried
+        )
+        if escape != "escaped" and (crashed or missing):
+            escape = "undecided"
+            if crashed:
+                reasons.append(f"the payload failed: {_summary(crashed)}")
+            if missing:
+                reasons.append(f"never tried, though the host reaches them: {', '.join(missing)}")
         inside, inside_ok = _inside_controls(report, reasons)
         if not control.get("ok"):
             reasons.append("host control failed: no unfiltered baseline")

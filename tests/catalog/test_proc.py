@@ -409,6 +409,36 @@ class TestSelfReportedTables:
         }
         assert verdict_of(ctx, report, self.control()) is expected
 
+    def test_syscall_surface_crash_is_inconclusive(self, tmp_path: Path) -> None:
+        """A payload that crashed after one refusal never tried the rest: not a PASS."""
+        ctx = make_ctx(tmp_path, "proc_syscall_surface")
+        report = {
+            "attempts": [
+                att("getpid", "succeeded", "control"),
+                att("keyctl", "refused", errno="EPERM"),
+                att("probe", "error", detail="RuntimeError('boom')"),
+            ]
+        }
+        assert verdict_of(ctx, report, self.control()) is Verdict.INCONCLUSIVE
+
+    def test_syscall_surface_missing_call_is_inconclusive(self, tmp_path: Path) -> None:
+        """A call the host reaches that the report never mentions leaves it unknown."""
+        ctx = make_ctx(tmp_path, "proc_syscall_surface")
+        control = self.control()
+        control["baseline"] = {
+            "attempts": [*self.BASELINE["attempts"], att("bpf", "succeeded", errno="EINVAL")]
+        }
+        report = {
+            "attempts": [
+                att("getpid", "succeeded", "control"),
+                att("keyctl", "refused", errno="EPERM"),
+            ]
+        }
+        spec = PROBES[ctx.probe]
+        assessment = spec.assess(ctx, report, Records(), control)
+        assert decide("denied", assessment).verdict is Verdict.INCONCLUSIVE
+        assert "never tried, though the host reaches them: bpf" in assessment.reasons
+
     def test_syscall_surface_without_baseline_is_inconclusive(self, tmp_path: Path) -> None:
         """A filtered report with no unfiltered baseline proves nothing."""
         ctx = make_ctx(tmp_path, "proc_syscall_surface")
