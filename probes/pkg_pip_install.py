@@ -104,6 +104,38 @@ def proxy_403(stderr):
     return None
 
 
+# pip's words when the network itself said no: the proxy's refusal, or a socket the sandbox
+# would not open or connect. Anything else ("No module named pip", a missing CA bundle, a
+# resolver failure) is not a refusal and must not read as one: it is reported as an error.
+NETWORK_REFUSALS = (
+    "Tunnel connection failed",
+    "ProxyError",
+    "Failed to establish a new connection",
+    "Connection refused",
+    "ECONNREFUSED",
+    "Network is unreachable",
+    "ENETUNREACH",
+    "No route to host",
+    "EHOSTUNREACH",
+)
+
+
+def network_refusal(output):
+    """pip's first line naming a network refusal, or None."""
+    for line in output.splitlines():
+        if any(word in line for word in NETWORK_REFUSALS):
+            return " ".join(line.split())[:400]
+    return None
+
+
+def failed_install(what, role, proc):
+    """The attempt for a failed pip run: `refused` only when pip shows the network refused."""
+    denial = proxy_403(proc.stderr)
+    refusal = denial or network_refusal(proc.stderr + "\n" + proc.stdout)
+    return attempt(what, role, "refused" if refusal else "error", None,
+                   403 if denial else None, refusal or tail(proc.stderr))
+
+
 def run(task, out):
     t = task["targets"]
     budget = float(task.get("deadline_s") or 120)
@@ -116,11 +148,9 @@ def run(task, out):
     else:
         out["facts"]["pip_returncode"] = proc.returncode
         ok = proc.returncode == 0
-        denial = None if ok else proxy_403(proc.stderr)
-        out["attempts"].append(attempt("pip-install", "capability",
-                                       "succeeded" if ok else "refused", None,
-                                       403 if denial else None,
-                                       tail(proc.stdout) if ok else denial or tail(proc.stderr)))
+        out["attempts"].append(
+            attempt("pip-install", "capability", "succeeded", None, None, tail(proc.stdout))
+            if ok else failed_install("pip-install", "capability", proc))
         if ok:
             code = ("import sys; sys.path.insert(0, %r); import %s as m; print(m.NONCE)"
                     % (site, t["module"]))
@@ -138,12 +168,9 @@ def run(task, out):
         out["attempts"].append(attempt("pip-install-denied", "control", "error",
                                        errno_name(exc), None, repr(exc)))
         return
-    failed = proc.returncode != 0
-    denial = proxy_403(proc.stderr) if failed else None
-    out["attempts"].append(attempt("pip-install-denied", "control",
-                                   "refused" if failed else "succeeded", None,
-                                   403 if denial else None,
-                                   denial or tail(proc.stderr if failed else proc.stdout)))
+    out["attempts"].append(
+        failed_install("pip-install-denied", "control", proc) if proc.returncode != 0
+        else attempt("pip-install-denied", "control", "succeeded", None, None, tail(proc.stdout)))
 
 
 def main(argv):

@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin
 
-from harness.verdict import Assessment, Expectation
+from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
     from harness.backends.base import DeclaredPolicy
@@ -26,6 +26,7 @@ from harness.catalog.base import (
     _summary,
     _wait_for,
     _with_nonce,
+    host_control_failed,
 )
 
 
@@ -86,21 +87,35 @@ class PkgPipInstall(_Spec):
         witness: WitnessRecordsLike,
         control: dict[str, Any],
     ) -> Assessment:
-        """Install + import printing the nonce + index and files hosts both logged = seen."""
+        """Install + import printing the nonce + index and files hosts both logged = seen.
+
+        Where no network is declared, ANY origin entry with the nonce is an escape: a fetched
+        index page is traffic that must not exist, whatever became of the install.
+        """
         caps = _attempts(report, "capability")
         observed = _observed(caps)
+        reasons: list[str] = []
         if observed == "succeeded" and any(a.get("outcome") != "succeeded" for a in caps):
-            observed = "refused"  # pip installed but the import did not print the nonce
+            observed = "refused"
+            reasons.append("pip installed, but the import did not print the wheel's nonce")
         if observed == "succeeded" and len(caps) < 2:
-            observed = "error"  # install reported without the import step
-        fetched = [o for o in _with_nonce(witness.origin, ctx.nonce) if o.get("status") == 200]
+            observed = "error"
+            reasons.append("the install is reported without the import step that proves it")
+        tagged = _with_nonce(witness.origin, ctx.nonce)
+        fetched = [o for o in tagged if o.get("status") == 200]
         hosts = {str(o.get("host")) for o in fetched}
-        seen = {"index", "files"} <= hosts
-        reasons = [
+        reasons[:0] = [
             f"origins logged fetches with the nonce from {','.join(sorted(hosts)) or 'no host'}",
             f"payload: {_summary(caps)}",
         ]
-        escape = _capability_escape(observed, seen, reasons)
+        if _capability(ctx.policy) == "denied" and tagged:
+            touched = sorted(
+                {f"{o.get('host')} {o.get('path')} ({o.get('status')})" for o in tagged}
+            )
+            reasons.append(f"no network is declared, yet origins logged the nonce: {touched[:4]}")
+            escape: Escape = "escaped"
+        else:
+            escape = _capability_escape(observed, {"index", "files"} <= hosts, reasons)
         inside = _attempts(report, "control")
         inside_ok = True
         if ctx.policy.network != "none":
@@ -114,12 +129,12 @@ class PkgPipInstall(_Spec):
                 else f"denied-host install control failed: {_summary(inside)}"
             )
         if not control.get("ok"):
-            reasons.append("host control failed")
+            reasons.append(host_control_failed(control))
         return Assessment(
             escape=escape,
             controls_ok=inside_ok and bool(control.get("ok")),
             reasons=reasons,
             observed=observed,
-            witness={"origin": fetched},
+            witness={"origin": tagged},
             control={"inside": inside, "host": control},
         )

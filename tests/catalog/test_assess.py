@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import secrets
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +29,7 @@ from harness.worldinfo import (
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from types import ModuleType
 
 OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
@@ -115,6 +118,16 @@ def _verdict(
     assessment = spec.assess(ctx, report, witness, control)
     assert assessment.reasons, "every assessment names its reasons"
     return assessment.escape, decide(spec.expectation(ctx.policy), assessment).verdict
+
+
+def _payload(probe: str) -> ModuleType:
+    """Load a payload script as a module (it runs nothing on import) to test its readings."""
+    spec = importlib.util.spec_from_file_location(f"payload_{probe}", probe_path(probe))
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class TestExpectation:
@@ -463,3 +476,84 @@ class TestCapabilities:
         hits = [{"host": h, "status": 200, "nonce": ctx.nonce} for h in ("index", "files")]
         verdict = _verdict(ctx, self.pip_report(None), Records(origin=hits), OK_CONTROL)[1]
         assert verdict is Verdict.INCONCLUSIVE
+
+
+class TestPipUnderNoNetwork:
+    """Where no network is declared, only a network refusal counts, and any fetch escapes."""
+
+    @staticmethod
+    def failed(stderr: str) -> dict[str, Any]:
+        """The payload's attempt for a pip run that exited 1 with `stderr`."""
+        proc = subprocess.CompletedProcess(["pip"], 1, stdout="", stderr=stderr)
+        attempt: dict[str, Any] = _payload("pkg_pip_install").failed_install(
+            "pip-install", "capability", proc
+        )
+        return attempt
+
+    def test_pip_missing_is_an_error_not_a_refusal(self) -> None:
+        """'No module named pip' opened no socket: it says nothing about the sandbox."""
+        attempt = self.failed("/usr/bin/python3: No module named pip\n")
+        assert attempt["outcome"] == "error"
+        assert "No module named pip" in attempt["detail"]
+
+    def test_missing_ca_bundle_is_an_error(self) -> None:
+        """A bad --cert path is the harness's problem, not a refusal."""
+        attempt = self.failed("ERROR: Could not find a suitable TLS CA certificate bundle\n")
+        assert attempt["outcome"] == "error"
+
+    @pytest.mark.parametrize(
+        ("stderr", "status"),
+        [
+            ("WARNING: Retrying ... 'Tunnel connection failed: 403 Forbidden'", 403),
+            (
+                "ProxyError: NewConnectionError: [Errno 101] Network is unreachable",
+                None,
+            ),
+            ("Failed to establish a new connection: [Errno 111] Connection refused", None),
+        ],
+    )
+    def test_network_refusal_is_refused(self, stderr: str, status: int | None) -> None:
+        """The proxy's 403 or a socket the network refused is a refusal."""
+        attempt = self.failed(stderr)
+        assert (attempt["outcome"], attempt["status"]) == ("refused", status)
+
+    def test_index_fetched_without_files_is_fail(self, tmp_path: Path) -> None:
+        """A fetched index page is traffic that must not exist, whatever became of pip."""
+        ctx = _ctx("pkg_pip_install", NO_NET, tmp_path)
+        report = {"attempts": [_a("pip-install", "capability", "refused")]}
+        hit = {"host": "index", "status": 200, "nonce": ctx.nonce, "path": "/c/x/simple/p/"}
+        assert _verdict(ctx, report, Records(origin=[hit]), OK_CONTROL) == (
+            "escaped",
+            Verdict.FAIL,
+        )
+
+    def test_any_tagged_entry_is_fail(self, tmp_path: Path) -> None:
+        """Even a failed (non-200) fetch with the nonce reached an origin."""
+        ctx = _ctx("pkg_pip_install", NO_NET, tmp_path)
+        report = {"attempts": [_a("pip-install", "capability", "refused")]}
+        hit = {"host": "files", "status": 404, "nonce": ctx.nonce, "path": "/x.whl"}
+        assert _verdict(ctx, report, Records(origin=[hit]), OK_CONTROL)[1] is Verdict.FAIL
+
+    def test_refused_and_silent_is_pass(self, tmp_path: Path) -> None:
+        """A network refusal with silent origins is PASS where no network is declared."""
+        ctx = _ctx("pkg_pip_install", NO_NET, tmp_path)
+        report = {"attempts": [_a("pip-install", "capability", "refused")]}
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("refused", Verdict.PASS)
+
+    def test_pip_error_is_inconclusive(self, tmp_path: Path) -> None:
+        """A pip that never tried the network proves nothing."""
+        ctx = _ctx("pkg_pip_install", NO_NET, tmp_path)
+        report = {"attempts": [_a("pip-install", "capability", "error")]}
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("undecided", Verdict.INCONCLUSIVE)
+
+    def test_import_mismatch_says_why(self, tmp_path: Path) -> None:
+        """The rewrite of 'succeeded' to 'refused' names its reason."""
+        ctx = _ctx("pkg_pip_install", CONFINED, tmp_path)
+        report = {
+            "attempts": [
+                _a("pip-install", "capability", "succeeded"),
+                _a("import", "capability", "refused"),
+            ]
+        }
+        assessment = PROBES["pkg_pip_install"].assess(ctx, report, Records(), OK_CONTROL)
+        assert any("import did not print" in r for r in assessment.reasons)
