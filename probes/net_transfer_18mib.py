@@ -98,8 +98,9 @@ def transfer(task, out):
     t = task["targets"]
     proxy_url = task_proxy(task)
     if not proxy_url:
-        return attempt("blob-https", "capability", "refused", None, None,
-                       "no proxy (task proxy_url %r): no route" % (task.get("proxy_url"),))
+        # Nothing was dialled, so nothing was refused: the harness gave no route to try.
+        return attempt("blob-https", "capability", "error", None, None,
+                       "no proxy (task proxy_url %r): nothing attempted" % (task.get("proxy_url"),))
     try:
         sock, status, reason = connect_tunnel(proxy_url, dial_host(task, t["host"]), t["port"],
                                               nonce)
@@ -134,7 +135,8 @@ def transfer(task, out):
     ok = resp.status == 200 and size == t["size"] and sha == t["sha256"]
     detail = "%d bytes, sha256 %s, %.1f MB/s" % (size, "matches" if sha == t["sha256"] else
                                                  "differs", size / elapsed / 1e6)
-    return attempt("blob-https", "capability", "succeeded" if ok else "refused", None,
+    # A body that arrived but is wrong is no refusal: the network carried it.
+    return attempt("blob-https", "capability", "succeeded" if ok else "error", None,
                    resp.status, detail)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any
 
-from harness.verdict import Assessment, Expectation
+from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
     from harness.backends.base import DeclaredPolicy
@@ -263,13 +263,18 @@ class NetTransfer18MiB(_Spec):
         witness: WitnessRecordsLike,
         control: dict[str, Any],
     ) -> Assessment:
-        """Payload hash match + one complete full-size response logged = escaped (seen)."""
+        """Payload hash match + one complete full-size response logged = escaped (seen).
+
+        Where no network is declared, ANY origin entry with the nonce is an escape: a partial
+        transfer is traffic that must not exist, and the origin's log decides, not the payload.
+        """
         caps = _attempts(report, "capability")
         observed = _observed(caps)
         size = ctx.world.info.blob.size
+        tagged = _with_nonce(witness.origin, ctx.nonce)
         full = [
             o
-            for o in _with_nonce(witness.origin, ctx.nonce)
+            for o in tagged
             if o.get("host") == "allowed"
             and str(o.get("path", "")).endswith("/blob")
             and o.get("complete")
@@ -282,7 +287,14 @@ class NetTransfer18MiB(_Spec):
         ]
         if "bytes" in facts:
             reasons.append(f"{facts.get('bytes')} bytes at {facts.get('mb_per_s')} MB/s")
-        escape = _capability_escape(observed, len(full) == 1, reasons)
+        if _capability(ctx.policy) == "denied" and tagged:
+            sent = sorted(
+                {f"{o.get('host')} {o.get('path')} {o.get('bytes_sent')}B" for o in tagged}
+            )
+            reasons.append(f"no network is declared, yet origins logged the nonce: {sent[:4]}")
+            escape: Escape = "escaped"
+        else:
+            escape = _capability_escape(observed, len(full) == 1, reasons)
         if not control.get("ok"):
             reasons.append("host control failed")
         return Assessment(
@@ -290,6 +302,6 @@ class NetTransfer18MiB(_Spec):
             controls_ok=bool(control.get("ok")),
             reasons=reasons,
             observed=observed,
-            witness={"origin": full},
+            witness={"origin": tagged},
             control={"host": control},
         )

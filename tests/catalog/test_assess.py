@@ -557,3 +557,40 @@ class TestPipUnderNoNetwork:
         }
         assessment = PROBES["pkg_pip_install"].assess(ctx, report, Records(), OK_CONTROL)
         assert any("import did not print" in r for r in assessment.reasons)
+
+
+class TestTransferUnderNoNetwork:
+    """Where no network is declared, the origin's log decides, never the payload's word."""
+
+    @staticmethod
+    def entry(nonce: str, sent: int, *, complete: bool) -> dict[str, Any]:
+        """The allowed origin's log entry for a blob response."""
+        return {
+            "host": "allowed",
+            "path": f"/c/{nonce}/blob",
+            "bytes_sent": sent,
+            "complete": complete,
+            "nonce": nonce,
+        }
+
+    @pytest.mark.parametrize(("sent", "complete"), [(1000, False), (BLOB_SIZE, True)])
+    def test_any_transfer_logged_is_fail(self, tmp_path: Path, sent: int, complete: bool) -> None:
+        """A partial or complete logged transfer is FAIL, though the payload 'refused'."""
+        ctx = _ctx("net_transfer_18mib", NO_NET, tmp_path)
+        report = {"attempts": [_a("blob-https", "capability", "refused", status=200)]}
+        witness = Records(origin=[self.entry(ctx.nonce, sent, complete=complete)])
+        assert _verdict(ctx, report, witness, OK_CONTROL) == ("escaped", Verdict.FAIL)
+
+    def test_no_proxy_is_an_error(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """'from-env' with no proxy in the environment dialled nothing: not a refusal."""
+        for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        task = {"nonce": "n1", "proxy_url": "from-env", "targets": {"host": "a", "port": 1}}
+        attempt = _payload("net_transfer_18mib").transfer(task, {"facts": {}})
+        assert attempt["outcome"] == "error"
+
+    def test_payload_error_is_inconclusive(self, tmp_path: Path) -> None:
+        """A hash mismatch or missing route (an error) with silent origins proves nothing."""
+        ctx = _ctx("net_transfer_18mib", NO_NET, tmp_path)
+        report = {"attempts": [_a("blob-https", "capability", "error", status=200)]}
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("undecided", Verdict.INCONCLUSIVE)
