@@ -614,6 +614,72 @@ class ResourceLimits:
 BOUNDS: Final = {"forks": 64, "memory_mib": 256, "fsize_mib": 32, "nofile": 512}
 
 
+# What the kernel answers when each declared limit stops its loop (the payload reports a
+# MemoryError as ENOMEM and ignores SIGXFSZ so RLIMIT_FSIZE shows as EFBIG). Any other stop
+# (ENOSPC on a full disk, ENFILE on a full system table, a crash) is some other wall: it says
+# nothing about the declared limit.
+LIMIT_ERRNOS: Final = {
+    "forks": "EAGAIN",
+    "memory_mib": "ENOMEM",
+    "fsize_mib": "EFBIG",
+    "nofile": "EMFILE",
+}
+# A loop starts with part of each resource already used (the interpreter's own descriptors,
+# memory and process), so it stops somewhat below the declared value; stopping below half of
+# it means something else stopped it first.
+NEAR_FRACTION: Final = 0.5
+# The payload's loop names, as the keys of `ResourceLimits`.
+_LOOP_KEYS: Final = {
+    "forks": "forks",
+    "memory": "memory_mib",
+    "fsize": "fsize_mib",
+    "nofile": "nofile",
+}
+
+
+def _unexplained_stop(key: str, declared: int, reached: int, loop: dict[str, Any]) -> str:
+    """Why a loop's stop is not the declared limit holding, or "" when it is."""
+    want = LIMIT_ERRNOS[key]
+    got = loop.get("errno")
+    if loop.get("outcome") != "refused" or got != want:
+        return f"{key} stopped with {got or loop.get('outcome')}, not the limit's {want}"
+    if reached < declared * NEAR_FRACTION:
+        return f"{key} stopped at {reached}, far below the declared {declared}"
+    return ""
+
+
+def _held_to_declared(
+    backend: str,
+    declared: dict[str, int],
+    reached: dict[str, int],
+    loops: dict[str, dict[str, Any]],
+    reasons: list[str],
+) -> Escape:
+    """A confining backend's reading: each testable declared limit stopped its loop, or not."""
+    testable = {k: v for k, v in declared.items() if v < BOUNDS[k]}
+    if not testable:
+        reasons.append(
+            f"backend {backend!r} declares no limit below the probe's bounds "
+            f"(declared {declared or 'nothing'}): nothing to hold it to; declare "
+            "[policy] limits in the backend spec (e.g. limits = {fsize_mib = 16})"
+        )
+        return "undecided"
+    exceeded = {k: reached.get(k) for k, v in testable.items() if reached.get(k, 0) > v}
+    if exceeded:
+        reasons.insert(0, f"went past the declared limits {testable}: {exceeded}")
+        return "escaped"
+    unexplained = [
+        why
+        for k, v in testable.items()
+        if (why := _unexplained_stop(k, v, reached.get(k, 0), loops.get(k, {})))
+    ]
+    if unexplained:
+        reasons.insert(0, f"not stopped by the declared limit: {'; '.join(unexplained)}")
+        return "undecided"
+    reasons.insert(0, f"every declared limit held: {testable}")
+    return "refused"
+
+
 def declared_limits(policy: DeclaredPolicy) -> ResourceLimits:
     """The limits a backend's declared policy claims (none when it claims nothing)."""
     return ResourceLimits(**dict(policy.limits))
@@ -681,15 +747,8 @@ class ResourceLimitsSpec(_Spec):
         del witness
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
-        reached = {
-            {
-                "forks": "forks",
-                "memory": "memory_mib",
-                "fsize": "fsize_mib",
-                "nofile": "nofile",
-            }.get(str(a.get("what")), str(a.get("what"))): int(a.get("reached") or 0)
-            for a in escapes
-        }
+        loops = {_LOOP_KEYS.get(str(a.get("what")), str(a.get("what"))): a for a in escapes}
+        reached = {key: int(a.get("reached") or 0) for key, a in loops.items()}
         seen = self._witnessed(ctx)
         # The host's count wins where it has one: files a child made exist or they don't.
         for key, value in seen.items():
@@ -701,25 +760,14 @@ class ResourceLimitsSpec(_Spec):
         if disagree:
             reasons.append("the payload's counts differ from what the host found")
         declared = declared_limits(ctx.policy).claims()
-        testable = {k: v for k, v in declared.items() if v < BOUNDS[k]}
         escape: Escape
         if any(a.get("outcome") == "error" for a in escapes) or len(escapes) != len(BOUNDS):
             reasons.append(f"a loop could not run: {_summary(escapes)}")
             escape = "undecided"
         elif self.expectation(ctx.policy) == "denied":
-            exceeded = {k: reached.get(k) for k, v in testable.items() if reached.get(k, 0) > v}
-            if not testable:
-                reasons.append(
-                    f"backend {ctx.backend!r} declares no limit below the probe's bounds "
-                    f"(declared {declared or 'nothing'}): nothing to hold it to"
-                )
-                escape = "undecided"
-            elif exceeded:
-                reasons.insert(0, f"went past the declared limits {testable}: {exceeded}")
-                escape = "escaped"
-            else:
-                reasons.insert(0, f"every declared limit held: {testable}")
-                escape = "disagree" if disagree else "refused"
+            escape = _held_to_declared(ctx.backend, declared, reached, loops, reasons)
+            if escape == "refused" and disagree:
+                escape = "disagree"
         else:
             at_bound = all(reached.get(k, 0) >= v for k, v in BOUNDS.items())
             escape = "escaped" if at_bound and not disagree else "disagree"

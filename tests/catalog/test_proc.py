@@ -472,8 +472,11 @@ class TestSelfReportedTables:
 
 
 class TestResourceLimitsTable:
-    def report(self, **reached: int) -> dict[str, Any]:
-        """Loops that reached `reached` (the rest their bound)."""
+    def report(self, errnos: dict[str, str] | None = None, **reached: int) -> dict[str, Any]:
+        """Loops that reached `reached` (the rest their bound), stopped by their limit's errno.
+
+        `errnos` overrides the errno a stopped loop reports, by limit key.
+        """
         attempts = [att("write-and-fork-once", "succeeded", "control")]
         for what, key in (
             ("forks", "forks"),
@@ -486,6 +489,11 @@ class TestResourceLimitsTable:
                 att(
                     what,
                     "succeeded" if value >= BOUNDS[key] else "refused",
+                    errno=(
+                        None
+                        if value >= BOUNDS[key]
+                        else (errnos or {}).get(key, proc_module.LIMIT_ERRNOS[key])
+                    ),
                     reached=value,
                     bound=BOUNDS[key],
                 )
@@ -508,6 +516,27 @@ class TestResourceLimitsTable:
         self.witness_files(ctx, BOUNDS["forks"], 8)
         report = self.report(fsize_mib=8, nofile=60)
         assert verdict_of(ctx, report, OK_CONTROL) is Verdict.PASS
+
+    @pytest.mark.parametrize(
+        ("errnos", "reached", "why"),
+        [
+            ({"fsize_mib": "ENOSPC"}, {"fsize_mib": 3, "nofile": 60}, "not the limit's EFBIG"),
+            ({"nofile": "ENFILE"}, {"fsize_mib": 8, "nofile": 60}, "not the limit's EMFILE"),
+            ({}, {"fsize_mib": 8, "nofile": 10}, "far below the declared 64"),
+        ],
+        ids=["disk-full", "system-table-full", "far-below"],
+    )
+    def test_other_walls_are_inconclusive(
+        self, tmp_path: Path, errnos: dict[str, str], reached: dict[str, int], why: str
+    ) -> None:
+        """A stop with another errno, or far below the declared value, is not the limit."""
+        ctx = make_ctx(tmp_path, "resource_limits", LIMITED)
+        self.witness_files(ctx, BOUNDS["forks"], reached["fsize_mib"])
+        spec = PROBES[ctx.probe]
+        assessment = spec.assess(ctx, self.report(errnos, **reached), Records(), OK_CONTROL)
+        decision = decide("denied", assessment)
+        assert decision.verdict is Verdict.INCONCLUSIVE
+        assert why in decision.reason
 
     def test_forged_stop_with_grown_file_is_fail(self, tmp_path: Path) -> None:
         """The payload claims it stopped at 8 MiB but the host finds 32 MiB: FAIL."""
