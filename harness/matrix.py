@@ -15,6 +15,7 @@ PROBE_KEYS = {"id", "timeout", "platforms", "reason"}
 BACKEND_KEYS = {"name", "platforms", "reason"}
 EXCLUDE_KEYS = {"backend", "probe", "reason"}
 TOP_KEYS = {"matrix", "probe", "backend", "exclude"}
+MATRIX_KEYS = {"control"}
 KNOWN_PLATFORMS = {"linux", "darwin", "windows"}
 
 
@@ -146,16 +147,79 @@ def _load_backends(path: Path, tables: list[dict[str, Any]]) -> list[BackendRow]
     return backends
 
 
-def _load_exclusions(path: Path, tables: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+def _load_exclusions(
+    path: Path, tables: list[dict[str, Any]], probes: list[ProbeRow], backends: list[BackendRow]
+) -> dict[tuple[str, str], str]:
+    """The [[exclude]] tables; each must name a backend row and a probe of this matrix.
+
+    An exclusion naming something that is not here would silently exclude nothing, so the
+    reader of the matrix would believe in a decision that never took effect.
+    """
+    probe_ids = [p.id for p in probes]
+    backend_names = [b.name for b in backends]
     exclusions: dict[tuple[str, str], str] = {}
     for i, row in enumerate(tables):
+        where = f"{path}, [[exclude]] #{i + 1}"
         _check_keys(path, f"[[exclude]] #{i + 1}", row, EXCLUDE_KEYS)
         if not str(row.get("reason", "")).strip():
-            raise ConfigError(
-                f"{path}, [[exclude]] #{i + 1}: every exclusion needs a written 'reason'"
-            )
+            raise ConfigError(f"{where}: every exclusion needs a written 'reason'")
+        for key, known in (("backend", backend_names), ("probe", probe_ids)):
+            if key not in row:
+                raise ConfigError(f"{where}: missing '{key}'; name the {key} it excludes")
+            if str(row[key]) not in known:
+                raise ConfigError(
+                    f"{where}: {key} = {str(row[key])!r} is not in this matrix, so the "
+                    f"exclusion would exclude nothing; known: {', '.join(known)}"
+                )
         exclusions[(str(row["backend"]), str(row["probe"]))] = str(row["reason"])
     return exclusions
+
+
+def _declared_open(name: str) -> str | None:
+    """Why backend `name` cannot be the control leg, or None when it declares nothing closed.
+
+    The control leg proves each probe can see its escape; a control that confines anything
+    would make a probe look blind (INCONCLUSIVE) or, worse, make a sandbox's denial look like
+    the expected outcome. Only a declared policy with network, filesystem and ipc all "open"
+    qualifies: the built-in `none`, or a command-wrapper spec that declares exactly that.
+    """
+    from harness.backends import create_backend  # noqa: PLC0415  (matrix stays import-light)
+    from harness.backends.command import CommandBackend  # noqa: PLC0415
+    from harness.backends.none import POLICY as NONE_POLICY  # noqa: PLC0415
+
+    if name == "none":
+        policy = NONE_POLICY
+    else:
+        backend = create_backend(name)
+        if not isinstance(backend, CommandBackend):
+            return f"{name} is a built-in sandbox and confines by design"
+        policy = backend.spec.policy
+    closed = {k: v for k, v in policy.as_dict().items() if k != "limits" and v != "open"}
+    if closed:
+        return f"{name} declares {', '.join(f'{k}={v}' for k, v in sorted(closed.items()))}"
+    return None
+
+
+def _load_control(path: Path, table: object, backends: list[BackendRow]) -> str:
+    """The `[matrix] control` backend: a row of this matrix that declares no confinement."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [matrix] must be a table")
+    _check_keys(path, "[matrix]", table, MATRIX_KEYS)
+    control = table.get("control", "none")
+    names = [b.name for b in backends]
+    if not isinstance(control, str) or control not in names:
+        raise ConfigError(
+            f"{path}, [matrix] control = {control!r}: not a [[backend]] of this matrix; "
+            f"name one of {', '.join(names)} (the control leg is normally 'none')"
+        )
+    why = _declared_open(control)
+    if why is not None:
+        raise ConfigError(
+            f"{path}, [matrix] control = {control!r}: the control leg must declare network, "
+            f"filesystem and ipc all 'open' (it proves each probe can see its escape), but "
+            f"{why}; use control = 'none'"
+        )
+    return control
 
 
 def load_matrix(path: Path) -> Matrix:
@@ -172,10 +236,8 @@ def load_matrix(path: Path) -> Matrix:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax there") from exc
     _check_keys(path, "top level", data, TOP_KEYS)
-    control = str(data.get("matrix", {}).get("control", "none"))
     probes = _load_probes(path, data.get("probe", []))
     backends = _load_backends(path, data.get("backend", []))
-    exclusions = _load_exclusions(path, data.get("exclude", []))
     if not probes or not backends:
         raise ConfigError(
             f"{path}: the matrix has no probes or no backends; an empty matrix "
@@ -184,6 +246,8 @@ def load_matrix(path: Path) -> Matrix:
     ids = [p.id for p in probes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{path}: a probe is listed twice in {ids}")
+    exclusions = _load_exclusions(path, data.get("exclude", []), probes, backends)
+    control = _load_control(path, data.get("matrix", {}), backends)
     return Matrix(
         path, hashlib.sha256(raw).hexdigest(), control, tuple(probes), tuple(backends), exclusions
     )
