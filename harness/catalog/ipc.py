@@ -17,6 +17,7 @@ from harness.catalog.base import (
     WitnessRecordsLike,
     _attempts,
     _check,
+    _conclude,
     _control,
     _control_nonce,
     _guarded,
@@ -92,22 +93,23 @@ class IpcUnixSocketEscape(_Spec):
             )
         private = _private_namespace(report, "net") or _private_namespace(report, "mnt")
         escape = _judge(_observed(harness_attempts), bool(hits), private, reasons)
-        if docker_answered and escape != "escaped":
+        # The real daemon has no host witness, so its answer counts only against a sandbox
+        # that must deny it. On the control leg it must not stand in for the fake daemon's
+        # hits: that leg vouches that this probe's witness can see an escape at all.
+        if docker_answered and self.expectation(ctx.policy) == "denied":
             escape = "escaped"
         controls = _attempts(report, "control")
         inside_ok = bool(controls) and all(a.get("outcome") == "succeeded" for a in controls)
-        if not inside_ok:
-            reasons.append(f"in-sandbox control failed: {_summary(controls)}")
-        reasons.append(
-            "host control pings were logged" if control.get("ok") else "host control failed"
-        )
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"in-sandbox control failed: {_summary(controls)}",
+            host_control=control,
+            host_failed="host control failed",
             witness={"daemon": hits, "real_docker_payload_only": docker},
-            control={"inside": controls, "host": control},
+            controls={"inside": controls, "host": control},
         )
 
 
