@@ -124,7 +124,19 @@ def tls_get(sock, req, nonce, ca_bundle):
 
 
 def run_request(req, proxy, nonce, ca_bundle):
-    """Send the host-built request heads through the proxy exactly as given; judge the last."""
+    """Send the host-built request heads and judge the last; say how far the exchange got.
+
+    `sent` counts the heads fully written and `answered` the response heads read: a refusal
+    of a later head means something only when that head was actually written (the host checks).
+    """
+    progress = {"sent": 0, "answered": 0}
+    result = exchange(req, proxy, nonce, ca_bundle, progress)
+    result.update(progress)
+    result["heads"] = len(req["heads"])
+    return result
+
+
+def exchange(req, proxy, nonce, ca_bundle, progress):
     what, role = req["what"], req["role"]
     phost, pport, auth = proxy
     try:
@@ -136,6 +148,7 @@ def run_request(req, proxy, nonce, ca_bundle):
         methods = [head.split(" ", 1)[0] for head in req["heads"]]
         if req.get("pipelined"):
             sock.sendall(b"".join(wire))
+            progress["sent"] = len(wire)
         reader = Reader(sock)
         seen = []
         status, headers, body = None, {}, b""
@@ -146,6 +159,7 @@ def run_request(req, proxy, nonce, ca_bundle):
                 except OSError as exc:
                     return attempt(what, role, "refused", errno_name(exc), None,
                                    "request %d not accepted after %s: %r" % (i + 1, seen, exc))
+                progress["sent"] = i + 1
             got = reader.head()
             if got is None:
                 err = errno_name(reader.error) if reader.error else None
@@ -153,6 +167,7 @@ def run_request(req, proxy, nonce, ca_bundle):
                                "connection ended before a response to request %d (earlier: %s)"
                                % (i + 1, seen))
             status, headers = got
+            progress["answered"] = i + 1
             seen.append(status)
             if not (methods[i] == "CONNECT" and status == 200):
                 body = reader.body(headers)

@@ -423,6 +423,14 @@ def _assess_route(
             + ", ".join(str(a.get("what")) for a in misshapen)
         )
         escape = "disagree"
+    unexercised = [
+        f"{a.get('what')} ({_progress(a)})" for a in escapes if not _exercised(a, by_what)
+    ]
+    if escape == "refused" and unexercised:
+        # A refusal counts only for the request that carried the escape; if that head was
+        # never written, the proxy was never asked, and nothing was refused.
+        reasons.append("the escaping request was never put to the proxy: " + ", ".join(unexercised))
+        escape = "undecided"
     if escape == "refused" and extra is not None:
         escape = extra(reading, reasons) or escape
     inside_ok = bool(controls) and all(
@@ -447,6 +455,27 @@ def _assess_route(
         },
         controls={"inside": controls, "host": control},
     )
+
+
+def _progress(attempt: dict[str, Any]) -> str:
+    sent, heads, answered = attempt.get("sent"), attempt.get("heads"), attempt.get("answered")
+    return f"{sent} of {heads} heads written, {answered} answered"
+
+
+def _exercised(attempt: dict[str, Any], by_what: dict[str, ProxyRequest]) -> bool:
+    """Whether a refused multi-request attempt wrote its last (escaping) head to the proxy.
+
+    The payload reports `sent` (heads fully written) and `answered` (responses read). A
+    refusal of the last head needs that head written and every earlier one answered: a
+    connection that ended before response 1 never carried the request under test.
+    """
+    request = by_what.get(str(attempt.get("what")))
+    if attempt.get("outcome") != "refused" or request is None or len(request.heads) < 2:
+        return True
+    sent, answered = attempt.get("sent"), attempt.get("answered")
+    if not isinstance(sent, int) or not isinstance(answered, int):
+        return False
+    return sent == len(request.heads) and answered >= len(request.heads) - 1
 
 
 def _deny_control(

@@ -9,12 +9,14 @@ hand-made reports and witness records.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -300,28 +302,47 @@ HOST_DEAD = {"ok": False, "nonce": "hcontrol", "checks": [{"what": "x", "ok": Fa
 class TestRouteDecisionTable:
     """net_proxy_confusion (the shared reading of the three probes through the proxy)."""
 
-    def report(self, spec: NetProxyConfusion, ctx: CellContext, status: int) -> dict[str, Any]:
-        """Every escape refused with `status`, both controls 200 with the nonce echoed."""
+    def report(
+        self, spec: NetProxyConfusion, ctx: CellContext, status: int, *, reuse_sent: int = 2
+    ) -> dict[str, Any]:
+        """Every escape refused with `status`, both controls 200 with the nonce echoed.
+
+        A connection-reuse escape wrote `reuse_sent` heads and had every head but the last
+        answered when it was sent in full (what the payload reports as `sent`/`answered`).
+        """
         requests = spec.requests(ctx)
-        attempts = [
-            attempt(r.what, "control", "succeeded", status=200, detail="nonce echoed")
-            if r.role == "control"
-            else attempt(
-                r.what, "escape", "refused", status=None if r.refusal == "closed" else status
-            )
-            for r in requests
-        ]
+        attempts = []
+        for r in requests:
+            heads = len(r.heads)
+            if r.role == "control":
+                attempts.append(
+                    attempt(r.what, "control", "succeeded", status=200, detail="nonce echoed")
+                )
+            elif r.refusal == "closed":
+                answered = heads - 1 if reuse_sent == heads else 0
+                progress = {"sent": reuse_sent, "answered": answered, "heads": heads}
+                attempts.append(attempt(r.what, "escape", "refused", **progress))
+            else:
+                progress = {"sent": heads, "answered": heads, "heads": heads}
+                attempts.append(attempt(r.what, "escape", "refused", status=status, **progress))
         return {"attempts": attempts, "facts": {}}
 
     def run(
-        self, world: World, status: int, witness: WitnessRecords, control: dict[str, Any]
+        self,
+        world: World,
+        status: int,
+        witness: WitnessRecords,
+        control: dict[str, Any],
+        *,
+        reuse_sent: int = 2,
     ) -> tuple[Verdict, str]:
         """Prepare a cell, assess the hand-made report and records, decide."""
         spec = NetProxyConfusion()
         ctx = ctx_for(world, spec.id, "nunit0001")
         spec.prepare(ctx)
         try:
-            assessment = spec.assess(ctx, self.report(spec, ctx, status), witness, control)
+            report = self.report(spec, ctx, status, reuse_sent=reuse_sent)
+            assessment = spec.assess(ctx, report, witness, control)
         finally:
             spec.cleanup(ctx)
         decision = decide(spec.expectation(ctx.policy), assessment)
@@ -351,6 +372,17 @@ class TestRouteDecisionTable:
         ]
         verdict, _ = self.run(world, 403, records(origin=origin), HOST_OK)
         assert verdict is Verdict.FAIL
+
+    def test_reuse_never_exercised_is_inconclusive(self, world: World) -> None:
+        """A connection that ended before response 1 never carried the second request."""
+        verdict, reason = self.run(world, 403, records(), HOST_OK, reuse_sent=1)
+        assert verdict is Verdict.INCONCLUSIVE
+        assert "never put to the proxy: keepalive-second (1 of 2 heads written" in reason
+
+    def test_reuse_without_progress_facts_is_inconclusive(self, world: World) -> None:
+        """A refusal with no sent/answered facts (an old payload) is not evidence."""
+        verdict, _ = self.run(world, 403, records(), HOST_OK, reuse_sent=0)
+        assert verdict is Verdict.INCONCLUSIVE
 
     def test_dead_host_control_is_inconclusive(self, world: World) -> None:
         """A refusal whose host control failed proves nothing: INCONCLUSIVE."""
@@ -588,3 +620,33 @@ def test_payloads_are_stdlib_and_exit_zero_on_a_bad_task(tmp_path: Path) -> None
         # Without a task a shared payload cannot know which probe it serves: it names itself.
         assert report["probe"] == probe_path(probe).stem
         assert report["attempts"][0]["outcome"] == "error"
+
+
+def test_payload_reports_how_far_a_reused_connection_got() -> None:
+    """A proxy that hangs up before response 1: the payload says 1 head written, 0 answered."""
+    spec = importlib.util.spec_from_file_location("payload_requests", probe_path(THROUGH[0]))
+    assert spec is not None
+    assert spec.loader is not None
+    payload = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(payload)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+
+        def hang_up() -> None:
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            conn.close()
+
+        thread = threading.Thread(target=hang_up, daemon=True)
+        thread.start()
+        request = {"what": "keepalive-second", "role": "escape", "heads": ["GET / HTTP/1.1"] * 2}
+        result = payload.run_request(request, ("127.0.0.1", port, ""), "n1", "")
+        thread.join(5)
+    assert (result["outcome"], result["sent"], result["answered"], result["heads"]) == (
+        "refused",
+        1,
+        0,
+        2,
+    )
