@@ -548,6 +548,41 @@ def _pipe_label(fd: int) -> str:
     return f"pipe:[{os.fstat(fd).st_ino}]"
 
 
+# Devices every process may open for itself: one of these at fd 3+ is the sandbox's own, even
+# when the harness holds the same device open. Any other harness-held target is the host's.
+SHARED_DEVICES: Final = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+def _harness_fd_targets() -> set[str] | None:
+    """What the harness process holds open (/proc/self/fd targets), or None off Linux.
+
+    Pipe and socket targets carry their inode (`socket:[123]`), unique on the kernel across
+    namespaces, so the same label in the payload is the same object, not a lookalike.
+    """
+    try:
+        entries = list(Path("/proc/self/fd").iterdir())
+    except OSError:
+        return None
+    held = set()
+    for entry in entries:
+        with contextlib.suppress(OSError):  # the listing's own descriptor is closed by now
+            held.add(str(entry.readlink()))
+    return held
+
+
+def _host_fds(fd_targets: dict[str, Any], held: set[str]) -> list[str]:
+    """The payload's fds (3+) that point at an object the harness holds, as "fd target"."""
+    return sorted(
+        f"{fd} {target}"
+        for fd, target in fd_targets.items()
+        if target in held and target not in SHARED_DEVICES
+    )
+
+
+def _fd_list(fd_targets: dict[str, Any]) -> str:
+    return ", ".join(f"{fd} {target}" for fd, target in sorted(fd_targets.items())) or "none"
+
+
 class EnvInheritance(_Spec):
     """Looks for the harness's own canary env vars and an inheritable fd in the payload."""
 
@@ -596,6 +631,9 @@ class EnvInheritance(_Spec):
                 "salt": salt,
                 "hashes": {n: salted_hash(salt, v) for n, v in values.items()},
                 "pipe": _pipe_label(read_end),
+                # What the harness holds as it hands the cell to the backend; assess adds
+                # what it holds then (the world's sockets live on, the runner's pipes do not).
+                "held": sorted(_harness_fd_targets() or ()),
             },
         )
         return {
@@ -647,16 +685,27 @@ class EnvInheritance(_Spec):
         by_what = {str(a.get("what")): a for a in report.get("attempts", [])}
         fd_targets = (by_what.get("fds") or {}).get("targets") or {}
         fd_hits = sorted(fd for fd, target in fd_targets.items() if target == state.get("pipe"))
+        now_held = _harness_fd_targets()
+        held = {*state.get("held", ()), *(now_held or ())}
+        host_fds = _host_fds(fd_targets, held)
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
         reasons = []
         if canary_hits:
-            reasons.append(f"the host's canary variables reached the payload: {canary_hits}")
+            reasons.append(
+                f"the host's canary variables reached the payload: {', '.join(canary_hits)}"
+            )
         if host_hits:
-            reasons.append(f"undeclared host variables reached the payload: {host_hits}")
+            reasons.append(f"undeclared host variables reached the payload: {', '.join(host_hits)}")
         if fd_hits:
-            reasons.append(f"the host's canary pipe is open in the payload as fd {fd_hits}")
-        seen = bool(canary_hits or host_hits or fd_hits)
+            reasons.append(
+                f"the host's canary pipe is open in the payload as fd {', '.join(fd_hits)}"
+            )
+        if host_fds:
+            reasons.append(
+                f"descriptors the harness holds are open in the payload: {', '.join(host_fds)}"
+            )
+        seen = bool(canary_hits or host_hits or fd_hits or host_fds)
         escape: Escape
         if seen:
             escape = "escaped"
@@ -666,11 +715,20 @@ class EnvInheritance(_Spec):
         elif observed == "error":
             escape = "undecided"
             reasons.append(f"the payload could not look: {_summary(escapes)}")
+        elif fd_targets and (now_held is None or None in fd_targets.values()):
+            # Without both sides' targets nothing shows an extra fd is the sandbox's own.
+            escape = "undecided"
+            reasons.append(
+                f"extra fds that cannot be compared with the harness's: {_fd_list(fd_targets)}"
+            )
         else:
             # What it found is none of the host's: variables or fds the sandbox itself added.
             escape = "contained"
-            extras = [*(by_what.get("env-undeclared") or {}).get("names", []), *fd_targets]
-            reasons.append(f"extras the sandbox added itself, not the host's: {extras}")
+            names = (by_what.get("env-undeclared") or {}).get("names", [])
+            reasons.append(
+                "extras the sandbox added itself, none held by the harness: "
+                f"variables {', '.join(map(str, names)) or 'none'}; fds {_fd_list(fd_targets)}"
+            )
         declared_seen = by_what.get("env-declared") or {}
         checks = [
             _check(
@@ -702,6 +760,7 @@ class EnvInheritance(_Spec):
                 "canary_hits": canary_hits,
                 "host_env_hits": host_hits,
                 "fd_hits": fd_hits,
+                "host_fds": host_fds,
                 "payload_env_names": sorted(seen_env),
             },
             controls={"inside": checks, "host": control},

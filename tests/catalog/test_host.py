@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -565,6 +566,26 @@ class TestEnvTable:
         decision = decide("denied", spec.assess(ctx, rep, Records(), spec.host_control(ctx)))
         assert decision.verdict is Verdict.FAIL
         assert "canary pipe" in decision.reason
+
+    def test_leaked_harness_socket_is_fail(self, make_ctx: Any) -> None:
+        """Any socket the harness holds (not just the canary pipe) open in the payload: FAIL."""
+        spec, ctx, targets = self._prepared(make_ctx)
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            label = f"socket:[{os.fstat(ours.fileno()).st_ino}]"
+            rep = self._report(ctx, targets["salt"], {"HOME": str(ctx.workspace)}, {"7": label})
+            decision = decide("denied", spec.assess(ctx, rep, Records(), spec.host_control(ctx)))
+        assert decision.verdict is Verdict.FAIL
+        assert f"harness holds are open in the payload: 7 {label}" in decision.reason
+
+    def test_sandbox_made_fds_are_contained(self, make_ctx: Any) -> None:
+        """The sandbox's own /dev/null and pipes are not the host's: PASS, named readably."""
+        spec, ctx, targets = self._prepared(make_ctx)
+        fds = {"3": "/dev/null", "4": "pipe:[4000000001]"}
+        rep = self._report(ctx, targets["salt"], {"HOME": str(ctx.workspace)}, fds)
+        decision = decide("denied", spec.assess(ctx, rep, Records(), spec.host_control(ctx)))
+        assert decision.verdict is Verdict.PASS
+        assert "fds 3 /dev/null, 4 pipe:[4000000001]" in decision.reason
 
     def test_clean_env_passes_and_wrong_hashing_is_inconclusive(self, make_ctx: Any) -> None:
         """Only declared vars: PASS; a payload whose check hash differs: INCONCLUSIVE."""
