@@ -361,6 +361,21 @@ class _RouteReading:
     listener_hits: list[dict[str, Any]] = field(default_factory=list)
 
 
+# The proxy's statuses for a request its rules admitted whose dial then failed (no answer from
+# the DNS fixture, a dead or slow upstream): the allowlist said yes, so it counts as admitted.
+PAST_RULES_STATUSES = frozenset({502, 504})
+
+
+def _admitted(entry: dict[str, Any]) -> bool:
+    """Whether a decision line shows the request got past the allowlist.
+
+    Only "allow", or a dial failure that only follows admission. Any other refusal (407 bad
+    credentials, 431 oversize head, no status at all) stopped before the rules: counting it as
+    admitted would turn a broken client into a false FAIL.
+    """
+    return entry.get("decision") == "allow" or entry.get("status") in PAST_RULES_STATUSES
+
+
 def _read_route(
     nonce: str, requests: list[ProxyRequest], witness: WitnessRecordsLike
 ) -> _RouteReading:
@@ -370,10 +385,9 @@ def _read_route(
     for entry in _with_nonce(witness.proxy, nonce):
         if entry.get("target") not in escape_targets:
             continue
-        # Anything but a refusal before the dial means the request got past the allowlist.
-        if entry.get("decision") == "allow" or entry.get("status") not in REFUSAL_STATUSES:
+        if _admitted(entry):
             reading.admitted.append(entry)
-        else:
+        elif entry.get("status") in REFUSAL_STATUSES:
             reading.denies.append(entry)
     reading.origin_hits = [o for o in _with_nonce(witness.origin, nonce) if _tag(o) in escape_tags]
     reading.listener_hits = _with_nonce(witness.direct_tcp, nonce)

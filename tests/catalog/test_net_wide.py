@@ -404,6 +404,18 @@ class TestRouteDecisionTable:
         proxy = [{"nonce": "nunit0001", "target": target, "decision": "deny", "status": 502}]
         assert self.run(world, 403, records(proxy=proxy), HOST_OK)[0] is Verdict.FAIL
 
+    @pytest.mark.parametrize("status", [407, 431, None])
+    def test_refusal_before_the_rules_is_not_admitted(
+        self, world: World, status: int | None
+    ) -> None:
+        """A 407/431/status-less deny line stopped before the allowlist: never a FAIL."""
+        spec = NetProxyConfusion()
+        ctx = ctx_for(world, spec.id, "nunit0001")
+        target = spec.build(ctx)[2].escape_targets[0]
+        proxy = [{"nonce": "nunit0001", "target": target, "decision": "deny", "status": status}]
+        verdict, reason = self.run(world, 403, records(proxy=proxy), HOST_OK)
+        assert verdict is Verdict.PASS, reason
+
 
 class TestPrivateAddressDecisionTable:
     def run(self, world: World, denies: list[dict[str, Any]]) -> tuple[Verdict, str]:
