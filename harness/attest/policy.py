@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 GateResult = Literal["PASSED", "WARNED", "FAILED"]
 # Set by `merge` on control cells: the leg directory that carried them (see `evaluate`).
 CARRIER_KEY = "_carrier"
+# The unconfined control leg: it shows each probe can see its escape, and attests nothing alone.
+CONTROL_BACKEND = "none"
 
 _TOP_KEYS = frozenset({"policy", "require", "exclude"})
 _POLICY_KEYS = frozenset({"name", "version"})

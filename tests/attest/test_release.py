@@ -1,0 +1,160 @@
+"""The CI release gate end to end: `merge` legs into one directory, then `verify` it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+import pytest
+
+import harness.attest.verify
+from harness.attest import sign_report
+from harness.attest.cli import register
+from harness.attest.keys import private_key_pem, public_key_pem
+from harness.attest.legs import load_expected_legs
+from harness.attest.merge import merge_legs
+from tests.attest.builder import build_report, make_cells
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from harness.attest.keys import SigningKey, TrustedKey
+    from harness.attest.policy import Policy
+    from harness.attest.verify import Verification
+
+LEGS_TOML = (
+    '[[leg]]\nplatform = "linux"\nbackend = "bubblewrap"\n'
+    '[[leg]]\nplatform = "linux"\nbackend = "docker"\n'
+)
+
+
+def run_cli(argv: list[str]) -> int:
+    """Parse argv with the registered subcommands and run the chosen one."""
+    parser = argparse.ArgumentParser(prog="sandbox-attest")
+    register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+@pytest.fixture
+def ci(tmp_path: Path, policy_file: Path, signing_key: SigningKey) -> dict[str, Path]:
+    """Two signed CI legs (each running the `none` control first), keys and legs.toml."""
+    paths = {"legs": tmp_path / "legs.toml", "key": tmp_path / "k.pem", "pub": tmp_path / "k.pub"}
+    paths["legs"].write_text(LEGS_TOML)
+    paths["key"].write_bytes(private_key_pem(signing_key.private_key))
+    paths["pub"].write_bytes(public_key_pem(signing_key.public_key))
+    for backend in ("bubblewrap", "docker"):
+        leg = build_report(
+            tmp_path / "reports" / f"leg-{backend}",
+            policy_file,
+            make_cells(backends=("none", backend)),
+        )
+        sign_report(leg, signing_key, env={})
+        paths[backend] = leg
+    paths["policy"] = policy_file
+    paths["out"] = tmp_path / "reports" / "release"
+    return paths
+
+
+def merge_argv(ci: dict[str, Path]) -> list[str]:
+    """The workflow's merge command line."""
+    return [
+        "merge",
+        str(ci["bubblewrap"]),
+        str(ci["docker"]),
+        "--expect-legs",
+        str(ci["legs"]),
+        "--out",
+        str(ci["out"]),
+        "--trusted-key",
+        str(ci["pub"]),
+        "--key",
+        str(ci["key"]),
+        "--policy",
+        str(ci["policy"]),
+    ]
+
+
+def verify_argv(ci: dict[str, Path]) -> list[str]:
+    """The workflow's verify command line, on the merged directory."""
+    return [
+        "verify",
+        str(ci["out"]),
+        "--trusted-key",
+        str(ci["pub"]),
+        "--policy",
+        str(ci["policy"]),
+    ]
+
+
+class TestReleaseGate:
+    def test_merge_then_verify_passes_and_a_tampered_copy_is_named(
+        self,
+        ci: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """The CI sequence merge -> verify exits 0; one flipped byte of a copied leg exits 1."""
+        monkeypatch.delenv("SIGSTORE_ID_TOKEN", raising=False)
+        monkeypatch.delenv("ACTIONS_ID_TOKEN_REQUEST_URL", raising=False)
+        assert run_cli(merge_argv(ci)) == 0, capsys.readouterr().err
+        copied = ci["out"] / "legs" / "01-leg-bubblewrap"
+        assert (copied / "junit.xml").read_bytes() == (ci["bubblewrap"] / "junit.xml").read_bytes()
+        capsys.readouterr()
+        assert run_cli(verify_argv(ci)) == 0, capsys.readouterr().err
+        assert "OK:" in capsys.readouterr().out
+
+        data = bytearray((copied / "junit.xml").read_bytes())
+        data[60] ^= 0x01
+        (copied / "junit.xml").write_bytes(bytes(data))
+        assert run_cli(verify_argv(ci)) == 1
+        assert "legs/01-leg-bubblewrap/junit.xml does not match" in capsys.readouterr().err
+
+    def test_merged_result_is_rederived_not_believed(
+        self,
+        ci: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """A copied leg swapped for another validly signed leg report still fails verify."""
+        monkeypatch.delenv("SIGSTORE_ID_TOKEN", raising=False)
+        monkeypatch.delenv("ACTIONS_ID_TOKEN_REQUEST_URL", raising=False)
+        assert run_cli(merge_argv(ci)) == 0
+        copied = ci["out"] / "legs" / "02-leg-docker"
+        for name in ("evidence.json", "junit.xml", "attestation.intoto.jsonl"):
+            (copied / name).write_bytes((ci["bubblewrap"] / name).read_bytes())
+        assert run_cli(verify_argv(ci)) == 1
+        err = capsys.readouterr().err
+        assert "legs/02-leg-docker/evidence.json does not match" in err
+        assert "duplicate leg linux/bubblewrap" in err
+
+    def test_merge_signs_the_bytes_it_verified(
+        self,
+        ci: dict[str, Path],
+        trusted: TrustedKey,
+        policy: Policy,
+        signing_key: SigningKey,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A leg file deleted right after its check is still copied as verified (no re-read)."""
+        real = harness.attest.verify.verify_report
+
+        def verify_then_delete(*args: object, **kwargs: bool) -> Verification:
+            v = real(*args, **kwargs)  # type: ignore[arg-type]
+            (v.report_dir / "junit.xml").unlink()
+            return v
+
+        original = (ci["docker"] / "junit.xml").read_bytes()
+        monkeypatch.setattr(harness.attest.verify, "verify_report", verify_then_delete)
+        result = merge_legs(
+            [ci["bubblewrap"], ci["docker"]],
+            expected=load_expected_legs(ci["legs"]),
+            trusted=trusted,
+            policy=policy,
+            key=signing_key,
+            out_dir=ci["out"],
+            env={},
+        )
+        assert result.reasons == []
+        assert (ci["out"] / "legs" / "02-leg-docker" / "junit.xml").read_bytes() == original
