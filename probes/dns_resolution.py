@@ -93,7 +93,13 @@ def query(what, transport, server, name):
     query_id = int.from_bytes(os.urandom(2), "big")
     packet = build_query(name, query_id)
     kind = socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM
-    sock = socket.socket(fam, kind)
+    try:
+        # A seccomp filter or a missing address family refuses the socket itself:
+        # that is the sandbox's refusal of this attempt, not a broken probe.
+        sock = socket.socket(fam, kind)
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None,
+                       "socket() refused: %r" % exc)
     sock.settimeout(TIMEOUT)
     try:
         sock.connect((host, port))

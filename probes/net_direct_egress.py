@@ -45,7 +45,13 @@ def family(host):
 
 def tcp(what, hostport, nonce):
     host, port = split(hostport)
-    sock = socket.socket(family(host), socket.SOCK_STREAM)
+    try:
+        # A seccomp filter or a missing address family refuses the socket itself:
+        # that is the sandbox's refusal of this attempt, not a broken probe.
+        sock = socket.socket(family(host), socket.SOCK_STREAM)
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None,
+                       "socket() refused: %r" % exc)
     sock.settimeout(TIMEOUT)
     try:
         sock.connect((host, port))
@@ -60,7 +66,13 @@ def tcp(what, hostport, nonce):
 
 def udp(what, hostport, nonce):
     host, port = split(hostport)
-    sock = socket.socket(family(host), socket.SOCK_DGRAM)
+    try:
+        # A seccomp filter or a missing address family refuses the socket itself:
+        # that is the sandbox's refusal of this attempt, not a broken probe.
+        sock = socket.socket(family(host), socket.SOCK_DGRAM)
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None,
+                       "socket() refused: %r" % exc)
     sock.settimeout(0.5)
     try:
         sock.connect((host, port))

@@ -61,7 +61,13 @@ def tcp(what, hostport, nonce):
     if not hostport:
         return attempt(what, "escape", "error", None, None, "no target: host has no IPv6 loopback")
     host, port = split(hostport)
-    sock = socket.socket(family(host), socket.SOCK_STREAM)
+    try:
+        # A seccomp filter or a missing address family refuses the socket itself:
+        # that is the sandbox's refusal of this attempt, not a broken probe.
+        sock = socket.socket(family(host), socket.SOCK_STREAM)
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None,
+                       "socket() refused: %r" % exc)
     sock.settimeout(TIMEOUT)
     try:
         sock.connect((host, port))

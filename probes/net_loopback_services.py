@@ -54,7 +54,13 @@ def netns_fact(out):
 
 def tcp_service(hostport, nonce):
     host, port = split(hostport)
-    sock = socket.socket(family(host), socket.SOCK_STREAM)
+    try:
+        # A seccomp filter or a missing address family refuses the socket itself:
+        # that is the sandbox's refusal of this attempt, not a broken probe.
+        sock = socket.socket(family(host), socket.SOCK_STREAM)
+    except OSError as exc:
+        return attempt("tcp-service", "escape", "refused", errno_name(exc), None,
+                       "socket() refused: %r" % exc)
     sock.settimeout(TIMEOUT)
     try:
         sock.connect((host, port))
@@ -78,7 +84,13 @@ def tcp_service(hostport, nonce):
 
 def http_origin(origin, nonce):
     what = "http-origin-direct"
-    sock = socket.socket(family(origin["address"]), socket.SOCK_STREAM)
+    try:
+        # A seccomp filter or a missing address family refuses the socket itself:
+        # that is the sandbox's refusal of this attempt, not a broken probe.
+        sock = socket.socket(family(origin["address"]), socket.SOCK_STREAM)
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None,
+                       "socket() refused: %r" % exc)
     sock.settimeout(TIMEOUT)
     try:
         sock.connect((origin["address"], origin["port"]))

@@ -83,7 +83,13 @@ def route_for(host):
 def http_get(what, connect_to, request_target, host_header, nonce):
     """One HTTP/1.1 GET over a fresh TCP connection to `connect_to` (a literal address)."""
     host, port = split(connect_to)
-    sock = socket.socket(family(host), socket.SOCK_STREAM)
+    try:
+        # A seccomp filter or a missing address family refuses the socket itself:
+        # that is the sandbox's refusal of this attempt, not a broken probe.
+        sock = socket.socket(family(host), socket.SOCK_STREAM)
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None,
+                       "socket() refused: %r" % exc)
     sock.settimeout(TIMEOUT)
     try:
         sock.connect((host, port))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import secrets
 import subprocess
@@ -594,3 +595,33 @@ class TestTransferUnderNoNetwork:
         ctx = _ctx("net_transfer_18mib", NO_NET, tmp_path)
         report = {"attempts": [_a("blob-https", "capability", "error", status=200)]}
         assert _verdict(ctx, report, Records(), OK_CONTROL) == ("undecided", Verdict.INCONCLUSIVE)
+
+
+@pytest.mark.parametrize(
+    ("probe", "function", "args"),
+    [
+        ("net_direct_egress", "tcp", ("tcp-direct", "127.0.0.1:9", "n1")),
+        ("net_direct_egress", "udp", ("udp-direct", "127.0.0.1:9", "n1")),
+        ("net_loopback_services", "tcp_service", ("127.0.0.1:9", "n1")),
+        (
+            "net_loopback_services",
+            "http_origin",
+            ({"address": "127.0.0.1", "port": 9, "host": "allowed.test"}, "n1"),
+        ),
+        ("net_proxy_env_override", "http_get", ("direct", "127.0.0.1:9", "/ok", "h", "n1")),
+        ("net_ipv6_udp_icmp", "tcp", ("tcp6", "[::1]:9", "n1")),
+        ("dns_resolution", "query", ("udp-query", "udp", "127.0.0.1:9", "n1.probe.test")),
+    ],
+)
+def test_socket_refused_by_seccomp_is_a_refusal(
+    monkeypatch: pytest.MonkeyPatch, probe: str, function: str, args: tuple[Any, ...]
+) -> None:
+    """EPERM from socket() itself is the sandbox refusing that attempt, reported with errno."""
+    payload = _payload(probe)
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(payload.socket, "socket", refuse)
+    result = getattr(payload, function)(*args)
+    assert (result["outcome"], result["errno"]) == ("refused", "EPERM")
