@@ -908,8 +908,13 @@ class IpcProxySocketTamper(_Spec):
     area = "ipc"
 
     def __init__(self) -> None:
-        """Decoy listeners (and their dir fds) held per nonce between prepare and cleanup."""
+        """Decoy listeners (and their dir fds) held per nonce between prepare and cleanup.
+
+        The real shim's bytes are held too (in memory, out of every payload's reach), so
+        cleanup can put the harness's own file back if a weak backend let a payload alter it.
+        """
         self._held: dict[str, tuple[socket.socket, int]] = {}
+        self._shims: dict[str, bytes] = {}
 
     def expectation(self, policy: DeclaredPolicy) -> Expectation:
         """Denied when confined to the workspace: the route's files are outside the grant."""
@@ -935,6 +940,7 @@ class IpcProxySocketTamper(_Spec):
         decoy = self.decoy_paths(ctx)
         decoy["socket"].parent.mkdir(mode=0o755)
         self._held[ctx.nonce] = _bind_unix(decoy["socket"])
+        self._shims[ctx.nonce] = _real_shim().read_bytes()
         shutil.copyfile(_real_shim(), decoy["shim"])
         decoy["shim"].chmod(0o644)
         baseline = {k: _file_state(p) for k, p in self._watched(ctx).items()}
@@ -1018,19 +1024,44 @@ class IpcProxySocketTamper(_Spec):
         )
 
     def cleanup(self, ctx: CellContext) -> None:
-        """Close the decoy listener; put back the real socket's mode if a payload changed it."""
+        """Close the decoy listener; put back the real socket's mode and the real shim."""
         held = self._held.pop(ctx.nonce, None)
         if held is not None:
             held[0].close()
             with contextlib.suppress(OSError):
                 os.close(held[1])
-        before = _load_state(ctx).get("baseline", {}).get("real-socket", {})
+        baseline = _load_state(ctx).get("baseline", {})
+        self._restore_real_shim(ctx, baseline.get("real-shim", {}))
+        before = baseline.get("real-socket", {})
         real = Path(ctx.world.info.proxy.socket)
         after = _file_state(real)
         # Only the harness's own socket, only the same inode, only back to its recorded mode.
         same = before.get("inode") is not None and after.get("inode") == before.get("inode")
         if same and before.get("mode") and after.get("mode") != before["mode"]:
             real.chmod(int(before["mode"], 8))
+
+    def _restore_real_shim(self, ctx: CellContext, before: dict[str, Any]) -> None:
+        """Rewrite the harness's shim from the bytes held since prepare if they no longer match.
+
+        Only bytes whose hash is the recorded baseline's are written, and only by an atomic
+        rename over the path (never through whatever a payload left there, a symlink say), so
+        every later cell and run gets the shim the harness ships.
+        """
+        saved = self._shims.pop(ctx.nonce, None)
+        want = before.get("sha256")
+        if saved is None or want is None or hashlib.sha256(saved).hexdigest() != want:
+            return
+        real = _real_shim()
+        now = _file_state(real)
+        if now.get("kind") == "file" and (now.get("sha256"), now.get("mode")) == (
+            want,
+            before.get("mode"),
+        ):
+            return
+        staged = real.with_name(f".shim-restore-{ctx.nonce}")
+        staged.write_bytes(saved)
+        staged.chmod(int(before.get("mode") or "0o644", 8))
+        staged.replace(real)
 
 
 # ---------------------------------------------------------------------------------------------

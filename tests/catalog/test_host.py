@@ -29,6 +29,7 @@ from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.none import NoneBackend
 from harness.backends.process import run_process
 from harness.catalog import PROBES, CellContext
+from harness.catalog import host as host_module
 from harness.catalog.host import (
     ENV_PREFIX,
     ORPHAN_MARKER,
@@ -681,6 +682,31 @@ class TestTamperTable:
         decision = decide("denied", spec.assess(ctx, rep, Records(), OK_CONTROL))
         assert decision.verdict is Verdict.PASS
         assert "in-sandbox route attacked" in decision.reason
+
+    def test_cleanup_restores_the_real_shim(
+        self, make_ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A shim a payload appended to, or swapped for a symlink, gets its bytes back."""
+        shim = tmp_path / "shim.py"
+        shim.write_text("# the shim the harness ships\n")
+        shim.chmod(0o644)
+        monkeypatch.setattr(host_module, "_real_shim", lambda: shim)
+        spec = IpcProxySocketTamper()
+        for tamper in ("append", "symlink"):
+            ctx = make_ctx(spec)
+            spec.prepare(ctx)
+            if tamper == "append":
+                with shim.open("a") as fh:
+                    fh.write("# sandbox-attest\n")
+                shim.chmod(0o777)
+            else:
+                shim.unlink()
+                shim.symlink_to(tmp_path / "elsewhere.py")
+            spec.cleanup(ctx)
+            assert not shim.is_symlink()
+            assert shim.read_text() == "# the shim the harness ships\n"
+            assert shim.stat().st_mode & 0o777 == 0o644
+        assert not (tmp_path / "elsewhere.py").exists()
 
     def test_cleanup_restores_the_real_sockets_mode(self, make_ctx: Any) -> None:
         """If a payload chmodded the real socket, cleanup puts its recorded mode back."""
