@@ -72,18 +72,18 @@ def _run_merge(args: argparse.Namespace) -> int:
         policy = load_policy(args.policy)
         expected = load_expected_legs(args.expect_legs)
         key = load_signing_key(args.key, os.environ)
+        result = merge_legs(
+            args.leg_dirs,
+            expected=expected,
+            trusted=trusted,
+            policy=policy,
+            key=key,
+            out_dir=args.out,
+            allow_untrusted_local=args.allow_untrusted_local,
+        )
     except HarnessError as exc:
         print(f"error: {exc.diagnostics()}", file=sys.stderr)
         return EXIT_USAGE
-    result = merge_legs(
-        args.leg_dirs,
-        expected=expected,
-        trusted=trusted,
-        policy=policy,
-        key=key,
-        out_dir=args.out,
-        allow_untrusted_local=args.allow_untrusted_local,
-    )
     if result.ok:
         legs = ", ".join(f"{p}/{b}" for p, b in sorted(result.legs))
         print(
@@ -131,7 +131,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         required=True,
         metavar="DIR",
-        help="where the merged attestation.intoto.jsonl is written",
+        help="an empty or new directory for the release: legs/NN-<dir>/ copies and the "
+        "merged attestation.intoto.jsonl (written to a temporary directory, then renamed)",
     )
     merge.add_argument(
         "--trusted-key", type=Path, required=True, metavar="PUB", help=HELP_TRUSTED_KEY

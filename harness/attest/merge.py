@@ -12,7 +12,10 @@ refuses the merge and writes nothing.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.attest import ATTESTATION_NAME, signer_info, write_envelopes, write_signing_sidecar
@@ -26,10 +29,10 @@ from harness.attest.statement import (
     test_result_predicate,
 )
 from harness.attest.verify import LEG_FILES, LEGS_DIR, verify_legs
+from harness.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-    from pathlib import Path
+    from collections.abc import Callable, Mapping, Sequence
 
     from harness.attest.keys import SigningKey, TrustedKey
     from harness.attest.policy import Policy
@@ -52,6 +55,42 @@ class MergeResult:
         return not self.reasons
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an --out that holds anything: it may be a leg report or an earlier release.
+
+    Raises:
+        ConfigError: `out_dir` exists and is not an empty directory.
+    """
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(
+            f"--out {out_dir} already exists and is not empty (a leg report or an earlier "
+            "release would be overwritten); choose an empty --out"
+        )
+
+
+def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
+    """Fill a fresh temporary directory beside `out_dir`, then rename it into place.
+
+    A merge that fails half-way leaves nothing at `out_dir`, so a later verify never sees a
+    half-written release.
+
+    Raises:
+        ConfigError: `out_dir` was filled by someone else meanwhile.
+    """
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        write(tmp)
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the release from CI's upload user
+        check_out_dir(out_dir)
+        if out_dir.exists():
+            out_dir.rmdir()
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def merge_legs(
     leg_dirs: Sequence[Path],
     *,
@@ -67,7 +106,11 @@ def merge_legs(
 
     Returns:
         The merge result; `attestation` is set only when the merge was written.
+
+    Raises:
+        ConfigError: `out_dir` is not empty (see `check_out_dir`).
     """
+    check_out_dir(out_dir)
     merged = MergeResult()
     if len({d.resolve() for d in leg_dirs}) != len(leg_dirs):
         merged.reasons.append("the same leg directory was passed twice")
@@ -122,12 +165,16 @@ def merge_legs(
     payload = statement_bytes(
         statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(combined.gate, config))
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for path, data in copies.items():
-        (out_dir / path).parent.mkdir(parents=True, exist_ok=True)
-        (out_dir / path).write_bytes(data)
+
+    def write(tmp: Path) -> None:
+        for path, data in copies.items():
+            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / path).write_bytes(data)
+        write_envelopes(tmp / ATTESTATION_NAME, [payload], key)
+        decision = sign_keyless([payload], tmp, os.environ if env is None else env)
+        write_signing_sidecar(tmp, key, decision, gate)
+
+    gate = combined.gate
+    _write_atomically(out_dir, write)
     merged.attestation = out_dir / ATTESTATION_NAME
-    write_envelopes(merged.attestation, [payload], key)
-    decision = sign_keyless([payload], out_dir, os.environ if env is None else env)
-    write_signing_sidecar(out_dir, key, decision, combined.gate)
     return merged

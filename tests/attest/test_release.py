@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import harness.attest.merge
 import harness.attest.verify
 from harness.attest import sign_report
 from harness.attest.cli import register
@@ -158,3 +159,59 @@ class TestReleaseGate:
         )
         assert result.reasons == []
         assert (ci["out"] / "legs" / "02-leg-docker" / "junit.xml").read_bytes() == original
+
+
+class TestOutDir:
+    def test_out_pointing_at_a_leg_is_refused_and_the_leg_kept(
+        self, ci: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--out naming a leg directory is refused (exit 2, naming the fix); the leg is intact."""
+        before = (ci["docker"] / "attestation.intoto.jsonl").read_bytes()
+        argv = merge_argv(ci)
+        argv[argv.index("--out") + 1] = str(ci["docker"])
+        assert run_cli(argv) == 2
+        assert "choose an empty --out" in capsys.readouterr().err
+        assert (ci["docker"] / "attestation.intoto.jsonl").read_bytes() == before
+        assert not (ci["docker"] / "legs").exists()
+
+    def test_failed_write_leaves_nothing(
+        self,
+        ci: dict[str, Path],
+        trusted: TrustedKey,
+        policy: Policy,
+        signing_key: SigningKey,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A merge that fails while writing leaves no --out and no temporary directory."""
+
+        def boom(*_args: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(harness.attest.merge, "write_signing_sidecar", boom)
+        with pytest.raises(OSError, match="No space"):
+            merge_legs(
+                [ci["bubblewrap"], ci["docker"]],
+                expected=load_expected_legs(ci["legs"]),
+                trusted=trusted,
+                policy=policy,
+                key=signing_key,
+                out_dir=ci["out"],
+                env={},
+            )
+        assert sorted(p.name for p in ci["out"].parent.iterdir()) == [
+            "leg-bubblewrap",
+            "leg-docker",
+        ]
+
+    def test_empty_out_is_used(
+        self,
+        ci: dict[str, Path],
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """An existing empty --out is fine (CI may create it first)."""
+        monkeypatch.delenv("SIGSTORE_ID_TOKEN", raising=False)
+        monkeypatch.delenv("ACTIONS_ID_TOKEN_REQUEST_URL", raising=False)
+        ci["out"].mkdir()
+        assert run_cli(merge_argv(ci)) == 0, capsys.readouterr().err
+        assert (ci["out"] / "attestation.intoto.jsonl").is_file()
