@@ -389,7 +389,13 @@ def _read_route(
             reading.admitted.append(entry)
         elif entry.get("status") in REFUSAL_STATUSES:
             reading.denies.append(entry)
-    reading.origin_hits = [o for o in _with_nonce(witness.origin, nonce) if _tag(o) in escape_tags]
+    # The tag names which request got through; the denied host seeing the nonce at all is an
+    # escape whatever its path says (a proxy may rewrite or drop the query that carries a=).
+    reading.origin_hits = [
+        o
+        for o in _with_nonce(witness.origin, nonce)
+        if _tag(o) in escape_tags or o.get("host") == "denied"
+    ]
     reading.listener_hits = _with_nonce(witness.direct_tcp, nonce)
     return reading
 

@@ -384,6 +384,12 @@ class TestRouteDecisionTable:
         verdict, _ = self.run(world, 403, records(), HOST_OK, reuse_sent=0)
         assert verdict is Verdict.INCONCLUSIVE
 
+    def test_untagged_denied_origin_hit_fails(self, world: World) -> None:
+        """The denied origin logging the nonce is FAIL even when the path lost its a= tag."""
+        origin = [{"nonce": "nunit0001", "host": "denied", "path": "/ok"}]
+        verdict, reason = self.run(world, 403, records(origin=origin), HOST_OK)
+        assert verdict is Verdict.FAIL, reason
+
     def test_dead_host_control_is_inconclusive(self, world: World) -> None:
         """A refusal whose host control failed proves nothing: INCONCLUSIVE."""
         verdict, reason = self.run(world, 403, records(), HOST_DEAD)
