@@ -143,8 +143,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         metavar="KEY",
         help="PEM Ed25519 private key to sign the merge (else "
-        "$SANDBOX_ATTEST_SIGNING_KEY, else the untrusted local key)",
+        "$SANDBOX_ATTEST_SIGNING_KEY; the untrusted local key only with "
+        "--allow-untrusted-local)",
     )
     merge.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help=HELP_POLICY)
-    merge.add_argument("--allow-untrusted-local", action="store_true", help=HELP_ALLOW_LOCAL)
+    merge.add_argument(
+        "--allow-untrusted-local",
+        action="store_true",
+        help=HELP_ALLOW_LOCAL + "; also lets the merge itself be signed by it",
+    )
     merge.set_defaults(func=_run_merge)

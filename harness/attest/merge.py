@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.attest import ATTESTATION_NAME, signer_info, write_envelopes, write_signing_sidecar
+from harness.attest import (
+    ATTESTATION_NAME,
+    UNTRUSTED_LOCAL_NOTE,
+    signer_info,
+    write_envelopes,
+    write_signing_sidecar,
+)
+from harness.attest.keys import ENV_VAR
 from harness.attest.legs import ExpectedLegs, leg_digests, leg_label, load_expected_legs
 from harness.attest.sigstore import sign_keyless
 from harness.attest.statement import (
@@ -108,9 +115,16 @@ def merge_legs(
         The merge result; `attestation` is set only when the merge was written.
 
     Raises:
-        ConfigError: `out_dir` is not empty (see `check_out_dir`).
+        ConfigError: `out_dir` is not empty (see `check_out_dir`), or `key` is the untrusted
+            per-machine key and `allow_untrusted_local` is not set.
     """
     check_out_dir(out_dir)
+    if key.trust == "untrusted-local" and not allow_untrusted_local:
+        raise ConfigError(
+            f"no signing key given, so the merge would be {UNTRUSTED_LOCAL_NOTE} "
+            f"({key.source.split(':', 1)[-1]}), which proves only that this machine signed it; "
+            f"pass --key KEY or set ${ENV_VAR}, or --allow-untrusted-local to accept that"
+        )
     merged = MergeResult()
     if len({d.resolve() for d in leg_dirs}) != len(leg_dirs):
         merged.reasons.append("the same leg directory was passed twice")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 from typing import TYPE_CHECKING
 
 import pytest
@@ -215,3 +217,36 @@ class TestOutDir:
         ci["out"].mkdir()
         assert run_cli(merge_argv(ci)) == 0, capsys.readouterr().err
         assert (ci["out"] / "attestation.intoto.jsonl").is_file()
+
+
+class TestMergeSigner:
+    def test_local_key_refused_without_the_flag(
+        self,
+        ci: dict[str, Path],
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """With no --key and no $SANDBOX_ATTEST_SIGNING_KEY the merge is refused, naming both."""
+        monkeypatch.delenv("SANDBOX_ATTEST_SIGNING_KEY", raising=False)
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+        argv = merge_argv(ci)
+        del argv[argv.index("--key") : argv.index("--key") + 2]
+        assert run_cli(argv) == 2
+        err = capsys.readouterr().err
+        assert "--key" in err
+        assert "$SANDBOX_ATTEST_SIGNING_KEY" in err
+        assert not ci["out"].exists()
+
+    def test_merged_statement_names_its_signer(
+        self, ci: dict[str, Path], monkeypatch: pytest.MonkeyPatch, signing_key: SigningKey
+    ) -> None:
+        """The signed merged statement carries the signer's keyid and trust."""
+        monkeypatch.delenv("SIGSTORE_ID_TOKEN", raising=False)
+        monkeypatch.delenv("ACTIONS_ID_TOKEN_REQUEST_URL", raising=False)
+        assert run_cli(merge_argv(ci)) == 0
+        line = (ci["out"] / "attestation.intoto.jsonl").read_text()
+        stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
+        (signer,) = [c for c in stmt["predicate"]["configuration"] if c["name"] == "signer"]
+        assert signer["digest"] == {"sha256": signing_key.keyid}
+        assert signer["annotations"]["trust"] == "provided"
