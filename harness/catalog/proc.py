@@ -101,6 +101,11 @@ while time.monotonic() < end:
 """
 
 
+# The runner's read-only task dir under cell_dir (harness.runner `inputs`): the only place
+# the remount attempt writes to that the payload could not write anyway.
+TASK_DIR: Final = "input"
+
+
 def _confines_anything(policy: DeclaredPolicy) -> bool:
     return (policy.network, policy.filesystem, policy.ipc) != ("open", "open", "open")
 
@@ -468,7 +473,10 @@ class ProcNamespaceEscape(_AnchoredSpec):
         inner = [a for a in _attempts(report, "escape") if str(a.get("what")).startswith("inner:")]
         observed = _observed(escapes)
         mnt_file = self.canary_dir(ctx) / f"{ctx.nonce}.setns-mnt"
-        remounts = sorted(str(p) for p in ctx.cell_dir.rglob(f"{ctx.nonce}.remount"))
+        # Only the harness-owned task dir counts: the workspace beside it is the payload's
+        # to write, so a nonce file there proves nothing.
+        remount_file = ctx.cell_dir / TASK_DIR / f"{ctx.nonce}.remount"
+        remounts = [str(remount_file)] if remount_file.exists() else []
         net_hits = [
             e for e in _with_nonce(witness.direct_tcp, ctx.nonce) if "via=setns-net" in str(e)
         ]
@@ -481,6 +489,12 @@ class ProcNamespaceEscape(_AnchoredSpec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, seen, None, reasons)
+        if escape == "disagree" and self.expectation(ctx.policy) == "denied":
+            # setns into the verified anchor's namespace, or a remount of the read-only task
+            # dir, reported with no file to show for it: a report against the sandbox is
+            # believed (module docstring). Not on the open leg, which must show its witness.
+            reasons.append("believed: a report against the sandbox")
+            escape = "escaped"
         powers = [str(a.get("what")) for a in inner if a.get("outcome") == "succeeded"]
         if powers:
             reasons.append(f"exposure, not an escape (private to the payload): {', '.join(powers)}")

@@ -358,6 +358,19 @@ class TestNamespaceTable:
         (ctx.cell_dir / "input" / f"{ctx.nonce}.remount").write_text("x")
         assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.FAIL
 
+    def test_remount_file_in_the_workspace_is_not_a_witness(self, tmp_path: Path) -> None:
+        """The payload may write its workspace: a nonce file there is no remount escape."""
+        ctx = make_ctx(tmp_path, "proc_namespace_escape")
+        (ctx.workspace / f"{ctx.nonce}.remount").write_text("x")
+        assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.PASS
+
+    def test_unwitnessed_setns_success_is_believed_where_denied(self, tmp_path: Path) -> None:
+        """A joined host namespace reported without a file is believed against the sandbox."""
+        ctx = make_ctx(tmp_path, "proc_namespace_escape")
+        assert verdict_of(ctx, self.report("succeeded"), OK_CONTROL) is Verdict.FAIL
+        open_leg = make_ctx(tmp_path, "proc_namespace_escape", OPEN, "none")
+        assert verdict_of(open_leg, self.report("succeeded"), OK_CONTROL) is Verdict.INCONCLUSIVE
+
     def test_setns_net_connection_is_fail(self, tmp_path: Path) -> None:
         """The listener logged a via=setns-net connection with the nonce: FAIL."""
         ctx = make_ctx(tmp_path, "proc_namespace_escape")
