@@ -28,6 +28,7 @@ from harness.catalog.base import (
     _Spec,
     _summary,
 )
+from harness.catalog.canary import planting
 
 CANARY_NAME = "canary.txt"
 _BASELINE = "baseline.json"
@@ -62,10 +63,11 @@ class FsWriteOutside(_Spec):
         """Plant each canary dir with canary.txt and record its sha256 and mode."""
         baseline: dict[str, dict[str, Any]] = {}
         for key, directory in self.canary_dirs(ctx).items():
-            directory.mkdir(mode=0o755, parents=False, exist_ok=False)
             canary = directory / CANARY_NAME
-            canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
-            canary.chmod(0o644)
+            with planting(self.id, canary):
+                directory.mkdir(mode=0o755, parents=False, exist_ok=False)
+                canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
+                canary.chmod(0o644)
             baseline[key] = _canary_state(directory)
         store = ctx.cell_dir / "canaries"
         store.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,7 @@ from harness.catalog.base import (
     _wait_for,
     _with_nonce,
 )
+from harness.catalog.canary import planting
 from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -200,12 +201,15 @@ class FsReadSecrets(_Spec):
         created: list[str] = []
         hashes: dict[str, str] = {}
         for key, path in self.secret_paths(ctx).items():
-            if not path.parent.exists():
-                path.parent.mkdir(mode=0o700, parents=True)
-                created.append(str(path.parent))
-            body = f"sandbox-attest canary {key} {ctx.nonce} secret={secrets.token_hex(16)}\n"
-            path.write_text(body)
-            path.chmod(0o600)
+            with planting(self.id, path):
+                if not path.parent.exists():
+                    path.parent.mkdir(mode=0o700, parents=True)
+                    created.append(str(path.parent))
+                    # Saved at once: if a later canary fails, cleanup still removes this dir.
+                    _save_state(ctx, {"hashes": hashes, "created_dirs": created})
+                body = f"sandbox-attest canary {key} {ctx.nonce} secret={secrets.token_hex(16)}\n"
+                path.write_text(body)
+                path.chmod(0o600)
             hashes[key] = hashlib.sha256(body.encode()).hexdigest()
         control = f"sandbox-attest control {ctx.nonce} {secrets.token_hex(16)}\n"
         self.control_path(ctx).write_text(control)
@@ -269,7 +273,8 @@ class FsReadSecrets(_Spec):
         """Remove the canaries in $HOME, then any folder prepare created that is now empty."""
         for path in self.secret_paths(ctx).values():
             if ctx.nonce in str(path):
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # never planted (prepare failed before it)
+                    path.unlink()
         for created in _load_state(ctx).get("created_dirs", []):
             with contextlib.suppress(OSError):  # not empty: someone else uses it now; keep it
                 Path(created).rmdir()
@@ -415,9 +420,10 @@ class FsLinkEscape(_Spec):
         """Plant each canary with a random token and record its state."""
         baseline: dict[str, Any] = {}
         for key, path in self.canaries(ctx).items():
-            path.parent.mkdir(mode=0o755)
-            path.write_text(f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n")
-            path.chmod(0o644)
+            with planting(self.id, path):
+                path.parent.mkdir(mode=0o755)
+                path.write_text(f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n")
+                path.chmod(0o644)
             baseline[key] = {"file": _file_state(path), "entries": _dir_entries(path.parent)}
         _save_state(ctx, {"baseline": baseline})
         return {

@@ -42,6 +42,7 @@ from harness.catalog.host import (
     find_orphans,
     salted_hash,
 )
+from harness.errors import FixtureError
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner, payload_env
 from harness.verdict import Verdict, decide
@@ -445,6 +446,22 @@ class TestReadSecretsTable:
         assessment = spec.assess(ctx, rep, Records(), OK_CONTROL)
         assert assessment.escape == "contained"
         assert decide("denied", assessment).verdict is Verdict.PASS
+
+    def test_failed_planting_names_the_probe_and_leaves_nothing(
+        self, make_ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A canary that cannot be planted is a FixtureError; dirs made before it go away."""
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / ".docker").write_text("not a folder")  # the third canary cannot go here
+        monkeypatch.setenv("HOME", str(home))
+        spec = FsReadSecrets()
+        ctx = make_ctx(spec)
+        with pytest.raises(FixtureError, match=r"fs_read_secrets: could not plant the canary"):
+            spec.prepare(ctx)
+        assert (home / ".ssh").is_dir()
+        spec.cleanup(ctx)
+        assert sorted(p.name for p in home.iterdir()) == [".docker"]
 
     def test_cleanup_removes_only_its_canaries(self, make_ctx: Any) -> None:
         """Cleanup removes the nonce-named canaries and leaves $HOME's other files alone."""
