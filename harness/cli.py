@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from harness import __version__
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
 from harness.paths import matrix_dir
 from harness.session import new_run_id
 
@@ -24,14 +25,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
     matrix = Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml"
     policy = Path(args.policy) if args.policy else matrix_dir() / "policy.toml"
     _preflight(matrix, policy, args.backend, args.backend_spec)
+    if args.key:
+        _check_key(Path(args.key))
     out = Path(args.out) if args.out else Path("reports") / new_run_id()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out}: cannot create the report directory there ({exc.strerror}); "
+            "pass a new or empty directory path"
+        ) from exc
+    # The matrix's own pytest.ini when it has one beside it, else the shipped one (a matrix
+    # kept elsewhere must not pick up an unrelated project's pytest settings).
+    ini = matrix.parent / "pytest.ini"
     pytest_args = [
         str(matrix),
         "-v",
         f"--rootdir={matrix.parent}",
         "-c",
-        str(matrix.parent / "pytest.ini"),
+        str(ini if ini.is_file() else matrix_dir() / "pytest.ini"),
+        f"--harness-matrix={matrix}",
         f"--junitxml={out / 'junit.xml'}",
         f"--alluredir={out / 'allure-results'}",
         f"--harness-report-dir={out}",
@@ -60,17 +73,18 @@ class _GateWatch:
     def __init__(self) -> None:
         self.failures: list[str] | None = None
         self.warnings: list[str] = []
+        self.signed = "FAILED"
 
     def report(self) -> int:
         """Print the gate and return the run's exit status (0 only if it holds)."""
         if self.failures is None:
             print("gate: FAILED: no matrix ran, so nothing was attested", file=sys.stderr)
             return 1
-        return _print_gate(self.failures, self.warnings)
+        return _print_gate(self.failures, self.warnings, self.signed)
 
     @pytest.hookimpl(trylast=True)  # after the plugin has signed and rendered the report
     def pytest_unconfigure(self, config: Any) -> None:
-        """Collect the gate's failures (None when no matrix ran)."""
+        """Collect the gate's failures (None when no matrix ran) and the signed word."""
         from harness.plugin import INTERRUPTED_KEY, SESSION_KEY  # noqa: PLC0415
 
         run = config.stash.get(SESSION_KEY, None)
@@ -82,20 +96,43 @@ class _GateWatch:
                 + (["the run was interrupted"] if interrupted else [])
                 + run.artifact_errors
             )
+            self.signed = run.signed_gate(complete=not interrupted).result
 
 
-def _print_gate(failures: list[str], warnings: list[str]) -> int:
+def _print_gate(failures: list[str], warnings: list[str], signed: str) -> int:
+    """Print the gate; its last word is the one the attestation signs (never a milder one).
+
+    `signed` is `evaluate`'s result (PASSED/WARNED/FAILED); the session's own checks
+    (missing cells, a control-only run, an unsigned report) can only make it FAILED.
+    """
     for line in warnings:
         print(f"gate: warning: {line[:400]}")
     for line in failures:
         print(f"gate: {line}")
-    if failures:
+    if failures or signed == "FAILED":
         print("gate: FAILED")
+        return 1
+    if signed == "WARNED":
+        print(
+            f"gate: WARNED: every required cell PASSed; {len(warnings)} warnings above "
+            "(cells nothing required that did not PASS)"
+        )
     elif warnings:
-        print(f"gate: PASSED with {len(warnings)} warnings (every required cell PASSed)")
+        print(f"gate: PASSED (every required cell PASSed; {len(warnings)} notes above)")
     else:
         print("gate: PASSED (every required cell PASSed)")
-    return 1 if failures else 0
+    return 0
+
+
+def _check_key(key: Path) -> None:
+    """Load the --key now, so a bad key stops the run before it starts, not after it ends.
+
+    Raises:
+        ConfigError: the key cannot be read, is encrypted, or is not Ed25519.
+    """
+    from harness.attest.keys import load_signing_key  # noqa: PLC0415
+
+    load_signing_key(key, os.environ)
 
 
 def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]) -> None:
@@ -106,16 +143,22 @@ def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]
             names the file or the name and the fix).
     """
     from harness.attest.policy import load_policy  # noqa: PLC0415
-    from harness.backends import create_backend  # noqa: PLC0415
+    from harness.backends.command import resolve_spec, specs_dir  # noqa: PLC0415
     from harness.matrix import load_matrix  # noqa: PLC0415
-    from harness.session import with_spec_backends  # noqa: PLC0415
+    from harness.session import check_names, with_spec_backends  # noqa: PLC0415
 
     loaded, chosen = with_spec_backends(load_matrix(matrix), list(backends), list(specs))
-    load_policy(policy)
-    known = {row.name for row in loaded.backends}
+    check_names(loaded, load_policy(policy))
+    known = [row.name for row in loaded.backends]
     for name in chosen:
-        if name not in known:
-            create_backend(name)  # raises ConfigError naming the fix for an unknown name
+        if name not in known and resolve_spec(name) is None:
+            spec_names = sorted(p.stem for p in specs_dir().glob("*.toml"))
+            raise ConfigError(
+                f"unknown backend {name!r}: not a [[backend]] of {matrix} "
+                f"({', '.join(known)}) nor a spec in {specs_dir()} "
+                f"({', '.join(spec_names) or 'none'}); put {name}.toml there or pass "
+                "--backend-spec FILE"
+            )
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
@@ -174,11 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--require-backend",
         action="store_true",
-        help="an unavailable --backend fails the run instead of being skipped",
+        help="also require the cells of each --backend that do not apply here (matrix "
+        "[[exclude]] or platform): they then fail the run. A named backend's applicable "
+        "cells are required already, UNAVAILABLE ones included",
     )
     run.add_argument("--out", help=HELP_OUT)
     run.add_argument("--policy", help="release policy TOML (default: matrix/policy.toml)")
-    run.add_argument("--matrix", help="matrix TOML (default: matrix/matrix.toml)")
+    run.add_argument("--matrix", help="matrix TOML, any file name (default: matrix/matrix.toml)")
     run.add_argument(
         "--key",
         help="Ed25519 private key PEM for signing "

@@ -31,9 +31,11 @@ HELP_POLICY = "release policy TOML (default: matrix/policy.toml)"
 HELP_KEY = "Ed25519 private key (PEM) to sign the attestation with"
 HELP_JOBS = "cells to run at once in a pool (control leg first, then the rest)"
 HELP_SPEC = "command-wrapper backend spec TOML to attest as well (repeatable)"
+HELP_MATRIX = "collect this matrix file whatever its name (default: files named matrix.toml)"
 
 SESSION_KEY = pytest.StashKey["RunSession"]()
 INTERRUPTED_KEY = pytest.StashKey[bool]()
+PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 MATRIX_FILE_NAME = "matrix.toml"
 
 
@@ -56,6 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-key", default=None, help=HELP_KEY)
     group.addoption("--harness-jobs", type=int, default=1, help=HELP_JOBS)
     group.addoption("--backend-spec", action="append", default=[], metavar="FILE", help=HELP_SPEC)
+    group.addoption("--harness-matrix", default=None, metavar="FILE", help=HELP_MATRIX)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,8 +67,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    """Collect the matrix file (any file named matrix.toml that a user points pytest at)."""
-    if file_path.name == MATRIX_FILE_NAME:
+    """Collect the matrix file: any file named matrix.toml, or the one --harness-matrix names."""
+    chosen = parent.config.getoption("--harness-matrix", None)
+    if file_path.name == MATRIX_FILE_NAME or (
+        chosen and file_path.resolve() == Path(chosen).resolve()
+    ):
         return MatrixFile.from_parent(parent, path=file_path)
     return None
 
@@ -136,7 +142,13 @@ class MatrixItem(pytest.Item):
     def runtest(self) -> None:
         """Run the cell; PASS returns, excused cells skip with their reason, the rest fail."""
         session = self.config.stash[SESSION_KEY]
-        entry = session.run_cell(self.cell)
+        try:
+            entry = session.run_cell(self.cell)
+        except BaseException as exc:
+            # pytest-timeout's Failed or a Ctrl-C cut the cell short: it still leaves an
+            # ERROR entry, so the evidence never just lacks it.
+            session.record_aborted(self.cell, exc)
+            raise
         self.entry = entry
         attach_cell(entry, session.platform)
         verdict = entry["verdict"]
@@ -167,10 +179,18 @@ class MatrixItem(pytest.Item):
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Hand the collected cells to the run, which may start them in parallel."""
+    """Hand the collected cells to the run, which may start them in parallel.
+
+    Cells of the run that pytest did not keep (-k, --deselect, a node id) are recorded as
+    deselected: the evidence is then incomplete and the gate fails.
+    """
     cells = [item.cell for item in session.items if isinstance(item, MatrixItem)]
     run = session.config.stash.get(SESSION_KEY, None)
-    if run is not None and cells:
+    if run is None:
+        return
+    kept = {cell.cell_id for cell in cells}
+    run.deselected = [c.cell_id for c in run.cells() if c.cell_id not in kept]
+    if cells:
         run.plan(cells)
 
 
@@ -206,16 +226,25 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Keep the session: its exit status is settled only after the report is signed."""
+    session.config.stash[PYTEST_SESSION_KEY] = session
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run when a required cell is missing altogether."""
+    """Fail the run when the gate does not hold (a missing cell, a control-only run, ...)."""
     run = session.config.stash.get(SESSION_KEY, None)
-    if run is not None and run.missing_required() and exitstatus == 0:
+    if run is not None and exitstatus == 0 and run.gate_failures():
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Write evidence.json, sign and render (after junit.xml exists)."""
+    """Write evidence.json, sign and render (after junit.xml exists).
+
+    A report that could not be signed or rendered fails the run: pytest returns the
+    session's exit status after this hook, so plain `pytest matrix/` never exits 0 for it.
+    """
     run = config.stash.get(SESSION_KEY, None)
     if run is None:
         return
@@ -225,6 +254,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         write_run_files(Path(alluredir), run.environment())
     for line in run.finish(complete=not interrupted):
         print(line)
+    session = config.stash.get(PYTEST_SESSION_KEY, None)
+    if run.artifact_errors and session is not None and session.exitstatus == 0:
+        for line in run.artifact_errors:
+            print(f"sandbox-attest: {line}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(wrapper=True)

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
+from harness.attest.policy import Gate, Policy, evaluate, load_policy
 from harness.backends import Backend, create_backend
 from harness.backends.base import Availability
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
 from harness.evidence import EvidenceWriter, file_sha256
 from harness.matrix import BackendRow, Cell, Matrix, current_platform
 from harness.runner import CellRunner
@@ -72,17 +73,56 @@ def with_spec_backends(
     return matrix, [*chosen, *(n for n in names if n not in chosen)]
 
 
-def required_cells(policy_path: Path, platform: str) -> set[str]:
-    """Cell ids the release policy requires to PASS on this platform."""
-    from harness.attest.policy import load_policy  # noqa: PLC0415  (keeps import cycles out)
+# The runner a user needs for a backend that does not run here ("run it on a macOS runner").
+RUNNER_NAMES = {"linux": "Linux", "darwin": "macOS", "windows": "Windows"}
+# Verdicts of cells that were never judged: nothing ran, so they attest nothing.
+UNJUDGED = (Verdict.NOT_APPLICABLE.value, Verdict.UNAVAILABLE.value)
 
-    policy = load_policy(policy_path)
+
+def required_cells(policy: Policy, platform: str) -> set[tuple[str, str]]:
+    """(backend, probe) pairs the release policy requires to PASS on this platform."""
     return {
-        f"{req.backend}-{probe}"
+        (req.backend, probe)
         for req in policy.requirements
         if req.platform == platform
         for probe in req.probes
     }
+
+
+def check_names(matrix: Matrix, policy: Policy) -> None:
+    """Every probe of the matrix, and every backend and probe the policy requires, exists.
+
+    A policy naming a backend nobody can select ("dockr") would otherwise require nothing
+    that any run produces, and a matrix probe missing from the catalogue would ERROR every
+    cell; both are typos to report before any fixture starts.
+
+    Raises:
+        ConfigError: naming the unknown name, the file it is in, and the known names.
+    """
+    from harness.backends.command import resolve_spec, specs_dir  # noqa: PLC0415
+    from harness.catalog import PROBES  # noqa: PLC0415
+
+    for row in matrix.probes:
+        if row.id not in PROBES:
+            raise ConfigError(
+                f"{matrix.path}: probe {row.id!r} is not in the probe catalogue; "
+                f"known probes: {', '.join(sorted(PROBES))}"
+            )
+    backends = [row.name for row in matrix.backends]
+    probes = [row.id for row in matrix.probes]
+    for req in policy.requirements:
+        where = f"{policy.path}, [[require]] {req.platform}/{req.backend}"
+        if req.backend not in backends and resolve_spec(req.backend) is None:
+            raise ConfigError(
+                f"{where}: backend {req.backend!r} is neither a [[backend]] of {matrix.path} "
+                f"nor a spec in {specs_dir()}; known backends: {', '.join(backends)}"
+            )
+        unknown = [probe for probe in req.probes if probe not in probes]
+        if unknown:
+            raise ConfigError(
+                f"{where}: probe {unknown[0]!r} is not a probe of {matrix.path}; "
+                f"its probes: {', '.join(probes)}"
+            )
 
 
 @dataclass
@@ -108,6 +148,9 @@ class RunSession:
     # Report files that could not be written (attestation, HTML, summary): the gate fails on
     # them, because a release cannot verify what was never signed.
     artifact_errors: list[str] = field(default_factory=list)
+    # Matrix items pytest deselected (-k, --deselect): their cells never run, so the evidence
+    # is incomplete and the gate fails (a filter must not be a way to drop a failing cell).
+    deselected: list[str] = field(default_factory=list)
     futures: dict[str, Future[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -119,7 +162,9 @@ class RunSession:
             backend = create_backend(name)
             self.backends[name] = backend
             self.availability[name] = backend.availability()
-        self.required = required_cells(self.policy_path, self.platform)
+        self.policy = load_policy(self.policy_path)
+        check_names(self.matrix, self.policy)
+        self.required = required_cells(self.policy, self.platform)
         self.writer = EvidenceWriter(
             report_dir=self.report_dir,
             run_id=self.run_id,
@@ -144,7 +189,7 @@ class RunSession:
     def is_required(self, cell: Cell) -> bool:
         """Whether this cell must PASS: by policy, or because its backend was required."""
         return (
-            cell.cell_id in self.required
+            (cell.backend, cell.probe.id) in self.required
             or cell.backend in self.required_backends
             or (cell.backend in self.named_backends and cell.not_applicable is None)
         )
@@ -219,17 +264,38 @@ class RunSession:
         self.writer.add_cell(entry)
         return entry
 
-    def _backend_of(self, cell_id: str) -> str:
-        """The backend part of `<backend>-<probe>` (backend names may contain dashes)."""
-        for row in self.matrix.probes:
-            if cell_id.endswith(f"-{row.id}"):
-                return cell_id[: -len(row.id) - 1]
-        return cell_id.rsplit("-", 1)[0]
+    def record_aborted(self, cell: Cell, exc: BaseException) -> None:
+        """Record an ERROR for a cell whose run was cut short (pytest-timeout, Ctrl-C).
+
+        Without it the cell would leave no evidence entry at all; a cell that already has
+        one (the exception came after it was recorded) keeps it.
+        """
+        if any(c["cell_id"] == cell.cell_id for c in self.writer.cells):
+            return
+        entry = {
+            "cell_id": cell.cell_id,
+            "backend": cell.backend,
+            "probe": cell.probe.id,
+            "platform": self.platform,
+            "verdict": Verdict.ERROR.value,
+            "reason": f"the cell was cut short before it was judged: {type(exc).__name__}: "
+            f"{str(exc)[:400]}",
+            "required": self.is_required(cell),
+        }
+        try:
+            self.writer.add_cell(entry)
+        except OSError as err:  # the entry is kept in memory; evidence.json still gets it
+            print(f"sandbox-attest: journal write for {cell.cell_id} failed: {err}")
+
+    def expected_required(self) -> set[tuple[str, str]]:
+        """Every (backend, probe) this run must produce: the policy's, and the named ones'."""
+        policy = {pair for pair in self.required if pair[0] in self.backends}
+        return policy | {(c.backend, c.probe.id) for c in self.cells() if self.is_required(c)}
 
     def missing_required(self) -> list[str]:
         """Required cells of this run's backends that the run never produced."""
-        seen = {c["cell_id"] for c in self.writer.cells}
-        return sorted(c for c in self.required - seen if self._backend_of(c) in self.backends)
+        seen = {(str(c["backend"]), str(c["probe"])) for c in self.writer.cells}
+        return sorted(f"{b}-{p}" for b, p in self.expected_required() - seen)
 
     def not_attested(self) -> list[str]:
         """Backends the policy requires on this platform that this run did not select.
@@ -237,7 +303,25 @@ class RunSession:
         A CI leg attests one backend and the release merge checks that every leg is there, so
         these are listed for the reader; they never count as a PASS.
         """
-        return sorted({self._backend_of(c) for c in self.required} - set(self.backends))
+        return sorted({backend for backend, _ in self.required} - set(self.backends))
+
+    def unrunnable_named(self) -> list[str]:
+        """Backends the user named that cannot run on this platform at all.
+
+        Every cell of theirs is NOT_APPLICABLE, so naming one attests nothing; the user meant
+        to attest it and must be told where it runs.
+        """
+        lines = []
+        for name in sorted((self.named_backends | self.required_backends) & set(self.backends)):
+            row = self.matrix.backend(name)
+            if self.platform in row.platforms:
+                continue
+            runners = " or ".join(RUNNER_NAMES.get(p, p) for p in row.platforms)
+            lines.append(
+                f"backend {name} runs on {', '.join(row.platforms)} only; "
+                f"run it on a {runners} runner"
+            )
+        return lines
 
     def environment(self) -> dict[str, str]:
         """Who ran what, for allure's environment.properties."""
@@ -258,40 +342,77 @@ class RunSession:
         return env
 
     def gate_warnings(self) -> list[str]:
-        """Cells that did not PASS in backends nothing required: shown, never hidden."""
-        return [
-            f"{c['cell_id']} is {c['verdict']} (not required: name --backend "
-            f"{c['backend']} to require it): {c['reason']}"
-            for c in self.writer.cells
-            if not c.get("required") and c["verdict"] in ("FAIL", "INCONCLUSIVE", "ERROR")
-        ]
+        """What nothing required but a reader must see: shown, never hidden.
+
+        Cells that did not PASS, and backends that were skipped as UNAVAILABLE (one line per
+        backend: its cells attest nothing, whatever the grid's other columns say).
+        """
+        lines = []
+        for c in self.writer.cells:
+            if c.get("required") or c["verdict"] not in ("FAIL", "INCONCLUSIVE", "ERROR"):
+                continue
+            if c["backend"] == self.matrix.control:
+                hint = f"control leg: add it to a [[require]] of {self.policy_path} to require it"
+            else:
+                hint = f"name --backend {c['backend']} to require it"
+            lines.append(f"{c['cell_id']} is {c['verdict']} (not required: {hint}): {c['reason']}")
+        skipped: dict[str, list[dict[str, Any]]] = {}
+        for c in self.writer.cells:
+            if not c.get("required") and c["verdict"] == Verdict.UNAVAILABLE.value:
+                skipped.setdefault(str(c["backend"]), []).append(c)
+        for backend, cells in skipped.items():
+            lines.append(
+                f"backend {backend} is UNAVAILABLE, so its {len(cells)} cells attest nothing "
+                f"(not required: name --backend {backend} to require it): {cells[0]['reason']}"
+            )
+        return lines
+
+    def signed_gate(self, *, complete: bool = True) -> Gate:
+        """The gate the attestation signs: `evaluate` over these cells with this policy."""
+        return evaluate(
+            self.writer.cells, self.policy, default_platform=self.platform, complete=complete
+        )
 
     def gate_failures(self) -> list[str]:
         """Why the release gate does not hold for this run; empty when it holds.
 
-        Only required cells (policy or --require-backend) decide the gate: a FAIL in a backend
-        nobody requires is reported in the grid and the evidence, never hidden, but it does
-        not make the run's exit status non-zero. An empty requirement never holds.
+        Only required cells (the policy's, or a named backend's) decide the gate: a FAIL in a
+        backend nobody requires is reported in the grid and the evidence, never hidden, but it
+        does not make the run's exit status non-zero. An empty requirement never holds, and
+        neither does a run in which no sandbox backend was judged: the control leg alone
+        attests nothing. The signed gate (`evaluate`) is checked too, so the exit status and
+        the attestation cannot disagree.
         """
         if not self.required and not self.required_backends:
             return ["the policy requires no cell on this platform; nothing can be attested"]
-        sandboxes = {
-            c["backend"]
+        failures = self.unrunnable_named()
+        judged = [
+            c
             for c in self.writer.cells
-            if c.get("required") and c["backend"] != self.matrix.control
-        }
-        if not sandboxes and not (self.required_backends | self.named_backends) - {
-            self.matrix.control
-        }:
+            if c.get("required")
+            and c["backend"] != self.matrix.control
+            and c["verdict"] not in UNJUDGED
+        ]
+        if not judged:
             selected = ", ".join(self.backends)
-            why = "the control leg alone attests nothing"
-            return [f"no sandbox backend the policy requires ran: {why} (selected: {selected})"]
-        failures = [f"missing required cell {cell_id}" for cell_id in self.missing_required()]
+            failures.append(
+                "no sandbox backend the policy requires ran: no required cell of a sandbox "
+                "backend was judged, and the control leg alone attests nothing "
+                f"(selected: {selected})"
+            )
+        failures += [f"missing required cell {cell_id}" for cell_id in self.missing_required()]
         failures += [
             f"required cell {c['cell_id']} is {c['verdict']}: {c['reason']}"
             for c in self.writer.cells
             if c.get("required") and c["verdict"] != "PASS"
         ]
+        if self.deselected:
+            failures.append(
+                f"{len(self.deselected)} cells were deselected (-k/--deselect), so the "
+                f"evidence is incomplete: {', '.join(self.deselected[:5])}"
+            )
+        if not failures:
+            failures = [f"the signed gate is FAILED: {p}" for p in self.signed_gate().problems]
         return failures
 
     def finish(self, *, complete: bool) -> list[str]:
@@ -315,7 +436,7 @@ class RunSession:
                     print(f"sandbox-attest: cleanup of backend {backend.name} failed: {exc}")
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
-        self.writer.write(complete=complete)
+        self.writer.write(complete=complete and not self.deselected)
         return [f"evidence: {self.report_dir / 'evidence.json'}", *self._sign_and_render()]
 
     def _sign_and_render(self) -> list[str]:
@@ -325,7 +446,9 @@ class RunSession:
         lines = []
         try:
             key = load_signing_key(self.key_path, os.environ)
-            lines.append(f"attestation: {sign_report(self.report_dir, key)}")
+            # The policy this run was judged with, not whatever file evidence.json points at.
+            signed = sign_report(self.report_dir, key, policy=self.policy)
+            lines.append(f"attestation: {signed}")
         except (HarnessError, OSError) as exc:
             self.artifact_errors.append(f"the attestation was not written: {exc}")
             lines.append(f"attestation NOT written: {exc}")

@@ -114,7 +114,10 @@ class TestRun:
         firejail_fail = [c for c in cells if c["backend"] == "firejail" and c["verdict"] == "FAIL"]
         assert firejail_fail  # firejail's default spec lets the payload reach host sockets
         assert not any(c["required"] for c in firejail_fail)
-        assert "gate: PASSED with" in proc.stdout
+        # Unrequired FAILs: the run passes the gate, and its word is the signed one, WARNED.
+        assert "gate: WARNED" in proc.stdout
+        assert "gate: PASSED" not in proc.stdout
+        assert json.loads((out / "signing.json").read_text())["gate"] == "WARNED"
         assert "gate: warning: firejail-ipc_unix_socket_escape is FAIL" in proc.stdout
 
     def test_escape_in_a_named_backend_fails_the_run(self, tmp_path: Path) -> None:
@@ -158,13 +161,148 @@ class TestRun:
         ]
 
 
+def small_matrix(
+    directory: Path, name: str = "small.toml", probe: str = "fs_write_outside"
+) -> Path:
+    """A one-probe matrix under any file name: the control leg, bubblewrap and seatbelt."""
+    path = directory / name
+    path.write_text(
+        f'[[probe]]\nid = "{probe}"\ntimeout = 30\n'
+        '[[backend]]\nname = "none"\nplatforms = ["linux", "darwin"]\n'
+        '[[backend]]\nname = "bubblewrap"\nplatforms = ["linux"]\nreason = "namespaces"\n'
+        '[[backend]]\nname = "seatbelt"\nplatforms = ["darwin"]\nreason = "macOS only"\n'
+    )
+    return path
+
+
+def small_policy(directory: Path, backend: str = "bubblewrap") -> Path:
+    """A policy requiring fs_write_outside of the control leg and of `backend` on Linux."""
+    path = directory / "policy.toml"
+    path.write_text(
+        "".join(
+            f'[[require]]\nplatform = "linux"\nbackend = "{b}"\nprobes = ["fs_write_outside"]\n'
+            for b in ("none", backend)
+        )
+    )
+    return path
+
+
+class TestSmallMatrix:
+    """One-probe runs: a matrix of any name, and what a run that attests nothing does."""
+
+    def test_matrix_of_any_name_runs_and_passes(self, tmp_path: Path) -> None:
+        """--matrix small.toml is collected (not only files named matrix.toml)."""
+        out = tmp_path / "r"
+        proc = run_cli(
+            "run",
+            "--matrix",
+            str(small_matrix(tmp_path)),
+            "--policy",
+            str(small_policy(tmp_path)),
+            "--backend",
+            "bubblewrap",
+            "--out",
+            str(out),
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        cells = json.loads((out / "evidence.json").read_text())["cells"]
+        assert {c["cell_id"]: c["verdict"] for c in cells} == {
+            "none-fs_write_outside": "PASS",
+            "bubblewrap-fs_write_outside": "PASS",
+        }
+
+    def test_named_backend_of_another_platform_fails_the_gate(self, tmp_path: Path) -> None:
+        """--backend seatbelt on Linux attests nothing: exit 1, saying where it runs."""
+        out = tmp_path / "r"
+        proc = run_cli(
+            "run",
+            "--matrix",
+            str(small_matrix(tmp_path)),
+            "--policy",
+            str(small_policy(tmp_path)),
+            "--backend",
+            "seatbelt",
+            "--out",
+            str(out),
+            timeout=300,
+        )
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert "backend seatbelt runs on darwin only; run it on a macOS runner" in proc.stdout
+        assert "the control leg alone attests nothing" in proc.stdout
+        assert json.loads((out / "signing.json").read_text())["gate"] == "FAILED"
+
+    def test_plain_pytest_deselecting_a_required_cell_fails(self, tmp_path: Path) -> None:
+        """`pytest -k "not <cell>"`: the evidence is incomplete and pytest exits non-zero."""
+        matrix = small_matrix(tmp_path)
+        out = tmp_path / "r"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                str(matrix),
+                f"--harness-matrix={matrix}",
+                f"--rootdir={tmp_path}",
+                "-c",
+                str(matrix_dir() / "pytest.ini"),
+                f"--harness-policy={small_policy(tmp_path)}",
+                f"--harness-report-dir={out}",
+                f"--junitxml={out / 'junit.xml'}",
+                "--sandbox-backend=bubblewrap",
+                "-k",
+                "not bubblewrap-fs_write_outside",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            cwd=Path(__file__).parent.parent.parent,
+        )
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+        evidence = json.loads((out / "evidence.json").read_text())
+        assert evidence["complete"] is False
+        assert json.loads((out / "signing.json").read_text())["gate"] == "FAILED"
+
+    def test_plain_pytest_unsigned_report_does_not_exit_0(self, tmp_path: Path) -> None:
+        """A report whose attestation could not be signed fails plain `pytest` too."""
+        matrix = small_matrix(tmp_path)
+        out = tmp_path / "r"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                str(matrix),
+                f"--harness-matrix={matrix}",
+                f"--rootdir={tmp_path}",
+                "-c",
+                str(matrix_dir() / "pytest.ini"),
+                f"--harness-policy={small_policy(tmp_path)}",
+                f"--harness-report-dir={out}",
+                f"--junitxml={out / 'junit.xml'}",
+                "--sandbox-backend=bubblewrap",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env={**os.environ, "SANDBOX_ATTEST_SIGNING_KEY": "not a key"},
+            cwd=Path(__file__).parent.parent.parent,
+        )
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert "the attestation was not written" in proc.stdout
+
+
 class TestBadInput:
     @pytest.mark.parametrize(
         ("args", "needle"),
         [
             (["--backend", "nosuch"], "unknown backend 'nosuch'"),
+            (["--backend", "fierjail"], "(bwrap-generic, firejail)"),
             (["--policy", "/nonexistent/policy.toml"], "pass the release policy with --policy"),
             (["--matrix", "/nonexistent/matrix.toml"], "matrix file not found"),
+            (["--key", "/etc/hostname"], "--key /etc/hostname: not a PEM private key"),
         ],
     )
     def test_bad_input_is_one_clear_line(
@@ -175,6 +313,33 @@ class TestBadInput:
         assert proc.returncode == 2
         assert needle in proc.stderr
         assert "Traceback" not in proc.stderr + proc.stdout
+        assert not (tmp_path / "r").exists()
+
+    def test_out_that_is_a_file_is_one_clear_line(self) -> None:
+        """--out naming an existing file: exit 2 before anything runs, no traceback."""
+        proc = run_cli("run", "--backend", "none", "--out", "/etc/passwd")
+        assert proc.returncode == 2
+        assert "--out /etc/passwd: cannot create the report directory" in proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout
+
+    def test_policy_naming_an_unknown_backend_is_rejected(self, tmp_path: Path) -> None:
+        """A policy requiring `dockr` stops the run, naming the name and the policy file."""
+        policy = tmp_path / "policy.toml"
+        text = (matrix_dir() / "policy.toml").read_text()
+        policy.write_text(text.replace('backend = "docker"', 'backend = "dockr"', 1))
+        proc = run_cli("run", "--policy", str(policy), "--out", str(tmp_path / "r"))
+        assert proc.returncode == 2
+        assert "'dockr'" in proc.stderr
+        assert str(policy) in proc.stderr
+        assert not (tmp_path / "r").exists()
+
+    def test_matrix_probe_outside_the_catalogue_is_rejected(self, tmp_path: Path) -> None:
+        """An unknown probe id in the matrix is a preflight error listing the known probes."""
+        matrix = small_matrix(tmp_path, probe="fs_writ_outside")
+        proc = run_cli("run", "--matrix", str(matrix), "--out", str(tmp_path / "r"))
+        assert proc.returncode == 2
+        assert "probe 'fs_writ_outside' is not in the probe catalogue" in proc.stderr
+        assert "fs_write_outside" in proc.stderr
         assert not (tmp_path / "r").exists()
 
     @pytest.mark.slow

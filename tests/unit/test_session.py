@@ -1,0 +1,173 @@
+"""The run's gate: what is required, what is missing, and what a run attests at all.
+
+The session is built for real (its backends asked whether they run here) but its cells are
+recorded by hand, so each gate rule is checked without running a sandbox.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.attest.policy import load_policy
+from harness.errors import ConfigError
+from harness.matrix import Cell, Matrix, ProbeRow, load_matrix
+from harness.paths import matrix_dir
+from harness.session import RunSession, check_names
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the gate rules use Linux legs")
+
+POLICY = matrix_dir() / "policy.toml"
+
+
+def shipped() -> Matrix:
+    """The shipped matrix."""
+    return load_matrix(matrix_dir() / "matrix.toml")
+
+
+def session(tmp_path: Path, backends: list[str], named: set[str]) -> RunSession:
+    """A run over `backends` (control first) with `named` named by the user."""
+    return RunSession(
+        matrix=shipped(),
+        backend_names=backends,
+        report_dir=tmp_path / "report",
+        policy_path=POLICY,
+        required_backends=set(),
+        named_backends=named,
+    )
+
+
+def record(run: RunSession, cell: Cell, verdict: str) -> None:
+    """Record `cell` as the runner would, with `verdict` (NOT_APPLICABLE if it is)."""
+    entry: dict[str, Any] = {
+        "cell_id": cell.cell_id,
+        "backend": cell.backend,
+        "probe": cell.probe.id,
+        "platform": run.platform,
+        "verdict": "NOT_APPLICABLE" if cell.not_applicable else verdict,
+        "reason": cell.not_applicable or "recorded by the test",
+        "required": run.is_required(cell),
+    }
+    run.writer.add_cell(entry)
+
+
+class TestControlOnly:
+    def test_named_backend_that_cannot_run_here_fails_the_gate(self, tmp_path: Path) -> None:
+        """--backend seatbelt on Linux: every seatbelt cell NOT_APPLICABLE, only `none` ran."""
+        run = session(tmp_path, ["seatbelt"], {"seatbelt"})
+        for cell in run.cells():
+            record(run, cell, "PASS")
+        failures = run.gate_failures()
+        assert "backend seatbelt runs on darwin only; run it on a macOS runner" in failures
+        assert any("the control leg alone attests nothing" in f for f in failures)
+
+    def test_control_leg_alone_fails(self, tmp_path: Path) -> None:
+        """Every control cell PASSing attests nothing about any sandbox."""
+        run = session(tmp_path, ["none"], set())
+        for cell in run.cells():
+            record(run, cell, "PASS")
+        assert any("the control leg alone attests nothing" in f for f in run.gate_failures())
+
+
+class TestMissing:
+    def test_named_backend_cell_never_recorded_is_missing(self, tmp_path: Path) -> None:
+        """A named backend's cell that left no evidence fails the gate (not just policy cells)."""
+        run = session(tmp_path, ["firejail"], {"firejail"})
+        dropped = "firejail-fs_write_outside"
+        for cell in run.cells():
+            if cell.cell_id != dropped:
+                record(run, cell, "PASS")
+        assert run.missing_required() == [dropped]
+        assert f"missing required cell {dropped}" in run.gate_failures()
+
+    def test_deselected_cells_fail_the_gate(self, tmp_path: Path) -> None:
+        """A -k filter is not a way to drop a cell: the gate names the deselected cells."""
+        run = session(tmp_path, ["firejail"], {"firejail"})
+        for cell in run.cells():
+            record(run, cell, "PASS")
+        run.deselected = ["firejail-fs_read_secrets"]
+        assert any("1 cells were deselected" in f for f in run.gate_failures())
+
+    def test_aborted_cell_is_recorded_as_error_once(self, tmp_path: Path) -> None:
+        """A cell cut short by pytest-timeout still leaves one ERROR entry."""
+        run = session(tmp_path, ["firejail"], {"firejail"})
+        cell = next(c for c in run.cells() if c.backend == "firejail")
+        run.record_aborted(cell, pytest.fail.Exception("Timeout >60.0s"))
+        run.record_aborted(cell, KeyboardInterrupt())
+        entries = [c for c in run.writer.cells if c["cell_id"] == cell.cell_id]
+        assert len(entries) == 1
+        assert entries[0]["verdict"] == "ERROR"
+        assert "Timeout >60.0s" in entries[0]["reason"]
+        assert entries[0]["required"] is True
+
+
+class TestWarnings:
+    def test_unrequired_unavailable_backend_is_a_warning(self, tmp_path: Path) -> None:
+        """A default-included backend that is UNAVAILABLE is said, once, among the warnings."""
+        run = session(tmp_path, ["firejail"], set())
+        for cell in run.cells():
+            verdict = "UNAVAILABLE" if cell.backend == "firejail" else "PASS"
+            record(run, cell, verdict)
+        warnings = run.gate_warnings()
+        assert len([w for w in warnings if "backend firejail is UNAVAILABLE" in w]) == 1
+
+    def test_control_leg_hint_names_the_policy_not_backend(self, tmp_path: Path) -> None:
+        """Naming --backend none never requires it; the hint points at the policy instead."""
+        run = session(tmp_path, ["firejail"], set())
+        for cell in run.cells():
+            record(run, cell, "FAIL" if cell.cell_id == "none-lifecycle_orphans" else "PASS")
+        (warning,) = [w for w in run.gate_warnings() if w.startswith("none-lifecycle_orphans")]
+        assert "--backend none" not in warning
+        assert "[[require]]" in warning
+
+
+class TestSigning:
+    def test_attestation_is_signed_with_the_runs_policy(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """sign_report gets the policy the run was judged with, not a file looked up later."""
+        import harness.attest  # noqa: PLC0415
+
+        seen: dict[str, Any] = {}
+
+        def fake_sign(report_dir: Path, key: object, **kwargs: Any) -> Path:
+            seen.update(kwargs)
+            return report_dir / "attestation.intoto.jsonl"
+
+        monkeypatch.setattr(harness.attest, "sign_report", fake_sign)
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+        run = session(tmp_path, ["none"], set())
+        run._sign_and_render()
+        assert seen["policy"] is run.policy
+
+
+class TestCheckNames:
+    def test_policy_backend_typo_is_an_error(self, tmp_path: Path) -> None:
+        """A policy requiring `dockr` names the typo and the policy file."""
+        policy = tmp_path / "policy.toml"
+        policy.write_text(POLICY.read_text().replace('backend = "docker"', 'backend = "dockr"', 1))
+        with pytest.raises(ConfigError) as err:
+            check_names(shipped(), load_policy(policy))
+        assert "'dockr'" in str(err.value)
+        assert str(policy) in str(err.value)
+
+    def test_policy_probe_typo_is_an_error(self, tmp_path: Path) -> None:
+        """A policy requiring a probe the matrix does not list names it."""
+        policy = tmp_path / "policy.toml"
+        policy.write_text(POLICY.read_text().replace('"fs_read_secrets"', '"fs_read_secret"', 1))
+        with pytest.raises(ConfigError) as err:
+            check_names(shipped(), load_policy(policy))
+        assert "'fs_read_secret'" in str(err.value)
+
+    def test_matrix_probe_outside_the_catalogue_is_an_error(self) -> None:
+        """A matrix probe with no payload lists the known probes instead of ERRORing cells."""
+        matrix = shipped()
+        matrix = dataclasses.replace(matrix, probes=(*matrix.probes, ProbeRow("nosuch", 30.0)))
+        with pytest.raises(ConfigError) as err:
+            check_names(matrix, load_policy(POLICY))
+        assert "probe 'nosuch' is not in the probe catalogue" in str(err.value)
+        assert "fs_write_outside" in str(err.value)
