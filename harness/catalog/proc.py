@@ -356,8 +356,22 @@ class ProcPrivileges(_Spec):
         return {}
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
-        """The same read, by the same file, unsandboxed on the host."""
-        return _baseline_control(ctx, {})
+        """The same read, by the same file, unsandboxed on the host, must find CapEff there.
+
+        The host need not hold a capability itself (it usually runs unprivileged): the
+        baseline shows the payload's reading works, so "no capability" inside is a reading,
+        not a status file the payload failed to parse.
+        """
+        control = _baseline_control(ctx, {})
+        status = ((control.get("baseline") or {}).get("facts") or {}).get("status") or {}
+        read = _check(
+            "host baseline read its credentials",
+            "CapEff" in status,
+            f"CapEff={status.get('CapEff')} CapBnd={status.get('CapBnd')}",
+        )
+        return _control(control["nonce"], [*control["checks"], read]) | {
+            "baseline": control.get("baseline")
+        }
 
     def assess(
         self,

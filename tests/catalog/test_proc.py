@@ -484,6 +484,32 @@ class TestSelfReportedTables:
         assert verdict_of(ctx, report, self.control(control_ok)) is expected
 
 
+class TestPrivilegesBaseline:
+    def test_host_baseline_reads_its_credentials(self, tmp_path: Path) -> None:
+        """The unsandboxed baseline run reads CapEff on this host: the control holds."""
+        ctx = make_ctx(tmp_path, "proc_privileges")
+        control = PROBES[ctx.probe].host_control(ctx)
+        assert control["ok"], control["checks"]
+        assert "host baseline read its credentials" in {c["what"] for c in control["checks"]}
+
+    def test_baseline_without_credentials_fails_the_control(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A baseline that ran but read no CapEff cannot vouch for a 'no capability' inside."""
+        ran = {"ok": True, "nonce": "h", "checks": [], "baseline": {"attempts": [], "facts": {}}}
+        monkeypatch.setattr(proc_module, "_baseline_control", lambda *_: dict(ran))
+        ctx = make_ctx(tmp_path, "proc_privileges")
+        control = PROBES[ctx.probe].host_control(ctx)
+        assert not control["ok"]
+        report = {
+            "attempts": [
+                att("read-status", "succeeded", "control"),
+                att("effective-capabilities", "refused"),
+            ]
+        }
+        assert verdict_of(ctx, report, control) is Verdict.INCONCLUSIVE
+
+
 class TestResourceLimitsTable:
     def report(self, errnos: dict[str, str] | None = None, **reached: int) -> dict[str, Any]:
         """Loops that reached `reached` (the rest their bound), stopped by their limit's errno.
