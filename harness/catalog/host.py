@@ -759,7 +759,8 @@ class EnvInheritance(_Spec):
             observed,
             reasons,
             inside_ok=inside_ok,
-            inside_failed=f"inside control failed: {[c['what'] for c in checks if not c['ok']]}",
+            inside_failed="inside control failed: "
+            + ", ".join(c["what"] for c in checks if not c["ok"]),
             host_control=control,
             host_failed="host control failed: the canaries were not in place",
             witness={
@@ -1206,7 +1207,8 @@ class LifecycleOrphans(_Spec):
         reasons = []
         if survivors or alive:
             reasons.append(
-                f"children outlived the payload: {survivors or '-'} (alive pids {alive or '-'})"
+                f"children outlived the payload: {', '.join(survivors) or 'none still ticking'} "
+                f"(alive pids {', '.join(map(str, alive)) or 'none'})"
             )
         escape: Escape
         if survivors or alive:

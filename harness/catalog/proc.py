@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import subprocess
 import sys
 import threading
@@ -218,8 +219,9 @@ def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
     task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": targets}
     task_path = directory / "task.json"
     task_path.write_text(json.dumps(task))
+    argv = [sys.executable, str(probe_path(ctx.probe)), str(task_path)]
     done = subprocess.run(
-        [sys.executable, str(probe_path(ctx.probe)), str(task_path)],
+        argv,
         capture_output=True,
         text=True,
         timeout=HOST_TIMEOUT_S * 3,
@@ -235,7 +237,8 @@ def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
     if len(reports) != 1:
         raise ValueError(
             f"the {ctx.probe} payload printed {len(reports)} reports on the host "
-            f"(exit {done.returncode}, stderr {done.stderr[-300:]!r}); run it by hand to see why"
+            f"(exit {done.returncode}, stderr {done.stderr[-300:]!r}); to see why, write this "
+            f"task to task.json and run {shlex.join(argv[:2])} task.json: {json.dumps(task)}"
         )
     report: dict[str, Any] = reports[0]
     return report
@@ -321,7 +324,8 @@ class ProcVisibility(_AnchoredSpec):
         pid_found = anchor is not None and anchor.pid in found
         reasons = [
             (
-                f"anchor pid {anchor.pid if anchor else '?'}: traced by {tracers or 'nobody'}, "
+                f"anchor pid {anchor.pid if anchor else '?'}: "
+                f"traced by {', '.join(tracers) or 'nobody'}, "
                 f"secret echoed: {secret_read}, host pid found: {pid_found}"
             ),
             f"payload: {_summary(escapes)}",
@@ -665,6 +669,11 @@ _LOOP_KEYS: Final = {
 }
 
 
+def _pairs(values: dict[str, Any]) -> str:
+    """`{"fsize_mib": 8, "nofile": 64}` as "fsize_mib=8, nofile=64" for a reason."""
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
 def _unexplained_stop(key: str, declared: int, reached: int, loop: dict[str, Any]) -> str:
     """Why a loop's stop is not the declared limit holding, or "" when it is."""
     want = LIMIT_ERRNOS[key]
@@ -688,13 +697,15 @@ def _held_to_declared(
     if not testable:
         reasons.append(
             f"backend {backend!r} declares no limit below the probe's bounds "
-            f"(declared {declared or 'nothing'}): nothing to hold it to; declare "
+            f"(declared {_pairs(declared) or 'nothing'}): nothing to hold it to; declare "
             "[policy] limits in the backend spec (e.g. limits = {fsize_mib = 16})"
         )
         return "undecided"
     exceeded = {k: reached.get(k) for k, v in testable.items() if reached.get(k, 0) > v}
     if exceeded:
-        reasons.insert(0, f"went past the declared limits {testable}: {exceeded}")
+        reasons.insert(
+            0, f"went past the declared limits ({_pairs(testable)}): reached {_pairs(exceeded)}"
+        )
         return "escaped"
     unexplained = [
         why
@@ -704,7 +715,7 @@ def _held_to_declared(
     if unexplained:
         reasons.insert(0, f"not stopped by the declared limit: {'; '.join(unexplained)}")
         return "undecided"
-    reasons.insert(0, f"every declared limit held: {testable}")
+    reasons.insert(0, f"every declared limit held: {_pairs(testable)}")
     return "refused"
 
 
@@ -783,7 +794,9 @@ class ResourceLimitsSpec(_Spec):
             if reached.get(key) != value:
                 reached[f"{key}_payload"] = reached.get(key, 0)
                 reached[key] = value
-        reasons = [f"reached {reached} (bounds {BOUNDS}); host counted {seen}"]
+        reasons = [
+            f"reached {_pairs(reached)} (bounds {_pairs(BOUNDS)}); host counted {_pairs(seen)}"
+        ]
         disagree = any(k.endswith("_payload") for k in reached)
         if disagree:
             reasons.append("the payload's counts differ from what the host found")

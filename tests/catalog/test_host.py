@@ -612,9 +612,9 @@ class TestEnvTable:
         control = spec.host_control(ctx)
         assert decide("denied", spec.assess(ctx, rep, Records(), control)).verdict is Verdict.PASS
         rep["attempts"][0]["check_hash"] = "0" * 32
-        assert decide("denied", spec.assess(ctx, rep, Records(), control)).verdict is (
-            Verdict.INCONCLUSIVE
-        )
+        decision = decide("denied", spec.assess(ctx, rep, Records(), control))
+        assert decision.verdict is Verdict.INCONCLUSIVE
+        assert "inside control failed: payload hashes like the host" in decision.reason
 
     def test_cleanup_removes_the_canaries(self, make_ctx: Any) -> None:
         """Cleanup unsets the canary variables and closes the pipe."""
@@ -765,6 +765,7 @@ class TestOrphansTable:
         control = self._watch(setsid=(5, 11, 0))
         decision = decide("denied", spec.assess(ctx, self._rep("refused"), Records(), control))
         assert decision.verdict is Verdict.FAIL
+        assert "children outlived the payload: setsid (alive pids none)" in decision.reason
 
     def test_late_ticks_alone_are_an_escape(self, make_ctx: Any) -> None:
         """Ticks stamped after the payload's exit show a survivor even once it has stopped."""

@@ -484,6 +484,20 @@ class TestSelfReportedTables:
         assert verdict_of(ctx, report, self.control(control_ok)) is expected
 
 
+def test_broken_baseline_says_how_to_rerun_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cell dir is gone by the time anyone reads it: the message carries argv and task."""
+    silent = tmp_path / "silent.py"
+    silent.write_text("print('no report')\n")
+    monkeypatch.setattr(proc_module, "probe_path", lambda _: silent)
+    ctx = make_ctx(tmp_path, "proc_privileges")
+    with pytest.raises(ValueError, match="printed 0 reports") as raised:
+        proc_module._run_on_host(ctx, {"k": 1})
+    assert str(silent) in str(raised.value)
+    assert '"targets": {"k": 1}' in str(raised.value)
+
+
 class TestPrivilegesBaseline:
     def test_host_baseline_reads_its_credentials(self, tmp_path: Path) -> None:
         """The unsandboxed baseline run reads CapEff on this host: the control holds."""
@@ -576,6 +590,16 @@ class TestResourceLimitsTable:
         decision = decide("denied", assessment)
         assert decision.verdict is Verdict.INCONCLUSIVE
         assert why in decision.reason
+
+    def test_reasons_read_as_pairs(self, tmp_path: Path) -> None:
+        """The reason names each limit as key=value, not as a Python dict."""
+        ctx = make_ctx(tmp_path, "resource_limits", LIMITED)
+        self.witness_files(ctx, BOUNDS["forks"], 8)
+        spec = PROBES[ctx.probe]
+        assessment = spec.assess(ctx, self.report(fsize_mib=8, nofile=60), Records(), OK_CONTROL)
+        reason = decide("denied", assessment).reason
+        assert "every declared limit held: fsize_mib=8, nofile=64" in reason
+        assert "{" not in reason
 
     def test_forged_stop_with_grown_file_is_fail(self, tmp_path: Path) -> None:
         """The payload claims it stopped at 8 MiB but the host finds 32 MiB: FAIL."""
