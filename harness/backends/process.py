@@ -8,7 +8,6 @@ SIGKILL of the group and record the timeout ourselves.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
@@ -26,6 +25,9 @@ from harness.backends.base import START_MARKER, ProbeRun
 MAX_CAPTURE_BYTES = 4 * 1024 * 1024
 # How long output may keep arriving after the group is gone (buffered tail of a dead writer).
 PIPE_GRACE_S = 2.0
+# How long to wait for the wrapper to be reaped after SIGKILL of its group. A process we may
+# not signal (a setuid wrapper) never dies from it; waiting forever would hang the cell.
+KILL_WAIT_S = 10.0
 # Lines a helper (the shim) writes to stderr carry this prefix; they are surfaced apart.
 HELPER_PREFIXES = ("shim: ",)
 
@@ -65,10 +67,24 @@ def _drain(stream: IO[bytes], sink: list[Capture], stop: threading.Event) -> Non
     sink.append(Capture(b"".join(chunks), truncated))
 
 
-def kill_group(pid: int) -> None:
-    """SIGKILL the process group led by `pid`; a group already gone is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+def kill_group(pid: int) -> str | None:
+    """SIGKILL the process group led by `pid`; a group already gone is fine.
+
+    Returns:
+        None, or a note for the run when the group could not be signalled: every process
+        left in it runs as someone we may not signal (a setuid wrapper such as firejail),
+        so the sandbox may still be running and the reader must be told.
+    """
+    try:
         os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    except PermissionError as exc:
+        return (
+            f"could not SIGKILL process group {pid} ({exc.strerror}): its processes run "
+            "with privileges we lack (a setuid wrapper?) and may still be running"
+        )
+    return None
 
 
 def group_alive(pgid: int) -> bool:
@@ -139,6 +155,7 @@ def run_process(
     for reader in readers:
         reader.start()
     timed_out = False
+    kill_notes: list[str] = []
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -147,8 +164,16 @@ def run_process(
         # Kill the group on every path, a clean exit included: a payload may have left a
         # background child holding our pipes open, and an outer guard (pytest-timeout,
         # Ctrl-C) interrupting the wait must not leave the sandbox running.
-        kill_group(proc.pid)
-        proc.wait()
+        note = kill_group(proc.pid)
+        if note is not None:
+            kill_notes.append(note)
+        try:
+            proc.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            kill_notes.append(
+                f"the wrapper (pid {proc.pid}) was still running {KILL_WAIT_S:.0f}s after "
+                "SIGKILL of its group; it was left behind and its exit code is unknown"
+            )
     held_open = False
     grace_end = time.monotonic() + PIPE_GRACE_S
     for reader in readers:
@@ -167,6 +192,7 @@ def run_process(
     run = finish_run(
         cell_id, argv, proc.returncode, stdout, stderr, timed_out=timed_out, duration=duration
     )
+    run.notes.extend(kill_notes)
     if held_open:
         run.notes.append(
             f"output pipes still held open {PIPE_GRACE_S:.0f}s after the process group was "
