@@ -27,6 +27,8 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,6 +54,7 @@ from harness.backends.spec import (
     SpecEgress,
     json_list,
     load_spec,
+    sample_context,
     shell_join,
 )
 from harness.errors import BackendError
@@ -70,6 +73,21 @@ EGRESS_MODES: Final[dict[SpecEgress, EgressMode]] = {
     "own": "own",
 }
 PROXY_VARS: Final = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+# Run under the wrapper at availability time: the network namespace the payload would get.
+NETNS_PROBE: Final = "import os; print('netns=' + os.readlink('/proc/self/ns/net'))"
+
+
+def expects_private_netns(spec: CommandSpec) -> bool:
+    """Whether the declared policy can only hold in a network namespace of the payload's own.
+
+    network = "none" needs one; so does "proxy" through the in-sandbox shim (harness-unix),
+    whose loopback port would otherwise be the host's. With harness-tcp or the wrapper's own
+    proxy the payload shares the host's loopback by design, so equal namespaces prove nothing
+    there: the network probes judge those wrappers instead.
+    """
+    return spec.policy.network == "none" or (
+        spec.policy.network == "proxy" and spec.egress == "harness-unix"
+    )
 
 
 def specs_dir() -> Path:
@@ -165,6 +183,12 @@ class CommandBackend:
                     f"`{shell_join(list(spec.check_argv))}` failed ({said}); check the "
                     f"wrapper works on this machine, or fix [detect] check in {spec.source}",
                 )
+        confinement = "none (the declared policy needs no private network namespace)"
+        if expects_private_netns(spec):
+            failure = self._netns_check()
+            if failure:
+                return _unavailable(failure)
+            confinement = "private network namespace"
         identity = Identity(
             name=spec.name,
             version=version,
@@ -175,9 +199,96 @@ class CommandBackend:
                 "spec": json.loads(json.dumps(spec.raw, sort_keys=True, default=str)),
                 "egress": self.egress_mode,
                 "address_by": self.address_by,
+                "check": shell_join(list(spec.check_argv)) if spec.check_argv else "none",
+                "confinement_check": confinement,
             },
         )
         return Availability(ok=True, reason="", identity=identity)
+
+    def _netns_check(self) -> str:
+        """Run a one-liner under the spec's own [run] argv; '' if it saw a private netns.
+
+        Returns the UNAVAILABLE reason otherwise. A wrapper's exit status does not show it
+        confined anything: firejail inside a container detects "an existing sandbox" and runs
+        the program unsandboxed, exit 0, with the warning hidden by --quiet. So the wrapper
+        must show it behaviourally, with the argv the cells will use: one extra process.
+        """
+        spec = self.spec
+        try:
+            host_ns = str(Path("/proc/self/ns/net").readlink())
+        except OSError as exc:
+            return (
+                f"{spec.name}: cannot read the harness's own network namespace ({exc}), so "
+                "cannot show the wrapper confines; run the harness on Linux with /proc mounted"
+            )
+        with tempfile.TemporaryDirectory(prefix="sandbox-attest-check-") as tmp:
+            ctx, run_dir = self._check_context(Path(tmp))
+            self.render_files(ctx, run_dir)
+            argv = ctx.render_argv(spec)
+            env = self._base_env()
+            for name, template in spec.env_set.items():
+                env[name] = ctx.render(template, f"{spec.source}, [env] set.{name}")
+            try:
+                result = subprocess.run(
+                    argv,
+                    capture_output=True,
+                    text=True,
+                    timeout=DETECT_TIMEOUT_S,
+                    check=False,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=run_dir,
+                    start_new_session=True,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return _no_test_command(spec, f"{type(exc).__name__}: {exc}")
+        seen = _netns_line(result.stdout)
+        if not seen:
+            output = (result.stderr.strip() or result.stdout.strip())[-400:]
+            return _no_test_command(spec, f"exit {result.returncode}: {output or 'no output'}")
+        if seen == host_ns:
+            return (
+                f"{spec.name} ran a test command in the harness's own network namespace "
+                f"({host_ns}) although {spec.source} declares network = "
+                f'"{spec.policy.network}" with egress = "{spec.egress}": the wrapper fell back '
+                "to running it unconfined (firejail does so inside a container or another "
+                "sandbox, and --quiet hides its warning); run the harness where the wrapper "
+                "can create namespaces, or fix [run] argv"
+            )
+        return ""
+
+    def _check_context(self, root: Path) -> tuple[RenderContext, Path]:
+        """A render context for the confinement check: real paths under `root`, sample rest."""
+        from harness.runner import interpreter_paths  # noqa: PLC0415  (the runner imports us)
+
+        spec = self.spec
+        workspace, run_dir, socket = root / "workspace", root / "run", root / "proxy.sock"
+        workspace.mkdir()
+        run_dir.mkdir()
+        socket.touch()  # wrappers bind it in; nothing connects during the check
+        payload = [sys.executable, "-c", NETNS_PROBE]
+        sample = sample_context()
+        read_only = [str(p) for p in interpreter_paths()]
+        lists = sample.lists | {"read_only": read_only}
+        scalars = sample.scalars | {
+            "workspace": str(workspace),
+            "run_dir": str(run_dir),
+            "cell_id": f"{spec.name}-availability",
+            "python": sys.executable,
+            "probe_argv": shell_join(payload),
+            "payload_shell": shell_join(payload),
+            "proxy_socket": str(socket),
+            "shim": str(shim_path()),
+            "world_dir": str(root),
+            "read_only_json": json_list(read_only),
+            "read_only_csv": ",".join(read_only),
+        }
+        base = RenderContext(scalars, lists, payload)
+        scalars["proxy_socket_inside"] = base.render(
+            spec.proxy_socket_inside, f"{spec.source}, [run] proxy_socket_inside"
+        )
+        scalars["shim_inside"] = base.render(spec.shim_inside, f"{spec.source}, [run] shim_inside")
+        return RenderContext(scalars, lists, payload), run_dir
 
     def _detect(self, argv: tuple[str, ...]) -> subprocess.CompletedProcess[str] | str:
         try:
@@ -293,6 +404,12 @@ class CommandBackend:
         run_dir = request.cell_dir / f"run-{self.name}"
         run_dir.mkdir(parents=True)  # fresh per cell: an existing one is a harness bug
         ctx = self.context(request, run_dir)
+        self.render_files(ctx, run_dir)
+        tag = secrets.token_hex(12)
+        return ctx.render_argv(self.spec), self.build_env(request, ctx, tag), run_dir, tag
+
+    def render_files(self, ctx: RenderContext, run_dir: Path) -> None:
+        """Write the spec's [[file]] templates into `run_dir`."""
         for i, entry in enumerate(self.spec.files):
             where = f"{self.spec.source}, [[file]] #{i + 1}"
             target = run_dir / ctx.render(entry.path, f"{where}.path")
@@ -301,8 +418,6 @@ class CommandBackend:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(ctx.render(entry.template, f"{where}.template"), encoding="utf-8")
             target.chmod(entry.mode)
-        tag = secrets.token_hex(12)
-        return ctx.render_argv(self.spec), self.build_env(request, ctx, tag), run_dir, tag
 
     # -- run ---------------------------------------------------------------------------
 
@@ -383,6 +498,21 @@ def _ppid(pid: int) -> int | None:
         return None
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _netns_line(stdout: str) -> str:
+    """The namespace NETNS_PROBE printed ('' if it printed none)."""
+    for line in stdout.splitlines():
+        if line.startswith("netns="):
+            return line.removeprefix("netns=").strip()
+    return ""
+
+
+def _no_test_command(spec: CommandSpec, said: str) -> str:
+    return (
+        f"{spec.name} did not run a test command under its [run] argv ({said}); "
+        f"check the wrapper works on this machine, or fix [run] argv in {spec.source}"
+    )
 
 
 def _unavailable(reason: str) -> Availability:

@@ -185,6 +185,78 @@ class TestAvailability:
         assert avail.identity.profile_digest.startswith("sha256:")
 
 
+def write_spec(tmp_path: Path, name: str, body: str) -> Path:
+    """A spec file in `tmp_path` (tests/data/specs holds the shared ones)."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(body)
+    return path
+
+
+UNCONFINING_ENV = """
+[backend]
+name = "env-claims-none"
+[detect]
+executables = ["env"]
+check = ["env", "true"]
+[run]
+egress = "harness-tcp"
+argv = ["env", "{payload}"]
+[policy]
+network = "none"
+filesystem = "open"
+ipc = "open"
+"""
+
+
+class TestConfinementCheck:
+    def test_wrapper_that_does_not_confine_is_unavailable(self, tmp_path: Path) -> None:
+        """A wrapper whose check passes but which runs in the host's netns is UNAVAILABLE.
+
+        This is firejail's fallback inside a container (`env` stands in for it): the check
+        exits 0, and only running a command under the wrapper shows nothing confines.
+        """
+        spec = write_spec(tmp_path, "env-claims-none", UNCONFINING_ENV)
+        avail = CommandBackend.from_path(spec).availability()
+        assert not avail.ok
+        assert avail.identity is None
+        assert "harness's own network namespace" in avail.reason
+        assert "fell back to running it unconfined" in avail.reason
+        assert str(spec) in avail.reason
+
+    def test_shim_egress_without_a_private_netns_is_unavailable(self, tmp_path: Path) -> None:
+        """A network = "proxy" claim through the in-sandbox shim needs its own netns too."""
+        body = UNCONFINING_ENV.replace('"harness-tcp"', '"harness-unix"').replace(
+            'network = "none"', 'network = "proxy"'
+        )
+        avail = CommandBackend.from_path(write_spec(tmp_path, "x", body)).availability()
+        assert not avail.ok
+        assert "fell back to running it unconfined" in avail.reason
+
+    def test_wrapper_that_cannot_run_the_test_command_is_unavailable(self, tmp_path: Path) -> None:
+        """A wrapper that exits without running the test command is UNAVAILABLE, with why."""
+        body = UNCONFINING_ENV.replace(
+            'argv = ["env", "{payload}"]',
+            'argv = ["sh", "-c", "echo no namespaces for you >&2", "sh", "{payload}"]',
+        ).replace('executables = ["env"]', 'executables = ["sh"]')
+        avail = CommandBackend.from_path(write_spec(tmp_path, "x", body)).availability()
+        assert not avail.ok
+        assert "did not run a test command" in avail.reason
+        assert "no namespaces for you" in avail.reason
+
+    @pytest.mark.parametrize("name", ["firejail", "bwrap-generic"])
+    def test_real_wrappers_show_a_private_netns(self, name: str) -> None:
+        """Firejail and bwrap-generic confine here, and the identity says it was checked."""
+        avail = create_backend(name).availability()
+        assert avail.ok, avail.reason
+        assert avail.identity is not None
+        assert avail.identity.profile["confinement_check"] == "private network namespace"
+
+    def test_shared_loopback_hole_stays_available_for_the_probes(self) -> None:
+        """harness-tcp shares the host's loopback by design: the probes judge it, not this."""
+        avail = CommandBackend.from_path(SPECS / "hole_firejail_shared_net.toml").availability()
+        assert avail.ok, avail.reason
+
+
 class TestProcessHygiene:
     def request(self, world: World, tmp_path: Path, timeout: float) -> ProbeRequest:
         """A request whose payload prints the start marker and then hangs."""
