@@ -79,9 +79,10 @@ def decide(expected: Expectation, assessment: Assessment) -> Decision:  # noqa: 
          have seen succeed proves nothing.
       3. Payload and witness disagreeing, or an attempt never made, is INCONCLUSIVE.
       4. Expected denial + refused/contained is PASS; expected allowed + escaped is PASS.
-      5. Expected allowed but refused/contained is INCONCLUSIVE on the control leg's
-         negatives (the probe cannot see the capability) — the caller turns a capability
-         that a sandbox broke into FAIL via `capability_failed`.
+      5. Expected allowed but refused/contained is INCONCLUSIVE: the capability was not
+         seen, so nothing is proven. On the control leg it means the probe is blind (and
+         every PASS of that probe is downgraded); in a sandbox that promised the capability
+         it fails any required cell, since only PASS satisfies the gate.
     """
     why = "; ".join(assessment.reasons) or "no reason recorded"
     escape = assessment.escape
