@@ -45,11 +45,19 @@ def register_spec(path: Path) -> str:
     """Load a command-wrapper spec from `path` and make its name creatable; returns the name.
 
     Raises:
-        ConfigError: the spec is invalid (the message names the file, the key and the fix).
+        ConfigError: the spec is invalid (the message names the file, the key and the fix), or
+            another spec file is already registered under its name.
     """
     from harness.backends.spec import load_spec  # noqa: PLC0415
 
     spec = load_spec(path)
+    earlier = _REGISTERED_SPECS.get(spec.name)
+    # One name, one spec: which file ran must never depend on the order they were given in.
+    if earlier is not None and earlier.resolve() != path.resolve():
+        raise ConfigError(
+            f"{path}: [backend] name: {spec.name!r} is already the name of the spec {earlier}; "
+            "give one of them another name"
+        )
     _REGISTERED_SPECS[spec.name] = path
     return spec.name
 
@@ -112,12 +120,13 @@ def create_backend(name: str) -> Backend:  # noqa: PLR0911  (one return per back
     # Not a built-in: a command-wrapper spec, registered by path, named in matrix/backends/,
     # or a path to a spec file.
     from harness.backends.command import CommandBackend, resolve_spec, specs_dir  # noqa: PLC0415
+    from harness.backends.spec import BUILTIN_BACKENDS  # noqa: PLC0415
 
     spec_path = _REGISTERED_SPECS.get(name) or resolve_spec(name)
     if spec_path is not None:
         return CommandBackend.from_path(spec_path)
     raise ConfigError(
-        f"unknown backend {name!r}; known: none, bubblewrap, docker, seatbelt, "
-        f"appcontainer, or a command-wrapper spec: put {name}.toml in "
+        f"unknown backend {name!r}; known: {', '.join(BUILTIN_BACKENDS)}, "
+        f"or a command-wrapper spec: put {name}.toml in "
         f"{specs_dir()} or pass --backend-spec FILE"
     )

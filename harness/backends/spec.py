@@ -80,6 +80,9 @@ SECRET_ENV: Final = re.compile(
     r"^SANDBOX_ATTEST_|KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE
 )
 DEFAULT_PASS: Final = ("PATH", "HOME", "LANG")
+# Backends implemented in Python: `create_backend` resolves these names before any spec, so a
+# spec with one of them would be silently ignored and the built-in would run in its place.
+BUILTIN_BACKENDS: Final = ("none", "bubblewrap", "docker", "seatbelt", "appcontainer")
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # `{name}` is a placeholder; `{{name}}` is the literal text `{name}`; every other brace is
 # literal, so JSON and profile templates (`{"a": {"b": 1}}`) need no escaping at all.
@@ -410,6 +413,13 @@ def load_spec(path: Path) -> CommandSpec:
             "[backend] name",
             f"{name!r} must be a lower-case name "
             "(letters, digits, '-', '_'): it becomes the matrix row and the cell ids",
+        )
+    if name in BUILTIN_BACKENDS:
+        raise _fail(
+            path,
+            "[backend] name",
+            f"{name!r} is a built-in backend; rename it (e.g. {name}-wrapper): the built-in "
+            "would run in its place",
         )
     platforms = _str_list(
         path, "[backend] platforms", backend.get("platforms", ["linux"]), required=True

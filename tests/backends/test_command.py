@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import harness.backends
 from harness.backends import create_backend, register_spec
 from harness.backends.base import Backend, EgressRoute, ProbeRequest
 from harness.backends.bubblewrap import BubblewrapBackend
@@ -148,6 +149,28 @@ class TestSpecValidation:
         backend = create_backend("env-shared-net")
         assert isinstance(backend, CommandBackend)
         assert (backend.egress_mode, backend.address_by) == ("own", "name")
+
+    @pytest.mark.parametrize("name", ["none", "bubblewrap", "docker", "seatbelt", "appcontainer"])
+    def test_builtin_name_is_rejected(self, tmp_path: Path, name: str) -> None:
+        """A spec named like a built-in would be ignored (the built-in runs): refuse it."""
+        spec = write_spec(tmp_path, name, UNCONFINING_ENV.replace("env-claims-none", name))
+        with pytest.raises(ConfigError, match="is a built-in backend; rename it") as info:
+            load_spec(spec)
+        assert f"{spec}: [backend] name" in str(info.value)
+
+    def test_two_spec_files_under_one_name_is_an_error(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Registering a second file under a registered name fails; the same file again is fine."""
+        monkeypatch.setattr(harness.backends, "_REGISTERED_SPECS", {})
+        first = write_spec(tmp_path, "first", UNCONFINING_ENV)
+        second = write_spec(tmp_path, "second", UNCONFINING_ENV)
+        assert register_spec(first) == "env-claims-none"
+        assert register_spec(first) == "env-claims-none"
+        with pytest.raises(ConfigError, match="is already the name of the spec") as info:
+            register_spec(second)
+        assert str(first) in str(info.value)
+        assert str(second) in str(info.value)
 
     def test_unknown_name_says_where_specs_go(self) -> None:
         """An unknown backend name points at matrix/backends/ and --backend-spec."""
