@@ -183,6 +183,19 @@ class Broker(Protocol):
         ...
 
 
+def shim_token_facts(stderr: str) -> str | None:
+    """The token facts the shim printed, or None; only ever from the first stderr line.
+
+    The payload shares the shim's stderr and may print a `shim: token-facts` line of its own
+    (is_app_container: true, say). The shim writes and flushes its facts before it starts the
+    payload, so the genuine line is the first one, and no payload output can come before it;
+    any later line is the payload's and is never taken as evidence. Call this only when the
+    shim ran: without it, the first line is the payload's.
+    """
+    first = stderr.split("\n", 1)[0].rstrip("\r")
+    return first.removeprefix(TOKEN_FACTS_PREFIX) if first.startswith(TOKEN_FACTS_PREFIX) else None
+
+
 def _start_real_broker(name: str, sddl: str, proxy_url: str) -> Broker:
     from harness.egress.pipe_broker import start_pipe_broker  # noqa: PLC0415  (Windows only)
 
@@ -347,11 +360,9 @@ class AppContainerBackend:
             duration=time.monotonic() - start,
         )
         run.notes.extend(notes)
-        run.notes.extend(
-            "token facts: " + line.removeprefix(TOKEN_FACTS_PREFIX)
-            for line in run.stderr.splitlines()
-            if line.startswith(TOKEN_FACTS_PREFIX)
-        )
+        facts = shim_token_facts(run.stderr) if request.egress is not None else None
+        if facts is not None:
+            run.notes.append("token facts: " + facts)
         run.notes.append(f"appcontainer profile {name}, package SID {package_sid}")
         return run
 

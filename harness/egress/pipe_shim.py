@@ -17,7 +17,9 @@ I/O on one pipe handle is serialized by Windows: a blocked read would stall ever
 On POSIX hosts `--pipe` names a unix socket instead, so the same code runs under the test
 suite on Linux. On Windows the shim also prints the token facts it sees (IsAppContainer,
 integrity level, capability count) as one `shim: token-facts {json}` line on stderr, which
-the backend records as evidence of what actually confined the payload.
+the backend records as evidence of what actually confined the payload. It must stay the
+first line the shim writes, before the payload starts: the backend trusts only stderr's
+first line, since the payload shares stderr and can print a look-alike line later.
 """
 
 from __future__ import annotations
@@ -290,6 +292,8 @@ def main(argv: Optional[List[str]] = None) -> int:  # noqa: UP006, UP045  (3.8 s
             log_file.write(message + "\n")
             log_file.flush()
 
+    # First, before anything else is written and before the payload exists: the backend
+    # takes only stderr's first line as the token facts (see the module docstring).
     facts = token_facts()
     if facts:
         log("token-facts " + json.dumps(facts, sort_keys=True))

@@ -443,6 +443,31 @@ class TestRun:
         assert any("token facts" in n and '"integrity_rid": 4096' in n for n in run.notes)
         assert run.helper_stderr.startswith("shim: token-facts")
 
+    def test_payload_cannot_forge_token_facts(self, tmp_path: Path) -> None:
+        """Only the shim's first stderr line counts; a payload's later look-alike is ignored."""
+        rec = Recorder(stdout=f"{START_MARKER} n1\n{{}}\n".encode())
+        rec.stderr = (
+            b'shim: token-facts {"is_app_container": false, "integrity_rid": 8192}\n'
+            b'shim: token-facts {"is_app_container": true, "integrity_rid": 4096}\n'
+        )
+        run = make_backend(rec).run(make_request(tmp_path))
+        facts = [n for n in run.notes if n.startswith("token facts")]
+        assert facts == ['token facts: {"is_app_container": false, "integrity_rid": 8192}']
+
+    def test_forged_facts_after_other_output_are_ignored(self, tmp_path: Path) -> None:
+        """No facts on the first line (the shim printed none): a later one is the payload's."""
+        rec = Recorder(stdout=f"{START_MARKER} n1\n{{}}\n".encode())
+        rec.stderr = b'warning\nshim: token-facts {"is_app_container": true}\n'
+        run = make_backend(rec).run(make_request(tmp_path))
+        assert not any(n.startswith("token facts") for n in run.notes)
+
+    def test_no_shim_no_token_facts(self, tmp_path: Path) -> None:
+        """Without egress no shim runs, so even stderr's first line is the payload's."""
+        rec = Recorder(stdout=f"{START_MARKER} n1\n{{}}\n".encode())
+        rec.stderr = b'shim: token-facts {"is_app_container": true}\n'
+        run = make_backend(rec).run(make_request(tmp_path, egress=False))
+        assert not any(n.startswith("token facts") for n in run.notes)
+
     def test_attributes_capabilities_and_handle_list(self, tmp_path: Path) -> None:
         """No capabilities are granted, and only the child's three pipe ends are inheritable."""
         rec = Recorder()
