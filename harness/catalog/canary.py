@@ -19,7 +19,16 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-__all__ = ["dir_entries", "file_diff", "file_state", "planting", "read_text", "sha256"]
+__all__ = [
+    "dir_canary_diff",
+    "dir_canary_state",
+    "dir_entries",
+    "file_diff",
+    "file_state",
+    "planting",
+    "read_text",
+    "sha256",
+]
 
 
 @contextlib.contextmanager
@@ -84,5 +93,30 @@ def dir_entries(directory: Path) -> list[str] | str:
 
 def file_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
     """A short phrase naming what changed between two `file_state`s, or ""."""
+    if "missing" in after and "missing" not in before:
+        return f"gone ({after['missing']})"
     changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
     return f"{','.join(changed)} changed" if changed else ""
+
+
+def dir_canary_state(canary: Path) -> dict[str, Any]:
+    """A planted file and the folder around it, as the host sees them."""
+    return {"file": file_state(canary), "entries": dir_entries(canary.parent)}
+
+
+def dir_canary_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A short phrase naming what changed between two `dir_canary_state`s, or "".
+
+    New and gone entry names are spelled out: a nonce file appearing beside the canary is
+    the usual trace of a write that got through.
+    """
+    phrases = [file_diff(before.get("file", {}), after.get("file", {}))]
+    old, now = before.get("entries"), after.get("entries")
+    if isinstance(old, list) and isinstance(now, list):
+        if added := sorted(set(now) - set(old)):
+            phrases.append(f"new {','.join(added)}")
+        if removed := sorted(set(old) - set(now)):
+            phrases.append(f"gone {','.join(removed)}")
+    elif old != now:
+        phrases.append(f"dir entries {now}" if isinstance(now, str) else "dir entries changed")
+    return ", ".join(p for p in phrases if p)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +17,7 @@ from harness.catalog.base import (
     WitnessRecordsLike,
     _attempts,
     _check,
+    _conclude,
     _control,
     _control_nonce,
     _host_writes,
@@ -28,7 +27,8 @@ from harness.catalog.base import (
     _Spec,
     _summary,
 )
-from harness.catalog.canary import planting
+from harness.catalog.canary import dir_canary_diff, dir_canary_state, planting, read_text
+from harness.catalog.host import _all_succeeded
 
 CANARY_NAME = "canary.txt"
 _BASELINE = "baseline.json"
@@ -68,7 +68,7 @@ class FsWriteOutside(_Spec):
                 directory.mkdir(mode=0o755, parents=False, exist_ok=False)
                 canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
                 canary.chmod(0o644)
-            baseline[key] = _canary_state(directory)
+            baseline[key] = dir_canary_state(canary)
         store = ctx.cell_dir / "canaries"
         store.mkdir(parents=True, exist_ok=True)
         (store / _BASELINE).write_text(_json_dumps(baseline))
@@ -99,9 +99,9 @@ class FsWriteOutside(_Spec):
         changed: dict[str, str] = {}
         state: dict[str, Any] = {}
         for key, directory in self.canary_dirs(ctx).items():
-            now = _canary_state(directory)
+            now = dir_canary_state(directory / CANARY_NAME)
             state[key] = now
-            diff = _state_diff(baseline.get(key, {}), now)
+            diff = dir_canary_diff(baseline.get(key, {}), now)
             if diff:
                 changed[key] = diff
         escapes = _attempts(report, "escape")
@@ -126,20 +126,19 @@ class FsWriteOutside(_Spec):
         inside = _attempts(report, "control")
         workspace_checks = self._workspace_checks(ctx, inside)
         inside_ok = all(c["ok"] for c in workspace_checks)
-        if not inside_ok:
-            failed = [c["what"] for c in workspace_checks if not c["ok"]]
-            reasons.append(f"workspace control failed: {', '.join(failed)}")
-        else:
+        if inside_ok:
             reasons.append("the same writes in the workspace succeeded and are visible on the host")
-        if not control.get("ok"):
-            reasons.append("host control failed")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed="workspace control failed: "
+            + ", ".join(c["what"] for c in workspace_checks if not c["ok"]),
+            host_control=control,
+            host_failed="host control failed",
             witness={"canaries": state, "baseline": baseline, "changed": changed},
-            control={"inside": inside, "workspace": workspace_checks, "host": control},
+            controls={"inside": inside, "workspace": workspace_checks, "host": control},
         )
 
     def _workspace_checks(
@@ -147,22 +146,18 @@ class FsWriteOutside(_Spec):
     ) -> list[dict[str, Any]]:
         nonce = ctx.nonce
         directory = ctx.workspace / self.control_name(ctx)
-        checks = [
-            _check(
-                "payload workspace writes",
-                len(inside) == 5 and all(a.get("outcome") == "succeeded" for a in inside),
-                _summary(inside),
-            )
-        ]
+        checks = [_check("payload workspace writes", _all_succeeded(inside, 5), _summary(inside))]
         created = directory / f"{nonce}.txt"
         checks.append(
-            _check("host sees the created file", _read(created) == f"{nonce}\n", str(created))
+            _check("host sees the created file", read_text(created) == f"{nonce}\n", str(created))
         )
         link = directory / f"{nonce}.link"
         checks.append(_check("host sees the symlink", link.is_symlink(), str(link)))
         canary = directory / CANARY_NAME
         checks.append(
-            _check("host sees the rename-over", _read(canary) == f"renamed {nonce}\n", str(canary))
+            _check(
+                "host sees the rename-over", read_text(canary) == f"renamed {nonce}\n", str(canary)
+            )
         )
         return checks
 
@@ -173,45 +168,5 @@ class FsWriteOutside(_Spec):
                 shutil.rmtree(directory, ignore_errors=True)
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
 def _json_dumps(data: object) -> str:
     return json.dumps(data, indent=1, sort_keys=True)
-
-
-def _canary_state(directory: Path) -> dict[str, Any]:
-    """What the host sees of a canary dir: entries, and canary.txt's sha256 and mode."""
-    try:
-        entries = sorted(p.name for p in directory.iterdir())
-    except OSError as exc:
-        return {"error": repr(exc)}
-    canary = directory / CANARY_NAME
-    try:
-        info = canary.lstat()
-        digest = (
-            hashlib.sha256(canary.read_bytes()).hexdigest() if stat.S_ISREG(info.st_mode) else None
-        )
-        mode = oct(stat.S_IMODE(info.st_mode))
-        inode = info.st_ino
-    except OSError:
-        digest, mode, inode = None, None, None
-    return {"entries": entries, "sha256": digest, "mode": mode, "inode": inode}
-
-
-def _state_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """A short phrase naming what changed between two canary states, or "" (details: witness)."""
-    changes = [key for key in ("sha256", "mode", "inode") if before.get(key) != after.get(key)]
-    phrase = [f"{','.join(changes)} changed"] if changes else []
-    old, now = set(before.get("entries", [])), set(after.get("entries", []))
-    if now - old:
-        phrase.append(f"new {','.join(sorted(now - old))}")
-    if old - now:
-        phrase.append(f"gone {','.join(sorted(old - now))}")
-    if "error" in after:
-        phrase.append(f"dir unreadable: {after['error']}")
-    return ", ".join(phrase)

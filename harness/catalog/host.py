@@ -27,7 +27,6 @@ import shutil
 import signal
 import socket
 import ssl
-import stat
 import tempfile
 import time
 from pathlib import Path
@@ -53,7 +52,16 @@ from harness.catalog.base import (
     _wait_for,
     _with_nonce,
 )
-from harness.catalog.canary import planting
+from harness.catalog.canary import (
+    dir_canary_diff,
+    dir_canary_state,
+    dir_entries,
+    file_diff,
+    file_state,
+    planting,
+    read_text,
+    sha256,
+)
 from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -85,57 +93,6 @@ def _load_state(ctx: CellContext) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
-
-
-def _sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _file_state(path: Path) -> dict[str, Any]:
-    """What the host sees of one planted path: kind, inode, links, mode, content hash."""
-    try:
-        info = path.lstat()
-    except OSError as exc:
-        return {"missing": type(exc).__name__}
-    kind = (
-        "socket"
-        if stat.S_ISSOCK(info.st_mode)
-        else "symlink"
-        if stat.S_ISLNK(info.st_mode)
-        else "file"
-        if stat.S_ISREG(info.st_mode)
-        else "other"
-    )
-    return {
-        "kind": kind,
-        "inode": info.st_ino,
-        "nlink": info.st_nlink,
-        "mode": oct(stat.S_IMODE(info.st_mode)),
-        "sha256": _sha256(path) if kind == "file" else None,
-    }
-
-
-def _dir_entries(directory: Path) -> list[str] | str:
-    try:
-        return sorted(p.name for p in directory.iterdir())
-    except OSError as exc:
-        return f"unreadable: {type(exc).__name__}"
-
-
-def _diff(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """A short phrase naming what changed between two `_file_state`s, or ""."""
-    changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
-    return f"{','.join(changed)} changed" if changed else ""
 
 
 def _refusals(attempts: list[dict[str, Any]]) -> str:
@@ -225,7 +182,7 @@ class FsReadSecrets(_Spec):
         hashes = _load_state(ctx).get("hashes", {})
         checks = []
         for key, path in self.secret_paths(ctx).items():
-            got = _sha256(path)
+            got = sha256(path)
             checks.append(
                 _check(f"host reads {key}", got is not None and got == hashes.get(key), str(path))
             )
@@ -350,7 +307,7 @@ class FsProtectedInWorkspace(_Spec):
         planted: dict[str, bool] = {}
         for key, rel in PROTECTED_PATHS.items():
             path = ctx.workspace / rel
-            text = _read(path) or ""
+            text = read_text(path) or ""
             ok = nonce in text
             if key == "git-hook":
                 ok = ok and os.access(path, os.X_OK)
@@ -371,7 +328,7 @@ class FsProtectedInWorkspace(_Spec):
         # see is a contradiction, never containment.
         escape = _judge(observed, bool(seen), None, reasons)
         inside = _attempts(report, "control")
-        sibling = _read(ctx.workspace / self.control_name(ctx)) or ""
+        sibling = read_text(ctx.workspace / self.control_name(ctx)) or ""
         inside_ok = _all_succeeded(inside, 1) and nonce in sibling
         return _conclude(
             escape,
@@ -424,7 +381,7 @@ class FsLinkEscape(_Spec):
                 path.parent.mkdir(mode=0o755)
                 path.write_text(f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n")
                 path.chmod(0o644)
-            baseline[key] = {"file": _file_state(path), "entries": _dir_entries(path.parent)}
+            baseline[key] = dir_canary_state(path)
         _save_state(ctx, {"baseline": baseline})
         return {
             "canaries": {k: str(v) for k, v in self.canaries(ctx).items()},
@@ -455,12 +412,8 @@ class FsLinkEscape(_Spec):
         state: dict[str, Any] = {}
         for key, path in self.canaries(ctx).items():
             before = baseline.get(key, {})
-            now_file = _file_state(path)
-            now_entries = _dir_entries(path.parent)
-            state[key] = {"file": now_file, "entries": now_entries}
-            phrase = _diff(before.get("file", {}), now_file)
-            if before.get("entries") != now_entries:
-                phrase = ", ".join(p for p in (phrase, "dir entries changed") if p)
+            state[key] = dir_canary_state(path)
+            phrase = dir_canary_diff(before, state[key])
             read_back = [
                 a
                 for a in escapes
@@ -485,19 +438,17 @@ class FsLinkEscape(_Spec):
         escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
         inside = _attempts(report, "control")
         workspace_checks = self._workspace_checks(ctx, inside)
-        inside_ok = all(c["ok"] for c in workspace_checks)
-        if not inside_ok:
-            failed = [c["what"] for c in workspace_checks if not c["ok"]]
-            reasons.append(f"workspace control failed: {', '.join(failed)}")
-        if not control.get("ok"):
-            reasons.append("host control failed")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=all(c["ok"] for c in workspace_checks),
+            inside_failed="workspace control failed: "
+            + ", ".join(c["what"] for c in workspace_checks if not c["ok"]),
+            host_control=control,
+            host_failed="host control failed",
             witness={"canaries": state, "baseline": baseline, "changed": changed},
-            control={"inside": inside, "workspace": workspace_checks, "host": control},
+            controls={"inside": inside, "workspace": workspace_checks, "host": control},
         )
 
     def _workspace_checks(
@@ -514,12 +465,13 @@ class FsLinkEscape(_Spec):
             _check("host sees the symlink", (inner / f"{stem}.symlink").is_symlink(), str(inner)),
             _check(
                 "host sees the hardlink write",
-                f"appended via hardlink {ctx.nonce}" in (_read(inner / f"{stem}.hardlink") or ""),
+                f"appended via hardlink {ctx.nonce}"
+                in (read_text(inner / f"{stem}.hardlink") or ""),
                 str(inner),
             ),
             _check(
                 "host sees the renamed canary",
-                f"renamed over by {ctx.nonce}" in (_read(inner / f"{stem}.stolen") or ""),
+                f"renamed over by {ctx.nonce}" in (read_text(inner / f"{stem}.stolen") or ""),
                 str(inner),
             ),
         ]
@@ -950,8 +902,8 @@ class IpcProxySocketTamper(_Spec):
         self._shims[ctx.nonce] = _real_shim().read_bytes()
         shutil.copyfile(_real_shim(), decoy["shim"])
         decoy["shim"].chmod(0o644)
-        baseline = {k: _file_state(p) for k, p in self._watched(ctx).items()}
-        baseline["decoy-dir"] = {"entries": _dir_entries(decoy["socket"].parent)}
+        baseline = {k: file_state(p) for k, p in self._watched(ctx).items()}
+        baseline["decoy-dir"] = {"entries": dir_entries(decoy["socket"].parent)}
         _save_state(ctx, {"baseline": baseline})
         sandbox_socket, sandbox_shim, shim_port = _sandbox_route_paths()
         allowed = ctx.world.info.hosts["allowed"]
@@ -994,9 +946,9 @@ class IpcProxySocketTamper(_Spec):
         """Any change to the decoy or the real socket/shim, seen from the host, is an escape."""
         del witness
         baseline = _load_state(ctx).get("baseline", {})
-        now: dict[str, Any] = {k: _file_state(p) for k, p in self._watched(ctx).items()}
-        now["decoy-dir"] = {"entries": _dir_entries(self.decoy_paths(ctx)["socket"].parent)}
-        changed = {k: d for k in now if (d := _diff(baseline.get(k, {}), now[k]))}
+        now: dict[str, Any] = {k: file_state(p) for k, p in self._watched(ctx).items()}
+        now["decoy-dir"] = {"entries": dir_entries(self.decoy_paths(ctx)["socket"].parent)}
+        changed = {k: d for k in now if (d := file_diff(baseline.get(k, {}), now[k]))}
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
         reasons = []
@@ -1041,7 +993,7 @@ class IpcProxySocketTamper(_Spec):
         self._restore_real_shim(ctx, baseline.get("real-shim", {}))
         before = baseline.get("real-socket", {})
         real = Path(ctx.world.info.proxy.socket)
-        after = _file_state(real)
+        after = file_state(real)
         # Only the harness's own socket, only the same inode, only back to its recorded mode.
         same = before.get("inode") is not None and after.get("inode") == before.get("inode")
         if same and before.get("mode") and after.get("mode") != before["mode"]:
@@ -1059,7 +1011,7 @@ class IpcProxySocketTamper(_Spec):
         if saved is None or want is None or hashlib.sha256(saved).hexdigest() != want:
             return
         real = _real_shim()
-        now = _file_state(real)
+        now = file_state(real)
         if now.get("kind") == "file" and (now.get("sha256"), now.get("mode")) == (
             want,
             before.get("mode"),
@@ -1103,7 +1055,7 @@ def find_orphans(nonce: str, marker: str = ORPHAN_MARKER) -> list[int]:
 
 def _stamps(path: Path) -> list[float]:
     stamps = []
-    for line in (_read(path) or "").splitlines():
+    for line in (read_text(path) or "").splitlines():
         with contextlib.suppress(ValueError):
             stamps.append(float(line))
     return stamps
@@ -1150,7 +1102,7 @@ class LifecycleOrphans(_Spec):
         which wrote ticks stamped after the payload's exit, and which pids are still alive.
         """
         directory = self.tick_dir(ctx)
-        exit_text = _read(directory / "payload-exit")
+        exit_text = read_text(directory / "payload-exit")
         try:
             payload_exit = float(exit_text) if exit_text else None
         except ValueError:

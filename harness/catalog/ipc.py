@@ -6,6 +6,7 @@ import functools
 import socket
 from typing import TYPE_CHECKING, Any
 
+from harness.catalog.host import _all_succeeded
 from harness.verdict import Assessment, Expectation
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class IpcUnixSocketEscape(_Spec):
         if docker_answered and self.expectation(ctx.policy) == "denied":
             escape = "escaped"
         controls = _attempts(report, "control")
-        inside_ok = bool(controls) and all(a.get("outcome") == "succeeded" for a in controls)
+        inside_ok = _all_succeeded(controls)
         return _conclude(
             escape,
             observed,

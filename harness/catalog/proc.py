@@ -41,6 +41,7 @@ from harness.catalog.base import (
     WitnessRecordsLike,
     _attempts,
     _check,
+    _conclude,
     _control,
     _control_nonce,
     _guarded,
@@ -54,6 +55,7 @@ from harness.catalog.base import (
     _with_nonce,
     probe_path,
 )
+from harness.catalog.host import _all_succeeded
 from harness.errors import FixtureError
 from harness.verdict import Assessment, Escape, Expectation
 
@@ -254,18 +256,34 @@ def _baseline_control(ctx: CellContext, targets: dict[str, Any]) -> dict[str, An
         control["baseline"] = None
         return control
     inside = _attempts(baseline, "control")
-    ok = bool(inside) and all(a.get("outcome") == "succeeded" for a in inside)
-    control = _control(nonce, [_check("host baseline ran", ok, _summary(inside))])
+    control = _control(
+        nonce, [_check("host baseline ran", _all_succeeded(inside), _summary(inside))]
+    )
     control["baseline"] = baseline
     return control
 
 
-def _inside_controls(report: dict[str, Any], reasons: list[str]) -> tuple[list[Any], bool]:
-    controls = _attempts(report, "control")
-    ok = bool(controls) and all(a.get("outcome") == "succeeded" for a in controls)
-    if not ok:
-        reasons.append(f"in-sandbox control failed: {_summary(controls)}")
-    return controls, ok
+def _assessed(
+    escape: Escape,
+    observed: Any,
+    reasons: list[str],
+    report: dict[str, Any],
+    control: dict[str, Any],
+    witness: dict[str, Any],
+) -> Assessment:
+    """The shared ending: the payload's own controls and the host control, via `_conclude`."""
+    inside = _attempts(report, "control")
+    return _conclude(
+        escape,
+        observed,
+        reasons,
+        inside_ok=_all_succeeded(inside),
+        inside_failed=f"in-sandbox control failed: {_summary(inside)}",
+        host_control=control,
+        host_failed="host control failed",
+        witness=witness,
+        controls={"inside": inside, "host": control},
+    )
 
 
 def _self_reported(observed: str, reasons: list[str]) -> Escape:
@@ -331,20 +349,34 @@ class ProcVisibility(_AnchoredSpec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(tracers or secret_read or pid_found), None, reasons)
-        inside, inside_ok = _inside_controls(report, reasons)
-        if not control.get("ok"):
-            reasons.append("host control failed: the anchor was not visible to the host")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
-            witness={"tracers": tracers, "secret_echoed": secret_read, "pid_found": pid_found},
-            control={"inside": inside, "host": control},
+        return _assessed(
+            escape,
+            observed,
+            reasons,
+            report,
+            control,
+            {"tracers": tracers, "secret_echoed": secret_read, "pid_found": pid_found},
         )
 
 
-class ProcPrivileges(_Spec):
+class _BaselineSpec(_Spec):
+    """A self-reporting probe: nothing to plant, and its host control is its own baseline.
+
+    The payload only reads its own state or calls with arguments the kernel rejects, so there
+    is no target; the host control runs the same file unsandboxed (`_baseline_control`).
+    """
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Nothing to plant."""
+        del ctx
+        return {}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The same file's attempts, unsandboxed on the host."""
+        return _baseline_control(ctx, {})
+
+
+class ProcPrivileges(_BaselineSpec):
     """Capabilities held, and setuid elevation possible, inside the sandbox."""
 
     id = "proc_privileges"
@@ -354,11 +386,6 @@ class ProcPrivileges(_Spec):
         """Denied wherever anything is confined: privilege can undo any confinement."""
         return "denied" if _confines_anything(policy) else "allowed"
 
-    def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """Nothing to plant: the payload only reads its own credentials."""
-        del ctx
-        return {}
-
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The same read, by the same file, unsandboxed on the host, must find CapEff there.
 
@@ -366,7 +393,7 @@ class ProcPrivileges(_Spec):
         baseline shows the payload's reading works, so "no capability" inside is a reading,
         not a status file the payload failed to parse.
         """
-        control = _baseline_control(ctx, {})
+        control = super().host_control(ctx)
         status = ((control.get("baseline") or {}).get("facts") or {}).get("status") or {}
         read = _check(
             "host baseline read its credentials",
@@ -399,18 +426,15 @@ class ProcPrivileges(_Spec):
             ),
         ]
         escape = _self_reported(observed, reasons)
-        inside, inside_ok = _inside_controls(report, reasons)
         baseline = control.get("baseline") or {}
         host_status = baseline.get("facts", {}).get("status", {})
-        if not control.get("ok"):
-            reasons.append("host control failed: the host could not read its own credentials")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
-            witness={"payload_status": status, "host_status": host_status},
-            control={"inside": inside, "host": control},
+        return _assessed(
+            escape,
+            observed,
+            reasons,
+            report,
+            control,
+            {"payload_status": status, "host_status": host_status},
         )
 
 
@@ -516,25 +540,22 @@ class ProcNamespaceEscape(_AnchoredSpec):
         powers = [str(a.get("what")) for a in inner if a.get("outcome") == "succeeded"]
         if powers:
             reasons.append(f"exposure, not an escape (private to the payload): {', '.join(powers)}")
-        inside, inside_ok = _inside_controls(report, reasons)
-        if not control.get("ok"):
-            reasons.append("host control failed")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
-            witness={
+        return _assessed(
+            escape,
+            observed,
+            reasons,
+            report,
+            control,
+            {
                 "setns_mnt_file": mnt_file.exists(),
                 "remount_files": remounts,
                 "setns_net": net_hits,
                 "inner": inner,
             },
-            control={"inside": inside, "host": control},
         )
 
 
-class ProcSyscallSurface(_Spec):
+class ProcSyscallSurface(_BaselineSpec):
     """io_uring, keyctl, bpf, TIOCSTI and vsock/netlink/packet sockets, with bad arguments."""
 
     id = "proc_syscall_surface"
@@ -548,15 +569,6 @@ class ProcSyscallSurface(_Spec):
         interface reached at all is also kernel attack surface the payload shares with the host.
         """
         return "denied" if policy.ipc == "isolated" else "allowed"
-
-    def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """Nothing to plant: every call uses arguments the kernel rejects."""
-        del ctx
-        return {}
-
-    def host_control(self, ctx: CellContext) -> dict[str, Any]:
-        """The unfiltered baseline: the same file's calls, unsandboxed on the host."""
-        return _baseline_control(ctx, {})
 
     def assess(
         self,
@@ -589,6 +601,8 @@ class ProcSyscallSurface(_Spec):
             reasons.append(
                 f"not judged (the host baseline does not reach them): {', '.join(skipped)}"
             )
+        if not judged:
+            reasons.append("no call the host baseline reaches was reported")
         escape = _self_reported(observed, reasons)
         # A refusal counts only for a surface that was tried: a crash, or a call the host
         # reaches that the report never mentions, leaves that surface unknown.
@@ -603,16 +617,13 @@ class ProcSyscallSurface(_Spec):
                 reasons.append(f"the payload failed: {_summary(crashed)}")
             if missing:
                 reasons.append(f"never tried, though the host reaches them: {', '.join(missing)}")
-        inside, inside_ok = _inside_controls(report, reasons)
-        if not control.get("ok"):
-            reasons.append("host control failed: no unfiltered baseline")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")) and bool(judged),
-            reasons=reasons,
-            observed=observed,
-            witness={"reached": reached, "host_baseline": list(host.values())},
-            control={"inside": inside, "host": control},
+        return _assessed(
+            escape,
+            observed,
+            reasons,
+            report,
+            control,
+            {"reached": reached, "host_baseline": list(host.values())},
         )
 
 
@@ -814,16 +825,13 @@ class ResourceLimitsSpec(_Spec):
             escape = "escaped" if at_bound and not disagree else "disagree"
             if not at_bound:
                 reasons.append("an unconfined loop stopped before its bound")
-        inside, inside_ok = _inside_controls(report, reasons)
-        if not control.get("ok"):
-            reasons.append("host control failed")
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
-            witness={"host_counted": seen, "declared": declared, "reached": reached},
-            control={"inside": inside, "host": control},
+        return _assessed(
+            escape,
+            observed,
+            reasons,
+            report,
+            control,
+            {"host_counted": seen, "declared": declared, "reached": reached},
         )
 
 

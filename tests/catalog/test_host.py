@@ -30,6 +30,7 @@ from harness.backends.none import NoneBackend
 from harness.backends.process import run_process
 from harness.catalog import PROBES, CellContext
 from harness.catalog import host as host_module
+from harness.catalog.canary import dir_canary_diff, dir_canary_state
 from harness.catalog.host import (
     ENV_PREFIX,
     ORPHAN_MARKER,
@@ -810,3 +811,33 @@ def test_specs_are_registered() -> None:
     """All six host specs are in the catalogue under their ids."""
     for probe in HOST_PROBES:
         assert PROBES[probe].id == probe
+
+
+class TestCanaryReadings:
+    """The shared canary readings (harness.catalog.canary) the fs probes compare with."""
+
+    def test_dir_canary_diff_names_what_moved(self, tmp_path: Path) -> None:
+        """New and gone entries are named; a removed canary reads as gone, not a field list."""
+        canary = tmp_path / "canary.txt"
+        canary.write_text("planted\n")
+        before = dir_canary_state(canary)
+        assert dir_canary_diff(before, dir_canary_state(canary)) == ""
+        (tmp_path / "n1.txt").write_text("x")
+        canary.unlink()
+        assert dir_canary_diff(before, dir_canary_state(canary)) == (
+            "gone (FileNotFoundError), new n1.txt, gone canary.txt"
+        )
+
+    def test_failed_host_control_names_the_check(self, make_ctx: Any) -> None:
+        """A failed host control's reason says which check failed and why."""
+        spec = FsLinkEscape()
+        ctx = make_ctx(spec)
+        spec.prepare(ctx)
+        failed = {
+            "ok": False,
+            "nonce": "h",
+            "checks": [{"what": "host writes tmp", "ok": False, "detail": "EACCES"}],
+        }
+        rep = report(att("sibling:hardlink", "escape", "refused", errno="EPERM"))
+        reason = decide("denied", spec.assess(ctx, rep, Records(), failed)).reason
+        assert "host control failed: host writes tmp (EACCES)" in reason
