@@ -219,12 +219,12 @@ def _judge_cell(
 
 def _required_cells(
     policy: Policy | None, present_legs: set[tuple[str, str]]
-) -> dict[tuple[str, str, str], bool]:
-    """(platform, backend, probe) the policy requires in the legs present -> seen PASS yet."""
+) -> set[tuple[str, str, str]]:
+    """(platform, backend, probe) the policy requires in the legs present."""
     if policy is None:
-        return {}
+        return set()
     return {
-        (req.platform, req.backend, probe): False
+        (req.platform, req.backend, probe)
         for req in policy.requirements
         if (req.platform, req.backend) in present_legs
         for probe in req.probes
@@ -241,8 +241,9 @@ def evaluate(
 ) -> Gate:
     """Derive the gate from evidence cells, over the legs those cells cover.
 
-    Rules (fail closed): no cells, an incomplete run, or a required cell that is missing or not
-    PASS is FAILED. A cell is required when the policy names it or the run marked it
+    Rules (fail closed): no cells, an incomplete run, a required cell that is missing or not
+    PASS, or no required cell of any backend but the control `none` (nothing confined was
+    attested) is FAILED. A cell is required when the policy names it or the run marked it
     `"required": true` (its backend was selected or required by name). A non-required FAIL,
     INCONCLUSIVE or ERROR cell is WARNED.
     UNAVAILABLE and NOT_APPLICABLE cells that nothing requires are listed nowhere.
@@ -265,6 +266,7 @@ def evaluate(
     if not complete:
         problems.append("the evidence is marked incomplete (the run was interrupted)")
     required = _required_cells(policy, {cell_leg(c, default_platform) for c in cells})
+    confined_judged = False
     seen: set[tuple[str, str, str]] = set()
     seen_tagged: set[tuple[str, str, str, str]] = set()
     for cell in cells:
@@ -286,19 +288,24 @@ def evaluate(
         seen_tagged.add((*key, carrier))
         seen.add(key)
         is_required = key in required or cell.get("required") is True
+        confined_judged = confined_judged or (is_required and backend != CONTROL_BACKEND)
         bucket, problem = _judge_cell(name, key, verdict, is_required, cell)
         if bucket:
             lists[bucket].append(name)
-        if bucket == "passed" and key in required:
-            required[key] = True
         if problem:
             problems.append(problem)
-    for (platform, backend, probe), ok in required.items():
-        if not ok and (platform, backend, probe) not in seen:
-            problems.append(
-                f"missing required cell {backend}-{probe} on {platform}: the policy requires "
-                "it to PASS but the evidence has no such cell"
-            )
+    problems.extend(
+        f"missing required cell {backend}-{probe} on {platform}: the policy requires it to "
+        "PASS but the evidence has no such cell"
+        for platform, backend, probe in required
+        if (platform, backend, probe) not in seen
+    )
+    if cells and not confined_judged:
+        problems.append(
+            f"no required cell of a sandbox backend was judged: the control leg "
+            f"`{CONTROL_BACKEND}` alone attests nothing (require a sandbox backend in the "
+            "policy, or name one with --backend)"
+        )
     result: GateResult = "FAILED" if problems or failed else "WARNED" if warned else "PASSED"
     return Gate(result, tuple(passed), tuple(warned), tuple(failed), tuple(problems))
 

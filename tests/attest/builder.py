@@ -102,14 +102,23 @@ def make_cells(
     verdicts: dict[str, str] | None = None,
     *,
     platform: str = "linux",
+    required: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
-    """Cells for every backend x probe, PASS unless `verdicts` maps a cell id to another."""
+    """Cells for every backend x probe, PASS unless `verdicts` maps a cell id to another.
+
+    Cells of the backends in `required` are marked `"required": true`, as a run marks the
+    backend a CI leg names (`--backend B --require-backend`).
+    """
     verdicts = verdicts or {}
-    return [
+    cells = [
         make_cell(b, p, verdicts.get(f"{b}-{p}", "PASS"), platform=platform)
         for b in backends
         for p in probes
     ]
+    for cell in cells:
+        if cell["backend"] in required:
+            cell["required"] = True
+    return cells
 
 
 def write_junit(path: Path, cells: list[dict[str, Any]]) -> None:

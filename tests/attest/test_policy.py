@@ -102,10 +102,25 @@ class TestEvaluate:
         assert "only PASS satisfies the policy" in gate.problems[0]
 
     def test_missing_legs(self, policy: Policy) -> None:
-        """A policy leg with no cells is reported by missing_legs, not by evaluate."""
-        cells = make_cells(backends=("none",))
-        assert evaluate(cells, policy, default_platform="linux").result == "PASSED"
+        """A policy leg with no cells is reported by missing_legs (evaluate judges present legs)."""
         assert missing_legs(policy, {("linux", "none")}) == ["linux/bubblewrap"]
+
+    def test_control_leg_alone_fails(self, policy: Policy) -> None:
+        """Only the control backend `none` ran: nothing confined was attested, so FAILED.
+
+        (This used to be PASSED, leaving the missing sandbox leg to `missing_legs` alone.)
+        """
+        gate = evaluate(make_cells(backends=("none",)), policy, default_platform="linux")
+        assert gate.result == "FAILED"
+        assert "the control leg `none` alone attests nothing" in gate.problems[-1]
+
+    def test_unavailable_unrequired_cell_alone_fails(self, policy: Policy) -> None:
+        """One UNAVAILABLE cell of a backend nothing requires is FAILED, not an empty PASSED."""
+        cells = make_cells(backends=("docker",), probes=("net_denied_host",))
+        cells[0]["verdict"] = "UNAVAILABLE"
+        gate = evaluate(cells, policy, default_platform="linux")
+        assert (gate.result, gate.passed) == ("FAILED", ())
+        assert "alone attests nothing" in gate.problems[0]
 
 
 class TestRequiredByTheRun:

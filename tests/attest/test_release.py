@@ -51,7 +51,7 @@ def ci(tmp_path: Path, policy_file: Path, signing_key: SigningKey) -> dict[str, 
         leg = build_report(
             tmp_path / "reports" / f"leg-{backend}",
             policy_file,
-            make_cells(backends=("none", backend)),
+            make_cells(backends=("none", backend), required=(backend,)),
         )
         sign_report(leg, signing_key, env={})
         paths[backend] = leg
