@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,18 +82,23 @@ def sign_keyless(
 ) -> SigstoreDecision:
     """Sign each statement's bytes keylessly when `decide` allows; never raises.
 
-    Writes one Sigstore bundle per line to `attestation.sigstore.jsonl`.
+    Writes one Sigstore bundle per line to `attestation.sigstore.jsonl`. A bundle left by an
+    earlier signing is deleted first: it signs other bytes, and must not pass for this one's.
 
     Returns:
-        What happened, worded for the report (a failure degrades to Ed25519 only).
+        What happened, worded for the report (a failure degrades to Ed25519 only, and its
+        reason is printed to stderr too, so a CI log shows why keyless signing was lost).
     """
+    (report_dir / BUNDLES_NAME).unlink(missing_ok=True)
     decision = decide(env)
     if not decision.attempt:
         return decision
     try:
         lines = _sign_with_sigstore(payloads, env)
     except Exception as exc:  # the sigstore API varies by version; any failure is "not signed"
-        return _ed25519_only(f"sigstore signing failed: {exc}")
+        reason = f"sigstore signing failed: {type(exc).__name__}: {exc}"
+        print(f"warning: {reason}; the report is signed with Ed25519 only", file=sys.stderr)
+        return _ed25519_only(reason)
     (report_dir / BUNDLES_NAME).write_text("".join(line + "\n" for line in lines))
     return decision
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from harness.attest.sigstore import ED25519_ONLY, KEYLESS, decide, sigstore_importable
+import pytest
+
+from harness.attest import sigstore
+from harness.attest.sigstore import (
+    BUNDLES_NAME,
+    ED25519_ONLY,
+    KEYLESS,
+    SigstoreDecision,
+    decide,
+    sign_keyless,
+    sigstore_importable,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -52,3 +63,37 @@ def test_sign_report_records_ed25519_only(signed_report: Path) -> None:
     assert signing["sigstore"]["status"] == ED25519_ONLY
     assert not (signed_report / "attestation.sigstore.jsonl").exists()
     assert signing["trust"] == "provided"
+
+
+class TestSignKeyless:
+    def test_stale_bundle_is_removed(self, tmp_path: Path) -> None:
+        """A bundle from an earlier signing is deleted even when keyless is not attempted."""
+        stale = tmp_path / BUNDLES_NAME
+        stale.write_text('{"old": "bundle"}\n')
+        decision = sign_keyless([b"{}"], tmp_path, {})
+        assert decision.status == ED25519_ONLY
+        assert not stale.exists()
+
+    def test_failure_is_printed_and_leaves_no_bundle(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """A failed keyless attempt says why on stderr; no stale bundle survives it."""
+        (tmp_path / BUNDLES_NAME).write_text('{"old": "bundle"}\n')
+
+        def fail(*_args: object) -> list[str]:
+            raise RuntimeError("Fulcio said 503")
+
+        monkeypatch.setattr(
+            sigstore,
+            "decide",
+            lambda _env: SigstoreDecision(attempt=True, status=KEYLESS, reason=""),
+        )
+        monkeypatch.setattr(sigstore, "_sign_with_sigstore", fail)
+        decision = sign_keyless([b"{}"], tmp_path, {})
+        assert decision.status == ED25519_ONLY
+        assert "Fulcio said 503" in decision.reason
+        assert "Fulcio said 503" in capsys.readouterr().err
+        assert not (tmp_path / BUNDLES_NAME).exists()
