@@ -227,7 +227,7 @@ class CommandBackend:
             argv = ctx.render_argv(spec)
             env = self._base_env()
             for name, template in spec.env_set.items():
-                env[name] = ctx.render(template, f"{spec.source}, [env] set.{name}")
+                env[name] = ctx.render(template, f"{spec.source}: [env] set.{name}")
             try:
                 result = subprocess.run(
                     argv,
@@ -285,9 +285,9 @@ class CommandBackend:
         }
         base = RenderContext(scalars, lists, payload)
         scalars["proxy_socket_inside"] = base.render(
-            spec.proxy_socket_inside, f"{spec.source}, [run] proxy_socket_inside"
+            spec.proxy_socket_inside, f"{spec.source}: [run] proxy_socket_inside"
         )
-        scalars["shim_inside"] = base.render(spec.shim_inside, f"{spec.source}, [run] shim_inside")
+        scalars["shim_inside"] = base.render(spec.shim_inside, f"{spec.source}: [run] shim_inside")
         return RenderContext(scalars, lists, payload), run_dir
 
     def _detect(self, argv: tuple[str, ...]) -> subprocess.CompletedProcess[str] | str:
@@ -356,10 +356,10 @@ class CommandBackend:
             scalars[f"{name}_csv"] = ",".join(values)
         base = RenderContext(scalars, lists, [])
         scalars["proxy_socket_inside"] = base.render(
-            self.spec.proxy_socket_inside, f"{self.spec.source}, [run] proxy_socket_inside"
+            self.spec.proxy_socket_inside, f"{self.spec.source}: [run] proxy_socket_inside"
         )
         scalars["shim_inside"] = base.render(
-            self.spec.shim_inside, f"{self.spec.source}, [run] shim_inside"
+            self.spec.shim_inside, f"{self.spec.source}: [run] shim_inside"
         )
         payload = list(request.argv)
         if self.spec.egress == "harness-unix" and request.egress is not None:
@@ -395,7 +395,7 @@ class CommandBackend:
             if name in os.environ:
                 env[name] = os.environ[name]
         for name, template in self.spec.env_set.items():
-            env[name] = ctx.render(template, f"{self.spec.source}, [env] set.{name}")
+            env[name] = ctx.render(template, f"{self.spec.source}: [env] set.{name}")
         env[RUN_TAG_VAR] = tag
         return env
 
@@ -411,7 +411,7 @@ class CommandBackend:
     def render_files(self, ctx: RenderContext, run_dir: Path) -> None:
         """Write the spec's [[file]] templates into `run_dir`."""
         for i, entry in enumerate(self.spec.files):
-            where = f"{self.spec.source}, [[file]] #{i + 1}"
+            where = f"{self.spec.source}: [[file]] #{i + 1}"
             target = run_dir / ctx.render(entry.path, f"{where}.path")
             if not target.resolve().is_relative_to(run_dir.resolve()):
                 raise BackendError(f"{where}: path renders to {target}, outside the run dir")

@@ -16,6 +16,7 @@ is exactly `{payload}` expands to several arguments (the probe argv, wrapped in 
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import shlex
@@ -166,9 +167,16 @@ class RenderContext:
                     f"{where}: {{payload}} expands to several arguments and must "
                     "be a whole argv element; inside a string use {payload_shell}"
                 )
-            known = ", ".join(sorted({*values, "payload"}))
+            # The nearest names, not all ~60: a typo's fix is usually one of them.
+            close = difflib.get_close_matches(name, sorted({*values, "payload"}), n=3)
+            hint = (
+                "did you mean " + " or ".join(f"{{{c}}}" for c in close) + "?"
+                if close
+                else "the placeholders are listed in README.md (Templates) and as SCALARS "
+                "in harness/backends/spec.py"
+            )
             raise ConfigError(
-                f"{where}: unknown placeholder {{{name}}}; known: {known} "
+                f"{where}: unknown placeholder {{{name}}}; {hint} "
                 "(write {{name}} for a literal {name})"
             )
 
@@ -178,7 +186,7 @@ class RenderContext:
         """The wrapper's full host argv for this cell."""
         argv: list[str] = []
         for i, item in enumerate(spec.argv):
-            where = f"{spec.source}, [run] argv[{i}]"
+            where = f"{spec.source}: [run] argv[{i}]"
             if isinstance(item, str):
                 if item == PAYLOAD:
                     argv += self.payload
@@ -192,22 +200,54 @@ class RenderContext:
 
 
 def _fail(source: Path, key: str, message: str) -> ConfigError:
+    """Every spec error reads `<file>: <key>: <what is wrong; the fix>`."""
     return ConfigError(f"{source}: {key}: {message}")
+
+
+def _missing(source: Path, key: str, example: str, note: str = "") -> ConfigError:
+    """`key` is absent: say which line to add (`key` is "[section] name")."""
+    section, _, leaf = key.rpartition(" ")
+    return _fail(source, key, f"is missing; add {leaf} = {example} under {section}{note}")
+
+
+def _shown(value: object) -> str:
+    """A value as its TOML type and text, never Python's (`True`, `None`, `{...}`)."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return repr(value)  # 'text' is also a TOML literal string
+    if isinstance(value, list):
+        return f"the array {json.dumps(value, default=str)}"
+    if isinstance(value, dict):
+        return "a table"
+    return f"the date/time {value}"  # the only TOML type left
+
+
+def _str(source: Path, key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise _fail(source, key, f"must be a string, got {_shown(value)}")
+    return value
 
 
 def _str_list(source: Path, key: str, value: object, *, required: bool) -> tuple[str, ...]:
     if value is None and not required:
         return ()
+    if value is None:
+        raise _missing(source, key, '["..."]')
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _fail(source, key, f"must be a list of non-empty strings, got {value!r}")
+        raise _fail(source, key, f"must be a list of non-empty strings, got {_shown(value)}")
     if required and not value:
         raise _fail(source, key, "must not be empty")
     return tuple(cast("list[str]", value))
 
 
 def _choice(source: Path, key: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value is None:
+        raise _missing(source, key, f'"{allowed[0]}"', f" (one of {', '.join(allowed)})")
     if value not in allowed:
-        raise _fail(source, key, f"is {value!r}; choose one of {list(allowed)}")
+        raise _fail(source, key, f"is {_shown(value)}; choose one of {list(allowed)}")
     return str(value)
 
 
@@ -226,6 +266,8 @@ def _section(source: Path, data: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _argv(source: Path, value: object) -> tuple[ArgvItem, ...]:
+    if value is None:
+        raise _missing(source, "[run] argv", '["wrapper", "--its-flags", "{payload}"]')
     if not isinstance(value, list) or not value:
         raise _fail(
             source,
@@ -258,7 +300,7 @@ def _argv(source: Path, value: object) -> tuple[ArgvItem, ...]:
             items.append((list_name, args))
         else:
             raise _fail(
-                source, key, f"must be a string or an {{each, args}} table, got {element!r}"
+                source, key, f"must be a string or an {{each, args}} table, got {_shown(element)}"
             )
     if items.count(PAYLOAD) != 1:
         raise _fail(
@@ -315,7 +357,9 @@ def _mode(source: Path, key: str, entry: dict[str, Any]) -> int:
         mode = -1
     if not 0 <= mode <= 0o777:
         raise _fail(
-            source, key, f'{raw!r} is not a file mode; write it as an octal string like "0600"'
+            source,
+            key,
+            f'{_shown(raw)} is not a file mode; write it as an octal string like "0600"',
         )
     return mode
 
@@ -347,7 +391,7 @@ def _policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
             raise _fail(
                 source,
                 f"[policy] {key}",
-                "is missing; a wrapper is judged against "
+                f"is missing; add {key} = ... under [policy]: a wrapper is judged against "
                 "its own claim, so declare network, filesystem and ipc",
             )
     network = _choice(source, "[policy] network", table["network"], get_args(NetworkMode))
@@ -381,6 +425,44 @@ def sample_context() -> RenderContext:
     return RenderContext(scalars, lists, ["<python>", "<probe>", "<task>"])
 
 
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"{path}: backend spec not found; pass an existing file to "
+            "--backend-spec, or put <name>.toml in matrix/backends/"
+        ) from exc
+    except OSError as exc:  # a directory, no permission...: one line, never a traceback
+        raise ConfigError(
+            f"{path}: cannot read the backend spec ({exc.strerror or exc}); pass a readable "
+            ".toml file to --backend-spec"
+        ) from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax there") from exc
+    return data
+
+
+def _name(path: Path, name: object) -> str:
+    if name is None:
+        raise _missing(path, "[backend] name", '"my-wrapper"', " (the matrix row, cell ids)")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _fail(
+            path,
+            "[backend] name",
+            f"{_shown(name)} must be a lower-case name "
+            "(letters, digits, '-', '_'): it becomes the matrix row and the cell ids",
+        )
+    if name in BUILTIN_BACKENDS:
+        raise _fail(
+            path,
+            "[backend] name",
+            f"{name!r} is a built-in backend; rename it (e.g. {name}-wrapper): the built-in "
+            "would run in its place",
+        )
+    return name
+
+
 def load_spec(path: Path) -> CommandSpec:
     """Read and validate a backend spec.
 
@@ -393,34 +475,12 @@ def load_spec(path: Path) -> CommandSpec:
     Raises:
         ConfigError: naming the file, the key and the fix, for any mistake.
     """
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(
-            f"{path}: backend spec not found; pass an existing file to "
-            "--backend-spec, or put <name>.toml in matrix/backends/"
-        ) from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc}); fix the syntax there") from exc
+    data = _read(path)
     unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
         raise _fail(path, "top level", f"unknown key(s) {unknown}; allowed are {sorted(TOP_KEYS)}")
     backend = _section(path, data, "backend")
-    name = backend.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise _fail(
-            path,
-            "[backend] name",
-            f"{name!r} must be a lower-case name "
-            "(letters, digits, '-', '_'): it becomes the matrix row and the cell ids",
-        )
-    if name in BUILTIN_BACKENDS:
-        raise _fail(
-            path,
-            "[backend] name",
-            f"{name!r} is a built-in backend; rename it (e.g. {name}-wrapper): the built-in "
-            "would run in its place",
-        )
+    name = _name(path, backend.get("name"))
     platforms = _str_list(
         path, "[backend] platforms", backend.get("platforms", ["linux"]), required=True
     )
@@ -444,20 +504,22 @@ def load_spec(path: Path) -> CommandSpec:
     for key, default in (("proxy_socket_inside", "{proxy_socket}"), ("shim_inside", "{shim}")):
         value = run.get(key, default)
         if not isinstance(value, str) or not value:
-            raise _fail(path, f"[run] {key}", "must be a non-empty path string")
+            raise _fail(
+                path, f"[run] {key}", f"must be a non-empty path string, got {_shown(value)}"
+            )
         inside[key] = value
     env_pass, env_host, env_set = _env(path, _section(path, data, "env"))
     spec = CommandSpec(
         source=path,
         name=name,
-        description=str(backend.get("description", "")),
+        description=_str(path, "[backend] description", backend.get("description", "")),
         platforms=platforms,
         executables=_str_list(
             path, "[detect] executables", detect.get("executables"), required=True
         ),
         version_argv=_str_list(path, "[detect] version", detect.get("version"), required=False),
         check_argv=_str_list(path, "[detect] check", detect.get("check"), required=False),
-        install=str(detect.get("install", "")),
+        install=_str(path, "[detect] install", detect.get("install", "")),
         argv=_argv(path, run.get("argv")),
         egress=cast("SpecEgress", egress),
         address_by=cast("AddressBy", address_by),
@@ -478,13 +540,13 @@ def _dry_render(spec: CommandSpec) -> None:
     """Render every template once against the sample context: unknown names fail now."""
     ctx = sample_context()
     ctx.render_argv(spec)
-    ctx.render(spec.proxy_socket_inside, f"{spec.source}, [run] proxy_socket_inside")
-    ctx.render(spec.shim_inside, f"{spec.source}, [run] shim_inside")
+    ctx.render(spec.proxy_socket_inside, f"{spec.source}: [run] proxy_socket_inside")
+    ctx.render(spec.shim_inside, f"{spec.source}: [run] shim_inside")
     for name, value in spec.env_set.items():
-        ctx.render(value, f"{spec.source}, [env] set.{name}")
+        ctx.render(value, f"{spec.source}: [env] set.{name}")
     for i, entry in enumerate(spec.files):
-        ctx.render(entry.path, f"{spec.source}, [[file]] #{i + 1}.path")
-        ctx.render(entry.template, f"{spec.source}, [[file]] #{i + 1}.template")
+        ctx.render(entry.path, f"{spec.source}: [[file]] #{i + 1}.path")
+        ctx.render(entry.template, f"{spec.source}: [[file]] #{i + 1}.template")
 
 
 def shell_join(argv: list[str]) -> str:

@@ -133,6 +133,35 @@ class TestSpecValidation:
         assert str(SPECS / spec) in str(info.value)
         assert needle in str(info.value)
 
+    @pytest.mark.parametrize(
+        ("old", "new", "needle"),
+        [
+            ('name = "env-claims-none"\n', "", '[backend] name: is missing; add name = "'),
+            ('egress = "harness-tcp"\n', "", '[run] egress: is missing; add egress = "'),
+            ('"env-claims-none"', "true", "[backend] name: the boolean true must be"),
+            ('"harness-tcp"', "false", "[run] egress: is the boolean false; choose one of"),
+            ('"{payload}"]', '"{payload}", 7]', "argv[2]: must be a string or an"),
+            ('"{payload}"]', '"{workspac}", "{payload}"]', "did you mean {workspace}?"),
+        ],
+    )
+    def test_bad_values_are_named_in_toml_terms(
+        self, tmp_path: Path, old: str, new: str, needle: str
+    ) -> None:
+        """Missing keys say what to add; values show as TOML, never Python's None/True."""
+        spec = write_spec(tmp_path, "bad", UNCONFINING_ENV.replace(old, new))
+        with pytest.raises(ConfigError) as info:
+            load_spec(spec)
+        message = str(info.value)
+        assert message.startswith(f"{spec}: [")  # always <file>: <key>: <what and fix>
+        assert needle in message
+        assert not {"None", "True", "False"} & set(message.replace(":", " ").split())
+        assert len(message) < 300, message  # a hint, not the whole placeholder table
+
+    def test_directory_as_spec_is_a_one_line_error(self, tmp_path: Path) -> None:
+        """A directory given as the spec is a ConfigError, not an IsADirectoryError."""
+        with pytest.raises(ConfigError, match="cannot read the backend spec"):
+            load_spec(tmp_path)
+
     @pytest.mark.parametrize("name", ["firejail", "bwrap-generic"])
     def test_live_specs_load_by_name(self, name: str) -> None:
         """create_backend resolves a non-built-in name to matrix/backends/<name>.toml."""
