@@ -97,6 +97,13 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
         report_dir = config.getoption("--harness-report-dir")
         policy = config.getoption("--harness-policy")
         key = config.getoption("--harness-key")
+        if key:
+            import os  # noqa: PLC0415
+
+            from harness.attest.keys import load_signing_key  # noqa: PLC0415
+
+            # A bad key found only after every cell ran would waste the run: check it now.
+            load_signing_key(Path(key), os.environ)
         session = RunSession(
             matrix=matrix,
             backend_names=list(chosen),
@@ -121,11 +128,20 @@ class MatrixFile(pytest.File):
         try:
             session = _session(self.config, self.path)
         except HarnessError as exc:
-            # A bad matrix, policy or backend is the user's input: one line that names the
-            # fix, not a traceback into the harness (pytest then stops with exit 4).
+            # A bad matrix, policy, key or backend is the user's input: one line that names
+            # the fix, not a traceback (pytest reports a collection error, runs no cell and
+            # exits 2 "interrupted").
             raise pytest.UsageError(exc.diagnostics()) from exc
         for cell in session.cells():
             yield MatrixItem.from_parent(self, name=cell.cell_id, cell=cell)
+
+    def repr_failure(  # type: ignore[override]  # pytest's signature has a style param we ignore
+        self, excinfo: pytest.ExceptionInfo[BaseException]
+    ) -> str:
+        """Bad input is shown as its one line; anything else keeps pytest's report."""
+        if isinstance(excinfo.value, pytest.UsageError):
+            return f"sandbox-attest: error: {excinfo.value}"
+        return str(super().repr_failure(excinfo))
 
 
 class MatrixItem(pytest.Item):
@@ -219,6 +235,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(line)
     for cell_id in session.missing_required():
         terminalreporter.write_line(f"MISSING required cell {cell_id}")
+    for line in session.unrunnable_named():
+        terminalreporter.write_line(f"NOT RUNNABLE HERE: {line}")
+    if session.deselected:
+        terminalreporter.write_line(
+            f"DESELECTED {len(session.deselected)} cells: the evidence is incomplete"
+        )
     for name in session.not_attested():
         terminalreporter.write_line(
             f"not attested in this run: backend {name} (the release policy requires it; "

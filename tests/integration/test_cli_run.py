@@ -293,6 +293,36 @@ class TestSmallMatrix:
         assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
         assert "the attestation was not written" in proc.stdout
 
+    def test_plain_pytest_bad_key_stops_before_any_cell(self, tmp_path: Path) -> None:
+        """--harness-key that is not a key: one line at collection, no cell runs."""
+        matrix = small_matrix(tmp_path)
+        out = tmp_path / "r"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                str(matrix),
+                f"--harness-matrix={matrix}",
+                f"--rootdir={tmp_path}",
+                "-c",
+                str(matrix_dir() / "pytest.ini"),
+                f"--harness-policy={small_policy(tmp_path)}",
+                f"--harness-report-dir={out}",
+                "--harness-key=/etc/hostname",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=Path(__file__).parent.parent.parent,
+        )
+        assert proc.returncode == pytest.ExitCode.INTERRUPTED, proc.stdout + proc.stderr
+        assert "sandbox-attest: error: --key /etc/hostname: not a PEM private key" in proc.stdout
+        assert "Traceback" not in proc.stdout
+        assert "harness/plugin.py" not in proc.stdout
+        assert not (out / "evidence.jsonl").exists()
+
 
 class TestBadInput:
     @pytest.mark.parametrize(
