@@ -88,8 +88,8 @@ class Envelope:
             data: Any = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ReportError(
-                f"{where}: not valid JSON ({exc.msg} at char {exc.pos}); the file is "
-                "truncated or was edited: re-run the signing step"
+                f"{where}: not valid JSON at char {exc.pos} ({exc.msg}); the file is "
+                "truncated or was edited: re-run `sandbox-attest run`, which signs its report"
             ) from exc
         if not isinstance(data, dict):
             raise ReportError(f"{where}: a DSSE envelope must be a JSON object")

@@ -123,7 +123,13 @@ def public_key_pem(key: Ed25519PublicKey) -> bytes:
     )
 
 
+MAKE_KEY = "`openssl genpkey -algorithm ed25519 -out signing-key.pem`"
+
+
 def _parse_private(pem: bytes, where: str) -> Ed25519PrivateKey:
+    if not pem.strip():
+        # cryptography would only say "MalformedFraming", which names neither cause nor fix.
+        raise ConfigError(f"{where}: the key file is empty; create a key with {MAKE_KEY}")
     try:
         key = serialization.load_pem_private_key(pem, password=None)
     except TypeError as exc:  # raised for an encrypted key without a password
@@ -133,8 +139,7 @@ def _parse_private(pem: bytes, where: str) -> Ed25519PrivateKey:
         ) from exc
     except ValueError as exc:
         raise ConfigError(
-            f"{where}: not a PEM private key ({exc}); create one with "
-            "`openssl genpkey -algorithm ed25519 -out signing-key.pem`"
+            f"{where}: not a PEM private key ({exc}); create one with {MAKE_KEY}"
         ) from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise ConfigError(
@@ -215,6 +220,11 @@ def load_trusted_key(path: Path) -> TrustedKey:
         ConfigError: unreadable, not PEM, or not Ed25519.
     """
     data = _read(path, "--trusted-key file")
+    if not data.strip():
+        raise ConfigError(
+            f"--trusted-key {path}: the file is empty; export the signer's public key with "
+            "`openssl pkey -in signing-key.pem -pubout -out signing-key.pub`"
+        )
     if b"PRIVATE KEY" in data:
         public: object = _parse_private(data, f"--trusted-key {path}").public_key()
     else:

@@ -64,6 +64,15 @@ class TestSignVerify:
         with pytest.raises(ReportError, match="truncated"):
             dsse.Envelope.from_json('{"payload": "eyJ', where="line 1")
 
+    def test_truncated_envelope_message_names_the_signing_command(self) -> None:
+        """The message names `sandbox-attest run` (there is no sign step) and reads cleanly."""
+        with pytest.raises(ReportError) as info:
+            dsse.Envelope.from_json('{"payload": "eyJ', where="line 1")
+        message = str(info.value)
+        assert "`sandbox-attest run`" in message
+        assert "signing step" not in message
+        assert "at at" not in message
+
 
 class TestIndependentVerifier:
     def test_reference_algorithm_accepts_our_envelope(

@@ -124,8 +124,27 @@ class TestLoadSigningKey:
         with pytest.raises(ConfigError, match="--key"):
             load_signing_key(path, {})
 
+    @pytest.mark.parametrize("where", ["key", "env"])
+    def test_empty_key_file_says_empty(self, tmp_path: Path, where: str) -> None:
+        """An empty key file says so and how to make a key (not cryptography's MalformedFraming)."""
+        path = tmp_path / "empty.pem"
+        path.write_text("\n")
+        key_path, env = (path, {}) if where == "key" else (None, {ENV_VAR: str(path)})
+        with pytest.raises(ConfigError, match="the key file is empty") as info:
+            load_signing_key(key_path, env)
+        assert "openssl genpkey -algorithm ed25519" in str(info.value)
+        assert "MalformedFraming" not in str(info.value)
+
 
 class TestTrustedKey:
+    def test_empty_file_says_empty(self, tmp_path: Path) -> None:
+        """An empty --trusted-key file says so and how to export a public key."""
+        path = tmp_path / "empty.pub"
+        path.write_bytes(b"")
+        with pytest.raises(ConfigError, match="the file is empty; export") as info:
+            load_trusted_key(path)
+        assert "MalformedFraming" not in str(info.value)
+
     def test_public_and_private_pem_give_the_same_keyid(self, tmp_path: Path) -> None:
         """--trusted-key accepts the public PEM, or the private PEM from which it derives it."""
         key = Ed25519PrivateKey.generate()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import shutil
 from typing import TYPE_CHECKING
 
 import pytest
@@ -250,3 +251,28 @@ class TestMergeSigner:
         (signer,) = [c for c in stmt["predicate"]["configuration"] if c["name"] == "signer"]
         assert signer["digest"] == {"sha256": signing_key.keyid}
         assert signer["annotations"]["trust"] == "provided"
+
+
+class TestDuplicateLeg:
+    def test_duplicate_leg_gives_one_reason(
+        self,
+        ci: dict[str, Path],
+        trusted: TrustedKey,
+        policy: Policy,
+        signing_key: SigningKey,
+    ) -> None:
+        """A leg passed twice is refused with the one real reason, not a line per repeated cell."""
+        twin = ci["bubblewrap"].parent / "leg-bubblewrap-again"
+        shutil.copytree(ci["bubblewrap"], twin)
+        result = merge_legs(
+            [ci["bubblewrap"], ci["docker"], twin],
+            expected=load_expected_legs(ci["legs"]),
+            trusted=trusted,
+            policy=policy,
+            key=signing_key,
+            out_dir=ci["out"],
+            env={},
+        )
+        assert len(result.reasons) == 1, result.reasons
+        assert "duplicate leg linux/bubblewrap" in result.reasons[0]
+        assert not ci["out"].exists()

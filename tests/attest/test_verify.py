@@ -303,9 +303,11 @@ class TestBadInput:
     def test_unsigned_report(
         self, tmp_path: Path, policy_file: Path, trusted: TrustedKey, policy: Policy
     ) -> None:
-        """A report with no attestation fails, saying to sign it."""
+        """A report with no attestation fails, naming `sandbox-attest run` (it signs)."""
         report = build_report(tmp_path / "r", policy_file)
-        one_reason_matching(reasons(report, trusted, policy), "attestation.intoto.jsonl is missing")
+        found = reasons(report, trusted, policy)
+        one_reason_matching(found, "attestation.intoto.jsonl is missing")
+        one_reason_matching(found, "`sandbox-attest run` signs a report")
 
     def test_empty_attestation(
         self, signed_report: Path, trusted: TrustedKey, policy: Policy
