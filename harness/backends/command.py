@@ -167,28 +167,27 @@ class CommandBackend:
             result = self._detect(spec.version_argv)
             if isinstance(result, subprocess.CompletedProcess):
                 version = _first_line(result.stdout) or _first_line(result.stderr) or version
-        if spec.check_argv:
-            result = self._detect(spec.check_argv)
-            if isinstance(result, str) or result.returncode != 0:
-                said = (
-                    result
-                    if isinstance(result, str)
-                    else (
-                        f"exit {result.returncode}: "
-                        f"{(result.stderr.strip() or result.stdout.strip())[-400:] or 'no output'}"
-                    )
-                )
-                return _unavailable(
-                    f"{spec.name} is installed but cannot confine here: "
-                    f"`{shell_join(list(spec.check_argv))}` failed ({said}); check the "
-                    f"wrapper works on this machine, or fix [detect] check in {spec.source}",
-                )
+        failure = self._check()
+        if failure:
+            return _unavailable(failure)
         confinement = "none (the declared policy needs no private network namespace)"
         if expects_private_netns(spec):
             failure = self._netns_check()
             if failure:
                 return _unavailable(failure)
             confinement = "private network namespace"
+        # [detect] check stays optional (the test specs of hole wrappers and daemonizing ones
+        # have none). Without it and without the netns check, AVAILABLE rests on PATH alone:
+        # the identity and the recorded reason say so instead of implying a check ran.
+        weak = ""
+        if not spec.check_argv and not expects_private_netns(spec):
+            weak = (
+                f"available means only that {', '.join(spec.executables)} is on PATH: "
+                f"{spec.source} has no [detect] check, and network = "
+                f'"{spec.policy.network}" with egress = "{spec.egress}" needs no private '
+                "network namespace to test; add a [detect] check that fails where the "
+                "wrapper cannot confine"
+            )
         identity = Identity(
             name=spec.name,
             version=version,
@@ -203,7 +202,26 @@ class CommandBackend:
                 "confinement_check": confinement,
             },
         )
-        return Availability(ok=True, reason="", identity=identity)
+        return Availability(ok=True, reason=weak, identity=identity)
+
+    def _check(self) -> str:
+        """Run [detect] check if the spec has one; '' if it passed, else the reason."""
+        spec = self.spec
+        if not spec.check_argv:
+            return ""
+        result = self._detect(spec.check_argv)
+        if isinstance(result, str):
+            said = result
+        elif result.returncode != 0:
+            output = (result.stderr.strip() or result.stdout.strip())[-400:]
+            said = f"exit {result.returncode}: {output or 'no output'}"
+        else:
+            return ""
+        return (
+            f"{spec.name} is installed but cannot confine here: "
+            f"`{shell_join(list(spec.check_argv))}` failed ({said}); check the "
+            f"wrapper works on this machine, or fix [detect] check in {spec.source}"
+        )
 
     def _netns_check(self) -> str:
         """Run a one-liner under the spec's own [run] argv; '' if it saw a private netns.

@@ -303,6 +303,24 @@ class TestConfinementCheck:
         assert avail.identity is not None
         assert avail.identity.profile["confinement_check"] == "private network namespace"
 
+    def test_no_check_at_all_is_recorded_and_said(self) -> None:
+        """Without [detect] check or a netns check, AVAILABLE says it rests on PATH alone."""
+        avail = CommandBackend.from_path(SPECS / "hole_env_shared_net.toml").availability()
+        assert avail.ok
+        assert avail.identity is not None
+        assert avail.identity.profile["check"] == "none"
+        assert avail.identity.profile["confinement_check"].startswith("none")
+        assert "available means only that env is on PATH" in avail.reason
+        assert "has no [detect] check" in avail.reason
+
+    def test_checked_wrapper_has_no_caveat(self) -> None:
+        """A wrapper whose confinement was shown carries its check and an empty reason."""
+        avail = create_backend("firejail").availability()
+        assert avail.ok, avail.reason
+        assert avail.reason == ""
+        assert avail.identity is not None
+        assert avail.identity.profile["check"].startswith("firejail --quiet")
+
     def test_shared_loopback_hole_stays_available_for_the_probes(self) -> None:
         """harness-tcp shares the host's loopback by design: the probes judge it, not this."""
         avail = CommandBackend.from_path(SPECS / "hole_firejail_shared_net.toml").availability()
