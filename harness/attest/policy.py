@@ -44,7 +44,12 @@ class Requirement:
 
 @dataclass(frozen=True)
 class Exclusion:
-    """A cell deliberately not required, with the written reason ("*" matches anything)."""
+    """A cell deliberately not required, with the written reason ("*" matches anything).
+
+    Exclusions record decisions; they never lift a requirement. An exclusion that names a
+    probe (not "*") which a [[require]] for a matching leg lists contradicts it, and the
+    policy is refused. `probe = "*"` reads "everything this policy does not require there".
+    """
 
     platform: str
     backend: str
@@ -118,6 +123,24 @@ def _exclusion(table: Mapping[str, Any], where: str) -> Exclusion:
     )
 
 
+def _check_exclusions(
+    excludes: Sequence[Exclusion], requirements: Sequence[Requirement], path: Path
+) -> None:
+    """Refuse an exclusion naming a probe a matching leg requires: which one would hold?"""
+    for i, ex in enumerate(excludes, start=1):
+        for req in requirements:
+            if (
+                ex.probe in req.probes
+                and ex.platform in ("*", req.platform)
+                and ex.backend in ("*", req.backend)
+            ):
+                raise ConfigError(
+                    f"{path}, [[exclude]] #{i}: excludes {ex.probe} on {ex.platform}/"
+                    f"{ex.backend}, but [[require]] for {req.platform}/{req.backend} lists it; "
+                    "remove one of the two"
+                )
+
+
 def load_policy(path: Path) -> Policy:
     """Load and validate a policy file.
 
@@ -164,6 +187,7 @@ def load_policy(path: Path) -> Policy:
         _exclusion(t, f"{path}, [[exclude]] #{i}")
         for i, t in enumerate(_tables(data, "exclude", path), start=1)
     ]
+    _check_exclusions(excludes, requirements, path)
     return Policy(
         path=str(path),
         sha256=hashlib.sha256(raw).hexdigest(),

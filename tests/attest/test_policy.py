@@ -64,6 +64,24 @@ class TestLoadPolicy:
         with pytest.raises(ConfigError, match="probes is empty"):
             load_policy(path)
 
+    def test_exclusion_contradicting_a_requirement_is_refused(self, tmp_path: Path) -> None:
+        """An [[exclude]] naming a probe that a matching [[require]] lists is refused."""
+        path = write_policy(tmp_path / "p.toml", probes=("net_denied_host",))
+        with path.open("a") as handle:
+            handle.write(
+                '\n[[exclude]]\nplatform = "linux"\nbackend = "*"\n'
+                'probe = "net_denied_host"\nreason = "flaky"\n'
+            )
+        with pytest.raises(ConfigError, match=r"\[\[exclude\]\] #1: excludes net_denied_host"):
+            load_policy(path)
+
+    def test_wildcard_exclusion_leaves_requirements(self, tmp_path: Path) -> None:
+        """A wildcard probe excludes only what is not required (the repository policy's pattern)."""
+        path = write_policy(tmp_path / "p.toml", probes=("net_denied_host",))
+        with path.open("a") as handle:
+            handle.write('\n[[exclude]]\nplatform = "linux"\nprobe = "*"\nreason = "later"\n')
+        assert load_policy(path).excludes[0].probe == "*"
+
     def test_bad_toml(self, tmp_path: Path) -> None:
         """Invalid TOML is a ConfigError naming the file."""
         path = tmp_path / "p.toml"
