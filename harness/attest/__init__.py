@@ -50,10 +50,13 @@ __all__ = [
     "UNTRUSTED_LOCAL_NOTE",
     "SigningKey",
     "TrustedKey",
+    "gate_for",
     "keyid_of",
     "load_signing_key",
     "load_trusted_key",
+    "policy_from_evidence",
     "sign_report",
+    "signer_info",
     "write_envelopes",
 ]
 
@@ -79,6 +82,19 @@ def policy_from_evidence(evidence: Mapping[str, Any]) -> Policy | None:
     return None
 
 
+def gate_for(evidence: Mapping[str, Any], policy: Policy | None) -> Gate:
+    """The gate of one run's evidence under `policy` (None: the cells judged alone).
+
+    The one place signer, renderer and verify turn evidence into a gate, so they agree.
+    """
+    return evaluate(
+        evidence["cells"],
+        policy,
+        default_platform=default_platform(evidence),
+        complete=evidence.get("complete") is True,
+    )
+
+
 def signer_info(key: SigningKey) -> dict[str, str]:
     """What the signed evidence predicate records about its signer."""
     return {"keyid": key.keyid, "trust": key.trust, "source": key.source.split(":", 1)[0]}
@@ -95,9 +111,7 @@ def write_signing_sidecar(
 ) -> None:
     """Write signing.json: the facts report.html and summary.md show about the signature."""
     data = {
-        "keyid": key.keyid,
-        "trust": key.trust,
-        "source": key.source.split(":", 1)[0],
+        **signer_info(key),
         "public_key": public_key_dict(key.public_key),
         "note": UNTRUSTED_LOCAL_NOTE if key.trust == "untrusted-local" else "",
         "sigstore": {"status": decision.status, "reason": decision.reason},
@@ -142,12 +156,7 @@ def sign_report(
         ) from exc
     if policy is None:
         policy = policy_from_evidence(evidence)
-    gate = evaluate(
-        evidence["cells"],
-        policy,
-        default_platform=default_platform(evidence),
-        complete=evidence.get("complete") is True,
-    )
+    gate = gate_for(evidence, policy)
     subjects = [subject(EVIDENCE_NAME, evidence_bytes), subject(JUNIT_NAME, junit_bytes)]
     config = configuration(evidence, policy.sha256 if policy else None)
     payloads = [

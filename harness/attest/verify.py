@@ -26,9 +26,16 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.attest import ATTESTATION_NAME, EVIDENCE_NAME, JUNIT_NAME, UNTRUSTED_LOCAL_NOTE, dsse
+from harness.attest import (
+    ATTESTATION_NAME,
+    EVIDENCE_NAME,
+    JUNIT_NAME,
+    UNTRUSTED_LOCAL_NOTE,
+    dsse,
+    gate_for,
+)
 from harness.attest.legs import Combined, ExpectedLegs, combine, leg_digests
-from harness.attest.policy import Gate, cell_leg, evaluate, missing_legs
+from harness.attest.policy import Gate, cell_leg, missing_legs
 from harness.attest.statement import (
     EVIDENCE_PREDICATE,
     TEST_RESULT_PREDICATE,
@@ -203,12 +210,8 @@ def _check_gate(
     v: Verification,
 ) -> None:
     """Steps 4-5: re-derive the gate from the evidence and compare it to the signed one."""
-    platform = default_platform(evidence)
-    cells = evidence["cells"]
-    v.legs = {cell_leg(c, platform) for c in cells}
-    gate = evaluate(
-        cells, policy, default_platform=platform, complete=evidence.get("complete") is True
-    )
+    v.legs = {cell_leg(c, default_platform(evidence)) for c in evidence["cells"]}
+    gate = gate_for(evidence, policy)
     v.gate = gate
     v.reasons.extend(gate.problems)
     if gate.result == "FAILED" and not gate.problems:

@@ -15,13 +15,15 @@ from harness.attest import (
     ATTESTATION_NAME,
     SIGNING_NAME,
     UNTRUSTED_LOCAL_NOTE,
+    gate_for,
     policy_from_evidence,
 )
-from harness.attest.policy import Gate, evaluate
-from harness.attest.statement import default_platform, read_evidence
+from harness.attest.statement import read_evidence
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from harness.attest.policy import Gate
 
 __all__ = ["ReportView", "load_view", "write_html", "write_summary"]
 
@@ -94,12 +96,7 @@ def load_view(report_dir: Path) -> ReportView:
         if str(c.get("probe")) not in probes:
             probes.append(str(c.get("probe")))
     backends.sort(key=lambda b: (b != "none", b))
-    gate = evaluate(
-        cells,
-        policy_from_evidence(evidence),
-        default_platform=default_platform(evidence),
-        complete=evidence.get("complete") is True,
-    )
+    gate = gate_for(evidence, policy_from_evidence(evidence))
     signature, signed, untrusted = _signature_sentence(report_dir)
     return ReportView(evidence, cells, backends, probes, gate, signature, signed, untrusted)
 

@@ -78,6 +78,14 @@ class TestRoundTrip:
         assert v.legs == {("linux", "none"), ("linux", "bubblewrap")}
         assert v.signer["keyid"] == trusted.keyid
 
+    def test_sidecar_repeats_the_signed_signer(self, signed_report: Path) -> None:
+        """signing.json names the signer (keyid, trust, source) the evidence predicate signs."""
+        second = (signed_report / ATT).read_text().splitlines()[1]
+        signed = json.loads(base64.b64decode(json.loads(second)["payload"]))["predicate"]["signer"]
+        sidecar = json.loads((signed_report / "signing.json").read_text())
+        assert {k: sidecar[k] for k in signed} == signed
+        assert set(signed) == {"keyid", "trust", "source"}
+
     def test_statements_carry_the_documented_fields(self, signed_report: Path) -> None:
         """The two statements are test-result and evidence with evidence.json/junit.xml subjects."""
         types = []
