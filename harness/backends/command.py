@@ -12,7 +12,11 @@ real wrappers demand:
 * after every run, a sweep for anything the run started that is still alive, including
   children that left the process group with setsid(): every process of the run carries a
   per-run tag in its environment, and whatever still carries it afterwards is killed and named
-  in the run's notes.
+  in the run's notes. The sweep is best effort, not a boundary: a process that both leaves the
+  group and drops the tag (`setsid env -i CMD`, or any exec with a fresh environment) is
+  invisible to it and survives the run, as is one whose /proc environ we may not read (a
+  setuid wrapper's children). Only the wrapper's own confinement (a pid namespace that dies
+  with it, such as bwrap's --die-with-parent) removes those.
 
 The wrapper's exit status is never the probe's: the runner reads the start marker and the JSON
 line, and a wrapper that refuses to start is an ERROR with its stderr.
@@ -467,7 +471,8 @@ class LeftoverWatcher(threading.Thread):
     exec, so there is no window where a forked harness child carries it). Once no tagged
     process is our child, the wrapper is gone (or a zombie awaiting reaping, whose environ
     reads empty), and everything still tagged is a leftover: killed at once, whatever session
-    or process group it moved to.
+    or process group it moved to. Found by the tag only: a process that drops it (`setsid env
+    -i ...`) escapes the watcher, as the module docstring says.
     """
 
     POLL_S: Final = 0.05

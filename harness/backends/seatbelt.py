@@ -2,10 +2,14 @@
 
 The profile is SBPL (the Scheme dialect of Apple's sandbox): `(deny default)`, then only what
 a Python payload needs. Reads are broad (an interpreter reads half the system) except the
-host-planted secret canaries; writes go only to the workspace; the only network grant is an
-outbound TCP connect to the proxy's loopback port, whose secret rides in the proxy URL's
-userinfo (`ProbeRequest.egress.tcp_url`). There is no unix-socket grant at all, so DNS through
-mDNSResponder's socket and host daemons are unreachable.
+usual secret folders under $HOME (`HOME_SECRETS`: .ssh, .aws, .docker, ...) and any path given
+as `deny_read`. `create_backend` gives none, since canaries are planted per cell after the
+backend exists: a canary outside those folders (fs_read_secrets' `.env` in the cell dir) is
+readable here, and the probe's verdict, not this profile, says so. Writes go only to the
+workspace; the only network grant is an outbound TCP connect to the proxy's loopback port,
+whose secret rides in the proxy URL's userinfo (`ProbeRequest.egress.tcp_url`). There is no
+unix-socket grant at all, so DNS through mDNSResponder's socket and host daemons are
+unreachable.
 
 Seatbelt matches the *resolved* vnode path, never the spelling the payload used: `/tmp`, `/var`
 and `/etc` are symlinks into `/private`, and `$TMPDIR` lives under `/var/folders`. Every path

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -363,6 +364,42 @@ class TestProcessHygiene:
         assert not any("STILL ALIVE" in note for note in run.notes)
         status = Path(f"/proc/{daemon}/status")
         assert not status.exists() or "\nState:\tZ" in status.read_text()
+
+    def test_dropping_the_tag_evades_the_sweep(self, world: World, tmp_path: Path) -> None:
+        """As the docstring warns: `setsid env -i` leaves no tag, so the sweep cannot see it."""
+        spec = write_spec(
+            tmp_path,
+            "evader",
+            """
+[backend]
+name = "evader"
+[detect]
+executables = ["sh", "setsid", "env"]
+[run]
+egress = "harness-tcp"
+argv = ["sh", "{run_dir}/evade.sh", "{payload}"]
+[[file]]
+path = "evade.sh"
+template = '''
+setsid env -i sh -c 'echo $$ > evader.pid; exec sleep 60' &
+while [ ! -s evader.pid ]; do sleep 0.05; done
+exec "$@"
+'''
+[policy]
+network = "open"
+filesystem = "open"
+ipc = "open"
+""",
+        )
+        request = self.request(world, tmp_path, timeout=2)
+        run = CommandBackend.from_path(spec).run(request)
+        pid = int((request.cell_dir / "run-evader" / "evader.pid").read_text())
+        try:
+            assert run.started
+            assert not any(str(pid) in note for note in run.notes), run.notes
+            assert Path(f"/proc/{pid}").exists()
+        finally:
+            os.kill(pid, signal.SIGKILL)
 
     def test_wrapper_env_is_declared_only(self, world: World, tmp_path: Path) -> None:
         """The wrapper sees PATH/HOME/LANG and the run tag, never other variables."""

@@ -14,8 +14,10 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from harness.backends import create_backend
 from harness.backends.base import START_MARKER, Backend, EgressRoute, ProbeRequest
 from harness.backends.seatbelt import (
+    HOME_SECRETS,
     SeatbeltBackend,
     SeatbeltPolicy,
     proxy_port_of,
@@ -187,6 +189,17 @@ class TestBackend:
         backend = SeatbeltBackend(home=Path("/Users/ci"))
         assert isinstance(backend, Backend)
         assert backend.egress_mode == "direct-tcp"
+
+    def test_created_backend_denies_home_secret_folders_only(self, tmp_path: Path) -> None:
+        """As the module docstring says: create_backend passes no canaries, only $HOME's folders.
+
+        A canary planted elsewhere (the cell dir's `.env`) is not in the profile's denials;
+        fs_read_secrets' verdict judges it, this profile does not hide it.
+        """
+        backend = create_backend("seatbelt")
+        assert isinstance(backend, SeatbeltBackend)
+        denied = backend.policy_for(make_request(tmp_path, None)).deny_read
+        assert denied == tuple(Path.home() / rel for rel in HOME_SECRETS)
 
     def test_unavailable_off_macos(self) -> None:
         """Off macOS availability is False and the reason names the fix."""
