@@ -78,6 +78,8 @@ CREATION_FLAGS: Final = (
 # Python on Windows cannot start without SYSTEMROOT (CryptGenRandom, sockets); it is added to
 # the declared environment, and the addition is recorded in the run's notes.
 REQUIRED_ENV: Final = ("SYSTEMROOT",)
+# How long the output readers may take after the job is terminated (the pipes' last bytes).
+READER_JOIN_S: Final = 5.0
 _SID = re.compile(r"S-1-\d+(-\d+)+")
 TOKEN_FACTS_PREFIX: Final = "shim: token-facts "  # noqa: S105  (a log prefix, not a secret)
 
@@ -349,7 +351,9 @@ class AppContainerBackend:
         start = time.monotonic()
         with ExitStack() as undo:
             sid, package_sid = self._contain(undo, seams, request, name, pipe)
-            out, err, exit_code = _launch_and_wait(undo, seams.kernel32, sid, launch, request)
+            out, err, exit_code, stalled = _launch_and_wait(
+                undo, seams.kernel32, sid, launch, request
+            )
         run = finish_run(
             request.cell_id,
             argv,
@@ -360,6 +364,14 @@ class AppContainerBackend:
             duration=time.monotonic() - start,
         )
         run.notes.extend(notes)
+        if stalled:
+            # As process.py does for held-open pipes: an empty capture would otherwise read as
+            # "the payload did not start" with nothing saying why.
+            run.notes.append(
+                f"{' and '.join(stalled)} still being read {READER_JOIN_S:.0f}s after the job "
+                "was terminated: something outside the job holds the pipe, and that output is "
+                "missing from this run"
+            )
         facts = shim_token_facts(run.stderr) if request.egress is not None else None
         if facts is not None:
             run.notes.append("token facts: " + facts)
@@ -401,8 +413,12 @@ class _Launch:
 
 def _launch_and_wait(
     undo: ExitStack, k32: w.Kernel32, sid: int, launch: _Launch, request: ProbeRequest
-) -> tuple[Capture, Capture, int | None]:
-    """Steps 4-7: job, pipes, attributes, suspended create -> job -> resume, wait, kill."""
+) -> tuple[Capture, Capture, int | None, list[str]]:
+    """Steps 4-7: job, pipes, attributes, suspended create -> job -> resume, wait, kill.
+
+    Returns stdout, stderr, the exit code (None on timeout) and the streams whose reader
+    was still running after READER_JOIN_S (their capture is empty).
+    """
     job = k32.create_job_object()
     undo.callback(k32.close_handle, job)
     k32.set_kill_on_job_close(job)
@@ -459,6 +475,7 @@ def _launch_and_wait(
         k32.wait(proc.process, 5000)
     exit_code = k32.exit_code(proc.process) if exited else None
     for reader in readers:
-        reader.join(timeout=5)
+        reader.join(timeout=READER_JOIN_S)
+    stalled = [n for n, r in zip(("stdout", "stderr"), readers, strict=True) if r.is_alive()]
     empty = Capture(b"", truncated=False)
-    return (sinks[0] or [empty])[0], (sinks[1] or [empty])[0], exit_code
+    return (sinks[0] or [empty])[0], (sinks[1] or [empty])[0], exit_code, stalled

@@ -26,6 +26,7 @@ from typing import IO, Any
 import pytest
 
 from harness.backends import _win32 as w
+from harness.backends import appcontainer
 from harness.backends.appcontainer import (
     CREATION_FLAGS,
     SHIM_SCRIPT,
@@ -467,6 +468,28 @@ class TestRun:
         rec.stderr = b'shim: token-facts {"is_app_container": true}\n'
         run = make_backend(rec).run(make_request(tmp_path, egress=False))
         assert not any(n.startswith("token facts") for n in run.notes)
+
+    def test_stuck_reader_is_noted(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A pipe still open after the job died leaves an empty capture, and a note says why."""
+        monkeypatch.setattr(appcontainer, "READER_JOIN_S", 0.2)
+        release = threading.Event()
+
+        class Stuck(io.RawIOBase):
+            def readinto(self, buffer: Any) -> int:  # never delivers a byte
+                release.wait(10)
+                return 0
+
+        rec = Recorder()
+        backend = make_backend(rec)
+        monkeypatch.setattr(FakeKernel32, "open_reader", lambda _self, _handle: Stuck())
+        try:
+            run = backend.run(make_request(tmp_path))
+        finally:
+            release.set()
+        assert not run.started
+        assert any(
+            "stdout and stderr still being read" in n and "outside the job" in n for n in run.notes
+        ), run.notes
 
     def test_attributes_capabilities_and_handle_list(self, tmp_path: Path) -> None:
         """No capabilities are granted, and only the child's three pipe ends are inheritable."""
