@@ -189,11 +189,21 @@ def _observed(attempts: list[dict[str, Any]]) -> Any:
     return "error"
 
 
+# How much of a failed attempt's own explanation a reason carries: enough to name the cause
+# ("No module named pip", "socket() refused: EPERM"), short enough to keep a verdict one line.
+SUMMARY_DETAIL_CHARS = 80
+
+
 def _summary(attempts: list[dict[str, Any]]) -> str:
+    """Each attempt as `what outcome (errno|status)`, plus a short detail when it failed."""
     parts = []
     for a in attempts:
         fact = a.get("errno") or a.get("status") or ""
-        parts.append(f"{a.get('what')} {a.get('outcome')}{f' ({fact})' if fact else ''}")
+        part = f"{a.get('what')} {a.get('outcome')}{f' ({fact})' if fact else ''}"
+        detail = " ".join(str(a.get("detail") or "").split())
+        if a.get("outcome") != "succeeded" and detail:
+            part += f": {detail[:SUMMARY_DETAIL_CHARS]}"
+        parts.append(part)
     return ", ".join(parts) or "no attempts reported"
 
 
@@ -230,7 +240,7 @@ def _judge(observed: str, seen: bool, private: str | None, reasons: list[str]) -
     if observed == "refused":
         return "refused"
     if observed == "error":
-        reasons.append("the payload could not make its attempt")
+        # decide() says "the attempt could not be made"; the payload summary says why.
         return "undecided"
     if private is not None:
         reasons.append(f"the success stayed inside the sandbox: {private}")
@@ -427,7 +437,6 @@ def _capability_escape(observed: str, seen: bool, reasons: list[str]) -> Escape:
     if observed == "refused" and not seen:
         return "refused"
     if observed == "error" and not seen:
-        reasons.append("the payload could not make its attempt")
         return "undecided"
     reasons.append("payload and origin log tell different stories")
     return "disagree"

@@ -23,6 +23,7 @@ from harness.catalog.base import (
     _Spec,
     _summary,
     _wait_for,
+    host_control_failed,
 )
 
 
@@ -79,7 +80,7 @@ class DnsResolution(_Spec):
         ]
         escape = _judge(observed, bool(hits), _private_namespace(report, "net"), reasons)
         reasons.append(
-            "host control query was logged" if control.get("ok") else "host control failed"
+            "host control query was logged" if control.get("ok") else host_control_failed(control)
         )
         return Assessment(
             escape=escape,

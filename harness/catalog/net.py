@@ -33,6 +33,7 @@ from harness.catalog.base import (
     _tunnel,
     _wait_for,
     _with_nonce,
+    host_control_failed,
 )
 
 
@@ -208,7 +209,7 @@ class NetDirectEgress(_Spec):
         ]
         escape = _judge(observed, bool(tcp or udp), _private_namespace(report, "net"), reasons)
         reasons.append(
-            "host control connect was logged" if control.get("ok") else "host control failed"
+            "host control connect was logged" if control.get("ok") else host_control_failed(control)
         )
         return Assessment(
             escape=escape,
@@ -296,7 +297,7 @@ class NetTransfer18MiB(_Spec):
         else:
             escape = _capability_escape(observed, len(full) == 1, reasons)
         if not control.get("ok"):
-            reasons.append("host control failed")
+            reasons.append(host_control_failed(control))
         return Assessment(
             escape=escape,
             controls_ok=bool(control.get("ok")),

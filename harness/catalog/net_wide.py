@@ -51,6 +51,7 @@ from harness.catalog.base import (
     _tunnel,
     _wait_for,
     _with_nonce,
+    host_control_failed,
 )
 from harness.dns import ResolveError, resolve
 from harness.egress.rules import Rule, address_allowed
@@ -1059,7 +1060,9 @@ class NetLoopbackServices(_Spec):
         escape = _judge(
             observed, bool(service_hits or origin_hits), _private_namespace(report, "net"), reasons
         )
-        reasons.append("host control was logged" if control.get("ok") else "host control failed")
+        reasons.append(
+            "host control was logged" if control.get("ok") else host_control_failed(control)
+        )
         return Assessment(
             escape=escape,
             controls_ok=bool(control.get("ok")),
@@ -1331,9 +1334,15 @@ class NetIpv6UdpIcmp(_Spec):
             )
         escape = _judge(observed, bool(seen or local_seen), private, reasons)
         if not isinstance(v6, LoopbackWitness) and escape != "escaped":
-            reasons.insert(0, "the host has no IPv6 loopback: the IPv6 attempts cannot be judged")
+            reasons.insert(
+                0,
+                "the host has no IPv6 loopback: the IPv6 attempts cannot be judged "
+                "(enable it: sysctl -w net.ipv6.conf.lo.disable_ipv6=0)",
+            )
             escape = "undecided"
-        reasons.append("host control was logged" if control.get("ok") else "host control failed")
+        reasons.append(
+            "host control was logged" if control.get("ok") else host_control_failed(control)
+        )
         return Assessment(
             escape=escape,
             controls_ok=bool(control.get("ok")),

@@ -625,3 +625,45 @@ def test_socket_refused_by_seccomp_is_a_refusal(
     monkeypatch.setattr(payload.socket, "socket", refuse)
     result = getattr(payload, function)(*args)
     assert (result["outcome"], result["errno"]) == ("refused", "EPERM")
+
+
+DEAD_CONTROL: dict[str, Any] = {
+    "ok": False,
+    "nonce": "hcontrol",
+    "checks": [{"what": "host tcp connect", "ok": False, "detail": "ECONNREFUSED"}],
+}
+
+
+class TestReasons:
+    """A verdict's reason names what failed and why, once."""
+
+    @pytest.mark.parametrize(
+        ("probe", "policy", "what"),
+        [
+            ("net_direct_egress", CONFINED, "tcp-direct"),
+            ("dns_resolution", CONFINED, "udp-query"),
+            ("net_transfer_18mib", NO_NET, "blob-https"),
+            ("pkg_pip_install", NO_NET, "pip-install"),
+        ],
+    )
+    def test_failed_host_control_names_its_check(
+        self, tmp_path: Path, probe: str, policy: DeclaredPolicy, what: str
+    ) -> None:
+        """'host control failed' alone sends the reader to the logs; the check says why."""
+        ctx = _ctx(probe, policy, tmp_path)
+        role = "capability" if probe in {"net_transfer_18mib", "pkg_pip_install"} else "escape"
+        report = {"attempts": [_a(what, role, "refused")], "facts": {}}
+        reasons = PROBES[probe].assess(ctx, report, Records(), DEAD_CONTROL).reasons
+        assert "host control failed: host tcp connect (ECONNREFUSED)" in reasons
+
+    def test_failed_attempt_carries_its_detail(self, tmp_path: Path) -> None:
+        """An error's own words (here a missing pip) reach the verdict, once."""
+        ctx = _ctx("pkg_pip_install", NO_NET, tmp_path)
+        attempt = _a("pip-install", "capability", "error")
+        attempt["detail"] = "/usr/bin/python3: No module named pip"
+        assessment = PROBES["pkg_pip_install"].assess(
+            ctx, {"attempts": [attempt]}, Records(), OK_CONTROL
+        )
+        reason = decide("denied", assessment).reason
+        assert "pip-install error: /usr/bin/python3: No module named pip" in reason
+        assert "could not make its attempt" not in reason

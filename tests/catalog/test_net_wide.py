@@ -524,6 +524,22 @@ class TestAroundDecisionTables:
             spec.cleanup(ctx)
         assert decide("denied", assessment).verdict is Verdict.FAIL
 
+    def test_no_ipv6_loopback_names_the_fix(
+        self, world: World, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without ::1 the cell is undecided, and the reason says how to enable it."""
+        monkeypatch.setattr(net_wide, "has_ipv6_loopback", lambda: False)
+        spec = NetIpv6UdpIcmp()
+        ctx = ctx_for(world, spec.id, "nunit0006")
+        spec.prepare(ctx)
+        try:
+            report = {"attempts": [attempt("udp4-datagram", "escape", "refused")], "facts": {}}
+            assessment = spec.assess(ctx, report, records(), HOST_OK | {"capabilities": {}})
+        finally:
+            spec.cleanup(ctx)
+        assert assessment.escape == "undecided"
+        assert "sysctl -w net.ipv6.conf.lo.disable_ipv6=0" in assessment.reasons[0]
+
     @pytest.mark.parametrize(
         ("netns", "escape"),
         [("net:[1]", "contained"), (None, "disagree")],
