@@ -254,26 +254,38 @@ def _conclude(
     observed: Any,
     reasons: list[str],
     *,
-    inside_ok: bool,
-    inside_failed: str,
     host_control: dict[str, Any],
-    host_failed: str,
     witness: dict[str, Any],
-    controls: dict[str, Any],
+    inside: list[dict[str, Any]] | None = None,
+    inside_ok: bool | None = None,
+    inside_failed: str | None = None,
+    host_failed: str = "host control failed",
+    controls: dict[str, Any] | None = None,
 ) -> Assessment:
     """The assessment once the escape is read: both controls must hold for it to count.
 
-    Adds the failed controls' reasons (`inside_failed`, `host_failed`) and sets `controls_ok`
-    from the in-sandbox control AND the host control, the one rule every assessor shares.
+    `inside` is the payload's in-sandbox control attempts (None: the probe has none, only the
+    host control counts) and `inside_ok` whether they held (required with `inside`). The
+    messages and the recorded controls follow from them; `inside_failed`, `host_failed` and
+    `controls` override them for callers that word their controls differently. `controls_ok`
+    is the in-sandbox control AND the host control, the one rule every assessor shares.
     """
+    if inside is not None and inside_ok is None:
+        msg = "_conclude: `inside` was given without `inside_ok` (whether those controls held)"
+        raise TypeError(msg)
+    inside_held = True if inside_ok is None else inside_ok
     host_ok = bool(host_control.get("ok"))
-    if not inside_ok:
-        reasons.append(inside_failed)
+    if not inside_held:
+        reasons.append(inside_failed or f"in-sandbox control failed: {_summary(inside or [])}")
     if not host_ok:
         reasons.append(f"{host_failed}: {_failed_checks(host_control)}")
+    if controls is None:
+        controls = (
+            {"host": host_control} if inside is None else {"inside": inside, "host": host_control}
+        )
     return Assessment(
         escape=escape,
-        controls_ok=inside_ok and host_ok,
+        controls_ok=inside_held and host_ok,
         reasons=reasons,
         observed=observed,
         witness=witness,

@@ -13,6 +13,7 @@ from harness.catalog.base import (
     WitnessRecordsLike,
     _attempts,
     _check,
+    _conclude,
     _confined_network,
     _control,
     _control_nonce,
@@ -23,7 +24,6 @@ from harness.catalog.base import (
     _Spec,
     _summary,
     _wait_for,
-    host_control_failed,
 )
 
 
@@ -79,17 +79,7 @@ class DnsResolution(_Spec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(hits), _private_namespace(report, "net"), reasons)
-        reasons.append(
-            "host control query was logged" if control.get("ok") else host_control_failed(control)
-        )
-        return Assessment(
-            escape=escape,
-            controls_ok=bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
-            witness={"dns": hits},
-            control={"host": control},
-        )
+        return _conclude(escape, observed, reasons, host_control=control, witness={"dns": hits})
 
 
 def _dns_hits(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:

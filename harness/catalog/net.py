@@ -33,7 +33,6 @@ from harness.catalog.base import (
     _tunnel,
     _wait_for,
     _with_nonce,
-    host_control_failed,
 )
 
 
@@ -141,12 +140,10 @@ class NetDeniedHost(_Spec):
             escape,
             observed,
             reasons,
+            inside=controls,
             inside_ok=inside_ok,
-            inside_failed=f"in-sandbox control failed: {_summary(controls)}",
             host_control=control,
-            host_failed="host control failed",
             witness={"proxy": proxied, "denied_origin": origin_hits},
-            controls={"inside": controls, "host": control},
         )
 
 
@@ -208,16 +205,12 @@ class NetDirectEgress(_Spec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(tcp or udp), _private_namespace(report, "net"), reasons)
-        reasons.append(
-            "host control connect was logged" if control.get("ok") else host_control_failed(control)
-        )
-        return Assessment(
-            escape=escape,
-            controls_ok=bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            host_control=control,
             witness={"direct_tcp": tcp, "direct_udp": udp},
-            control={"host": control},
         )
 
 
@@ -296,13 +289,6 @@ class NetTransfer18MiB(_Spec):
             escape: Escape = "escaped"
         else:
             escape = _capability_escape(observed, len(full) == 1, reasons)
-        if not control.get("ok"):
-            reasons.append(host_control_failed(control))
-        return Assessment(
-            escape=escape,
-            controls_ok=bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
-            witness={"origin": tagged},
-            control={"host": control},
+        return _conclude(
+            escape, observed, reasons, host_control=control, witness={"origin": tagged}
         )

@@ -51,7 +51,6 @@ from harness.catalog.base import (
     _tunnel,
     _wait_for,
     _with_nonce,
-    host_control_failed,
 )
 from harness.dns import ResolveError, resolve
 from harness.egress.rules import Rule, address_allowed
@@ -464,17 +463,15 @@ def _assess_route(
         escape,
         observed,
         reasons,
+        inside=controls,
         inside_ok=inside_ok,
-        inside_failed=f"in-sandbox control failed: {_summary(controls)}",
         host_control=control,
-        host_failed="host control failed",
         witness={
             "admitted": reading.admitted,
             "denied": reading.denies,
             "origin": reading.origin_hits,
             "direct_tcp": reading.listener_hits,
         },
-        controls={"inside": controls, "host": control},
     )
 
 
@@ -1060,16 +1057,12 @@ class NetLoopbackServices(_Spec):
         escape = _judge(
             observed, bool(service_hits or origin_hits), _private_namespace(report, "net"), reasons
         )
-        reasons.append(
-            "host control was logged" if control.get("ok") else host_control_failed(control)
-        )
-        return Assessment(
-            escape=escape,
-            controls_ok=bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            host_control=control,
             witness={"service": service_hits, "denied_origin": origin_hits},
-            control={"host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:
@@ -1164,12 +1157,10 @@ class NetProxyEnvOverride(_Spec):
             escape,
             observed,
             reasons,
+            inside=controls,
             inside_ok=inside_ok,
-            inside_failed=f"in-sandbox control failed: {_summary(controls)}",
             host_control=control,
-            host_failed="host control failed",
             witness={"rogue_proxy": rogue_hits, "denied_origin": origin_hits},
-            controls={"inside": controls, "host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:
@@ -1340,16 +1331,12 @@ class NetIpv6UdpIcmp(_Spec):
                 "(enable it: sysctl -w net.ipv6.conf.lo.disable_ipv6=0)",
             )
             escape = "undecided"
-        reasons.append(
-            "host control was logged" if control.get("ok") else host_control_failed(control)
-        )
-        return Assessment(
-            escape=escape,
-            controls_ok=bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            host_control=control,
             witness={"listeners": hits, "local_in_host_netns": local_seen},
-            control={"host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:

@@ -17,6 +17,7 @@ from harness.catalog.base import (
     _capability,
     _capability_escape,
     _check,
+    _conclude,
     _control,
     _control_nonce,
     _guarded,
@@ -26,7 +27,6 @@ from harness.catalog.base import (
     _summary,
     _wait_for,
     _with_nonce,
-    host_control_failed,
 )
 
 
@@ -123,18 +123,15 @@ class PkgPipInstall(_Spec):
             inside_ok = bool(inside) and all(
                 a.get("outcome") == "refused" and a.get("status") == 403 for a in inside
             )
-            reasons.append(
-                "install from the denied host failed with the proxy's 403"
-                if inside_ok
-                else f"denied-host install control failed: {_summary(inside)}"
-            )
-        if not control.get("ok"):
-            reasons.append(host_control_failed(control))
-        return Assessment(
-            escape=escape,
-            controls_ok=inside_ok and bool(control.get("ok")),
-            reasons=reasons,
-            observed=observed,
+            if inside_ok:
+                reasons.append("install from the denied host failed with the proxy's 403")
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside=inside,
+            inside_ok=inside_ok,
+            inside_failed=f"denied-host install control failed: {_summary(inside)}",
+            host_control=control,
             witness={"origin": tagged},
-            control={"inside": inside, "host": control},
         )

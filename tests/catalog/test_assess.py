@@ -14,6 +14,7 @@ import pytest
 
 from harness.backends.base import DeclaredPolicy
 from harness.catalog import PROBES, CellContext, FsWriteOutside, probe_path
+from harness.catalog.base import _conclude
 from harness.matrix import load_matrix
 from harness.paths import matrix_dir
 from harness.verdict import Verdict, decide
@@ -667,3 +668,55 @@ class TestReasons:
         reason = decide("denied", assessment).reason
         assert "pip-install error: /usr/bin/python3: No module named pip" in reason
         assert "could not make its attempt" not in reason
+
+
+class TestConclude:
+    """The one place both controls are combined, in its short and its old keyword form."""
+
+    def test_host_only_form(self) -> None:
+        """Without `inside`, only the host control counts and its failed check is named."""
+        assessment = _conclude("refused", "refused", [], host_control=DEAD_CONTROL, witness={})
+        assert not assessment.controls_ok
+        assert assessment.control == {"host": DEAD_CONTROL}
+        assert assessment.reasons == ["host control failed: host tcp connect (ECONNREFUSED)"]
+
+    def test_inside_form_derives_its_message(self) -> None:
+        """A failed in-sandbox control is summarised from its attempts."""
+        inside = [_a("get-allowed", "control", "refused", status=502)]
+        assessment = _conclude(
+            "refused",
+            "refused",
+            [],
+            inside=inside,
+            inside_ok=False,
+            host_control=OK_CONTROL,
+            witness={},
+        )
+        assert not assessment.controls_ok
+        assert assessment.control == {"inside": inside, "host": OK_CONTROL}
+        assert assessment.reasons == ["in-sandbox control failed: get-allowed refused (502)"]
+
+    def test_inside_without_its_verdict_is_refused(self) -> None:
+        """Controls with no word on whether they held must not default to 'held'."""
+        with pytest.raises(TypeError, match="inside_ok"):
+            _conclude("refused", "refused", [], inside=[], host_control=OK_CONTROL, witness={})
+
+    def test_old_keyword_form_still_works(self) -> None:
+        """The other assessors' call shape gives the same assessment as before."""
+        assessment = _conclude(
+            "refused",
+            "refused",
+            [],
+            inside_ok=False,
+            inside_failed="workspace control failed",
+            host_control=DEAD_CONTROL,
+            host_failed="host could not read back its canaries",
+            witness={"w": 1},
+            controls={"inside": [], "host": DEAD_CONTROL},
+        )
+        assert not assessment.controls_ok
+        assert assessment.reasons == [
+            "workspace control failed",
+            "host could not read back its canaries: host tcp connect (ECONNREFUSED)",
+        ]
+        assert assessment.control == {"inside": [], "host": DEAD_CONTROL}
