@@ -47,6 +47,7 @@ from harness.catalog.base import (
     _observed,
     _private_namespace,
     _Spec,
+    _split,
     _summary,
     _tunnel,
     _wait_for,
@@ -501,10 +502,10 @@ def _deny_control(
 ) -> list[dict[str, Any]]:
     """The host CONNECTs `authority`; the proxy must refuse it and log a line `want` accepts."""
     info = ctx.world.info
-    host, _, port = authority.rpartition(":")
+    host, port = _split(authority)
 
     def connect() -> dict[str, Any]:
-        sock, status, reason = _tunnel(info.proxy.url, host, int(port), nonce)
+        sock, status, reason = _tunnel(info.proxy.url, host, port, nonce)
         sock.close()
         ok = status in REFUSAL_STATUSES
         return _check(f"host connect {authority} refused", ok, f"{status} {reason}".strip())
@@ -673,7 +674,7 @@ class NetProxyConfusion(_RouteSpec):
         info = ctx.world.info
         allowed, denied = info.hosts["allowed"], info.hosts["denied"]
         name, http = allowed.name, allowed.http_port
-        listener_port = int(info.direct_egress.tcp.rpartition(":")[2])
+        listener_port = _split(info.direct_egress.tcp)[1]
         deny_http = f"{denied.name}:{denied.http_port}"
         n = ctx.nonce
         first = f"http://{name}:{http}/ok?nonce={n}&a=keepalive-first"
@@ -937,8 +938,7 @@ def _direct_get(address: str, port: int, host_header: str, path: str, nonce: str
 
 
 def _tcp_line(hostport: str, line: bytes) -> bytes:
-    host, _, port = hostport.rpartition(":")
-    with socket.create_connection((host.strip("[]"), int(port)), HOST_TIMEOUT_S) as sock:
+    with socket.create_connection(_split(hostport), HOST_TIMEOUT_S) as sock:
         sock.sendall(line)
         reply = b""
         with contextlib.suppress(TimeoutError):
@@ -951,11 +951,10 @@ def _tcp_line(hostport: str, line: bytes) -> bytes:
 
 
 def _udp_send(hostport: str, data: bytes) -> None:
-    host, _, port = hostport.rpartition(":")
-    host = host.strip("[]")
+    host, port = _split(hostport)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        sock.sendto(data, (host, int(port)))
+        sock.sendto(data, (host, port))
 
 
 def _denied_origin_hits(witness: WitnessRecordsLike, nonce: str) -> list[dict[str, Any]]:
