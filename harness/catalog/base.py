@@ -21,7 +21,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from harness.verdict import Assessment, Escape, Expectation
@@ -39,6 +39,8 @@ __all__ = [
     "WorldLike",
     "probe_path",
 ]
+
+T = TypeVar("T")
 
 HOST_TIMEOUT_S = 10.0
 # Fixture logs are written by server threads; give them this long to show a host control.
@@ -336,16 +338,24 @@ def _control_nonce() -> str:
     return "h" + secrets.token_hex(8)
 
 
+def _poll(read: Callable[[], T], found: Callable[[T], bool]) -> T:
+    """Call `read` until `found` holds for its result or WITNESS_WAIT_S passes; the last result.
+
+    Witness logs are written by server threads, so a host control's entry may lag its answer.
+    """
+    deadline = time.monotonic() + WITNESS_WAIT_S
+    result = read()
+    while not found(result) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        result = read()
+    return result
+
+
 def _wait_for(
     world: WorldLike, nonce: str, found: Callable[[WitnessRecordsLike], bool]
 ) -> WitnessRecordsLike:
     """Poll the world's records for `nonce` until `found` holds or WITNESS_WAIT_S passes."""
-    deadline = time.monotonic() + WITNESS_WAIT_S
-    records = world.records(nonce)
-    while not found(records) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        records = world.records(nonce)
-    return records
+    return _poll(lambda: world.records(nonce), found)
 
 
 def _split(hostport: str) -> tuple[str, int]:

@@ -45,6 +45,7 @@ from harness.catalog.base import (
     _judge,
     _namespace,
     _observed,
+    _poll,
     _private_namespace,
     _Spec,
     _split,
@@ -981,10 +982,7 @@ def _listener_control(
     what: str, listener: LoopbackWitness, nonce: str, action: Callable[[], dict[str, Any]]
 ) -> list[dict[str, Any]]:
     checks = [_guarded(what, action)]
-    deadline = time.monotonic() + 3.0
-    while not listener.records_with(nonce) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    seen = listener.records_with(nonce)
+    seen = _poll(lambda: listener.records_with(nonce), bool)
     checks.append(_check(f"{what}: listener logged it", bool(seen), f"{len(seen)} entries"))
     return checks
 

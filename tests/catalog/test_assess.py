@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness.backends.base import DeclaredPolicy
-from harness.catalog import PROBES, CellContext, FsWriteOutside, probe_path
+from harness.catalog import PROBES, CellContext, FsWriteOutside, base, probe_path
 from harness.catalog.base import _conclude
 from harness.matrix import load_matrix
 from harness.paths import matrix_dir
@@ -720,3 +720,11 @@ class TestConclude:
             "host could not read back its canaries: host tcp connect (ECONNREFUSED)",
         ]
         assert assessment.control == {"inside": [], "host": DEAD_CONTROL}
+
+
+def test_poll_waits_for_a_lagging_witness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_poll re-reads until the entry shows, and gives the last read when it never does."""
+    reads = iter([[], [], ["entry"]])
+    assert base._poll(lambda: next(reads), bool) == ["entry"]
+    monkeypatch.setattr(base, "WITNESS_WAIT_S", 0.1)
+    assert base._poll(list, bool) == []
