@@ -55,7 +55,8 @@ from harness.backends.base import (
     ProbeRequest,
     ProbeRun,
 )
-from harness.backends.process import MAX_CAPTURE_BYTES, Capture, finish_run
+from harness.backends.capture import CappedBuffer
+from harness.backends.process import Capture, finish_run
 from harness.errors import BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:
@@ -205,17 +206,10 @@ def _start_real_broker(name: str, sddl: str, proxy_url: str) -> Broker:
     return broker
 
 
-def _drain(stream: IO[bytes], sink: list[Capture]) -> None:
-    chunks: list[bytes] = []
-    size = 0
-    truncated = False
+def _drain(stream: IO[bytes], buffer: CappedBuffer) -> None:
     with stream:
         while chunk := stream.read(65536):
-            keep = chunk[: max(0, MAX_CAPTURE_BYTES - size)]
-            chunks.append(keep)
-            size += len(keep)
-            truncated = truncated or len(keep) < len(chunk)
-    sink.append(Capture(b"".join(chunks), truncated))
+            buffer.feed(chunk)  # past the cap too: the child must never block on a full pipe
 
 
 class AppContainerBackend:
@@ -369,8 +363,8 @@ class AppContainerBackend:
             # "the payload did not start" with nothing saying why.
             run.notes.append(
                 f"{' and '.join(stalled)} still being read {READER_JOIN_S:.0f}s after the job "
-                "was terminated: something outside the job holds the pipe, and that output is "
-                "missing from this run"
+                "was terminated: something outside the job holds the pipe, and whatever it "
+                "writes later is missing from this run"
             )
         facts = shim_token_facts(run.stderr) if request.egress is not None else None
         if facts is not None:
@@ -417,7 +411,7 @@ def _launch_and_wait(
     """Steps 4-7: job, pipes, attributes, suspended create -> job -> resume, wait, kill.
 
     Returns stdout, stderr, the exit code (None on timeout) and the streams whose reader
-    was still running after READER_JOIN_S (their capture is empty).
+    was still running after READER_JOIN_S (their capture holds what arrived until then).
     """
     job = k32.create_job_object()
     undo.callback(k32.close_handle, job)
@@ -460,12 +454,12 @@ def _launch_and_wait(
     # Our copies of the child's ends must close, or the readers never see EOF.
     for handle in (stdin_r, stdin_w, out_w, err_w):
         close(handle)
-    sinks: tuple[list[Capture], list[Capture]] = ([], [])
+    buffers = (CappedBuffer(), CappedBuffer())
     readers = []
-    for handle, sink in ((out_r, sinks[0]), (err_r, sinks[1])):
+    for handle, buffer in ((out_r, buffers[0]), (err_r, buffers[1])):
         stream = k32.open_reader(handle)
         closed.add(handle)  # the stream owns the handle now and closes it
-        reader = threading.Thread(target=_drain, args=(stream, sink), daemon=True)
+        reader = threading.Thread(target=_drain, args=(stream, buffer), daemon=True)
         reader.start()
         readers.append(reader)
     exited = k32.wait(proc.process, max(1, int(request.timeout * 1000)))
@@ -477,5 +471,4 @@ def _launch_and_wait(
     for reader in readers:
         reader.join(timeout=READER_JOIN_S)
     stalled = [n for n, r in zip(("stdout", "stderr"), readers, strict=True) if r.is_alive()]
-    empty = Capture(b"", truncated=False)
-    return (sinks[0] or [empty])[0], (sinks[1] or [empty])[0], exit_code, stalled
+    return buffers[0].capture(), buffers[1].capture(), exit_code, stalled

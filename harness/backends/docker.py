@@ -62,6 +62,7 @@ from harness.backends.base import (
     ProbeRun,
 )
 from harness.backends.bubblewrap import LIMITS
+from harness.backends.capture import CappedBuffer
 from harness.backends.docker_image import (
     DEFAULT_REPOSITORY,
     RUN_LABEL,
@@ -71,7 +72,7 @@ from harness.backends.docker_image import (
     remove_image,
 )
 from harness.backends.none import platform_string
-from harness.backends.process import MAX_CAPTURE_BYTES, Capture, finish_run
+from harness.backends.process import Capture, finish_run
 from harness.errors import BackendError, BackendUnavailable
 
 if TYPE_CHECKING:
@@ -330,19 +331,11 @@ class _Outcome:
 
 def _read_capped(chunks: Iterator[bytes]) -> Capture:
     """Keep the head of a log stream (where the marker and the JSON line are), up to the cap."""
-    kept: list[bytes] = []
-    size = 0
-    truncated = False
+    buffer = CappedBuffer()
     for chunk in chunks:
-        if size < MAX_CAPTURE_BYTES:
-            keep = chunk[: MAX_CAPTURE_BYTES - size]
-            kept.append(keep)
-            size += len(keep)
-            truncated = truncated or len(keep) < len(chunk)
-        else:
-            truncated = True
-            break
-    return Capture(b"".join(kept), truncated)
+        if not buffer.feed(chunk):
+            break  # a log stream can be left unread: the container is already gone
+    return buffer.capture()
 
 
 def _slug(text: str) -> str:

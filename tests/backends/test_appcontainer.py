@@ -475,7 +475,16 @@ class TestRun:
         release = threading.Event()
 
         class Stuck(io.RawIOBase):
-            def readinto(self, buffer: Any) -> int:  # never delivers a byte
+            """Delivers the start marker, then blocks like a pipe held open past the job."""
+
+            sent = False
+
+            def readinto(self, buffer: Any) -> int:
+                if not self.sent:
+                    self.sent = True
+                    line = f"{START_MARKER} n1\n".encode()
+                    buffer[: len(line)] = line
+                    return len(line)
                 release.wait(10)
                 return 0
 
@@ -486,7 +495,7 @@ class TestRun:
             run = backend.run(make_request(tmp_path))
         finally:
             release.set()
-        assert not run.started
+        assert run.started  # what arrived before the reader stuck is kept
         assert any(
             "stdout and stderr still being read" in n and "outside the job" in n for n in run.notes
         ), run.notes
