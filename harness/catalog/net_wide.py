@@ -261,6 +261,38 @@ def _stop_listeners(state: dict[str, Any]) -> None:
             value.stop()
 
 
+class _PerCellSpec(_Spec):
+    """A spec that keeps per-cell state from `prepare` (its own listeners) until `cleanup`.
+
+    The catalogue holds one instance per probe and cells may run in parallel, so the state is
+    keyed by the cell's nonce; `cleanup` stops every listener the cell started.
+    """
+
+    def __init__(self) -> None:
+        """No cell prepared yet."""
+        self._cells = _Cells()
+
+    def _listener(self, ctx: CellContext, key: str) -> LoopbackWitness | None:
+        """The cell's listener kept under `key`, or None when `prepare` did not start it."""
+        value = self._cells.get(ctx.nonce).get(key)
+        return value if isinstance(value, LoopbackWitness) else None
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Stop the cell's listeners and forget the cell."""
+        _stop_listeners(self._cells.pop(ctx.nonce))
+
+
+def _unprepared_control(what: str) -> dict[str, Any]:
+    """The host control of a cell whose `prepare` never ran: failed, saying so."""
+    return _control(_control_nonce(), [_check(what, ok=False, detail="prepare() did not run")])
+
+
+def _unprepared(what: str, observed: Any) -> Assessment:
+    """The assessment of a cell whose `prepare` never ran: nothing could witness it."""
+    reasons = [f"prepare() did not run for this cell: no {what} to witness"]
+    return Assessment("undecided", controls_ok=False, reasons=reasons, observed=observed)
+
+
 # ---------------------------------------------------------------------------------------------
 # Requests through the proxy, built on the host and sent verbatim by the payload.
 
@@ -538,12 +570,8 @@ def _allowed_control(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:
     return [_guarded("host get allowed", get)]
 
 
-class _RouteSpec(_Spec):
+class _RouteSpec(_PerCellSpec):
     """A probe whose escapes are requests through the harness proxy."""
-
-    def __init__(self) -> None:
-        """No cell prepared yet."""
-        self._cells = _Cells()
 
     def expectation(self, policy: DeclaredPolicy) -> Expectation:
         """Denied on every leg: every leg's only route is the proxy, which must refuse these."""
@@ -564,10 +592,6 @@ class _RouteSpec(_Spec):
         """The requests `prepare` built for this cell (empty if it did not run)."""
         found: list[ProxyRequest] = self._cells.get(ctx.nonce).get("requests", [])
         return found
-
-    def cleanup(self, ctx: CellContext) -> None:
-        """Forget the cell."""
-        self._cells.pop(ctx.nonce)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -987,15 +1011,11 @@ def _listener_control(
     return checks
 
 
-class NetLoopbackServices(_Spec):
+class NetLoopbackServices(_PerCellSpec):
     """Host services on 127.0.0.1 (a per-cell service, an origin's port) are out of reach."""
 
     id = "net_loopback_services"
     area = "net"
-
-    def __init__(self) -> None:
-        """No cell prepared yet."""
-        self._cells = _Cells()
 
     def expectation(self, policy: DeclaredPolicy) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
@@ -1014,10 +1034,10 @@ class NetLoopbackServices(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host gets the service's banner and the denied origin's answer, both logged."""
+        service = self._listener(ctx, "service")
+        if service is None:
+            return _unprepared_control("service")
         nonce = _control_nonce()
-        service = self._cells.get(ctx.nonce).get("service")
-        if not isinstance(service, LoopbackWitness):
-            return _control(nonce, [_check("service", ok=False, detail="prepare() did not run")])
         hostport = service.hostport(service.tcp_port)
 
         def ping() -> dict[str, Any]:
@@ -1038,10 +1058,9 @@ class NetLoopbackServices(_Spec):
         """Service log or denied-origin log with the nonce = escape; else refused/contained."""
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
-        service = self._cells.get(ctx.nonce).get("service")
-        if not isinstance(service, LoopbackWitness):
-            reasons = ["prepare() did not run for this cell: no service to witness"]
-            return Assessment("undecided", controls_ok=False, reasons=reasons, observed=observed)
+        service = self._listener(ctx, "service")
+        if service is None:
+            return _unprepared("service", observed)
         service_hits = service.records_with(ctx.nonce)
         origin_hits = _denied_origin_hits(witness, ctx.nonce)
         reasons = [
@@ -1062,20 +1081,12 @@ class NetLoopbackServices(_Spec):
             witness={"service": service_hits, "denied_origin": origin_hits},
         )
 
-    def cleanup(self, ctx: CellContext) -> None:
-        """Stop the cell's service."""
-        _stop_listeners(self._cells.pop(ctx.nonce))
 
-
-class NetProxyEnvOverride(_Spec):
+class NetProxyEnvOverride(_PerCellSpec):
     """`NO_PROXY=*` or a rogue `ALL_PROXY` must not open a way around the proxy."""
 
     id = "net_proxy_env_override"
     area = "net"
-
-    def __init__(self) -> None:
-        """No cell prepared yet."""
-        self._cells = _Cells()
 
     def expectation(self, policy: DeclaredPolicy) -> Expectation:
         """Denied wherever the network is confined: the variables are the payload's to change."""
@@ -1100,10 +1111,10 @@ class NetProxyEnvOverride(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host reaches the rogue proxy and the denied origin directly, both logged."""
+        rogue = self._listener(ctx, "rogue")
+        if rogue is None:
+            return _unprepared_control("rogue")
         nonce = _control_nonce()
-        rogue = self._cells.get(ctx.nonce).get("rogue")
-        if not isinstance(rogue, LoopbackWitness):
-            return _control(nonce, [_check("rogue", ok=False, detail="prepare() did not run")])
         hostport = rogue.hostport(rogue.tcp_port)
 
         def via_rogue() -> dict[str, Any]:
@@ -1128,10 +1139,9 @@ class NetProxyEnvOverride(_Spec):
         escapes = _attempts(report, "escape")
         controls = _attempts(report, "control")
         observed = _observed(escapes)
-        rogue = self._cells.get(ctx.nonce).get("rogue")
-        if not isinstance(rogue, LoopbackWitness):
-            reasons = ["prepare() did not run for this cell: no rogue proxy to witness"]
-            return Assessment("undecided", controls_ok=False, reasons=reasons, observed=observed)
+        rogue = self._listener(ctx, "rogue")
+        if rogue is None:
+            return _unprepared("rogue proxy", observed)
         rogue_hits = rogue.records_with(ctx.nonce)
         origin_hits = _denied_origin_hits(witness, ctx.nonce)
         reasons = [
@@ -1159,10 +1169,6 @@ class NetProxyEnvOverride(_Spec):
             host_control=control,
             witness={"rogue_proxy": rogue_hits, "denied_origin": origin_hits},
         )
-
-    def cleanup(self, ctx: CellContext) -> None:
-        """Stop the cell's rogue proxy."""
-        _stop_listeners(self._cells.pop(ctx.nonce))
 
 
 # The attempts with no host listener: judged by the payload's report and its namespace.
@@ -1196,15 +1202,11 @@ def errno_name(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or -1, type(exc).__name__)
 
 
-class NetIpv6UdpIcmp(_Spec):
+class NetIpv6UdpIcmp(_PerCellSpec):
     """IPv6 TCP/UDP, IPv4 UDP, ICMP echo and raw/packet sockets, past a TCP-minded filter."""
 
     id = "net_ipv6_udp_icmp"
     area = "net"
-
-    def __init__(self) -> None:
-        """No cell prepared yet."""
-        self._cells = _Cells()
 
     def expectation(self, policy: DeclaredPolicy) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
@@ -1234,11 +1236,10 @@ class NetIpv6UdpIcmp(_Spec):
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host reaches each listener (logged); its own local capabilities are recorded."""
         nonce = _control_nonce()
-        state = self._cells.get(ctx.nonce)
-        v4, v6 = state.get("v4"), state.get("v6")
+        v4, v6 = self._listener(ctx, "v4"), self._listener(ctx, "v6")
         checks: list[dict[str, Any]] = []
         line = f"nonce={nonce}\n".encode()
-        if isinstance(v6, LoopbackWitness):
+        if v6 is not None:
             tcp6, udp6 = v6.hostport(v6.tcp_port), v6.hostport(v6.udp_port)
 
             def tcp() -> dict[str, Any]:
@@ -1251,7 +1252,7 @@ class NetIpv6UdpIcmp(_Spec):
 
             checks += _listener_control("host tcp6 connect", v6, nonce, tcp)
             checks += _listener_control("host udp6 datagram", v6, nonce, udp)
-        if isinstance(v4, LoopbackWitness):
+        if v4 is not None:
             udp4 = v4.hostport(v4.udp_port)
 
             def udp_v4() -> dict[str, Any]:
@@ -1261,7 +1262,7 @@ class NetIpv6UdpIcmp(_Spec):
             checks += _listener_control("host udp4 datagram", v4, nonce, udp_v4)
         result = _control(nonce, checks)
         result["capabilities"] = host_capabilities()
-        result["ipv6_loopback"] = isinstance(v6, LoopbackWitness)
+        result["ipv6_loopback"] = v6 is not None
         return result
 
     def assess(
@@ -1274,19 +1275,15 @@ class NetIpv6UdpIcmp(_Spec):
         """Listener hits or a local capability used in the host's namespace = escape."""
         del witness  # this probe's witnesses are its own listeners and the namespace
         escapes = _attempts(report, "escape")
-        state = self._cells.get(ctx.nonce)
-        v4, v6 = state.get("v4"), state.get("v6")
-        if not isinstance(v4, LoopbackWitness):
-            reasons = ["prepare() did not run for this cell: no listeners to witness"]
-            return Assessment(
-                "undecided", controls_ok=False, reasons=reasons, observed=_observed(escapes)
-            )
+        v4, v6 = self._listener(ctx, "v4"), self._listener(ctx, "v6")
+        if v4 is None:
+            return _unprepared("listeners", _observed(escapes))
         hits = {
             "udp4-datagram": [e for e in v4.records_with(ctx.nonce) if e["proto"] == "udp"],
             "tcp6-connect": [],
             "udp6-datagram": [],
         }
-        if isinstance(v6, LoopbackWitness):
+        if v6 is not None:
             for entry in v6.records_with(ctx.nonce):
                 hits["tcp6-connect" if entry["proto"] == "tcp" else "udp6-datagram"].append(entry)
         private = _private_namespace(report, "net")
@@ -1321,7 +1318,7 @@ class NetIpv6UdpIcmp(_Spec):
                 f"({', '.join(capabilities[w] for w in absent)})"
             )
         escape = _judge(observed, bool(seen or local_seen), private, reasons)
-        if not isinstance(v6, LoopbackWitness) and escape != "escaped":
+        if v6 is None and escape != "escaped":
             reasons.insert(
                 0,
                 "the host has no IPv6 loopback: the IPv6 attempts cannot be judged "
@@ -1335,10 +1332,6 @@ class NetIpv6UdpIcmp(_Spec):
             host_control=control,
             witness={"listeners": hits, "local_in_host_netns": local_seen},
         )
-
-    def cleanup(self, ctx: CellContext) -> None:
-        """Stop the cell's listeners."""
-        _stop_listeners(self._cells.pop(ctx.nonce))
 
 
 SPECS: tuple[ProbeSpec, ...] = (

@@ -684,3 +684,22 @@ def test_payload_reports_how_far_a_reused_connection_got() -> None:
         0,
         2,
     )
+
+
+@pytest.mark.parametrize("spec", [NetLoopbackServices(), NetIpv6UdpIcmp()], ids=lambda s: s.id)
+def test_unprepared_cell_is_undecided_and_cleanup_stops_listeners(
+    world: World, spec: NetLoopbackServices | NetIpv6UdpIcmp
+) -> None:
+    """Without prepare() nothing witnesses the cell; after cleanup its listeners are gone."""
+    ctx = ctx_for(world, spec.id, "nunit0007")
+    report = {"attempts": [attempt("x", "escape", "refused")], "facts": {}}
+    assessment = spec.assess(ctx, report, records(), HOST_OK)
+    assert (assessment.escape, assessment.controls_ok) == ("undecided", False)
+    assert not spec.host_control(ctx)["ok"]
+    spec.prepare(ctx)
+    kept = spec._listener(ctx, "service") or spec._listener(ctx, "v4")
+    assert kept is not None
+    spec.cleanup(ctx)
+    assert spec._listener(ctx, "service") is None
+    assert spec._listener(ctx, "v4") is None
+    assert kept._stop.is_set()
