@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from harness.worldinfo import WorldInfo
 
@@ -34,6 +34,17 @@ START_MARKER = "SANDBOX-ATTEST-START"
 # socket. Any port works inside a private network namespace; a fixed one keeps the task file and
 # the profile digest stable across cells.
 SHIM_PORT = 3128
+# Inside namespaced sandboxes (bubblewrap, docker) the proxy socket and the shim always sit
+# here, so the argv (and its digest) does not depend on where this run's scratch dir is.
+SANDBOX_RUN_DIR: Final = "/run/sandbox-attest"
+SANDBOX_PROXY_SOCKET: Final = f"{SANDBOX_RUN_DIR}/proxy.sock"
+SANDBOX_SHIM: Final = f"{SANDBOX_RUN_DIR}/shim.py"
+
+
+def shim_path() -> Path:
+    """The stdlib-only shim script that bridges loopback to the proxy socket inside."""
+    return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
+
 
 # How the payload inside reaches the proxy:
 #   "shim":       the backend makes the proxy's unix socket visible inside and runs the shim, so

@@ -20,6 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+# Explicit re-exports (`X as X`): harness/catalog/host.py still imports these from here; they
+# live in base.py, shared with docker and the command backend.
+from harness.backends.base import SANDBOX_PROXY_SOCKET as SANDBOX_PROXY_SOCKET  # noqa: PLC0414
+from harness.backends.base import SANDBOX_SHIM as SANDBOX_SHIM  # noqa: PLC0414
 from harness.backends.base import (
     SHIM_PORT,
     Availability,
@@ -30,6 +34,7 @@ from harness.backends.base import (
     ProbeRequest,
     ProbeRun,
 )
+from harness.backends.base import shim_path as shim_path  # noqa: PLC0414
 from harness.backends.none import platform_string
 from harness.backends.process import run_process
 from harness.backends.seccomp import build_filter, denied_names
@@ -41,11 +46,6 @@ from harness.errors import BackendUnavailable
 LIMITS: Final = (("fsize_mib", 16), ("nofile", 256))
 POLICY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated", limits=LIMITS)
 
-# Inside the sandbox the proxy socket and the shim always sit here, so the argv (and its
-# digest) does not depend on where this run's scratch directory happens to be.
-SANDBOX_RUN_DIR: Final = "/run/sandbox-attest"
-SANDBOX_PROXY_SOCKET: Final = f"{SANDBOX_RUN_DIR}/proxy.sock"
-SANDBOX_SHIM: Final = f"{SANDBOX_RUN_DIR}/shim.py"
 
 # Top-level directories that are symlinks into /usr on merged-/usr systems (Debian 12) and real
 # directories elsewhere; bound read-only either way.
@@ -104,11 +104,6 @@ def _program_pipe(program: bytes) -> Iterator[int]:
         if write_fd != -1:
             os.close(write_fd)
         os.close(read_fd)
-
-
-def shim_path() -> Path:
-    """The stdlib-only shim script that bridges loopback to the proxy socket inside."""
-    return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
 
 
 def system_root_args() -> list[str]:

@@ -46,6 +46,7 @@ from harness.backends.base import (
     Identity,
     ProbeRequest,
     ProbeRun,
+    shim_path,
 )
 from harness.backends.none import platform_string
 from harness.backends.process import run_process
@@ -548,11 +549,6 @@ def _addresses(hosts: dict[str, Any], roles: list[str] | tuple[str, ...]) -> lis
         host = hosts[role]
         out += [f"{host.address}:{host.https_port}", f"{host.address}:{host.http_port}"]
     return out
-
-
-def shim_path() -> Path:
-    """The stdlib-only shim that bridges loopback to the proxy socket inside."""
-    return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
 
 
 def resolve_spec(name_or_path: str) -> Path | None:

@@ -53,6 +53,8 @@ from typing import TYPE_CHECKING, Any, Final, Self
 
 from harness.backends import docker_seccomp
 from harness.backends.base import (
+    SANDBOX_PROXY_SOCKET,
+    SANDBOX_SHIM,
     SHIM_PORT,
     Availability,
     DeclaredPolicy,
@@ -60,6 +62,7 @@ from harness.backends.base import (
     Identity,
     ProbeRequest,
     ProbeRun,
+    shim_path,
 )
 from harness.backends.bubblewrap import LIMITS
 from harness.backends.capture import CappedBuffer
@@ -93,11 +96,6 @@ MIB: Final = 1024 * 1024
 ULIMITS: Final = (("fsize", dict(LIMITS)["fsize_mib"] * MIB), ("nofile", dict(LIMITS)["nofile"]))
 CELL_LABEL: Final = "sandbox-attest.cell"
 
-# Inside every container the proxy socket and the shim sit here (as under bubblewrap), so the
-# command and its digest do not depend on where this run's scratch directory is.
-SANDBOX_RUN_DIR: Final = "/run/sandbox-attest"
-SANDBOX_PROXY_SOCKET: Final = f"{SANDBOX_RUN_DIR}/proxy.sock"
-SANDBOX_SHIM: Final = f"{SANDBOX_RUN_DIR}/shim.py"
 SHIM_PROXY_URL: Final = f"http://127.0.0.1:{SHIM_PORT}"
 # Where the "host-root-rw" weakening mounts the host's /.
 HOST_ROOT_TARGET: Final = "/host"
@@ -142,11 +140,6 @@ class DockerEngineError(BackendError):
 
 class DockerImageError(BackendError):
     """The image to run payloads in is missing or could not be built."""
-
-
-def shim_path() -> Path:
-    """The stdlib-only shim script that bridges loopback to the proxy socket inside."""
-    return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
 
 
 def engine_socket_path() -> str:
