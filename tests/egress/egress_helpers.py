@@ -296,10 +296,12 @@ def running_shim(socket_path: Path, *extra: str) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def shim_process(socket_path: Path, *extra: str) -> Iterator[tuple[int, int]]:
-    """The shim in serve mode with extra arguments; yields (port, pid)."""
+def shim_process(
+    socket_path: Path, *extra: str, python: str = sys.executable
+) -> Iterator[tuple[int, int]]:
+    """The shim in serve mode with extra arguments, on `python`; yields (port, pid)."""
     proc = subprocess.Popen(
-        [sys.executable, str(SHIM), "--unix", str(socket_path), "--port", "0", *extra],
+        [python, str(SHIM), "--unix", str(socket_path), "--port", "0", *extra],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -29,6 +29,7 @@ from tests.egress.egress_helpers import (
     tcp_client,
     wait_for,
 )
+from tests.py38 import python38
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -384,3 +385,30 @@ class TestShimFallback:
         assert messages == [expected]
         assert wait_for(lambda: len(proxy.decisions()) == 1)
         assert proxy.decisions()[0]["client"] == "unix"
+
+
+class TestOnPython38:
+    @pytest.mark.parametrize(("shim_args", "route"), [((), "unix-handoff"), (("--relay",), "unix")])
+    def test_shim_on_python_38_hands_off_and_relays(
+        self,
+        make_proxy: Callable[..., ProxyProcess],
+        make_origin: Callable[..., Origin],
+        shim_args: tuple[str, ...],
+        route: str,
+    ) -> None:
+        """The shim as a sandbox's 3.8 would run it: both routes carry bytes both ways."""
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin))
+        assert proxy.socket is not None
+        with (
+            shim_process(proxy.socket, *shim_args, python=python38()) as (port, _),
+            socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+        ):
+            sock.sendall(connect_request(f"allowed.test:{origin.port}", None))
+            assert read_head(sock)[0] == 200
+            sock.sendall(b"on 3.8")
+            assert sock.recv(6) == b"on 3.8"
+            sock.shutdown(socket.SHUT_WR)
+            assert read_all(sock) == b""
+        assert wait_for(lambda: len(proxy.decisions()) == 1)
+        assert (proxy.decisions()[0]["client"], proxy.decisions()[0]["bytes_up"]) == (route, 6)
