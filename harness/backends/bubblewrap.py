@@ -20,11 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-# Explicit re-exports (`X as X`): harness/catalog/host.py still imports these from here; they
-# live in base.py, shared with docker and the command backend.
-from harness.backends.base import SANDBOX_PROXY_SOCKET as SANDBOX_PROXY_SOCKET  # noqa: PLC0414
-from harness.backends.base import SANDBOX_SHIM as SANDBOX_SHIM  # noqa: PLC0414
 from harness.backends.base import (
+    SANDBOX_PROXY_SOCKET,
+    SANDBOX_SHIM,
     SHIM_PORT,
     Availability,
     DeclaredPolicy,
@@ -33,8 +31,8 @@ from harness.backends.base import (
     Identity,
     ProbeRequest,
     ProbeRun,
+    shim_path,
 )
-from harness.backends.base import shim_path as shim_path  # noqa: PLC0414
 from harness.backends.none import platform_string
 from harness.backends.process import run_process
 from harness.backends.seccomp import build_filter, denied_names

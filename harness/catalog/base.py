@@ -295,6 +295,13 @@ def _conclude(
     )
 
 
+def _all_succeeded(attempts: list[dict[str, Any]], count: int | None = None) -> bool:
+    """Every attempt succeeded (and, if given, there were exactly `count` of them)."""
+    if count is not None and len(attempts) != count:
+        return False
+    return bool(attempts) and all(a.get("outcome") == "succeeded" for a in attempts)
+
+
 def _failed_checks(control: dict[str, Any]) -> str:
     """Which checks of a host control failed and why, for a verdict's reason."""
     checks = control.get("checks") or []

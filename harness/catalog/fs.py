@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 from harness.catalog.base import (
     CellContext,
     WitnessRecordsLike,
+    _all_succeeded,
     _attempts,
     _check,
     _conclude,
@@ -28,7 +29,6 @@ from harness.catalog.base import (
     _summary,
 )
 from harness.catalog.canary import dir_canary_diff, dir_canary_state, planting, read_text
-from harness.catalog.host import _all_succeeded
 
 CANARY_NAME = "canary.txt"
 _BASELINE = "baseline.json"

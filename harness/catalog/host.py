@@ -37,6 +37,7 @@ from harness.catalog.base import (
     CellContext,
     ProbeSpec,
     WitnessRecordsLike,
+    _all_succeeded,
     _attempts,
     _check,
     _conclude,
@@ -99,12 +100,6 @@ def _refusals(attempts: list[dict[str, Any]]) -> str:
     refused = [a for a in attempts if a.get("outcome") == "refused"]
     errnos = sorted({str(a.get("errno")) for a in refused})
     return f"{len(refused)} of {len(attempts)} attempts refused ({','.join(errnos) or '-'})"
-
-
-def _all_succeeded(attempts: list[dict[str, Any]], count: int | None = None) -> bool:
-    if count is not None and len(attempts) != count:
-        return False
-    return bool(attempts) and all(a.get("outcome") == "succeeded" for a in attempts)
 
 
 def _fs_confined(policy: DeclaredPolicy) -> Expectation:
@@ -740,14 +735,17 @@ class EnvInheritance(_Spec):
 
 def _sandbox_route_paths() -> tuple[str, str, int]:
     """Where namespaced backends mount the proxy socket and shim, and the shim's port."""
-    from harness.backends.base import SHIM_PORT  # noqa: PLC0415  (keeps backends off import path)
-    from harness.backends.bubblewrap import SANDBOX_PROXY_SOCKET, SANDBOX_SHIM  # noqa: PLC0415
+    from harness.backends.base import (  # noqa: PLC0415  (keeps backends off import path)
+        SANDBOX_PROXY_SOCKET,
+        SANDBOX_SHIM,
+        SHIM_PORT,
+    )
 
     return SANDBOX_PROXY_SOCKET, SANDBOX_SHIM, SHIM_PORT
 
 
 def _real_shim() -> Path:
-    from harness.backends.bubblewrap import shim_path  # noqa: PLC0415
+    from harness.backends.base import shim_path  # noqa: PLC0415
 
     return shim_path()
 

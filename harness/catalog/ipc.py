@@ -6,7 +6,7 @@ import functools
 import socket
 from typing import TYPE_CHECKING, Any
 
-from harness.catalog.host import _all_succeeded
+from harness.catalog.base import _all_succeeded
 from harness.verdict import Assessment, Expectation
 
 if TYPE_CHECKING:

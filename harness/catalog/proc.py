@@ -39,6 +39,7 @@ from harness.catalog.base import (
     CellContext,
     ProbeSpec,
     WitnessRecordsLike,
+    _all_succeeded,
     _attempts,
     _check,
     _conclude,
@@ -55,7 +56,6 @@ from harness.catalog.base import (
     _with_nonce,
     probe_path,
 )
-from harness.catalog.host import _all_succeeded
 from harness.errors import FixtureError
 from harness.verdict import Assessment, Escape, Expectation
 
@@ -296,8 +296,7 @@ def _self_reported(observed: str, reasons: list[str]) -> Escape:
         return "escaped"
     if observed == "refused":
         return "refused"
-    reasons.append("the payload could not make its attempt")
-    return "undecided"
+    return "undecided"  # decide() words it: "the attempt could not be made"
 
 
 # ---------------------------------------------------------------------------------------------
