@@ -143,7 +143,7 @@ def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]
             names the file or the name and the fix).
     """
     from harness.attest.policy import load_policy  # noqa: PLC0415
-    from harness.backends.command import resolve_spec, specs_dir  # noqa: PLC0415
+    from harness.backends.command import available_specs, resolve_spec, specs_dir  # noqa: PLC0415
     from harness.matrix import load_matrix  # noqa: PLC0415
     from harness.session import check_names, with_spec_backends  # noqa: PLC0415
 
@@ -152,11 +152,10 @@ def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]
     known = [row.name for row in loaded.backends]
     for name in chosen:
         if name not in known and resolve_spec(name) is None:
-            spec_names = sorted(p.stem for p in specs_dir().glob("*.toml"))
             raise ConfigError(
                 f"unknown backend {name!r}: not a [[backend]] of {matrix} "
                 f"({', '.join(known)}) nor a spec in {specs_dir()} "
-                f"({', '.join(spec_names) or 'none'}); put {name}.toml there or pass "
+                f"({', '.join(available_specs()) or 'none'}); put {name}.toml there or pass "
                 "--backend-spec FILE"
             )
 

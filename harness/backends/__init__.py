@@ -119,14 +119,23 @@ def create_backend(name: str) -> Backend:  # noqa: PLR0911  (one return per back
         return AppContainerBackend()
     # Not a built-in: a command-wrapper spec, registered by path, named in matrix/backends/,
     # or a path to a spec file.
-    from harness.backends.command import CommandBackend, resolve_spec, specs_dir  # noqa: PLC0415
+    from harness.backends.command import (  # noqa: PLC0415
+        CommandBackend,
+        available_specs,
+        looks_like_path,
+        resolve_spec,
+        specs_dir,
+    )
     from harness.backends.spec import BUILTIN_BACKENDS  # noqa: PLC0415
 
     spec_path = _REGISTERED_SPECS.get(name) or resolve_spec(name)
     if spec_path is not None:
         return CommandBackend.from_path(spec_path)
+    if looks_like_path(name):
+        raise ConfigError(f"backend spec {name} not found; pass the path of an existing .toml")
+    specs = ", ".join(available_specs()) or "none yet"
     raise ConfigError(
-        f"unknown backend {name!r}; known: {', '.join(BUILTIN_BACKENDS)}, "
-        f"or a command-wrapper spec: put {name}.toml in "
-        f"{specs_dir()} or pass --backend-spec FILE"
+        f"unknown backend {name!r}; built in: {', '.join(BUILTIN_BACKENDS)}; specs in "
+        f"{specs_dir()}: {specs}. For another wrapper put {name}.toml there or pass "
+        "--backend-spec FILE"
     )

@@ -552,9 +552,19 @@ def _addresses(hosts: dict[str, Any], roles: list[str] | tuple[str, ...]) -> lis
 
 
 def resolve_spec(name_or_path: str) -> Path | None:
-    """`X` -> matrix/backends/X.toml if it exists; a path to a .toml file as is."""
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or os.sep in name_or_path:
-        return candidate
+    """`X` -> matrix/backends/X.toml, or a path to a .toml file; None unless that file exists."""
+    if looks_like_path(name_or_path):
+        candidate = Path(name_or_path)
+        return candidate if candidate.is_file() else None
     named = specs_dir() / f"{name_or_path}.toml"
     return named if named.is_file() else None
+
+
+def looks_like_path(name_or_path: str) -> bool:
+    """A backend given as a spec file's path rather than a name."""
+    return name_or_path.endswith(".toml") or os.sep in name_or_path
+
+
+def available_specs() -> list[str]:
+    """Names of the spec files in matrix/backends/ (what `--backend NAME` can find)."""
+    return sorted(p.stem for p in specs_dir().glob("*.toml"))

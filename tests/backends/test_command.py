@@ -20,7 +20,7 @@ import harness.backends
 from harness.backends import create_backend, register_spec
 from harness.backends.base import Backend, EgressRoute, ProbeRequest
 from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.command import RUN_TAG_VAR, CommandBackend, tagged_pids
+from harness.backends.command import RUN_TAG_VAR, CommandBackend, resolve_spec, tagged_pids
 from harness.backends.none import NoneBackend
 from harness.backends.spec import load_spec
 from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
@@ -206,6 +206,20 @@ class TestSpecValidation:
         """An unknown backend name points at matrix/backends/ and --backend-spec."""
         with pytest.raises(ConfigError, match="--backend-spec FILE"):
             create_backend("no-such-sandbox")
+
+    def test_unknown_name_lists_the_specs_there_are(self) -> None:
+        """A typo'd name shows the spec names it could have meant (plain pytest mode too)."""
+        with pytest.raises(ConfigError) as info:
+            create_backend("fierjail")
+        assert "firejail" in str(info.value)
+        assert "bwrap-generic" in str(info.value)
+
+    def test_missing_spec_path_is_not_found(self, tmp_path: Path) -> None:
+        """A path to no file resolves to nothing, so name checks catch it before any run."""
+        missing = tmp_path / "nope.toml"
+        assert resolve_spec(str(missing)) is None
+        with pytest.raises(ConfigError, match=f"backend spec {missing} not found"):
+            create_backend(str(missing))
 
 
 class TestAvailability:
