@@ -25,8 +25,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     matrix = Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml"
     policy = Path(args.policy) if args.policy else matrix_dir() / "policy.toml"
     _preflight(matrix, policy, args.backend, args.backend_spec)
-    if args.key:
-        _check_key(Path(args.key))
+    _check_key(Path(args.key) if args.key else None)
     out = Path(args.out) if args.out else Path("reports") / new_run_id()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -124,8 +123,11 @@ def _print_gate(failures: list[str], warnings: list[str], signed: str) -> int:
     return 0
 
 
-def _check_key(key: Path) -> None:
-    """Load the --key now, so a bad key stops the run before it starts, not after it ends.
+def _check_key(key: Path | None) -> None:
+    """Load the signing key now, so a bad key stops the run before it starts.
+
+    The same key `finish` will sign with: --key, else $SANDBOX_ATTEST_SIGNING_KEY, else the
+    per-machine one.
 
     Raises:
         ConfigError: the key cannot be read, is encrypted, or is not Ed25519.

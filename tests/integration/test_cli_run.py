@@ -373,11 +373,16 @@ class TestBadInput:
         assert not (tmp_path / "r").exists()
 
     @pytest.mark.slow
-    def test_unsigned_run_fails_the_gate(self, tmp_path: Path) -> None:
-        """A run whose attestation could not be signed exits non-zero, saying why."""
+    def test_bad_signing_key_in_env_stops_before_the_run(self, tmp_path: Path) -> None:
+        """A key that cannot sign is found before any cell runs: exit 2, one line, no report.
+
+        (It used to surface only after the whole run as 'attestation was not written'; that
+        late path is still covered by test_plain_pytest_unsigned_report_does_not_exit_0.)
+        """
         env = {**os.environ, "SANDBOX_ATTEST_SIGNING_KEY": "not a key"}
+        out = tmp_path / "r"
         proc = subprocess.run(
-            [*CLI, "run", "--backend", "bubblewrap", "--out", str(tmp_path / "r"), "-j", "2"],
+            [*CLI, "run", "--backend", "bubblewrap", "--out", str(out), "-j", "2"],
             capture_output=True,
             text=True,
             timeout=600,
@@ -385,8 +390,10 @@ class TestBadInput:
             env=env,
             cwd=Path(__file__).parent.parent.parent,
         )
-        assert proc.returncode == 1, proc.stdout[-3000:]
-        assert "gate: the attestation was not written" in proc.stdout
+        assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert "SANDBOX_ATTEST_SIGNING_KEY" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not out.exists()
 
 
 class TestBackendsCommand:
