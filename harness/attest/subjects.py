@@ -1,0 +1,64 @@
+"""What an attestation covers: every file a person reads, named and digested one way.
+
+Signer and verifier both import this, so the set of subjects and the digest of the allure
+directory cannot drift apart. A person reads evidence.json, junit.xml, report.html and
+summary.md, and a team reads allure-results/ through Allure; a signature that left any of
+them out would let that file say something the signed gate does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from typing import TYPE_CHECKING
+
+from harness.errors import ReportError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+EVIDENCE = "evidence.json"
+JUNIT = "junit.xml"
+HTML = "report.html"
+SUMMARY = "summary.md"
+ALLURE_DIR = "allure-results"
+# A directory subject is named with a trailing slash, so a reader sees it is a tree digest.
+ALLURE_SUBJECT = ALLURE_DIR + "/"
+FILE_SUBJECTS = (EVIDENCE, JUNIT, HTML, SUMMARY)
+ALL_SUBJECTS = (*FILE_SUBJECTS, ALLURE_SUBJECT)
+
+
+def tree_sha256(root: Path) -> str:
+    """Hex sha256 over a directory tree: each regular file's relative path and content digest.
+
+    The lines `sha256(content) <TAB> relative/path <LF>`, sorted by path, are hashed once. A
+    missing directory digests as the empty tree, so "no allure results" is also pinned.
+
+    Raises:
+        ReportError: the tree holds anything but directories and regular files (a symlink, a
+            FIFO): nothing the harness writes is one, so such an entry was planted.
+    """
+    entries: list[tuple[str, str]] = []
+    if root.is_symlink():
+        raise ReportError(f"{root} is a symlink; the report directory was tampered with")
+    if not root.exists():
+        return hashlib.sha256(b"").hexdigest()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            rel = os.path.relpath(path, root)
+            if not stat.S_ISREG(mode):
+                raise ReportError(
+                    f"{root}/{rel} is not a regular file; the report directory was tampered "
+                    "with (re-run into a new --out directory)"
+                )
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as handle:
+                digest = hashlib.sha256(handle.read()).hexdigest()
+            entries.append((rel, digest))
+    text = "".join(f"{digest}\t{rel}\n" for rel, digest in sorted(entries))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
