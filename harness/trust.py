@@ -1,0 +1,206 @@
+"""Trust domains: the uid that sandboxed code runs as, apart from the harness that judges it.
+
+The harness holds what a hostile payload would want: the signing key (in its signer process),
+the report directory, and the fixture logs that witness an escape. A payload, or the wrapper
+that starts it, running as the harness's own user could read all of them through
+`/proc/<ancestor>/environ`, `cmdline` and `cwd`, whatever the wrapper's own environment says.
+So where the harness runs as root on Linux, every sandboxed command (the control leg's
+payload, bubblewrap, a command wrapper, and the host baselines that stand in for an
+unconfined payload) runs as a dedicated unprivileged user, `sandbox-attest` by default,
+created on first use. That is also how real agents run: as an ordinary user.
+
+What this does not do: it does not confine anything. The payload uid can still do whatever an
+ordinary user can do on the host; the probes measure what the sandbox takes away from that.
+Where the harness is not root (or not on Linux) it cannot switch uid, and `trust_domains()`
+says so; the signed statement carries that fact and `verify` prints it.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError
+
+# The default payload user. A system account: no password, no login shell, its own group.
+PAYLOAD_USER = "sandbox-attest"
+# Its home, owned by it: canaries that stand for "the user's secrets" are planted here, so a
+# run never writes fake secrets into a real person's home.
+PAYLOAD_HOME = Path("/var/lib/sandbox-attest/home")
+# Override for tests and for hosts that keep their own account: the name of an existing user.
+USER_ENV = "SANDBOX_ATTEST_PAYLOAD_USER"
+
+
+@dataclass(frozen=True)
+class PayloadUser:
+    """The unprivileged account sandboxed commands run as.
+
+    No public constructor: get one from `payload_user()`.
+    """
+
+    name: str
+    uid: int
+    gid: int
+    groups: frozenset[int]
+    home: Path
+
+    def popen_kwargs(self) -> dict[str, Any]:
+        """`subprocess.Popen` arguments that start a child as this user and nothing more.
+
+        `extra_groups` is set explicitly: without it the child would keep root's
+        supplementary groups (docker, disk, ...), which is a privilege the payload must not
+        inherit from the harness.
+        """
+        return {"user": self.uid, "group": self.gid, "extra_groups": sorted(self.groups)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The user as it goes into the evidence."""
+        return {
+            "name": self.name,
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": sorted(self.groups),
+            "home": str(self.home),
+        }
+
+
+_lock = threading.Lock()
+_cached: dict[str, PayloadUser | None] = {}
+
+
+def separation_possible() -> tuple[bool, str]:
+    """Whether this process can run children as another uid, and why not."""
+    if not sys.platform.startswith("linux"):
+        return False, f"uid separation is implemented on Linux only (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return False, (
+            f"the harness runs as uid {os.geteuid()}, not root, so it cannot start sandboxed "
+            "commands as another user; they run as the harness's own user"
+        )
+    return True, ""
+
+
+def _lookup(name: str) -> PayloadUser:
+    entry = pwd.getpwnam(name)
+    if entry.pw_uid == 0:
+        raise ConfigError(
+            f"payload user {name!r} is uid 0; sandboxed commands must run as an unprivileged "
+            f"user: unset ${USER_ENV} or name an ordinary account"
+        )
+    groups = frozenset(g.gr_gid for g in grp.getgrall() if name in g.gr_mem) - {entry.pw_gid}
+    return PayloadUser(name, entry.pw_uid, entry.pw_gid, groups, Path(entry.pw_dir))
+
+
+def _create(name: str) -> None:
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    PAYLOAD_HOME.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    argv = [
+        useradd,
+        "--system",
+        "--user-group",
+        "--home-dir",
+        str(PAYLOAD_HOME),
+        "--create-home",
+        "--shell",
+        "/usr/sbin/nologin",
+        "--comment",
+        "sandbox-attest payloads",
+        name,
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)  # noqa: S603
+    # Exit 9: the name exists already (another run created it a moment ago): fine.
+    if done.returncode not in (0, 9):
+        raise ConfigError(
+            f"could not create the payload user {name!r} ({' '.join(argv)} exited "
+            f"{done.returncode}: {done.stderr.strip()}); create it by hand with that command, "
+            f"or name an existing unprivileged user in ${USER_ENV}"
+        )
+
+
+def payload_user(name: str | None = None) -> PayloadUser | None:
+    """The payload user of this run, created on first use; None where there is no separation.
+
+    Args:
+        name: an account to use instead of the default (a spec's `[run] user`); by default
+            `$SANDBOX_ATTEST_PAYLOAD_USER`, else `sandbox-attest`.
+
+    Raises:
+        ConfigError: the account is root, or cannot be created; the message names the fix.
+    """
+    ok, _ = separation_possible()
+    if not ok:
+        return None
+    wanted = name or os.environ.get(USER_ENV) or PAYLOAD_USER
+    with _lock:
+        if wanted in _cached:
+            return _cached[wanted]
+        try:
+            user = _lookup(wanted)
+        except KeyError:
+            if wanted != PAYLOAD_USER:
+                raise ConfigError(
+                    f"payload user {wanted!r} does not exist; create it (useradd --system "
+                    f"{wanted}) or unset ${USER_ENV} to use {PAYLOAD_USER!r}"
+                ) from None
+            _create(wanted)
+            user = _lookup(wanted)
+        _ensure_home(user)
+        _cached[wanted] = user
+        return user
+
+
+def _ensure_home(user: PayloadUser) -> None:
+    """The home exists, belongs to the user, and only the user (and root) can enter it."""
+    home = user.home
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = home.lstat()
+    if st.st_uid != user.uid:
+        os.chown(home, user.uid, user.gid, follow_symlinks=False)
+    home.chmod(0o700)
+
+
+def trust_domains(user: PayloadUser | None) -> dict[str, Any]:
+    """The fact the signed statement records: who judged, and who ran the judged code."""
+    ok, reason = separation_possible()
+    if user is None:
+        return {
+            "separated": False,
+            "harness_uid": os.geteuid() if hasattr(os, "geteuid") else None,
+            "payload_uid": os.geteuid() if hasattr(os, "geteuid") else None,
+            "payload_user": None,
+            "reason": reason if not ok else "uid separation was turned off for this run",
+        }
+    return {
+        "separated": True,
+        "harness_uid": os.geteuid(),
+        "payload_uid": user.uid,
+        "payload_user": user.name,
+        "reason": (
+            f"sandboxed commands ran as {user.name} (uid {user.uid}), the harness and its "
+            f"signer as uid {os.geteuid()}"
+        ),
+    }
+
+
+def give(path: Path, user: PayloadUser | None, *, recursive: bool = False) -> None:
+    """Hand a harness-made path to the payload user (no-op without separation).
+
+    Used for what an unconfined payload must be able to touch (its workspace, the canaries a
+    control leg must reach), so that a denial inside a sandbox is the sandbox's doing, not
+    file permissions. Never follows symlinks.
+    """
+    if user is None:
+        return
+    os.chown(path, user.uid, user.gid, follow_symlinks=False)
+    if recursive and path.is_dir() and not path.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+            for name in dirnames + filenames:
+                os.chown(Path(dirpath) / name, user.uid, user.gid, follow_symlinks=False)
