@@ -115,7 +115,7 @@ def _create(name: str) -> None:
         "sandbox-attest payloads",
         name,
     ]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)  # noqa: S603
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
     # Exit 9: the name exists already (another run created it a moment ago): fine.
     if done.returncode not in (0, 9):
         raise ConfigError(
