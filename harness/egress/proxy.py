@@ -62,6 +62,7 @@ from harness.egress.rules import (
     canonical_host,
 )
 from harness.errors import ConfigError, FixtureError
+from harness.jsonlines import read_complete_lines
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -216,11 +217,15 @@ class ProxyProcess:
     _stopped: bool = field(default=False, repr=False)
 
     def decisions(self) -> list[dict[str, object]]:
-        """Every decision line written so far, parsed."""
-        if not self.decision_log.exists():
-            return []
-        lines = self.decision_log.read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        """Every decision line the child has finished writing so far, parsed, oldest first.
+
+        The child appends while the session reads, so a last line without its newline is
+        still being written: it is left for a later call, never parsed (issue 18).
+
+        Raises:
+            LogLineError: a complete line is not a JSON object (names the file and line).
+        """
+        return read_complete_lines(self.decision_log)
 
     def stop(self) -> None:
         """SIGTERM the process group, wait with a deadline, then SIGKILL; safe to call twice."""
