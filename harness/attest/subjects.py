@@ -11,12 +11,9 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from harness.errors import ReportError
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 EVIDENCE = "evidence.json"
 JUNIT = "junit.xml"
@@ -46,11 +43,11 @@ def tree_sha256(root: Path) -> str:
         return hashlib.sha256(b"").hexdigest()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         for name in sorted(dirnames + filenames):
-            path = os.path.join(dirpath, name)
-            mode = os.lstat(path).st_mode
+            path = Path(dirpath) / name
+            mode = path.lstat().st_mode
             if stat.S_ISDIR(mode):
                 continue
-            rel = os.path.relpath(path, root)
+            rel = path.relative_to(root).as_posix()
             if not stat.S_ISREG(mode):
                 raise ReportError(
                     f"{root}/{rel} is not a regular file; the report directory was tampered "
