@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import __version__
+from harness.provenance import harness_provenance
 
 SCHEMA = "sandbox-attest/evidence/v1"
 
@@ -44,6 +44,20 @@ def platform_facts() -> dict[str, str]:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "executable": sys.executable,
+    }
+
+
+def run_inputs(writer: EvidenceWriter) -> dict[str, dict[str, str]]:
+    """The files a run is judged by, each `{"path", "sha256"}`: the policy and the matrix.
+
+    The policy is hashed as it is now (the bytes the gate is derived with). The matrix
+    digest is the one the session loaded; its path is recorded when the writer knows it
+    (a `matrix_path` attribute), else left empty.
+    """
+    matrix_path = getattr(writer, "matrix_path", None)
+    return {
+        "policy": {"path": str(writer.policy_path), "sha256": file_sha256(writer.policy_path)},
+        "matrix": {"path": str(matrix_path or ""), "sha256": writer.matrix_digest},
     }
 
 
@@ -74,17 +88,24 @@ class EvidenceWriter:
             os.fsync(handle.fileno())
 
     def document(self, *, complete: bool) -> dict[str, Any]:
-        """The whole evidence document as it stands."""
+        """The whole evidence document as it stands.
+
+        `harness` pins what ran (see `harness.provenance.harness_provenance`) and `inputs`
+        the files the run was judged by; `policy` and `matrix` repeat them at the top level
+        for the renderers and older readers.
+        """
+        inputs = run_inputs(self)
         return {
             "schema": SCHEMA,
             "run_id": self.run_id,
             "complete": complete,
             "started_at": self.started_at,
             "finished_at": utc_now(),
-            "harness": {"version": __version__},
+            "harness": harness_provenance(),
             "platform": platform_facts(),
-            "policy": {"path": str(self.policy_path), "sha256": file_sha256(self.policy_path)},
-            "matrix": {"sha256": self.matrix_digest},
+            "inputs": inputs,
+            "policy": dict(inputs["policy"]),
+            "matrix": dict(inputs["matrix"]),
             "backends": self.backends,
             "cells": self.cells,
         }

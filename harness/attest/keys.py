@@ -4,6 +4,12 @@ A key comes from `--key FILE`, else from `$SANDBOX_ATTEST_SIGNING_KEY` (PEM text
 else from a per-machine key created on first use. That last one only proves "the same machine
 signed this"; it is marked untrusted, the report says so, and `verify` refuses it unless asked
 explicitly (`--trusted-key` naming it AND `--allow-untrusted-local`).
+
+Trust comes from the key, never from the payload: when the harness creates (or first loads)
+the per-machine key it appends the key's keyid to a registry it owns beside the key
+(`untrusted-keys`, one keyid per line, 0600). `verify` and `merge` look the verified keyid
+up there. A field the signer wrote (`signer.trust`) is information only: whoever holds the
+local key can sign any payload, including one that says `"trust": "provided"`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ if TYPE_CHECKING:
 
 ENV_VAR = "SANDBOX_ATTEST_SIGNING_KEY"
 LOCAL_KEY_NAME = Path("sandbox-attest") / "local-signing-key.pem"
+REGISTRY_NAME = "untrusted-keys"
+# Not every platform has O_NOFOLLOW (Windows); there the config dir's ACL is what protects it.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_KEYID = frozenset("0123456789abcdef")
 
 Trust = Literal["provided", "untrusted-local"]
 
@@ -162,6 +172,113 @@ def local_key_path(env: Mapping[str, str]) -> Path:
     return Path(config) / LOCAL_KEY_NAME
 
 
+def untrusted_registry_path(env: Mapping[str, str]) -> Path:
+    """The registry of untrusted per-machine keyids: `untrusted-keys` beside the local key."""
+    return local_key_path(env).parent / REGISTRY_NAME
+
+
+def _check_registry_owner(path: Path, fd: int) -> None:
+    """Refuse a registry another user could edit: deleting a line would make a key trusted."""
+    info = os.fstat(fd)
+    getuid = getattr(os, "getuid", None)
+    if getuid is not None and info.st_uid != getuid():
+        raise ConfigError(
+            f"{path} is owned by uid {info.st_uid}, not by this user; it decides which keys "
+            f"are untrusted, so only its owner may write it: `rm {path}` and sign once to "
+            "recreate it"
+        )
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        raise ConfigError(
+            f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}); "
+            f"run `chmod 600 {path}`"
+        )
+
+
+def read_untrusted_keyids(path: Path) -> frozenset[str]:
+    """The keyids listed in an untrusted-keys registry (a missing file lists none).
+
+    Raises:
+        ConfigError: the registry is a symlink, another user's, or writable by others.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except FileNotFoundError:
+        return frozenset()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the untrusted-key registry {path}: {exc.strerror}; it must be a "
+            "regular file (not a symlink) owned by this user"
+        ) from exc
+    with os.fdopen(fd, "rb") as handle:
+        _check_registry_owner(path, handle.fileno())
+        text = handle.read().decode("utf-8", errors="replace")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip())
+
+
+def register_untrusted(path: Path, keyid: str) -> None:
+    """Append `keyid` to the registry at `path` unless it is listed already.
+
+    The file is created 0600 with O_EXCL (two first runs cannot clobber each other) and
+    otherwise appended to with O_APPEND, so a concurrent writer's line is never lost.
+
+    Raises:
+        ConfigError: `keyid` is not lowercase hex, or the registry is unsafe (see
+            `read_untrusted_keyids`).
+    """
+    if not keyid or not set(keyid) <= _KEYID:
+        raise ConfigError(f"keyid {keyid!r} is not lowercase hex; it cannot be registered")
+    if keyid in read_untrusted_keyids(path):
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+    except FileExistsError:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW)
+    with os.fdopen(fd, "ab") as handle:
+        _check_registry_owner(path, handle.fileno())
+        handle.write(keyid.encode("ascii") + b"\n")
+
+
+def check_key_file_private(path: Path, payload_uid: int | None, payload_gids: set[int]) -> None:
+    """Refuse a signing-key file the payload's uid could read (or replace).
+
+    Call it before a run whose payloads run as `payload_uid`. It checks the file itself
+    (after symlinks, i.e. the bytes that would be read), not the directories above it.
+
+    Args:
+        path: the private key file.
+        payload_uid: the uid sandboxed commands run as; None when the domains are not
+            separated (then only world access is checked: the payload is the harness's user).
+        payload_gids: every group the payload uid is in.
+
+    Raises:
+        ConfigError: the file is owned by the payload uid, readable or writable through a
+            group the payload uid is in, or by everyone; the message names the fix.
+    """
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot stat signing key {path}: {exc.strerror}; check the path"
+        ) from exc
+    mode = stat.S_IMODE(info.st_mode)
+    fix = f"`chown root:root {path} && chmod 600 {path}` (or chown it to the harness's user)"
+    problem = ""
+    if payload_uid is not None and info.st_uid == payload_uid:
+        problem = f"is owned by the payload uid {payload_uid}"
+    elif mode & 0o066 and info.st_gid in payload_gids:
+        problem = (
+            f"is group-accessible (mode {mode:o}) by gid {info.st_gid}, a group of the payload uid"
+        )
+    elif mode & 0o006:
+        problem = f"is accessible to everyone (mode {mode:o})"
+    if problem:
+        raise ConfigError(
+            f"signing key {path} {problem}, so a sandboxed payload could read it and sign "
+            f"its own report; run {fix}"
+        )
+
+
 def _load_or_create_local(path: Path) -> Ed25519PrivateKey:
     if path.exists():
         mode = stat.S_IMODE(path.stat().st_mode)
@@ -183,6 +300,17 @@ def _load_or_create_local(path: Path) -> Ed25519PrivateKey:
     return key
 
 
+def _provided(key: Ed25519PrivateKey, source: str, env: Mapping[str, str]) -> SigningKey:
+    """A key given by --key or the variable: untrusted all the same if the registry lists it.
+
+    Passing the per-machine key's file as `--key` does not make it a release key.
+    """
+    signing = SigningKey.from_private_key(key, source)
+    if signing.keyid in read_untrusted_keyids(untrusted_registry_path(env)):
+        return SigningKey(signing.private_key, signing.keyid, source, "untrusted-local")
+    return signing
+
+
 def load_signing_key(key_path: Path | None, env: Mapping[str, str]) -> SigningKey:
     """Find the key to sign a report with.
 
@@ -199,18 +327,22 @@ def load_signing_key(key_path: Path | None, env: Mapping[str, str]) -> SigningKe
     """
     if key_path is not None:
         key = _parse_private(_read(key_path, "--key file"), f"--key {key_path}")
-        return SigningKey.from_private_key(key, f"file:{key_path}")
+        return _provided(key, f"file:{key_path}", env)
     value = env.get(ENV_VAR, "").strip()
     if value:
         if value.startswith("-----BEGIN"):
             key = _parse_private(value.encode("utf-8"), f"${ENV_VAR}")
         else:
             key = _parse_private(_read(Path(value), f"${ENV_VAR} file"), f"${ENV_VAR}={value}")
-        return SigningKey.from_private_key(key, f"env:{ENV_VAR}")
+        return _provided(key, f"env:{ENV_VAR}", env)
     path = local_key_path(env)
-    return SigningKey.from_private_key(
+    local = SigningKey.from_private_key(
         _load_or_create_local(path), f"local:{path}", trust="untrusted-local"
     )
+    # Registered on every load, not only at creation: a key made before the registry
+    # existed is listed the first time it signs again.
+    register_untrusted(untrusted_registry_path(env), local.keyid)
+    return local
 
 
 def load_trusted_key(path: Path) -> TrustedKey:

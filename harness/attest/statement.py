@@ -12,6 +12,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from harness.attest.subjects import ALLURE_SUBJECT, FILE_SUBJECTS
 from harness.errors import ReportError
 
 if TYPE_CHECKING:
@@ -113,50 +114,150 @@ def default_platform(evidence: Mapping[str, Any]) -> str:
     return "unknown"
 
 
+def _pinned(value: object) -> str:
+    """sha256 over the compact sorted JSON of `value`: the digest of a fact with no file."""
+    return sha256_hex(_dumps(value).encode("utf-8"))
+
+
+def report_subjects(files: Mapping[str, bytes], allure_sha256: str) -> list[dict[str, Any]]:
+    """The subjects of one run's statements: every file a person reads, in `ALL_SUBJECTS` order.
+
+    Args:
+        files: the exact bytes of each of `subjects.FILE_SUBJECTS`, as they are written.
+        allure_sha256: `subjects.tree_sha256` of allure-results/.
+
+    Raises:
+        ReportError: one of the files is not given; a signature must cover all of them.
+    """
+    missing = [name for name in FILE_SUBJECTS if name not in files]
+    if missing:
+        raise ReportError(
+            f"{missing[0]} is not written yet; sign after the run has written "
+            f"{', '.join(FILE_SUBJECTS)} and allure-results/"
+        )
+    out = [subject(name, files[name]) for name in FILE_SUBJECTS]
+    out.append({"name": ALLURE_SUBJECT, "digest": {"sha256": allure_sha256}})
+    return out
+
+
+def _harness_entry(harness: Mapping[str, Any]) -> dict[str, Any]:
+    """The `harness` configuration entry: package digest, git commit, probes digest."""
+    version = str(harness.get("version", "unknown"))
+    package = str(harness.get("package_sha256") or "")
+    commit = harness.get("commit")
+    digest: dict[str, str] = {
+        # Evidence from before provenance carries no package digest: pin what it did say.
+        "sha256": package or _pinned(dict(harness)),
+    }
+    if isinstance(commit, str) and commit:
+        digest["gitCommit"] = commit
+    return {
+        "name": "harness",
+        "uri": f"pkg:pypi/sandbox-attest@{version}",
+        "digest": digest,
+        "annotations": {
+            "version": version,
+            "commit": commit if isinstance(commit, str) and commit else None,
+            "dirty": harness.get("dirty") if isinstance(harness.get("dirty"), bool) else None,
+            "probesSha256": str(harness.get("probes_sha256") or ""),
+        },
+    }
+
+
+def _executables(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """argv0 -> `provenance.executable_facts` of a backend identity (empty when absent)."""
+    executables = identity.get("executables")
+    return dict(executables) if isinstance(executables, dict) else {}
+
+
+def _backend_entry(backend: Mapping[str, Any]) -> dict[str, Any]:
+    """One `backend:NAME` entry whose digest covers the profile, the spec and the executables."""
+    identity = backend.get("identity") or {}
+    profile = str(identity.get("profile_digest", "")).removeprefix("sha256:")
+    executables = _executables(identity)
+    spec = str(identity.get("spec_sha256") or "").removeprefix("sha256:")
+    if profile:
+        # One digest over all three, so a swapped bwrap binary or an edited spec changes the
+        # pinned backend even where the argv profile is the same.
+        digest = _pinned({"profile_digest": profile, "executables": executables, "spec": spec})
+    else:
+        # No identity (backend unavailable): pin what the run said about it instead.
+        digest = _pinned(dict(backend))
+    return {
+        "name": f"backend:{backend.get('name', '')}",
+        "digest": {"sha256": digest},
+        "annotations": {
+            "available": bool(backend.get("available")),
+            "version": str(identity.get("version", "")),
+            "platform": str(identity.get("platform", "")),
+            "reason": str(backend.get("reason", "")),
+            "profileDigest": profile,
+            "specSha256": spec,
+            "executables": executables,
+        },
+    }
+
+
+def _fact_entry(name: str, fact: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry for a recorded fact that is no file (trust domains, world): digest + itself."""
+    return {"name": name, "digest": {"sha256": _pinned(dict(fact))}, "annotations": dict(fact)}
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def configuration(evidence: Mapping[str, Any], policy_sha256: str | None) -> list[dict[str, Any]]:
-    """The test-result `configuration`: policy, matrix, harness version, backend identities.
+    """The test-result `configuration`: everything that decided what was tested, pinned.
+
+    Entries (each an in-toto ResourceDescriptor; see reports/README.md, "Attestation
+    predicates"): `policy` and `matrix` (the input files' paths and digests), `harness`
+    (package digest, git commit, dirtiness, probes digest), `run` (run id, startedAt,
+    finishedAt: what `verify --max-age` reads), one `backend:NAME` per backend (profile,
+    spec and executables under one digest), `trust-domains`, and `world` when recorded.
 
     Args:
         evidence: the parsed evidence.
         policy_sha256: digest of the policy file the gate was derived with; None falls back
             to the digest the run recorded in evidence.
     """
-    policy = evidence.get("policy") or {}
-    matrix = evidence.get("matrix") or {}
-    harness = evidence.get("harness") or {}
-    version = str(harness.get("version", "unknown"))
+    inputs = _mapping(evidence.get("inputs"))
+    policy = _mapping(inputs.get("policy")) or _mapping(evidence.get("policy"))
+    matrix = _mapping(inputs.get("matrix")) or _mapping(evidence.get("matrix"))
+    matrix_entry: dict[str, Any] = {
+        "name": "matrix",
+        "digest": {"sha256": str(matrix.get("sha256", ""))},
+    }
+    if matrix.get("path"):
+        matrix_entry["uri"] = str(matrix["path"])
     config: list[dict[str, Any]] = [
         {
             "name": "policy",
             "uri": str(policy.get("path", "")),
             "digest": {"sha256": policy_sha256 or str(policy.get("sha256", ""))},
         },
-        {"name": "matrix", "digest": {"sha256": str(matrix.get("sha256", ""))}},
+        matrix_entry,
+        _harness_entry(_mapping(evidence.get("harness"))),
         {
-            "name": "harness",
-            "uri": f"pkg:pypi/sandbox-attest@{version}",
-            "digest": {"sha256": sha256_hex(version.encode("utf-8"))},
-            "annotations": {"version": version},
+            "name": "run",
+            "uri": f"urn:sandbox-attest:run:{evidence.get('run_id', '')}",
+            "annotations": {
+                "runId": str(evidence.get("run_id", "")),
+                "startedAt": str(evidence.get("started_at", "")),
+                "finishedAt": str(evidence.get("finished_at", "")),
+                "complete": evidence.get("complete") is True,
+            },
         },
     ]
-    for backend in evidence.get("backends") or []:
-        identity = backend.get("identity") or {}
-        digest = str(identity.get("profile_digest", "")).removeprefix("sha256:")
-        if not digest:
-            # No identity (backend unavailable): pin what the run said about it instead.
-            digest = sha256_hex(_dumps(backend).encode("utf-8"))
-        config.append(
-            {
-                "name": f"backend:{backend.get('name', '')}",
-                "digest": {"sha256": digest},
-                "annotations": {
-                    "available": bool(backend.get("available")),
-                    "version": str(identity.get("version", "")),
-                    "platform": str(identity.get("platform", "")),
-                    "reason": str(backend.get("reason", "")),
-                },
-            }
-        )
+    config.extend(_backend_entry(b) for b in evidence.get("backends") or [])
+    domains = _mapping(evidence.get("trust_domains")) or {
+        "separated": False,
+        "reason": "the run recorded no trust domains (a harness from before issue 12)",
+    }
+    config.append(_fact_entry("trust-domains", domains))
+    world = _mapping(evidence.get("world"))
+    if world:
+        config.append(_fact_entry("world", world))
     return config
 
 
@@ -174,7 +275,12 @@ def test_result_predicate(gate: Gate, config: Sequence[Mapping[str, Any]]) -> di
 def evidence_predicate(
     evidence: Mapping[str, Any], signer: Mapping[str, str], gate: Gate
 ) -> dict[str, Any]:
-    """Our per-cell evidence predicate (see reports/README.md, "Attestation predicates")."""
+    """Our per-cell evidence predicate (see reports/README.md, "Attestation predicates").
+
+    Besides the cells it repeats the run's pins (harness provenance, inputs, trust domains,
+    world, times), so a reader of this statement alone sees what was tested. `signer` is
+    information for people; no decision reads it (trust comes from the verifying key).
+    """
     platform = default_platform(evidence)
     cells = [
         {
@@ -191,15 +297,24 @@ def evidence_predicate(
         }
         for c in evidence.get("cells") or []
     ]
-    return {
+    predicate: dict[str, Any] = {
         "runId": str(evidence.get("run_id", "")),
         "complete": bool(evidence.get("complete")),
+        "startedAt": str(evidence.get("started_at", "")),
+        "finishedAt": str(evidence.get("finished_at", "")),
         "harnessVersion": str((evidence.get("harness") or {}).get("version", "")),
+        "harness": _mapping(evidence.get("harness")),
+        "inputs": _mapping(evidence.get("inputs")),
+        "trustDomains": _mapping(evidence.get("trust_domains")),
         "platform": evidence.get("platform") or {},
         "signer": dict(signer),
         "gate": {"result": gate.result, "problems": list(gate.problems)},
         "cells": cells,
     }
+    world = _mapping(evidence.get("world"))
+    if world:
+        predicate["world"] = world
+    return predicate
 
 
 def parse_statement(payload: bytes, where: str) -> dict[str, Any]:
