@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from harness.catalog.base import WITNESS_WAIT_S
 from harness.egress.proxy import PROXY_USER
 
 if TYPE_CHECKING:
@@ -48,7 +49,18 @@ def blob_sha256(size: int) -> str:
 
 @dataclass
 class Origin:
-    """A small threaded loopback origin whose accept count and request log are witnesses."""
+    """A small threaded loopback origin whose accept count and request log are witnesses.
+
+    The accept thread counts a connection some time after the proxy's dial completed, so a
+    test reads the count with `wait_for_accepts(n)` (a positive: wait, with the assessors'
+    deadline, until n are counted) or `settled_accepts()` (an exact count, including zero, of
+    every connection made before the call), never by reading `accepts` bare.
+
+    Attributes:
+        on_accept: test seam. Runs in the accept thread after `accept()` returned and before
+            the connection is counted; a test blocks it on an Event to hold the count back
+            and show that readers wait for it. None (the default) runs nothing.
+    """
 
     mode: OriginMode
     host: str = "127.0.0.1"
@@ -59,10 +71,15 @@ class Origin:
     requests: list[dict[str, object]] = field(default_factory=list)
     trailing: list[bytes] = field(default_factory=list)
     offered: int = 0
+    on_accept: Callable[[], None] | None = None
     _listener: socket.socket | None = None
     _threads: list[threading.Thread] = field(default_factory=list)
     _conns: list[socket.socket] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Guards accepts, _conns and _markers; notified on every count and every marker reached.
+    _counted: threading.Condition = field(default_factory=threading.Condition)
+    # settled_accepts() markers: the marker connection's local address -> the count when the
+    # accept thread reached it (None until then).
+    _markers: dict[tuple[str, int], int | None] = field(default_factory=dict)
     _stopping: bool = False
 
     def start(self) -> Origin:
@@ -83,12 +100,55 @@ class Origin:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
-        with self._lock:
+        with self._counted:
             for conn in self._conns:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
         for thread in self._threads:
             thread.join(timeout=10)
+
+    def wait_for_accepts(self, n: int, timeout: float = WITNESS_WAIT_S) -> int:
+        """The accept count once it reaches `n`, or at the deadline; the caller compares.
+
+        Returns as soon as `n` connections are counted, so a count that goes on past `n`
+        later is not seen: for "exactly n, and no more" use `settled_accepts()`.
+
+        Args:
+            n: how many accepts the test expects.
+            timeout: seconds to wait; the default is the deadline the assessors give a
+                lagging witness (`harness.catalog.base.WITNESS_WAIT_S`).
+        """
+        with self._counted:
+            self._counted.wait_for(lambda: self.accepts >= n, timeout=timeout)
+            return self.accepts
+
+    def settled_accepts(self, timeout: float = WITNESS_WAIT_S) -> int:
+        """The exact count of connections made to this origin before the call (zero included).
+
+        Connects a marker connection of its own and waits until the accept thread reaches
+        it. The listen queue is first in, first out, so by then every connection whose
+        handshake completed earlier has been counted; the marker itself is not counted,
+        served or logged.
+
+        Raises:
+            AssertionError: the accept thread did not reach the marker within `timeout`.
+        """
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as marker:
+            # Bind first so the marker's address is registered before the accept can happen.
+            marker.bind((self.host, 0))
+            address: tuple[str, int] = marker.getsockname()
+            with self._counted:
+                self._markers[address] = None
+            marker.settimeout(timeout)
+            marker.connect((self.host, self.port))
+            with self._counted:
+                reached = self._counted.wait_for(
+                    lambda: self._markers[address] is not None, timeout=timeout
+                )
+                count = self._markers.pop(address)
+        if not reached or count is None:
+            raise AssertionError(f"origin {self.host}:{self.port} did not accept its marker")
+        return count
 
     def _spawn(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -99,12 +159,21 @@ class Origin:
         assert self._listener is not None
         while not self._stopping:
             try:
-                conn, _ = self._listener.accept()
+                conn, peer = self._listener.accept()
             except OSError:
                 return
-            with self._lock:
+            with self._counted:
+                if peer in self._markers:
+                    self._markers[peer] = self.accepts
+                    self._counted.notify_all()
+                    conn.close()
+                    continue
+            if self.on_accept is not None:
+                self.on_accept()
+            with self._counted:
                 self.accepts += 1
                 self._conns.append(conn)
+                self._counted.notify_all()
             self._spawn(self._serve, conn)
 
     def _serve(self, conn: socket.socket) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import resource
 import signal
 import socket
@@ -19,6 +20,7 @@ import pytest
 from harness.egress.proxy import DENY_HEADER, MAX_HEAD, ProxyConfig, start_proxy
 from harness.egress.rules import Rule
 from harness.errors import FixtureError
+from harness.jsonlines import LogLineError
 from tests.egress.egress_helpers import (
     BLOCK,
     Origin,
@@ -77,7 +79,7 @@ class TestConnect:
                 )
                 body = read_all(tls)
         assert body.endswith(b"ok n-tls")
-        assert origin.accepts == 1
+        assert origin.wait_for_accepts(1) == 1
         assert wait_for(lambda: len(proxy.decisions()) == 1)
         line = proxy.decisions()[0]
         assert line["decision"] == "allow"
@@ -116,7 +118,7 @@ class TestConnect:
         assert status == 403
         assert headers[DENY_HEADER.lower()] == "no rule matched"
         assert body == f"egress denied to 'denied.test:{origin.port}': no rule matched\n".encode()
-        assert origin.accepts == 0
+        assert origin.settled_accepts() == 0
         assert proxy.decisions()[0]["decision"] == "deny"
 
     def test_port_not_in_rule_403(
@@ -131,7 +133,7 @@ class TestConnect:
         )
         assert status == 403
         assert headers[DENY_HEADER.lower()].startswith(f"port {other.port} not allowed")
-        assert other.accepts == 0
+        assert other.settled_accepts() == 0
 
     def test_bytes_in_connect_segment_forwarded(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
@@ -162,7 +164,7 @@ class TestConnect:
                 assert read_all(sock) == b"x%d" % i
         for target in ("denied.test", "evilallowed.test", "127.1"):
             exchange(proxy, connect_request(f"{target}:{origin.port}", proxy.secret))
-        assert origin.accepts == 5
+        assert origin.settled_accepts() == 5  # and the three denied targets dialed nothing
 
 
 class TestAuth:
@@ -197,7 +199,7 @@ class TestAuth:
             assert status == 407
             assert "proxy-authenticate" in headers
         assert dns.queries() == []
-        assert origin.accepts == 0
+        assert origin.settled_accepts() == 0
 
     def test_wrong_user_407(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
@@ -301,7 +303,7 @@ class TestAbsoluteForm:
         assert status == 403
         assert b"egress denied to 'denied.test:" in body
         assert headers[DENY_HEADER.lower()] == "no rule matched"
-        assert origin.accepts == 0
+        assert origin.settled_accepts() == 0
 
     def test_host_mismatch_421(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
@@ -314,7 +316,7 @@ class TestAbsoluteForm:
         assert status == 421
         status, _, _ = exchange(proxy, _get(url, proxy.secret, "allowed.test"))
         assert status == 421  # same name, default port 80 != the target's port
-        assert origin.accepts == 0
+        assert origin.settled_accepts() == 0
         status, _, _ = exchange(proxy, _get(url, proxy.secret, f"ALLOWED.test.:{origin.port}"))
         assert status == 200
 
@@ -332,7 +334,7 @@ class TestAbsoluteForm:
         status, headers, _ = exchange(proxy, request)
         assert status == 400
         assert "Transfer-Encoding" in headers[DENY_HEADER.lower()]
-        assert origin.accepts == 0
+        assert origin.settled_accepts() == 0
 
     def test_post_bodies_framed(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
@@ -427,7 +429,7 @@ class TestHostSpellings:
         t = target.format(p=origin.port)
         got, headers, _ = exchange(proxy, connect_request(t, proxy.secret))
         assert got == status, headers.get(DENY_HEADER.lower())
-        assert origin.accepts == (1 if status == 200 else 0)
+        assert origin.settled_accepts() == (1 if status == 200 else 0)
 
     @pytest.mark.parametrize(
         "request_line",
@@ -483,7 +485,7 @@ class TestHeadLimits:
         status, headers, _ = exchange(proxy, request)
         assert status == 431
         assert headers[DENY_HEADER.lower()]
-        assert origin.accepts == 0
+        assert origin.settled_accepts() == 0
 
     def test_slow_drip_hits_head_deadline(self, make_proxy: Callable[..., ProxyProcess]) -> None:
         """A head dripped slower than the head deadline is cut off with 408."""
@@ -563,7 +565,7 @@ class TestUpstreamFailures:
         )
         assert status == 403
         assert "loopback" in headers[DENY_HEADER.lower()]
-        assert origin.accepts == 0
+        assert origin.settled_accepts() == 0
         assert proxy.decisions()[0]["address"] == "127.0.0.1"
 
     def test_rebinding_cannot_change_dialed_address(
@@ -583,7 +585,7 @@ class TestUpstreamFailures:
             sock.shutdown(socket.SHUT_WR)
             read_all(sock)
         assert [q["name"] for q in dns.queries()] == ["rebind.test"]
-        assert (first.accepts, second.accepts) == (1, 0)
+        assert (first.wait_for_accepts(1), second.settled_accepts()) == (1, 0)
         assert wait_for(lambda: len(proxy.decisions()) == 1)
         assert proxy.decisions()[0]["address"] == "127.0.0.1"
 
@@ -792,3 +794,52 @@ class TestLifecycle:
         )
         with pytest.raises(FixtureError, match="No such file or directory"):
             start_proxy(config)
+
+
+def _append(path: Path, data: bytes) -> None:
+    """Append to the decision log the running proxy child also has open for appending."""
+    with path.open("ab") as handle:
+        handle.write(data)
+
+
+class TestDecisionLogReader:
+    def test_a_decision_line_written_in_two_halves_is_read_once_whole(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """Half a line in the real decision log reads as absent, then whole after its newline.
+
+        The proxy child writes its lines to the same file; the second half plays the part of
+        a line the child has not finished. The old reader raised "Unterminated string" here.
+        """
+        origin = make_origin("echo")
+        proxy = make_proxy((_rule("allowed.test", origin.port),))
+        status, _, _ = exchange(proxy, connect_request(f"denied.test:{origin.port}", proxy.secret))
+        assert status == 403
+        [denied] = proxy.decisions()  # deny lines are written before the 403 is sent
+        _append(proxy.decision_log, b'{"a": 1, "b": "par')
+        assert proxy.decisions() == [denied]
+        _append(proxy.decision_log, b'tial"}\n')
+        assert proxy.decisions() == [denied, {"a": 1, "b": "partial"}]
+
+    def test_the_childs_next_line_follows_a_completed_half_line(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """After a line is completed, the child's own next decision is read after it."""
+        origin = make_origin("echo")
+        proxy = make_proxy((_rule("allowed.test", origin.port),))
+        _append(proxy.decision_log, b'{"a": 1, "b": "par')
+        assert proxy.decisions() == []
+        _append(proxy.decision_log, b'tial"}\n')
+        exchange(proxy, connect_request(f"denied.test:{origin.port}", proxy.secret))
+        entries = proxy.decisions()
+        assert [e.get("b") for e in entries] == ["partial", None]
+        assert (entries[1]["decision"], entries[1]["status"]) == ("deny", 403)
+
+    def test_a_corrupt_complete_line_names_the_log_and_line(
+        self, make_proxy: Callable[..., ProxyProcess]
+    ) -> None:
+        """A complete decision line that is not JSON raises LogLineError naming file and line."""
+        proxy = make_proxy((Rule("allowed.test"),))
+        _append(proxy.decision_log, b'{"a": 1}\n{"a": 1, "b": "par\n')
+        with pytest.raises(LogLineError, match=re.escape(f"{proxy.decision_log}, line 2: ")):
+            proxy.decisions()

@@ -124,7 +124,7 @@ class TestShim:
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout == "HTTP/1.1 200 Connection established hi\n"
-        assert origin.accepts == 1
+        assert origin.wait_for_accepts(1) == 1
 
     def test_unreachable_proxy_logged_not_printed(self, tmp_path: Path) -> None:
         """A missing proxy socket is a diagnostic in --log, never on stdout or stderr."""
