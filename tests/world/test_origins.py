@@ -72,6 +72,12 @@ def wait_for(
     return found
 
 
+def _when_fetched(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`log` once it holds both the index page and the wheel fetch, else []."""
+    hosts = {e["host"] for e in log}
+    return log if {"index", "files"} <= hosts else []
+
+
 class TestOk:
     def test_echoes_query_nonce_and_logs_it(self, pki: Pki, origins: Origins) -> None:
         """/ok?nonce=X answers `ok X` and the access log carries X with every documented key."""
@@ -225,7 +231,8 @@ def test_real_pip_install_from_index(
             capture_output=True, text=True, timeout=120, env=clean_env(), check=False,
         )  # fmt: skip
         assert pip.returncode == 0, pip.stdout + pip.stderr
-        log = direct.records("pip-1")
+        # The origin logs each request after its body went out, so pip may finish first.
+        log = wait_for(lambda: _when_fetched(direct.records("pip-1")))
     out = subprocess.run(
         [sys.executable, "-c", "import sandbox_attest_canary as c; print(c.NONCE)"],
         capture_output=True, text=True, timeout=30, env=clean_env(PYTHONPATH=str(target)),
