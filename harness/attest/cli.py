@@ -14,11 +14,21 @@ from typing import TYPE_CHECKING
 from harness.attest.keys import load_signing_key, load_trusted_key
 from harness.attest.merge import load_expected_legs, merge_legs
 from harness.attest.policy import load_policy
-from harness.attest.verify import verify_report
+from harness.attest.verify import (
+    DEFAULT_MAX_AGE,
+    Checks,
+    format_duration,
+    parse_commit,
+    parse_max_age,
+    verify_report,
+)
 from harness.errors import HarnessError
 
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
+
+    from harness.attest.verify import Verification
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -31,6 +41,14 @@ HELP_ALLOW_LOCAL = (
     "accept a report signed by a per-machine (untrusted) local key; that key must also be "
     "the --trusted-key"
 )
+HELP_MAX_AGE = (
+    "refuse a report whose signed finishedAt is older than this (e.g. 30d, 12h, 90m; "
+    f"default {format_duration(DEFAULT_MAX_AGE)}); `none` or 0 skips the check"
+)
+HELP_EXPECT_COMMIT = (
+    "the signed harness commit must start with this (7-40 hex digits) and come from a clean "
+    "checkout; a wheel-installed harness records no commit and fails it"
+)
 HELP_PARTIAL = (
     "verify one machine's report: legs the policy names that this report does not hold are "
     "not required (every cell of the legs it does hold still is); a release uses merge + "
@@ -38,10 +56,58 @@ HELP_PARTIAL = (
 )
 
 
+def _checks(args: argparse.Namespace) -> Checks:
+    """The --max-age / --expect-commit checks, and this user's untrusted-key registry.
+
+    Raises:
+        ConfigError: a bad value, or an unsafe registry.
+    """
+    commit = parse_commit(args.expect_commit) if args.expect_commit else None
+    # The registry is read here, once, so an unsafe one is a usage error (exit 2).
+    registry = Checks().untrusted()
+    return Checks(parse_max_age(args.max_age), commit, registry)
+
+
+def _domains_line(domains: dict[str, Any]) -> str:
+    if not domains:
+        return "trust domains: not recorded"
+    reason = domains.get("reason") or ""
+    if domains.get("separated"):
+        user = domains.get("payload_user") or domains.get("payload_uid")
+        return (
+            f"trust domains: separated (payloads ran as {user}, uid "
+            f"{domains.get('payload_uid')}; harness uid {domains.get('harness_uid')}) {reason}"
+        ).rstrip()
+    return f"trust domains: NOT separated: {reason or 'no reason recorded'}"
+
+
+def _harness_line(harness: dict[str, Any]) -> str:
+    commit = harness.get("commit") or "none (wheel install)"
+    state = harness.get("dirty")
+    dirty = " (dirty)" if state is True else " (clean)" if state is False else ""
+    return f"harness {harness.get('version', '?')} commit {commit}{dirty}"
+
+
+def _print_facts(result: Verification) -> None:
+    """What the signed statements say was tested: harness, times, trust domains, world."""
+    runs = result.leg_results or [("", result)]
+    if result.leg_results:
+        print(f"merge: {_harness_line(result.harness)}")
+    for label, leg in runs:
+        prefix = f"leg {label}: " if label else ""
+        print(f"{prefix}{_harness_line(leg.harness)}, finished {leg.finished_at or '?'}")
+        print(f"{prefix}{_domains_line(leg.trust_domains)}")
+        if leg.world:
+            print(f"{prefix}world: {leg.world.get('kind', '?')} {leg.world.get('reason', '')}")
+    for note in dict.fromkeys(n for _, leg in runs for n in leg.notes + result.notes):
+        print(f"note: {note}")
+
+
 def _run_verify(args: argparse.Namespace) -> int:
     try:
         trusted = load_trusted_key(args.trusted_key)
         policy = load_policy(args.policy)
+        checks = _checks(args)
     except HarnessError as exc:
         print(f"error: {exc.diagnostics()}", file=sys.stderr)
         return EXIT_USAGE
@@ -51,7 +117,9 @@ def _run_verify(args: argparse.Namespace) -> int:
         policy,
         allow_untrusted_local=args.allow_untrusted_local,
         require_all_legs=not args.partial,
+        checks=checks,
     )
+    _print_facts(result)
     gate = result.gate.result if result.gate else "unknown"
     if result.ok:
         scope = " (partial: only the legs this report holds)" if args.partial else ""
@@ -72,6 +140,7 @@ def _run_merge(args: argparse.Namespace) -> int:
         policy = load_policy(args.policy)
         expected = load_expected_legs(args.expect_legs)
         key = load_signing_key(args.key, os.environ)
+        checks = _checks(args)
         result = merge_legs(
             args.leg_dirs,
             expected=expected,
@@ -80,6 +149,7 @@ def _run_merge(args: argparse.Namespace) -> int:
             key=key,
             out_dir=args.out,
             allow_untrusted_local=args.allow_untrusted_local,
+            checks=checks,
         )
     except HarnessError as exc:
         print(f"error: {exc.diagnostics()}", file=sys.stderr)
@@ -111,6 +181,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help=HELP_POLICY)
     verify.add_argument("--allow-untrusted-local", action="store_true", help=HELP_ALLOW_LOCAL)
     verify.add_argument("--partial", action="store_true", help=HELP_PARTIAL)
+    _add_pins(verify)
     verify.set_defaults(func=_run_verify)
 
     merge = subparsers.add_parser(
@@ -152,4 +223,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help=HELP_ALLOW_LOCAL + "; also lets the merge itself be signed by it",
     )
+    _add_pins(merge)
     merge.set_defaults(func=_run_merge)
+
+
+def _add_pins(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-age", default=format_duration(DEFAULT_MAX_AGE), metavar="DURATION", help=HELP_MAX_AGE
+    )
+    parser.add_argument("--expect-commit", default=None, metavar="SHA", help=HELP_EXPECT_COMMIT)

@@ -97,6 +97,7 @@ class Combined:
         carried: control legs (`none`) riding along with the leg that ran them.
         gate: the gate over every leg's cells under the policy.
         verifications: each leg's own verification, with its label, in merge order.
+        harness_mismatch: the legs' signed harness commits or probes digests differ.
     """
 
     reasons: list[str] = field(default_factory=list)
@@ -104,6 +105,24 @@ class Combined:
     carried: set[tuple[str, str]] = field(default_factory=set)
     gate: Gate | None = None
     verifications: list[tuple[str, Verification]] = field(default_factory=list)
+    harness_mismatch: bool = False
+
+
+def _check_same_harness(labelled: Sequence[tuple[str, Verification]], out: Combined) -> None:
+    """Refuse legs made by different harnesses: one release tested one commit with one probes.
+
+    Legs from two commits would combine into a decision no single version of the harness
+    made. The signed facts are compared (commit None, a wheel install, is a value too).
+    """
+    for key, what in (("commit", "harness commits"), ("probesSha256", "probes digests")):
+        values = {label: v.harness.get(key) for label, v in labelled}
+        if len(set(values.values())) > 1:
+            out.harness_mismatch = True
+            listed = "; ".join(f"{label}: {value or 'none'}" for label, value in values.items())
+            out.reasons.append(
+                f"the legs were signed with different {what} ({listed}); run every leg "
+                "from the same commit of sandbox-attest"
+            )
 
 
 def _collect_legs(
@@ -168,7 +187,7 @@ def _merged_cells(
 def combine(
     labelled: Sequence[tuple[str, Verification]], expected: ExpectedLegs, policy: Policy
 ) -> Combined:
-    """Combine verified legs: collect legs -> merged cells -> evaluate -> missing legs.
+    """Combine verified legs: same harness -> collect legs -> merged cells -> evaluate -> missing.
 
     Args:
         labelled: each leg's verification with its label (`NN-<dirname>`, which names its
@@ -181,6 +200,7 @@ def combine(
         out.reasons.append("no leg directories given")
     for label, v in labelled:
         out.reasons.extend(f"leg {label} does not verify: {r}" for r in v.reasons)
+    _check_same_harness(labelled, out)
     _collect_legs(labelled, expected, out)
     out.gate = evaluate(
         _merged_cells(labelled, out), policy, default_platform="unknown", qualify=True

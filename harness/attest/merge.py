@@ -1,12 +1,14 @@
 """Merge signed legs (platform x backend) from a CI matrix into one signed release decision.
 
 Each leg directory is verified on its own (signature, digests, re-derived gate, policy for
-the legs it holds); then the union must contain every expected leg (`--expect-legs`, see
-`harness.attest.legs`) exactly once and satisfy the whole policy. Only then is the release
-written: each leg's evidence.json, junit.xml and attestation copied to `legs/NN-<dir>/` (the
-very bytes that were verified) and one test-result statement signed over all of them, which
-`sandbox-attest verify` checks again. A leg that fails, a duplicate leg or a missing one
-refuses the merge and writes nothing.
+the legs it holds, freshness); then the legs must share one harness commit and probes digest, the
+union must contain every expected leg (`--expect-legs`, see `harness.attest.legs`) exactly
+once and satisfy the whole policy. Only then is the release written: every subject of each
+leg (evidence.json, junit.xml, report.html, summary.md, allure-results/ and the attestation)
+copied to `legs/NN-<dir>/` (the very bytes that were verified) and one test-result statement
+signed over all of them, recording the common commit, which `sandbox-attest verify` checks
+again. A leg that fails, a duplicate leg or a missing one refuses the merge and writes
+nothing.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from harness.attest.statement import (
     TEST_RESULT_PREDICATE,
     statement,
     statement_bytes,
-    subject,
     test_result_predicate,
 )
-from harness.attest.verify import LEG_FILES, LEGS_DIR, verify_legs
+from harness.attest.verify import LEG_FILES, LEGS_DIR, Checks, verify_legs
 from harness.errors import ConfigError
+from harness.evidence import utc_now
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -98,6 +100,25 @@ def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def _harness_entry(signed: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge's `harness` entry: the commit and probes digest every leg signed alike."""
+    commit = signed.get("commit")
+    digest = {"sha256": str(signed.get("probesSha256", ""))}
+    if isinstance(commit, str) and commit:
+        digest["gitCommit"] = commit
+    return {
+        "name": "harness",
+        "uri": f"pkg:pypi/sandbox-attest@{signed.get('version', 'unknown')}",
+        "digest": digest,
+        "annotations": {
+            "version": signed.get("version"),
+            "commit": commit,
+            "dirty": signed.get("dirty"),
+            "probesSha256": signed.get("probesSha256"),
+        },
+    }
+
+
 def merge_legs(
     leg_dirs: Sequence[Path],
     *,
@@ -108,8 +129,20 @@ def merge_legs(
     out_dir: Path,
     allow_untrusted_local: bool = False,
     env: Mapping[str, str] | None = None,
+    checks: Checks | None = None,
 ) -> MergeResult:
     """Verify every leg and, if all hold, write one signed statement over all of them.
+
+    Args:
+        leg_dirs: the leg report directories, in the order their copies are numbered.
+        expected: the legs the release needs.
+        trusted: the key every leg must be signed with.
+        policy: the release policy, judged over the union of the legs.
+        key: the key the merge is signed with.
+        out_dir: an empty or new directory for the release.
+        allow_untrusted_local: accept legs, and a merge key, that are per-machine keys.
+        env: the environment for Sigstore's ambient-token check (default: os.environ).
+        checks: what every leg is held to (freshness, commit, registry); default `Checks()`.
 
     Returns:
         The merge result; `attestation` is set only when the merge was written.
@@ -135,6 +168,7 @@ def merge_legs(
         trusted,
         policy,
         allow_untrusted_local=allow_untrusted_local,
+        checks=checks,
     )
     merged.reasons.extend(combined.reasons)
     merged.legs = {leg: dirs[label] for leg, label in combined.legs.items()}
@@ -145,18 +179,27 @@ def merge_legs(
     subjects: list[dict[str, Any]] = []
     copies: dict[str, bytes] = {}
     for label, v in combined.verifications:
-        for name in LEG_FILES:
-            path = f"{LEGS_DIR}/{label}/{name}"
-            # The bytes verify_report checked, not a re-read: a file swapped since is not signed.
-            copies[path] = v.files[name]
-            subjects.append(subject(path, v.files[name]))
+        # The bytes verify_report checked, not a re-read: a file swapped since is not signed.
+        copies.update({f"{LEGS_DIR}/{label}/{name}": data for name, data in v.files.items()})
+        subjects.extend(
+            {"name": f"{LEGS_DIR}/{label}/{name}", "digest": {"sha256": v.digests[name]}}
+            for name in LEG_FILES
+        )
     signer = signer_info(key)
+    first = combined.verifications[0][1].harness
     config: list[dict[str, Any]] = [
         {"name": "policy", "uri": policy.path, "digest": {"sha256": policy.sha256}},
         {"name": "expect-legs", "uri": expected.path, "digest": {"sha256": expected.sha256}},
+        _harness_entry(first),
+        {
+            "name": "run",
+            "uri": "urn:sandbox-attest:merge",
+            "annotations": {"finishedAt": utc_now()},
+        },
         {
             "name": "signer",
             "digest": {"sha256": signer["keyid"]},
+            # Information only: verify decides trust from the verifying key, not from this.
             "annotations": {"trust": signer["trust"], "source": signer["source"]},
         },
     ]
@@ -173,6 +216,8 @@ def merge_legs(
                     "copy": f"{LEGS_DIR}/{holder[name]}",
                     "runId": str((v.evidence or {}).get("run_id", "")),
                     "signerKeyid": str(v.signer.get("keyid", "")),
+                    "commit": v.harness.get("commit"),
+                    "finishedAt": v.finished_at,
                 },
             }
         )

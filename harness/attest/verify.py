@@ -6,15 +6,20 @@ sees the whole picture in one go. It passes only if every check holds:
   1. every line of attestation.intoto.jsonl is a DSSE envelope of type in-toto, signed by
      the trusted key, carrying an in-toto Statement v1 of a predicate type we know;
   2. exactly one test-result and one evidence statement are present;
-  3. each statement's subject digests equal the sha256 of evidence.json and junit.xml now;
+  3. each statement covers every subject in `subjects.ALL_SUBJECTS`, and each signed
+     digest equals the digest of that file (allure-results/: its tree digest) now;
   4. the gate re-derived from evidence.json with the given policy equals the signed one,
      and is PASSED or WARNED;
   5. the statement was derived with the very policy given (same sha256: no downgrade), and
      every leg and probe that policy requires is present and PASS;
-  6. the signer is not the untrusted per-machine key, unless explicitly allowed.
+  6. the trusted key is not a per-machine key (its keyid is not in this machine's
+     untrusted-keys registry), unless explicitly allowed; the signed `signer.trust` field
+     is never read for this, since whoever holds a local key can sign any payload;
+  7. the signed run finished no longer ago than `max_age` and not in the future;
+  8. with `expect_commit`, the signed harness commit matches and the checkout was clean.
 
 A merged release directory (written by `merge`: one test-result statement whose configuration
-names an `expect-legs` file, and each leg's three files copied under `legs/NN-<dir>/`) is
+names an `expect-legs` file, and every subject of each leg copied under `legs/NN-<dir>/`) is
 verified as a whole: its envelope against the trusted key, every subject digest against the
 copy under the directory, every copied leg on its own, and the combined gate re-derived by
 `verify_legs` (the function `merge` decided it with) against the signed one.
@@ -22,18 +27,23 @@ copy under the directory, every copied leg on its own, and the combined gate re-
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import stat
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.attest import (
     ATTESTATION_NAME,
     EVIDENCE_NAME,
-    JUNIT_NAME,
     UNTRUSTED_LOCAL_NOTE,
     dsse,
     gate_for,
 )
+from harness.attest.keys import read_untrusted_keyids, untrusted_registry_path
 from harness.attest.legs import Combined, ExpectedLegs, combine, leg_digests
 from harness.attest.policy import Gate, cell_leg, missing_legs
 from harness.attest.statement import (
@@ -44,22 +54,103 @@ from harness.attest.statement import (
     parse_statement,
     sha256_hex,
 )
-from harness.errors import ReportError, SignatureError
+from harness.attest.subjects import ALL_SUBJECTS, ALLURE_DIR, ALLURE_SUBJECT, FILE_SUBJECTS
+from harness.errors import ConfigError, ReportError, SignatureError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
     from harness.attest.keys import TrustedKey
     from harness.attest.policy import Policy
 
-# The three files of a leg report that a merge signs and copies under legs/NN-<dir>/.
-LEG_FILES = (EVIDENCE_NAME, JUNIT_NAME, ATTESTATION_NAME)
+# Every subject of a leg report that a merge signs and copies under legs/NN-<dir>/.
+LEG_FILES = (*ALL_SUBJECTS, ATTESTATION_NAME)
 LEGS_DIR = "legs"
 _LEG_SUBJECT = re.compile(
-    r"legs/(?P<label>[0-9]{2,}-[^/]+)/(?P<file>evidence\.json|junit\.xml|attestation\.intoto\.jsonl)"
+    r"legs/(?P<label>[0-9]{2,}-[^/]+)/(?P<file>" + "|".join(re.escape(f) for f in LEG_FILES) + ")"
 )
 RUN_SIGNS = "`sandbox-attest run` signs a report at its end; re-run it"
+DEFAULT_MAX_AGE = timedelta(days=30)
+# Clocks of CI runners and laptops drift; more than this ahead is a wrong clock or a forgery.
+FUTURE_SKEW = timedelta(minutes=5)
+_DURATION = re.compile(r"(?P<n>[0-9]+)(?P<unit>[smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def parse_max_age(text: str) -> timedelta | None:
+    """A `--max-age` value: `30d`, `12h`, `90m`, `45s`, `2w`; `0` or `none` turn it off.
+
+    Raises:
+        ConfigError: anything else, naming the accepted forms.
+    """
+    value = text.strip().lower()
+    if value in {"0", "none"}:
+        return None
+    match = _DURATION.fullmatch(value)
+    if match is None or int(match["n"]) == 0:
+        raise ConfigError(
+            f"--max-age {text!r} is not a duration; use a number with s, m, h, d or w "
+            "(e.g. 30d, 12h), or `none` to skip the freshness check"
+        )
+    return timedelta(**{_UNITS[match["unit"]]: int(match["n"])})
+
+
+def parse_commit(text: str) -> str:
+    """An `--expect-commit` value: 7 to 40 hex digits (a prefix of the commit), lowercased.
+
+    Raises:
+        ConfigError: not 7 to 40 hex digits.
+    """
+    value = text.strip().lower()
+    if not _COMMIT.fullmatch(value):
+        raise ConfigError(
+            f"--expect-commit {text!r} is not a commit; pass 7 to 40 hex digits, e.g. "
+            "`--expect-commit $(git rev-parse HEAD)`"
+        )
+    return value
+
+
+def format_duration(delta: timedelta) -> str:
+    """A duration the way `--max-age` is written: whole days, else hours, minutes, seconds."""
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f}d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds}s"
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What a report is held to besides the trusted key and the policy.
+
+    Attributes:
+        max_age: the oldest a signed `finishedAt` may be (None: not checked, and said so).
+        expect_commit: a commit (prefix) the signed harness commit must start with.
+        untrusted_keyids: keyids of per-machine keys; None reads this user's registry
+            (`keys.untrusted_registry_path(os.environ)`) when first needed.
+        now: the time to judge freshness against (default: the clock, in UTC).
+    """
+
+    max_age: timedelta | None = DEFAULT_MAX_AGE
+    expect_commit: str | None = None
+    untrusted_keyids: frozenset[str] | None = None
+    now: datetime | None = None
+
+    def untrusted(self) -> frozenset[str]:
+        """The untrusted keyids: the given set, or this user's registry.
+
+        Raises:
+            ConfigError: the registry is unsafe to believe (see `keys.read_untrusted_keyids`).
+        """
+        if self.untrusted_keyids is not None:
+            return self.untrusted_keyids
+        return read_untrusted_keyids(untrusted_registry_path(os.environ))
 
 
 @dataclass
@@ -69,23 +160,40 @@ class Verification:
     Attributes:
         report_dir: the directory verified.
         reasons: every reason it does not verify; empty means it verifies.
+        notes: checks that were skipped on request (e.g. `--max-age none`), for the output.
         gate: the gate re-derived from the evidence (None if the evidence was unreadable).
         evidence: the parsed evidence (None if unreadable).
         legs: the (platform, backend) legs the evidence covers.
-        signer: the signed evidence predicate's `signer` block.
+        signer: the signed `signer` block, for display only: no decision reads it.
+        untrusted_local: the verifying key is a per-machine key (from the registry).
         attestation_sha256: digest of attestation.intoto.jsonl (for merge subjects).
-        files: the exact bytes that were verified, by file name: a merge signs and copies
+        files: the exact bytes that were verified, by subject path (allure-results/ files as
+            `allure-results/<rel>`, plus attestation.intoto.jsonl): a merge signs and copies
             these, never a re-read that could have been swapped since.
+        digests: each name of `LEG_FILES` -> the sha256 computed from `files`.
+        harness: the signed harness facts (`version`, `commit`, `dirty`, `probesSha256`).
+        finished_at: the signed `finishedAt` ("" if none was signed).
+        trust_domains: the signed trust-domains fact ({} if none).
+        world: the signed world fact ({} if none was recorded).
+        leg_results: for a merged release, each leg's own verification with its label.
     """
 
     report_dir: Path
     reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     gate: Gate | None = None
     evidence: dict[str, Any] | None = None
     legs: set[tuple[str, str]] = field(default_factory=set)
     signer: dict[str, Any] = field(default_factory=dict)
+    untrusted_local: bool = False
     attestation_sha256: str = ""
     files: dict[str, bytes] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
+    harness: dict[str, Any] = field(default_factory=dict)
+    finished_at: str = ""
+    trust_domains: dict[str, Any] = field(default_factory=dict)
+    world: dict[str, Any] = field(default_factory=dict)
+    leg_results: list[tuple[str, Verification]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -95,10 +203,56 @@ class Verification:
 
 def _read(path: Path, v: Verification, why: str) -> bytes | None:
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                v.reasons.append(f"{path.name} is not a regular file; {why}")
+                return None
+            return handle.read()
     except OSError as exc:
         v.reasons.append(f"{path.name} is missing or unreadable ({exc.strerror}); {why}")
         return None
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    """Every regular file under `root` by relative path, read once (a missing root is empty).
+
+    Raises:
+        ReportError: the tree holds a symlink, FIFO or other non-regular entry (as
+            `subjects.tree_sha256` refuses it), or a file cannot be read.
+    """
+    out: dict[str, bytes] = {}
+    if root.is_symlink():
+        raise ReportError(f"{root} is a symlink; the report directory was tampered with")
+    if not root.exists():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            rel = path.relative_to(root).as_posix()
+            if not stat.S_ISREG(mode):
+                raise ReportError(
+                    f"{root}/{rel} is not a regular file; the report directory was tampered "
+                    "with (re-run into a new --out directory)"
+                )
+            try:
+                fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+                with os.fdopen(fd, "rb") as handle:
+                    out[rel] = handle.read()
+            except OSError as exc:
+                raise ReportError(f"{root}/{rel}: cannot read ({exc.strerror})") from exc
+    return out
+
+
+def tree_digest_of(files: dict[str, bytes]) -> str:
+    """`subjects.tree_sha256` computed over files already in memory (relative path -> bytes)."""
+    text = "".join(
+        f"{hashlib.sha256(data).hexdigest()}\t{rel}\n" for rel, data in sorted(files.items())
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _statements(
@@ -144,18 +298,60 @@ def _check_counts(
             )
 
 
-def _check_subjects(stmt: dict[str, Any], files: dict[str, bytes | None], v: Verification) -> None:
-    """Step 3: the signed digests equal the files' digests now."""
+def _check_key_trust(
+    trusted: TrustedKey, checks: Checks, allow_untrusted_local: bool, v: Verification, what: str
+) -> None:
+    """Step 6: is the key whose signatures verified a per-machine one? Decided by the key.
+
+    Only the trusted key's signatures are accepted (step 1), so its keyid is the verified
+    signer's; the registry on this machine says whether it is a per-machine key.
+    """
+    v.untrusted_local = trusted.keyid in checks.untrusted()
+    if v.untrusted_local and not allow_untrusted_local:
+        v.reasons.append(
+            f"{what} {UNTRUSTED_LOCAL_NOTE} (keyid {trusted.keyid} is listed in this "
+            "machine's untrusted-keys registry): a per-machine key proves only that this "
+            "machine signed it, whatever the signed payload says about its trust; sign with "
+            "--key or $SANDBOX_ATTEST_SIGNING_KEY, or, to accept it, pass that key as "
+            "--trusted-key together with --allow-untrusted-local"
+        )
+
+
+def _read_subjects(report_dir: Path, v: Verification) -> dict[str, str | None]:
+    """Read every subject once into `v.files`; their digests now (None: unreadable)."""
+    digests: dict[str, str | None] = {}
+    for name in FILE_SUBJECTS:
+        data = _read(report_dir / name, v, "the run writes it; re-run with this version")
+        if data is not None:
+            v.files[name] = data
+        digests[name] = None if data is None else sha256_hex(data)
+    try:
+        tree = read_tree(report_dir / ALLURE_DIR)
+    except ReportError as exc:
+        v.reasons.append(str(exc))
+        digests[ALLURE_SUBJECT] = None
+    else:
+        v.files.update({f"{ALLURE_SUBJECT}{rel}": data for rel, data in tree.items()})
+        digests[ALLURE_SUBJECT] = tree_digest_of(tree)
+    v.digests.update({k: d for k, d in digests.items() if d is not None})
+    return digests
+
+
+def _check_subjects(stmt: dict[str, Any], digests: dict[str, str | None], v: Verification) -> None:
+    """Step 3: the statement covers every subject, and each signed digest equals it now."""
     signed = {str(s.get("name")): s.get("digest", {}) for s in stmt["subject"]}
     kind = "test-result" if stmt["predicateType"] == TEST_RESULT_PREDICATE else "evidence"
-    for name, data in files.items():
+    for name in ALL_SUBJECTS:
         if name not in signed:
-            v.reasons.append(f"the {kind} statement does not name {name} as a subject")
+            v.reasons.append(
+                f"the attestation does not cover {name} (the {kind} statement names no such "
+                "subject): it was signed by an older sandbox-attest; re-run with this version"
+            )
             continue
-        if data is None:
+        have = digests.get(name)
+        if have is None:
             continue
         want = str(signed[name].get("sha256", ""))
-        have = sha256_hex(data)
         if want != have:
             v.reasons.append(
                 f"{name} does not match its signed digest in the {kind} statement (signed "
@@ -170,6 +366,12 @@ def _config(stmt: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _config_item(stmt: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((c for c in _config(stmt) if c.get("name") == name), None)
+
+
+def _annotations(stmt: dict[str, Any], name: str) -> dict[str, Any]:
+    item = _config_item(stmt, name) or {}
+    annotations = item.get("annotations")
+    return dict(annotations) if isinstance(annotations, dict) else {}
 
 
 def _digest(item: dict[str, Any] | None) -> str:
@@ -221,52 +423,112 @@ def _check_gate(
 
 
 def _check_evidence_statement(
-    stmt: dict[str, Any], evidence: dict[str, Any], allow_untrusted_local: bool, v: Verification
+    stmt: dict[str, Any], evidence: dict[str, Any], v: Verification
 ) -> None:
-    """The evidence predicate agrees with evidence.json and its signer is acceptable."""
+    """The evidence predicate agrees with evidence.json; its signer block is kept for display."""
     predicate = stmt["predicate"]
     signed = {str(c.get("cellId")): c.get("verdict") for c in predicate.get("cells") or []}
     actual = {str(c.get("cell_id")): c.get("verdict") for c in evidence["cells"]}
     if signed != actual:
         v.reasons.append("the signed evidence predicate's cells differ from evidence.json")
     signer = predicate.get("signer")
-    v.signer = signer if isinstance(signer, dict) else {}
-    if v.signer.get("trust") == "untrusted-local" and not allow_untrusted_local:
+    v.signer = dict(signer) if isinstance(signer, dict) else {}
+    world = predicate.get("world")
+    if isinstance(world, dict) and not v.world:
+        v.world = dict(world)
+
+
+def _check_fresh(finished_at: str, checks: Checks, v: Verification, what: str) -> None:
+    """Step 7: the signed finishedAt is no older than max_age and not in the future."""
+    if checks.max_age is None:
+        v.notes.append(f"freshness of {what} not checked (--max-age none)")
+        return
+    try:
+        finished = datetime.fromisoformat(finished_at)
+    except ValueError:
         v.reasons.append(
-            f"{UNTRUSTED_LOCAL_NOTE} (keyid {v.signer.get('keyid')}): a per-machine key "
-            "proves only that this machine signed it; sign with --key or "
-            "$SANDBOX_ATTEST_SIGNING_KEY, or, to accept it, pass that key as --trusted-key "
-            "together with --allow-untrusted-local"
+            f"{what} has no signed finishedAt (got {finished_at!r}): it was signed by an "
+            "older sandbox-attest; re-run with this version, or pass --max-age none"
         )
+        return
+    if finished.tzinfo is None:
+        finished = finished.replace(tzinfo=UTC)
+    now = checks.now or datetime.now(UTC)
+    age = now - finished
+    if -age > FUTURE_SKEW:
+        v.reasons.append(
+            f"{what} finished at {finished_at}, {format_duration(-age)} in the future: the "
+            "signing machine's clock is wrong or the time was forged; fix the clock and re-run"
+        )
+    elif age > checks.max_age:
+        v.reasons.append(
+            f"{what} is {format_duration(age)} old (finished {finished_at}), older than "
+            f"--max-age {format_duration(checks.max_age)}; re-run the matrix, or pass a longer "
+            "--max-age (e.g. --max-age 90d) or --max-age none"
+        )
+
+
+def _check_commit(harness: dict[str, Any], checks: Checks, v: Verification, what: str) -> None:
+    """Step 8: the signed harness commit starts with --expect-commit, from a clean checkout."""
+    want = checks.expect_commit
+    if want is None:
+        return
+    commit = harness.get("commit")
+    if not isinstance(commit, str) or not commit:
+        v.reasons.append(
+            f"{what} records no harness commit (installed from a wheel, or git was "
+            f"unavailable), so --expect-commit {want} cannot hold; run the harness from a "
+            "checkout of that commit"
+        )
+    elif not commit.lower().startswith(want):
+        v.reasons.append(
+            f"{what} was made by harness commit {commit}, not --expect-commit {want}; "
+            "re-run from that commit, or expect the commit that was tested"
+        )
+    elif harness.get("dirty") is not False:
+        state = "had uncommitted changes" if harness.get("dirty") else "has unknown cleanliness"
+        v.reasons.append(
+            f"{what}: harness commit {commit} matches --expect-commit, but the checkout "
+            f"{state}, so what ran is not that commit; re-run from a clean checkout"
+        )
+
+
+def _record_pins(stmt: dict[str, Any], checks: Checks, v: Verification, what: str) -> None:
+    """Read the signed harness, run time, trust domains and world; check time and commit."""
+    v.harness = _annotations(stmt, "harness")
+    v.finished_at = str(_annotations(stmt, "run").get("finishedAt", ""))
+    v.trust_domains = _annotations(stmt, "trust-domains")
+    v.world = _annotations(stmt, "world")
+    _check_fresh(v.finished_at, checks, v, what)
+    _check_commit(v.harness, checks, v, what)
 
 
 def _verify_single(
     statements: dict[str, list[dict[str, Any]]],
     policy: Policy,
-    allow_untrusted_local: bool,
     require_all_legs: bool,
+    checks: Checks,
     v: Verification,
 ) -> None:
-    """Steps 2-6 for one run's report: evidence.json and junit.xml beside the envelopes."""
-    report_dir = v.report_dir
+    """Steps 2-8 for one run's report: every subject beside the envelopes."""
     _check_counts(statements, (TEST_RESULT_PREDICATE, EVIDENCE_PREDICATE), v)
-    evidence_bytes = _read(report_dir / EVIDENCE_NAME, v, "the run wrote no evidence")
-    junit_bytes = _read(report_dir / JUNIT_NAME, v, "the run wrote no junit.xml")
-    files = {EVIDENCE_NAME: evidence_bytes, JUNIT_NAME: junit_bytes}
-    v.files.update({name: data for name, data in files.items() if data is not None})
+    digests = _read_subjects(v.report_dir, v)
     for group in statements.values():
         for stmt in group:
-            _check_subjects(stmt, files, v)
+            _check_subjects(stmt, digests, v)
+    results = statements.get(TEST_RESULT_PREDICATE, [])
+    if results:
+        _record_pins(results[0], checks, v, "the report")
+    evidence_bytes = v.files.get(EVIDENCE_NAME)
     if evidence_bytes is not None:
         try:
             v.evidence = parse_evidence(evidence_bytes, EVIDENCE_NAME)
         except ReportError as exc:
             v.reasons.append(str(exc))
     if v.evidence is not None:
-        results = statements.get(TEST_RESULT_PREDICATE, [])
         _check_gate(results[0] if results else None, v.evidence, policy, v)
         for stmt in statements.get(EVIDENCE_PREDICATE, [])[:1]:
-            _check_evidence_statement(stmt, v.evidence, allow_untrusted_local, v)
+            _check_evidence_statement(stmt, v.evidence, v)
         if require_all_legs:
             v.reasons.extend(
                 f"missing leg {leg}: the policy requires it, but the report has no cells for it"
@@ -282,11 +544,12 @@ def verify_report(
     allow_untrusted_local: bool = False,
     require_all_legs: bool = True,
     accept_merged: bool = True,
+    checks: Checks | None = None,
 ) -> Verification:
     """Verify one report directory, or a merged release (see the module docstring).
 
     Args:
-        report_dir: holds attestation.intoto.jsonl, evidence.json and junit.xml (or, merged,
+        report_dir: holds attestation.intoto.jsonl and every subject (or, merged,
             attestation.intoto.jsonl and legs/).
         trusted: the only key whose signatures count.
         policy: the release policy to hold the evidence to.
@@ -295,10 +558,16 @@ def verify_report(
         require_all_legs: every leg the policy names must be in this report; `merge` turns
             this off per leg and checks the union instead.
         accept_merged: False when verifying one leg of a merge: a merged directory is no leg.
+        checks: freshness, expected commit and the untrusted-key registry (default:
+            `Checks()`, i.e. 30 days, any commit, this user's registry).
 
     Returns:
         The verification; `ok` is True only if every check held.
+
+    Raises:
+        ConfigError: this user's untrusted-keys registry is unsafe to believe.
     """
+    checks = checks or Checks()
     v = Verification(report_dir)
     if not report_dir.is_dir():
         v.reasons.append(f"{report_dir} is not a directory; pass a report directory")
@@ -308,17 +577,20 @@ def verify_report(
     if raw is not None:
         v.attestation_sha256 = sha256_hex(raw)
         v.files[ATTESTATION_NAME] = raw
+        v.digests[ATTESTATION_NAME] = v.attestation_sha256
     merged = _merged_statement(statements)
     if merged is not None:
         if accept_merged:
-            _verify_merged(merged, statements, trusted, policy, allow_untrusted_local, v)
+            _check_key_trust(trusted, checks, allow_untrusted_local, v, "the merge is")
+            _verify_merged(merged, statements, trusted, policy, allow_untrusted_local, checks, v)
         else:
             v.reasons.append(
                 "this is a merged release, not one leg's report; pass the leg directories "
                 "that were merged"
             )
         return v
-    _verify_single(statements, policy, allow_untrusted_local, require_all_legs, v)
+    _check_key_trust(trusted, checks, allow_untrusted_local, v, "the report is")
+    _verify_single(statements, policy, require_all_legs, checks, v)
     return v
 
 
@@ -329,6 +601,7 @@ def verify_legs(
     policy: Policy,
     *,
     allow_untrusted_local: bool,
+    checks: Checks | None = None,
 ) -> Combined:
     """Verify each leg on its own, then combine them (see `harness.attest.legs.combine`).
 
@@ -341,6 +614,7 @@ def verify_legs(
         trusted: the key every leg must be signed with.
         policy: the release policy.
         allow_untrusted_local: accept legs signed by a per-machine key.
+        checks: held by every leg (freshness, commit, registry).
     """
     labelled = [
         (
@@ -352,6 +626,7 @@ def verify_legs(
                 allow_untrusted_local=allow_untrusted_local,
                 require_all_legs=False,
                 accept_merged=False,
+                checks=checks,
             ),
         )
         for label, d in labelled_dirs
@@ -390,7 +665,10 @@ def _signed_legs(
     for label in labels:
         absent = [f for f in LEG_FILES if f not in digests[label]]
         if absent:
-            v.reasons.append(f"the merged statement does not name {LEGS_DIR}/{label}/{absent[0]}")
+            v.reasons.append(
+                f"the merged statement does not cover {LEGS_DIR}/{label}/{absent[0]}: it was "
+                "merged by an older sandbox-attest; re-run `sandbox-attest merge`"
+            )
     return labels, digests
 
 
@@ -407,19 +685,29 @@ def _expected_from(stmt: dict[str, Any], v: Verification) -> ExpectedLegs:
     return ExpectedLegs(str(item.get("uri", "expect-legs")), _digest(item), tuple(legs))
 
 
-def _check_merged_signer(
-    stmt: dict[str, Any], allow_untrusted_local: bool, v: Verification
-) -> None:
+def _merged_signer(stmt: dict[str, Any], v: Verification) -> None:
+    """Keep the merged statement's signer entry for display; trust is decided by the key."""
     signer = _config_item(stmt, "signer")
     if signer is None:
         v.reasons.append("the merged statement names no signer; re-run `sandbox-attest merge`")
         return
     v.signer = {"keyid": _digest(signer), **(signer.get("annotations") or {})}
-    if v.signer.get("trust") == "untrusted-local" and not allow_untrusted_local:
+
+
+def _check_merged_harness(
+    stmt: dict[str, Any], combined: Combined, checks: Checks, v: Verification
+) -> None:
+    """The merge's signed harness commit and probes digest are the ones every leg signed."""
+    _record_pins(stmt, checks, v, "the merge")
+    legs = combined.verifications
+    if not legs or combined.harness_mismatch:
+        return  # no legs, or `combine` already refused their differing harnesses
+    commit, probes = legs[0][1].harness.get("commit"), legs[0][1].harness.get("probesSha256")
+    if v.harness.get("commit") != commit or v.harness.get("probesSha256") != probes:
         v.reasons.append(
-            f"the merge is {UNTRUSTED_LOCAL_NOTE} (keyid {v.signer['keyid']}); merge with --key "
-            "or $SANDBOX_ATTEST_SIGNING_KEY, or, to accept it, pass that key as --trusted-key "
-            "together with --allow-untrusted-local"
+            f"the merged statement records harness commit {v.harness.get('commit')} and probes "
+            f"{str(v.harness.get('probesSha256'))[:16]}..., but its legs were made by commit "
+            f"{commit} with probes {str(probes)[:16]}...; re-run `sandbox-attest merge`"
         )
 
 
@@ -429,11 +717,12 @@ def _verify_merged(
     trusted: TrustedKey,
     policy: Policy,
     allow_untrusted_local: bool,
+    checks: Checks,
     v: Verification,
 ) -> None:
     """Verify a merged release directory: copies, each leg, and the re-derived combined gate."""
     _check_counts(statements, (TEST_RESULT_PREDICATE,), v)
-    _check_merged_signer(stmt, allow_untrusted_local, v)
+    _merged_signer(stmt, v)
     labels, digests = _signed_legs(stmt, v)
     legs_dir = v.report_dir / LEGS_DIR
     on_disk = {p.name for p in legs_dir.iterdir()} if legs_dir.is_dir() else set()
@@ -447,17 +736,21 @@ def _verify_merged(
         trusted,
         policy,
         allow_untrusted_local=allow_untrusted_local,
+        checks=checks,
     )
-    # The bytes each leg's verification read are the ones compared: no second read to swap.
+    v.leg_results = list(combined.verifications)
+    # The digests each leg's verification computed from the bytes it read are the ones
+    # compared: no second read to swap.
     for label, leg in combined.verifications:
         for name, want in digests[label].items():
-            data = leg.files.get(name)
-            if data is not None and sha256_hex(data) != want:
+            have = leg.digests.get(name)
+            if have is not None and have != want:
                 v.reasons.append(
                     f"{LEGS_DIR}/{label}/{name} does not match its signed digest in the merged "
                     "statement: the copy was changed after the merge"
                 )
     v.reasons.extend(combined.reasons)
+    _check_merged_harness(stmt, combined, checks, v)
     v.legs = set(combined.legs) | combined.carried
     v.gate = combined.gate
     if combined.gate is not None:

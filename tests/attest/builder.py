@@ -1,19 +1,51 @@
-"""Synthetic report directories: evidence.json + junit.xml for chosen cells and verdicts.
+"""Synthetic report directories: every subject a run writes, for chosen cells and verdicts.
 
 The run that writes real evidence lives elsewhere; these builders follow the format in
 reports/README.md (schema `sandbox-attest/evidence/v1`) so attestation and rendering can be
-tested without starting sandboxes.
+tested without starting sandboxes. A built report holds all five subjects (evidence.json,
+junit.xml, report.html, summary.md, allure-results/), a harness commit and run times close
+to now, so `verify`'s default --max-age holds.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape, quoteattr
 
+from harness.attest import (
+    ATTESTATION_NAME,
+    dsse,
+    gate_for,
+    policy_from_evidence,
+    sign_report,
+    signer_info,
+)
+from harness.attest.statement import (
+    EVIDENCE_PREDICATE,
+    TEST_RESULT_PREDICATE,
+    configuration,
+    evidence_predicate,
+    read_evidence,
+    report_subjects,
+    statement,
+    statement_bytes,
+    test_result_predicate,
+)
+from harness.attest.subjects import ALL_SUBJECTS, ALLURE_DIR, FILE_SUBJECTS, tree_sha256
+
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from harness.attest.keys import SigningKey
+    from harness.attest.policy import Policy
+
+COMMIT = "5f3c9a1e2b4d6f8091a2b3c4d5e6f708192a3b4c"
+PACKAGE_SHA256 = hashlib.sha256(b"package").hexdigest()
+PROBES_SHA256 = hashlib.sha256(b"probes").hexdigest()
 
 CORE_PROBES = (
     "net_denied_host",
@@ -138,6 +170,27 @@ def write_junit(path: Path, cells: list[dict[str, Any]]) -> None:
     )
 
 
+def rfc3339(when: datetime) -> str:
+    """An RFC 3339 UTC timestamp, seconds precision, as the evidence writer formats it."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_readables(report_dir: Path, cells: list[dict[str, Any]]) -> None:
+    """report.html, summary.md and allure-results/ (two result files and an attachment)."""
+    rows = "".join(
+        f"<tr><td>{escape(c['cell_id'])}</td><td>{c['verdict']}</td></tr>" for c in cells
+    )
+    (report_dir / "report.html").write_text(f"<!doctype html><table>{rows}</table>\n")
+    lines = "".join(f"| {c['cell_id']} | {c['verdict']} |\n" for c in cells)
+    (report_dir / "summary.md").write_text(f"# sandbox-attest\n\n| cell | verdict |\n{lines}")
+    allure = report_dir / ALLURE_DIR
+    (allure / "attachments").mkdir(parents=True, exist_ok=True)
+    for c in cells[:2]:
+        result = {"name": c["cell_id"], "status": "passed" if c["verdict"] == "PASS" else "failed"}
+        (allure / f"{c['cell_id']}-result.json").write_text(json.dumps(result))
+    (allure / "attachments" / "stderr.txt").write_text("probe stderr\n")
+
+
 def build_report(
     report_dir: Path,
     policy_path: Path,
@@ -146,18 +199,49 @@ def build_report(
     platform: str = "linux",
     complete: bool = True,
     run_id: str = "20261130T050102Z-3f2a",
+    finished_at: datetime | None = None,
+    commit: str | None = COMMIT,
+    probes_sha256: str = PROBES_SHA256,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write evidence.json and junit.xml for `cells` (default: every core cell PASS)."""
+    """Write every subject of a report for `cells` (default: every core cell PASS).
+
+    Args:
+        report_dir: created if missing.
+        policy_path: the policy the evidence names (and whose digest it records).
+        cells: the evidence cells.
+        platform: the run's platform.
+        complete: False for an interrupted run.
+        run_id: the run's id.
+        finished_at: when the run ended (default: 2 s ago); it started 18 s before that.
+        commit: the harness commit (None: a wheel install).
+        probes_sha256: the digest of the probes the harness ran.
+        extra: top-level evidence fields to add or replace (e.g. `trust_domains`, `world`).
+    """
     report_dir.mkdir(parents=True, exist_ok=True)
     cells = make_cells(platform=platform) if cells is None else cells
     backends = sorted({c["backend"] for c in cells})
+    finished = finished_at or datetime.now(UTC) - timedelta(seconds=2)
     evidence = {
         "schema": "sandbox-attest/evidence/v1",
         "run_id": run_id,
         "complete": complete,
-        "started_at": "2026-11-30T05:01:02Z",
-        "finished_at": "2026-11-30T05:01:20Z",
-        "harness": {"version": "0.1.0"},
+        "started_at": rfc3339(finished - timedelta(seconds=18)),
+        "finished_at": rfc3339(finished),
+        "harness": {
+            "version": "0.1.0",
+            "commit": commit,
+            "dirty": None if commit is None else False,
+            "package_sha256": PACKAGE_SHA256,
+            "probes_sha256": probes_sha256,
+        },
+        "trust_domains": {
+            "separated": True,
+            "harness_uid": 0,
+            "payload_uid": 65534,
+            "payload_user": "nobody",
+            "reason": "payloads run as nobody",
+        },
         "platform": {
             "system": platform,
             "release": "6.1.0",
@@ -168,7 +252,7 @@ def build_report(
             "path": str(policy_path),
             "sha256": hashlib.sha256(policy_path.read_bytes()).hexdigest(),
         },
-        "matrix": {"sha256": hashlib.sha256(b"matrix").hexdigest()},
+        "matrix": {"path": "matrix/linux.toml", "sha256": hashlib.sha256(b"matrix").hexdigest()},
         "backends": [
             {
                 "name": b,
@@ -185,12 +269,63 @@ def build_report(
                     },
                     "profile": {"argv": [b]},
                     "profile_digest": "sha256:" + hashlib.sha256(b.encode()).hexdigest(),
+                    "executables": {
+                        b: {
+                            "argv0": b,
+                            "path": f"/usr/bin/{b}",
+                            "realpath": f"/usr/bin/{b}",
+                            "sha256": hashlib.sha256(f"exe {b}".encode()).hexdigest(),
+                        }
+                    },
                 },
             }
             for b in backends
         ],
         "cells": cells,
     }
+    evidence["inputs"] = {"policy": evidence["policy"], "matrix": evidence["matrix"]}
+    evidence.update(extra or {})
     (report_dir / "evidence.json").write_text(json.dumps(evidence, indent=2, sort_keys=True))
     write_junit(report_dir / "junit.xml", cells)
+    write_readables(report_dir, cells)
     return report_dir
+
+
+def signed_subjects(report_dir: Path) -> list[str]:
+    """The subject names of the first statement in a report's attestation."""
+    line = (report_dir / ATTESTATION_NAME).read_text().splitlines()[0]
+    stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
+    return [str(s["name"]) for s in stmt["subject"]]
+
+
+def sign(report_dir: Path, key: SigningKey, *, policy: Policy | None = None) -> Path:
+    """Sign a built report over all five subjects, the way a run signs it (no Sigstore).
+
+    It calls the real `sign_report` (which also writes signing.json). Where that still
+    signs fewer subjects than `ALL_SUBJECTS`, the two statements are re-signed here with
+    the same builders over every subject, so verify's full-coverage check is exercised.
+    """
+    out = sign_report(report_dir, key, policy=policy, env={})
+    if signed_subjects(report_dir) == list(ALL_SUBJECTS):
+        return out
+    evidence_bytes, evidence = read_evidence(report_dir / "evidence.json")
+    files = {name: (report_dir / name).read_bytes() for name in FILE_SUBJECTS}
+    files["evidence.json"] = evidence_bytes
+    subjects = report_subjects(files, tree_sha256(report_dir / ALLURE_DIR))
+    if policy is None:
+        policy = policy_from_evidence(evidence)
+    gate = gate_for(evidence, policy)
+    config = configuration(evidence, policy.sha256 if policy else None)
+    payloads = [
+        statement_bytes(
+            statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(gate, config))
+        ),
+        statement_bytes(
+            statement(
+                subjects, EVIDENCE_PREDICATE, evidence_predicate(evidence, signer_info(key), gate)
+            )
+        ),
+    ]
+    lines = [dsse.sign(p, key.private_key, key.keyid).to_json() + "\n" for p in payloads]
+    out.write_text("".join(lines), encoding="utf-8")
+    return out

@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.attest import sign_report
 from harness.attest.keys import SigningKey, TrustedKey
 from harness.attest.policy import Policy, load_policy
-from tests.attest.builder import build_report, write_policy
+from tests.attest.builder import build_report, sign, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -47,5 +46,5 @@ def policy(policy_file: Path) -> Policy:
 def signed_report(tmp_path: Path, policy_file: Path, signing_key: SigningKey) -> Path:
     """A report where every core cell PASSes, signed with the fixed key (no Sigstore)."""
     report = build_report(tmp_path / "run", policy_file)
-    sign_report(report, signing_key, env={})
+    sign(report, signing_key)
     return report

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.attest import sign_report
 from harness.attest.merge import load_expected_legs, merge_legs
 from harness.errors import ConfigError
-from tests.attest.builder import build_report, make_cells
+from tests.attest.builder import COMMIT, build_report, make_cells, sign
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -57,7 +56,7 @@ def legs(tmp_path: Path, policy_file: Path, signing_key: SigningKey) -> dict[str
     ):
         cells = make_cells(backends=backends, platform=platform, required=backends[-1:])
         report = build_report(tmp_path / name, policy_file, cells, platform=platform)
-        sign_report(report, signing_key, env={})
+        sign(report, signing_key)
         out[name] = report
     return out
 
@@ -96,10 +95,14 @@ class TestMerge:
         (line,) = result.attestation.read_text().splitlines()
         stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
         assert stmt["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
-        assert len(stmt["subject"]) == 6
+        # Two legs x every subject (five plus the leg's attestation).
+        assert len(stmt["subject"]) == 12
+        assert "legs/01-leg-bwrap/allure-results/" in {s["name"] for s in stmt["subject"]}
         assert "macos:seatbelt-net_denied_host" in stmt["predicate"]["passedTests"]
         names = {c["name"] for c in stmt["predicate"]["configuration"]}
-        assert {"policy", "expect-legs", "leg:macos/seatbelt", "leg:linux/none"} <= names
+        assert {"policy", "expect-legs", "harness", "leg:macos/seatbelt", "leg:linux/none"} <= names
+        (harness,) = [c for c in stmt["predicate"]["configuration"] if c["name"] == "harness"]
+        assert harness["annotations"]["commit"] == COMMIT
 
     def test_duplicate_leg_refused(
         self,
@@ -113,7 +116,7 @@ class TestMerge:
     ) -> None:
         """Two directories holding the same leg refuse the merge and write nothing."""
         twin = build_report(tmp_path / "twin", policy_file, make_cells(backends=("none",)))
-        sign_report(twin, signing_key, env={})
+        sign(twin, signing_key)
         result = do_merge(
             [*legs.values(), twin], expected, trusted, policy, signing_key, tmp_path / "out"
         )
@@ -209,7 +212,7 @@ class TestControlCarriedByLegs:
                 policy_file,
                 make_cells(backends=("none", backend), required=(backend,)),
             )
-            sign_report(report, signing_key, env={})
+            sign(report, signing_key)
             dirs.append(report)
         result = do_merge(dirs, expected, trusted, policy, signing_key, tmp_path / "out")
         assert result.reasons == []
@@ -235,7 +238,7 @@ class TestControlCarriedByLegs:
         report = build_report(
             tmp_path / "r", policy_file, make_cells(backends=("none", "bubblewrap", "docker"))
         )
-        sign_report(report, signing_key, env={})
+        sign(report, signing_key)
         result = do_merge(
             [report], load_expected_legs(path), trusted, policy, signing_key, tmp_path / "out"
         )

@@ -12,12 +12,11 @@ import pytest
 
 import harness.attest.merge
 import harness.attest.verify
-from harness.attest import sign_report
 from harness.attest.cli import register
 from harness.attest.keys import private_key_pem, public_key_pem
 from harness.attest.legs import load_expected_legs
 from harness.attest.merge import merge_legs
-from tests.attest.builder import build_report, make_cells
+from tests.attest.builder import build_report, make_cells, sign
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -54,7 +53,7 @@ def ci(tmp_path: Path, policy_file: Path, signing_key: SigningKey) -> dict[str, 
             policy_file,
             make_cells(backends=("none", backend), required=(backend,)),
         )
-        sign_report(leg, signing_key, env={})
+        sign(leg, signing_key)
         paths[backend] = leg
     paths["policy"] = policy_file
     paths["out"] = tmp_path / "reports" / "release"

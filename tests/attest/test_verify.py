@@ -10,17 +10,19 @@ from typing import TYPE_CHECKING
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.attest import dsse, sign_report
+from harness.attest import dsse
 from harness.attest.cli import register
 from harness.attest.keys import (
     SigningKey,
     TrustedKey,
     load_signing_key,
     public_key_pem,
+    read_untrusted_keyids,
+    untrusted_registry_path,
 )
 from harness.attest.statement import STATEMENT_TYPE, statement_bytes
-from harness.attest.verify import verify_report
-from tests.attest.builder import build_report, make_cells, write_policy
+from harness.attest.verify import Checks, verify_report
+from tests.attest.builder import build_report, make_cells, sign, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -54,9 +56,24 @@ def rewrite_envelope(path: Path, line: int, edit: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def reasons(report: Path, trusted: TrustedKey, policy: Policy, **kw: bool) -> list[str]:
+def reasons(
+    report: Path,
+    trusted: TrustedKey,
+    policy: Policy,
+    *,
+    allow_untrusted_local: bool = False,
+    checks: Checks | None = None,
+) -> list[str]:
     """The verification reasons (empty when it verifies)."""
-    return verify_report(report, trusted, policy, **kw).reasons
+    return verify_report(
+        report, trusted, policy, allow_untrusted_local=allow_untrusted_local, checks=checks
+    ).reasons
+
+
+def registry_checks(config_home: Path) -> Checks:
+    """Checks that read the untrusted-keys registry under `config_home`."""
+    env = {"XDG_CONFIG_HOME": str(config_home)}
+    return Checks(untrusted_keyids=read_untrusted_keyids(untrusted_registry_path(env)))
 
 
 def one_reason_matching(found: list[str], needle: str) -> None:
@@ -87,12 +104,18 @@ class TestRoundTrip:
         assert set(signed) == {"keyid", "trust", "source"}
 
     def test_statements_carry_the_documented_fields(self, signed_report: Path) -> None:
-        """The two statements are test-result and evidence with evidence.json/junit.xml subjects."""
+        """The two statements are test-result and evidence, each covering all five subjects."""
         types = []
         for line in (signed_report / ATT).read_text().splitlines():
             stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
             types.append(stmt["predicateType"])
-            assert [s["name"] for s in stmt["subject"]] == ["evidence.json", "junit.xml"]
+            assert [s["name"] for s in stmt["subject"]] == [
+                "evidence.json",
+                "junit.xml",
+                "report.html",
+                "summary.md",
+                "allure-results/",
+            ]
         assert types == [
             "https://in-toto.io/attestation/test-result/v0.1",
             "https://sandbox-attest.dev/attestation/evidence/v1",
@@ -167,7 +190,7 @@ class TestPolicy:
         """A required cell absent from the evidence fails, naming the cell."""
         cells = [c for c in make_cells() if c["cell_id"] != "bubblewrap-dns_resolution"]
         report = build_report(tmp_path / "r", policy_file, cells)
-        sign_report(report, signing_key, env={})
+        sign(report, signing_key)
         one_reason_matching(
             reasons(report, trusted, policy),
             "missing required cell bubblewrap-dns_resolution on linux",
@@ -184,7 +207,7 @@ class TestPolicy:
         """A required probe that FAILs (an escape) fails verification with its reason."""
         cells = make_cells(verdicts={"bubblewrap-fs_write_outside": "FAIL"})
         report = build_report(tmp_path / "r", policy_file, cells)
-        sign_report(report, signing_key, env={})
+        sign(report, signing_key)
         one_reason_matching(reasons(report, trusted, policy), "bubblewrap-fs_write_outside is FAIL")
 
     def test_policy_downgrade(
@@ -194,7 +217,7 @@ class TestPolicy:
         weak = write_policy(tmp_path / "weak.toml", probes=("net_denied_host",))
         cells = make_cells(verdicts={"bubblewrap-dns_resolution": "INCONCLUSIVE"})
         report = build_report(tmp_path / "r", weak, cells)
-        sign_report(report, signing_key, env={})
+        sign(report, signing_key)
         found = reasons(report, trusted, policy)
         one_reason_matching(found, "policy mismatch")
         one_reason_matching(
@@ -211,7 +234,7 @@ class TestPolicy:
     ) -> None:
         """A report without a leg the policy requires fails, naming the leg."""
         report = build_report(tmp_path / "r", policy_file, make_cells(backends=("none",)))
-        sign_report(report, signing_key, env={})
+        sign(report, signing_key)
         one_reason_matching(reasons(report, trusted, policy), "missing leg linux/bubblewrap")
 
 
@@ -222,10 +245,13 @@ class TestUntrustedLocal:
         """A local-key report fails even with that key trusted, unless --allow-untrusted-local."""
         key = load_signing_key(None, {"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
         report = build_report(tmp_path / "r", policy_file)
-        sign_report(report, key, env={})
+        sign(report, key)
         as_trusted = TrustedKey(key.public_key, key.keyid, "local")
-        one_reason_matching(reasons(report, as_trusted, policy), "signed by an untrusted local key")
-        assert reasons(report, as_trusted, policy, allow_untrusted_local=True) == []
+        checks = registry_checks(tmp_path / "cfg")
+        one_reason_matching(
+            reasons(report, as_trusted, policy, checks=checks), "signed by an untrusted local key"
+        )
+        assert reasons(report, as_trusted, policy, allow_untrusted_local=True, checks=checks) == []
 
     def test_allow_flag_does_not_replace_the_trusted_key(
         self, tmp_path: Path, policy_file: Path, policy: Policy, trusted: TrustedKey
@@ -233,7 +259,7 @@ class TestUntrustedLocal:
         """--allow-untrusted-local with another trusted key still fails the signature check."""
         key = load_signing_key(None, {"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
         report = build_report(tmp_path / "r", policy_file)
-        sign_report(report, key, env={})
+        sign(report, key)
         one_reason_matching(
             reasons(report, trusted, policy, allow_untrusted_local=True), "not by the trusted key"
         )
@@ -292,7 +318,7 @@ class TestBadInput:
     ) -> None:
         """A signed run with zero cells does not verify."""
         report = build_report(tmp_path / "r", policy_file, [])
-        sign_report(report, signing_key, env={})
+        sign(report, signing_key)
         one_reason_matching(reasons(report, trusted, policy), "zero cells")
 
     def test_incomplete_run(
@@ -305,7 +331,7 @@ class TestBadInput:
     ) -> None:
         """An interrupted run (complete=false) does not verify even if every cell passed."""
         report = build_report(tmp_path / "r", policy_file, complete=False)
-        sign_report(report, signing_key, env={})
+        sign(report, signing_key)
         one_reason_matching(reasons(report, trusted, policy), "incomplete")
 
     def test_unsigned_report(
