@@ -30,6 +30,7 @@ from harness.backends.base import (
 from harness.catalog import PROBES, CellContext, probe_path
 from harness.errors import HarnessError, ProbeOutputError
 from harness.matrix import Cell
+from harness.trust import PayloadUser, give
 from harness.verdict import Assessment, Decision, Verdict, decide
 from harness.world import World
 
@@ -170,6 +171,8 @@ class CellRunner:
     availability: dict[str, Availability]
     platform: str
     control_leg: str = "none"
+    # Every sandboxed command runs as this user (None: no trust separation on this host).
+    user: PayloadUser | None = None
     control_results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def run_cell(self, cell: Cell) -> dict[str, Any]:
@@ -229,6 +232,10 @@ class CellRunner:
         inputs = cell_dir / "input"
         workspace.mkdir(parents=True)
         inputs.mkdir()
+        # The payload owns its workspace (the one writable grant). The cell dir stays the
+        # harness's: host-side baselines and witnesses of the cell live there, and a payload
+        # that could rename them could rewrite what it is judged by.
+        give(workspace, self.user)
         ctx = CellContext(
             probe=cell.probe.id,
             backend=cell.backend,
@@ -237,6 +244,7 @@ class CellRunner:
             workspace=workspace,
             cell_dir=cell_dir,
             policy=identity.policy,
+            user=self.user,
         )
         expected = spec.expectation(identity.policy)
         info = self.world.info
@@ -248,6 +256,8 @@ class CellRunner:
         run: ProbeRun | None = None
         try:
             targets = spec.prepare(ctx)
+            # What the probe planted in the workspace is the payload's, as the workspace is.
+            give(workspace, self.user, recursive=True)
             task = {
                 "probe": cell.probe.id,
                 "nonce": nonce,
@@ -280,6 +290,7 @@ class CellRunner:
                 timeout=cell.probe.timeout,
                 cell_dir=cell_dir,
                 world=info,
+                user=self.user,
             )
             run = backend.run(request)
             control = spec.host_control(ctx)

@@ -27,6 +27,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.evidence import EvidenceWriter, file_sha256
 from harness.matrix import BackendRow, Cell, Matrix, current_platform
 from harness.runner import CellRunner
+from harness.trust import payload_user, trust_domains
 from harness.verdict import Verdict
 from harness.world import World, start_world
 
@@ -155,6 +156,9 @@ class RunSession:
 
     def __post_init__(self) -> None:
         """Ask every backend whether it can run here, before any cell starts."""
+        # Who runs the judged code: a dedicated unprivileged user where the harness is root.
+        self.user = payload_user()
+        self.trust_domains = trust_domains(self.user)
         self.backends: dict[str, Backend] = {}
         self.availability: dict[str, Availability] = {}
         names = [self.matrix.control, *[n for n in self.backend_names if n != self.matrix.control]]
@@ -212,6 +216,7 @@ class RunSession:
             availability=self.availability,
             platform=self.platform,
             control_leg=self.matrix.control,
+            user=self.user,
         )
         return self.runner
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
+from harness.trust import PayloadUser
 from harness.worldinfo import WorldInfo
 
 # What a backend claims to enforce, so a verdict judges it against its own claim.
@@ -120,6 +121,9 @@ class ProbeRequest:
     # The fixture world's public description (with the proxy secret), for backends that render
     # per-cell files or argv placeholders from it (command wrappers). Others ignore it.
     world: WorldInfo | None = None
+    # The unprivileged user every sandboxed command runs as (harness/trust.py); None where the
+    # harness cannot separate trust domains, and the command then runs as the harness's user.
+    user: PayloadUser | None = None
 
 
 @dataclass

@@ -343,4 +343,5 @@ class BubblewrapBackend:
                 request.workspace,
                 request.timeout,
                 pass_fds=tuple(pass_fds),
+                user=request.user,
             )

@@ -65,6 +65,7 @@ from harness.backends.spec import (
 from harness.errors import BackendError
 from harness.matrix import current_platform
 from harness.paths import matrix_dir
+from harness.trust import give
 
 # Every process of one run carries this variable (value: a per-run random tag), so that the
 # sweep after the run finds children that left the wrapper's process group.
@@ -428,6 +429,8 @@ class CommandBackend:
         run_dir.mkdir(parents=True)  # fresh per cell: an existing one is a harness bug
         ctx = self.context(request, run_dir)
         self.render_files(ctx, run_dir)
+        # The wrapper runs as the payload user: its cwd and the files rendered for it are its.
+        give(run_dir, request.user, recursive=True)
         tag = secrets.token_hex(12)
         return ctx.render_argv(self.spec), self.build_env(request, ctx, tag), run_dir, tag
 
@@ -452,7 +455,9 @@ class CommandBackend:
         watcher = LeftoverWatcher(tag)
         watcher.start()
         try:
-            run = run_process(request.cell_id, argv, env, run_dir, request.timeout)
+            run = run_process(
+                request.cell_id, argv, env, run_dir, request.timeout, user=request.user
+            )
         finally:
             watcher.finish()
         if watcher.killed:

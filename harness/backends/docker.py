@@ -19,11 +19,13 @@ container the same way, all of it recorded in the identity profile so its digest
 The user. Inside, the payload runs as an unprivileged uid. When the harness itself runs as a
 non-root user it is that uid (it owns the workspace already, and it cannot chown to another
 one). When the harness runs as root (CI here), a container running as root would be a weaker
-sandbox than the claim, so it runs as `SANDBOX_UID` (65532) and the workspace is chowned to it
-for the run and handed back to its owner afterwards (only entries the sandbox uid owns, never
-through a symlink). Read-only inputs must be readable by that uid; the run's notes say when
-they are not, and the proxy socket must be connectable by it (0666, or group-writable: its gid
-is then added to the container's groups).
+sandbox than the claim, so it runs as the payload user every other sandboxed command runs as
+(`harness.trust`), so a canary that user owns means the same in a container as under
+bubblewrap; `SANDBOX_UID` (65532) only where no payload user can be had. The workspace is
+chowned to that uid for the run and handed back to its owner afterwards (only entries the
+sandbox uid owns, never through a symlink). Read-only inputs must be readable by that uid;
+the run's notes say when they are not, and the proxy socket must be connectable by it (0666,
+or group-writable: its gid is then added to the container's groups).
 
 Deliberate weakenings (`weaken=`, for the matrix's "does the probe catch a broken sandbox"
 tests) are recorded in the identity, which then carries the name `docker+weakened`.
@@ -77,6 +79,7 @@ from harness.backends.docker_image import (
 from harness.backends.none import platform_string
 from harness.backends.process import Capture, finish_run
 from harness.errors import BackendError, BackendUnavailable
+from harness.trust import payload_user
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -385,7 +388,8 @@ class DockerBackend:
         if "root-user" in self.weaken:
             self.uid, self.gid = 0, 0
         elif os.geteuid() == 0:
-            self.uid, self.gid = SANDBOX_UID, SANDBOX_GID
+            user = payload_user()
+            self.uid, self.gid = (user.uid, user.gid) if user else (SANDBOX_UID, SANDBOX_GID)
         else:
             self.uid, self.gid = os.geteuid(), os.getegid()
 

@@ -53,4 +53,5 @@ class NoneBackend:
             dict(request.env),
             request.workspace,
             request.timeout,
+            user=request.user,
         )

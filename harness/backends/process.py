@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from harness.backends.base import START_MARKER, ProbeRun
+from harness.trust import PayloadUser
 
 # A probe prints two short lines. Anything beyond this is noise or an attack on the
 # harness's memory; keep the head (where the marker and the JSON line are) and say so.
@@ -105,6 +106,7 @@ def run_process(
     cwd: Path,
     timeout: float,
     pass_fds: tuple[int, ...] = (),
+    user: PayloadUser | None = None,
 ) -> ProbeRun:
     """Run `argv` in a new session; kill the whole group at the deadline.
 
@@ -115,6 +117,8 @@ def run_process(
         cwd: working directory of the child.
         timeout: seconds until the group is killed and the run marked timed out.
         pass_fds: descriptors to leave open in the child (only deliberate weakenings do).
+        user: run the child as this unprivileged user (uid, gid and only its own groups);
+            None runs it as the harness's user (no trust separation on this host).
 
     Returns:
         The run as seen from outside; `started` says whether the start marker was printed.
@@ -131,6 +135,7 @@ def run_process(
             cwd=cwd,
             start_new_session=True,
             pass_fds=pass_fds,
+            **(user.popen_kwargs() if user is not None else {}),
         )
     except OSError as exc:
         return ProbeRun(

@@ -33,7 +33,6 @@ from harness.backends.bubblewrap import LIMITS
 from harness.backends.docker import (
     HOST_ROOT_TARGET,
     PIDS_LIMIT,
-    SANDBOX_UID,
     DockerBackend,
     DockerEngineError,
     engine_socket_path,
@@ -41,6 +40,7 @@ from harness.backends.docker import (
 from harness.backends.none import NoneBackend
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
+from harness.trust import payload_user
 from harness.world import World, start_world
 from tests.backends.standin import take_client
 
@@ -314,7 +314,10 @@ class TestConfinement:
         assert profile["seccomp"] == docker_seccomp.profile()
         assert profile["pids_limit"] == PIDS_LIMIT
         assert profile["ulimits"] == {"fsize": 16 * 1024 * 1024, "nofile": 256}
-        assert profile["user"] == f"{SANDBOX_UID}:{SANDBOX_UID}"
+        assert profile["user"] == f"{backend.uid}:{backend.gid}"
+        user = payload_user()
+        if user is not None:  # as root: the one payload user every sandboxed command runs as
+            assert (backend.uid, backend.gid) == (user.uid, user.gid)
         assert identity.profile_digest.startswith("sha256:")
 
     def test_image_id_is_stable_across_runs(self, backend: DockerBackend) -> None:
@@ -332,7 +335,8 @@ class TestConfinement:
         facts = report(run)
         assert run.exit_code == 0
         assert run.argv[:2] == ["docker", "run"]
-        assert facts["uid"] == SANDBOX_UID
+        assert facts["uid"] == backend.uid
+        assert facts["uid"] != 0
         assert facts["interfaces"] == ["lo"]
         assert facts["write_usr"]["errno"] == "EROFS"
         assert facts["write_root"]["errno"] == "EROFS"
