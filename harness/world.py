@@ -194,6 +194,22 @@ def _world_info(
     )
 
 
+def _start_daemons(path: Path, stack: contextlib.ExitStack) -> list[FakeDaemon]:
+    """The fake daemons on a socket path and (Linux) an abstract name, stopped by `stack`."""
+    daemons: list[FakeDaemon] = [FakeDaemon(path=path)]
+    if sys.platform.startswith("linux"):
+        daemons.append(FakeDaemon(abstract=f"sandbox-attest-daemon-{secrets.token_hex(8)}"))
+    for daemon in daemons:
+        daemon.start()
+        stack.callback(daemon.stop)
+        if daemon.path is not None:
+            # A real daemon's socket is reachable by ordinary users (docker.sock by its
+            # group): the unconfined payload user must reach this one, or the control leg
+            # proves nothing about ipc_unix_socket_escape.
+            daemon.path.chmod(0o666)
+    return daemons
+
+
 def start_world(run_dir: Path) -> World:
     """Start the whole fixture world with its files under `run_dir`.
 
@@ -217,7 +233,10 @@ def start_world(run_dir: Path) -> World:
     step = "run directory"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        run_dir.chmod(0o700)  # sockets and logs of this world are for this user and its sandboxes
+        # Traversable, not listable, and writable only by the harness: the payload user (who
+        # runs every sandboxed command) must open the CA bundle and connect to the sockets by
+        # their names, and must never rename or replace a witness log.
+        run_dir.chmod(0o711)
         proxy_sock = run_dir / "proxy.sock"
         daemon_sock = run_dir / "daemon.sock"
         for path in (proxy_sock, daemon_sock):
@@ -248,12 +267,7 @@ def start_world(run_dir: Path) -> World:
         stack.callback(listener.stop)
 
         step = "fake daemons"
-        daemons: list[FakeDaemon] = [FakeDaemon(path=daemon_sock)]
-        if sys.platform.startswith("linux"):
-            daemons.append(FakeDaemon(abstract=f"sandbox-attest-daemon-{secrets.token_hex(8)}"))
-        for daemon in daemons:
-            daemon.start()
-            stack.callback(daemon.stop)
+        daemons = _start_daemons(daemon_sock, stack)
 
         step = "canary wheel"
         wheel_nonce = f"w{secrets.token_hex(8)}"
@@ -288,10 +302,9 @@ def start_world(run_dir: Path) -> World:
         )
         stack.callback(_unlink_quietly(proxy_sock))
         stack.callback(proxy.stop)
-        # Sandboxes run their payload as a non-root uid (docker: 65532) and must be able to
-        # connect; connecting to a unix socket needs write permission on it. The socket only
-        # reaches the allowlisted fixture hosts, and the run dir holding it is private (0700),
-        # so on the host only this user can traverse to it; sandboxes get it bind-mounted.
+        # Sandboxed commands run as the payload user and must be able to connect; connecting
+        # to a unix socket needs write permission on it. The socket only reaches the
+        # allowlisted fixture hosts; sandboxes get it bind-mounted.
         proxy_sock.chmod(0o666)
 
         step = "world info"

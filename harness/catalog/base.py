@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from harness.trust import PayloadUser
 from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -107,6 +108,9 @@ class CellContext:
         workspace: host path of the cell's workspace (empty dir, created by the runner).
         cell_dir: host-only scratch for this cell; canaries are planted below it.
         policy: the backend's declared confinement.
+        user: the unprivileged user the payload runs as (None: the harness's own user). What
+            an unconfined payload must reach (canaries, anchors, host baselines) is planted
+            or started for this user, so a denial is the sandbox's doing, not permissions.
     """
 
     probe: str
@@ -116,6 +120,16 @@ class CellContext:
     workspace: Path
     cell_dir: Path
     policy: DeclaredPolicy
+    user: PayloadUser | None = None
+
+
+def home_of(ctx: CellContext) -> Path:
+    """The home of whoever runs the payload: where an ordinary user's secrets would live.
+
+    With trust separation that is the payload user's own home (harness/trust.py), so a run
+    never plants fake secrets in a real person's home; without it, the harness user's.
+    """
+    return ctx.user.home if ctx.user is not None else Path.home()
 
 
 class ProbeSpec(Protocol):

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.trust import give
 from harness.verdict import Assessment, Expectation
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ from harness.catalog.base import (
     _private_namespace,
     _Spec,
     _summary,
+    home_of,
 )
 from harness.catalog.canary import dir_canary_diff, dir_canary_state, planting, read_text
 
@@ -51,7 +53,7 @@ class FsWriteOutside(_Spec):
         return {
             "sibling": ctx.cell_dir / "sibling",
             "tmp": tmp / f"sandbox-attest-canary-{ctx.nonce}",
-            "home": Path.home() / f".sandbox-attest-canary-{ctx.nonce}",
+            "home": home_of(ctx) / f".sandbox-attest-canary-{ctx.nonce}",
         }
 
     @staticmethod
@@ -68,6 +70,9 @@ class FsWriteOutside(_Spec):
                 directory.mkdir(mode=0o755, parents=False, exist_ok=False)
                 canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
                 canary.chmod(0o644)
+                # The payload user's own: unconfined it can write here, so a refusal inside a
+                # sandbox is the sandbox's doing, not file permissions.
+                give(directory, ctx.user, recursive=True)
             baseline[key] = dir_canary_state(canary)
         store = ctx.cell_dir / "canaries"
         store.mkdir(parents=True, exist_ok=True)

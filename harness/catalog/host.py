@@ -52,6 +52,7 @@ from harness.catalog.base import (
     _summary,
     _wait_for,
     _with_nonce,
+    home_of,
 )
 from harness.catalog.canary import (
     dir_canary_diff,
@@ -63,6 +64,7 @@ from harness.catalog.canary import (
     read_text,
     sha256,
 )
+from harness.trust import give
 from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -132,7 +134,7 @@ class FsReadSecrets(_Spec):
     @staticmethod
     def secret_paths(ctx: CellContext) -> dict[str, Path]:
         """Where the canaries go: new files named after the nonce, never the real ones."""
-        home = Path.home()
+        home = home_of(ctx)
         name = f"sandbox-attest-canary-{ctx.nonce}"
         return {
             "ssh": home / ".ssh" / name,
@@ -159,9 +161,12 @@ class FsReadSecrets(_Spec):
                     created.append(str(path.parent))
                     # Saved at once: if a later canary fails, cleanup still removes this dir.
                     _save_state(ctx, {"hashes": hashes, "created_dirs": created})
+                    give(path.parent, ctx.user)
                 body = f"sandbox-attest canary {key} {ctx.nonce} secret={secrets.token_hex(16)}\n"
                 path.write_text(body)
                 path.chmod(0o600)
+                # The payload user's secrets (0600, its own): readable to it unconfined.
+                give(path, ctx.user)
             hashes[key] = hashlib.sha256(body.encode()).hexdigest()
         control = f"sandbox-attest control {ctx.nonce} {secrets.token_hex(16)}\n"
         self.control_path(ctx).write_text(control)
@@ -376,6 +381,7 @@ class FsLinkEscape(_Spec):
                 path.parent.mkdir(mode=0o755)
                 path.write_text(f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n")
                 path.chmod(0o644)
+                give(path.parent, ctx.user, recursive=True)
             baseline[key] = dir_canary_state(path)
         _save_state(ctx, {"baseline": baseline})
         return {
@@ -856,9 +862,10 @@ class IpcProxySocketTamper(_Spec):
     Safety: the payload is never given the host path of the real proxy socket or shim. It gets
     (1) a decoy socket and shim copy planted in this cell's scratch dir, the stand-in for the
     host side of the route, tampered on every leg (on the open leg it is all the payload may
-    touch, and it runs there as root); and (2) the in-sandbox mount paths, which it tries only
-    when the task's proxy URL is the in-sandbox shim's, i.e. the route is a bound socket
-    inside a mount namespace. The real socket and shim are watched from the host, read-only.
+    touch, and it belongs to the payload user there); and (2) the in-sandbox mount paths,
+    which it tries only when the task's proxy URL is the in-sandbox shim's, i.e. the route is
+    a bound socket inside a mount namespace. The real socket and shim are watched from the
+    host, read-only.
     """
 
     id = "ipc_proxy_socket_tamper"
@@ -900,6 +907,9 @@ class IpcProxySocketTamper(_Spec):
         self._shims[ctx.nonce] = _real_shim().read_bytes()
         shutil.copyfile(_real_shim(), decoy["shim"])
         decoy["shim"].chmod(0o644)
+        # The decoy stands for a route the payload could tamper with if unconfined, so it is
+        # the payload user's; the real route is the harness's, which no payload uid may alter.
+        give(decoy["socket"].parent, ctx.user, recursive=True)
         baseline = {k: file_state(p) for k, p in self._watched(ctx).items()}
         baseline["decoy-dir"] = {"entries": dir_entries(decoy["socket"].parent)}
         _save_state(ctx, {"baseline": baseline})
