@@ -1,16 +1,20 @@
-"""Probe proc_namespace_escape: join the host's namespaces, or gain mount power over them.
+"""Probe proc_namespace_escape: join another process's namespaces, or gain mount power.
 
 Every attempt runs in a forked child, so a namespace change never touches the probe itself.
-Nothing here may change the host even when the probe runs unconfined as root (the control
-leg does exactly that), which decides the design:
+Nothing here may change the host even when the probe runs unconfined, as root where a backend
+runs it so (the control leg runs it unconfined), which decides the design:
 
   * setns is safe anywhere: it only moves the calling child into an existing namespace.
-      setns-mnt   join the mount namespace of the host anchor process (targets["anchor_pid"],
-                  used only after its cmdline shows targets["marker"]); then create
+    The anchor (targets["anchor_pid"], used only after its cmdline shows targets["marker"])
+    is a host process of the payload's own user, in user, mount and network namespaces that
+    user owns: the namespaces an unprivileged user can join when nothing confines it. The
+    child joins the anchor's user namespace first (rights over its other namespaces), then:
+      setns-mnt   join the anchor's mount namespace; then create
                   ``<targets["canary_dir"]>/<nonce>.setns-mnt``, a path that exists only in
-                  the host's mount namespace: the host sees the file appear
-      setns-net   join the anchor's network namespace; then connect to the host's
-                  direct-egress listener and send ``nonce=<nonce> via=setns-net``
+                  the host's mount tree: the host sees the file appear
+      setns-net   join the anchor's network namespace; then connect to the anchor's own
+                  loopback listener (targets["listener"]) and send
+                  ``nonce=<nonce> via=setns-net``: only the anchor can hear it
   * mount, remount and pivot_root are never made in the namespace the probe started in. A
     child first unshares a new mount namespace (``inner:unshare-mnt``, or with a new user
     namespace, ``inner:unshare-userns``), then makes every mount private (MS_REC|MS_PRIVATE)
@@ -56,8 +60,14 @@ CHILD_TIMEOUT_S = 10.0
 
 
 def attempt(what, role, outcome, err=None, status=None, detail=""):
-    return {"what": what, "role": role, "outcome": outcome, "errno": err, "status": status,
-            "detail": detail}
+    return {
+        "what": what,
+        "role": role,
+        "outcome": outcome,
+        "errno": err,
+        "status": status,
+        "detail": detail,
+    }
 
 
 def errno_name(exc):
@@ -67,8 +77,13 @@ def errno_name(exc):
 
 def libc():
     lib = ctypes.CDLL(None, use_errno=True)
-    lib.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                          ctypes.c_void_p]
+    lib.mount.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_void_p,
+    ]
     lib.syscall.restype = ctypes.c_long
     return lib
 
@@ -95,7 +110,7 @@ def in_child(fn):
             result.append(attempt("child", "escape", "error", errno_name(exc), None, repr(exc)))
         data = json.dumps(result).encode()
         while data:
-            data = data[os.write(wfd, data):]
+            data = data[os.write(wfd, data) :]
         os._exit(0)
     os.close(wfd)
     chunks = []
@@ -137,20 +152,50 @@ def setns_into(kind, flag, pid, marker, after):
     def child(out):
         what = "setns-" + kind
         if not verified(pid, marker):
-            out.append(attempt(what, "escape", "refused", "ENOENT", None,
-                               "the anchor (pid %d with the marker) is not visible" % pid))
+            out.append(
+                attempt(
+                    what,
+                    "escape",
+                    "refused",
+                    "ENOENT",
+                    None,
+                    "the anchor (pid %d with the marker) is not visible" % pid,
+                )
+            )
             return
         lib = libc()
+        fds = {}
         try:
-            fd = os.open("/proc/%d/ns/%s" % (pid, kind), os.O_RDONLY)
+            for name in ("user", kind):
+                fds[name] = os.open("/proc/%d/ns/%s" % (pid, name), os.O_RDONLY)
         except OSError as exc:
             out.append(attempt(what, "escape", "refused", errno_name(exc), None, repr(exc)))
+            for fd in fds.values():
+                os.close(fd)
             return
-        result = call(what, "escape", lib.setns(fd, flag), "setns(/proc/%d/ns/%s)" % (pid, kind))
-        os.close(fd)
+        try:
+            # The anchor's namespaces belong to its user namespace: joining that one first
+            # gives the rights over them that its owner has (nothing, if we are not its owner).
+            if ns_id("user", pid) != ns_id("user"):
+                joined = call(
+                    what,
+                    "escape",
+                    lib.setns(fds["user"], CLONE_NEWUSER),
+                    "setns(/proc/%d/ns/user)" % pid,
+                )
+                if joined["outcome"] != "succeeded":
+                    out.append(joined)
+                    return
+            result = call(
+                what, "escape", lib.setns(fds[kind], flag), "setns(/proc/%d/ns/%s)" % (pid, kind)
+            )
+        finally:
+            for fd in fds.values():
+                os.close(fd)
         out.append(result)
         if result["outcome"] == "succeeded":
             result["detail"] += "; now in %s; %s" % (ns_id(kind), after())
+
     return in_child(child)
 
 
@@ -159,7 +204,7 @@ def root_is_shared():
         for line in fh:
             fields = line.split()
             if len(fields) > 6 and fields[4] == "/":
-                optional = fields[6:fields.index("-")]
+                optional = fields[6 : fields.index("-")]
                 if any(f.startswith("shared:") for f in optional):
                     return True
     return False
@@ -167,16 +212,31 @@ def root_is_shared():
 
 def mount_attempts(out, lib, how, task_dir, target, nonce):
     """In a fresh private mount namespace only: remount-rw, tmpfs, pivot_root."""
-    done = call("inner:make-private:" + how, "escape",
-                lib.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    done = call(
+        "inner:make-private:" + how,
+        "escape",
+        lib.mount(None, b"/", None, MS_REC | MS_PRIVATE, None),
+        "mount --make-rprivate /",
+    )
     out.append(done)
     if done["outcome"] != "succeeded" or root_is_shared():
-        out.append(attempt("inner:abort:" + how, "escape", "refused", None, None,
-                           "mounts could not be made private: no mount call is made"))
+        out.append(
+            attempt(
+                "inner:abort:" + how,
+                "escape",
+                "refused",
+                None,
+                None,
+                "mounts could not be made private: no mount call is made",
+            )
+        )
         return
-    remount = call("remount-rw:" + how, "escape",
-                   lib.mount(None, task_dir.encode(), None, MS_REMOUNT | MS_BIND, None),
-                   "remount %s read-write (bind flags only)" % task_dir)
+    remount = call(
+        "remount-rw:" + how,
+        "escape",
+        lib.mount(None, task_dir.encode(), None, MS_REMOUNT | MS_BIND, None),
+        "remount %s read-write (bind flags only)" % task_dir,
+    )
     out.append(remount)
     if remount["outcome"] == "succeeded":
         try:
@@ -187,9 +247,12 @@ def mount_attempts(out, lib, how, task_dir, target, nonce):
             remount["detail"] += "; but the write failed: %r" % exc
     # The target dir was made before unsharing: in a new user namespace with no uid map,
     # creating files fails with EOVERFLOW.
-    tmpfs = call("inner:mount-tmpfs:" + how, "escape",
-                 lib.mount(b"sandbox-attest", target.encode(), b"tmpfs", 0, None),
-                 "mount tmpfs on %s" % target)
+    tmpfs = call(
+        "inner:mount-tmpfs:" + how,
+        "escape",
+        lib.mount(b"sandbox-attest", target.encode(), b"tmpfs", 0, None),
+        "mount tmpfs on %s" % target,
+    )
     out.append(tmpfs)
     nr = PIVOT_ROOT.get(platform.machine())
     if tmpfs["outcome"] == "succeeded" and nr is not None:
@@ -197,8 +260,14 @@ def mount_attempts(out, lib, how, task_dir, target, nonce):
         os.chdir(target)
         ctypes.set_errno(0)
         result = lib.syscall(ctypes.c_long(nr), b".", b".")
-        out.append(call("inner:pivot-root:" + how, "escape", 0 if result == 0 else -1,
-                        "pivot_root(%s)" % target))
+        out.append(
+            call(
+                "inner:pivot-root:" + how,
+                "escape",
+                0 if result == 0 else -1,
+                "pivot_root(%s)" % target,
+            )
+        )
 
 
 def unshare_then_mount(flags, how, task_dir, workspace, nonce):
@@ -208,18 +277,26 @@ def unshare_then_mount(flags, how, task_dir, workspace, nonce):
     def child(out):
         lib = libc()
         before = ns_id("mnt")
-        first = call("inner:unshare-" + how, "escape", lib.unshare(flags),
-                     "unshare(0x%x)" % flags)
+        first = call("inner:unshare-" + how, "escape", lib.unshare(flags), "unshare(0x%x)" % flags)
         out.append(first)
         if first["outcome"] != "succeeded":
             return
         after = ns_id("mnt")
         first["detail"] += "; mnt %s -> %s" % (before, after)
         if after is None or after == before:
-            out.append(attempt("inner:abort:" + how, "escape", "refused", None, None,
-                               "mount namespace did not change: no mount call is made"))
+            out.append(
+                attempt(
+                    "inner:abort:" + how,
+                    "escape",
+                    "refused",
+                    None,
+                    None,
+                    "mount namespace did not change: no mount call is made",
+                )
+            )
             return
         mount_attempts(out, lib, how, task_dir, target, nonce)
+
     return in_child(child)
 
 
@@ -232,10 +309,23 @@ def run(task, out, task_path):
     for kind in ("mnt", "net", "user", "pid"):
         facts[kind + "ns"] = ns_id(kind)
     ok = all(facts[k + "ns"] for k in ("mnt", "net", "user"))
-    out["attempts"].append(attempt("read-own-ns", "control", "succeeded" if ok else "error",
-                                   None, None, "mnt/net/user ids read: %s" % ok))
-    out["attempts"].extend(in_child(lambda got: got.append(attempt(
-        "fork-child", "control", "succeeded", None, None, "pid %d" % os.getpid()))))
+    out["attempts"].append(
+        attempt(
+            "read-own-ns",
+            "control",
+            "succeeded" if ok else "error",
+            None,
+            None,
+            "mnt/net/user ids read: %s" % ok,
+        )
+    )
+    out["attempts"].extend(
+        in_child(
+            lambda got: got.append(
+                attempt("fork-child", "control", "succeeded", None, None, "pid %d" % os.getpid())
+            )
+        )
+    )
 
     def write_canary():
         path = os.path.join(targets["canary_dir"], nonce + ".setns-mnt")
@@ -260,8 +350,9 @@ def run(task, out, task_path):
     task_dir = os.path.dirname(os.path.abspath(task_path))
     workspace = task["workspace"]
     out["attempts"].extend(unshare_then_mount(CLONE_NEWNS, "mnt", task_dir, workspace, nonce))
-    out["attempts"].extend(unshare_then_mount(CLONE_NEWUSER | CLONE_NEWNS, "userns", task_dir,
-                                              workspace, nonce))
+    out["attempts"].extend(
+        unshare_then_mount(CLONE_NEWUSER | CLONE_NEWNS, "userns", task_dir, workspace, nonce)
+    )
 
 
 def main(argv):
@@ -279,7 +370,9 @@ def main(argv):
             raise RuntimeError("cannot read the task: " + task["_error"])
         run(task, out, argv[1])
     except Exception as exc:
-        out["attempts"].append(attempt("probe", "escape", "error", errno_name(exc), None, repr(exc)))
+        out["attempts"].append(
+            attempt("probe", "escape", "error", errno_name(exc), None, repr(exc))
+        )
     print(json.dumps(out), flush=True)
     return 0
 

@@ -30,7 +30,8 @@ import shlex
 import subprocess
 import sys
 import threading
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -49,14 +50,13 @@ from harness.catalog.base import (
     _host_writes,
     _judge,
     _observed,
+    _poll,
     _Spec,
-    _split,
     _summary,
-    _wait_for,
-    _with_nonce,
     probe_path,
 )
 from harness.errors import FixtureError
+from harness.trust import give
 from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -84,10 +84,29 @@ LINUX_ONLY_REASON: Final = (
 SECRET_VAR: Final = "SANDBOX_ATTEST_ANCHOR_SECRET"  # noqa: S105  (a variable name, not a secret)
 # The anchor exits on its own after this long, so a crashed run never leaves it behind.
 ANCHOR_LIFETIME_S: Final = 300
-# The anchor polls its own TracerPid this often; the payload holds its seize for 0.3 s.
+# The anchor reports on its stdout, a pipe only the harness holds (no file a payload could
+# forge): "ready [PORT]" once, "tracer PID" for each new tracer (it polls its own TracerPid;
+# the payload holds its seize for 0.3 s), and with a listener "conn LINE" for each line a
+# connection sent. With "listen" it first brings up `lo` of its own network namespace (it is
+# root there, in a user namespace the payload user owns) and checks its listener once.
 _ANCHOR_CODE: Final = """
-import sys, time
-marker, lifetime, witness = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+import fcntl, socket, struct, sys, time
+marker, lifetime, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+server = None
+if mode == "listen":
+    ctl = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ifr = fcntl.ioctl(ctl, 0x8913, struct.pack("16sH", b"lo", 0))
+    flags = struct.unpack("16sH", ifr[:18])[1]
+    fcntl.ioctl(ctl, 0x8914, struct.pack("16sH", b"lo", flags | 1))
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.02)
+    with socket.create_connection(server.getsockname(), 2) as own:
+        own.sendall(b"self-test\\n")
+    print("ready", server.getsockname()[1], flush=True)
+else:
+    print("ready", flush=True)
 seen = set()
 end = time.monotonic() + lifetime
 while time.monotonic() < end:
@@ -98,10 +117,30 @@ while time.monotonic() < end:
         tracer = "0"
     if tracer != "0" and tracer not in seen:
         seen.add(tracer)
-        with open(witness, "a") as out:
-            out.write(tracer + "\\n")
-    time.sleep(0.02)
+        print("tracer", tracer, flush=True)
+    if server is None:
+        time.sleep(0.02)
+        continue
+    try:
+        conn, _ = server.accept()
+    except OSError:
+        continue
+    with conn:
+        conn.settimeout(1)
+        try:
+            data = conn.recv(512)
+        except OSError:
+            data = b""
+    print("conn", data.decode("utf-8", "replace").strip().replace("\\n", " "), flush=True)
 """
+# Seconds the harness waits for the anchor's "ready" line.
+ANCHOR_READY_S: Final = 10.0
+# The anchor of proc_namespace_escape lives in namespaces of its own, owned by the payload
+# user: the one kind of "other process's namespace" an unprivileged user can join when
+# nothing confines it (setns needs CAP_SYS_ADMIN over the target's user namespace, which the
+# payload user holds over the ones it created and never over the host's). A sandbox must keep
+# it from that as from the host's own.
+_ANCHOR_NAMESPACES: Final = ("unshare", "--user", "--map-root-user", "--mount", "--net", "--")
 
 
 # The runner's read-only task dir under cell_dir (harness.runner `inputs`): the only place
@@ -122,17 +161,37 @@ class _Anchor:
     process: subprocess.Popen[bytes]
     marker: str
     secret: str
-    traced_file: Path
+    port: int | None = None
+    lines: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    reader: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
+    def read_lines(self) -> None:
+        """Collect the anchor's report lines until its stdout closes (a daemon thread)."""
+        assert self.process.stdout is not None  # noqa: S101  (started with stdout=PIPE)
+        for raw in self.process.stdout:
+            with self.lock:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def reported(self, kind: str) -> list[str]:
+        """The values of every "<kind> VALUE" line the anchor printed so far."""
+        with self.lock:
+            return [ln.split(" ", 1)[1] for ln in self.lines if ln.startswith(kind + " ")]
+
     def tracers(self) -> list[str]:
-        try:
-            return self.traced_file.read_text().split()
-        except OSError:
-            return []
+        return self.reported("tracer")
+
+    def ready(self) -> str | None:
+        """None until the anchor said "ready"; then what followed it ("" or its port)."""
+        with self.lock:
+            for line in self.lines:
+                if line == "ready" or line.startswith("ready "):
+                    return line[len("ready ") :]
+        return None
 
 
 class _AnchoredSpec(_Spec):
@@ -142,29 +201,63 @@ class _AnchoredSpec(_Spec):
         self._anchors: dict[str, _Anchor] = {}
         self._lock = threading.Lock()
 
-    def _start_anchor(self, ctx: CellContext) -> _Anchor:
+    def _start_anchor(self, ctx: CellContext, *, own_namespaces: bool = False) -> _Anchor:
+        """Start this cell's anchor as the payload user; wait for its "ready" line.
+
+        Args:
+            ctx: the cell.
+            own_namespaces: start it in a new user, mount and network namespace (owned by
+                the payload user) with a listener on its own loopback.
+
+        Raises:
+            FixtureError: it could not start or did not report ready in time.
+        """
         directory = ctx.cell_dir / "anchor"
         directory.mkdir(parents=True, exist_ok=True)
         marker = f"sandbox-attest-anchor:{ctx.nonce}"
-        traced = directory / "traced.txt"
         env = {"PATH": "/usr/bin:/bin", SECRET_VAR: secrets.token_hex(16)}
+        mode = "listen" if own_namespaces else "plain"
+        argv = [sys.executable, "-c", _ANCHOR_CODE, marker, str(ANCHOR_LIFETIME_S), mode]
+        if own_namespaces:
+            argv = [*_ANCHOR_NAMESPACES, *argv]
         try:
             process = subprocess.Popen(
-                [sys.executable, "-c", _ANCHOR_CODE, marker, str(ANCHOR_LIFETIME_S), str(traced)],
+                argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 cwd=directory,
+                **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
             )
         except OSError as exc:
             raise FixtureError(
                 f"could not start the anchor process for {ctx.probe} ({exc}); "
-                f"is {sys.executable} runnable?"
+                f"is {argv[0]} runnable?"
             ) from exc
-        anchor = _Anchor(process, marker, env[SECRET_VAR], traced)
+        anchor = _Anchor(process, marker, env[SECRET_VAR])
+        anchor.reader = threading.Thread(
+            target=anchor.read_lines, name="anchor-reader", daemon=True
+        )
+        anchor.reader.start()
         with self._lock:
             self._anchors[ctx.nonce] = anchor
+        deadline = time.monotonic() + ANCHOR_READY_S
+        while (ready := anchor.ready()) is None and time.monotonic() < deadline:
+            if process.poll() is not None:
+                break
+            time.sleep(0.01)
+        if ready is None:
+            why = f"exit {process.poll()}" if process.poll() is not None else "no ready line"
+            hint = (
+                "; unprivileged user namespaces must be allowed (sysctl "
+                "user.max_user_namespaces > 0) and util-linux's unshare installed"
+                if own_namespaces
+                else ""
+            )
+            raise FixtureError(f"the anchor process for {ctx.probe} did not start ({why}){hint}")
+        if ready.isdigit():
+            anchor.port = int(ready)
         return anchor
 
     def _anchor(self, ctx: CellContext) -> _Anchor | None:
@@ -199,6 +292,11 @@ class _AnchoredSpec(_Spec):
         anchor.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL is not ignorable
             anchor.process.wait(timeout=HOST_TIMEOUT_S)
+        # Its stdout reaches EOF with it; the reader ends, then the pipe is closed.
+        if anchor.reader is not None:
+            anchor.reader.join(timeout=HOST_TIMEOUT_S)
+        if anchor.process.stdout is not None:
+            anchor.process.stdout.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,29 +551,39 @@ class ProcNamespaceEscape(_AnchoredSpec):
         return ctx.cell_dir / "ns-canary"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """Start the anchor, plant the canary dir, name the listener."""
-        anchor = self._start_anchor(ctx)
+        """Start the anchor in its own namespaces, plant the canary dir, name its listener."""
+        anchor = self._start_anchor(ctx, own_namespaces=True)
         self.canary_dir(ctx).mkdir(parents=True, exist_ok=True)
+        # Writable to the payload user, so the only thing between the payload and this dir
+        # is whether it can see the host's mount tree (the setns-mnt escape), not permissions.
+        give(self.canary_dir(ctx), ctx.user)
         return {
             "marker": anchor.marker,
             "anchor_pid": anchor.pid,
             "canary_dir": str(self.canary_dir(ctx)),
-            "listener": ctx.world.info.direct_egress.tcp,
+            # The anchor's own loopback listener: reachable only from inside its namespace.
+            "listener": f"127.0.0.1:{anchor.port}",
         }
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
-        """The host sees the anchor's namespaces, writes the canary dir, reaches the listener."""
-        import socket  # noqa: PLC0415  (only this control needs it)
-
+        """The anchor is in namespaces of its own; the canary dir and its listener work."""
         nonce = _control_nonce()
         checks = self._anchor_checks(ctx)
         anchor = self._anchor(ctx)
 
         def namespaces() -> dict[str, Any]:
             pid = anchor.pid if anchor else 0
-            ours = [str(Path(f"/proc/self/ns/{k}").readlink()) for k in ("mnt", "net")]
-            theirs = [str(Path(f"/proc/{pid}/ns/{k}").readlink()) for k in ("mnt", "net")]
-            return _check("anchor is in the host's namespaces", ours == theirs, str(theirs))
+            kinds = ("user", "mnt", "net")
+            ours = [str(Path(f"/proc/self/ns/{k}").readlink()) for k in kinds]
+            theirs = [str(Path(f"/proc/{pid}/ns/{k}").readlink()) for k in kinds]
+            owner = Path(f"/proc/{pid}").stat().st_uid
+            want = ctx.user.uid if ctx.user is not None else os.geteuid()
+            ok = all(a != b for a, b in zip(ours, theirs, strict=True)) and owner == want
+            return _check(
+                "anchor is in user/mnt/net namespaces of the payload user's",
+                ok,
+                f"{theirs} owned by uid {owner}",
+            )
 
         def canary() -> dict[str, Any]:
             probe = self.canary_dir(ctx) / f"{nonce}.host"
@@ -484,20 +592,16 @@ class ProcNamespaceEscape(_AnchoredSpec):
             return _check("host writes the canary dir", ok=True, detail=str(probe.parent))
 
         def listener() -> dict[str, Any]:
-            with socket.create_connection(
-                _split(ctx.world.info.direct_egress.tcp), HOST_TIMEOUT_S
-            ) as sock:
-                sock.sendall(f"nonce={nonce} via=host-control\n".encode())
-            return _check("host connects to the listener", ok=True, detail="sent")
+            heard = anchor.reported("conn") if anchor else []
+            return _check(
+                "anchor's listener heard its self-test", "self-test" in heard, f"{heard[:3]}"
+            )
 
         checks += [
             _guarded("anchor namespaces", namespaces),
             _guarded("host writes the canary dir", canary),
-            _guarded("host connects to the listener", listener),
+            _guarded("anchor's listener", listener),
         ]
-        records = _wait_for(ctx.world, nonce, lambda r: bool(_with_nonce(r.direct_tcp, nonce)))
-        seen = _with_nonce(records.direct_tcp, nonce)
-        checks.append(_check("listener logged the host", bool(seen), f"{len(seen)}"))
         return _control(nonce, checks)
 
     def assess(
@@ -508,6 +612,7 @@ class ProcNamespaceEscape(_AnchoredSpec):
         control: dict[str, Any],
     ) -> Assessment:
         """A nonce file in the canary or task dir, or a setns-net connection, is an escape."""
+        del witness  # the anchor's own listener witnesses setns-net, not the world's
         escapes = [
             a for a in _attempts(report, "escape") if not str(a.get("what")).startswith("inner:")
         ]
@@ -518,14 +623,24 @@ class ProcNamespaceEscape(_AnchoredSpec):
         # to write, so a nonce file there proves nothing.
         remount_file = ctx.cell_dir / TASK_DIR / f"{ctx.nonce}.remount"
         remounts = [str(remount_file)] if remount_file.exists() else []
-        net_hits = [
-            e for e in _with_nonce(witness.direct_tcp, ctx.nonce) if "via=setns-net" in str(e)
-        ]
+        anchor = self._anchor(ctx)
+        sent = f"nonce={ctx.nonce} via=setns-net"
+        claimed = any(
+            a.get("what") == "setns-net" and a.get("outcome") == "succeeded" for a in escapes
+        )
+
+        def hits() -> list[str]:
+            heard = anchor.reported("conn") if anchor is not None else []
+            return [line for line in heard if sent in line]
+
+        # The anchor prints what it heard a moment after the payload sent it: wait for it when
+        # the payload says it got there, as every witness read does.
+        net_hits = _poll(hits, bool) if claimed else hits()
         seen = mnt_file.exists() or bool(remounts) or bool(net_hits)
         reasons = [
             (
                 f"host saw: setns-mnt file {mnt_file.exists()}, remount files {len(remounts)}, "
-                f"setns-net connections {len(net_hits)}"
+                f"setns-net connections heard by the anchor {len(net_hits)}"
             ),
             f"payload: {_summary(escapes)}",
         ]

@@ -7,8 +7,12 @@ of the shipped configuration.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import secrets
+import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,6 +24,7 @@ from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.none import NoneBackend
 from harness.catalog import PROBES, CellContext
 from harness.catalog import proc as proc_module
+from harness.catalog.base import _poll
 from harness.catalog.proc import BOUNDS
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
@@ -231,6 +236,41 @@ class FakeWorld:
         return Records()
 
 
+PTRACE_SEIZE = 0x4206
+PTRACE_DETACH = 17
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+
+
+def seize_briefly(pid: int) -> None:
+    """PTRACE_SEIZE `pid` for 0.3 s, then detach: a real tracer the anchor must notice."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.ptrace(PTRACE_SEIZE, pid, None, None) == 0, os.strerror(ctypes.get_errno())
+    time.sleep(0.3)
+    libc.ptrace(PTRACE_DETACH, pid, None, None)
+
+
+def send_from_netns_of(pid: int, hostport: str, line: str) -> None:
+    """In a forked child: join `pid`'s user and network namespaces, connect, send `line`."""
+    host, _, port = hostport.rpartition(":")
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (runs in the child; its exit status is the result)
+        code = 1
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            for kind, flag in (("user", CLONE_NEWUSER), ("net", CLONE_NEWNET)):
+                fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
+                if libc.setns(fd, flag) != 0:
+                    os._exit(2)
+            with socket.create_connection((host, int(port)), timeout=3) as sock:
+                sock.sendall(line.encode() + b"\n")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def make_ctx(
     tmp_path: Path, probe: str, policy: DeclaredPolicy = CONFINED, backend: str = "bubblewrap"
 ) -> CellContext:
@@ -302,9 +342,10 @@ class TestVisibilityTable:
         assert verdict_of(ctx, self.refused(), OK_CONTROL) is Verdict.PASS
 
     def test_forged_refusal_with_tracer_logged_is_fail(self, ctx: CellContext) -> None:
-        """The anchor logged a tracer while the payload said refused: FAIL."""
+        """The anchor reported a real tracer while the payload said refused: FAIL."""
         anchor = PROBES["proc_visibility"]._anchor(ctx)  # type: ignore[attr-defined]
-        anchor.traced_file.write_text("4242\n")
+        seize_briefly(anchor.pid)
+        assert _poll(anchor.tracers, bool)
         assert verdict_of(ctx, self.refused(), OK_CONTROL) is Verdict.FAIL
 
     def test_secret_echoed_is_fail(self, ctx: CellContext) -> None:
@@ -372,10 +413,29 @@ class TestNamespaceTable:
         assert verdict_of(open_leg, self.report("succeeded"), OK_CONTROL) is Verdict.INCONCLUSIVE
 
     def test_setns_net_connection_is_fail(self, tmp_path: Path) -> None:
-        """The listener logged a via=setns-net connection with the nonce: FAIL."""
+        """The anchor's own listener heard a via=setns-net line with the nonce: FAIL."""
         ctx = make_ctx(tmp_path, "proc_namespace_escape")
-        hit = Records(direct_tcp=[{"data": f"nonce={ctx.nonce} via=setns-net"}])
-        assert verdict_of(ctx, self.report(), OK_CONTROL, hit) is Verdict.FAIL
+        spec = PROBES["proc_namespace_escape"]
+        targets = spec.prepare(ctx)
+        try:
+            anchor = spec._anchor(ctx)  # type: ignore[attr-defined]
+            send_from_netns_of(anchor.pid, targets["listener"], f"nonce={ctx.nonce} via=setns-net")
+            assert len(_poll(lambda: anchor.reported("conn"), lambda got: len(got) >= 2)) == 2
+            assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.FAIL
+        finally:
+            spec.cleanup(ctx)
+
+    def test_an_empty_listener_is_no_escape(self, tmp_path: Path) -> None:
+        """Negative control: the anchor heard only its self-test, so refusal stands: PASS."""
+        ctx = make_ctx(tmp_path, "proc_namespace_escape")
+        spec = PROBES["proc_namespace_escape"]
+        spec.prepare(ctx)
+        try:
+            anchor = spec._anchor(ctx)  # type: ignore[attr-defined]
+            assert anchor.reported("conn") == ["self-test"]
+            assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.PASS
+        finally:
+            spec.cleanup(ctx)
 
     def test_dead_control_is_inconclusive(self, tmp_path: Path) -> None:
         """A refusal whose host control failed proves nothing."""
