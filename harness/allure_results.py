@@ -10,6 +10,7 @@ unavailable backends as separate groups instead of one red pile).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -75,9 +76,23 @@ def attach_cell(entry: dict[str, Any], platform: str) -> None:
 
 
 def write_run_files(results_dir: Path, environment: dict[str, str]) -> None:
-    """Write environment.properties and categories.json into the allure results directory."""
-    results_dir.mkdir(parents=True, exist_ok=True)
+    """Write environment.properties and categories.json into the allure results directory.
+
+    allure-results/ is a signed subject (its tree digest), so these are written like every
+    report file: new temp file, no-follow, rename, relative to the directory's descriptor
+    (`harness.attest.reportfs`). A directory that does not exist yet is created 0700.
+
+    Raises:
+        ConfigError: the directory is someone else's or writable by others.
+        ReportError: a file could not be written.
+    """
+    from harness.attest import reportfs  # noqa: PLC0415  (cryptography: only a run signs)
+
     # Java properties: one key=value per line; keep values on one line.
     lines = [f"{key}={' '.join(str(value).split())}" for key, value in sorted(environment.items())]
-    (results_dir / "environment.properties").write_text("\n".join(lines) + "\n")
-    (results_dir / "categories.json").write_text(json.dumps(CATEGORIES, indent=2))
+    dir_fd = reportfs.ensure_report_dir(results_dir)
+    try:
+        reportfs.write_new(dir_fd, "environment.properties", ("\n".join(lines) + "\n").encode())
+        reportfs.write_new(dir_fd, "categories.json", json.dumps(CATEGORIES, indent=2).encode())
+    finally:
+        os.close(dir_fd)

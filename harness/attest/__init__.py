@@ -1,17 +1,23 @@
 """Signed attestations of a run: DSSE envelopes over in-toto statements, verify and merge.
 
-`sign_report` is what a run calls at its end; `verify_report` and `merge_legs` are the release
-gate (`sandbox-attest verify` / `merge`, wired by `harness.attest.cli.register`).
+`sign_judged` is the one signing path: it takes the exact bytes the session judged (evidence,
+junit, the two rendered views), re-derives the gate from them, writes every file itself into
+the report directory (`reportfs`), and signs their digests. A run reaches it through the
+separate signer process (`harness.attest.signer`), which alone holds the key; `sign_report`
+reads a finished directory from disk and signs it in-process (tests, benchmarks, re-signing).
+`verify_report` and `merge_legs` are the release gate (`sandbox-attest verify` / `merge`,
+wired by `harness.attest.cli.register`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.attest import dsse, sigstore
+from harness.attest import dsse, reportfs, sigstore, subjects
 from harness.attest.keys import (
     SigningKey,
     TrustedKey,
@@ -27,10 +33,10 @@ from harness.attest.statement import (
     configuration,
     default_platform,
     evidence_predicate,
-    read_evidence,
+    parse_evidence,
+    report_subjects,
     statement,
     statement_bytes,
-    subject,
     test_result_predicate,
 )
 from harness.errors import ConfigError, ReportError
@@ -40,14 +46,18 @@ if TYPE_CHECKING:
 
 ATTESTATION_NAME = "attestation.intoto.jsonl"
 SIGNING_NAME = "signing.json"  # unsigned sidecar: who signed, trust, sigstore outcome
-EVIDENCE_NAME = "evidence.json"
-JUNIT_NAME = "junit.xml"
+EVIDENCE_NAME = subjects.EVIDENCE
+JUNIT_NAME = subjects.JUNIT
+HTML_NAME = subjects.HTML
+SUMMARY_NAME = subjects.SUMMARY
 UNTRUSTED_LOCAL_NOTE = "signed by an untrusted local key"
 
 __all__ = [
     "ATTESTATION_NAME",
     "SIGNING_NAME",
     "UNTRUSTED_LOCAL_NOTE",
+    "SignedReport",
+    "SignerFacts",
     "SigningKey",
     "TrustedKey",
     "gate_for",
@@ -55,6 +65,7 @@ __all__ = [
     "load_signing_key",
     "load_trusted_key",
     "policy_from_evidence",
+    "sign_judged",
     "sign_report",
     "signer_info",
     "write_envelopes",
@@ -100,16 +111,58 @@ def signer_info(key: SigningKey) -> dict[str, str]:
     return {"keyid": key.keyid, "trust": key.trust, "source": key.source.split(":", 1)[0]}
 
 
-def write_envelopes(path: Path, payloads: Sequence[bytes], key: SigningKey) -> None:
-    """Sign each payload into its own envelope and write them one per line."""
+@dataclass(frozen=True)
+class SignerFacts:
+    """What report.html and summary.md say about the signature, known before signing.
+
+    The views are signed subjects themselves, so they cannot quote the signature; they say
+    who signs (keyid, trust) and what keyless signing was set to do. Get one from
+    `SignerFacts.of` or from `harness.attest.signer.Signer.facts`.
+    """
+
+    keyid: str
+    trust: str
+    sigstore_status: str
+    sigstore_reason: str
+
+    @classmethod
+    def of(cls, keyid: str, trust: str, decision: sigstore.SigstoreDecision) -> SignerFacts:
+        """Facts from the key's keyid and trust and `sigstore.decide`'s decision."""
+        return cls(keyid, trust, decision.status, decision.reason)
+
+
+@dataclass(frozen=True)
+class SignedReport:
+    """What `sign_judged` did: the attestation's path, the gate it signed, keyless's outcome."""
+
+    attestation: Path
+    gate: Gate
+    sigstore: sigstore.SigstoreDecision
+
+
+def envelope_lines(payloads: Sequence[bytes], key: SigningKey) -> bytes:
+    """Each payload signed into its own DSSE envelope, one JSON line each."""
     lines = [dsse.sign(p, key.private_key, key.keyid).to_json() for p in payloads]
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return "".join(line + "\n" for line in lines).encode("utf-8")
 
 
-def write_signing_sidecar(
-    report_dir: Path, key: SigningKey, decision: sigstore.SigstoreDecision, gate: Gate
-) -> None:
-    """Write signing.json: the facts report.html and summary.md show about the signature."""
+def _open_dir(path: Path) -> int:
+    # Merge writes into a directory it made itself a moment ago (0700, its own), so only the
+    # no-follow open matters here; report directories get `reportfs.open_report_dir`'s checks.
+    return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+
+
+def write_envelopes(path: Path, payloads: Sequence[bytes], key: SigningKey) -> None:
+    """Sign each payload into its own envelope; write them one per line (`reportfs.write_new`)."""
+    fd = _open_dir(path.parent)
+    try:
+        reportfs.write_new(fd, path.name, envelope_lines(payloads, key))
+    finally:
+        os.close(fd)
+
+
+def signing_sidecar(key: SigningKey, decision: sigstore.SigstoreDecision, gate: Gate) -> bytes:
+    """signing.json's bytes: who signed, the public key, the sigstore outcome and the gate."""
     data = {
         **signer_info(key),
         "public_key": public_key_dict(key.public_key),
@@ -117,7 +170,98 @@ def write_signing_sidecar(
         "sigstore": {"status": decision.status, "reason": decision.reason},
         "gate": gate.result,
     }
-    (report_dir / SIGNING_NAME).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return (json.dumps(data, indent=2) + "\n").encode("utf-8")
+
+
+def write_signing_sidecar(
+    report_dir: Path, key: SigningKey, decision: sigstore.SigstoreDecision, gate: Gate
+) -> None:
+    """Write signing.json: the facts report.html and summary.md show about the signature."""
+    fd = _open_dir(report_dir)
+    try:
+        reportfs.write_new(fd, SIGNING_NAME, signing_sidecar(key, decision, gate))
+    finally:
+        os.close(fd)
+
+
+def sign_judged(
+    report_dir: Path,
+    dir_fd: int,
+    key: SigningKey,
+    files: Mapping[str, bytes],
+    *,
+    policy: Policy | None,
+    expected_gate: str | None,
+    env: Mapping[str, str],
+) -> SignedReport:
+    """Sign the bytes that were judged, writing every file of the report from them.
+
+    Steps:
+      1. parse `files["evidence.json"]` and re-derive the gate from it with `policy`;
+      2. refuse when that gate differs from `expected_gate` (the session's own), so the
+         console and the signed statement can never say different things;
+      3. write evidence.json, junit.xml, report.html and summary.md from `files` with
+         `reportfs.write_new` (new temp file, no-follow, rename), so what is on disk is what
+         is signed, whatever was planted in the directory before;
+      4. digest allure-results/ (`subjects.tree_sha256`, through the directory descriptor);
+      5. sign both statements over the digests of the bytes held here, write
+         attestation.intoto.jsonl, attempt keyless Sigstore, then write signing.json.
+
+    Args:
+        report_dir: the report directory (for messages, and where `dir_fd` came from).
+        dir_fd: from `reportfs.open_report_dir(report_dir)`.
+        key: the signing key.
+        files: the exact bytes of every name in `subjects.FILE_SUBJECTS`.
+        policy: the policy the gate is derived with (None: the cells judged alone).
+        expected_gate: the gate result the session decided, or None to accept the derived one
+            (re-signing a directory, where no session judged).
+        env: the environment for Sigstore's ambient-token check.
+
+    Returns:
+        The attestation's path, the signed gate and the Sigstore outcome.
+
+    Raises:
+        ReportError: a file is missing, evidence.json is malformed, the gates differ, or a
+            file cannot be written.
+    """
+    missing = [name for name in subjects.FILE_SUBJECTS if name not in files]
+    if missing:
+        raise ReportError(
+            f"cannot sign {report_dir}: {missing[0]} was not handed to the signer; a signature "
+            f"must cover {', '.join(subjects.ALL_SUBJECTS)}"
+        )
+    evidence = parse_evidence(files[EVIDENCE_NAME], f"{report_dir / EVIDENCE_NAME}")
+    gate = gate_for(evidence, policy)
+    if expected_gate is not None and gate.result != expected_gate:
+        raise ReportError(
+            f"refusing to sign {report_dir}: the session judged the gate {expected_gate}, but "
+            f"the evidence handed to the signer gives {gate.result}"
+            + (f" ({gate.problems[0]})" if gate.problems else "")
+            + "; the evidence changed between judging and signing, so nothing is signed "
+            "(re-run into a new --out directory, and report it if it happens again)"
+        )
+    for name in subjects.FILE_SUBJECTS:
+        reportfs.write_new(dir_fd, name, files[name])
+    here = reportfs.dir_path(dir_fd, report_dir)
+    allure = subjects.tree_sha256(here / subjects.ALLURE_DIR)
+    subject_list = report_subjects({n: files[n] for n in subjects.FILE_SUBJECTS}, allure)
+    config = configuration(evidence, policy.sha256 if policy else None)
+    payloads = [
+        statement_bytes(
+            statement(subject_list, TEST_RESULT_PREDICATE, test_result_predicate(gate, config))
+        ),
+        statement_bytes(
+            statement(
+                subject_list,
+                EVIDENCE_PREDICATE,
+                evidence_predicate(evidence, signer_info(key), gate),
+            )
+        ),
+    ]
+    reportfs.write_new(dir_fd, ATTESTATION_NAME, envelope_lines(payloads, key))
+    decision = sigstore.sign_keyless(payloads, here, env)
+    reportfs.write_new(dir_fd, SIGNING_NAME, signing_sidecar(key, decision, gate))
+    return SignedReport(report_dir / ATTESTATION_NAME, gate, decision)
 
 
 def sign_report(
@@ -127,11 +271,12 @@ def sign_report(
     policy: Policy | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Path:
-    """Sign a finished report: write attestation.intoto.jsonl (and signing.json).
+    """Sign a finished report directory in this process: re-render its views, then sign.
 
-    Two envelopes, one per line: the in-toto test-result statement (the gate) and our
-    evidence statement. Both name evidence.json and junit.xml by the sha256 of their bytes
-    as they are on disk, read once here; sign after both files are final.
+    Reads evidence.json and junit.xml once each (regular files only, never through a link),
+    renders report.html and summary.md from that evidence, and hands all four to
+    `sign_judged`. A run does not call this: its signer process signs from memory. Use it for
+    tests, benchmarks and re-signing a directory you trust.
 
     Args:
         report_dir: the run's directory holding evidence.json and junit.xml.
@@ -145,32 +290,31 @@ def sign_report(
 
     Raises:
         ReportError: evidence.json or junit.xml is missing or malformed.
+        ConfigError: the directory is not the harness's own, or is writable by others.
     """
-    evidence_bytes, evidence = read_evidence(report_dir / EVIDENCE_NAME)
+    from harness.render import render_html, render_summary  # noqa: PLC0415  (import cycle)
+
+    env = os.environ if env is None else env
+    dir_fd = reportfs.open_report_dir(report_dir)
     try:
-        junit_bytes = (report_dir / JUNIT_NAME).read_bytes()
-    except OSError as exc:
-        raise ReportError(
-            f"{report_dir / JUNIT_NAME}: cannot read ({exc.strerror}); sign after the run "
-            "has written junit.xml"
-        ) from exc
-    if policy is None:
-        policy = policy_from_evidence(evidence)
-    gate = gate_for(evidence, policy)
-    subjects = [subject(EVIDENCE_NAME, evidence_bytes), subject(JUNIT_NAME, junit_bytes)]
-    config = configuration(evidence, policy.sha256 if policy else None)
-    payloads = [
-        statement_bytes(
-            statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(gate, config))
-        ),
-        statement_bytes(
-            statement(
-                subjects, EVIDENCE_PREDICATE, evidence_predicate(evidence, signer_info(key), gate)
-            )
-        ),
-    ]
-    out = report_dir / ATTESTATION_NAME
-    write_envelopes(out, payloads, key)
-    decision = sigstore.sign_keyless(payloads, report_dir, os.environ if env is None else env)
-    write_signing_sidecar(report_dir, key, decision, gate)
-    return out
+        evidence_bytes = reportfs.read_regular(dir_fd, EVIDENCE_NAME)
+        try:
+            junit_bytes = reportfs.read_regular(dir_fd, JUNIT_NAME)
+        except ReportError as exc:
+            raise ReportError(f"{exc}; sign after the run has written junit.xml") from exc
+        evidence = parse_evidence(evidence_bytes, str(report_dir / EVIDENCE_NAME))
+        if policy is None:
+            policy = policy_from_evidence(evidence)
+        facts = SignerFacts.of(key.keyid, key.trust, sigstore.decide(env))
+        files = {
+            EVIDENCE_NAME: evidence_bytes,
+            JUNIT_NAME: junit_bytes,
+            HTML_NAME: render_html(evidence, facts, policy).encode("utf-8"),
+            SUMMARY_NAME: render_summary(evidence, facts, policy).encode("utf-8"),
+        }
+        signed = sign_judged(
+            report_dir, dir_fd, key, files, policy=policy, expected_gate=None, env=env
+        )
+    finally:
+        os.close(dir_fd)
+    return signed.attestation

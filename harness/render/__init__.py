@@ -1,36 +1,41 @@
 """Human views of a report: report.html for a security reviewer, summary.md for CI.
 
-Both read only files in the report directory (evidence.json, and signing.json when the run was
-signed); neither verifies a signature, because neither has a trusted key. They say who signed
-and point at `sandbox-attest verify` for the trust decision.
+Both are rendered in memory from the evidence the session judged, and from what is known
+about the signer before it signs (`SignerFacts`): the views are signed subjects themselves, so
+the signer writes exactly these bytes and signs their digests. Neither verifies a signature,
+because neither has a trusted key; they say who signs and point at `sandbox-attest verify`
+for the trust decision. Neither reads the report directory: a file planted there cannot
+change what they say.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.attest import (
-    ATTESTATION_NAME,
-    SIGNING_NAME,
-    UNTRUSTED_LOCAL_NOTE,
-    gate_for,
-    policy_from_evidence,
-)
-from harness.attest.statement import read_evidence
+from harness.attest import UNTRUSTED_LOCAL_NOTE, SignerFacts, gate_for
+from harness.attest.sigstore import ED25519_ONLY
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Mapping
 
-    from harness.attest.policy import Gate
+    from harness.attest.policy import Gate, Policy
 
-__all__ = ["ReportView", "load_view", "write_html", "write_summary"]
+__all__ = [
+    "NOT_SIGNED",
+    "ReportView",
+    "render_html",
+    "render_summary",
+    "signature_sentence",
+    "view_of",
+]
+
+NOT_SIGNED = "NOT SIGNED: the run wrote no attestation; nothing here can be verified"
 
 
 @dataclass(frozen=True)
 class ReportView:
-    """What both renderers show, read once from a report directory."""
+    """What both renderers show; get one from `view_of`."""
 
     evidence: dict[str, Any]
     cells: list[dict[str, Any]]
@@ -49,45 +54,32 @@ class ReportView:
         return None
 
 
-def _signature_sentence(report_dir: Path) -> tuple[str, bool, bool]:
-    if not (report_dir / ATTESTATION_NAME).is_file():
-        return (
-            "NOT SIGNED: the run wrote no attestation; nothing here can be verified",
-            False,
-            False,
-        )
-    try:
-        signing = json.loads((report_dir / SIGNING_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return (
-            (
-                f"signed ({ATTESTATION_NAME}); signer details missing; check it with "
-                "`sandbox-attest verify`"
-            ),
-            True,
-            False,
-        )
-    untrusted = signing.get("trust") == "untrusted-local"
+def signature_sentence(signer: SignerFacts | None) -> str:
+    """One sentence about the signature: who signs, keyless or not, and how to verify it."""
+    if signer is None:
+        return NOT_SIGNED
+    untrusted = signer.trust == "untrusted-local"
     who = UNTRUSTED_LOCAL_NOTE if untrusted else "signed with a provided Ed25519 key"
-    sigstore = (signing.get("sigstore") or {}).get("status", "ed25519 only")
-    reason = (signing.get("sigstore") or {}).get("reason", "")
+    reason = signer.sigstore_reason
     return (
-        f"{who} (keyid {signing.get('keyid', '?')}); {sigstore}"
-        + (f" ({reason})" if reason and sigstore == "ed25519 only" else "")
-        + "; not verified here: run `sandbox-attest verify --trusted-key PUB`",
-        True,
-        untrusted,
+        f"{who} (keyid {signer.keyid}); {signer.sigstore_status}"
+        + (f" ({reason})" if reason and signer.sigstore_status == ED25519_ONLY else "")
+        + "; not verified here: run `sandbox-attest verify --trusted-key PUB`"
     )
 
 
-def load_view(report_dir: Path) -> ReportView:
-    """Read a report directory into a view.
+def view_of(
+    evidence: Mapping[str, Any], signer: SignerFacts | None, policy: Policy | None
+) -> ReportView:
+    """The view of one run's evidence, with the gate the signer signs (`gate_for`).
 
-    Raises:
-        ReportError: evidence.json is missing or malformed.
+    Args:
+        evidence: the parsed evidence.json (the bytes that are signed, parsed).
+        signer: who signs it, or None for a report that is not signed.
+        policy: the policy the gate is derived with (None: the cells judged alone); pass the
+            one the signer gets, so the page shows the signed gate.
     """
-    _, evidence = read_evidence(report_dir / "evidence.json")
-    cells: list[dict[str, Any]] = evidence["cells"]
+    cells: list[dict[str, Any]] = list(evidence["cells"])
     backends: list[str] = []
     probes: list[str] = []
     for c in cells:
@@ -96,22 +88,31 @@ def load_view(report_dir: Path) -> ReportView:
         if str(c.get("probe")) not in probes:
             probes.append(str(c.get("probe")))
     backends.sort(key=lambda b: (b != "none", b))
-    gate = gate_for(evidence, policy_from_evidence(evidence))
-    signature, signed, untrusted = _signature_sentence(report_dir)
-    return ReportView(evidence, cells, backends, probes, gate, signature, signed, untrusted)
+    return ReportView(
+        evidence=dict(evidence),
+        cells=cells,
+        backends=backends,
+        probes=probes,
+        gate=gate_for(evidence, policy),
+        signature=signature_sentence(signer),
+        signed=signer is not None,
+        untrusted=signer is not None and signer.trust == "untrusted-local",
+    )
 
 
-def write_html(report_dir: Path) -> Path:
-    """Write report.html (one self-contained file) and return its path."""
-    from harness.render.html import render_html  # noqa: PLC0415  (avoids an import cycle)
+def render_html(
+    evidence: Mapping[str, Any], signer: SignerFacts | None, policy: Policy | None
+) -> str:
+    """report.html as text (one self-contained page); see `view_of` for the arguments."""
+    from harness.render.html import render_page  # noqa: PLC0415  (avoids an import cycle)
 
-    out = report_dir / "report.html"
-    out.write_text(render_html(load_view(report_dir)), encoding="utf-8")
-    return out
+    return render_page(view_of(evidence, signer, policy))
 
 
-def write_summary(report_dir: Path) -> Path:
-    """Write summary.md (and append it to $GITHUB_STEP_SUMMARY when set); return its path."""
-    from harness.render.summary import write  # noqa: PLC0415  (avoids an import cycle)
+def render_summary(
+    evidence: Mapping[str, Any], signer: SignerFacts | None, policy: Policy | None
+) -> str:
+    """summary.md as text, cut to fit GitHub's step-summary limit; see `view_of`."""
+    from harness.render.summary import summary_text  # noqa: PLC0415  (avoids an import cycle)
 
-    return write(report_dir, load_view(report_dir))
+    return summary_text(view_of(evidence, signer, policy))

@@ -216,7 +216,7 @@ def _not_proven(view: ReportView) -> str:
     return "<ul id=not-proven>" + "".join(f"<li>{_e(i)}</li>" for i in items) + "</ul>"
 
 
-def render_html(view: ReportView) -> str:
+def render_page(view: ReportView) -> str:
     """The whole page as a string."""
     ev = view.evidence
     platform = ev.get("platform") or {}

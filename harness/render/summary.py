@@ -73,18 +73,27 @@ def fit(text: str, budget: int) -> str:
     return cut[: cut.rfind("\n") + 1] + TRUNCATED_NOTE
 
 
-def write(report_dir: Path, view: ReportView, env: Mapping[str, str] | None = None) -> Path:
-    """Write summary.md; append it to $GITHUB_STEP_SUMMARY when set, within its budget."""
+def summary_text(view: ReportView) -> str:
+    """The summary as summary.md holds it: the Markdown, cut to fit one step summary."""
+    return fit(render_markdown(view), STEP_SUMMARY_LIMIT - _MARGIN)
+
+
+def append_step_summary(text: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """Append `text` to $GITHUB_STEP_SUMMARY when set, within what is left of its budget.
+
+    Returns:
+        The step-summary file appended to, or None when the variable is unset or the file
+        has no room left.
+    """
     env = os.environ if env is None else env
-    text = fit(render_markdown(view), STEP_SUMMARY_LIMIT - _MARGIN)
-    out = report_dir / "summary.md"
-    out.write_text(text, encoding="utf-8")
     target = env.get("GITHUB_STEP_SUMMARY")
-    if target:
-        step = Path(target)
-        used = step.stat().st_size if step.exists() else 0
-        budget = STEP_SUMMARY_LIMIT - _MARGIN - used
-        if budget > len(TRUNCATED_NOTE):
-            with step.open("a", encoding="utf-8") as handle:
-                handle.write(fit(text, budget))
-    return out
+    if not target:
+        return None
+    step = Path(target)
+    used = step.stat().st_size if step.exists() else 0
+    budget = STEP_SUMMARY_LIMIT - _MARGIN - used
+    if budget <= len(TRUNCATED_NOTE):
+        return None
+    with step.open("a", encoding="utf-8") as handle:
+        handle.write(fit(text, budget))
+    return step

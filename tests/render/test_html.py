@@ -1,4 +1,4 @@
-"""report.html: self-contained, escaped, and rendered by a real headless browser."""
+"""report.html as the signer wrote it: self-contained, escaped, rendered by a real browser."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.render import write_html
+from harness.attest.subjects import HTML
 from tests.render.conftest import HOSTILE
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def run_chromium(page: Path, profile: Path, *extra: str) -> subprocess.Completed
 class TestStatic:
     def test_self_contained_and_escaped(self, report: Path) -> None:
         """The page has no scripts, no external URLs, and shows hostile stderr only as text."""
-        page = write_html(report).read_text()
+        page = (report / HTML).read_text()
         assert "<script" not in page
         assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
         assert "&lt;script&gt;document.title=" in page
@@ -57,7 +57,7 @@ class TestStatic:
 
     def test_sections_present(self, report: Path) -> None:
         """Verdict, signature, backends, grid, control leg and the not-proven section exist."""
-        page = write_html(report).read_text()
+        page = (report / HTML).read_text()
         for marker in (
             "id=verdict",
             "id=signature",
@@ -75,7 +75,7 @@ class TestStatic:
 class TestBrowser:
     def test_grid_and_failing_cell_render(self, report: Path, tmp_path: Path) -> None:
         """Chromium renders the grid with verdict classes and the failing cell's evidence."""
-        page = write_html(report)
+        page = report / HTML
         done = run_chromium(page, tmp_path / "profile-dom", "--dump-dom")
         assert done.returncode == 0, done.stderr[-2000:]
         dom = done.stdout
@@ -99,7 +99,7 @@ class TestBrowser:
 
     def test_screenshot(self, report: Path, tmp_path: Path) -> None:
         """Chromium takes a screenshot of the page (kept in the test's tmp dir for a human)."""
-        page = write_html(report)
+        page = report / HTML
         shot = tmp_path / "report.png"
         done = run_chromium(
             page,

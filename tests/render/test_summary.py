@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.render import load_view, write_summary
-from harness.render.summary import STEP_SUMMARY_LIMIT, TRUNCATED_NOTE, fit, write
+from harness.attest.subjects import SUMMARY
+from harness.render.summary import STEP_SUMMARY_LIMIT, TRUNCATED_NOTE, append_step_summary, fit
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    import pytest
-
 
 class TestSummary:
-    def test_content(self, report: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_content(self, report: Path) -> None:
         """The summary names the gate, the signer, every grid row, and the failing cell's reason."""
-        monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-        text = write_summary(report).read_text()
+        text = (report / SUMMARY).read_text()
         assert text.startswith("## sandbox-attest: FAILED")
         assert "signed with a provided Ed25519 key" in text
         assert "| net_denied_host | PASS | PASS | PASS |" in text
@@ -27,15 +24,21 @@ class TestSummary:
         """With $GITHUB_STEP_SUMMARY set, the summary is appended after what is already there."""
         step = tmp_path / "step.md"
         step.write_text("earlier step\n")
-        write(report, load_view(report), {"GITHUB_STEP_SUMMARY": str(step)})
+        assert append_step_summary(
+            (report / SUMMARY).read_text(), {"GITHUB_STEP_SUMMARY": str(step)}
+        )
         content = step.read_text()
         assert content.startswith("earlier step\n## sandbox-attest: FAILED")
+
+    def test_unset_step_summary_is_left_alone(self, report: Path) -> None:
+        """Without $GITHUB_STEP_SUMMARY nothing is appended anywhere."""
+        assert append_step_summary((report / SUMMARY).read_text(), {}) is None
 
     def test_stays_under_the_limit(self, report: Path, tmp_path: Path) -> None:
         """A step summary already near 1 MiB only gets what fits, cut with a note."""
         step = tmp_path / "step.md"
         step.write_text("x" * (STEP_SUMMARY_LIMIT - 4096 - 600) + "\n")
-        write(report, load_view(report), {"GITHUB_STEP_SUMMARY": str(step)})
+        append_step_summary((report / SUMMARY).read_text(), {"GITHUB_STEP_SUMMARY": str(step)})
         assert step.stat().st_size < STEP_SUMMARY_LIMIT
         assert step.read_text().endswith(TRUNCATED_NOTE)
 
@@ -50,5 +53,5 @@ class TestSummary:
 
     def test_values_are_escaped(self, report: Path) -> None:
         """A pipe in a reason does not break the table and HTML is escaped."""
-        text = write_summary(report).read_text()
+        text = (report / SUMMARY).read_text()
         assert "<script" not in text
