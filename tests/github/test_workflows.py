@@ -42,6 +42,7 @@ def expected_legs() -> set[tuple[str, str]]:
 
 
 ALL = sorted(p.name for p in WORKFLOWS.glob("*.yml"))
+RELEASE_KEY_REF = "secrets.SANDBOX_ATTEST_SIGNING_KEY"  # an expression, not a secret
 
 
 class TestEveryWorkflow:
@@ -167,12 +168,56 @@ class TestAttest:
             assert all(v in {"read", "write"} for v in granted.values())
         assert wf["jobs"]["leg"]["permissions"]["id-token"] == "write"
 
-    def test_fork_fallback_is_documented_and_wired(self, wf: dict[str, Any]) -> None:
-        """Without the signing secret the run uses an ephemeral key and the summary says so."""
-        text = (WORKFLOWS / "attest.yml").read_text(encoding="utf-8")
-        assert "unsigned-by-identity" in text
-        assert "$GITHUB_STEP_SUMMARY" in run_text(wf["jobs"]["gate"])
-        assert wf["jobs"]["keys"]["outputs"]["mode"]
+    def test_release_secret_only_outside_pull_requests(self, wf: dict[str, Any]) -> None:
+        """Every step that references the release key is guarded to push events only."""
+        guarded = 0
+        for job_id, job in wf["jobs"].items():
+            assert RELEASE_KEY_REF not in yaml.safe_dump(job.get("env") or {}), job_id
+            assert RELEASE_KEY_REF not in str(job.get("outputs") or {}), job_id
+            for step in steps(job):
+                if RELEASE_KEY_REF not in yaml.safe_dump(step):
+                    continue
+                guard = " ".join(str(g) for g in (job.get("if"), step.get("if")) if g)
+                assert "github.event_name == 'push'" in guard, (job_id, step.get("name"))
+                assert "pull_request" not in guard.replace("!= 'pull_request'", ""), guard
+                guarded += 1
+        assert guarded >= 2  # the legs' run and the gate's merge
+
+    def test_release_only_on_pushes_to_main_and_tags(self, wf: dict[str, Any]) -> None:
+        """A release is a push to main or a tag; pull requests still run, as non-releases."""
+        on: dict[str, Any] = wf[True]  # type: ignore[index]  # YAML 1.1 reads `on` as True
+        assert on["push"]["branches"] == ["main"]
+        assert on["push"]["tags"]
+        assert "pull_request" in on
+        assert "event_name == 'push'" in wf["jobs"]["keys"]["outputs"]["mode"]
+
+    def test_pull_request_path_is_not_a_release(self, wf: dict[str, Any]) -> None:
+        """Off push, legs sign with the per-machine key; the gate allows it and says so."""
+        gate = wf["jobs"]["gate"]
+        (pr_step,) = [
+            s for s in steps(gate) if s.get("if") == "github.event_name != 'push'" and "run" in s
+        ]
+        script = str(pr_step["run"])
+        assert "not a release" in script.lower()
+        assert "$GITHUB_STEP_SUMMARY" in script
+        assert re.search(r"sandbox-attest verify .*\n.*--allow-untrusted-local", script)
+        assert re.search(r"sandbox-attest merge .*(\n.*)*--allow-untrusted-local", script)
+        assert RELEASE_KEY_REF not in yaml.safe_dump(pr_step)
+        leg_runs = [
+            s
+            for s in steps(wf["jobs"]["leg"])
+            if "sandbox-attest run" in str(s.get("run"))
+            and s.get("if") != "github.event_name == 'push'"
+        ]
+        assert leg_runs
+        for step in leg_runs:
+            assert RELEASE_KEY_REF not in yaml.safe_dump(step)
+            assert "XDG_CONFIG_HOME" in step["env"]  # the run's registered per-machine key
+
+    def test_release_gate_pins_the_commit(self, wf: dict[str, Any]) -> None:
+        """The release gate verifies that the legs ran the commit being released."""
+        script = run_text(wf["jobs"]["gate"])
+        assert '--expect-commit "$COMMIT"' in script
 
 
 class TestLint:
