@@ -8,6 +8,10 @@ could elevate. Escape attempts (nothing is changed, only read):
   setuid-elevation        succeeded when NoNewPrivs is 0 and a setuid-root binary sits on a
                           mount without nosuid and the bounding set is not empty (an exec
                           would gain privilege)
+  writable-root-path      succeeded when a root-owned path that decides what root runs
+                          (/etc, /usr/bin, cron and sudoers dirs, ...) passes access(W_OK)
+                          for the payload's own uid: a write there is privilege later. Only
+                          access(2) is asked; nothing is written
 Control: /proc/self/status is readable and carries every field read (the reading works).
 The host runs this same file unsandboxed as its control, so both sides read the same way.
 
@@ -26,6 +30,12 @@ FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Secco
 SETUID_CANDIDATES = ("/usr/bin/su", "/usr/bin/sudo", "/usr/bin/passwd", "/usr/bin/mount",
                      "/usr/bin/newgrp", "/usr/bin/chsh", "/usr/bin/gpasswd", "/usr/bin/pkexec",
                      "/bin/su", "/bin/mount")
+
+# Root-owned paths whose write access is root's power: what root executes, loads or trusts.
+ROOT_PATHS = ("/etc", "/etc/passwd", "/etc/shadow", "/etc/sudoers", "/etc/sudoers.d",
+              "/etc/cron.d", "/etc/ld.so.preload", "/etc/profile.d", "/etc/systemd/system",
+              "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/local/bin", "/usr/local/sbin",
+              "/root", "/var/spool/cron", "/bin", "/sbin", "/lib")
 
 
 def attempt(what, role, outcome, err=None, status=None, detail=""):
@@ -72,6 +82,19 @@ def setuid_binaries():
             nosuid = bool(os.statvfs(real).f_flag & os.ST_NOSUID)
             found.append({"path": real, "mode": oct(stat.S_IMODE(info.st_mode)),
                           "nosuid_mount": nosuid})
+    return found
+
+
+def writable_root_paths():
+    """Root-owned paths from ROOT_PATHS that access(2) says this uid may write."""
+    found = []
+    for path in ROOT_PATHS:
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == 0 and not stat.S_ISLNK(info.st_mode) and os.access(path, os.W_OK):
+            found.append(path)
     return found
 
 
@@ -125,6 +148,17 @@ def run(task, out):
         out["attempts"].append(attempt("setuid-elevation", "escape", "succeeded", None, None,
                                        "NoNewPrivs=0, CapBnd=%s, setuid root: %s"
                                        % (fields["CapBnd"], ",".join(usable))))
+    writable = writable_root_paths()
+    facts["writable_root_paths"] = writable
+    if writable:
+        out["attempts"].append(attempt("writable-root-path", "escape", "succeeded", None, None,
+                                       "uid %d may write root-owned %s"
+                                       % (os.getuid(), ", ".join(writable))))
+    else:
+        # access(2) answers yes or no per path (EACCES, EROFS...): no single errno to name.
+        out["attempts"].append(attempt("writable-root-path", "escape", "refused", None, None,
+                                       "access(W_OK) refused for every root-owned path of %d "
+                                       "to uid %d" % (len(ROOT_PATHS), os.getuid())))
 
 
 def main(argv):

@@ -316,6 +316,9 @@ def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
     directory = ctx.cell_dir / "host-control"
     workspace = directory / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
+    # The baseline stands for the payload unconfined, so it runs as the payload user: the
+    # sandbox is judged against that user's own rights on this host, never against root's.
+    give(workspace, ctx.user)
     task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": targets}
     task_path = directory / "task.json"
     task_path.write_text(json.dumps(task))
@@ -328,6 +331,7 @@ def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
         cwd=workspace,
         check=False,
+        **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
     )
     reports = [
         json.loads(line)
