@@ -6,34 +6,44 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from harness import __version__
+from harness.attest.reportfs import make_report_dir
 from harness.errors import ConfigError, HarnessError
 from harness.paths import matrix_dir
 from harness.session import new_run_id
+
+if TYPE_CHECKING:
+    from harness.attest.signer import Signer
 
 HELP_OUT = "report directory (default: reports/<run-id>)"
 HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import pytest  # noqa: PLC0415  (only `run` needs pytest loaded)
-
     matrix = Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml"
     policy = Path(args.policy) if args.policy else matrix_dir() / "policy.toml"
     _preflight(matrix, policy, args.backend, args.backend_spec)
-    _check_key(Path(args.key) if args.key else None)
-    out = Path(args.out) if args.out else Path("reports") / new_run_id()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"--out {out}: cannot create the report directory there ({exc.strerror}); "
-            "pass a new or empty directory path"
-        ) from exc
+    with _check_key(Path(args.key) if args.key else None) as signer:
+        out = Path(args.out) if args.out else Path("reports") / new_run_id()
+        try:
+            # 0700 and empty: only this run's harness writes there (harness.attest.reportfs).
+            make_report_dir(out)
+        except ConfigError as exc:
+            raise ConfigError(f"--out {exc}") from exc
+        return _run_pytest(args, matrix, policy, out, signer)
+
+
+def _run_pytest(
+    args: argparse.Namespace, matrix: Path, policy: Path, out: Path, signer: Signer
+) -> int:
+    import pytest  # noqa: PLC0415  (only `run` needs pytest loaded)
+
+    from harness.plugin import SignerHandoff  # noqa: PLC0415
+
     # The matrix's own pytest.ini when it has one beside it, else the shipped one (a matrix
     # kept elsewhere must not pick up an unrelated project's pytest settings).
     ini = matrix.parent / "pytest.ini"
@@ -60,7 +70,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         pytest_args.append(f"--harness-jobs={args.jobs}")
     print(f"sandbox-attest {__version__}: report -> {out}", flush=True)
     gate = _GateWatch()
-    code = int(pytest.main(pytest_args, plugins=[gate]))
+    code = int(pytest.main(pytest_args, plugins=[gate, SignerHandoff(signer)]))
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         return code  # interrupted, usage or internal error: never a pass
     return gate.report()
@@ -123,18 +133,24 @@ def _print_gate(failures: list[str], warnings: list[str], signed: str) -> int:
     return 0
 
 
-def _check_key(key: Path | None) -> None:
-    """Load the signing key now, so a bad key stops the run before it starts.
+def _check_key(key: Path | None) -> Signer:
+    """Start the signer process with the signing key now, so a bad key stops the run first.
 
-    The same key `finish` will sign with: --key, else $SANDBOX_ATTEST_SIGNING_KEY, else the
-    per-machine one.
+    The key `finish` signs with: --key, else $SANDBOX_ATTEST_SIGNING_KEY (removed from this
+    process's environment right here, before pytest or any cell starts), else the
+    per-machine one. The signer holds it from then on; nothing else of the harness does.
+
+    Returns:
+        The started signer; the caller closes it (it is a context manager).
 
     Raises:
-        ConfigError: the key cannot be read, is encrypted, or is not Ed25519.
+        ConfigError: the key cannot be read, the payload uid could read it, it is encrypted,
+            or it is not Ed25519.
+        ReportError: the signer process did not start.
     """
-    from harness.attest.keys import load_signing_key  # noqa: PLC0415
+    from harness.attest.signer import Signer  # noqa: PLC0415
 
-    load_signing_key(key, os.environ)
+    return Signer.start(key, os.environ)
 
 
 def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]) -> None:

@@ -1,8 +1,9 @@
 """The evidence file: every cell as it completes, then the whole run.
 
-Cells are appended to `evidence.jsonl` (one line each, flushed and fsynced) the moment they are
-judged, so a run interrupted midway keeps what it gathered; `evidence.json` is (re)written from
-those cells at the end, or on interrupt with `"complete": false`.
+Cells are appended to `evidence.jsonl` (one line each, fsynced) the moment they are judged, so
+a run interrupted midway keeps what it gathered; `evidence.json` is serialized once from those
+cells at the end, or on interrupt with `"complete": false`, and those bytes are what the signer
+signs. Both files are written only through descriptors (`harness.attest.reportfs`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import json
 import os
 import platform
 import sys
+import weakref
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness.attest import reportfs
 from harness.provenance import harness_provenance
 
 SCHEMA = "sandbox-attest/evidence/v1"
+EVIDENCE_NAME = "evidence.json"
+JOURNAL_NAME = "evidence.jsonl"
 
 
 def utc_now() -> str:
@@ -74,18 +79,30 @@ class EvidenceWriter:
     started_at: str = field(default_factory=utc_now)
 
     def __post_init__(self) -> None:
-        """Create the report directory and start a fresh journal."""
-        self.report_dir.mkdir(parents=True, exist_ok=True)
-        self.journal = self.report_dir / "evidence.jsonl"
-        self.journal.write_text("")
+        """Open the report directory (creating it 0700) and create the journal in it.
+
+        Both stay open for the writer's life: the journal is appended through the descriptor
+        created here (`O_EXCL | O_NOFOLLOW`), never re-opened by name, and evidence.json is
+        written relative to the directory descriptor (`reportfs`).
+
+        Raises:
+            ConfigError: the report directory is not the harness's own or is writable by
+                others (see `reportfs.open_report_dir`).
+            ReportError: the directory already holds a journal (another run's, or planted).
+        """
+        self._dir_fd = reportfs.ensure_report_dir(self.report_dir)
+        weakref.finalize(self, os.close, self._dir_fd)
+        self.journal = self.report_dir / JOURNAL_NAME
+        self._journal_fd = reportfs.create_append(self._dir_fd, JOURNAL_NAME)
+        weakref.finalize(self, os.close, self._journal_fd)
 
     def add_cell(self, cell: dict[str, Any]) -> None:
-        """Record one judged cell durably, right now."""
+        """Record one judged cell durably, right now (appended and fsynced)."""
         self.cells.append(cell)
-        with self.journal.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(cell, sort_keys=True) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        line = memoryview((json.dumps(cell, sort_keys=True) + "\n").encode("utf-8"))
+        while line:
+            line = line[os.write(self._journal_fd, line) :]
+        os.fsync(self._journal_fd)
 
     def document(self, *, complete: bool) -> dict[str, Any]:
         """The whole evidence document as it stands.
@@ -110,10 +127,17 @@ class EvidenceWriter:
             "cells": self.cells,
         }
 
-    def write(self, *, complete: bool) -> Path:
-        """Write evidence.json atomically (temp file + rename) and return its path."""
-        target = self.report_dir / "evidence.json"
-        tmp = target.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.document(complete=complete), indent=2, sort_keys=True))
-        tmp.replace(target)
-        return target
+    def write(self, *, complete: bool) -> bytes:
+        """Serialize the document once, write it as evidence.json, and return those bytes.
+
+        The returned bytes are the ones the session renders from and hands to the signer,
+        which writes them again itself before signing them: nothing re-reads evidence.json by
+        name. Written here too, so a signer that fails still leaves the evidence on disk.
+
+        Raises:
+            ReportError: evidence.json could not be written.
+        """
+        data = json.dumps(self.document(complete=complete), indent=2, sort_keys=True)
+        encoded = data.encode("utf-8")
+        reportfs.write_new(self._dir_fd, EVIDENCE_NAME, encoded)
+        return encoded

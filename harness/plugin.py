@@ -18,6 +18,7 @@ from harness.allure_results import attach_cell, write_run_files
 from harness.verdict import Verdict
 
 if TYPE_CHECKING:
+    from harness.attest.signer import Signer
     from harness.matrix import Cell
 
     # The session pulls in the world, the backends and the catalog; the plugin is loaded into
@@ -34,6 +35,8 @@ HELP_SPEC = "command-wrapper backend spec TOML to attest as well (repeatable)"
 HELP_MATRIX = "collect this matrix file whatever its name (default: files named matrix.toml)"
 
 SESSION_KEY = pytest.StashKey["RunSession"]()
+SIGNER_KEY = pytest.StashKey["Signer"]()
+OWNS_SIGNER_KEY = pytest.StashKey[bool]()  # this plugin started the signer, so it closes it
 INTERRUPTED_KEY = pytest.StashKey[bool]()
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 MATRIX_FILE_NAME = "matrix.toml"
@@ -80,7 +83,7 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
     if SESSION_KEY not in config.stash:
         from harness.matrix import current_platform, load_matrix  # noqa: PLC0415
         from harness.paths import matrix_dir  # noqa: PLC0415
-        from harness.session import RunSession, with_spec_backends  # noqa: PLC0415
+        from harness.session import RunSession, new_run_id, with_spec_backends  # noqa: PLC0415
 
         matrix = load_matrix(matrix_path)
 
@@ -97,25 +100,53 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
         report_dir = config.getoption("--harness-report-dir")
         policy = config.getoption("--harness-policy")
         key = config.getoption("--harness-key")
-        if key:
-            import os  # noqa: PLC0415
-
-            from harness.attest.keys import load_signing_key  # noqa: PLC0415
-
-            # A bad key found only after every cell ran would waste the run: check it now.
-            load_signing_key(Path(key), os.environ)
+        # The signer starts before anything else of the run: it takes the key (and the
+        # variable out of os.environ) before any backend is even asked, and a bad key stops
+        # collection in one line instead of being found after every cell ran.
+        signer = _signer(config, Path(key) if key else None)
         session = RunSession(
             matrix=matrix,
             backend_names=list(chosen),
-            report_dir=Path(report_dir) if report_dir else Path("reports") / "pytest-run",
+            # A fresh directory per run: the journal is created O_EXCL, so a report directory
+            # is never shared by two runs.
+            report_dir=Path(report_dir) if report_dir else Path("reports") / new_run_id(),
             policy_path=Path(policy) if policy else matrix_dir() / "policy.toml",
             required_backends=set(config.getoption("--require-backend")),
             named_backends=named - {matrix.control},
             key_path=Path(key) if key else None,
             jobs=max(1, int(config.getoption("--harness-jobs"))),
         )
+        session.use_signer(signer)
         config.stash[SESSION_KEY] = session
     return config.stash[SESSION_KEY]
+
+
+def _signer(config: pytest.Config, key_path: Path | None) -> Signer:
+    """The run's signer: the one `sandbox-attest run` handed over, else one started now."""
+    if SIGNER_KEY not in config.stash:
+        import os  # noqa: PLC0415
+
+        from harness.attest.signer import Signer  # noqa: PLC0415
+
+        config.stash[SIGNER_KEY] = Signer.start(key_path, os.environ)
+        config.stash[OWNS_SIGNER_KEY] = True
+    return config.stash[SIGNER_KEY]
+
+
+class SignerHandoff:
+    """A plugin object that hands a signer started before pytest to the matrix run.
+
+    `sandbox-attest run` starts the signer before pytest (so the key leaves the environment
+    before pytest loads any plugin) and registers one of these; it stays the CLI's to close.
+    """
+
+    def __init__(self, signer: Signer) -> None:
+        """Keep the signer until pytest is configured."""
+        self.signer = signer
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        """Put the signer where `_session` looks for it."""
+        config.stash[SIGNER_KEY] = self.signer
 
 
 class MatrixFile(pytest.File):
@@ -269,18 +300,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """
     run = config.stash.get(SESSION_KEY, None)
     if run is None:
+        _close_signer(config)
         return
     interrupted = config.stash.get(INTERRUPTED_KEY, False)
     alluredir = config.getoption("--alluredir", None)
-    if alluredir:
-        write_run_files(Path(alluredir), run.environment())
-    for line in run.finish(complete=not interrupted):
-        print(line)
+    try:
+        if alluredir:
+            write_run_files(Path(alluredir), run.environment())
+        for line in run.finish(complete=not interrupted):
+            print(line)
+    finally:
+        _close_signer(config)
     session = config.stash.get(PYTEST_SESSION_KEY, None)
     if run.artifact_errors and session is not None and session.exitstatus == 0:
         for line in run.artifact_errors:
             print(f"sandbox-attest: {line}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _close_signer(config: pytest.Config) -> None:
+    """Stop the signer this plugin started (one handed over is closed by whoever started it)."""
+    signer = config.stash.get(SIGNER_KEY, None)
+    if signer is not None and config.stash.get(OWNS_SIGNER_KEY, False):
+        signer.close()
+        del config.stash[SIGNER_KEY]
 
 
 @pytest.hookimpl(wrapper=True)

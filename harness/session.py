@@ -8,6 +8,7 @@ its evidence, and what gets signed and rendered once the cells are done.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import secrets
 import shutil
@@ -17,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import __version__
 from harness.attest.policy import Gate, Policy, evaluate, load_policy
@@ -30,6 +31,9 @@ from harness.runner import CellRunner
 from harness.trust import payload_user, trust_domains
 from harness.verdict import Verdict
 from harness.world import World, start_world
+
+if TYPE_CHECKING:
+    from harness.attest.signer import Signer
 
 
 def new_run_id() -> str:
@@ -441,27 +445,137 @@ class RunSession:
                     print(f"sandbox-attest: cleanup of backend {backend.name} failed: {exc}")
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
-        self.writer.write(complete=complete and not self.deselected)
-        return [f"evidence: {self.report_dir / 'evidence.json'}", *self._sign_and_render()]
+        evidence = self.writer.write(complete=complete and not self.deselected)
+        return [
+            f"evidence: {self.report_dir / 'evidence.json'}",
+            *self._sign_and_render(evidence),
+        ]
 
-    def _sign_and_render(self) -> list[str]:
-        from harness.attest import load_signing_key, sign_report  # noqa: PLC0415
-        from harness.render import write_html, write_summary  # noqa: PLC0415
+    def use_signer(self, signer: Signer | None = None) -> Signer:
+        """Attach the run's signer process (starting one if none is given); call before cells.
 
-        lines = []
+        Starting it removes `$SANDBOX_ATTEST_SIGNING_KEY` from `os.environ`, so no cell,
+        wrapper or helper started later inherits it. The policy's bytes are read here too, and
+        must be the ones the run loaded: the signer re-derives the gate from exactly them.
+
+        Args:
+            signer: one started already (`sandbox-attest run` starts it before pytest); it
+                stays the caller's to close. Without it one is started with `key_path` and
+                closed when the run finishes.
+
+        Returns:
+            The attached signer.
+
+        Raises:
+            ConfigError: the key is unusable (the message names the fix), or the policy file
+                changed since the run loaded it.
+            ReportError: the signer process did not start.
+        """
+        from harness.attest.signer import Signer  # noqa: PLC0415  (only a run signs)
+
+        existing: Signer | None = getattr(self, "_signer", None)
+        if existing is not None and signer is None:
+            return existing
+        data = Path(self.policy_path).read_bytes()
+        if hashlib.sha256(data).hexdigest() != self.policy.sha256:
+            raise ConfigError(
+                f"{self.policy_path} changed since this run loaded it; the run is judged by the "
+                "policy it started with, so re-run with the policy you mean"
+            )
+        self._policy_bytes = data
+        self._owns_signer = signer is None
+        attached = signer if signer is not None else Signer.start(self.key_path, os.environ)
+        self._signer: Signer | None = attached
+        return attached
+
+    def _sign_and_render(self, evidence_bytes: bytes) -> list[str]:
+        """Render the views from the judged evidence and have the signer write and sign all.
+
+        The signer gets the exact bytes: evidence.json as serialized once, junit.xml as pytest
+        wrote it (read once, never through a link), report.html and summary.md rendered here
+        from that evidence, the policy bytes and this session's gate. A report that could not
+        be signed still gets its views, saying NOT SIGNED, and the failure fails the run.
+        """
+        import json  # noqa: PLC0415
+
+        from harness.attest import reportfs  # noqa: PLC0415
+        from harness.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY  # noqa: PLC0415
+        from harness.render import render_html, render_summary  # noqa: PLC0415
+        from harness.render.summary import append_step_summary  # noqa: PLC0415
+
+        lines: list[str] = []
+        evidence = json.loads(evidence_bytes)
+        # The gate the console prints (`signed_gate`), over the cells just serialized; the
+        # signer refuses to sign if the bytes it gets give another.
+        gate = self.signed_gate(complete=evidence.get("complete") is True).result
+        views: dict[str, bytes] = {}
         try:
-            key = load_signing_key(self.key_path, os.environ)
-            # The policy this run was judged with, not whatever file evidence.json points at.
-            signed = sign_report(self.report_dir, key, policy=self.policy)
-            lines.append(f"attestation: {signed}")
+            signer = self.use_signer()
+            views = {
+                HTML: render_html(evidence, signer.facts, self.policy).encode("utf-8"),
+                SUMMARY: render_summary(evidence, signer.facts, self.policy).encode("utf-8"),
+            }
+            dir_fd = reportfs.open_report_dir(self.report_dir)
+            try:
+                junit = reportfs.read_regular(dir_fd, JUNIT)
+            except HarnessError as exc:
+                raise type(exc)(f"{exc}; sign after the run has written junit.xml") from exc
+            finally:
+                os.close(dir_fd)
+            reply = signer.sign_report(
+                self.report_dir,
+                {EVIDENCE: evidence_bytes, JUNIT: junit, **views},
+                policy_bytes=self._policy_bytes,
+                policy_path=str(self.policy_path),
+                gate=gate,
+            )
+            lines.append(f"attestation: {reply.attestation}")
         except (HarnessError, OSError) as exc:
             self.artifact_errors.append(f"the attestation was not written: {exc}")
             lines.append(f"attestation NOT written: {exc}")
-
-        for writer in (write_html, write_summary):
+            views = self._write_unsigned_views(evidence)
+        finally:
+            self._close_own_signer()
+        lines.extend(
+            f"{name.split('.')[0]}: {self.report_dir / name}"
+            for name in (HTML, SUMMARY)
+            if name in views
+        )
+        if SUMMARY in views:
             try:
-                lines.append(f"{writer.__name__[6:]}: {writer(self.report_dir)}")
-            except (HarnessError, OSError) as exc:
-                self.artifact_errors.append(f"{writer.__name__} failed: {exc}")
-                lines.append(f"{writer.__name__} failed: {exc}")
+                append_step_summary(views[SUMMARY].decode("utf-8"))
+            except OSError as exc:
+                lines.append(f"$GITHUB_STEP_SUMMARY not appended to: {exc}")
         return lines
+
+    def _write_unsigned_views(self, evidence: dict[str, Any]) -> dict[str, bytes]:
+        """Write report.html and summary.md saying NOT SIGNED; returns what was written."""
+        from harness.attest import reportfs  # noqa: PLC0415
+        from harness.attest.subjects import HTML, SUMMARY  # noqa: PLC0415
+        from harness.render import render_html, render_summary  # noqa: PLC0415
+
+        written: dict[str, bytes] = {}
+        try:
+            dir_fd = reportfs.open_report_dir(self.report_dir)
+        except HarnessError as exc:
+            self.artifact_errors.append(f"report.html and summary.md were not written: {exc}")
+            return written
+        try:
+            for name, render in ((HTML, render_html), (SUMMARY, render_summary)):
+                try:
+                    data = render(evidence, None, self.policy).encode("utf-8")
+                    reportfs.write_new(dir_fd, name, data)
+                except (HarnessError, OSError) as exc:
+                    self.artifact_errors.append(f"{name} was not written: {exc}")
+                else:
+                    written[name] = data
+        finally:
+            os.close(dir_fd)
+        return written
+
+    def _close_own_signer(self) -> None:
+        """Close the signer if this session started it (the caller closes one it handed in)."""
+        signer: Signer | None = getattr(self, "_signer", None)
+        if signer is not None and getattr(self, "_owns_signer", False):
+            signer.close()
+            self._signer = None

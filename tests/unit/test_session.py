@@ -6,14 +6,22 @@ recorded by hand, so each gate rule is checked without running a sandbox.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from harness.attest import ATTESTATION_NAME
+from harness.attest.keys import ENV_VAR, private_key_pem
 from harness.attest.policy import load_policy
+from harness.attest.subjects import ALL_SUBJECTS, JUNIT
 from harness.errors import ConfigError
 from harness.matrix import Cell, Matrix, ProbeRow, load_matrix
 from harness.paths import matrix_dir
@@ -129,20 +137,66 @@ class TestSigning:
     def test_attestation_is_signed_with_the_runs_policy(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """sign_report gets the policy the run was judged with, not a file looked up later."""
-        import harness.attest  # noqa: PLC0415
+        """The signer process signs with the policy bytes the run was judged by, over every subject.
 
-        seen: dict[str, Any] = {}
-
-        def fake_sign(report_dir: Path, key: object, **kwargs: Any) -> Path:
-            seen.update(kwargs)
-            return report_dir / "attestation.intoto.jsonl"
-
-        monkeypatch.setattr(harness.attest, "sign_report", fake_sign)
+        Stricter than the old check (that `sign_report` got the run's Policy object): the
+        signed statement's policy digest is the run's, and it covers all five subjects.
+        """
         monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+        monkeypatch.delenv(ENV_VAR, raising=False)
+        run = passing_run(tmp_path)
+        (run.report_dir / JUNIT).write_text("<testsuites/>")
+        lines = run.finish(complete=True)
+        assert f"attestation: {run.report_dir / ATTESTATION_NAME}" in lines, lines
+        assert run.artifact_errors == []
+        (stmt, _) = statements(run.report_dir)
+        policy = next(c for c in stmt["predicate"]["configuration"] if c["name"] == "policy")
+        assert policy["digest"]["sha256"] == run.policy.sha256
+        assert [s["name"] for s in stmt["subject"]] == list(ALL_SUBJECTS)
+        assert stat.S_IMODE(run.report_dir.stat().st_mode) == 0o700
+
+    def test_key_variable_leaves_the_environment_when_the_signer_starts(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """use_signer takes $SANDBOX_ATTEST_SIGNING_KEY out of os.environ before any cell."""
+        key = tmp_path / "k.pem"
+        key.write_bytes(private_key_pem(Ed25519PrivateKey.generate()))
+        key.chmod(0o600)
+        monkeypatch.setenv(ENV_VAR, str(key))
         run = session(tmp_path, ["none"], set())
-        run._sign_and_render()
-        assert seen["policy"] is run.policy
+        signer = run.use_signer()
+        try:
+            assert ENV_VAR not in os.environ
+            assert signer.source == f"env:{ENV_VAR}"
+        finally:
+            signer.close()
+
+    def test_a_report_that_cannot_be_signed_fails_the_run_and_says_not_signed(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without junit.xml nothing is signed: the run fails, and the views say NOT SIGNED."""
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+        monkeypatch.delenv(ENV_VAR, raising=False)
+        run = passing_run(tmp_path)
+        lines = run.finish(complete=True)
+        assert any("sign after the run has written junit.xml" in e for e in run.artifact_errors)
+        assert not (run.report_dir / ATTESTATION_NAME).exists()
+        assert "NOT SIGNED" in (run.report_dir / "summary.md").read_text()
+        assert any(line.startswith("attestation NOT written") for line in lines)
+
+
+def passing_run(tmp_path: Path) -> RunSession:
+    """A run over none and firejail (named) whose every cell is recorded as PASS."""
+    run = session(tmp_path, ["firejail"], {"firejail"})
+    for cell in run.cells():
+        record(run, cell, "PASS")
+    return run
+
+
+def statements(report_dir: Path) -> list[dict[str, Any]]:
+    """The statements of a report's attestation, in order (signatures not checked here)."""
+    lines = (report_dir / ATTESTATION_NAME).read_text().splitlines()
+    return [json.loads(base64.b64decode(json.loads(line)["payload"])) for line in lines]
 
 
 class TestCheckNames:
