@@ -60,6 +60,9 @@ class Origin:
         on_accept: test seam. Runs in the accept thread after `accept()` returned and before
             the connection is counted; a test blocks it on an Event to hold the count back
             and show that readers wait for it. None (the default) runs nothing.
+        before_echo_close: test seam. In "echo" mode, runs after the client's EOF and before
+            the origin ends its own side, so a test can keep the upstream half open and show
+            that a tunnel ends for another reason. None (the default) closes at once.
     """
 
     mode: OriginMode
@@ -72,6 +75,7 @@ class Origin:
     trailing: list[bytes] = field(default_factory=list)
     offered: int = 0
     on_accept: Callable[[], None] | None = None
+    before_echo_close: Callable[[], object] | None = None
     _listener: socket.socket | None = None
     _threads: list[threading.Thread] = field(default_factory=list)
     _conns: list[socket.socket] = field(default_factory=list)
@@ -197,6 +201,8 @@ class Origin:
         buf = bytearray(256 * 1024)
         while n := conn.recv_into(buf):
             conn.sendall(memoryview(buf)[:n])
+        if self.before_echo_close is not None:
+            self.before_echo_close()
         conn.shutdown(socket.SHUT_WR)
 
     def _source(self, conn: socket.socket) -> None:
