@@ -184,12 +184,15 @@ def _load_key(spec: Mapping[str, Any], payload: Mapping[str, Any]) -> SigningKey
     gids = {int(g) for g in payload.get("gids") or []}
     if kind in ("path", "env-path"):
         path = Path(str(spec["path"]))
-        # Refuse a key the payload uid could read before reading it: a signature by a key the
-        # judged code could have used proves nothing.
-        check_key_file_private(path, int(uid) if uid is not None else None, gids)
+        # Loaded first, so a missing or malformed key gets load_signing_key's message; then
+        # refused, before anything is signed, if the payload uid could read the file: a
+        # signature by a key the judged code could have used proves nothing.
         if kind == "path":
-            return load_signing_key(path, {})
-        return load_signing_key(None, {ENV_VAR: str(path)})
+            key = load_signing_key(path, {})
+        else:
+            key = load_signing_key(None, {ENV_VAR: str(path)})
+        check_key_file_private(path, int(uid) if uid is not None else None, gids)
+        return key
     if kind == "pem":
         return load_signing_key(None, {ENV_VAR: str(spec["pem"])})
     if kind == "local":
@@ -511,18 +514,21 @@ class Signer:
     def close(self) -> None:
         """Ask the signer to exit, and stop it if it does not within 5 s. Idempotent."""
         with self._lock:
-            if self._proc.poll() is None:
+            stdin = self._proc.stdin
+            if stdin is not None:
+                if self._proc.poll() is None:
+                    with contextlib.suppress(OSError, ValueError):
+                        stdin.write(_encode({"op": "close"}))
+                        stdin.flush()
+                # Closed even when the signer is gone: a buffered pipe still holding a request
+                # would otherwise fail again when it is garbage-collected.
                 with contextlib.suppress(OSError, ValueError):
-                    assert self._proc.stdin is not None  # noqa: S101  (Popen(stdin=PIPE))
-                    self._proc.stdin.write(_encode({"op": "close"}))
-                    self._proc.stdin.flush()
-                with contextlib.suppress(OSError, ValueError):
-                    self._proc.stdin.close()  # type: ignore[union-attr]  # PIPE above
-                try:
-                    self._proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
+                    stdin.close()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
             with contextlib.suppress(OSError, ValueError):
                 if self._proc.stdout is not None:
                     self._proc.stdout.close()

@@ -265,9 +265,15 @@ class TestSmallMatrix:
         assert json.loads((out / "signing.json").read_text())["gate"] == "FAILED"
 
     def test_plain_pytest_unsigned_report_does_not_exit_0(self, tmp_path: Path) -> None:
-        """A report whose attestation could not be signed fails plain `pytest` too."""
+        """A report whose attestation could not be signed fails plain `pytest` too.
+
+        A bad key no longer gets this far (the signer loads it at collection, see
+        test_plain_pytest_bad_key_stops_before_any_cell), so the late failure is a run
+        without --junitxml: the signer is never handed junit.xml and signs nothing.
+        """
         matrix = small_matrix(tmp_path)
         out = tmp_path / "r"
+        env = {k: v for k, v in os.environ.items() if k != "SANDBOX_ATTEST_SIGNING_KEY"}
         proc = subprocess.run(
             [
                 sys.executable,
@@ -280,23 +286,28 @@ class TestSmallMatrix:
                 str(matrix_dir() / "pytest.ini"),
                 f"--harness-policy={small_policy(tmp_path)}",
                 f"--harness-report-dir={out}",
-                f"--junitxml={out / 'junit.xml'}",
                 "--sandbox-backend=bubblewrap",
             ],
             capture_output=True,
             text=True,
             timeout=300,
             check=False,
-            env={**os.environ, "SANDBOX_ATTEST_SIGNING_KEY": "not a key"},
+            env={**env, "XDG_CONFIG_HOME": str(tmp_path / "config")},
             cwd=Path(__file__).parent.parent.parent,
         )
         assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
         assert "the attestation was not written" in proc.stdout
+        assert "sign after the run has written junit.xml" in proc.stdout
+        assert not (out / "attestation.intoto.jsonl").exists()
+        assert "NOT SIGNED" in (out / "summary.md").read_text()
 
     def test_plain_pytest_bad_key_stops_before_any_cell(self, tmp_path: Path) -> None:
         """--harness-key that is not a key: one line at collection, no cell runs."""
         matrix = small_matrix(tmp_path)
         out = tmp_path / "r"
+        hostname = tmp_path / "hostname"  # private, so only "not a key" is wrong with it
+        hostname.write_text("box\n")
+        hostname.chmod(0o600)
         proc = subprocess.run(
             [
                 sys.executable,
@@ -309,7 +320,7 @@ class TestSmallMatrix:
                 str(matrix_dir() / "pytest.ini"),
                 f"--harness-policy={small_policy(tmp_path)}",
                 f"--harness-report-dir={out}",
-                "--harness-key=/etc/hostname",
+                f"--harness-key={hostname}",
             ],
             capture_output=True,
             text=True,
@@ -318,7 +329,7 @@ class TestSmallMatrix:
             cwd=Path(__file__).parent.parent.parent,
         )
         assert proc.returncode == pytest.ExitCode.INTERRUPTED, proc.stdout + proc.stderr
-        assert "sandbox-attest: error: --key /etc/hostname: not a PEM private key" in proc.stdout
+        assert f"sandbox-attest: error: --key {hostname}: not a PEM private key" in proc.stdout
         assert "Traceback" not in proc.stdout
         assert "harness/plugin.py" not in proc.stdout
         assert not (out / "evidence.jsonl").exists()
@@ -344,6 +355,28 @@ class TestBadInput:
         assert needle in proc.stderr
         assert "Traceback" not in proc.stderr + proc.stdout
         assert not (tmp_path / "r").exists()
+
+    def test_non_empty_out_is_refused(self, tmp_path: Path) -> None:
+        """--out naming a directory that holds files: exit 2, naming the fix, nothing written."""
+        out = tmp_path / "r"
+        out.mkdir()
+        (out / "evidence.json").write_text('{"forged": true}')
+        proc = run_cli("run", "--backend", "none", "--out", str(out))
+        assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert f"--out {out} is not empty (it holds evidence.json)" in proc.stderr
+        assert "pass a new or empty directory" in proc.stderr
+        assert sorted(p.name for p in out.iterdir()) == ["evidence.json"]
+
+    def test_key_readable_by_everyone_is_refused(self, tmp_path: Path) -> None:
+        """A --key file others can read is refused before the run, naming chmod 600."""
+        private, _ = keypair(tmp_path)
+        private.chmod(0o644)
+        out = tmp_path / "r"
+        proc = run_cli("run", "--backend", "none", "--key", str(private), "--out", str(out))
+        assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert f"signing key {private} is accessible to everyone (mode 644)" in proc.stderr
+        assert "chmod 600" in proc.stderr
+        assert not out.exists()
 
     def test_out_that_is_a_file_is_one_clear_line(self) -> None:
         """--out naming an existing file: exit 2 before anything runs, no traceback."""
