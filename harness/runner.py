@@ -30,7 +30,7 @@ from harness.backends.base import (
 from harness.catalog import PROBES, CellContext, probe_path
 from harness.errors import HarnessError, ProbeOutputError
 from harness.matrix import Cell
-from harness.trust import PayloadUser, give
+from harness.trust import PayloadUser, give, payload_user, require_reachable
 from harness.verdict import Assessment, Decision, Verdict, decide
 from harness.world import World
 
@@ -171,9 +171,18 @@ class CellRunner:
     availability: dict[str, Availability]
     platform: str
     control_leg: str = "none"
-    # Every sandboxed command runs as this user (None: no trust separation on this host).
-    user: PayloadUser | None = None
+    # Every sandboxed command runs as this user (None: no trust separation). By default the
+    # payload user where the harness can switch to it: a runner built anywhere separates.
+    user: PayloadUser | None = field(default_factory=payload_user)
     control_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """The scratch must be traversable by the payload user, or every cell measures modes.
+
+        Raises:
+            FixtureError: a directory on the way to the scratch is not searchable by it.
+        """
+        require_reachable(self.scratch, self.user, "the cell scratch")
 
     def run_cell(self, cell: Cell) -> dict[str, Any]:
         """Run and judge one cell; always returns an evidence entry."""

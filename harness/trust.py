@@ -17,9 +17,7 @@ says so; the signed statement carries that fact and `verify` prints it.
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -28,13 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, FixtureError
 
-# The default payload user. A system account: no password, no login shell, its own group.
+# The default payload user. A system account: no password, its own group.
 PAYLOAD_USER = "sandbox-attest"
 # Its home, owned by it: canaries that stand for "the user's secrets" are planted here, so a
 # run never writes fake secrets into a real person's home.
 PAYLOAD_HOME = Path("/var/lib/sandbox-attest/home")
+# A shell, because wrappers run commands through the user's shell (firejail does), and with
+# nologin they print "This account is currently not available". The account has no password:
+# nobody logs in as it; root starts its processes.
+PAYLOAD_SHELL = "/bin/sh"
 # Override for tests and for hosts that keep their own account: the name of an existing user.
 USER_ENV = "SANDBOX_ATTEST_PAYLOAD_USER"
 
@@ -89,6 +91,10 @@ def separation_possible() -> tuple[bool, str]:
 
 
 def _lookup(name: str) -> PayloadUser:
+    # pwd and grp exist on POSIX only; this module is imported on Windows too.
+    import grp  # noqa: PLC0415
+    import pwd  # noqa: PLC0415
+
     entry = pwd.getpwnam(name)
     if entry.pw_uid == 0:
         raise ConfigError(
@@ -110,7 +116,7 @@ def _create(name: str) -> None:
         str(PAYLOAD_HOME),
         "--create-home",
         "--shell",
-        "/usr/sbin/nologin",
+        PAYLOAD_SHELL,
         "--comment",
         "sandbox-attest payloads",
         name,
@@ -152,9 +158,32 @@ def payload_user(name: str | None = None) -> PayloadUser | None:
                 ) from None
             _create(wanted)
             user = _lookup(wanted)
+        if wanted == PAYLOAD_USER:
+            _ensure_shell(wanted)
         _ensure_home(user)
         _cached[wanted] = user
         return user
+
+
+def _ensure_shell(name: str) -> None:
+    """Our own account keeps a real shell (an earlier version created it with nologin)."""
+    import pwd  # noqa: PLC0415  (POSIX only, see _lookup)
+
+    if pwd.getpwnam(name).pw_shell == PAYLOAD_SHELL:
+        return
+    usermod = shutil.which("usermod") or "/usr/sbin/usermod"
+    done = subprocess.run(
+        [usermod, "--shell", PAYLOAD_SHELL, name],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        raise ConfigError(
+            f"could not give the payload user {name!r} the shell {PAYLOAD_SHELL} "
+            f"({done.stderr.strip()}); run `usermod --shell {PAYLOAD_SHELL} {name}`"
+        )
 
 
 def _ensure_home(user: PayloadUser) -> None:
@@ -204,3 +233,41 @@ def give(path: Path, user: PayloadUser | None, *, recursive: bool = False) -> No
         for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
             for name in dirnames + filenames:
                 os.chown(Path(dirpath) / name, user.uid, user.gid, follow_symlinks=False)
+
+
+def unreachable_by(path: Path, user: PayloadUser | None) -> Path | None:
+    """The first directory on the way to `path` that `user` cannot traverse, or None.
+
+    Checked by mode bits (owner, group, other), the way the kernel checks search permission.
+    A world or scratch directory under a 0700 parent would make every cell measure file
+    modes instead of the sandbox, so the harness refuses to start on one.
+    """
+    if user is None:
+        return None
+    groups = {user.gid, *user.groups}
+    for directory in [*reversed(path.parents), path]:
+        st = directory.stat()
+        if st.st_uid == user.uid:
+            bit = 0o100
+        elif st.st_gid in groups:
+            bit = 0o010
+        else:
+            bit = 0o001
+        if not st.st_mode & bit:
+            return directory
+    return None
+
+
+def require_reachable(path: Path, user: PayloadUser | None, what: str) -> None:
+    """Raise unless `user` can traverse every directory down to `path`.
+
+    Raises:
+        FixtureError: naming the blocking directory, its mode, and the fix.
+    """
+    blocked = unreachable_by(path, user)
+    if blocked is not None:
+        raise FixtureError(
+            f"the payload user cannot reach {what} {path}: {blocked} is not searchable by it "
+            f"(mode {blocked.stat().st_mode & 0o777:o}); chmod o+x it, or put {what} under a "
+            "directory others can traverse, as `sandbox-attest run` does"
+        )

@@ -31,6 +31,7 @@ from harness.listeners import LOOPBACK, DirectEgressListener, FakeDaemon
 from harness.origins import Origins, load_hosts
 from harness.paths import fixtures_dir
 from harness.pki import Pki
+from harness.trust import payload_user, require_reachable
 from harness.wheel import build_canary_wheel, load_canary_metadata
 from harness.worldinfo import (
     PROBE_NAME_SUFFIX,
@@ -237,6 +238,7 @@ def start_world(run_dir: Path) -> World:
         # runs every sandboxed command) must open the CA bundle and connect to the sockets by
         # their names, and must never rename or replace a witness log.
         run_dir.chmod(0o711)
+        require_reachable(run_dir, payload_user(), "the world's run directory")
         proxy_sock = run_dir / "proxy.sock"
         daemon_sock = run_dir / "daemon.sock"
         for path in (proxy_sock, daemon_sock):
@@ -302,10 +304,6 @@ def start_world(run_dir: Path) -> World:
         )
         stack.callback(_unlink_quietly(proxy_sock))
         stack.callback(proxy.stop)
-        # Sandboxed commands run as the payload user and must be able to connect; connecting
-        # to a unix socket needs write permission on it. The socket only reaches the
-        # allowlisted fixture hosts; sandboxes get it bind-mounted.
-        proxy_sock.chmod(0o666)
 
         step = "world info"
         info = _world_info(

@@ -304,6 +304,11 @@ def start_proxy(config: ProxyConfig) -> ProxyProcess:
         Path(config_name).unlink(missing_ok=True)
     port = ready.get("port")
     sock = ready.get("socket")
+    if sock:
+        # Sandboxed commands run as the payload user (harness/trust.py) and must connect;
+        # connecting to a unix socket needs write permission on it. It only reaches the
+        # allowlisted hosts, behind the proxy's own checks.
+        Path(sock).chmod(0o666)
     return ProxyProcess(
         url=f"http://{PROXY_USER}:{secret}@127.0.0.1:{port}" if port else None,
         port=int(port) if port else None,

@@ -11,7 +11,6 @@ import json
 import secrets
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from harness.backends.base import START_MARKER, DeclaredPolicy
 from harness.catalog import PROBES, CellContext, FsWriteOutside, WorldLike, probe_path
 from harness.verdict import Assessment, Decision, Verdict, decide
 from harness.world import World, start_world
+from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -104,8 +104,8 @@ def run_cell(world: WorldLike, probe: str, base: Path, policy: DeclaredPolicy = 
 def world() -> Iterator[World]:
     """One fixture world for the module, under a short /tmp path (unix socket limits)."""
     with (
-        tempfile.TemporaryDirectory(prefix="sa-cat-", dir="/tmp") as base,
-        start_world(Path(base) / "w") as running,
+        reachable_tempdir("sa-cat-") as base,
+        start_world(base / "w") as running,
     ):
         yield running
 

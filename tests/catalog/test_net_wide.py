@@ -42,6 +42,7 @@ from harness.runner import CellRunner
 from harness.verdict import Verdict, decide
 from harness.world import PRIVATE_NAME_SUFFIX, WitnessRecords, World, start_world
 from harness.worldinfo import ProxyInfo, WorldInfo
+from tests.reachable import reachable_tempdir
 
 WIDE = (
     "net_host_canonical",
@@ -63,8 +64,8 @@ needs_bwrap = pytest.mark.needs_bwrap
 def world() -> Iterator[World]:
     """One real fixture world for the module, under a short /tmp path (unix socket limits)."""
     with (
-        tempfile.TemporaryDirectory(prefix="sa-nw-", dir="/tmp") as base,
-        start_world(Path(base) / "w") as running,
+        reachable_tempdir("sa-nw-") as base,
+        start_world(base / "w") as running,
     ):
         yield running
 
@@ -72,8 +73,8 @@ def world() -> Iterator[World]:
 @pytest.fixture(scope="module")
 def scratch() -> Iterator[Path]:
     """Cell scratch space for the module."""
-    with tempfile.TemporaryDirectory(prefix="sa-nwc-", dir="/tmp") as base:
-        yield Path(base)
+    with reachable_tempdir("sa-nwc-") as base:
+        yield base
 
 
 def make_runner(world: Any, scratch: Path, backends: dict[str, Backend]) -> CellRunner:
