@@ -54,6 +54,7 @@ from harness.backends.base import (
     Identity,
     ProbeRequest,
     ProbeRun,
+    program_facts,
 )
 from harness.backends.capture import CappedBuffer
 from harness.backends.process import Capture, finish_run
@@ -268,6 +269,10 @@ class AppContainerBackend:
                 "egress": self.egress_mode,
                 "shim_port": SHIM_PORT,
             },
+            executables=program_facts(),
+            # The AppContainer token is the separation on Windows; the uid split of
+            # harness/trust.py is Linux-only, and the statement's trust domains say so.
+            runs_as="an AppContainer token of the harness's own user",
         )
         return Availability(ok=True, reason="", identity=identity)
 

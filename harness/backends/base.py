@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
-from harness.trust import PayloadUser
+from harness.provenance import executable_facts
+from harness.trust import PayloadUser, payload_user
 from harness.worldinfo import WorldInfo
 
 # What a backend claims to enforce, so a verdict judges it against its own claim.
@@ -151,6 +154,13 @@ class Identity:
     platform: str  # e.g. "Linux 6.1.0-18-amd64 x86_64"
     policy: DeclaredPolicy
     profile: dict[str, Any]  # the argv template / profile / options that define confinement
+    # What was run, not what the spec says: each executable the backend starts, resolved on
+    # the PATH it runs with, by sha256 (with a script's interpreter). A spec path that first
+    # named an honest wrapper and later a leaky one gives two identities.
+    executables: dict[str, Any] = field(default_factory=dict)
+    spec_sha256: str = ""  # the spec file's bytes (command wrappers), "" for built-ins
+    # Who the backend's commands run as: the payload user, or why not (root with a reason).
+    runs_as: str = ""
 
     @property
     def profile_digest(self) -> str:
@@ -167,6 +177,9 @@ class Identity:
             "policy": self.policy.as_dict(),
             "profile": self.profile,
             "profile_digest": self.profile_digest,
+            "executables": self.executables,
+            "spec_sha256": self.spec_sha256,
+            "runs_as": self.runs_as,
         }
 
 
@@ -177,6 +190,27 @@ class Availability:
     ok: bool
     reason: str
     identity: Identity | None
+
+
+def program_facts(*programs: str) -> dict[str, Any]:
+    """Identity `executables` for programs a built-in backend starts, and the interpreter.
+
+    Each is resolved on the harness's PATH (where the backend finds it), followed through
+    symlinks and hashed; `{python}` is the interpreter every payload runs with.
+    """
+    path = os.environ.get("PATH", os.defpath)
+    facts = {program: executable_facts(program, path) for program in programs}
+    facts["{python}"] = executable_facts(sys.executable, path)
+    return facts
+
+
+def payload_runs_as() -> str:
+    """Who a built-in backend's sandboxed commands run as, in words, for the identity."""
+    user = payload_user()
+    if user is not None:
+        return f"{user.name} (uid {user.uid})"
+    uid = os.geteuid() if hasattr(os, "geteuid") else "?"
+    return f"the harness's own uid {uid}: it cannot switch users here"
 
 
 @runtime_checkable

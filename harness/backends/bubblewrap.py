@@ -22,6 +22,7 @@ from typing import Final
 
 from harness.backends.base import (
     SANDBOX_PROXY_SOCKET,
+    SANDBOX_RUN_DIR,
     SANDBOX_SHIM,
     SHIM_PORT,
     Availability,
@@ -31,6 +32,8 @@ from harness.backends.base import (
     Identity,
     ProbeRequest,
     ProbeRun,
+    payload_runs_as,
+    program_facts,
     shim_path,
 )
 from harness.backends.none import platform_string
@@ -69,7 +72,7 @@ WEAKENINGS: Final = frozenset(
         "host-root-rw",  # the host's / bound writable instead of the read-only system roots
         "no-die-with-parent",  # the sandbox may outlive the harness
         "pass-env",  # the harness's whole environment passed in, not the declared one
-        "keep-caps",  # no --cap-drop ALL: the sandbox's root keeps its (namespaced) capabilities
+        "keep-caps",  # uid 0 inside with --cap-add ALL: namespaced capabilities for the payload
         "no-seccomp",  # no syscall filter: io_uring, keyrings, bpf, TIOCSTI, vsock reach the kernel
         "allow-userns",  # no --disable-userns: nested user namespaces (and their mounts) allowed
         "no-limits",  # the rlimits are still declared but not applied
@@ -213,6 +216,8 @@ class BubblewrapBackend:
                 "egress": self.egress_mode,
                 "seccomp_denies": [] if "no-seccomp" in self.weaken else denied_names(),
             },
+            executables=program_facts(self.bwrap, "prlimit"),
+            runs_as=payload_runs_as(),
         )
         return Availability(ok=True, reason="", identity=identity)
 
@@ -233,6 +238,11 @@ class BubblewrapBackend:
         ]
         if "keep-caps" not in self.weaken:
             args += ["--cap-drop", "ALL"]
+        else:
+            # Root of its user namespace with every capability there: what a sandbox that
+            # "keeps capabilities" hands an unprivileged caller (bwrap drops them for a
+            # non-root caller unless asked to be uid 0 inside and add them).
+            args += ["--uid", "0", "--gid", "0", "--cap-add", "ALL"]
         if "allow-userns" not in self.weaken:
             args.append("--disable-userns")
         if "share-pid" not in self.weaken:
@@ -246,7 +256,10 @@ class BubblewrapBackend:
     def mount_args(self) -> list[str]:
         """System roots read-only, or (weakened) the whole host root writable."""
         if "host-root-rw" in self.weaken:
-            return ["--bind", "/", "/"]
+            # The route's mount points go in a private tmpfs: bwrap would otherwise create
+            # them through the writable bind, in the host's own /run, where the payload user
+            # may not create files (and where they would outlive the cell).
+            return ["--bind", "/", "/", "--tmpfs", SANDBOX_RUN_DIR]
         return system_root_args()
 
     def limit_args(self) -> list[str]:

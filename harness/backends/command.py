@@ -25,6 +25,7 @@ line, and a wrapper that refuses to start is an ERROR with its stderr.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -65,7 +66,8 @@ from harness.backends.spec import (
 from harness.errors import BackendError
 from harness.matrix import current_platform
 from harness.paths import matrix_dir
-from harness.trust import give
+from harness.provenance import executable_facts
+from harness.trust import PayloadUser, give, payload_user
 
 # Every process of one run carries this variable (value: a per-run random tag), so that the
 # sweep after the run finds children that left the wrapper's process group.
@@ -150,6 +152,41 @@ class CommandBackend:
         """Load the spec at `path` (ConfigError naming the file, key and fix if invalid)."""
         return cls(load_spec(path))
 
+    # -- who the wrapper runs as ---------------------------------------------------------
+
+    def user(self, request: ProbeRequest | None = None) -> PayloadUser | None:
+        """The user the wrapper runs as: the spec's `[run] user`, else the run's payload user.
+
+        Args:
+            request: the cell's request, whose `user` is the run's payload user; without
+                one (availability), the default payload user.
+
+        Returns:
+            None where the harness cannot switch uid, or where the spec says "root" (with
+            its reason, recorded in the identity as `runs_as`).
+
+        Raises:
+            ConfigError: the spec names an account that does not exist or is root by uid.
+        """
+        if self.spec.run_user == "root":
+            return None
+        if self.spec.run_user:
+            return payload_user(self.spec.run_user)
+        return request.user if request is not None else payload_user()
+
+    def _user_kwargs(self) -> dict[str, Any]:
+        user = self.user()
+        return user.popen_kwargs() if user is not None else {}
+
+    def runs_as(self) -> str:
+        """Who the wrapper runs as, in words, for the identity."""
+        if self.spec.run_user == "root":
+            return f"root, as {self.spec.source} asks: {self.spec.run_user_reason}"
+        user = self.user()
+        if user is None:
+            return f"the harness's own uid {os.geteuid()}: it cannot switch users here"
+        return f"{user.name} (uid {user.uid})"
+
     # -- availability ------------------------------------------------------------------
 
     def availability(self) -> Availability:
@@ -207,8 +244,22 @@ class CommandBackend:
                 "check": shell_join(list(spec.check_argv)) if spec.check_argv else "none",
                 "confinement_check": confinement,
             },
+            executables=self.executables(),
+            spec_sha256=hashlib.sha256(spec.source.read_bytes()).hexdigest(),
+            runs_as=self.runs_as(),
         )
         return Availability(ok=True, reason=weak, identity=identity)
+
+    def executables(self) -> dict[str, Any]:
+        """Every program a cell of this spec starts: the wrapper(s), argv[0], the interpreter."""
+        path = self._base_env().get("PATH", os.defpath)
+        names = [*self.spec.executables]
+        first = self.spec.argv[0] if self.spec.argv else None
+        if isinstance(first, str) and "{" not in first and first not in names:
+            names.append(first)
+        facts = {name: executable_facts(name, path) for name in names}
+        facts["{python}"] = executable_facts(sys.executable, path)
+        return facts
 
     def _check(self) -> str:
         """Run [detect] check if the spec has one; '' if it passed, else the reason."""
@@ -248,6 +299,7 @@ class CommandBackend:
         with tempfile.TemporaryDirectory(prefix="sandbox-attest-check-") as tmp:
             ctx, run_dir = self._check_context(Path(tmp))
             self.render_files(ctx, run_dir)
+            give(Path(tmp), self.user(), recursive=True)
             argv = ctx.render_argv(spec)
             env = self._base_env()
             for name, template in spec.env_set.items():
@@ -263,6 +315,7 @@ class CommandBackend:
                     env=env,
                     cwd=run_dir,
                     start_new_session=True,
+                    **self._user_kwargs(),
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 return _no_test_command(spec, f"{type(exc).__name__}: {exc}")
@@ -315,6 +368,8 @@ class CommandBackend:
         return RenderContext(scalars, lists, payload), run_dir
 
     def _detect(self, argv: tuple[str, ...]) -> subprocess.CompletedProcess[str] | str:
+        # The wrapper is third-party code under test: even its --version runs as the user its
+        # cells run as, never as the harness's (root's) own.
         try:
             return subprocess.run(
                 list(argv),
@@ -325,6 +380,8 @@ class CommandBackend:
                 stdin=subprocess.DEVNULL,
                 env=self._base_env(),
                 start_new_session=True,
+                cwd="/",
+                **self._user_kwargs(),
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{type(exc).__name__}: {exc}"
@@ -430,7 +487,7 @@ class CommandBackend:
         ctx = self.context(request, run_dir)
         self.render_files(ctx, run_dir)
         # The wrapper runs as the payload user: its cwd and the files rendered for it are its.
-        give(run_dir, request.user, recursive=True)
+        give(run_dir, self.user(request), recursive=True)
         tag = secrets.token_hex(12)
         return ctx.render_argv(self.spec), self.build_env(request, ctx, tag), run_dir, tag
 
@@ -456,7 +513,7 @@ class CommandBackend:
         watcher.start()
         try:
             run = run_process(
-                request.cell_id, argv, env, run_dir, request.timeout, user=request.user
+                request.cell_id, argv, env, run_dir, request.timeout, user=self.user(request)
             )
         finally:
             watcher.finish()

@@ -64,6 +64,7 @@ from harness.backends.base import (
     Identity,
     ProbeRequest,
     ProbeRun,
+    program_facts,
     shim_path,
 )
 from harness.backends.bubblewrap import LIMITS
@@ -467,6 +468,10 @@ class DockerBackend:
             platform=platform_string(),
             policy=self.policy(),
             profile=profile,
+            # The engine runs the container; what we start is the image (its id is in the
+            # profile) with the host's interpreter inside it.
+            executables=program_facts(),
+            runs_as=f"uid {self.uid}:{self.gid} in the container",
         )
 
     def policy(self) -> DeclaredPolicy:

@@ -17,6 +17,8 @@ from harness.backends.base import (
     Identity,
     ProbeRequest,
     ProbeRun,
+    payload_runs_as,
+    program_facts,
 )
 from harness.backends.process import run_process
 
@@ -42,6 +44,8 @@ class NoneBackend:
             platform=platform_string(),
             policy=POLICY,
             profile={"confinement": "none", "egress": self.egress_mode},
+            executables=program_facts(),
+            runs_as=payload_runs_as(),
         )
         return Availability(ok=True, reason="", identity=identity)
 

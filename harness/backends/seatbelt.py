@@ -36,6 +36,8 @@ from harness.backends.base import (
     Identity,
     ProbeRequest,
     ProbeRun,
+    payload_runs_as,
+    program_facts,
 )
 from harness.backends.process import run_process
 from harness.errors import ConfigError
@@ -281,6 +283,9 @@ class SeatbeltBackend:
             platform=f"{platform.system()} {platform.release()} {platform.machine()}",
             policy=POLICY,
             profile={"sandbox_exec": str(self._sandbox_exec), "sbpl_template": template},
+            executables=program_facts(str(self._sandbox_exec)),
+            # No uid separation on macOS yet: the statement's trust domains say so.
+            runs_as=payload_runs_as(),
         )
         return Availability(ok=True, reason="", identity=identity)
 

@@ -93,7 +93,15 @@ TOP_KEYS: Final = {"backend", "detect", "run", "env", "file", "policy"}
 SECTION_KEYS: Final[dict[str, set[str]]] = {
     "backend": {"name", "description", "platforms"},
     "detect": {"executables", "version", "check", "install"},
-    "run": {"argv", "egress", "address_by", "proxy_socket_inside", "shim_inside"},
+    "run": {
+        "argv",
+        "egress",
+        "address_by",
+        "proxy_socket_inside",
+        "shim_inside",
+        "user",
+        "user_reason",
+    },
     "env": {"pass", "host", "set"},
     "policy": {"network", "filesystem", "ipc", "limits"},
 }
@@ -138,6 +146,11 @@ class CommandSpec:
     files: tuple[FileSpec, ...]
     policy: DeclaredPolicy
     raw: dict[str, Any] = field(repr=False)
+    # Who the wrapper runs as where the harness is root: "" for the harness's payload user
+    # (the default), an account name, or "root" with `run_user_reason` (it goes into the
+    # identity, so a reader sees why the trust domains were not separated for this backend).
+    run_user: str = ""
+    run_user_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -509,6 +522,7 @@ def load_spec(path: Path) -> CommandSpec:
             )
         inside[key] = value
     env_pass, env_host, env_set = _env(path, _section(path, data, "env"))
+    run_user, run_user_reason = _run_user(path, run)
     spec = CommandSpec(
         source=path,
         name=name,
@@ -531,9 +545,31 @@ def load_spec(path: Path) -> CommandSpec:
         files=_files(path, data.get("file")),
         policy=_policy(path, _section(path, data, "policy")),
         raw=data,
+        run_user=run_user,
+        run_user_reason=run_user_reason,
     )
     _dry_render(spec)
     return spec
+
+
+# A reason is a sentence a reviewer can weigh, not a placeholder word.
+MIN_REASON_WORDS: Final = 3
+
+
+def _run_user(path: Path, run: dict[str, Any]) -> tuple[str, str]:
+    """`[run] user` and its reason; "root" must say why, in words a reviewer reads."""
+    user = _str(path, "[run] user", run.get("user", ""))
+    reason = _str(path, "[run] user_reason", run.get("user_reason", ""))
+    if user == "root" and len(reason.split()) < MIN_REASON_WORDS:
+        raise _fail(
+            path,
+            "[run] user_reason",
+            'is required with user = "root": say why the wrapper must run as root (it goes '
+            "into the signed identity), or drop [run] user to run it as the payload user",
+        )
+    if reason and not user:
+        raise _fail(path, "[run] user_reason", "is only read with [run] user; add user or drop it")
+    return user, reason
 
 
 def _dry_render(spec: CommandSpec) -> None:
