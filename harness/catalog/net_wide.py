@@ -22,7 +22,10 @@ import contextlib
 import errno
 import http.client
 import ipaddress
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,6 +60,7 @@ from harness.catalog.base import (
 from harness.dns import ResolveError, resolve
 from harness.egress.rules import Rule, address_allowed
 from harness.errors import FixtureError
+from harness.trust import PayloadUser
 from harness.verdict import Assessment, Escape, Expectation
 from harness.world import PRIVATE_NAME_SUFFIX
 
@@ -1197,6 +1201,35 @@ def host_capabilities() -> dict[str, str]:
     return found
 
 
+def payload_capabilities(user: PayloadUser | None) -> dict[str, str]:
+    """`host_capabilities()` as the payload user (unconfined): what a sandbox could take away.
+
+    The harness may be root; the payload never is, so root's raw sockets say nothing about
+    what the payload could do on an open host.
+    """
+    if user is None:
+        return host_capabilities()
+    code = (
+        "import json; from harness.catalog.net_wide import host_capabilities; "
+        "print(json.dumps(host_capabilities()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=HOST_TIMEOUT_S * 3,
+        check=False,
+        cwd="/",
+        **user.popen_kwargs(),
+    )
+    try:
+        found = json.loads(done.stdout)
+    except ValueError:
+        tail = done.stderr.strip()[-300:]
+        return dict.fromkeys(_LOCAL_CAPABILITIES, f"unmeasured (exit {done.returncode}: {tail})")
+    return {str(k): str(v) for k, v in found.items()}
+
+
 def errno_name(exc: OSError) -> str:
     """`EPERM` for an OSError carrying errno 1, else its class name."""
     return errno.errorcode.get(exc.errno or -1, type(exc).__name__)
@@ -1261,7 +1294,7 @@ class NetIpv6UdpIcmp(_PerCellSpec):
 
             checks += _listener_control("host udp4 datagram", v4, nonce, udp_v4)
         result = _control(nonce, checks)
-        result["capabilities"] = host_capabilities()
+        result["capabilities"] = payload_capabilities(ctx.user)
         result["ipv6_loopback"] = v6 is not None
         return result
 

@@ -143,8 +143,9 @@ ANCHOR_READY_S: Final = 10.0
 _ANCHOR_NAMESPACES: Final = ("unshare", "--user", "--map-root-user", "--mount", "--net", "--")
 
 
-# The runner's read-only task dir under cell_dir (harness.runner `inputs`): the only place
-# the remount attempt writes to that the payload could not write anyway.
+# The runner's task dir under cell_dir (harness.runner `inputs`), bound read-only into every
+# sandbox: the place the remount attempt writes to. This probe hands it to the payload user,
+# so that on an open host nothing but the read-only bind stands between the two.
 TASK_DIR: Final = "input"
 
 
@@ -559,8 +560,10 @@ class ProcNamespaceEscape(_AnchoredSpec):
         anchor = self._start_anchor(ctx, own_namespaces=True)
         self.canary_dir(ctx).mkdir(parents=True, exist_ok=True)
         # Writable to the payload user, so the only thing between the payload and this dir
-        # is whether it can see the host's mount tree (the setns-mnt escape), not permissions.
+        # is whether it can see the host's mount tree (the setns-mnt escape), not permissions;
+        # the same for the task dir and the read-only bind a remount must undo.
         give(self.canary_dir(ctx), ctx.user)
+        give(ctx.cell_dir / TASK_DIR, ctx.user)
         return {
             "marker": anchor.marker,
             "anchor_pid": anchor.pid,
@@ -623,8 +626,8 @@ class ProcNamespaceEscape(_AnchoredSpec):
         inner = [a for a in _attempts(report, "escape") if str(a.get("what")).startswith("inner:")]
         observed = _observed(escapes)
         mnt_file = self.canary_dir(ctx) / f"{ctx.nonce}.setns-mnt"
-        # Only the harness-owned task dir counts: the workspace beside it is the payload's
-        # to write, so a nonce file there proves nothing.
+        # Only the task dir counts: a sandbox binds it read-only, while the workspace beside
+        # it is the payload's to write, so a nonce file there proves nothing.
         remount_file = ctx.cell_dir / TASK_DIR / f"{ctx.nonce}.remount"
         remounts = [str(remount_file)] if remount_file.exists() else []
         anchor = self._anchor(ctx)

@@ -46,6 +46,7 @@ from harness.catalog.host import (
 from harness.errors import FixtureError
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner, payload_env
+from harness.trust import payload_user
 from harness.verdict import Verdict, decide
 from harness.world import World, start_world
 from harness.worldinfo import (
@@ -224,9 +225,11 @@ class TestBubblewrap:
         """After every cell: no orphan alive, no canary in $HOME, no canary variable set."""
         nonces = [e["nonce"] for e in live.values()]
         assert all(find_orphans(n) == [] for n in nonces)
-        home = Path.home()
+        user = payload_user()
+        homes = {Path.home(), *([user.home] if user is not None else [])}
         left = [
             p
+            for home in homes
             for d in (".ssh", ".aws", ".docker")
             for p in (home / d).glob("*")
             if any(n in p.name for n in nonces)
@@ -237,9 +240,13 @@ class TestBubblewrap:
 
 @pytest.fixture
 def home_scratch() -> Iterator[Path]:
-    """Cell scratch outside /tmp: bwrap mounts a fresh /tmp even over a writable host root."""
-    path = Path.home() / f".sandbox-attest-test-{secrets.token_hex(6)}"
-    path.mkdir()
+    """Cell scratch outside /tmp: bwrap mounts a fresh /tmp even over a writable host root.
+
+    /var/tmp, not the harness user's home: the payload user must reach it, as it reaches a
+    real run's scratch.
+    """
+    path = Path("/var/tmp") / f".sandbox-attest-test-{secrets.token_hex(6)}"
+    path.mkdir(mode=0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
