@@ -56,13 +56,11 @@ def run_inputs(writer: EvidenceWriter) -> dict[str, dict[str, str]]:
     """The files a run is judged by, each `{"path", "sha256"}`: the policy and the matrix.
 
     The policy is hashed as it is now (the bytes the gate is derived with). The matrix
-    digest is the one the session loaded; its path is recorded when the writer knows it
-    (a `matrix_path` attribute), else left empty.
+    digest is the one the session loaded.
     """
-    matrix_path = getattr(writer, "matrix_path", None)
     return {
         "policy": {"path": str(writer.policy_path), "sha256": file_sha256(writer.policy_path)},
-        "matrix": {"path": str(matrix_path or ""), "sha256": writer.matrix_digest},
+        "matrix": {"path": str(writer.matrix_path or ""), "sha256": writer.matrix_digest},
     }
 
 
@@ -77,6 +75,10 @@ class EvidenceWriter:
     backends: list[dict[str, Any]] = field(default_factory=list)
     cells: list[dict[str, Any]] = field(default_factory=list)
     started_at: str = field(default_factory=utc_now)
+    matrix_path: Path | None = None
+    # Facts about the whole run that the statement signs: `trust_domains` (who ran the judged
+    # code, harness/trust.py) and `world` (where the fixture hosts lived).
+    run_facts: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Open the report directory (creating it 0700) and create the journal in it.
@@ -124,6 +126,7 @@ class EvidenceWriter:
             "policy": dict(inputs["policy"]),
             "matrix": dict(inputs["matrix"]),
             "backends": self.backends,
+            **self.run_facts,
             "cells": self.cells,
         }
 

@@ -80,6 +80,12 @@ def with_spec_backends(
 
 # The runner a user needs for a backend that does not run here ("run it on a macOS runner").
 RUNNER_NAMES = {"linux": "Linux", "darwin": "macOS", "windows": "Windows"}
+# Where the fixture hosts live. Only the loopback world exists in this version: the hermetic
+# network-namespace lab (198.18.0.0/15) is not built yet, and a reader must know which.
+WORLD_FACT: dict[str, str] = {
+    "kind": "loopback",
+    "reason": "the fixture hosts listen on 127.0.0.1; this version has no network-namespace lab",
+}
 # Verdicts of cells that were never judged: nothing ran, so they attest nothing.
 UNJUDGED = (Verdict.NOT_APPLICABLE.value, Verdict.UNAVAILABLE.value)
 
@@ -179,6 +185,8 @@ class RunSession:
             policy_path=self.policy_path,
             matrix_digest=self.matrix.digest,
             backends=[self._backend_record(n) for n in names],
+            matrix_path=self.matrix.path,
+            run_facts={"trust_domains": self.trust_domains, "world": WORLD_FACT},
         )
 
     def _backend_record(self, name: str) -> dict[str, Any]:
