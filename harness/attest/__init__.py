@@ -259,7 +259,7 @@ def sign_judged(
         ),
     ]
     reportfs.write_new(dir_fd, ATTESTATION_NAME, envelope_lines(payloads, key))
-    decision = sigstore.sign_keyless(payloads, here, env)
+    decision = sigstore.sign_keyless(payloads, dir_fd, env)
     reportfs.write_new(dir_fd, SIGNING_NAME, signing_sidecar(key, decision, gate))
     return SignedReport(report_dir / ATTESTATION_NAME, gate, decision)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from harness.attest import (
     ATTESTATION_NAME,
     UNTRUSTED_LOCAL_NOTE,
+    reportfs,
     signer_info,
     write_envelopes,
     write_signing_sidecar,
@@ -230,7 +231,11 @@ def merge_legs(
             (tmp / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp / path).write_bytes(data)
         write_envelopes(tmp / ATTESTATION_NAME, [payload], key)
-        decision = sign_keyless([payload], tmp, os.environ if env is None else env)
+        dir_fd = reportfs.open_report_dir(tmp)
+        try:
+            decision = sign_keyless([payload], dir_fd, os.environ if env is None else env)
+        finally:
+            os.close(dir_fd)
         write_signing_sidecar(tmp, key, decision, gate)
 
     gate = combined.gate

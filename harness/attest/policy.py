@@ -154,6 +154,17 @@ def load_policy(path: Path) -> Policy:
         raise ConfigError(
             f"cannot read policy {path}: {exc.strerror}; pass the release policy with --policy"
         ) from exc
+    return parse_policy(raw, path)
+
+
+def parse_policy(raw: bytes, path: Path) -> Policy:
+    """Validate policy bytes; `path` is where they came from (named in errors and the result).
+
+    The signer parses the exact bytes the session handed it, never the file as it is now.
+
+    Raises:
+        ConfigError: as `load_policy`, for the bytes.
+    """
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -61,7 +61,7 @@ from harness.attest.keys import (
     load_signing_key,
     public_key_pem,
 )
-from harness.attest.policy import Policy, load_policy
+from harness.attest.policy import Policy, parse_policy
 from harness.attest.reportfs import open_report_dir
 from harness.attest.sigstore import OPT_OUT_VAR, SigstoreDecision, decide
 from harness.errors import ConfigError, HarnessError, ReportError
@@ -159,23 +159,12 @@ def harden() -> dict[str, str]:
 
 
 def policy_from_bytes(data: bytes, path_text: str) -> Policy:
-    """Parse policy bytes with `load_policy`, through a file only this process can read.
-
-    `harness.attest.policy` parses files only; the bytes go into a fresh 0700 temporary
-    directory of the signer's, so what is parsed is exactly what was handed over, never the
-    policy file as it is on disk now. The policy then names `path_text`, the path the run used.
+    """Parse the policy bytes the session handed over; the policy names `path_text`.
 
     Raises:
         ConfigError: the bytes are not a valid policy (the message names `path_text`).
     """
-    with tempfile.TemporaryDirectory(prefix="sandbox-attest-signer-") as tmp:
-        file = Path(tmp) / (Path(path_text).name or "policy.toml")
-        file.write_bytes(data)
-        try:
-            policy = load_policy(file)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace(str(file), path_text)) from exc
-    return dataclasses.replace(policy, path=path_text)
+    return parse_policy(data, Path(path_text))
 
 
 def _load_key(spec: Mapping[str, Any], payload: Mapping[str, Any]) -> SigningKey:

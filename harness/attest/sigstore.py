@@ -9,15 +9,18 @@ the Ed25519 signature is the one `verify` checks. `verify` does not check Sigsto
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from harness.attest import reportfs
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
-    from pathlib import Path
 
 BUNDLES_NAME = "attestation.sigstore.jsonl"
 OPT_OUT_VAR = "SANDBOX_ATTEST_SIGSTORE"  # "0" turns keyless signing off even in CI
@@ -78,18 +81,25 @@ def decide(
 
 
 def sign_keyless(
-    payloads: Sequence[bytes], report_dir: Path, env: Mapping[str, str]
+    payloads: Sequence[bytes], dir_fd: int, env: Mapping[str, str]
 ) -> SigstoreDecision:
     """Sign each statement's bytes keylessly when `decide` allows; never raises.
 
-    Writes one Sigstore bundle per line to `attestation.sigstore.jsonl`. A bundle left by an
-    earlier signing is deleted first: it signs other bytes, and must not pass for this one's.
+    Writes one Sigstore bundle per line to `attestation.sigstore.jsonl` in the directory
+    behind `dir_fd` (from `reportfs.open_report_dir`), through the descriptor, never by
+    following a name someone could have planted. A bundle left by an earlier signing is
+    deleted first: it signs other bytes, and must not pass for this one's.
 
     Returns:
         What happened, worded for the report (a failure degrades to Ed25519 only, and its
         reason is printed to stderr too, so a CI log shows why keyless signing was lost).
     """
-    (report_dir / BUNDLES_NAME).unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(BUNDLES_NAME, dir_fd=dir_fd)
+    return _sign_into(payloads, dir_fd, env)
+
+
+def _sign_into(payloads: Sequence[bytes], dir_fd: int, env: Mapping[str, str]) -> SigstoreDecision:
     decision = decide(env)
     if not decision.attempt:
         return decision
@@ -99,7 +109,7 @@ def sign_keyless(
         reason = f"sigstore signing failed: {type(exc).__name__}: {exc}"
         print(f"warning: {reason}; the report is signed with Ed25519 only", file=sys.stderr)
         return _ed25519_only(reason)
-    (report_dir / BUNDLES_NAME).write_text("".join(line + "\n" for line in lines))
+    reportfs.write_new(dir_fd, BUNDLES_NAME, "".join(line + "\n" for line in lines).encode())
     return decision
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.attest import sigstore
+from harness.attest import reportfs, sigstore
 from harness.attest.sigstore import (
     BUNDLES_NAME,
     ED25519_ONLY,
@@ -65,12 +66,21 @@ def test_sign_report_records_ed25519_only(signed_report: Path) -> None:
     assert signing["trust"] == "provided"
 
 
+def _sign_keyless_in(directory: Path) -> SigstoreDecision:
+    """`sign_keyless` of one statement into `directory`, through its descriptor."""
+    dir_fd = reportfs.open_report_dir(directory)
+    try:
+        return sign_keyless([b"{}"], dir_fd, {})
+    finally:
+        os.close(dir_fd)
+
+
 class TestSignKeyless:
     def test_stale_bundle_is_removed(self, tmp_path: Path) -> None:
         """A bundle from an earlier signing is deleted even when keyless is not attempted."""
         stale = tmp_path / BUNDLES_NAME
         stale.write_text('{"old": "bundle"}\n')
-        decision = sign_keyless([b"{}"], tmp_path, {})
+        decision = _sign_keyless_in(tmp_path)
         assert decision.status == ED25519_ONLY
         assert not stale.exists()
 
@@ -92,7 +102,7 @@ class TestSignKeyless:
             lambda _env: SigstoreDecision(attempt=True, status=KEYLESS, reason=""),
         )
         monkeypatch.setattr(sigstore, "_sign_with_sigstore", fail)
-        decision = sign_keyless([b"{}"], tmp_path, {})
+        decision = _sign_keyless_in(tmp_path)
         assert decision.status == ED25519_ONLY
         assert "Fulcio said 503" in decision.reason
         assert "Fulcio said 503" in capsys.readouterr().err
