@@ -339,6 +339,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text).strip("-")[:48] or "cell"
 
 
+def _runtime_programs(info: dict[str, Any]) -> list[str]:
+    """The default OCI runtime's program, as the engine names it (`runc`, `runsc`...)."""
+    runtimes = info.get("Runtimes") or {}
+    default = runtimes.get(info.get("DefaultRuntime", "")) or {}
+    path = default.get("path") if isinstance(default, dict) else None
+    return [path] if isinstance(path, str) and path else []
+
+
 class DockerBackend:
     """Runs each payload in a fresh, confined container of a locally built (or named) image."""
 
@@ -468,9 +476,10 @@ class DockerBackend:
             platform=platform_string(),
             policy=self.policy(),
             profile=profile,
-            # The engine runs the container; what we start is the image (its id is in the
-            # profile) with the host's interpreter inside it.
-            executables=program_facts(),
+            # The engine runs the container with its default runtime (runc, runsc...): that
+            # binary is what confines, so it is pinned (resolved on the harness's PATH, where
+            # a local engine finds it too); the image id is in the profile.
+            executables=program_facts(*_runtime_programs(info)),
             runs_as=f"uid {self.uid}:{self.gid} in the container",
         )
 
