@@ -19,9 +19,10 @@ admission, accounting and backpressure. That takes the shim's copy hop out of th
 (bench/bench_proxy.py: about 2.3 GB/s handed off against 1.7-2.4 GB/s relayed, and the shim's
 CPU from about 0.27 s/GiB to none). Only the sandbox's own socket crosses the boundary, into
 the proxy; no host socket is ever passed into a sandbox. The proxy adopts a handed-over
-descriptor only if it is a connected TCP socket (400 otherwise), and keeps it no longer than
-the unix connection that brought it stays open (`_Leash`), so nothing handed over outlives the
-shim or its sandbox. A unix client that does not start with NUL simply speaks HTTP.
+descriptor only if it is a connected TCP socket (400 otherwise), and keeps it, and the upstream
+dialed for it, no longer than the unix connection that brought it stays open (`_Leash`), so
+nothing handed over outlives the shim or its sandbox, whatever the origin does. A unix client
+that does not start with NUL simply speaks HTTP.
 
 Run by `start_proxy`; the child is `python -m harness.egress.proxy CONFIG.json` with the
 per-start secret on stdin (never on argv or in a file, where other processes could read it).
@@ -75,6 +76,8 @@ MAX_HEAD = 64 * 1024  # a request head of exactly this many bytes (CRLFCRLF incl
 # The first byte a shim sends on the unix socket to hand over a connection; no HTTP request
 # head starts with NUL, so a plain client can never be mistaken for a handoff.
 HANDOFF_MARKER = b"\x00"
+# Ends the reason of a decision line whose tunnel was cut by its leash (`_Leash`).
+CUT_REASON = "cut: the unix connection that handed it over closed"
 READY_PREFIX = "READY "
 # The copy buffer starts small (most connections carry a few KiB) and doubles each time a read
 # fills it, up to 4 MiB: on 256 MiB TCP -> TCP (bench/bench_relay_copy.py) 4 MiB moved as many
@@ -550,7 +553,8 @@ class _Server:
         try:
             self._refuse(client, _Refusal(503, record.reason), record)
         finally:
-            client.close()
+            if client is not conn:
+                client.close()
             conn.close()
 
     # -- one client ---------------------------------------------------------------------------
@@ -558,7 +562,9 @@ class _Server:
     def _handle(self, conn: socket.socket, label: str, needs_auth: bool) -> None:
         """Serve one accepted connection; `needs_auth` is the TCP route, else the unix route.
 
-        Owns the connection's lifetime: the slot, the decision line, every close.
+        Owns the connection's lifetime: the slot, the decision line, and the close of `conn`
+        and of the handed-over client (each exactly once, after the leash let go of it);
+        `_serve` owns the upstream's close.
         """
         record = _Record(client=label)
         client = conn
@@ -569,11 +575,13 @@ class _Server:
             if not needs_auth:
                 client, initial = self._take_handoff(conn, record)
                 leash = _Leash(conn, client) if client is not conn else None
-            self._serve(client, initial, record, needs_auth=needs_auth)
+            self._serve(client, initial, record, needs_auth=needs_auth, leash=leash)
         except _Refusal as refusal:
             record.status = refusal.status
             record.reason = refusal.reason
             record.decision = "deny"
+            if leash is not None:
+                leash.note(record)
             # Deny lines are written before the answer, so a client that has read its 403
             # can already find the line (the witness never lags the refusal it records).
             self.log.write(record)
@@ -588,18 +596,47 @@ class _Server:
             else:
                 record.reason = f"client connection failed: {exc.__class__.__name__}"
         finally:
-            if leash is not None:
-                leash.release(record)
+            self._finish(conn, client, leash, record, logged=logged)
+
+    def _finish(
+        self,
+        conn: socket.socket,
+        client: socket.socket,
+        leash: _Leash | None,
+        record: _Record,
+        *,
+        logged: bool,
+    ) -> None:
+        """Close `conn` and `client` once each, free the slot, write the line if not yet done.
+
+        Every way a client ends comes through here: refused, leash fired, either side closed
+        or reset, a head timeout, a bug.
+        """
+        if leash is not None:
+            leash.release()  # before the closes: the watcher may still shut these down
+        if client is not conn:
             client.close()
-            conn.close()
-            self._slots.release()
-            if not logged:
-                self.log.write(record)
+        conn.close()
+        self._slots.release()
+        if not logged:
+            if leash is not None:
+                leash.note(record)  # last, so the line ends with the cut when it was one
+            self.log.write(record)
 
     def _serve(
-        self, client: socket.socket, initial: bytes, record: _Record, *, needs_auth: bool
+        self,
+        client: socket.socket,
+        initial: bytes,
+        record: _Record,
+        *,
+        needs_auth: bool,
+        leash: _Leash | None = None,
     ) -> None:
-        """Read the head, admit, then tunnel or forward; raises _Refusal for every refusal."""
+        """Read the head, admit, then tunnel or forward; raises _Refusal for every refusal.
+
+        Owns the upstream: a handed-over client's `leash` holds it from the dial on, so a cut
+        wakes the pump reading it, and lets go of it before it is closed here.
+        """
         head, rest = self._read_head(client, record, initial)
         record.method = head.method
         record.target = head.target[:2048]
@@ -613,6 +650,8 @@ class _Server:
         upstream = self._admit(host, port, record)
         record.decision = "allow"
         try:
+            if leash is not None:
+                leash.hold(upstream)
             if head.method == "CONNECT":
                 self._connect(client, upstream, rest, record)
             else:
@@ -628,6 +667,10 @@ class _Server:
                     record=record,
                 )
         finally:
+            if leash is not None:
+                # The watcher may be shutting the upstream down right now: end it first, so
+                # its shutdown can never land on a descriptor number reused after this close.
+                leash.release()
             upstream.close()
 
     def _take_handoff(self, conn: socket.socket, record: _Record) -> tuple[socket.socket, bytes]:
@@ -1094,22 +1137,44 @@ def _header_safe(text: str) -> str:
 
 
 class _Leash:
-    """Ties a handed-over socket to the unix connection that brought it.
+    """Ties a handed-over socket, and the upstream dialed for it, to the unix connection.
 
     The sender keeps that connection open while the payload's connection lives (the shim
     waits for our close). When it closes, because the shim or its whole sandbox is gone, the
-    handed-over connection is cut: without this a sandbox could hand over both ends of one
-    TCP connection and leave a tunnel running after it exited.
+    tunnel is cut: without this a sandbox could hand over both ends of one TCP connection and
+    leave a tunnel running after it exited. The cut shuts down both ends, the handed-over
+    socket and the upstream (`hold`), because each pump blocks reading one of them: shutting
+    only the client leaves the pump that reads a silent origin asleep, and the tunnel, its
+    threads, descriptors and decision line wait for the origin to close (issue 18).
+
+    Made by `_Server._handle` for a handed-over client only. It never closes a socket: the
+    owners close them after `release`, so a shutdown from the watcher can never reach a
+    descriptor number that was reused in between.
     """
 
     def __init__(self, conn: socket.socket, client: socket.socket) -> None:
         self._conn = conn
-        self._client = client
+        self._ends = [client]
         self._lock = threading.Lock()
         self._released = False
-        self.fired = False
+        self._fired = False
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
+
+    @property
+    def fired(self) -> bool:
+        """Whether the sender closed while the tunnel was held, so the cut ended it."""
+        with self._lock:
+            return self._fired
+
+    def hold(self, upstream: socket.socket) -> None:
+        """Cut `upstream` with the client; at once if the leash fired while it was dialed."""
+        with self._lock:
+            if self._released:
+                return
+            self._ends.append(upstream)
+            if self._fired:
+                _abort(upstream)
 
     def _watch(self) -> None:
         with contextlib.suppress(OSError):
@@ -1117,19 +1182,26 @@ class _Leash:
             self._conn.recv(1)
         with self._lock:
             if not self._released:
-                self.fired = True
-                with contextlib.suppress(OSError):
-                    self._client.shutdown(socket.SHUT_RDWR)  # wakes both pumps; owner closes
+                self._fired = True
+                _abort(*self._ends)  # wakes both pumps; their owners close the sockets
 
-    def release(self, record: _Record) -> None:
-        """End the watch before the owner closes the sockets (so no descriptor is reused)."""
+    def release(self) -> None:
+        """End the watch before the owners close the sockets; a second call does nothing.
+
+        After it returns the watcher has exited and touches no held socket again.
+        """
         with self._lock:
+            if self._released:
+                return
             self._released = True
         with contextlib.suppress(OSError):
             self._conn.shutdown(socket.SHUT_RDWR)  # wakes the watcher's recv
         self._thread.join()
+
+    def note(self, record: _Record) -> None:
+        """Append the cut to `record`'s reason if the leash fired; call once, before writing."""
         if self.fired:
-            record.reason = f"{record.reason}; cut: the unix connection that handed it over closed"
+            record.reason = f"{record.reason}; {CUT_REASON}"
 
 
 def _adopt_handed_socket(fd: int) -> socket.socket:

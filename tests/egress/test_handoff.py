@@ -183,9 +183,12 @@ class TestLeash:
 
         Each end has a CONNECT queued for the other, so the two tunnels feed each other with
         no sandbox descriptor left; closing the unix connections ends both and returns the
-        proxy to its descriptor baseline.
+        proxy to its descriptor baseline. The origin holds its side open after EOF (a real
+        Event in its echo path), so the first cut's FIN cannot end the other tunnel through
+        it before that tunnel's own unix connection closes (issue 18): both lines name the cut.
         """
-        origin = make_origin("echo")
+        upstream_held = threading.Event()
+        origin = make_origin("echo", before_echo_close=lambda: upstream_held.wait(timeout=30))
         proxy = make_proxy(_rules(origin))
         baseline = fd_count(proxy.pid)
         one, other = _tcp_pair()
@@ -195,19 +198,21 @@ class TestLeash:
         lifelines = [_send_fds(proxy, HANDOFF_MARKER, [sock.fileno()]) for sock in (one, other)]
         one.close()
         other.close()
-        assert origin.wait_for_accepts(2) == 2
-        for lifeline in lifelines:
-            lifeline.close()
-        assert wait_for(lambda: len(proxy.decisions()) == 2)
-        reasons = [str(line["reason"]) for line in proxy.decisions()]
-        assert all(reason.endswith(CUT) for reason in reasons), reasons
-        assert wait_for(lambda: fd_count(proxy.pid) == baseline), (fd_count(proxy.pid), baseline)
+        try:
+            assert origin.wait_for_accepts(2) == 2
+            for lifeline in lifelines:
+                lifeline.close()
+            assert wait_for(lambda: len(proxy.decisions()) == 2), proxy.decisions()
+            reasons = [str(line["reason"]) for line in proxy.decisions()]
+            assert all(reason.endswith(CUT) for reason in reasons), reasons
+            # Still inside the hold: the proxy let go of every descriptor without the origin.
+            assert wait_for(lambda: fd_count(proxy.pid) == baseline), (
+                fd_count(proxy.pid),
+                baseline,
+            )
+        finally:
+            upstream_held.set()
 
-    @pytest.mark.xfail(
-        reason="proxy: a fired _Leash shuts only the handed-over socket, so the pump reading a "
-        "silent upstream never wakes (issue 18 report: the leash should shut the upstream too)",
-        strict=True,
-    )
     def test_a_cut_tunnel_ends_while_its_origin_stays_silent(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
     ) -> None:
@@ -234,6 +239,77 @@ class TestLeash:
                 assert read_all(payload) == b""
                 assert wait_for(lambda: len(proxy.decisions()) == 1)
                 assert str(proxy.decisions()[0]["reason"]).endswith(CUT)
+                assert wait_for(lambda: fd_count(proxy.pid) == baseline)
+        finally:
+            upstream_held.set()
+
+    def test_a_cut_http_request_ends_while_its_origin_has_not_answered(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """A cut plain-HTTP request ends, and its line names the cut, though no answer came.
+
+        The origin's accept thread is held (a real Event), so the proxy's dial completes in
+        the kernel but nothing ever reads the request or answers: the proxy waits on the
+        upstream for a response head, which only the cut can end.
+        """
+        reached = threading.Event()
+        accepted_held = threading.Event()
+
+        def hold() -> None:
+            reached.set()
+            accepted_held.wait(timeout=30)
+
+        origin = make_origin("http", on_accept=hold)
+        proxy = make_proxy(_rules(origin))
+        baseline = fd_count(proxy.pid)
+        payload, accepted = _tcp_pair()
+        lifeline = _send_fds(proxy, HANDOFF_MARKER, [accepted.fileno()])
+        accepted.close()
+        url = f"http://allowed.test:{origin.port}/ok"
+        try:
+            with payload:
+                payload.settimeout(10)
+                payload.sendall(f"GET {url} HTTP/1.1\r\n\r\n".encode())
+                assert reached.wait(timeout=10)  # dialed, and the origin will not read
+                lifeline.close()
+                assert read_all(payload) == b""  # EOF from the proxy, not a timeout
+                assert wait_for(lambda: len(proxy.decisions()) == 1)
+                line = proxy.decisions()[0]
+                assert (line["client"], line["target"]) == ("unix-handoff", url)
+                assert str(line["reason"]).endswith(CUT), line
+                assert wait_for(lambda: fd_count(proxy.pid) == baseline)
+        finally:
+            accepted_held.set()
+
+    def test_a_reset_payload_ends_its_tunnel_uncut(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """Control: a payload's RST ends its tunnel past a silent origin, and no cut is named.
+
+        The unix connection stays open throughout, so the leash never fires: the cut reason
+        appears only when the leash ended the tunnel.
+        """
+        upstream_held = threading.Event()
+        origin = make_origin("echo", before_echo_close=lambda: upstream_held.wait(timeout=30))
+        proxy = make_proxy(_rules(origin))
+        baseline = fd_count(proxy.pid)
+        payload, accepted = _tcp_pair()
+        lifeline = _send_fds(proxy, HANDOFF_MARKER, [accepted.fileno()])
+        accepted.close()
+        try:
+            with lifeline:
+                payload.settimeout(10)
+                payload.sendall(connect_request(f"allowed.test:{origin.port}", None))
+                assert read_head(payload)[0] == 200
+                payload.sendall(b"ping")
+                assert payload.recv(4) == b"ping"
+                payload.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                payload.close()  # RST
+                assert wait_for(lambda: len(proxy.decisions()) == 1)
+                line = proxy.decisions()[0]
+                assert (line["decision"], line["bytes_up"], line["bytes_down"]) == ("allow", 4, 4)
+                assert CUT not in str(line["reason"]), line
+                assert lifeline.recv(1) == b""  # the proxy let go of the lifeline too
                 assert wait_for(lambda: fd_count(proxy.pid) == baseline)
         finally:
             upstream_held.set()
