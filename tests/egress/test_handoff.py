@@ -314,6 +314,37 @@ class TestLeash:
         finally:
             upstream_held.set()
 
+    def test_a_head_timeout_ends_a_handed_over_connection_uncut(
+        self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
+    ) -> None:
+        """Control: an incomplete head hits the head deadline: 408, no cut, nothing kept open.
+
+        The unix connection stays open, so the leash never fires; the proxy ends the handed
+        over connection itself and lets go of the lifeline too.
+        """
+        origin = make_origin("echo")
+        proxy = make_proxy(_rules(origin), head_timeout=0.5)
+        baseline = fd_count(proxy.pid)
+        payload, accepted = _tcp_pair()
+        lifeline = _send_fds(proxy, HANDOFF_MARKER, [accepted.fileno()])
+        accepted.close()
+        with payload, lifeline:
+            payload.settimeout(10)
+            payload.sendall(connect_request(f"allowed.test:{origin.port}", None)[:-2])
+            status, headers, _ = read_head(payload)
+            assert (status, headers[DENY_HEADER.lower()]) == (
+                408,
+                "request head not complete within 0.5s",
+            )
+            assert read_all(payload) == b""
+            assert lifeline.recv(1) == b""
+            assert wait_for(lambda: len(proxy.decisions()) == 1)
+            line = proxy.decisions()[0]
+            assert (line["client"], line["status"]) == ("unix-handoff", 408)
+            assert CUT not in str(line["reason"]), line
+            assert wait_for(lambda: fd_count(proxy.pid) == baseline)
+        assert origin.settled_accepts() == 0
+
     def test_a_killed_shim_takes_its_connections_with_it(
         self, make_proxy: Callable[..., ProxyProcess], make_origin: Callable[..., Origin]
     ) -> None:
