@@ -13,6 +13,7 @@ import pytest
 from harness import __version__
 from harness.attest.reportfs import make_report_dir
 from harness.errors import ConfigError, HarnessError
+from harness.lab import ensure_lab
 from harness.paths import matrix_dir
 from harness.session import new_run_id
 
@@ -21,24 +22,39 @@ if TYPE_CHECKING:
 
 HELP_OUT = "report directory (default: reports/<run-id>)"
 HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
+HELP_WORLD = (
+    "where the fixture hosts live: auto (the lab on Linux as root, else loopback, the reason "
+    "recorded), lab (required: fail where it cannot be made), loopback (default: auto)"
+)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     matrix = Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml"
     policy = Path(args.policy) if args.policy else matrix_dir() / "policy.toml"
     _preflight(matrix, policy, args.backend, args.backend_spec)
+    # The lab before anything else starts: namespaces are entered per thread, and the
+    # signer's reader thread (and every child) must be born inside it.
+    ensure_lab(args.world)
     with _check_key(Path(args.key) if args.key else None) as signer:
-        out = Path(args.out) if args.out else Path("reports") / new_run_id()
+        # The run id is made once, here: the report directory's name and every file inside
+        # (evidence, JUnit, Allure, the pages, the attestation) carry the same one.
+        run_id = new_run_id()
+        out = Path(args.out) if args.out else Path("reports") / run_id
         try:
             # 0700 and empty: only this run's harness writes there (harness.attest.reportfs).
             make_report_dir(out)
         except ConfigError as exc:
             raise ConfigError(f"--out {exc}") from exc
-        return _run_pytest(args, matrix, policy, out, signer)
+        return _run_pytest(args, matrix, policy, out, signer, run_id)
 
 
 def _run_pytest(
-    args: argparse.Namespace, matrix: Path, policy: Path, out: Path, signer: Signer
+    args: argparse.Namespace,
+    matrix: Path,
+    policy: Path,
+    out: Path,
+    signer: Signer,
+    run_id: str,
 ) -> int:
     import pytest  # noqa: PLC0415  (only `run` needs pytest loaded)
 
@@ -54,8 +70,9 @@ def _run_pytest(
         "-c",
         str(ini if ini.is_file() else matrix_dir() / "pytest.ini"),
         f"--harness-matrix={matrix}",
-        f"--junitxml={out / 'junit.xml'}",
-        f"--alluredir={out / 'allure-results'}",
+        # No --junitxml and no --alluredir: the session renders junit.xml and
+        # allure-results/ from the judged evidence (harness/junit.py, allure_results.py).
+        f"--harness-run-id={run_id}",
         f"--harness-report-dir={out}",
         f"--harness-policy={policy}",
     ]
@@ -68,6 +85,7 @@ def _run_pytest(
         pytest_args.append(f"--harness-key={args.key}")
     if args.jobs > 1:
         pytest_args.append(f"--harness-jobs={args.jobs}")
+    pytest_args.append(f"--harness-world={args.world}")
     print(f"sandbox-attest {__version__}: report -> {out}", flush=True)
     gate = _GateWatch()
     code = int(pytest.main(pytest_args, plugins=[gate, SignerHandoff(signer)]))
@@ -247,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(or SANDBOX_ATTEST_SIGNING_KEY); default: an untrusted local key",
     )
     run.add_argument("-j", "--jobs", type=int, default=1, help=HELP_JOBS)
+    run.add_argument(
+        "--world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
+    )
     run.set_defaults(func=_cmd_run)
 
     backends = sub.add_parser("backends", help="list backends and whether they run here")

@@ -2,7 +2,8 @@
 
 Decisions live in harness.session (a run's lifetime) and harness.runner (one cell). This
 module maps them onto pytest: options, collection, a verdict word per item, the grid at the
-end, and the run's finish after junit.xml has been written.
+end, and the run's finish, which renders junit.xml, allure-results/ and the pages from the
+judged evidence.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.allure_results import attach_cell, write_run_files
 from harness.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ HELP_KEY = "Ed25519 private key (PEM) to sign the attestation with"
 HELP_JOBS = "cells to run at once in a pool (control leg first, then the rest)"
 HELP_SPEC = "command-wrapper backend spec TOML to attest as well (repeatable)"
 HELP_MATRIX = "collect this matrix file whatever its name (default: files named matrix.toml)"
+HELP_RUN_ID = "the run id (default: a new one); the default report directory is reports/<run id>"
+HELP_WORLD = "auto (the lab where it can be made), lab (required) or loopback (default: auto)"
 
 SESSION_KEY = pytest.StashKey["RunSession"]()
 SIGNER_KEY = pytest.StashKey["Signer"]()
@@ -62,6 +64,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-jobs", type=int, default=1, help=HELP_JOBS)
     group.addoption("--backend-spec", action="append", default=[], metavar="FILE", help=HELP_SPEC)
     group.addoption("--harness-matrix", default=None, metavar="FILE", help=HELP_MATRIX)
+    group.addoption("--harness-run-id", default=None, metavar="ID", help=HELP_RUN_ID)
+    group.addoption(
+        "--harness-world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -100,16 +106,23 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
         report_dir = config.getoption("--harness-report-dir")
         policy = config.getoption("--harness-policy")
         key = config.getoption("--harness-key")
-        # The signer starts before anything else of the run: it takes the key (and the
+        # The lab first (namespaces are entered per thread: nothing may have started yet),
+        # then the signer, before anything else of the run: it takes the key (and the
         # variable out of os.environ) before any backend is even asked, and a bad key stops
         # collection in one line instead of being found after every cell ran.
+        from harness.lab import ensure_lab  # noqa: PLC0415
+
+        ensure_lab(config.getoption("--harness-world"))
         signer = _signer(config, Path(key) if key else None)
+        # One run id everywhere: the directory name and every file inside say the same one.
+        run_id = config.getoption("--harness-run-id") or new_run_id()
         session = RunSession(
             matrix=matrix,
             backend_names=list(chosen),
             # A fresh directory per run: the journal is created O_EXCL, so a report directory
             # is never shared by two runs.
-            report_dir=Path(report_dir) if report_dir else Path("reports") / new_run_id(),
+            report_dir=Path(report_dir) if report_dir else Path("reports") / run_id,
+            run_id=run_id,
             policy_path=Path(policy) if policy else matrix_dir() / "policy.toml",
             required_backends=set(config.getoption("--require-backend")),
             named_backends=named - {matrix.control},
@@ -197,7 +210,6 @@ class MatrixItem(pytest.Item):
             session.record_aborted(self.cell, exc)
             raise
         self.entry = entry
-        attach_cell(entry, session.platform)
         verdict = entry["verdict"]
         self.user_properties.append(("verdict", verdict))
         if verdict == Verdict.PASS.value:
@@ -303,10 +315,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _close_signer(config)
         return
     interrupted = config.stash.get(INTERRUPTED_KEY, False)
-    alluredir = config.getoption("--alluredir", None)
+    # junit.xml and allure-results/ are rendered into the report directory from the judged
+    # evidence (harness/junit.py, harness/allure_results.py), so plain `pytest matrix/` gets
+    # them too; pytest's --junitxml and allure-pytest's --alluredir, if given, are pytest's
+    # own outcomes and not what the gate decided.
     try:
-        if alluredir:
-            write_run_files(Path(alluredir), run.environment())
         for line in run.finish(complete=not interrupted):
             print(line)
     finally:

@@ -26,6 +26,7 @@ from harness.backends import Backend, create_backend
 from harness.backends.base import Availability
 from harness.errors import ConfigError, HarnessError
 from harness.evidence import EvidenceWriter, file_sha256
+from harness.lab import current_lab, world_fact
 from harness.matrix import BackendRow, Cell, Matrix, current_platform
 from harness.runner import CellRunner
 from harness.trust import payload_user, trust_domains
@@ -33,7 +34,16 @@ from harness.verdict import Verdict
 from harness.world import World, start_world
 
 if TYPE_CHECKING:
+    from harness.attest import SignerFacts
     from harness.attest.signer import Signer
+
+
+@dataclass(frozen=True)
+class Views:
+    """The rendered views of one run: report files by name, and allure-results/ files."""
+
+    files: dict[str, bytes]
+    allure: dict[str, bytes]
 
 
 def new_run_id() -> str:
@@ -80,12 +90,6 @@ def with_spec_backends(
 
 # The runner a user needs for a backend that does not run here ("run it on a macOS runner").
 RUNNER_NAMES = {"linux": "Linux", "darwin": "macOS", "windows": "Windows"}
-# Where the fixture hosts live. Only the loopback world exists in this version: the hermetic
-# network-namespace lab (198.18.0.0/15) is not built yet, and a reader must know which.
-WORLD_FACT: dict[str, str] = {
-    "kind": "loopback",
-    "reason": "the fixture hosts listen on 127.0.0.1; this version has no network-namespace lab",
-}
 # Verdicts of cells that were never judged: nothing ran, so they attest nothing.
 UNJUDGED = (Verdict.NOT_APPLICABLE.value, Verdict.UNAVAILABLE.value)
 
@@ -186,7 +190,7 @@ class RunSession:
             matrix_digest=self.matrix.digest,
             backends=[self._backend_record(n) for n in names],
             matrix_path=self.matrix.path,
-            run_facts={"trust_domains": self.trust_domains, "world": WORLD_FACT},
+            run_facts={"trust_domains": self.trust_domains, "world": world_fact()},
         )
 
     def _backend_record(self, name: str) -> dict[str, Any]:
@@ -217,7 +221,7 @@ class RunSession:
         # The scratch holds workspaces that non-root sandbox users must traverse.
         self.scratch.chmod(0o755)
         try:
-            self.world = start_world(self.scratch / "world")
+            self.world = start_world(self.scratch / "world", lab=current_lab())
         except (HarnessError, OSError) as exc:
             self.world_error = f"the fixture world failed to start: {exc}"
             return None
@@ -496,19 +500,42 @@ class RunSession:
         self._signer: Signer | None = attached
         return attached
 
+    def _render_views(self, evidence: dict[str, Any], signer: SignerFacts | None) -> Views:
+        """Every view of the judged evidence, through the one verdict mapping.
+
+        junit.xml, report.html, summary.md and allure-results/ all come from `run_outcomes`
+        over these cells, so a CI check, an Allure dashboard and a reviewer's page decide
+        as the signed gate does (harness/outcomes.py).
+        """
+        from harness.allure_results import render_allure  # noqa: PLC0415
+        from harness.attest.subjects import HTML, JUNIT, SUMMARY  # noqa: PLC0415
+        from harness.junit import render_junit  # noqa: PLC0415
+        from harness.outcomes import run_outcomes  # noqa: PLC0415
+        from harness.render import render_html, render_summary  # noqa: PLC0415
+
+        missing = self.missing_required()
+        outcomes = run_outcomes(evidence, self.policy, also_missing=missing)
+        files = {
+            JUNIT: render_junit(evidence, outcomes),
+            HTML: render_html(evidence, signer, self.policy, also_missing=missing).encode(),
+            SUMMARY: render_summary(evidence, signer, self.policy, also_missing=missing).encode(),
+        }
+        return Views(files, render_allure(evidence, outcomes))
+
     def _sign_and_render(self, evidence_bytes: bytes) -> list[str]:
         """Render the views from the judged evidence and have the signer write and sign all.
 
-        The signer gets the exact bytes: evidence.json as serialized once, junit.xml as pytest
-        wrote it (read once, never through a link), report.html and summary.md rendered here
-        from that evidence, the policy bytes and this session's gate. A report that could not
-        be signed still gets its views, saying NOT SIGNED, and the failure fails the run.
+        The signer gets the exact bytes: evidence.json as serialized once, and junit.xml,
+        report.html and summary.md rendered here from that evidence (`_render_views`), the
+        policy bytes and this session's gate. allure-results/ is rendered from the same
+        evidence and written first, so the signer's tree digest covers it. A report that
+        could not be signed still gets its views, saying NOT SIGNED, and the failure fails
+        the run.
         """
         import json  # noqa: PLC0415
 
-        from harness.attest import reportfs  # noqa: PLC0415
-        from harness.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY  # noqa: PLC0415
-        from harness.render import render_html, render_summary  # noqa: PLC0415
+        from harness.allure_results import write_results  # noqa: PLC0415
+        from harness.attest.subjects import ALLURE_DIR, EVIDENCE, HTML, JUNIT, SUMMARY  # noqa: PLC0415
         from harness.render.summary import append_step_summary  # noqa: PLC0415
 
         lines: list[str] = []
@@ -519,20 +546,12 @@ class RunSession:
         views: dict[str, bytes] = {}
         try:
             signer = self.use_signer()
-            views = {
-                HTML: render_html(evidence, signer.facts, self.policy).encode("utf-8"),
-                SUMMARY: render_summary(evidence, signer.facts, self.policy).encode("utf-8"),
-            }
-            dir_fd = reportfs.open_report_dir(self.report_dir)
-            try:
-                junit = reportfs.read_regular(dir_fd, JUNIT)
-            except HarnessError as exc:
-                raise type(exc)(f"{exc}; sign after the run has written junit.xml") from exc
-            finally:
-                os.close(dir_fd)
+            rendered = self._render_views(evidence, signer.facts)
+            views = rendered.files
+            write_results(self.report_dir / ALLURE_DIR, rendered.allure)
             reply = signer.sign_report(
                 self.report_dir,
-                {EVIDENCE: evidence_bytes, JUNIT: junit, **views},
+                {EVIDENCE: evidence_bytes, **views},
                 policy_bytes=self._policy_bytes,
                 policy_path=str(self.policy_path),
                 gate=gate,
@@ -546,7 +565,7 @@ class RunSession:
             self._close_own_signer()
         lines.extend(
             f"{name.split('.')[0]}: {self.report_dir / name}"
-            for name in (HTML, SUMMARY)
+            for name in (JUNIT, HTML, SUMMARY)
             if name in views
         )
         if SUMMARY in views:
@@ -557,21 +576,25 @@ class RunSession:
         return lines
 
     def _write_unsigned_views(self, evidence: dict[str, Any]) -> dict[str, bytes]:
-        """Write report.html and summary.md saying NOT SIGNED; returns what was written."""
+        """Write junit.xml, report.html, summary.md and allure-results/ saying NOT SIGNED.
+
+        Returns:
+            The files written (allure-results/ not included).
+        """
+        from harness.allure_results import write_results  # noqa: PLC0415
         from harness.attest import reportfs  # noqa: PLC0415
-        from harness.attest.subjects import HTML, SUMMARY  # noqa: PLC0415
-        from harness.render import render_html, render_summary  # noqa: PLC0415
+        from harness.attest.subjects import ALLURE_DIR  # noqa: PLC0415
 
         written: dict[str, bytes] = {}
+        rendered = self._render_views(evidence, None)
         try:
             dir_fd = reportfs.open_report_dir(self.report_dir)
         except HarnessError as exc:
-            self.artifact_errors.append(f"report.html and summary.md were not written: {exc}")
+            self.artifact_errors.append(f"the report views were not written: {exc}")
             return written
         try:
-            for name, render in ((HTML, render_html), (SUMMARY, render_summary)):
+            for name, data in rendered.files.items():
                 try:
-                    data = render(evidence, None, self.policy).encode("utf-8")
                     reportfs.write_new(dir_fd, name, data)
                 except (HarnessError, OSError) as exc:
                     self.artifact_errors.append(f"{name} was not written: {exc}")
@@ -579,6 +602,10 @@ class RunSession:
                     written[name] = data
         finally:
             os.close(dir_fd)
+        try:
+            write_results(self.report_dir / ALLURE_DIR, rendered.allure)
+        except (HarnessError, OSError) as exc:
+            self.artifact_errors.append(f"{ALLURE_DIR}/ was not written: {exc}")
         return written
 
     def _close_own_signer(self) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.attest import UNTRUSTED_LOCAL_NOTE, SignerFacts, gate_for
+from harness.attest import UNTRUSTED_LOCAL_NOTE, SignerFacts
 from harness.attest.sigstore import ED25519_ONLY
+from harness.outcomes import CellOutcome, RunOutcomes, run_outcomes
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
     from harness.attest.policy import Gate, Policy
 
@@ -45,12 +46,22 @@ class ReportView:
     signature: str  # one sentence: who signed, and how far to trust it
     signed: bool
     untrusted: bool
+    # Every cell's outcome (harness/outcomes.py), the missing required ones included: what
+    # each view shows as passed, failed, error or skipped, identical to JUnit and Allure.
+    outcomes: RunOutcomes
 
     def cell(self, backend: str, probe: str) -> dict[str, Any] | None:
         """The cell for one grid position, if the run has it."""
         for c in self.cells:
             if c.get("backend") == backend and c.get("probe") == probe:
                 return c
+        return None
+
+    def outcome(self, backend: str, probe: str) -> CellOutcome | None:
+        """The outcome for one grid position (a missing required cell has one too)."""
+        for o in self.outcomes.cells:
+            if o.backend == backend and o.probe == probe:
+                return o
         return None
 
 
@@ -69,7 +80,11 @@ def signature_sentence(signer: SignerFacts | None) -> str:
 
 
 def view_of(
-    evidence: Mapping[str, Any], signer: SignerFacts | None, policy: Policy | None
+    evidence: Mapping[str, Any],
+    signer: SignerFacts | None,
+    policy: Policy | None,
+    *,
+    also_missing: Iterable[str] = (),
 ) -> ReportView:
     """The view of one run's evidence, with the gate the signer signs (`gate_for`).
 
@@ -78,41 +93,52 @@ def view_of(
         signer: who signs it, or None for a report that is not signed.
         policy: the policy the gate is derived with (None: the cells judged alone); pass the
             one the signer gets, so the page shows the signed gate.
+        also_missing: required cell ids the run never produced (see `run_outcomes`).
     """
     cells: list[dict[str, Any]] = list(evidence["cells"])
     backends: list[str] = []
     probes: list[str] = []
-    for c in cells:
-        if str(c.get("backend")) not in backends:
-            backends.append(str(c.get("backend")))
-        if str(c.get("probe")) not in probes:
-            probes.append(str(c.get("probe")))
+    outcomes = run_outcomes(evidence, policy, also_missing=also_missing)
+    for o in outcomes.cells:
+        if o.backend not in backends:
+            backends.append(o.backend)
+        if o.probe not in probes:
+            probes.append(o.probe)
     backends.sort(key=lambda b: (b != "none", b))
     return ReportView(
         evidence=dict(evidence),
         cells=cells,
         backends=backends,
         probes=probes,
-        gate=gate_for(evidence, policy),
+        gate=outcomes.gate,
         signature=signature_sentence(signer),
         signed=signer is not None,
         untrusted=signer is not None and signer.trust == "untrusted-local",
+        outcomes=outcomes,
     )
 
 
 def render_html(
-    evidence: Mapping[str, Any], signer: SignerFacts | None, policy: Policy | None
+    evidence: Mapping[str, Any],
+    signer: SignerFacts | None,
+    policy: Policy | None,
+    *,
+    also_missing: Iterable[str] = (),
 ) -> str:
     """report.html as text (one self-contained page); see `view_of` for the arguments."""
     from harness.render.html import render_page  # noqa: PLC0415  (avoids an import cycle)
 
-    return render_page(view_of(evidence, signer, policy))
+    return render_page(view_of(evidence, signer, policy, also_missing=also_missing))
 
 
 def render_summary(
-    evidence: Mapping[str, Any], signer: SignerFacts | None, policy: Policy | None
+    evidence: Mapping[str, Any],
+    signer: SignerFacts | None,
+    policy: Policy | None,
+    *,
+    also_missing: Iterable[str] = (),
 ) -> str:
     """summary.md as text, cut to fit GitHub's step-summary limit; see `view_of`."""
     from harness.render.summary import summary_text  # noqa: PLC0415  (avoids an import cycle)
 
-    return summary_text(view_of(evidence, signer, policy))
+    return summary_text(view_of(evidence, signer, policy, also_missing=also_missing))

@@ -27,9 +27,18 @@ def _md(value: object) -> str:
     return " ".join(text.split())
 
 
+_WORD = {"passed": "passed", "failed": "failed", "error": "error", "skipped": "skipped"}
+
+
 def render_markdown(view: ReportView) -> str:
-    """The summary as Markdown."""
+    """The summary as Markdown: the gate, the grid (required cells marked), what did not pass.
+
+    Each grid cell is its verdict, `**bold**` with a `*` when the gate requires it; the
+    control leg's column says "unconfined control". The words passed / failed / error /
+    skipped are the same as in junit.xml and Allure (harness/outcomes.py).
+    """
     ev = view.evidence
+    counts = view.outcomes.counts()
     lines = [
         f"## sandbox-attest: {view.gate.result} (run `{_md(ev.get('run_id', ''))}`)",
         "",
@@ -37,28 +46,37 @@ def render_markdown(view: ReportView) -> str:
         "",
         (
             f"Platform: {_md((ev.get('platform') or {}).get('system', '?'))}, harness "
-            f"{_md((ev.get('harness') or {}).get('version', '?'))}, {len(view.cells)} cells."
+            f"{_md((ev.get('harness') or {}).get('version', '?'))}, {len(view.cells)} cells: "
+            + ", ".join(f"{n} {_WORD[k]}" for k, n in counts.items())
+            + ". Full evidence: `report.html` in the report directory."
         ),
         "",
     ]
     lines += [f"- {_md(p)}" for p in view.gate.problems]
     if view.gate.problems:
         lines.append("")
-    lines.append("| probe | " + " | ".join(_md(b) for b in view.backends) + " |")
+    heads = [f"{_md(b)} (unconfined control)" if b == "none" else _md(b) for b in view.backends]
+    lines.append("| probe | " + " | ".join(heads) + " |")
     lines.append("|---" * (len(view.backends) + 1) + "|")
     for probe in view.probes:
         row = []
         for backend in view.backends:
-            cell = view.cell(backend, probe)
-            row.append(_md(cell.get("verdict", "")) if cell else "-")
+            o = view.outcome(backend, probe)
+            if o is None:
+                row.append("-")
+            elif o.required:
+                row.append(f"**{_md(o.verdict)}**\\*")
+            else:
+                row.append(_md(o.verdict))
         lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
-    bad = [c for c in view.cells if c.get("verdict") not in ("PASS", "NOT_APPLICABLE")]
+    lines += ["", "\\* required by the gate (bold); the others are optional.", ""]
+    bad = [o for o in view.outcomes.cells if o.status != "passed" and o.verdict != "NOT_APPLICABLE"]
     if bad:
-        lines += ["", "### Not passing", ""]
+        lines += ["### Not passing", ""]
         lines += [
-            f"- `{_md(c.get('cell_id', ''))}` {_md(c.get('verdict', ''))}: "
-            f"{_md(c.get('reason', ''))}"
-            for c in bad
+            f"- `{_md(o.cell_id)}` ({o.mark}, {o.status}): {_md(o.message)}"
+             f" ([evidence](report.html#cell-{_md(o.cell_id)}))"
+            for o in bad
         ]
     return "\n".join(lines) + "\n"
 

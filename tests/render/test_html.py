@@ -80,15 +80,20 @@ class TestBrowser:
         assert done.returncode == 0, done.stderr[-2000:]
         dom = done.stdout
         assert '<table id="grid">' in dom
-        cells = re.findall(r'<td class="v-(\w+)" data-cell="([\w-]+)"', dom)
+        cells = re.findall(r'<td class="v-(\w+) s-(\w+)[^"]*" data-cell="([\w-]+)"', dom)
         assert len(cells) == 21
-        assert ("FAIL", "bubblewrap-fs_write_outside") in cells
-        assert ("UNAVAILABLE", "docker-dns_resolution") in cells
+        # The policy requires none and bubblewrap: the FAIL there is a failure; docker is
+        # optional, so its UNAVAILABLE cell is skipped (harness/outcomes.py).
+        assert ("FAIL", "failed", "bubblewrap-fs_write_outside") in cells
+        assert ("UNAVAILABLE", "skipped", "docker-dns_resolution") in cells
         # The grid cell links to the cell's own section, which is open because it FAILed.
         assert 'href="#cell-bubblewrap-fs_write_outside"' in dom
-        failing = dom[dom.index('<details open="" id="cell-bubblewrap-fs_write_outside"') :]
+        failing = dom[dom.index('<section id="cell-bubblewrap-fs_write_outside"') :]
+        assert failing.startswith(
+            '<section id="cell-bubblewrap-fs_write_outside" class="cell v-FAIL s-failed open"'
+        )
         # Up to the next cell's section (or the end of the cells), so only this cell is read.
-        after = re.search(r'<details[^>]*class="cell v-', failing[1:])
+        after = re.search(r'<section[^>]*class="cell v-', failing[1:])
         failing = failing[: after.start() + 1 if after else failing.index("</section>")]
         assert "canary ~/.bashrc changed" in failing
         assert "/home/u/.bashrc" in failing

@@ -13,12 +13,19 @@ if TYPE_CHECKING:
 
 class TestSummary:
     def test_content(self, report: Path) -> None:
-        """The summary names the gate, the signer, every grid row, and the failing cell's reason."""
+        """The summary names the gate, the signer, every grid row, required cells marked, the
+        control leg labelled, and the failing cell's reason with a link into report.html."""
         text = (report / SUMMARY).read_text()
         assert text.startswith("## sandbox-attest: FAILED")
         assert "signed with a provided Ed25519 key" in text
-        assert "| net_denied_host | PASS | PASS | PASS |" in text
-        assert "`bubblewrap-fs_write_outside` FAIL: escape observed by the host" in text
+        assert "| probe | none (unconfined control) | bubblewrap | docker |" in text
+        assert "| net_denied_host | **PASS**\\* | **PASS**\\* | PASS |" in text
+        assert (
+            "- `bubblewrap-fs_write_outside` (required, failed): FAIL: escape observed by the "
+            "host: canary ~/.bashrc changed "
+            "([evidence](report.html#cell-bubblewrap-fs_write_outside))"
+        ) in text
+        assert "`docker-dns_resolution` (optional, skipped): UNAVAILABLE:" in text
 
     def test_appends_to_step_summary(self, report: Path, tmp_path: Path) -> None:
         """With $GITHUB_STEP_SUMMARY set, the summary is appended after what is already there."""
