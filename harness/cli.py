@@ -20,7 +20,30 @@ from harness.session import new_run_id
 if TYPE_CHECKING:
     from harness.attest.signer import Signer
 
-HELP_OUT = "report directory (default: reports/<run-id>)"
+HELP_OUT = "a new or empty report directory (default: reports/<run-id>)"
+HELP_JSON = "print one JSON object on stdout at the end instead of the human lines' summary"
+# Every subcommand's --help ends with these, so a script knows what each status means.
+EXIT_CODES = """exit codes:
+  0    passed (the gate holds; for verify and merge: the report verifies)
+  1    the gate FAILED, or it WARNED and strictness asked for PASSED; verify/merge refused
+  2    usage or input error (bad flag, missing file or directory, unusable key or policy)
+  130  interrupted (Ctrl-C)"""
+# A gate line longer than this is shortened at a word boundary, pointing at the report.
+GATE_LINE_LIMIT = 400
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """`n` and `word`, with the plural form when `n` is not 1 ("1 reason", "2 reasons")."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def shorten(line: str, limit: int = GATE_LINE_LIMIT) -> str:
+    """`line` cut at a word boundary to `limit` characters, saying where the rest is."""
+    import textwrap  # noqa: PLC0415
+
+    return textwrap.shorten(line, limit, placeholder=" ... (the full reason is in report.html)")
+
+
 HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
 HELP_WORLD = (
     "where the fixture hosts live: auto (the lab on Linux as root, else loopback, the reason "
@@ -86,12 +109,39 @@ def _run_pytest(
     if args.jobs > 1:
         pytest_args.append(f"--harness-jobs={args.jobs}")
     pytest_args.append(f"--harness-world={args.world}")
-    print(f"sandbox-attest {__version__}: report -> {out}", flush=True)
+    print(f"sandbox-attest {__version__}: run {run_id}, report -> {out}", flush=True)
     gate = _GateWatch()
     code = int(pytest.main(pytest_args, plugins=[gate, SignerHandoff(signer)]))
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        return code  # interrupted, usage or internal error: never a pass
-    return gate.report()
+        status = code  # interrupted, usage or internal error: never a pass
+    else:
+        status = gate.report()
+    if args.json:
+        _print_run_json(run_id, out, gate, status)
+    return status
+
+
+def _print_run_json(run_id: str, out: Path, gate: _GateWatch, status: int) -> None:
+    """The run's final gate and paths as one JSON object (`run --json`)."""
+    import json  # noqa: PLC0415
+
+    names = ("evidence.json", "attestation.intoto.jsonl", "junit.xml", "report.html")
+    paths = {name: str(out / name) for name in (*names, "summary.md", "allure-results")}
+    print(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "report_dir": str(out),
+                "exit_code": status,
+                "gate": "FAILED" if gate.failures or status else gate.signed,
+                "signed_gate": gate.signed,
+                "failures": gate.failures or [],
+                "warnings": gate.warnings,
+                "paths": paths,
+            },
+            indent=2,
+        )
+    )
 
 
 class _GateWatch:
@@ -133,19 +183,19 @@ def _print_gate(failures: list[str], warnings: list[str], signed: str) -> int:
     (missing cells, a control-only run, an unsigned report) can only make it FAILED.
     """
     for line in warnings:
-        print(f"gate: warning: {line[:400]}")
+        print(f"gate: warning: {shorten(line)}")
     for line in failures:
-        print(f"gate: {line}")
+        print(f"gate: {shorten(line)}")
     if failures or signed == "FAILED":
         print("gate: FAILED")
         return 1
     if signed == "WARNED":
         print(
-            f"gate: WARNED: every required cell PASSed; {len(warnings)} warnings above "
-            "(cells nothing required that did not PASS)"
+            f"gate: WARNED: every required cell PASSed; {plural(len(warnings), 'warning')} "
+            "above (cells nothing required that did not PASS)"
         )
     elif warnings:
-        print(f"gate: PASSED (every required cell PASSed; {len(warnings)} notes above)")
+        print(f"gate: PASSED (every required cell PASSed; {plural(len(warnings), 'note')} above)")
     else:
         print("gate: PASSED (every required cell PASSed)")
     return 0
@@ -196,25 +246,60 @@ def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]
             )
 
 
+def _claims(policy: dict[str, Any]) -> str:
+    """Declared claims in plain words: "network proxy, limits nofile=256 forks=32"."""
+
+    def word(value: object) -> str:
+        if isinstance(value, dict):
+            return " ".join(f"{k}={word(v)}" for k, v in value.items())
+        if isinstance(value, list | tuple):
+            return ",".join(word(v) for v in value) or "none"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return str(value)
+
+    return ", ".join(f"{k} {word(v)}" for k, v in policy.items()) or "none declared"
+
+
 def _cmd_backends(args: argparse.Namespace) -> int:
+    import json  # noqa: PLC0415
+
     from harness.backends import create_backend  # noqa: PLC0415
     from harness.matrix import current_platform, load_matrix  # noqa: PLC0415
 
     matrix = load_matrix(Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml")
     platform = current_platform()
+    rows: list[dict[str, Any]] = []
     for row in matrix.backends:
         if platform not in row.platforms:
-            print(f"{row.name:14} NOT_APPLICABLE  {row.reason}")
+            rows.append({"name": row.name, "status": "NOT_APPLICABLE", "reason": row.reason})
             continue
         avail = create_backend(row.name).availability()
         if avail.ok and avail.identity is not None:
             ident = avail.identity
-            print(
-                f"{row.name:14} available       {ident.version}; {ident.platform}; "
-                f"policy {ident.policy.as_dict()}; profile {ident.profile_digest}"
+            rows.append(
+                {
+                    "name": row.name,
+                    "status": "available",
+                    "version": ident.version,
+                    "platform": ident.platform,
+                    "claims": ident.policy.as_dict(),
+                    "profile_digest": ident.profile_digest,
+                }
             )
         else:
-            print(f"{row.name:14} UNAVAILABLE     {avail.reason}")
+            rows.append({"name": row.name, "status": "UNAVAILABLE", "reason": avail.reason})
+    if args.json:
+        print(json.dumps({"platform": platform, "backends": rows}, indent=2, default=str))
+        return 0
+    for r in rows:
+        if r["status"] == "available":
+            print(
+                f"{r['name']:14} available       {r['version']}; {r['platform']}; "
+                f"claims: {_claims(r['claims'])}; profile {r['profile_digest']}"
+            )
+        else:
+            print(f"{r['name']:14} {r['status']:15} {r['reason']}")
     return 0
 
 
@@ -229,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sandbox-attest",
         description="Attest that a sandbox holds: live escape probes, host witnesses, signed.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"sandbox-attest {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -268,10 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
     )
+    run.add_argument("--json", action="store_true", help=HELP_JSON)
     run.set_defaults(func=_cmd_run)
 
     backends = sub.add_parser("backends", help="list backends and whether they run here")
     backends.add_argument("--matrix", help="matrix TOML (default: matrix/matrix.toml)")
+    backends.add_argument("--json", action="store_true", help="print the list as JSON")
     backends.set_defaults(func=_cmd_backends)
 
     serve = sub.add_parser("serve", help="start the fixture world, print it as JSON, wait")
@@ -284,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register(sub)
+    for choice in sub.choices.values():
+        # verify and merge are registered elsewhere: every --help ends with the codes.
+        choice.epilog = EXIT_CODES
+        choice.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 

@@ -366,9 +366,11 @@ class RunSession:
         """What nothing required but a reader must see: shown, never hidden.
 
         Cells that did not PASS, and backends that were skipped as UNAVAILABLE (one line per
-        backend: its cells attest nothing, whatever the grid's other columns say).
+        backend: its cells attest nothing, whatever the grid's other columns say). Cells
+        with the same verdict and the same reason are one line with their count, so one
+        broken wrapper does not repeat its reason for every probe.
         """
-        lines = []
+        groups: dict[tuple[str, str, str], list[str]] = {}
         for c in self.writer.cells:
             if c.get("required") or c["verdict"] not in ("FAIL", "INCONCLUSIVE", "ERROR"):
                 continue
@@ -376,15 +378,27 @@ class RunSession:
                 hint = f"control leg: add it to a [[require]] of {self.policy_path} to require it"
             else:
                 hint = f"name --backend {c['backend']} to require it"
-            lines.append(f"{c['cell_id']} is {c['verdict']} (not required: {hint}): {c['reason']}")
+            key = (str(c["verdict"]), hint, " ".join(str(c["reason"]).split()))
+            groups.setdefault(key, []).append(str(c["cell_id"]))
+        lines = []
+        for (verdict, hint, reason), ids in groups.items():
+            if len(ids) == 1:
+                lines.append(f"{ids[0]} is {verdict} (not required: {hint}): {reason}")
+            else:
+                lines.append(
+                    f"{len(ids)} cells are {verdict} for the same reason (not required: "
+                    f"{hint}): {reason} [{', '.join(ids)}]"
+                )
         skipped: dict[str, list[dict[str, Any]]] = {}
         for c in self.writer.cells:
             if not c.get("required") and c["verdict"] == Verdict.UNAVAILABLE.value:
                 skipped.setdefault(str(c["backend"]), []).append(c)
         for backend, cells in skipped.items():
+            n = len(cells)
             lines.append(
-                f"backend {backend} is UNAVAILABLE, so its {len(cells)} cells attest nothing "
-                f"(not required: name --backend {backend} to require it): {cells[0]['reason']}"
+                f"backend {backend} is UNAVAILABLE, so its {n} {'cell' if n == 1 else 'cells'} "
+                f"attest{'s' if n == 1 else ''} nothing (not required: name --backend {backend} "
+                f"to require it): {cells[0]['reason']}"
             )
         return lines
 

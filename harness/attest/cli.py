@@ -1,7 +1,8 @@
 """The `verify` and `merge` subcommands of `sandbox-attest` (registered by `register`).
 
 Exit codes: 0 the report (or merge) holds; 1 it does not, with every reason listed on stderr;
-2 the inputs are unusable (bad key, bad policy, bad --expect-legs), with the fix named.
+2 the inputs are unusable (a missing report directory, bad key, bad policy, bad
+--expect-legs), with the fix named. `harness.cli` adds them to every --help.
 """
 
 from __future__ import annotations
@@ -103,7 +104,19 @@ def _print_facts(result: Verification) -> None:
         print(f"note: {note}")
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def _run_verify(args: argparse.Namespace) -> int:
+    if not args.report_dir.is_dir():
+        # An input error, not a refusal: nothing was verified, the path is wrong.
+        print(
+            f"error: {args.report_dir} is not a directory; pass the report directory that "
+            "`sandbox-attest run` wrote (reports/<run-id>) or a merged release's --out",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         trusted = load_trusted_key(args.trusted_key)
         policy = load_policy(args.policy)
@@ -119,14 +132,32 @@ def _run_verify(args: argparse.Namespace) -> int:
         require_all_legs=not args.partial,
         checks=checks,
     )
-    _print_facts(result)
     gate = result.gate.result if result.gate else "unknown"
+    if args.json:
+        import json  # noqa: PLC0415
+
+        print(
+            json.dumps(
+                {
+                    "report_dir": str(args.report_dir),
+                    "ok": result.ok,
+                    "gate": gate,
+                    "keyid": trusted.keyid,
+                    "partial": bool(args.partial),
+                    "reasons": list(result.reasons),
+                    "exit_code": EXIT_OK if result.ok else EXIT_REFUSED,
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK if result.ok else EXIT_REFUSED
+    _print_facts(result)
     if result.ok:
         scope = " (partial: only the legs this report holds)" if args.partial else ""
         print(f"OK: {args.report_dir} verifies with key {trusted.keyid} (gate {gate}){scope}")
         return EXIT_OK
     print(
-        f"FAILED: {args.report_dir} does not verify ({len(result.reasons)} reasons):",
+        f"FAILED: {args.report_dir} does not verify ({_plural(len(result.reasons), 'reason')}):",
         file=sys.stderr,
     )
     for reason in result.reasons:
@@ -157,11 +188,14 @@ def _run_merge(args: argparse.Namespace) -> int:
     if result.ok:
         legs = ", ".join(f"{p}/{b}" for p, b in sorted(result.legs))
         print(
-            f"OK: merged {len(result.legs)} legs ({legs}) -> {result.attestation} "
+            f"OK: merged {_plural(len(result.legs), 'leg')} ({legs}) -> {result.attestation} "
             f"(gate {result.result})"
         )
         return EXIT_OK
-    print(f"REFUSED: merge not written ({len(result.reasons)} reasons):", file=sys.stderr)
+    print(
+        f"REFUSED: merge not written ({_plural(len(result.reasons), 'reason')}):",
+        file=sys.stderr,
+    )
     for reason in result.reasons:
         print(f"  - {reason}", file=sys.stderr)
     return EXIT_REFUSED
@@ -181,6 +215,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help=HELP_POLICY)
     verify.add_argument("--allow-untrusted-local", action="store_true", help=HELP_ALLOW_LOCAL)
     verify.add_argument("--partial", action="store_true", help=HELP_PARTIAL)
+    verify.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object on stdout"
+    )
     _add_pins(verify)
     verify.set_defaults(func=_run_verify)
 
