@@ -53,7 +53,8 @@ class DnsFixture:
         records: exact name (lowercase, no trailing dot) -> IPv4 literal.
         wildcard: zone suffix (e.g. "probe.test") -> IPv4 answered for any name strictly
             below it.
-        host: the loopback address to bind.
+        host: the address to bind (loopback, or the lab's DNS address).
+        port: the port to bind, 0 for a free one.
 
     Attributes:
         port: the port, the same number for UDP and TCP (0 until `start`).
@@ -64,10 +65,12 @@ class DnsFixture:
         records: dict[str, str],
         wildcard: dict[str, str] | None = None,
         host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
-        """Build the zone; nothing is bound until `start`."""
+        """Build the zone; nothing is bound until `start` (on `port`, 0 for a free one)."""
         self.host = host
         self.port = 0
+        self._want_port = port
         self._records = {_normalize(k): _check_ipv4(v) for k, v in records.items()}
         self._wildcard = {_normalize(k): _check_ipv4(v) for k, v in (wildcard or {}).items()}
         for name in [*self._records, *self._wildcard]:
@@ -105,7 +108,8 @@ class DnsFixture:
         last: OSError | None = None
         for _ in range(20):
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            udp.bind((self.host, 0))
+            # A fixed port (53: the lab's system resolver cannot name another) or a free one.
+            udp.bind((self.host, self._want_port))
             tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

@@ -123,16 +123,24 @@ def _peer(address: Any) -> str:
 
 
 class DirectEgressListener:
-    """A TCP and a UDP listener on 127.0.0.1 that log everything that reaches them.
+    """A TCP and a UDP listener (127.0.0.1, or every address) that log everything reaching them.
 
     One selector thread serves both; TCP connections are read for up to `TCP_READ_WINDOW_S`
     or `PREFIX_LIMIT` bytes, then closed. It never answers: a connect that succeeded and a
     datagram that arrived are the whole witness. Use as a context manager or start()/stop().
     """
 
-    def __init__(self, host: str = LOOPBACK) -> None:
-        """Prepare (but do not bind) the listeners on `host` (a loopback address)."""
+    def __init__(self, host: str = LOOPBACK, *, tcp_port: int = 0, udp_port: int = 0) -> None:
+        """Prepare (but do not bind) the listeners.
+
+        Args:
+            host: where to bind: a loopback address, or "::" for every address of the
+                namespace, IPv4 and IPv6 alike (the lab's witnesses for the whole class).
+            tcp_port: the TCP port, 0 for a free one (the lab gives both sides one port).
+            udp_port: the UDP port, likewise.
+        """
         self._host = host
+        self._want = (tcp_port, udp_port)
         self._lock = threading.Lock()
         self._tcp_log: list[dict[str, Any]] = []
         self._udp_log: list[dict[str, Any]] = []
@@ -160,9 +168,16 @@ class DirectEgressListener:
             FixtureError: a socket could not be bound.
         """
         try:
-            self._tcp = socket.create_server((self._host, 0))
-            self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            self._udp.bind((self._host, 0))
+            if self._host == "::":
+                self._tcp = socket.create_server(
+                    ("::", self._want[0]), family=socket.AF_INET6, dualstack_ipv6=True
+                )
+                self._udp = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+                self._udp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            else:
+                self._tcp = socket.create_server((self._host, self._want[0]))
+                self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self._udp.bind((self._host, self._want[1]))
         except OSError as exc:
             self._close_sockets()
             raise FixtureError(

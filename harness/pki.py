@@ -69,12 +69,16 @@ class Pki:
     _server_contexts: dict[str, ssl.SSLContext] = field(repr=False)
 
     @classmethod
-    def create(cls, directory: Path, hosts: Sequence[str]) -> Pki:
+    def create(
+        cls, directory: Path, hosts: Sequence[str], extra_identities: Sequence[str] = ()
+    ) -> Pki:
         """Mint a CA, issue a leaf for each host (plus 127.0.0.1), write `ca.pem`.
 
         Args:
             directory: where `ca.pem` goes (created if missing).
             hosts: DNS names that need a server certificate.
+            extra_identities: more names or IP addresses every leaf is valid for (the lab's
+                origin addresses, for clients that dial an address and verify it).
 
         Returns:
             The new `Pki`.
@@ -87,7 +91,7 @@ class Pki:
         ca = trustme.CA(organization_name="sandbox-attest fixture world")
         contexts: dict[str, ssl.SSLContext] = {}
         for host in hosts:
-            leaf = ca.issue_cert(host, *_LOOPBACK_IDENTITIES, common_name=host)
+            leaf = ca.issue_cert(host, *_LOOPBACK_IDENTITIES, *extra_identities, common_name=host)
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             chain = b"".join(blob.bytes() for blob in leaf.cert_chain_pems)
             try:

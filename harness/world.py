@@ -27,6 +27,15 @@ from harness.blob import load_blob_spec
 from harness.dns import DnsFixture
 from harness.egress.rules import Rule
 from harness.errors import FixtureError
+from harness.lab import (
+    DNS_ADDRESS,
+    INTERNET_NET,
+    INTERNET_NET6,
+    ORIGIN_ADDRESS,
+    ORIGIN_ADDRESS6,
+    WITNESS_ADDRESS,
+    Lab,
+)
 from harness.listeners import LOOPBACK, DirectEgressListener, FakeDaemon
 from harness.origins import Origins, load_hosts
 from harness.paths import fixtures_dir
@@ -48,7 +57,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType
 
-    from harness.egress.proxy import ProxyProcess
+    from harness.egress.proxy import ProxyConfig, ProxyProcess
 
 # The roles the proxy admits, with exactly their origin ports. `denied` has no rule on purpose:
 # every request to it must end in the proxy's 403.
@@ -95,6 +104,10 @@ class World:
     daemons: tuple[FakeDaemon, ...]
     wheel: Path
     _stop_stack: contextlib.ExitStack = field(repr=False)
+    # In the lab: the host side's own witness (its lab address and loopback), beside
+    # `listener` on the internet side; the same ports, so one target names both.
+    extra_listeners: tuple[DirectEgressListener, ...] = ()
+    lab: Lab | None = None
     _stopped: bool = field(default=False, repr=False)
 
     def __enter__(self) -> Self:
@@ -114,6 +127,9 @@ class World:
         """
         lowered = nonce.lower()
         direct = self.listener.records_with(nonce)
+        for extra in self.extra_listeners:
+            more = extra.records_with(nonce)
+            direct = {kind: [*direct[kind], *more[kind]] for kind in ("tcp", "udp")}
         return WitnessRecords(
             origin=self.origins.records(nonce),
             dns=[q for q in self.dns.queries() if lowered in str(q.get("name", "")).lower()],
@@ -159,11 +175,13 @@ def _world_info(
     listener: DirectEgressListener,
     daemons: list[FakeDaemon],
     wheel_nonce: str,
+    lab: Lab | None,
 ) -> WorldInfo:
     """Fill `WorldInfo` from the running parts."""
     if proxy.url is None or proxy.port is None or proxy.socket is None:
         raise FixtureError("the egress proxy must listen on both its unix socket and TCP")
     meta = load_canary_metadata(fixtures_dir() / "canary_wheel")
+    witness = WITNESS_ADDRESS if lab is not None else LOOPBACK
     blob = origins.blob
     published = origins.published_wheels()[0]
     index_base = origins.base_url("index")
@@ -187,11 +205,17 @@ def _world_info(
             wheel_nonce=wheel_nonce,
         ),
         direct_egress=DirectEgressInfo(
-            tcp=f"{LOOPBACK}:{listener.tcp_port}", udp=f"{LOOPBACK}:{listener.udp_port}"
+            tcp=f"{witness}:{listener.tcp_port}", udp=f"{witness}:{listener.udp_port}"
         ),
         daemon=DaemonInfo(unix=str(unix.path), abstract=abstract),
         run_dir=str(run_dir),
-        extra={"wheel": {"filename": published.filename, "sha256": published.sha256}},
+        extra={
+            "wheel": {"filename": published.filename, "sha256": published.sha256},
+            "world": lab.facts() if lab is not None else {"kind": "loopback"},
+            # Every address a sandbox could dial toward the world (net_direct_egress tries
+            # each at the witness ports): the lab's, or the loopback one.
+            "lab_addresses": lab.addresses() if lab is not None else [],
+        },
     )
 
 
@@ -211,13 +235,77 @@ def _start_daemons(path: Path, stack: contextlib.ExitStack) -> list[FakeDaemon]:
     return daemons
 
 
-def start_world(run_dir: Path) -> World:
+def _start_listeners(
+    lab: Lab | None, stack: contextlib.ExitStack
+) -> tuple[DirectEgressListener, tuple[DirectEgressListener, ...]]:
+    """The direct-egress witnesses: on loopback, or on every address of both lab sides.
+
+    In the lab one listener answers every internet-side address (origins, DNS, witness, the
+    veth peer) and another, on the same ports, every host-side one (its lab address and its
+    loopback): a sandbox that reaches any of them, by whatever address it picked, is seen.
+    """
+    if lab is None:
+        listener = DirectEgressListener(LOOPBACK)
+        listener.start()
+        stack.callback(listener.stop)
+        return listener, ()
+    every = "::" if lab.ipv6 else "0.0.0.0"
+    internet = DirectEgressListener(every)
+    with lab.internet():
+        internet.start()
+    stack.callback(internet.stop)
+    host_side = DirectEgressListener(every, tcp_port=internet.tcp_port, udp_port=internet.udp_port)
+    host_side.start()
+    stack.callback(host_side.stop)
+    return internet, (host_side,)
+
+
+def _proxy_config(
+    origins: Origins, dns: DnsFixture, proxy_sock: Path, run_dir: Path, lab: Lab | None
+) -> ProxyConfig:
+    """The allowlist and resolver of the world's proxy.
+
+    On loopback the fixture origins need a carve-out (`allow_private`); in the lab they are
+    remote hosts, and the proxy's address rules apply as they would in production.
+    """
+    from harness.egress.proxy import ProxyConfig  # noqa: PLC0415  (see start_world)
+
+    rules = (
+        *(
+            Rule(
+                host=origins.host_info(role).name,
+                ports=(origins.port(role, "https"), origins.port(role, "http")),
+                allow_private=lab is None,
+            )
+            for role in _ALLOWED_ROLES
+        ),
+        Rule(
+            host=PRIVATE_NAME_SUFFIX,
+            suffix=True,
+            ports=(origins.port("allowed", "https"), origins.port("allowed", "http")),
+            allow_private=False,  # the point: a non-global answer must be refused
+        ),
+    )
+    return ProxyConfig(
+        rules=rules,
+        dns=(dns.host, dns.port),
+        unix_socket=proxy_sock,
+        tcp=True,
+        decision_log=run_dir / "proxy-decisions.jsonl",
+        remote_networks=(INTERNET_NET, INTERNET_NET6) if lab is not None else (),
+        lab_namespaces=(lab.host_netns,) if lab is not None else (),
+    )
+
+
+def start_world(run_dir: Path, lab: Lab | None = None) -> World:
     """Start the whole fixture world with its files under `run_dir`.
 
     Args:
         run_dir: a directory for the CA bundle, the wheel, the proxy's socket and decision
             log and the fake daemon's socket (created if missing; keep its path short, unix
             socket paths are limited to ~100 bytes).
+        lab: the lab this process entered (`harness.lab.enter_lab`): the fixture hosts then
+            live on its internet side. None: the loopback world.
 
     Returns:
         The running `World`; stop it with `stop()` or a `with` block.
@@ -227,7 +315,7 @@ def start_world(run_dir: Path) -> World:
     """
     # Imported here: harness.egress.proxy is loaded lazily by its package (it also runs as
     # its own process), and a world is the only thing that needs it.
-    from harness.egress.proxy import ProxyConfig, start_proxy  # noqa: PLC0415
+    from harness.egress.proxy import start_proxy  # noqa: PLC0415
 
     run_dir = run_dir.resolve()
     stack = contextlib.ExitStack()
@@ -246,27 +334,35 @@ def start_world(run_dir: Path) -> World:
         hosts = load_hosts()
         blob = load_blob_spec()
 
+        # In the lab the fixture hosts live on the internet side: bound there, on addresses
+        # the lab assigned; without one, on loopback as before.
+        side = lab.internet if lab is not None else contextlib.nullcontext
+        address = ORIGIN_ADDRESS if lab is not None else LOOPBACK
+
         step = "pki"
-        pki = Pki.create(run_dir, [h.name for h in hosts])
+        extra = (ORIGIN_ADDRESS, ORIGIN_ADDRESS6) if lab is not None else ()
+        pki = Pki.create(run_dir, [h.name for h in hosts], extra_identities=extra)
 
         step = "dns"
         dns = DnsFixture(
-            records={h.name: LOOPBACK for h in hosts},
-            wildcard={PROBE_NAME_SUFFIX: LOOPBACK},
-            host=LOOPBACK,
+            records={h.name: address for h in hosts},
+            wildcard={PROBE_NAME_SUFFIX: address},
+            host=DNS_ADDRESS if lab is not None else LOOPBACK,
+            # The system resolver (the lab's resolv.conf) can only name port 53.
+            port=53 if lab is not None else 0,
         )
-        dns.start()
+        with side():
+            dns.start()
         stack.callback(dns.stop)
 
         step = "origins"
-        origins = Origins(pki, hosts, blob=blob)
-        origins.start()
+        origins = Origins(pki, hosts, blob=blob, address=address)
+        with side():
+            origins.start()
         stack.callback(origins.stop)
 
         step = "direct-egress listener"
-        listener = DirectEgressListener(LOOPBACK)
-        listener.start()
-        stack.callback(listener.stop)
+        listener, extra_listeners = _start_listeners(lab, stack)
 
         step = "fake daemons"
         daemons = _start_daemons(daemon_sock, stack)
@@ -277,31 +373,7 @@ def start_world(run_dir: Path) -> World:
         origins.publish_wheel(wheel)
 
         step = "egress proxy"
-        rules = (
-            *(
-                Rule(
-                    host=origins.host_info(role).name,
-                    ports=(origins.port(role, "https"), origins.port(role, "http")),
-                    allow_private=True,  # the fixture origins live on loopback
-                )
-                for role in _ALLOWED_ROLES
-            ),
-            Rule(
-                host=PRIVATE_NAME_SUFFIX,
-                suffix=True,
-                ports=(origins.port("allowed", "https"), origins.port("allowed", "http")),
-                allow_private=False,  # the point: a non-global answer must be refused
-            ),
-        )
-        proxy = start_proxy(
-            ProxyConfig(
-                rules=rules,
-                dns=(LOOPBACK, dns.port),
-                unix_socket=proxy_sock,
-                tcp=True,
-                decision_log=run_dir / "proxy-decisions.jsonl",
-            )
-        )
+        proxy = start_proxy(_proxy_config(origins, dns, proxy_sock, run_dir, lab))
         stack.callback(_unlink_quietly(proxy_sock))
         stack.callback(proxy.stop)
 
@@ -315,6 +387,7 @@ def start_world(run_dir: Path) -> World:
             listener=listener,
             daemons=daemons,
             wheel_nonce=wheel_nonce,
+            lab=lab,
         )
     except BaseException as exc:
         stack.close()
@@ -333,6 +406,8 @@ def start_world(run_dir: Path) -> World:
         daemons=tuple(daemons),
         wheel=wheel,
         _stop_stack=stack,
+        extra_listeners=extra_listeners,
+        lab=lab,
     )
 
 

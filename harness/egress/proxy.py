@@ -64,6 +64,7 @@ from harness.egress.rules import (
 )
 from harness.errors import ConfigError, FixtureError
 from harness.jsonlines import read_complete_lines
+from harness.netguard import OutsideLabError, check_destination, register_lab_namespaces
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -150,6 +151,11 @@ class ProxyConfig:
     dial_timeout: float = 5.0
     head_timeout: float = 10.0
     max_clients: int = 512
+    # In the lab (harness/lab.py): the networks where the fixture hosts live, which the
+    # address check treats as remote hosts, and the namespaces the proxy may send to them
+    # from (harness/netguard.py). Empty outside the lab.
+    remote_networks: tuple[str, ...] = ()
+    lab_namespaces: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the child reads (holds no secret)."""
@@ -170,6 +176,8 @@ class ProxyConfig:
             "dial_timeout": self.dial_timeout,
             "head_timeout": self.head_timeout,
             "max_clients": self.max_clients,
+            "remote_networks": list(self.remote_networks),
+            "lab_namespaces": list(self.lab_namespaces),
         }
 
     @classmethod
@@ -192,6 +200,8 @@ class ProxyConfig:
             dial_timeout=float(data["dial_timeout"]),
             head_timeout=float(data["head_timeout"]),
             max_clients=int(data["max_clients"]),
+            remote_networks=tuple(str(n) for n in data.get("remote_networks", [])),
+            lab_namespaces=tuple(str(n) for n in data.get("lab_namespaces", [])),
         )
 
 
@@ -815,9 +825,13 @@ class _Server:
                 raise _Refusal(502, "name has no A record in the DNS fixture", host)
             address = addresses[0]
         record.address = address
-        ok, why = address_allowed(address, rule)
+        ok, why = address_allowed(address, rule, remote=self.config.remote_networks)
         if not ok:
             raise _Refusal(403, why, host)
+        try:
+            check_destination(address)
+        except OutsideLabError as exc:
+            raise _Refusal(403, str(exc), host) from None
         record.reason = f"{decision.reason}; {why}"
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         upstream = socket.socket(family, socket.SOCK_STREAM)
@@ -1330,6 +1344,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     config = ProxyConfig.from_json(json.loads(Path(args[0]).read_text(encoding="utf-8")))
+    register_lab_namespaces(*config.lab_namespaces)
     secret = sys.stdin.readline().strip()
     if not secret:
         print("egress proxy: no secret on stdin; start it with start_proxy()", file=sys.stderr)

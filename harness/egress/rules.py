@@ -12,6 +12,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 # Labels that a URL parser (WHATWG, inet_aton, curl) may read as part of an IPv4 number:
 # decimal, octal (leading 0) and hex (0x...) parts. A host made only of these that is not a
@@ -182,12 +186,14 @@ class EgressPolicy:
         )
 
 
-def address_allowed(ip: str, rule: Rule) -> tuple[bool, str]:
+def address_allowed(ip: str, rule: Rule, *, remote: Sequence[str] = ()) -> tuple[bool, str]:
     """Whether the resolved address `ip` may be dialed under `rule`, and why.
 
     Loopback, link-local, private, unspecified, multicast, reserved and any other non-global
     address is refused unless `rule.allow_private`. An IPv4-mapped IPv6 address is judged as
-    the IPv4 address it maps.
+    the IPv4 address it maps. An address in one of the `remote` networks counts as a remote
+    host: the lab's internet side (198.19.0.0/24), which Python files under "private"
+    because it is a benchmarking range, is the world's internet there.
     """
     try:
         address = ipaddress.ip_address(ip)
@@ -195,6 +201,9 @@ def address_allowed(ip: str, rule: Rule) -> tuple[bool, str]:
         return False, f"resolved address {ip!r} is not an IP address"
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
+    for network in remote:
+        if address in ipaddress.ip_network(network):
+            return True, f"address {address} is a remote host of the lab ({network})"
     kinds = [
         kind
         for kind, flag in (
