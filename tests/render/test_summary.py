@@ -13,8 +13,7 @@ if TYPE_CHECKING:
 
 class TestSummary:
     def test_content(self, report: Path) -> None:
-        """The summary names the gate, the signer, every grid row, required cells marked, the
-        control leg labelled, and the failing cell's reason with a link into report.html."""
+        """The summary names the gate, signer, grid (required marked), and the failing reason."""
         text = (report / SUMMARY).read_text()
         assert text.startswith("## sandbox-attest: FAILED")
         assert "signed with a provided Ed25519 key" in text

@@ -1,0 +1,275 @@
+"""One run, five outputs: evidence and gate, junit.xml, allure-results/, report.html, summary.md.
+
+The run has a FAIL, an ERROR, an INCONCLUSIVE and an UNAVAILABLE cell and a missing required
+cell; every output is rendered the way the session renders it (harness/outcomes.py) and read
+back the way its consumer reads it: JUnit as XML, Allure through the real Allure 3 CLI, the
+page in headless Chromium. They must agree cell by cell, and with the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from harness.allure_results import CATEGORIES, render_allure
+from harness.attest.policy import Policy, load_policy
+from harness.junit import render_junit
+from harness.outcomes import GATE_ID, RunOutcomes, run_outcomes
+from harness.render import render_html, render_summary
+from tests.attest.builder import build_report, make_cells, write_policy
+from tests.render.cdp import Browser
+from tests.render.test_html import chromium
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+ALLURE_VERSION = "3.18.0"  # pinned: the categories and result format are checked against it
+ALLURE_PREFIX = ROOT / ".state" / "allure"
+SHOTS = Path(os.environ.get("SANDBOX_ATTEST_SHOTS", "/tmp/shots"))
+VERDICTS = {
+    "bubblewrap-fs_write_outside": "FAIL",
+    "bubblewrap-dns_resolution": "ERROR",
+    "bubblewrap-net_denied_host": "INCONCLUSIVE",
+    "docker-net_direct_egress": "UNAVAILABLE",
+    "docker-pkg_pip_install": "FAIL",
+}
+MISSING_CELL = "bubblewrap-pkg_pip_install"
+
+
+def _word(status: str) -> str:
+    """JUnit's and Allure's words for a status, as one vocabulary."""
+    return {"failure": "failed", "broken": "error"}.get(status, status)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Policy, Path]:
+    """The evidence of one run, its policy, and a directory with all five outputs."""
+    tmp = tmp_path_factory.mktemp("five")
+    policy_path = write_policy(tmp / "policy.toml")
+    cells = make_cells(backends=("none", "bubblewrap", "docker"), verdicts=VERDICTS)
+    cells = [c for c in cells if c["cell_id"] != MISSING_CELL]
+    for c in cells:
+        if c["cell_id"] in VERDICTS:
+            c["reason"] = f"{VERDICTS[c['cell_id']].lower()} because of a reason\nline two"
+    report = build_report(tmp / "run", policy_path, cells, extra={"world": {"kind": "loopback"}})
+    evidence = json.loads((report / "evidence.json").read_text())
+    policy = load_policy(policy_path)
+    outcomes = run_outcomes(evidence, policy)
+    (report / "junit.xml").write_bytes(render_junit(evidence, outcomes))
+    (report / "report.html").write_text(render_html(evidence, None, policy))
+    (report / "summary.md").write_text(render_summary(evidence, None, policy))
+    allure = report / "allure-results"
+    shutil.rmtree(allure)
+    allure.mkdir()
+    for name, data in render_allure(evidence, outcomes).items():
+        (allure / name).write_bytes(data)
+    return evidence, policy, report
+
+
+@pytest.fixture(scope="module")
+def outcomes(run: tuple[dict[str, Any], Policy, Path]) -> RunOutcomes:
+    """The one mapping every output is rendered from."""
+    return run_outcomes(run[0], run[1])
+
+
+def junit_statuses(report: Path) -> dict[str, str]:
+    """Each testcase's status as JUnit says it (passed / failed / error / skipped)."""
+    root = ET.fromstring((report / "junit.xml").read_bytes())  # noqa: S314  (ours)
+    out = {}
+    for case in root.iter("testcase"):
+        kids = [k.tag for k in case if k.tag in ("failure", "error", "skipped")]
+        out[str(case.get("name"))] = _word(kids[0]) if kids else "passed"
+    return out
+
+
+def allure_statuses(report: Path) -> dict[str, str]:
+    """Each result's status in allure-results/, by test case id."""
+    out = {}
+    for path in (report / "allure-results").glob("*-result.json"):
+        result = json.loads(path.read_text())
+        out[result["testCaseId"]] = _word(result["status"])
+    return out
+
+
+def html_statuses(report: Path) -> dict[str, str]:
+    """Each grid cell's status in report.html."""
+    page = (report / "report.html").read_text()
+    return dict(
+        re.findall(
+            r"<td class='v-\w+ s-\w+[^']*' data-cell='([\w-]+)' "
+            r"data-verdict='\w+' data-status='(\w+)'",
+            page,
+        )
+    )
+
+
+def summary_statuses(report: Path) -> dict[str, str]:
+    """Each non-passing cell's status in summary.md (the rest are passed)."""
+    text = (report / "summary.md").read_text()
+    return dict(re.findall(r"^- `([\w-]+)` \((?:required|optional), (\w+)\)", text, re.MULTILINE))
+
+
+class TestAgreement:
+    def test_the_run_has_every_kind_of_cell(self, outcomes: RunOutcomes) -> None:
+        """The run under test has FAIL, ERROR, INCONCLUSIVE, UNAVAILABLE and MISSING cells."""
+        verdicts = {o.verdict for o in outcomes.cells}
+        assert {"PASS", "FAIL", "ERROR", "INCONCLUSIVE", "UNAVAILABLE", "MISSING"} <= verdicts
+        assert outcomes.gate.result == "FAILED"
+
+    def test_every_output_agrees_cell_by_cell(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes
+    ) -> None:
+        """JUnit, Allure, the page and the summary give every cell the mapping's status."""
+        report = run[2]
+        expected = {o.cell_id: o.status for o in outcomes.cells}
+        junit = junit_statuses(report)
+        allure = allure_statuses(report)
+        assert junit.pop(GATE_ID) == allure.pop(GATE_ID) == "failed"
+        assert junit == expected
+        assert allure == expected
+        assert html_statuses(report) == expected
+        summary = summary_statuses(report)
+        assert summary == {k: v for k, v in expected.items() if v != "passed"}
+        assert expected[MISSING_CELL] == "error"
+        assert expected["bubblewrap-fs_write_outside"] == "failed"
+        assert expected["bubblewrap-net_denied_host"] == "failed"  # required INCONCLUSIVE
+        assert expected["bubblewrap-dns_resolution"] == "error"
+        assert expected["docker-pkg_pip_install"] == "skipped"  # optional FAIL: gate WARNs
+        assert expected["docker-net_direct_egress"] == "skipped"
+
+    def test_junit_counts_decide_as_the_gate(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes
+    ) -> None:
+        """Failures + errors in junit.xml are non-zero exactly when the gate is FAILED."""
+        root = ET.fromstring((run[2] / "junit.xml").read_bytes())  # noqa: S314  (ours)
+        failing = int(root.get("failures", "0")) + int(root.get("errors", "0"))
+        assert (failing > 0) == (outcomes.gate.result == "FAILED")
+        suites = {s.get("name"): s for s in root.findall("testsuite")}
+        assert list(suites) == ["linux/none", "linux/bubblewrap", "linux/docker", GATE_ID]
+        suite_props = suites["linux/docker"].find("properties")
+        assert suite_props is not None
+        props = {p.get("name"): p.get("value") for p in suite_props}
+        assert props["run_id"] == run[0]["run_id"]
+        assert props["world"] == "loopback"
+        assert props["backend.version"] == "0.8.0"
+        assert props["backend.profile_digest"].startswith("sha256:")
+        assert json.loads(props["backend.claims"])["network"] == "proxy"
+        assert props["required"] == "0 of 7 cells required"
+
+    def test_a_warned_run_has_no_junit_failures(self, tmp_path: Path) -> None:
+        """A run whose only non-PASS cells are optional is WARNED and JUnit shows no failure."""
+        policy_path = write_policy(tmp_path / "policy.toml")
+        cells = make_cells(
+            backends=("none", "bubblewrap", "docker"),
+            verdicts={"docker-fs_write_outside": "FAIL", "docker-dns_resolution": "ERROR"},
+        )
+        report = build_report(tmp_path / "run", policy_path, cells)
+        evidence = json.loads((report / "evidence.json").read_text())
+        outcomes = run_outcomes(evidence, load_policy(policy_path))
+        root = ET.fromstring(render_junit(evidence, outcomes))  # noqa: S314  (ours)
+        assert outcomes.gate.result == "WARNED"
+        assert (root.get("failures"), root.get("errors"), root.get("skipped")) == ("0", "0", "2")
+
+
+class TestBrowser:
+    def test_click_opens_and_highlights_the_cell(
+        self, run: tuple[dict[str, Any], Policy, Path], tmp_path: Path
+    ) -> None:
+        """Clicking a grid cell opens its section, highlighted; the page asks for no URL."""
+        page = run[2] / "report.html"
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        with Browser(chromium(), tmp_path / "profile") as browser:
+            browser.open(page.as_uri())
+            browser.screenshot(SHOTS / "report-grid.png")
+            target = "bubblewrap-net_direct_egress"
+            section = f"document.getElementById('cell-{target}')"
+            body = f"getComputedStyle({section}.querySelector('.body')).display"
+            assert browser.evaluate(body) == "none"  # a PASS cell starts closed
+            browser.evaluate(
+                f"document.querySelector(\"#grid td[data-cell='{target}'] a\").click()"
+            )
+            assert browser.evaluate("location.hash") == f"#cell-{target}"
+            assert browser.evaluate(body) == "block"
+            assert browser.evaluate(f"getComputedStyle({section}).outlineStyle") == "solid"
+            browser.screenshot(SHOTS / "report-cell.png")
+            # The non-PASS filter hides passing rows without any script of the page's own.
+            browser.evaluate("document.getElementById('only-nonpass').click()")
+            hidden = browser.evaluate(
+                "[...document.querySelectorAll('#grid tr.all-pass')]"
+                ".every(r => getComputedStyle(r).display === 'none')"
+            )
+            assert hidden is True
+            assert browser.evaluate("document.scripts.length") == 0
+            urls = browser.requested_urls()
+        assert urls, "the navigation itself is a request"
+        assert all(u.startswith(("file:", "data:", "about:")) for u in urls), urls
+
+
+def allure_cli() -> Path:
+    """The Allure 3 CLI, installed from npm into .state/allure once; FAILS in CI without it."""
+    cli = ALLURE_PREFIX / "node_modules" / "allure" / "cli.js"
+    if cli.is_file():
+        return cli
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail("npm is missing: install it with `apt-get install -y npm` (Debian)")
+    done = subprocess.run(
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(ALLURE_PREFIX),
+            "--no-audit",
+            "--no-fund",
+            f"allure@{ALLURE_VERSION}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0 or not cli.is_file():
+        message = f"could not install allure@{ALLURE_VERSION} from npm: {done.stderr[-1500:]}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(f"SKIPPED LOUDLY (not in CI): {message}")
+    return cli
+
+
+class TestAllure:
+    def test_allure3_groups_findings_in_our_categories(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes, tmp_path: Path
+    ) -> None:
+        """The real Allure 3 CLI reads the results and files each finding in its category."""
+        cli = allure_cli()
+        results = run[2] / "allure-results"
+        out = tmp_path / "allure-report"
+        done = subprocess.run(
+            [
+                "node",
+                str(cli),
+                "generate",
+                "--config",
+                str(results / "allurerc.json"),
+                "--output",
+                str(out),
+                str(results),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        found = list(out.rglob("categories.json"))
+        assert found, sorted(str(p.relative_to(out)) for p in out.rglob("*"))[:50]
+        text = "\n".join(p.read_text() for p in found)
+        for name in (c["name"] for c in CATEGORIES[:3]):
+            assert f'"{name}"' in text, name
