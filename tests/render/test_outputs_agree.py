@@ -154,7 +154,7 @@ class TestAgreement:
         assert list(suites) == ["linux/none", "linux/bubblewrap", "linux/docker", GATE_ID]
         suite_props = suites["linux/docker"].find("properties")
         assert suite_props is not None
-        props = {p.get("name"): p.get("value") for p in suite_props}
+        props = {str(p.get("name")): str(p.get("value")) for p in suite_props}
         assert props["run_id"] == run[0]["run_id"]
         assert props["world"] == "loopback"
         assert props["backend.version"] == "0.8.0"
