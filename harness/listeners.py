@@ -252,6 +252,8 @@ class DirectEgressListener:
             "time": _now(),
             "transport": "tcp",
             "peer": _peer(address),
+            # The address the sandbox reached: on a wildcard bind (the lab), which one it was.
+            "local": _peer(conn.getsockname()),
             "data": "",
             "size": 0,
         }

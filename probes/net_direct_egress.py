@@ -3,17 +3,23 @@
 Every proxy variable is removed first (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY, both cases) so
 nothing but a direct socket is tried. Escape attempts: a TCP connect to targets["tcp"]
 (127.0.0.1:PORT) sending the nonce, and a UDP datagram with the nonce to targets["udp"];
-likewise for each address in the optional targets["extra_addresses"] (addresses of a
-harness-made network namespace, later). The host control and the witness live on the host.
+likewise for each address in targets["extra_addresses"] (in the lab: every address the
+lab assigned, and the host's loopback), and for each address of the payload's own
+interfaces, read from its own namespace (facts["own_addresses"]): the kernel delivers those
+locally, so they never leave it, and a gateway that maps one of them to the host's services
+is then seen by the host's witnesses. No other address is ever dialled: never a gateway or a
+route the sandbox configured. The host control and the witnesses live on the host.
 facts["netns"] lets the host tell its own loopback from the sandbox's.
 
 Stdlib only, Python 3.8+, never imported by the host; exits 0 and prints one JSON line.
 """
 
 import errno
+import fcntl
 import json
 import os
 import socket
+import struct
 import sys
 
 PROBE = "net_direct_egress"
@@ -89,6 +95,42 @@ def udp(what, hostport, nonce):
         sock.close()
 
 
+SIOCGIFADDR = 0x8915
+
+
+def own_addresses():
+    """The addresses of this namespace's own interfaces (IPv4 by ioctl, IPv6 from /proc).
+
+    Link-local IPv6 addresses are left out: they need a scope and reach only the link.
+    """
+    found = []
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        names = []
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for name in names:
+            try:
+                packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR,
+                                     struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address on this interface
+            found.append(socket.inet_ntoa(packed[20:24]))
+    finally:
+        probe.close()
+    try:
+        with open("/proc/net/if_inet6") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) >= 4 and fields[3] != "20":  # 0x20: link-local scope
+                    raw = bytes.fromhex(fields[0])
+                    found.append(socket.inet_ntop(socket.AF_INET6, raw))
+    except (OSError, ValueError):
+        pass
+    return sorted(set(found))
+
+
 def run(task, out):
     nonce = task["nonce"]
     targets = task["targets"]
@@ -107,10 +149,18 @@ def run(task, out):
     out["attempts"].append(udp("udp-direct", targets["udp"], nonce))
     tcp_port = split(targets["tcp"])[1]
     udp_port = split(targets["udp"])[1]
-    for address in targets.get("extra_addresses") or []:
-        host = "[%s]" % address if ":" in address else address
-        out["attempts"].append(tcp("tcp-" + address, "%s:%d" % (host, tcp_port), nonce))
-        out["attempts"].append(udp("udp-" + address, "%s:%d" % (host, udp_port), nonce))
+    given = [a for a in targets.get("extra_addresses") or []]
+    own = own_addresses()
+    out["facts"]["own_addresses"] = own
+    tried = {split(targets["tcp"])[0]}
+    for kind, addresses in (("", given), ("own-", own)):
+        for address in addresses:
+            if address in tried:
+                continue
+            tried.add(address)
+            host = "[%s]" % address if ":" in address else address
+            out["attempts"].append(tcp("tcp-" + kind + address, "%s:%d" % (host, tcp_port), nonce))
+            out["attempts"].append(udp("udp-" + kind + address, "%s:%d" % (host, udp_port), nonce))
 
 
 def main(argv):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any
 
+from harness.listeners import LOOPBACK
 from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -158,9 +159,19 @@ class NetDirectEgress(_Spec):
         return _confined_network(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """The listener's loopback TCP and UDP addresses."""
-        direct = ctx.world.info.direct_egress
-        return {"tcp": direct.tcp, "udp": direct.udp, "extra_addresses": []}
+        """The witness's TCP and UDP address, and every other address to try at its ports.
+
+        In the lab that is every address the lab assigned (the internet side's and the host
+        side's own) and the host's loopback: witnesses answer on all of them, so a sandbox
+        with any path out is seen whatever address it picks. The payload adds the addresses
+        of its own interfaces, read from its own namespace (delivered locally: never a
+        gateway). On the loopback world the witness is on 127.0.0.1 alone.
+        """
+        info = ctx.world.info
+        direct = info.direct_egress
+        lab = [str(a) for a in info.extra.get("lab_addresses") or []]
+        extra = [a for a in (*lab, *([LOOPBACK] if lab else [])) if a != _split(direct.tcp)[0]]
+        return {"tcp": direct.tcp, "udp": direct.udp, "extra_addresses": extra}
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host reaches the same listener over TCP and UDP and is logged."""
@@ -200,8 +211,10 @@ class NetDirectEgress(_Spec):
         observed = _observed(escapes)
         tcp = _with_nonce(witness.direct_tcp, ctx.nonce)
         udp = _with_nonce(witness.direct_udp, ctx.nonce)
+        reached = sorted({str(e.get("local")) for e in tcp if e.get("local")})
         reasons = [
-            f"listener saw {len(tcp)} connections and {len(udp)} datagrams with the nonce",
+            f"listener saw {len(tcp)} connections and {len(udp)} datagrams with the nonce"
+            + (f" (reached {', '.join(reached)})" if reached else ""),
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(tcp or udp), _private_namespace(report, "net"), reasons)
