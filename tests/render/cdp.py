@@ -22,8 +22,15 @@ if TYPE_CHECKING:
 class Browser:
     """One headless Chromium driven over the pipe; use as a context manager."""
 
-    def __init__(self, chromium: str, profile: Path) -> None:
-        """Start chromium with every network feature off and a blank page."""
+    def __init__(self, chromium: str, profile: Path, *, loopback: bool = False) -> None:
+        """Start chromium with every network feature off and a blank page.
+
+        Args:
+            chromium: the browser binary.
+            profile: a fresh profile directory.
+            loopback: let 127.0.0.1 through (a local report server); nothing else resolves.
+        """
+        rules = "MAP * ~NOTFOUND" + (", EXCLUDE 127.0.0.1" if loopback else "")
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
         # Chromium expects the pipe ends exactly on fds 3 and 4: moved there in the child.
@@ -37,7 +44,7 @@ class Browser:
                 "--disable-component-update",
                 "--disable-sync",
                 "--no-first-run",
-                "--host-resolver-rules=MAP * ~NOTFOUND",
+                f"--host-resolver-rules={rules}",
                 "--remote-debugging-pipe",
                 f"--user-data-dir={profile}",
                 "about:blank",
