@@ -111,7 +111,7 @@ class CellOutcome:
 
     @property
     def mark(self) -> str:
-        """ "required" or "optional", as every view labels the cell."""
+        """Either "required" or "optional", as every view labels the cell."""
         return "required" if self.required else "optional"
 
 
