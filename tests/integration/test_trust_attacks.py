@@ -74,6 +74,8 @@ REFUSED = frozenset({"EACCES", "EPERM"})
 # stop by itself should this test die first.
 HELPER_BOUND_S = 60
 HELPER_STOP_WAIT_S = 5.0
+# A run takes ~5 s here; a harness that blocks on a planted FIFO (the old writer) never ends.
+RUN_TIMEOUT_S = 90
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,7 @@ def attack(root: Path, via: str) -> AttackRun:
         cwd=REPO,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=150)
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -346,6 +348,7 @@ class TestAttacksFail:
         for target, results in done["results"].items():
             assert results == {"EACCES": done["rounds"]}, (target, results)
         assert run.records("helper-plant-landed") == []
+        assert run.records("helper-fifo-served") == []
         assert not (run.drop / "captured-through-fifo.bin").exists()
 
 

