@@ -3,10 +3,11 @@
 Escape attempts: a hand-built DNS query (type A) for ``<nonce>.probe.test`` sent raw over UDP
 and over TCP straight to the DNS fixture's address (targets["dns"], "127.0.0.1:PORT").
 
-Deliberately NOT attempted: ``getaddrinfo`` on the name. On an unsandboxed control leg it would
-ask the machine's system resolver, which may be a private-range or public address outside the
-harness's world, so the query (carrying the nonce) would leave the machine. The raw queries to
-the fixture's loopback port are the attempt the harness can witness safely.
+In the lab only (targets["system_resolver"] is true), also ``getaddrinfo`` on the name: the
+lab's /etc/resolv.conf names the DNS fixture, so the system resolver's query reaches only the
+harness's world. Outside the lab it is never attempted: on an unsandboxed control leg it would
+ask the machine's own resolver, which may be an address outside the harness's world, and the
+query (carrying the nonce) would leave the machine.
 
 Stdlib only, Python 3.8+, never imported by the host; exits 0 and prints one JSON line.
 """
@@ -132,6 +133,21 @@ def run(task, out):
         out["facts"]["netns_error"] = errno_name(exc)
     out["attempts"].append(query("udp-query", "udp", targets["dns"], name))
     out["attempts"].append(query("tcp-query", "tcp", targets["dns"], name))
+    if targets.get("system_resolver") is True:
+        out["attempts"].append(system_resolver("system-resolver", name))
+
+
+def system_resolver(what, name):
+    """getaddrinfo, as every program resolves a name (only ever run inside the lab)."""
+    try:
+        found = socket.getaddrinfo(name, 443, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        code = {getattr(socket, n): n for n in dir(socket) if n.startswith("EAI_")}.get(exc.errno)
+        return attempt(what, "escape", "refused", code or str(exc.errno), None, repr(exc))
+    except OSError as exc:
+        return attempt(what, "escape", "refused", errno_name(exc), None, repr(exc))
+    addresses = sorted({info[4][0] for info in found})
+    return attempt(what, "escape", "succeeded", None, None, "A " + ",".join(addresses))
 
 
 def main(argv):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING, Any
 
 from harness.verdict import Assessment, Expectation
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from harness.backends.base import DeclaredPolicy
 from harness.catalog.base import (
     CellContext,
@@ -43,6 +46,8 @@ class DnsResolution(_Spec):
         return {
             "dns": f"{info.dns.host}:{info.dns.port}",
             "name": f"{ctx.nonce}.{info.probe_name_suffix}",
+            # getaddrinfo only where the system resolver is the fixture: in the lab.
+            "system_resolver": _in_lab(info.extra),
         }
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
@@ -58,6 +63,15 @@ class DnsResolution(_Spec):
             return _check("host resolves through the fixture", bool(answers), ",".join(answers))
 
         checks = [_guarded("host resolves through the fixture", resolve)]
+        if _in_lab(info.extra):
+            system_name = f"s{nonce}.{info.probe_name_suffix}"
+
+            def system() -> dict[str, Any]:
+                found = socket.getaddrinfo(system_name, 443, socket.AF_INET, socket.SOCK_STREAM)
+                answers = sorted({str(a[4][0]) for a in found})
+                return _check("host resolves via the system resolver", bool(answers), str(answers))
+
+            checks.append(_guarded("host resolves via the system resolver", system))
         records = _wait_for(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
         hits = _dns_hits(records.dns, nonce)
         checks.append(_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
@@ -80,6 +94,11 @@ class DnsResolution(_Spec):
         ]
         escape = _judge(observed, bool(hits), _private_namespace(report, "net"), reasons)
         return _conclude(escape, observed, reasons, host_control=control, witness={"dns": hits})
+
+
+def _in_lab(extra: Mapping[str, Any]) -> bool:
+    world = extra.get("world")
+    return isinstance(world, dict) and world.get("kind") == "lab"
 
 
 def _dns_hits(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
