@@ -427,7 +427,9 @@ class TestDamageEndsInAFailedGate:
             for s in statements
             if s["predicateType"] == TEST_RESULT_PREDICATE
         ]
-        assert results == ["FAILED"]  # the console's last gate line says the same
+        console = [ln for ln in run.stdout.splitlines() if ln.startswith("gate: ")][-1]
+        assert results == ["FAILED"]
+        assert console == f"gate: {results[0]}"
         assert json.loads((run.out / "signing.json").read_text())["gate"] == "FAILED"
 
 

@@ -300,7 +300,8 @@ def helper(outs: list[str]) -> int:
     deadline = time.monotonic() + min(seconds, 600.0)
     record("helper-start", "self", outs=outs, bound_s=seconds)
     tally: dict[str, dict[str, int]] = {}
-    fifo: FifoServer | None = None
+    # Always serving: the first plant may have landed in the wrapper itself, before this ran.
+    fifo = FifoServer()
     rounds = 0
     reason = "deadline"
     last_note = time.monotonic()
@@ -314,10 +315,7 @@ def helper(outs: list[str]) -> int:
                 counts[result] = counts.get(result, 0) + 1
                 if result == "ok":
                     record("helper-plant-landed", name, out=out)
-                    if name == LINK_PLANTS[0]:
-                        fifo = fifo or FifoServer()
-        if fifo is not None:
-            fifo.poll()
+        fifo.poll()
         rounds += 1
         if time.monotonic() - last_note > 1.0:
             record("helper-progress", "self", rounds=rounds, results=tally)
@@ -351,7 +349,11 @@ class FifoServer:
         self.served = 0
 
     def poll(self) -> None:
-        """One step: drain what the harness wrote, or serve the forgery to its next read."""
+        """One step: drain what the harness wrote, or serve the forgery to its next read.
+
+        Harmless where nothing landed: a read of a FIFO nobody writes is an empty EOF, and
+        the forgery is offered only after the harness has written something through it.
+        """
         fifo = drop_dir() / FIFO
         if self.reader is None and not self.captured:
             with contextlib.suppress(OSError):
