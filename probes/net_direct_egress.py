@@ -98,12 +98,33 @@ def udp(what, hostport, nonce):
 SIOCGIFADDR = 0x8915
 
 
+def local_ipv4_from_fib():
+    """Every local IPv4 address of this namespace, from the kernel's local routing table.
+
+    /proc/net/fib_trie lists secondary addresses too (which SIOCGIFADDR does not), and needs
+    no netlink socket (which a seccomp filter may refuse).
+    """
+    found, last = [], None
+    try:
+        with open("/proc/net/fib_trie") as fh:
+            for line in fh:
+                text = line.strip()
+                if text.startswith("|--"):
+                    last = text[3:].strip()
+                elif text.startswith("/32 host LOCAL") and last:
+                    found.append(last)
+    except OSError:
+        pass
+    return found
+
+
 def own_addresses():
-    """The addresses of this namespace's own interfaces (IPv4 by ioctl, IPv6 from /proc).
+    """The addresses of this namespace's own interfaces (IPv4 from the local table and by
+    ioctl, IPv6 from /proc/net/if_inet6).
 
     Link-local IPv6 addresses are left out: they need a scope and reach only the link.
     """
-    found = []
+    found = local_ipv4_from_fib()
     try:
         names = [name for _, name in socket.if_nameindex()]
     except OSError:
