@@ -12,6 +12,8 @@ Test data (tests/integration/test_lab_gateway.py); stdlib only; never dials anyt
 namespace's own address (inside) and 127.0.0.1 (outside).
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
@@ -25,7 +27,7 @@ CLONE_NEWNET = 0x40000000
 OWN_ADDRESS = "198.18.99.15"
 
 
-def witness_port(payload):
+def witness_port(payload: list[str]) -> int | None:
     """The witness's TCP port from the payload's task file (its last argument), or None.
 
     None for a command that is not a probe with a task (the harness's availability check).
@@ -38,7 +40,7 @@ def witness_port(payload):
         return None
 
 
-def child(payload, port, channel):
+def child(payload: list[str], port: int | None, channel: socket.socket) -> None:
     uid, gid = os.getuid(), os.getgid()
     if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
         os._exit(90)
@@ -58,7 +60,7 @@ def child(payload, port, channel):
     os.execvp(payload[0], payload)
 
 
-def pump(src, dst):
+def pump(src: socket.socket, dst: socket.socket) -> None:
     try:
         while True:
             data = src.recv(65536)
@@ -75,7 +77,7 @@ def pump(src, dst):
                 pass
 
 
-def relay(listener, port):
+def relay(listener: socket.socket, port: int) -> None:
     """Accept in the payload's namespace; dial the harness side's loopback; copy both ways."""
     while True:
         try:
@@ -91,7 +93,7 @@ def relay(listener, port):
             threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     payload = argv[1:]
     port = witness_port(payload)
     ours, theirs = socket.socketpair()
