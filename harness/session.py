@@ -405,7 +405,11 @@ class RunSession:
     def signed_gate(self, *, complete: bool = True) -> Gate:
         """The gate the attestation signs: `evaluate` over these cells with this policy."""
         return evaluate(
-            self.writer.cells, self.policy, default_platform=self.platform, complete=complete
+            self.writer.cells,
+            self.policy,
+            default_platform=self.platform,
+            complete=complete,
+            world=str(self.writer.run_facts.get("world", {}).get("kind")),
         )
 
     def gate_failures(self) -> list[str]:

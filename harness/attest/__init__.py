@@ -98,11 +98,13 @@ def gate_for(evidence: Mapping[str, Any], policy: Policy | None) -> Gate:
 
     The one place signer, renderer and verify turn evidence into a gate, so they agree.
     """
+    world = evidence.get("world")
     return evaluate(
         evidence["cells"],
         policy,
         default_platform=default_platform(evidence),
         complete=evidence.get("complete") is True,
+        world=str(world.get("kind")) if isinstance(world, dict) else "not recorded",
     )
 
 

@@ -29,7 +29,9 @@ CONTROL_BACKEND = "none"
 
 _TOP_KEYS = frozenset({"policy", "require", "exclude"})
 _POLICY_KEYS = frozenset({"name", "version"})
-_REQUIRE_KEYS = frozenset({"platform", "backend", "probes"})
+_REQUIRE_KEYS = frozenset({"platform", "backend", "probes", "world"})
+# Where a leg's fixture hosts may have lived (harness/lab.py): a policy may require the lab.
+WORLDS = ("lab", "loopback")
 _EXCLUDE_KEYS = frozenset({"platform", "backend", "probe", "reason"})
 
 
@@ -40,6 +42,9 @@ class Requirement:
     platform: str
     backend: str
     probes: tuple[str, ...]
+    # "lab": the leg counts only if its run's fixture world was the hermetic lab (a loopback
+    # world cannot show a sandbox's whole class of escapes). None: either world.
+    world: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,16 @@ def _requirement(table: Mapping[str, Any], where: str) -> Requirement:
         )
     if len(set(probes)) != len(probes):
         raise ConfigError(f"{where}: probes lists the same probe twice")
+    world = table.get("world")
+    if world is not None and world not in WORLDS:
+        raise ConfigError(
+            f"{where}: world = {world!r} is not a world; use one of {', '.join(WORLDS)}"
+        )
     return Requirement(
-        _string(table, "platform", where), _string(table, "backend", where), tuple(probes)
+        _string(table, "platform", where),
+        _string(table, "backend", where),
+        tuple(probes),
+        world,
     )
 
 
@@ -266,6 +279,29 @@ def _required_cells(
     }
 
 
+def _world_problems(
+    policy: Policy | None,
+    cells: Sequence[Mapping[str, Any]],
+    default_platform: str,
+    world: str | None,
+) -> list[str]:
+    """A leg present in the cells whose requirement names a world the run did not have.
+
+    `world` None means "not judged here" (a merge, whose legs were each verified with
+    their own world); a run that did not record one passes "not recorded", which fails.
+    """
+    if policy is None or world is None:
+        return []
+    legs = {cell_leg(c, default_platform) for c in cells}
+    return [
+        f"leg {req.platform}/{req.backend} requires world = {req.world!r}, but the run's "
+        f"world was {world}: run it as root on Linux, where the harness "
+        "builds its lab (sandbox-attest run --world lab)"
+        for req in policy.requirements
+        if req.world is not None and (req.platform, req.backend) in legs and req.world != world
+    ]
+
+
 def evaluate(
     cells: Sequence[Mapping[str, Any]],
     policy: Policy | None,
@@ -273,6 +309,7 @@ def evaluate(
     default_platform: str,
     complete: bool = True,
     qualify: bool = False,
+    world: str | None = None,
 ) -> Gate:
     """Derive the gate from evidence cells, over the legs those cells cover.
 
@@ -290,6 +327,8 @@ def evaluate(
         default_platform: the platform of cells that do not name one.
         complete: the evidence says the run finished.
         qualify: name tests `platform:cell_id` (merged legs from several platforms).
+        world: the run's world kind ("lab", "loopback" or "not recorded"), held to every
+            requirement of a leg present that names one; None skips that check.
     """
     problems: list[str] = []
     passed: list[str] = []
@@ -341,6 +380,7 @@ def evaluate(
             f"`{CONTROL_BACKEND}` alone attests nothing (require a sandbox backend in the "
             "policy, or name one with --backend)"
         )
+    problems.extend(_world_problems(policy, cells, default_platform, world))
     result: GateResult = "FAILED" if problems or failed else "WARNED" if warned else "PASSED"
     return Gate(result, tuple(passed), tuple(warned), tuple(failed), tuple(problems))
 

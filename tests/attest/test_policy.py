@@ -159,3 +159,48 @@ class TestRequiredByTheRun:
         gate = evaluate(cells, policy, default_platform="linux")
         assert gate.result == "FAILED"
         assert "bubblewrap-dns_resolution is FAIL" in gate.problems[0]
+
+
+class TestWorldRequirement:
+    POLICY = """
+[policy]
+name = "world"
+[[require]]
+platform = "linux"
+backend = "bubblewrap"
+probes = ["net_direct_egress"]
+world = "lab"
+"""
+
+    def cells(self) -> list[dict[str, str]]:
+        """One passing bubblewrap cell on Linux."""
+        return [
+            {
+                "cell_id": "bubblewrap-net_direct_egress",
+                "backend": "bubblewrap",
+                "probe": "net_direct_egress",
+                "platform": "linux",
+                "verdict": "PASS",
+            }
+        ]
+
+    def test_a_leg_that_requires_the_lab_fails_in_the_loopback_world(self, tmp_path: Path) -> None:
+        """World = "lab": the same PASS cells are FAILED when the run's world was loopback."""
+        path = tmp_path / "policy.toml"
+        path.write_text(self.POLICY)
+        policy = load_policy(path)
+        assert policy.requirements[0].world == "lab"
+        ok = evaluate(self.cells(), policy, default_platform="linux", world="lab")
+        assert ok.result == "PASSED", ok.problems
+        bad = evaluate(self.cells(), policy, default_platform="linux", world="loopback")
+        assert bad.result == "FAILED"
+        assert any("requires world = 'lab'" in p and "as root" in p for p in bad.problems)
+        unknown = evaluate(self.cells(), policy, default_platform="linux", world="not recorded")
+        assert unknown.result == "FAILED"
+
+    def test_an_unknown_world_is_refused(self, tmp_path: Path) -> None:
+        """A typo in world names the choices."""
+        path = tmp_path / "policy.toml"
+        path.write_text(self.POLICY.replace('world = "lab"', 'world = "labb"'))
+        with pytest.raises(ConfigError, match="use one of lab, loopback"):
+            load_policy(path)
