@@ -261,6 +261,13 @@ def pem_body_lines(pem: bytes) -> list[bytes]:
     return [ln for ln in pem.splitlines() if ln and not ln.startswith(b"-----")]
 
 
+def report_bytes(path: Path) -> bytes:
+    """A report file's bytes, refusing a link or a FIFO (a read of a planted FIFO never ends)."""
+    mode = path.lstat().st_mode
+    assert stat.S_ISREG(mode), f"{path} is not a regular file (mode {mode:o}): a plant landed"
+    return path.read_bytes()
+
+
 def regular_files(root: Path) -> Iterator[Path]:
     """Every regular file under `root`, never following links nor opening a FIFO."""
     for path in sorted(root.rglob("*")):
@@ -362,7 +369,7 @@ class TestDamageEndsInAFailedGate:
         assert gate_lines[-1] == "gate: FAILED"
         for probe in PROBES:
             assert f"gate: required cell {BACKEND}-{probe} is FAIL: escape observed" in run.stdout
-        cells = json.loads((run.out / EVIDENCE_NAME).read_text())["cells"]
+        cells = json.loads(report_bytes(run.out / EVIDENCE_NAME))["cells"]
         attacked = {c["cell_id"]: (c["verdict"], c["required"]) for c in cells}
         assert attacked == {
             **{f"none-{p}": ("PASS", True) for p in PROBES},
@@ -390,6 +397,7 @@ class TestDamageEndsInAFailedGate:
 
     def test_verify_refuses_the_report(self, run: AttackRun) -> None:
         """`verify --trusted-key K.pub --partial` exits non-zero, with the run's policy too."""
+        report_bytes(run.out / EVIDENCE_NAME)  # a planted FIFO would hang verify, not fail it
         base = [*CLI, "verify", str(run.out), "--trusted-key", str(run.public), "--partial"]
         for argv in (base, [*base, "--policy", str(run.policy)]):
             done = subprocess.run(
@@ -402,6 +410,7 @@ class TestDamageEndsInAFailedGate:
 
     def test_verify_checked_the_judged_evidence(self, run: AttackRun) -> None:
         """Signature and subjects hold; the only reasons are the FAIL cells; signed gate FAILED."""
+        evidence_sha = hashlib.sha256(report_bytes(run.out / EVIDENCE_NAME)).hexdigest()
         trusted = load_trusted_key(run.public)
         verification = verify_report(
             run.out,
@@ -414,11 +423,10 @@ class TestDamageEndsInAFailedGate:
             f"{BACKEND}-{p}" for p in PROBES
         ), verification.reasons
         statements = []
-        for line in (run.out / ATTESTATION_NAME).read_text().splitlines():
+        for line in report_bytes(run.out / ATTESTATION_NAME).decode().splitlines():
             envelope = dsse.Envelope.from_json(line)
             payload = dsse.verify(envelope, trusted.public_key, trusted.keyid)
             statements.append(parse_statement(payload, ATTESTATION_NAME))
-        evidence_sha = hashlib.sha256((run.out / EVIDENCE_NAME).read_bytes()).hexdigest()
         for stmt in statements:
             subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
             assert subjects[EVIDENCE_NAME] == evidence_sha
@@ -430,7 +438,7 @@ class TestDamageEndsInAFailedGate:
         console = [ln for ln in run.stdout.splitlines() if ln.startswith("gate: ")][-1]
         assert results == ["FAILED"]
         assert console == f"gate: {results[0]}"
-        assert json.loads((run.out / "signing.json").read_text())["gate"] == "FAILED"
+        assert json.loads(report_bytes(run.out / "signing.json"))["gate"] == "FAILED"
 
 
 class TestIdentityPinsTheWrapper:
