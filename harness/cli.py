@@ -306,7 +306,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from harness.world import serve  # noqa: PLC0415
 
-    return serve(Path(args.run_dir) if args.run_dir else None)
+    return serve(Path(args.run_dir) if args.run_dir else None, args.world)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -365,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="start the fixture world, print it as JSON, wait")
     serve.add_argument("--run-dir", help="where sockets, logs and the CA bundle go")
+    serve.add_argument(
+        "--world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
+    )
     serve.set_defaults(func=_cmd_serve)
 
     try:

@@ -35,6 +35,9 @@ from harness.lab import (
     ORIGIN_ADDRESS6,
     WITNESS_ADDRESS,
     Lab,
+    LabError,
+    WorldMode,
+    ensure_lab,
 )
 from harness.listeners import LOOPBACK, DirectEgressListener, FakeDaemon
 from harness.origins import Origins, load_hosts
@@ -411,11 +414,13 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
     )
 
 
-def serve(run_dir: Path | None) -> int:
+def serve(run_dir: Path | None, world: WorldMode = "auto") -> int:
     """Run the world until SIGINT/SIGTERM: `sandbox-attest serve`.
 
     Prints `WorldInfo` as one JSON line on stdout (it contains the proxy secret), then blocks.
-    Without `run_dir`, a temporary directory is used and removed at exit.
+    Without `run_dir`, a temporary directory is used and removed at exit. In the lab the
+    fixture hosts are reachable only from inside it: the line's `extra.serve_pid` names
+    this process, so `nsenter --target PID --net --mount curl ...` talks to them.
 
     Returns:
         0 after a clean stop, 1 if the world could not start (the reason is on stderr).
@@ -430,12 +435,14 @@ def serve(run_dir: Path | None) -> int:
     directory = Path(tempfile.mkdtemp(prefix="sa-world-")) if run_dir is None else run_dir
     try:
         try:
-            world = start_world(directory)
-        except FixtureError as exc:
+            running = start_world(directory, lab=ensure_lab(world))
+        except (FixtureError, LabError) as exc:
             print(exc.diagnostics(), file=sys.stderr)
             return 1
-        with world:
-            print(json.dumps(world.info.to_json_dict()), flush=True)
+        with running:
+            described = running.info.to_json_dict()
+            described.setdefault("extra", {})["serve_pid"] = os.getpid()
+            print(json.dumps(described), flush=True)
             while not stop.wait(1.0):
                 pass
         return 0

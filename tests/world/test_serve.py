@@ -48,10 +48,17 @@ def run_serve(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
 
 
 def curl_ok(info: dict[str, Any], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The README recipe: /ok on the allowed host through the proxy with the world's CA."""
+    """The README recipe: /ok on the allowed host through the proxy with the world's CA.
+
+    In the lab (serve as root) the world is reachable only from inside it: the recipe runs
+    under `nsenter` into serve's namespaces, as the README says.
+    """
     port = info["hosts"]["allowed"]["https_port"]
+    inside: list[str] = []
+    if info["extra"]["world"]["kind"] == "lab":
+        inside = ["nsenter", "--target", str(info["extra"]["serve_pid"]), "--net", "--mount"]
     return subprocess.run(
-        ["curl", "-sS", "--max-time", "10", "--proxy", info["proxy"]["url"],
+        [*inside, "curl", "-sS", "--max-time", "10", "--proxy", info["proxy"]["url"],
          "--cacert", info["ca_bundle"], f"https://allowed.test:{port}/ok?nonce=serve-1"],
         capture_output=True, text=True, timeout=30, env=env, check=False,
     )  # fmt: skip
