@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from harness import lifetime
 from harness.backends.base import START_MARKER, ProbeRun
 from harness.trust import PayloadUser
 
@@ -136,6 +137,9 @@ def run_process(
             start_new_session=True,
             pass_fds=pass_fds,
             **(user.popen_kwargs() if user is not None else {}),
+            # The wrapper dies with the harness even under SIGKILL (its group is killed on
+            # timeout by us; after our death only the kernel can): harness/lifetime.py.
+            **lifetime.popen_kwargs(),
         )
     except OSError as exc:
         return ProbeRun(

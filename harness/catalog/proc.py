@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from harness import lifetime
 from harness.catalog.base import (
     HOST_TIMEOUT_S,
     CellContext,
@@ -230,6 +231,8 @@ class _AnchoredSpec(_Spec):
                 stderr=subprocess.DEVNULL,
                 cwd=directory,
                 **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
+                # Its lifetime is 300 s: without this a killed harness leaves it running.
+                **lifetime.popen_kwargs(),
             )
         except OSError as exc:
             raise FixtureError(
@@ -333,6 +336,7 @@ def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
         cwd=workspace,
         check=False,
         **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
+        **lifetime.popen_kwargs(),  # a killed harness must not leave the baseline running
     )
     reports = [
         json.loads(line)

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 from urllib.parse import parse_qs
 
+from harness import lifetime
 from harness.dns import ResolveError, resolve
 from harness.egress.rules import (
     EgressPolicy,
@@ -303,6 +304,9 @@ def start_proxy(config: ProxyConfig) -> ProxyProcess:
                 stderr=stderr,
                 env=env,
                 start_new_session=True,  # its own process group: stop() signals the group
+                # Dies with the harness even under SIGKILL, when stop() never runs; the
+                # session starts the world from the main thread (harness/lifetime.py, rule 1).
+                **lifetime.popen_kwargs(),
             )
         assert popen.stdin is not None  # noqa: S101  (stdin=PIPE above)
         assert popen.stdout is not None  # noqa: S101  (stdout=PIPE above)

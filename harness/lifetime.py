@@ -1,0 +1,116 @@
+"""Children that die with the harness: `PR_SET_PDEATHSIG(SIGKILL)` for every process it starts.
+
+A run starts long-lived helpers (the egress proxy, the `proc_*` anchors, the host baselines,
+the payloads). When the harness exits normally it stops them itself; when it is killed
+(SIGKILL, the OOM killer, a CI runner that loses patience) nothing of the harness runs any
+more, so only the kernel can stop them. `die_with_harness()` returns the `preexec_fn` that
+asks it to: in the child, between fork and exec, `prctl(PR_SET_PDEATHSIG, SIGKILL)`, then a
+check that the parent is still the one that forked it (had it died in between, the signal
+would never come, so the child exits at once instead).
+
+Why `preexec_fn`: Python 3.11's `subprocess` has no other hook between fork and exec. It is
+unsafe in a threaded parent only for code that takes locks another thread may hold at fork
+time; the child here makes one ctypes call and one `getppid()` on objects built before the
+fork, so no import and no lock is involved.
+
+What the kernel does, and the rules that follow from it (tests/unit/test_lifetime.py shows
+each):
+
+1. The signal fires when the *thread* that forked the child exits, not only the process. A
+   child forked from a worker thread (the cell pool, `RunSession.plan`) dies when that thread
+   ends. That is the lifetime we want for per-cell children (anchors, baselines, payloads):
+   the pool's threads outlive every cell they run, and the cell stops its children itself.
+   A child that must live as long as the run (the proxy, the fixture world) is started from
+   the main thread, which is where the session starts the world.
+2. The setting survives `execve` of an ordinary binary and the `user=`/`group=` switch that
+   `subprocess` makes before calling `preexec_fn` (the switch clears it; it is set after).
+   It is cleared by `execve` of a set-uid or file-capability binary: such a wrapper is not
+   covered, and its children are the backend's to kill (its process group).
+3. It covers the direct child only. Grandchildren that a wrapper starts are covered when the
+   wrapper asks for it itself (`bwrap --die-with-parent`) or by their process group being
+   killed by the backend; what survives a SIGKILL of the harness is found by the next run's
+   sweep (`harness.sweep`).
+
+What this does not do: it never kills anything itself, and on platforms other than Linux it
+returns None (the child is then not tied to the harness; the sweep is the only net there).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+# Linux <linux/prctl.h>.
+PR_SET_PDEATHSIG: Final = 1
+PR_GET_PDEATHSIG: Final = 2
+# The child's exit status when its parent was already gone before the signal was armed: it
+# must not run on unowned, so it exits before exec (the status is never seen by the harness).
+ORPHANED_EXIT: Final = 125
+
+
+def _prctl() -> Any:
+    """The C library's prctl, resolved once in the parent (never in the forked child)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return libc.prctl
+
+
+_PRCTL: Any = _prctl() if sys.platform.startswith("linux") else None
+
+
+def die_with_harness() -> Callable[[], None] | None:
+    """The `preexec_fn` that makes a child die by SIGKILL when its forking thread ends.
+
+    Build it right before each `Popen` (it captures the current pid, to detect a parent that
+    died between fork and prctl). Use `popen_kwargs()` where a dict is handier.
+
+    Returns:
+        The function, or None where the kernel has no such setting (not Linux).
+    """
+    if _PRCTL is None:
+        return None
+    prctl = _PRCTL
+    # Built before the fork: the child only calls, it allocates nothing that needs a lock.
+    option = ctypes.c_int(PR_SET_PDEATHSIG)
+    value = ctypes.c_ulong(int(signal.SIGKILL))
+    zero = ctypes.c_ulong(0)
+    parent = os.getpid()
+
+    def arm() -> None:
+        if prctl(option, value, zero, zero, zero) != 0:
+            # Without the setting the child could outlive a killed harness; refuse to start
+            # it rather than run it untied (subprocess raises this in the parent).
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:
+            # The parent died before the setting took: nobody will ever send the signal.
+            os._exit(ORPHANED_EXIT)
+
+    return arm
+
+
+def popen_kwargs() -> dict[str, Any]:
+    """`subprocess.Popen` keyword arguments that tie the child's life to the harness.
+
+    Returns:
+        `{"preexec_fn": ...}` on Linux, `{}` elsewhere; merge it into the call's kwargs.
+    """
+    arm = die_with_harness()
+    return {} if arm is None else {"preexec_fn": arm}
+
+
+def own_parent_death_signal() -> int | None:
+    """The parent-death signal this process has armed (0: none); None where not Linux.
+
+    The kernel tells only the process itself (`PR_GET_PDEATHSIG`); the tests run it in a child
+    to show what `die_with_harness` armed there.
+    """
+    if _PRCTL is None:
+        return None
+    got = ctypes.c_int(0)
+    if _PRCTL(PR_GET_PDEATHSIG, ctypes.byref(got), 0, 0, 0) != 0:
+        return None
+    return got.value
