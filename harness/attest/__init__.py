@@ -4,7 +4,8 @@
 junit, the two rendered views), re-derives the gate from them, writes every file itself into
 the report directory (`reportfs`), and signs their digests. A run reaches it through the
 separate signer process (`harness.attest.signer`), which alone holds the key; `sign_report`
-reads a finished directory from disk and signs it in-process (tests, benchmarks, re-signing).
+renders every view from a finished directory's evidence.json, as a run does, and signs it
+in-process (tests, benchmarks, re-signing).
 `verify_report` and `merge_legs` are the release gate (`sandbox-attest verify` / `merge`,
 wired by `harness.attest.cli.register`).
 """
@@ -273,15 +274,21 @@ def sign_report(
     policy: Policy | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Path:
-    """Sign a finished report directory in this process: re-render its views, then sign.
+    """Sign a finished report directory in this process: render every view, then sign.
 
-    Reads evidence.json and junit.xml once each (regular files only, never through a link),
-    renders report.html and summary.md from that evidence, and hands all four to
-    `sign_judged`. A run does not call this: its signer process signs from memory. Use it for
-    tests, benchmarks and re-signing a directory you trust.
+    Reads evidence.json once (a regular file, never through a link) and renders junit.xml,
+    allure-results/, report.html and summary.md from it through the one verdict mapping
+    (`harness.outcomes`), exactly as a run's session does, then hands them to `sign_judged`.
+    The views on disk before are replaced, never signed: a stale or planted junit.xml cannot
+    say something the signed gate does not. Other files already in allure-results/ are left
+    in place and covered by its tree digest, as every file there is; re-sign into a fresh
+    directory to leave them out. A run does not call this: its
+    signer process signs from memory. Use it for tests, benchmarks and re-signing a
+    directory you trust. It cannot know the required cells a run never reached (a
+    session's `missing_required`), only those the policy names.
 
     Args:
-        report_dir: the run's directory holding evidence.json and junit.xml.
+        report_dir: the run's directory holding evidence.json.
         key: from `load_signing_key`.
         policy: the release policy the gate is derived with; by default the one evidence.json
             names, if it is still on disk unchanged (else the cells are judged alone).
@@ -291,26 +298,29 @@ def sign_report(
         The path of attestation.intoto.jsonl.
 
     Raises:
-        ReportError: evidence.json or junit.xml is missing or malformed.
+        ReportError: evidence.json is missing or malformed, or a view cannot be written.
         ConfigError: the directory is not the harness's own, or is writable by others.
     """
-    from harness.render import render_html, render_summary  # noqa: PLC0415  (import cycle)
+    # Imported here: the renderers import this package (gate_for, SignerFacts).
+    from harness.allure_results import render_allure, write_results  # noqa: PLC0415
+    from harness.junit import render_junit  # noqa: PLC0415
+    from harness.outcomes import run_outcomes  # noqa: PLC0415
+    from harness.render import render_html, render_summary  # noqa: PLC0415
 
     env = os.environ if env is None else env
     dir_fd = reportfs.open_report_dir(report_dir)
     try:
         evidence_bytes = reportfs.read_regular(dir_fd, EVIDENCE_NAME)
-        try:
-            junit_bytes = reportfs.read_regular(dir_fd, JUNIT_NAME)
-        except ReportError as exc:
-            raise ReportError(f"{exc}; sign after the run has written junit.xml") from exc
         evidence = parse_evidence(evidence_bytes, str(report_dir / EVIDENCE_NAME))
         if policy is None:
             policy = policy_from_evidence(evidence)
         facts = SignerFacts.of(key.keyid, key.trust, sigstore.decide(env))
+        outcomes = run_outcomes(evidence, policy)
+        here = reportfs.dir_path(dir_fd, report_dir)
+        write_results(here / subjects.ALLURE_DIR, render_allure(evidence, outcomes))
         files = {
             EVIDENCE_NAME: evidence_bytes,
-            JUNIT_NAME: junit_bytes,
+            JUNIT_NAME: render_junit(evidence, outcomes),
             HTML_NAME: render_html(evidence, facts, policy).encode("utf-8"),
             SUMMARY_NAME: render_summary(evidence, facts, policy).encode("utf-8"),
         }

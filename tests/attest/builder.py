@@ -3,8 +3,9 @@
 The run that writes real evidence lives elsewhere; these builders follow the format in
 reports/README.md (schema `sandbox-attest/evidence/v1`) so attestation and rendering can be
 tested without starting sandboxes. A built report holds all five subjects (evidence.json,
-junit.xml, report.html, summary.md, allure-results/), a harness commit and run times close
-to now, so `verify`'s default --max-age holds.
+junit.xml, report.html, summary.md, allure-results/) rendered by the run's own renderers, so
+they have the real shapes, a harness commit and run times close to now, so `verify`'s
+default --max-age holds.
 """
 
 from __future__ import annotations
@@ -14,28 +15,13 @@ import hashlib
 import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
-from xml.sax.saxutils import escape, quoteattr
 
-from harness.attest import (
-    ATTESTATION_NAME,
-    dsse,
-    gate_for,
-    policy_from_evidence,
-    sign_report,
-    signer_info,
-)
-from harness.attest.statement import (
-    EVIDENCE_PREDICATE,
-    TEST_RESULT_PREDICATE,
-    configuration,
-    evidence_predicate,
-    read_evidence,
-    report_subjects,
-    statement,
-    statement_bytes,
-    test_result_predicate,
-)
-from harness.attest.subjects import ALL_SUBJECTS, ALLURE_DIR, FILE_SUBJECTS, tree_sha256
+from harness.allure_results import render_allure
+from harness.attest import ATTESTATION_NAME, policy_from_evidence, sign_report
+from harness.attest.subjects import ALLURE_DIR
+from harness.junit import render_junit
+from harness.outcomes import run_outcomes
+from harness.render import render_html, render_summary
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -153,21 +139,9 @@ def make_cells(
     return cells
 
 
-def write_junit(path: Path, cells: list[dict[str, Any]]) -> None:
-    """A junit.xml with one testcase per cell (failure for FAIL/ERROR, skip for the rest)."""
-    cases = []
-    for c in cells:
-        body = ""
-        if c["verdict"] in ("FAIL", "ERROR"):
-            body = f"<failure message={quoteattr(c['reason'])}>{escape(c['reason'])}</failure>"
-        elif c["verdict"] != "PASS":
-            body = f"<skipped message={quoteattr(c['verdict'])}/>"
-        name = quoteattr(c["cell_id"])
-        cases.append(f'<testcase classname="matrix" name={name} time="0.41">{body}</testcase>')
-    path.write_text(
-        '<?xml version="1.0" encoding="utf-8"?>\n<testsuites><testsuite name="sandbox-attest" '
-        f'tests="{len(cells)}">' + "".join(cases) + "</testsuite></testsuites>\n"
-    )
+def write_junit(path: Path, evidence: dict[str, Any], policy: Policy | None = None) -> None:
+    """junit.xml as a run renders it (`harness.junit.render_junit`), from `evidence`."""
+    path.write_bytes(render_junit(evidence, run_outcomes(evidence, policy)))
 
 
 def rfc3339(when: datetime) -> str:
@@ -175,19 +149,22 @@ def rfc3339(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def write_readables(report_dir: Path, cells: list[dict[str, Any]]) -> None:
-    """report.html, summary.md and allure-results/ (two result files and an attachment)."""
-    rows = "".join(
-        f"<tr><td>{escape(c['cell_id'])}</td><td>{c['verdict']}</td></tr>" for c in cells
-    )
-    (report_dir / "report.html").write_text(f"<!doctype html><table>{rows}</table>\n")
-    lines = "".join(f"| {c['cell_id']} | {c['verdict']} |\n" for c in cells)
-    (report_dir / "summary.md").write_text(f"# sandbox-attest\n\n| cell | verdict |\n{lines}")
+def write_readables(
+    report_dir: Path, evidence: dict[str, Any], policy: Policy | None = None
+) -> None:
+    """report.html, summary.md and allure-results/, rendered as a run renders them.
+
+    The pages say NOT SIGNED, as before signing (`sign` re-renders them with the signer).
+    """
+    (report_dir / "report.html").write_text(render_html(evidence, None, policy))
+    (report_dir / "summary.md").write_text(render_summary(evidence, None, policy))
     allure = report_dir / ALLURE_DIR
-    (allure / "attachments").mkdir(parents=True, exist_ok=True)
-    for c in cells[:2]:
-        result = {"name": c["cell_id"], "status": "passed" if c["verdict"] == "PASS" else "failed"}
-        (allure / f"{c['cell_id']}-result.json").write_text(json.dumps(result))
+    for name, data in render_allure(evidence, run_outcomes(evidence, policy)).items():
+        (allure / name).parent.mkdir(parents=True, exist_ok=True)
+        (allure / name).write_bytes(data)
+    # One file no render writes, as another allure writer (a plugin) may leave one: signing
+    # keeps it and the tree digest covers it (tests edit it to change the tree).
+    (allure / "attachments").mkdir(exist_ok=True)
     (allure / "attachments" / "stderr.txt").write_text("probe stderr\n")
 
 
@@ -286,8 +263,9 @@ def build_report(
     evidence["inputs"] = {"policy": evidence["policy"], "matrix": evidence["matrix"]}
     evidence.update(extra or {})
     (report_dir / "evidence.json").write_text(json.dumps(evidence, indent=2, sort_keys=True))
-    write_junit(report_dir / "junit.xml", cells)
-    write_readables(report_dir, cells)
+    policy = policy_from_evidence(evidence)
+    write_junit(report_dir / "junit.xml", evidence, policy)
+    write_readables(report_dir, evidence, policy)
     return report_dir
 
 
@@ -299,33 +277,9 @@ def signed_subjects(report_dir: Path) -> list[str]:
 
 
 def sign(report_dir: Path, key: SigningKey, *, policy: Policy | None = None) -> Path:
-    """Sign a built report over all five subjects, the way a run signs it (no Sigstore).
+    """Sign a built report the way a run signs it (no Sigstore): the real `sign_report`.
 
-    It calls the real `sign_report` (which also writes signing.json). Where that still
-    signs fewer subjects than `ALL_SUBJECTS`, the two statements are re-signed here with
-    the same builders over every subject, so verify's full-coverage check is exercised.
+    It re-renders junit.xml, allure-results/, report.html and summary.md from evidence.json
+    and signs all five subjects (and writes signing.json).
     """
-    out = sign_report(report_dir, key, policy=policy, env={})
-    if signed_subjects(report_dir) == list(ALL_SUBJECTS):
-        return out
-    evidence_bytes, evidence = read_evidence(report_dir / "evidence.json")
-    files = {name: (report_dir / name).read_bytes() for name in FILE_SUBJECTS}
-    files["evidence.json"] = evidence_bytes
-    subjects = report_subjects(files, tree_sha256(report_dir / ALLURE_DIR))
-    if policy is None:
-        policy = policy_from_evidence(evidence)
-    gate = gate_for(evidence, policy)
-    config = configuration(evidence, policy.sha256 if policy else None)
-    payloads = [
-        statement_bytes(
-            statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(gate, config))
-        ),
-        statement_bytes(
-            statement(
-                subjects, EVIDENCE_PREDICATE, evidence_predicate(evidence, signer_info(key), gate)
-            )
-        ),
-    ]
-    lines = [dsse.sign(p, key.private_key, key.keyid).to_json() + "\n" for p in payloads]
-    out.write_text("".join(lines), encoding="utf-8")
-    return out
+    return sign_report(report_dir, key, policy=policy, env={})
