@@ -9,8 +9,16 @@ signer signs, through the one verdict mapping (`harness.outcomes`):
   / `skipped` as `CellOutcome.allure_status` says, message the one-line reason;
 - labels `parentSuite` = platform, `suite` = backend, `subSuite` = the probe's area (the
   prefix of its id, `net_...`), `severity` critical for a probe that attempts an escape and
-  normal for one that checks an allowed capability; the control leg's parentSuite is
-  "unconfined control", so it is never read as a sandbox result;
+  normal for one that checks an allowed capability;
+- the unconfined control leg (`none`) in its own results directory, `control/` (parentSuite
+  "unconfined control"): Allure 3 reads only the files directly in the directory it is
+  given, so `allure generate allure-results` never counts a control cell in its pass ring
+  (`widgets/statistic.json`, `pie_chart.json`), and `allure generate --config
+  allure-results/control/allurerc.json allure-results/control` renders the control leg as its
+  own report. The control's verdicts still reach the release gate's result, which stays in
+  the main directory. (Allure 3 has no JSON-config way to drop results from its statistics:
+  `environments` matchers and the awesome plugin's `filter` are JavaScript functions, and a
+  "muted" resolution applies to failed results only, so passing control cells still counted.)
 - steps stage, run, witness and judge, each with its part of the evidence attached;
 - `environment.properties` (run id, platform, world, every backend's version and digest)
   and `categories.json` ("Escapes", "Blind probes", "Harness errors", "Not run here"), whose
@@ -75,6 +83,8 @@ CATEGORIES: list[Category] = [
     },
 ]
 CONTROL_SUITE = "unconfined control"
+# The control leg's own results directory inside allure-results/ (see the module docstring).
+CONTROL_DIR = "control"
 _NAMESPACE = uuid.UUID("6f1f3c0e-5a57-4d8e-9a51-2f1f0c3d7b21")  # ours: stable result names
 
 
@@ -101,10 +111,17 @@ class _Writer:
     def uid(self, *parts: str) -> str:
         return str(uuid.uuid5(_NAMESPACE, "/".join((self.run_id, *parts))))
 
-    def attach(self, owner: str, name: str, value: object) -> dict[str, str]:
+    def attach(self, owner: str, name: str, value: object, where: str = "") -> dict[str, str]:
+        """Store an attachment in results directory `where` ("" or "control/")."""
         source = f"{self.uid(owner, name)}-attachment.json"
-        self.files[source] = _json_bytes(value)
+        # Allure resolves `source` in the directory the result file sits in.
+        self.files[where + source] = _json_bytes(value)
         return {"name": name, "source": source, "type": "application/json"}
+
+
+def _where(o: CellOutcome) -> str:
+    """The results directory of a cell's files, relative to allure-results/."""
+    return f"{CONTROL_DIR}/" if o.control else ""
 
 
 def _steps(w: _Writer, o: CellOutcome, start: int, stop: int) -> list[dict[str, Any]]:
@@ -136,10 +153,10 @@ def _steps(w: _Writer, o: CellOutcome, start: int, stop: int) -> list[dict[str, 
     ]
     steps = []
     for name, status, body in parts:
-        attachments = [w.attach(o.cell_id, name, body)]
+        attachments = [w.attach(o.cell_id, name, body, _where(o))]
         if name == "run":
             # The attempts on their own too: what a reader opens first (errno, status).
-            attachments.append(w.attach(o.cell_id, "attempts", body["attempts"]))
+            attachments.append(w.attach(o.cell_id, "attempts", body["attempts"], _where(o)))
         steps.append(
             {
                 "name": name,
@@ -194,7 +211,7 @@ def _result(w: _Writer, o: CellOutcome, start: int, stop: int) -> dict[str, Any]
     if o.message:
         result["statusDetails"] = {"message": o.message, "trace": o.detail}
     if o.cell is not None:
-        result["attachments"].append(w.attach(o.cell_id, "evidence", dict(o.cell)))
+        result["attachments"].append(w.attach(o.cell_id, "evidence", dict(o.cell), _where(o)))
     return result
 
 
@@ -225,7 +242,8 @@ def render_allure(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> dict[st
         outcomes: `harness.outcomes.run_outcomes` over that evidence.
 
     Returns:
-        File names relative to the results directory, and their bytes.
+        File paths relative to the results directory (the control leg's under `control/`),
+        and their bytes.
     """
     w = _Writer(str(evidence.get("run_id", "")))
     start = 0
@@ -234,7 +252,7 @@ def render_allure(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> dict[st
         seconds = run.get("duration_s") if isinstance(run, dict) else None
         stop = start + int(1000 * seconds) if isinstance(seconds, int | float) else start
         result = _result(w, o, start, stop)
-        w.files[f"{result['uuid']}-result.json"] = _json_bytes(result)
+        w.files[f"{_where(o)}{result['uuid']}-result.json"] = _json_bytes(result)
         start = stop
     gate = outcomes.gate
     gate_result: dict[str, Any] = {
@@ -262,11 +280,16 @@ def render_allure(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> dict[st
         }
     w.files[f"{gate_result['uuid']}-result.json"] = _json_bytes(gate_result)
     lines = [f"{k}={one_line(v)}" for k, v in sorted(_environment(evidence).items())]
-    w.files["environment.properties"] = ("\n".join(lines) + "\n").encode("utf-8")
-    w.files["categories.json"] = _json_bytes(CATEGORIES)
-    w.files["allurerc.json"] = _json_bytes(
-        {"name": f"sandbox-attest {w.run_id}", "categories": {"rules": CATEGORIES}}
-    )
+    properties = ("\n".join(lines) + "\n").encode("utf-8")
+    dirs = [("", f"sandbox-attest {w.run_id}")]
+    if any(o.control for o in outcomes.cells):
+        dirs.append((f"{CONTROL_DIR}/", f"sandbox-attest {w.run_id}: {CONTROL_SUITE}"))
+    for where, name in dirs:
+        w.files[f"{where}environment.properties"] = properties
+        w.files[f"{where}categories.json"] = _json_bytes(CATEGORIES)
+        w.files[f"{where}allurerc.json"] = _json_bytes(
+            {"name": name, "categories": {"rules": CATEGORIES}}
+        )
     return w.files
 
 
@@ -275,7 +298,8 @@ def write_results(results_dir: Path, files: Mapping[str, bytes]) -> None:
 
     allure-results/ is a signed subject (its tree digest), so these are written like every
     report file: new temp file, no-follow, rename, relative to the directory's descriptor
-    (`harness.attest.reportfs`). A directory that does not exist yet is created 0700.
+    (`harness.attest.reportfs`). A directory that does not exist yet (the results directory,
+    or its `control/`) is created 0700.
 
     Raises:
         ConfigError: the directory is someone else's or writable by others.
@@ -283,12 +307,18 @@ def write_results(results_dir: Path, files: Mapping[str, bytes]) -> None:
     """
     from harness.attest import reportfs  # noqa: PLC0415  (cryptography: only a run signs)
 
-    dir_fd = reportfs.ensure_report_dir(results_dir)
-    try:
-        for name, data in files.items():
-            reportfs.write_new(dir_fd, name, data)
-    finally:
-        os.close(dir_fd)
+    by_dir: dict[str, dict[str, bytes]] = {}
+    for path, data in files.items():
+        sub, _, name = path.rpartition("/")
+        by_dir.setdefault(sub, {})[name] = data
+    # The top directory first: a subdirectory (control/) is created inside it.
+    for sub in sorted(by_dir, key=lambda d: (d != "", d)):
+        dir_fd = reportfs.ensure_report_dir(results_dir / sub if sub else results_dir)
+        try:
+            for name, data in by_dir[sub].items():
+                reportfs.write_new(dir_fd, name, data)
+        finally:
+            os.close(dir_fd)
 
 
 def write_run_files(results_dir: Path, environment: dict[str, str]) -> None:

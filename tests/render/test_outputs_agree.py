@@ -19,7 +19,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from harness.allure_results import CATEGORIES, render_allure
+from harness.allure_results import CATEGORIES, CONTROL_DIR, render_allure, write_results
 from harness.attest.policy import Policy, load_policy
 from harness.junit import render_junit
 from harness.outcomes import GATE_ID, RunOutcomes, run_outcomes
@@ -67,8 +67,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Polic
     allure = report / "allure-results"
     shutil.rmtree(allure)
     allure.mkdir()
-    for name, data in render_allure(evidence, outcomes).items():
-        (allure / name).write_bytes(data)
+    write_results(allure, render_allure(evidence, outcomes))
     return evidence, policy, report
 
 
@@ -89,9 +88,9 @@ def junit_statuses(report: Path) -> dict[str, str]:
 
 
 def allure_statuses(report: Path) -> dict[str, str]:
-    """Each result's status in allure-results/, by test case id."""
+    """Each result's status in allure-results/ and its control/ directory, by test case id."""
     out = {}
-    for path in (report / "allure-results").glob("*-result.json"):
+    for path in (report / "allure-results").rglob("*-result.json"):
         result = json.loads(path.read_text())
         out[result["testCaseId"]] = _word(result["status"])
     return out
@@ -242,7 +241,65 @@ def allure_cli() -> Path:
     return cli
 
 
+def allure_generate(results: Path, out: Path) -> None:
+    """Render `results` with the real Allure 3 CLI and its own allurerc.json into `out`."""
+    cli = allure_cli()
+    done = subprocess.run(
+        [
+            "node",
+            str(cli),
+            "generate",
+            "--config",
+            str(results / "allurerc.json"),
+            "--output",
+            str(out),
+            str(results),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=out.parent,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def allure_names(report: Path) -> set[str]:
+    """The test names an Allure 3 report lists (its test-results.json)."""
+    data = json.loads((report / "test-results.json").read_text())
+    return {str(t["name"]) for t in data["byId"].values()}
+
+
 class TestAllure:
+    def test_control_leg_never_counts_in_the_pass_ring(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes, tmp_path: Path
+    ) -> None:
+        """Allure 3's statistics and pass ring count no control cell; control/ is its own report."""
+        results = run[2] / "allure-results"
+        allure_generate(results, tmp_path / "main")
+        sandbox = [o for o in outcomes.cells if not o.control]
+        control = [o for o in outcomes.cells if o.control]
+        assert control, "the run under test has a control leg"
+        stats = json.loads((tmp_path / "main" / "widgets" / "statistic.json").read_text())
+        assert stats["total"] == len(sandbox) + 1  # the sandbox cells and the release gate
+        assert stats.get("passed", 0) == sum(o.status == "passed" for o in sandbox)
+        names = allure_names(tmp_path / "main")
+        assert not any(o.cell_id in n for o in control for n in names), names
+        ring = json.loads((tmp_path / "main" / "widgets" / "pie_chart.json").read_text())
+        assert sum(s["count"] for s in ring["slices"]) == len(sandbox) + 1
+        # Allure's success rate: passed over passed + failed + broken, truncated to 0.01 %.
+        counted = sum(o.status in ("passed", "failed", "error") for o in sandbox) + 1
+        rate = sum(o.status == "passed" for o in sandbox) / counted
+        assert ring["percentage"] == int(rate * 10000) / 100
+        allure_generate(results / CONTROL_DIR, tmp_path / "control")
+        control_stats = json.loads(
+            (tmp_path / "control" / "widgets" / "statistic.json").read_text()
+        )
+        assert control_stats["total"] == len(control)
+        assert allure_names(tmp_path / "control") == {
+            f"{o.cell_id} (unconfined control)" for o in control
+        }
+
     def test_allure3_groups_findings_in_our_categories(
         self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes, tmp_path: Path
     ) -> None:
