@@ -14,6 +14,7 @@ from harness import __version__
 from harness.attest.reportfs import make_report_dir
 from harness.errors import ConfigError, HarnessError
 from harness.lab import ensure_lab
+from harness.lifetime import RunInterrupted, catch_run_signals, caught_signal
 from harness.paths import matrix_dir
 from harness.session import new_run_id
 
@@ -27,7 +28,13 @@ EXIT_CODES = """exit codes:
   0    passed (the gate holds; for verify and merge: the report verifies)
   1    the gate FAILED, or it WARNED and strictness asked for PASSED; verify/merge refused
   2    usage or input error (bad flag, missing file or directory, unusable key or policy)
-  130  interrupted (Ctrl-C)"""
+  129  run cut short by SIGHUP (a closed terminal)
+  130  run cut short by SIGINT (Ctrl-C)
+  143  run cut short by SIGTERM (timeout, a CI cancel, docker stop)
+       For 129, 130 and 143 the cell in flight is ERROR, and evidence.json, the views and the
+       attestation are still written and signed with complete: false; the gate line says
+       FAILED. A second signal meanwhile is ignored; SIGKILL is not, and the next run
+       sweeps what a killed run left (its output and evidence.json say what, under swept)."""
 # A gate line longer than this is shortened at a word boundary, pointing at the report.
 GATE_LINE_LIMIT = 400
 
@@ -52,6 +59,9 @@ HELP_WORLD = (
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # From the first moment: SIGTERM before the matrix starts still ends in a gate line and
+    # 128 + its number (main), never in a silent death.
+    catch_run_signals()
     matrix = Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml"
     policy = Path(args.policy) if args.policy else matrix_dir() / "policy.toml"
     _preflight(matrix, policy, args.backend, args.backend_spec)
@@ -112,7 +122,13 @@ def _run_pytest(
     print(f"sandbox-attest {__version__}: run {run_id}, report -> {out}", flush=True)
     gate = _GateWatch()
     code = int(pytest.main(pytest_args, plugins=[gate, SignerHandoff(signer)]))
-    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+    caught = caught_signal()
+    if caught is not None:
+        # Cut short: the report is written (incomplete), so the gate is printed as ever; it
+        # can only say FAILED, and the status says which signal (130, 143, 129).
+        gate.report()
+        status = caught.exit_status
+    elif code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         status = code  # interrupted, usage or internal error: never a pass
     else:
         status = gate.report()
@@ -168,10 +184,14 @@ class _GateWatch:
         if run is not None:
             interrupted = config.stash.get(INTERRUPTED_KEY, False)
             self.warnings = run.gate_warnings()
+            caught = caught_signal()
+            cut = (
+                f"the run was cut short by {caught.signame}"
+                if caught
+                else "the run was interrupted"
+            )
             self.failures = (
-                run.gate_failures()
-                + (["the run was interrupted"] if interrupted else [])
-                + run.artifact_errors
+                run.gate_failures() + ([cut] if interrupted else []) + run.artifact_errors
             )
             self.signed = run.signed_gate(complete=not interrupted).result
 
@@ -392,6 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"sandbox-attest: error: {exc.diagnostics()}", file=sys.stderr)
         return 2
+    except RunInterrupted as exc:
+        # Before pytest started (or after it ended): nothing was judged, nothing is signed.
+        print(f"sandbox-attest: cut short by {exc.signame} before any cell ran", file=sys.stderr)
+        print("gate: FAILED: the run was cut short before any cell ran, so nothing was attested")
+        return exc.exit_status
 
 
 if __name__ == "__main__":

@@ -114,3 +114,92 @@ def own_parent_death_signal() -> int | None:
     if _PRCTL(PR_GET_PDEATHSIG, ctypes.byref(got), 0, 0, 0) != 0:
         return None
     return got.value
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals that end a run: each becomes RunInterrupted, so the run ends as Ctrl-C ends it.
+
+# What `timeout`, a CI cancel and `docker stop` send (SIGTERM), a closed terminal (SIGHUP), and
+# Ctrl-C. Each cuts the run short the same way; the exit status says which (128 + number).
+RUN_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A signal cut the run short; pytest handles it as it handles Ctrl-C.
+
+    Derives from KeyboardInterrupt because pytest (and `subprocess`'s waits) treat that one
+    as "stop now, but finish the session": the running cell becomes ERROR, and every
+    artefact is still written and signed as incomplete.
+    """
+
+    def __init__(self, signum: int) -> None:
+        """Keep the signal's number; the message is its name ("SIGTERM")."""
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+    @property
+    def signame(self) -> str:
+        """The signal's name, as the evidence and the gate line say it."""
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's convention for a death by this signal: 128 + its number."""
+        return 128 + self.signum
+
+
+class RunSignals:
+    """The handlers that turn RUN_SIGNALS into RunInterrupted, installed for one run.
+
+    No public state besides `caught`; get one from `catch_run_signals()`. Only the first
+    signal raises: a later one arrives while the run is already writing its artefacts, and
+    raising again would abandon the very report the first one was stopping to write. It is
+    recorded, and SIGKILL still stops everything at once (the next run sweeps what is left).
+    """
+
+    def __init__(self) -> None:
+        """Nothing caught yet, nothing installed."""
+        self.caught: RunInterrupted | None = None
+        self.later: list[str] = []
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        del frame  # the signal API's argument; where the run was cut is in the traceback
+        if self.caught is not None:
+            self.later.append(signal.Signals(signum).name)
+            return
+        self.caught = RunInterrupted(signum)
+        raise self.caught
+
+    def install(self) -> None:
+        """Install the handlers (main thread only; elsewhere Python refuses, so do nothing)."""
+        import threading  # noqa: PLC0415  (only a run installs handlers)
+
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in RUN_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before `install`."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+
+_RUN_SIGNALS = RunSignals()
+
+
+def catch_run_signals() -> RunSignals:
+    """The process's run-signal handlers, installed (idempotent: one set per process).
+
+    Returns:
+        The handlers; `.caught` is the first signal's RunInterrupted, or None.
+    """
+    _RUN_SIGNALS.install()
+    return _RUN_SIGNALS
+
+
+def caught_signal() -> RunInterrupted | None:
+    """The signal that cut this process's run short, if any."""
+    return _RUN_SIGNALS.caught

@@ -87,7 +87,13 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
     if SESSION_KEY not in config.stash:
+        from harness.lifetime import catch_run_signals  # noqa: PLC0415
         from harness.matrix import current_platform, load_matrix  # noqa: PLC0415
+
+        # SIGTERM and SIGHUP end a matrix run as Ctrl-C does (harness/lifetime.py): the cell
+        # in flight becomes ERROR and the report is still written and signed, as incomplete.
+        # Installed here, not in pytest_configure: the self-tests keep pytest's own handling.
+        catch_run_signals()
         from harness.paths import matrix_dir  # noqa: PLC0415
         from harness.session import RunSession, new_run_id, with_spec_backends  # noqa: PLC0415
 
@@ -300,7 +306,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when the gate does not hold (a missing cell, a control-only run, ...)."""
     run = session.config.stash.get(SESSION_KEY, None)
-    if run is not None and exitstatus == 0 and run.gate_failures():
+    if run is None:
+        return
+    from harness.lifetime import caught_signal  # noqa: PLC0415
+
+    caught = caught_signal()
+    if caught is not None:
+        # 128 + the signal's number, as a shell reports a death by it (130 for SIGINT, 143
+        # for SIGTERM): pytest would say 2 "interrupted", which a CI cannot tell from bad input.
+        session.exitstatus = caught.exit_status
+    elif exitstatus == 0 and run.gate_failures():
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -324,6 +339,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             print(line)
     finally:
         _close_signer(config)
+        from harness.lifetime import catch_run_signals  # noqa: PLC0415
+
+        # Only now: a signal during finish() must not abandon the report it is writing.
+        catch_run_signals().restore()
     session = config.stash.get(PYTEST_SESSION_KEY, None)
     if run.artifact_errors and session is not None and session.exitstatus == 0:
         for line in run.artifact_errors:

@@ -293,14 +293,24 @@ class RunSession:
         """
         if any(c["cell_id"] == cell.cell_id for c in self.writer.cells):
             return
+        from harness.lifetime import RunInterrupted  # noqa: PLC0415
+
+        if isinstance(exc, RunInterrupted):
+            # The signal's name is the reason: "cut short by SIGTERM" tells a reader that
+            # `timeout` or a CI cancel ended the run, not a fault of the sandbox.
+            reason = f"cut short by {exc.signame} before it was judged"
+        else:
+            reason = (
+                f"the cell was cut short before it was judged: {type(exc).__name__}: "
+                f"{str(exc)[:400]}"
+            )
         entry = {
             "cell_id": cell.cell_id,
             "backend": cell.backend,
             "probe": cell.probe.id,
             "platform": self.platform,
             "verdict": Verdict.ERROR.value,
-            "reason": f"the cell was cut short before it was judged: {type(exc).__name__}: "
-            f"{str(exc)[:400]}",
+            "reason": reason,
             "required": self.is_required(cell),
         }
         try:
