@@ -1,14 +1,15 @@
 """Merge signed legs (platform x backend) from a CI matrix into one signed release decision.
 
 Each leg directory is verified on its own (signature, digests, re-derived gate, policy for
-the legs it holds, freshness); then the legs must share one harness commit and probes digest, the
-union must contain every expected leg (`--expect-legs`, see `harness.attest.legs`) exactly
-once and satisfy the whole policy. Only then is the release written: every subject of each
-leg (evidence.json, junit.xml, report.html, summary.md, allure-results/ and the attestation)
-copied to `legs/NN-<dir>/` (the very bytes that were verified) and one test-result statement
-signed over all of them, recording the common commit, which `sandbox-attest verify` checks
-again. A leg that fails, a duplicate leg or a missing one refuses the merge and writes
-nothing.
+the legs it holds, freshness); then the legs must share one harness commit and probes
+digest, the union must contain every expected leg (`--expect-legs`, see
+`harness.attest.legs`) exactly once and satisfy the whole policy. Only then is the release
+written: every subject of each leg (evidence.json, junit.xml, report.html, summary.md,
+allure-results/ and the attestation) copied to `legs/NN-<dir>/` (the very bytes that were
+verified), the release's own report.html and summary.md (every leg's grid side by side,
+linking to the legs' pages; `harness.render.release`), and one test-result statement signed
+over all of them, recording the common commit, which `sandbox-attest verify` checks again. A
+leg that fails, a duplicate leg or a missing one refuses the merge and writes nothing.
 """
 
 from __future__ import annotations
@@ -23,20 +24,25 @@ from typing import TYPE_CHECKING, Any
 from harness.attest import (
     ATTESTATION_NAME,
     UNTRUSTED_LOCAL_NOTE,
+    SignerFacts,
     reportfs,
     signer_info,
+    sigstore,
     write_envelopes,
     write_signing_sidecar,
 )
 from harness.attest.keys import ENV_VAR
 from harness.attest.legs import ExpectedLegs, leg_digests, leg_label, load_expected_legs
+from harness.attest.policy import CONTROL_BACKEND
 from harness.attest.sigstore import sign_keyless
 from harness.attest.statement import (
     TEST_RESULT_PREDICATE,
+    sha256_hex,
     statement,
     statement_bytes,
     test_result_predicate,
 )
+from harness.attest.subjects import HTML, SUMMARY
 from harness.attest.verify import LEG_FILES, LEGS_DIR, Checks, verify_legs
 from harness.errors import ConfigError
 from harness.evidence import utc_now
@@ -45,9 +51,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from harness.attest.keys import SigningKey, TrustedKey
+    from harness.attest.legs import Combined
     from harness.attest.policy import Policy
 
-__all__ = ["ExpectedLegs", "MergeResult", "load_expected_legs", "merge_legs"]
+__all__ = ["ExpectedLegs", "MergeResult", "load_expected_legs", "merge_legs", "release_pages"]
 
 
 @dataclass
@@ -120,6 +127,51 @@ def _harness_entry(signed: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def release_pages(
+    combined: Combined,
+    expected: ExpectedLegs,
+    policy: Policy,
+    key: SigningKey,
+    env: Mapping[str, str],
+) -> dict[str, bytes]:
+    """The release's report.html and summary.md, rendered from the verified legs.
+
+    From the evidence each leg's verification parsed (the bytes the merge copies), through
+    the one verdict mapping, with the merged gate the statement signs.
+
+    Args:
+        combined: `verify_legs`'s result, with a gate.
+        expected: the legs the release needs (says whether `none` is a leg of its own).
+        policy: the release policy.
+        key: the key the merge is signed with (the pages say who signs).
+        env: the environment for Sigstore's ambient-token check.
+
+    Returns:
+        `report.html` and `summary.md` -> their bytes.
+    """
+    from harness.render.release import (  # noqa: PLC0415  (rendering imports attest)
+        release_view,
+        render_release_html,
+        render_release_summary,
+    )
+
+    if combined.gate is None:
+        msg = "release_pages needs the merged gate; call it after verify_legs succeeded"
+        raise ValueError(msg)
+    facts = SignerFacts.of(key.keyid, key.trust, sigstore.decide(env))
+    view = release_view(
+        [(label, v.evidence or {}) for label, v in combined.verifications],
+        combined.gate,
+        policy,
+        facts,
+        control_is_leg=any(b == CONTROL_BACKEND for _, b in expected.legs),
+    )
+    return {
+        HTML: render_release_html(view).encode("utf-8"),
+        SUMMARY: render_release_summary(view).encode("utf-8"),
+    }
+
+
 def merge_legs(
     leg_dirs: Sequence[Path],
     *,
@@ -186,6 +238,10 @@ def merge_legs(
             {"name": f"{LEGS_DIR}/{label}/{name}", "digest": {"sha256": v.digests[name]}}
             for name in LEG_FILES
         )
+    env = os.environ if env is None else env
+    pages = release_pages(combined, expected, policy, key, env)
+    copies.update(pages)
+    subjects.extend({"name": n, "digest": {"sha256": sha256_hex(d)}} for n, d in pages.items())
     signer = signer_info(key)
     first = combined.verifications[0][1].harness
     config: list[dict[str, Any]] = [
@@ -233,7 +289,7 @@ def merge_legs(
         write_envelopes(tmp / ATTESTATION_NAME, [payload], key)
         dir_fd = reportfs.open_report_dir(tmp)
         try:
-            decision = sign_keyless([payload], dir_fd, os.environ if env is None else env)
+            decision = sign_keyless([payload], dir_fd, env)
         finally:
             os.close(dir_fd)
         write_signing_sidecar(tmp, key, decision, gate)

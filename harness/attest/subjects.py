@@ -24,6 +24,9 @@ ALLURE_DIR = "allure-results"
 ALLURE_SUBJECT = ALLURE_DIR + "/"
 FILE_SUBJECTS = (EVIDENCE, JUNIT, HTML, SUMMARY)
 ALL_SUBJECTS = (*FILE_SUBJECTS, ALLURE_SUBJECT)
+# A merged release's own pages, at the top of the merged directory beside legs/: signed
+# subjects of the merged statement (harness/render/release.py renders them).
+RELEASE_SUBJECTS = (HTML, SUMMARY)
 
 
 def tree_sha256(root: Path) -> str:

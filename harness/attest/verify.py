@@ -19,9 +19,10 @@ sees the whole picture in one go. It passes only if every check holds:
   8. with `expect_commit`, the signed harness commit matches and the checkout was clean.
 
 A merged release directory (written by `merge`: one test-result statement whose configuration
-names an `expect-legs` file, and every subject of each leg copied under `legs/NN-<dir>/`) is
-verified as a whole: its envelope against the trusted key, every subject digest against the
-copy under the directory, every copied leg on its own, and the combined gate re-derived by
+names an `expect-legs` file, every subject of each leg copied under `legs/NN-<dir>/`, and the
+release's own report.html and summary.md beside legs/) is verified as a whole: its envelope
+against the trusted key, every subject digest against the copy under the directory (the
+release pages too), every copied leg on its own, and the combined gate re-derived by
 `verify_legs` (the function `merge` decided it with) against the signed one.
 """
 
@@ -54,7 +55,13 @@ from harness.attest.statement import (
     parse_statement,
     sha256_hex,
 )
-from harness.attest.subjects import ALL_SUBJECTS, ALLURE_DIR, ALLURE_SUBJECT, FILE_SUBJECTS
+from harness.attest.subjects import (
+    ALL_SUBJECTS,
+    ALLURE_DIR,
+    ALLURE_SUBJECT,
+    FILE_SUBJECTS,
+    RELEASE_SUBJECTS,
+)
 from harness.errors import ConfigError, ReportError, SignatureError
 
 if TYPE_CHECKING:
@@ -650,11 +657,14 @@ def _signed_legs(
     digests: dict[str, dict[str, str]] = {}
     for item in stmt["subject"]:
         name = str(item.get("name"))
+        if name in RELEASE_SUBJECTS:
+            continue  # the release's own pages: `_check_release_pages`
         match = _LEG_SUBJECT.fullmatch(name)
         if match is None:
             v.reasons.append(
-                f"the merged statement names subject {name!r}; only legs/NN-<dir>/<file> of "
-                f"{', '.join(LEG_FILES)} is expected"
+                f"the merged statement names subject {name!r}; only "
+                f"{', '.join(RELEASE_SUBJECTS)} and legs/NN-<dir>/<file> of "
+                f"{', '.join(LEG_FILES)} are expected"
             )
             continue
         label = match["label"]
@@ -670,6 +680,31 @@ def _signed_legs(
                 "merged by an older sandbox-attest; re-run `sandbox-attest merge`"
             )
     return labels, digests
+
+
+def _check_release_pages(stmt: dict[str, Any], v: Verification) -> None:
+    """The release's report.html and summary.md are signed, and unchanged since the merge."""
+    signed = {str(s.get("name")): s.get("digest") or {} for s in stmt["subject"]}
+    for name in RELEASE_SUBJECTS:
+        if name not in signed:
+            v.reasons.append(
+                f"the merged statement does not cover the release page {name}: it was merged "
+                "by an older sandbox-attest; re-run `sandbox-attest merge`"
+            )
+            continue
+        data = _read(v.report_dir / name, v, "`sandbox-attest merge` writes it; re-run it")
+        if data is None:
+            continue
+        v.files[name] = data
+        have = sha256_hex(data)
+        v.digests[name] = have
+        want = str(signed[name].get("sha256", ""))
+        if have != want:
+            v.reasons.append(
+                f"the release page {name} does not match its signed digest in the merged "
+                f"statement (signed sha256 {want[:16]}..., file has {have[:16]}...): it was "
+                "changed after the merge; re-run `sandbox-attest merge`"
+            )
 
 
 def _expected_from(stmt: dict[str, Any], v: Verification) -> ExpectedLegs:
@@ -724,6 +759,7 @@ def _verify_merged(
     _check_counts(statements, (TEST_RESULT_PREDICATE,), v)
     _merged_signer(stmt, v)
     labels, digests = _signed_legs(stmt, v)
+    _check_release_pages(stmt, v)
     legs_dir = v.report_dir / LEGS_DIR
     on_disk = {p.name for p in legs_dir.iterdir()} if legs_dir.is_dir() else set()
     v.reasons.extend(

@@ -51,6 +51,8 @@ dl{margin:.3em 0} dt{font-weight:600;margin-top:.3em} dd{margin:0 0 0 1em}
 .small{font-size:12px;color:#555}
 """
 
+CSS = _CSS  # the release page (harness/render/release.py) looks the same
+
 NOT_PROVEN = (
     (
         "It tests only the probes listed in the grid, on this machine, at this time, with the "

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from harness.attest.merge import load_expected_legs, merge_legs
+from harness.attest.verify import verify_report
 from harness.errors import ConfigError
 from tests.attest.builder import COMMIT, build_report, make_cells, sign
 
@@ -95,9 +98,11 @@ class TestMerge:
         (line,) = result.attestation.read_text().splitlines()
         stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
         assert stmt["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
-        # Two legs x every subject (five plus the leg's attestation).
-        assert len(stmt["subject"]) == 12
-        assert "legs/01-leg-bwrap/allure-results/" in {s["name"] for s in stmt["subject"]}
+        # Two legs x every subject (five plus the leg's attestation), and the release's pages.
+        assert len(stmt["subject"]) == 14
+        names = {s["name"] for s in stmt["subject"]}
+        assert "legs/01-leg-bwrap/allure-results/" in names
+        assert {"report.html", "summary.md"} <= names
         assert "macos:seatbelt-net_denied_host" in stmt["predicate"]["passedTests"]
         names = {c["name"] for c in stmt["predicate"]["configuration"]}
         assert {"policy", "expect-legs", "harness", "leg:macos/seatbelt", "leg:linux/none"} <= names
@@ -223,6 +228,9 @@ class TestControlCarriedByLegs:
         passed = stmt["predicate"]["passedTests"]
         assert "linux:none-net_denied_host@01-bubblewrap" in passed
         assert "linux:none-net_denied_host@02-docker" in passed
+        # The release page names each carried control cell as the gate does, once per leg.
+        cells = page_cells((tmp_path / "out" / "report.html").read_text())
+        assert {name for name, _, _ in cells.values()} == set(passed)
 
     def test_unexpected_leg_refused(
         self,
@@ -244,3 +252,143 @@ class TestControlCarriedByLegs:
         )
         assert any("unexpected leg linux/docker" in r for r in result.reasons), result.reasons
         assert result.attestation is None
+
+
+def signed_statement(attestation: Path) -> dict[str, Any]:
+    """The one statement of a merged release's attestation."""
+    (line,) = attestation.read_text().splitlines()
+    stmt: dict[str, Any] = json.loads(base64.b64decode(json.loads(line)["payload"]))
+    return stmt
+
+
+def page_cells(page: str) -> dict[str, tuple[str, str, str]]:
+    """Each release-grid cell (`label/cell_id`) -> (gate name, status, link)."""
+    found = re.findall(
+        r"data-cell='([^']+)' data-gate-name='([^']+)' data-verdict='\w+' "
+        r"data-status='(\w+)'><a href='([^']+)'",
+        page,
+    )
+    return {cell: (name, status, link) for cell, name, status, link in found}
+
+
+class TestReleasePages:
+    """merge writes the release's own report.html and summary.md, and verify pins them."""
+
+    OPTIONAL_FAIL = "seatbelt-fs_write_outside"
+
+    @pytest.fixture
+    def warned_legs(self, tmp_path: Path, policy_file: Path, signing_key: SigningKey) -> list[Path]:
+        """Two real signed legs, the merged gate WARNED by one optional FAIL on macOS.
+
+        The linux leg (none + bubblewrap) all PASS; the seatbelt leg marks its cells required,
+        as `--backend seatbelt --require-backend` does, except the one that FAILs.
+        """
+        dirs = []
+        for name, backends, platform, verdicts in (
+            ("leg-bwrap", ("none", "bubblewrap"), "linux", {}),
+            ("leg-mac", ("seatbelt",), "macos", {self.OPTIONAL_FAIL: "FAIL"}),
+        ):
+            cells = make_cells(backends=backends, platform=platform, verdicts=verdicts)
+            for cell in cells:
+                if cell["backend"] == "seatbelt" and cell["cell_id"] != self.OPTIONAL_FAIL:
+                    cell["required"] = True
+            report = build_report(tmp_path / name, policy_file, cells, platform=platform)
+            sign(report, signing_key)
+            dirs.append(report)
+        return dirs
+
+    @pytest.fixture
+    def release(
+        self,
+        warned_legs: list[Path],
+        expected: ExpectedLegs,
+        trusted: TrustedKey,
+        policy: Policy,
+        signing_key: SigningKey,
+        tmp_path: Path,
+    ) -> Path:
+        """The WARNED release merged from `warned_legs`."""
+        result = do_merge(warned_legs, expected, trusted, policy, signing_key, tmp_path / "out")
+        assert result.reasons == []
+        assert result.result == "WARNED"
+        return tmp_path / "out"
+
+    def test_pages_are_signed_subjects(self, release: Path) -> None:
+        """The release's report.html and summary.md are subjects with their files' digests."""
+        stmt = signed_statement(release / "attestation.intoto.jsonl")
+        signed = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+        for name in ("report.html", "summary.md"):
+            assert signed[name] == hashlib.sha256((release / name).read_bytes()).hexdigest()
+
+    def test_grid_shows_every_leg_and_agrees_with_the_merged_gate(self, release: Path) -> None:
+        """Every cell of both legs is in one grid, with the status the merged gate gives it."""
+        predicate = signed_statement(release / "attestation.intoto.jsonl")["predicate"]
+        cells = page_cells((release / "report.html").read_text())
+        assert len(cells) == 3 * 7  # linux none + bubblewrap, macOS seatbelt
+        assert {c.split("/")[0] for c in cells} == {"01-leg-bwrap", "02-leg-mac"}
+        passed = {name for name, status, _ in cells.values() if status == "passed"}
+        failing = {name for name, status, _ in cells.values() if status in ("failed", "error")}
+        assert passed == set(predicate["passedTests"])
+        assert failing == set(predicate["failedTests"]) == set()
+        name, status, link = cells[f"02-leg-mac/{self.OPTIONAL_FAIL}"]
+        assert status == "skipped"
+        assert name in predicate["warnedTests"]
+        assert link == f"legs/02-leg-mac/report.html#cell-{self.OPTIONAL_FAIL}"
+        # legs.toml lists linux/none as a leg of its own here, so its cells are not carried.
+        assert cells["01-leg-bwrap/none-dns_resolution"][0] == "linux:none-dns_resolution"
+
+    def test_every_cell_links_to_its_section_in_the_copied_leg_page(self, release: Path) -> None:
+        """Each grid link names a copied leg page that holds the linked cell's section."""
+        for _, _, link in page_cells((release / "report.html").read_text()).values():
+            path, _, fragment = link.partition("#")
+            assert f"id='{fragment}'" in (release / path).read_text(), link
+
+    def test_page_says_the_gate_and_links_the_legs(self, release: Path) -> None:
+        """The page shows WARNED, links each leg's report and summary, and fetches nothing."""
+        page = (release / "report.html").read_text()
+        assert "Release gate: WARNED" in page
+        for label in ("01-leg-bwrap", "02-leg-mac"):
+            assert f"href='legs/{label}/report.html'" in page
+            assert f"href='legs/{label}/summary.md'" in page
+        assert "unconfined control" in page
+        assert not re.search(r"(?:src|href)=['\"]?(?:https?:)?//", page)
+        assert "<script" not in page
+
+    def test_summary_lists_the_legs_and_what_did_not_pass(self, release: Path) -> None:
+        """summary.md gives the merged gate, a link per leg, the grid and the optional FAIL."""
+        text = (release / "summary.md").read_text()
+        assert text.startswith("## sandbox-attest release: WARNED (2 legs merged)")
+        assert "[01-leg-bwrap](legs/01-leg-bwrap/report.html)" in text
+        assert "| 01-leg-bwrap: none (unconfined control) |" in text
+        assert (
+            f"- `02-leg-mac/{self.OPTIONAL_FAIL}` (optional, skipped): FAIL (optional, gate WARNED)"
+        ) in text
+        assert f"(legs/02-leg-mac/report.html#cell-{self.OPTIONAL_FAIL})" in text
+
+    def test_release_verifies(self, release: Path, trusted: TrustedKey, policy: Policy) -> None:
+        """Verify of the merged directory holds, the release pages included."""
+        v = verify_report(release, trusted, policy)
+        assert v.reasons == []
+        assert {"report.html", "summary.md"} <= set(v.digests)
+
+    @pytest.mark.parametrize("name", ["report.html", "summary.md"])
+    def test_changed_page_fails_verify_naming_it(
+        self, release: Path, trusted: TrustedKey, policy: Policy, name: str
+    ) -> None:
+        """A release page edited after the merge fails verify, naming the file."""
+        page = release / name
+        page.write_text(page.read_text().replace("WARNED", "PASSED"))
+        v = verify_report(release, trusted, policy)
+        assert any(
+            r.startswith(f"the release page {name} does not match its signed digest")
+            for r in v.reasons
+        ), v.reasons
+
+    @pytest.mark.parametrize("name", ["report.html", "summary.md"])
+    def test_removed_page_fails_verify_naming_it(
+        self, release: Path, trusted: TrustedKey, policy: Policy, name: str
+    ) -> None:
+        """A release page deleted after the merge fails verify, naming the file."""
+        (release / name).unlink()
+        v = verify_report(release, trusted, policy)
+        assert any(r.startswith(f"{name} is missing or unreadable") for r in v.reasons), v.reasons
