@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.allure_results import CATEGORIES, write_run_files
-from harness.outcomes import _outcome
+from harness.allure_results import (
+    CATEGORIES,
+    CONTROL_DIR,
+    render_allure,
+    write_results,
+    write_run_files,
+)
+from harness.outcomes import _outcome, run_outcomes
+from tests.attest.builder import build_report, make_cells, write_policy
 
 
 def category_of(message: str, status: str) -> list[str]:
@@ -64,3 +71,23 @@ def test_environment_and_categories_written(tmp_path: Path) -> None:
     lines = (tmp_path / "allure" / "environment.properties").read_text().splitlines()
     assert lines == ["backend.x=bubblewrap 0.8.0; digest", "run=r"]
     assert json.loads((tmp_path / "allure" / "categories.json").read_text()) == CATEGORIES
+
+
+class TestControlDirectory:
+    def test_control_results_and_their_attachments_live_in_control(self, tmp_path: Path) -> None:
+        """Every control-leg result sits in control/ with its attachments; none at the top."""
+        policy = write_policy(tmp_path / "policy.toml")
+        report = build_report(tmp_path / "run", policy, make_cells())
+        evidence = json.loads((report / "evidence.json").read_text())
+        results = tmp_path / "results"
+        write_results(results, render_allure(evidence, run_outcomes(evidence, None)))
+        for where, control in ((results, False), (results / CONTROL_DIR, True)):
+            found = [json.loads(p.read_text()) for p in where.glob("*-result.json")]
+            cells = [r for r in found if r["testCaseId"] != "release-gate"]
+            assert cells
+            assert all((r["testCaseId"].startswith("none-")) == control for r in cells)
+            for r in cells:
+                sources = [a["source"] for s in r["steps"] for a in s["attachments"]]
+                sources += [a["source"] for a in r["attachments"]]
+                assert all((where / s).is_file() for s in sources), r["testCaseId"]
+            assert (where / "allurerc.json").is_file()
