@@ -75,7 +75,7 @@ def render_markdown(view: ReportView) -> str:
         lines += ["### Not passing", ""]
         lines += [
             f"- `{_md(o.cell_id)}` ({o.mark}, {o.status}): {_md(o.message)}"
-             f" ([evidence](report.html#cell-{_md(o.cell_id)}))"
+            f" ([evidence](report.html#cell-{_md(o.cell_id)}))"
             for o in bad
         ]
     return "\n".join(lines) + "\n"
