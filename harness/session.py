@@ -217,7 +217,9 @@ class RunSession:
     def _ensure_world(self) -> CellRunner | None:
         if self.runner is not None or self.world_error is not None:
             return self.runner
+        self._sweep_leftovers()
         self.scratch = Path(tempfile.mkdtemp(prefix="sandbox-attest-"))
+        self._journal_scratch()
         # The scratch holds workspaces that non-root sandbox users must traverse.
         self.scratch.chmod(0o755)
         try:
@@ -485,11 +487,77 @@ class RunSession:
                     print(f"sandbox-attest: cleanup of backend {backend.name} failed: {exc}")
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+            self._unjournal_scratch()
         evidence = self.writer.write(complete=complete and not self.deselected)
         return [
+            *self.swept_lines,
             f"evidence: {self.report_dir / 'evidence.json'}",
             *self._sign_and_render(evidence),
         ]
+
+    # -- what killed runs leave (harness/sweep.py) -------------------------------------------
+
+    def _sweep_leftovers(self) -> None:
+        """Remove what runs that are gone left on this host, before this run makes anything.
+
+        Recorded in the evidence as `swept` (what, target, why, removed) and said in the
+        run's output: a cell must never depend on an earlier run's leftovers, and a reader
+        must see that the host was cleaned. Never a live run's (see harness/sweep.py).
+        """
+        from harness import sweep  # noqa: PLC0415
+
+        homes = [self.user.home] if self.user is not None else [Path.home()]
+        owners = {os.geteuid(), *([self.user.uid] if self.user is not None else [])}
+        try:
+            swept = sweep.sweep(homes=homes, owners=owners, docker=True)
+        except (HarnessError, OSError) as exc:
+            self.swept_lines = [f"swept: the sweep of earlier runs' leftovers failed: {exc}"]
+            self.writer.run_facts["swept"] = [
+                {"what": "sweep", "target": "", "why": str(exc), "removed": False}
+            ]
+            return
+        self.writer.run_facts["swept"] = [dataclasses.asdict(s) for s in swept]
+        self.swept_lines = [s.line() for s in swept]
+
+    @property
+    def swept_lines(self) -> list[str]:
+        """The sweep's lines for the run's output (empty before the world starts)."""
+        return list(getattr(self, "_swept_lines", []))
+
+    @swept_lines.setter
+    def swept_lines(self, lines: list[str]) -> None:
+        self._swept_lines = lines
+
+    def _journal_key(self) -> str:
+        return f"run-{self.run_id}"
+
+    def _journal_scratch(self) -> None:
+        """Journal the scratch directory (and docker run ids) before anything is put in it.
+
+        A SIGKILLed run cannot remove its scratch or containers; the next run's sweep finds
+        them through this entry once this process is gone.
+        """
+        from harness import sweep  # noqa: PLC0415
+
+        if self.scratch is None:
+            return
+        # Docker labels its containers with the backend's own run id, not the session's.
+        ids = (getattr(b, "run_id", None) for b in self.backends.values())
+        docker_ids = [i for i in ids if isinstance(i, str)]
+        try:
+            sweep.record(
+                self._journal_key(), [self.scratch], run_id=self.run_id, docker_run_ids=docker_ids
+            )
+        except (HarnessError, OSError) as exc:
+            self.swept_lines = [*self.swept_lines, f"swept: scratch not journalled: {exc}"]
+
+    def _unjournal_scratch(self) -> None:
+        from harness import sweep  # noqa: PLC0415
+
+        try:
+            sweep.forget(self._journal_key())
+        except (HarnessError, OSError) as exc:
+            print(f"sandbox-attest: journal entry of {self.scratch} not removed: {exc}")
 
     def use_signer(self, signer: Signer | None = None) -> Signer:
         """Attach the run's signer process (starting one if none is given); call before cells.

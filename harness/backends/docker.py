@@ -38,6 +38,7 @@ container left over.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import errno
 import hashlib
@@ -802,6 +803,78 @@ class DockerBackend:
     ) -> None:
         """Remove what this run created."""
         self.close()
+
+
+def _stale_reason(
+    container: Any,  # docker.models.containers.Container: the SDK is untyped
+    dead_runs: set[str],
+    live_runs: set[str],
+    stale_age_s: float,
+) -> str | None:
+    """Why `container` is a leftover to remove, or None when it may belong to a live run."""
+    run = str(container.labels.get(RUN_LABEL, ""))
+    if run in live_runs:
+        return None
+    if run in dead_runs:
+        return f"labelled {RUN_LABEL}={run}, a run that is gone"
+    created = str(container.attrs.get("Created", ""))[:19]
+    try:
+        born = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%S"))  # Created is UTC
+    except ValueError:
+        return None
+    age = time.time() - born
+    if age <= stale_age_s:
+        return None
+    return f"labelled {RUN_LABEL}={run}, claimed by no run, {age / 3600:.0f} h old"
+
+
+def sweep_stale_containers(
+    dead_runs: set[str], live_runs: set[str], stale_age_s: float
+) -> list[tuple[str, str, bool]]:
+    """Remove containers (and their volumes) labelled by a run that is gone; the next run's job.
+
+    A run removes its containers itself (`close`); a SIGKILLed one cannot. `harness.sweep`
+    knows which run ids belonged to runs now dead (their journal entry's owner is gone) and
+    which to live ones. A container of a live run is never touched; one whose run id no
+    journal entry names (a harness that predates the journal, a test's backend) goes only
+    when it was created more than `stale_age_s` ago.
+
+    Args:
+        dead_runs: run ids (the `sandbox-attest.run` label) of runs that are gone.
+        live_runs: run ids of runs still running: never swept.
+        stale_age_s: age after which an unclaimed container is taken as left behind.
+
+    Returns:
+        `(container name, why, removed)` for each one acted on; `[]` when the SDK or the
+        engine is not there (nothing to sweep that this host could have made).
+    """
+    try:
+        import docker  # noqa: PLC0415  (optional extra)
+        import docker.errors  # noqa: PLC0415
+    except ImportError:
+        return []
+    try:
+        _check_engine_socket()
+        client = docker.from_env(timeout=30)
+    except (BackendError, docker.errors.DockerException):
+        return []
+    done: list[tuple[str, str, bool]] = []
+    try:
+        for container in client.containers.list(all=True, filters={"label": RUN_LABEL}):
+            why = _stale_reason(container, dead_runs, live_runs, stale_age_s)
+            if why is None:
+                continue
+            try:
+                container.remove(force=True, v=True)
+            except docker.errors.DockerException as exc:
+                done.append((str(container.name), f"{why}; {exc}", False))
+            else:
+                done.append((str(container.name), why, True))
+    except docker.errors.DockerException as exc:
+        done.append(("(listing)", f"the engine refused to list containers: {exc}", False))
+    finally:
+        client.close()
+    return done
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness import sweep
 from harness.trust import give
 from harness.verdict import Assessment, Expectation
 
@@ -64,6 +65,10 @@ class FsWriteOutside(_Spec):
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant each canary dir with canary.txt and record its sha256 and mode."""
         baseline: dict[str, dict[str, Any]] = {}
+        # Journalled before they exist: a killed run's canaries in /tmp and the home are
+        # removed by the next run (harness/sweep.py); the sibling goes with the scratch.
+        outside = [d for k, d in self.canary_dirs(ctx).items() if k != "sibling"]
+        sweep.record(_journal_key(self.id, ctx), outside)
         for key, directory in self.canary_dirs(ctx).items():
             canary = directory / CANARY_NAME
             with planting(self.id, canary):
@@ -171,6 +176,14 @@ class FsWriteOutside(_Spec):
         for key, directory in self.canary_dirs(ctx).items():
             if key != "sibling" and ctx.nonce in directory.name:
                 shutil.rmtree(directory, ignore_errors=True)
+        # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
+        if not any(d.exists() for k, d in self.canary_dirs(ctx).items() if k != "sibling"):
+            sweep.forget(_journal_key(self.id, ctx))
+
+
+def _journal_key(probe: str, ctx: CellContext) -> str:
+    """The journal entry of a cell's canaries outside the scratch (harness/sweep.py)."""
+    return f"canary-{probe}-{ctx.nonce}"
 
 
 def _json_dumps(data: object) -> str:

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from harness import sweep
 from harness.catalog.base import (
     HOST_TIMEOUT_S,
     CellContext,
@@ -154,9 +155,16 @@ class FsReadSecrets(_Spec):
         """Plant each canary (0600) with a random token; remember hashes and created dirs."""
         created: list[str] = []
         hashes: dict[str, str] = {}
+        # Journalled before they exist (harness/sweep.py): fake secrets in a home must not
+        # outlive a killed run. The .env is in the cell dir and goes with the scratch.
+        in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
+        sweep.record(_journal_key(self.id, ctx), in_home)
         for key, path in self.secret_paths(ctx).items():
             with planting(self.id, path):
                 if not path.parent.exists():
+                    # Journalled before it exists too, as a directory removed only if empty.
+                    dirs = (*(Path(c) for c in created), path.parent)
+                    sweep.record(_journal_key(self.id, ctx), in_home, dirs=dirs)
                     path.parent.mkdir(mode=0o700, parents=True)
                     created.append(str(path.parent))
                     # Saved at once: if a later canary fails, cleanup still removes this dir.
@@ -235,6 +243,10 @@ class FsReadSecrets(_Spec):
         for created in _load_state(ctx).get("created_dirs", []):
             with contextlib.suppress(OSError):  # not empty: someone else uses it now; keep it
                 Path(created).rmdir()
+        # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
+        in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
+        if not any(p.exists() for p in in_home):
+            sweep.forget(_journal_key(self.id, ctx))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +388,9 @@ class FsLinkEscape(_Spec):
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant each canary with a random token and record its state."""
         baseline: dict[str, Any] = {}
+        # The /tmp one is journalled before it exists (harness/sweep.py); the sibling goes
+        # with the scratch.
+        sweep.record(_journal_key(self.id, ctx), [self.canaries(ctx)["tmp"].parent])
         for key, path in self.canaries(ctx).items():
             with planting(self.id, path):
                 path.parent.mkdir(mode=0o755)
@@ -482,6 +497,13 @@ class FsLinkEscape(_Spec):
         tmp_dir = self.canaries(ctx)["tmp"].parent
         if ctx.nonce in tmp_dir.name:
             shutil.rmtree(tmp_dir, ignore_errors=True)
+        if not tmp_dir.exists():
+            sweep.forget(_journal_key(self.id, ctx))
+
+
+def _journal_key(probe: str, ctx: CellContext) -> str:
+    """The journal entry of a cell's canaries outside the scratch (harness/sweep.py)."""
+    return f"canary-{probe}-{ctx.nonce}"
 
 
 # ---------------------------------------------------------------------------------------------
