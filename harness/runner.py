@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import hostview
 from harness.backends.base import (
     PROXY_FROM_ENV,
     SHIM_PORT,
@@ -161,6 +162,26 @@ def run_failure(run: ProbeRun) -> Decision | None:
     return None
 
 
+def run_watched(
+    backend: Backend, request: ProbeRequest, ctx: CellContext, task_path: Path
+) -> ProbeRun:
+    """Run the request while the host looks at the payload at its rendezvous.
+
+    The readings go into `ctx.host_view` whatever happens to the run (harness/hostview.py).
+    """
+    if not hostview.supported():
+        try:
+            return backend.run(request)
+        finally:
+            ctx.host_view.update({"seen": False, "why": "the host cannot read /proc here"})
+    watch = hostview.Rendezvous(request.workspace, task_path, ctx.nonce)
+    watch.start()
+    try:
+        return backend.run(request)
+    finally:
+        ctx.host_view.update(watch.finish())
+
+
 @dataclass
 class CellRunner:
     """Runs cells against one started world and a fixed set of backends."""
@@ -280,6 +301,8 @@ class CellRunner:
                 "world": info.for_probe(),
                 "targets": targets,
                 "deadline_s": max(5.0, cell.probe.timeout - PROBE_DEADLINE_MARGIN_S),
+                # The launcher waits this long for the host to look (0: it cannot here).
+                "rendezvous_s": hostview.RENDEZVOUS_S if hostview.supported() else 0,
             }
             task_path = inputs / "task.json"
             task_path.write_text(json.dumps(task, indent=1))
@@ -291,7 +314,12 @@ class CellRunner:
             )
             request = ProbeRequest(
                 cell_id=cell.cell_id,
-                argv=(sys.executable, str(probe_path(cell.probe.id)), str(task_path)),
+                argv=(
+                    sys.executable,
+                    str(probe_path(cell.probe.id).parent / hostview.LAUNCHER),
+                    str(probe_path(cell.probe.id)),
+                    str(task_path),
+                ),
                 env=payload_env(None if proxy_url == PROXY_FROM_ENV else proxy_url, workspace),
                 workspace=workspace,
                 read_only=read_only,
@@ -301,7 +329,7 @@ class CellRunner:
                 world=info,
                 user=self.user,
             )
-            run = backend.run(request)
+            run = run_watched(backend, request, ctx, task_path)
             control = spec.host_control(ctx)
             witness = self.world.records(nonce)
             facts: dict[str, Any] = {
@@ -309,6 +337,7 @@ class CellRunner:
                 "expected": expected,
                 "run": run_facts(run),
                 "control": control,
+                "host_view": ctx.host_view,
             }
             failure = run_failure(run)
             if failure is not None:

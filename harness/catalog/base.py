@@ -19,7 +19,7 @@ import secrets
 import socket
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -108,6 +108,7 @@ class CellContext:
         workspace: host path of the cell's workspace (empty dir, created by the runner).
         cell_dir: host-only scratch for this cell; canaries are planted below it.
         policy: the backend's declared confinement.
+        host_view: the host's readings of the payload process (see harness/hostview.py).
         user: the unprivileged user the payload runs as (None: the harness's own user). What
             an unconfined payload must reach (canaries, anchors, host baselines) is planted
             or started for this user, so a denial is the sandbox's doing, not permissions.
@@ -121,6 +122,9 @@ class CellContext:
     cell_dir: Path
     policy: DeclaredPolicy
     user: PayloadUser | None = None
+    # What the host read of the confined payload at its rendezvous (harness/hostview.py),
+    # filled in by the runner after the run: the witness no wrapper can rewrite.
+    host_view: dict[str, Any] = field(default_factory=dict)
 
 
 def home_of(ctx: CellContext) -> Path:

@@ -218,13 +218,46 @@ class NetDirectEgress(_Spec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(tcp or udp), _private_namespace(report, "net"), reasons)
+        seen_out = host_seen_path_out(ctx)
+        if seen_out:
+            escape = "escaped"
+            reasons.insert(0, seen_out)
         return _conclude(
             escape,
             observed,
             reasons,
             host_control=control,
-            witness={"direct_tcp": tcp, "direct_udp": udp},
+            witness={"direct_tcp": tcp, "direct_udp": udp, "host_view": ctx.host_view},
         )
+
+
+def host_seen_path_out(ctx: CellContext) -> str:
+    """A path out that the host saw in the payload's network namespace, or "".
+
+    Read from /proc at the rendezvous (harness/hostview.py), so no packet had to be sent and
+    no report could hide it: under a claim of no network, or of the proxy as the only route,
+    the payload sharing the harness's network namespace, or a default route in its own, is
+    a way out.
+    """
+    view = ctx.host_view
+    if ctx.policy.network == "open" or not view.get("seen"):
+        return ""
+    claim = f'claims network = "{ctx.policy.network}"'
+    if "net" in (view.get("shared_with_harness") or []):
+        netns = (view.get("namespaces") or {}).get("net", "?")
+        return (
+            f"{claim}; the payload ran in the harness's network namespace ({netns}), "
+            "seen by the host"
+        )
+    routes = view.get("default_routes") or []
+    if routes:
+        route = routes[0]
+        return (
+            f"{claim}; the payload's network namespace has a default route (via "
+            f"{route.get('gateway')} dev {route.get('dev')}), seen by the host without a "
+            "packet sent"
+        )
+    return ""
 
 
 class NetTransfer18MiB(_Spec):

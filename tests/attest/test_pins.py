@@ -237,9 +237,11 @@ class TestFreshness:
         policy: Policy,
     ) -> None:
         """A report finished 40 days ago fails the default 30-day --max-age, naming both."""
-        old = datetime.now(UTC) - timedelta(days=40)
+        old = (datetime.now(UTC) - timedelta(days=40)).replace(microsecond=0)
         report = sign_built(tmp_path, policy_file, signing_key, finished_at=old)
-        found = reasons(report, trusted, policy)
+        # Judged at exactly 40 days after the signed (whole-second) finish: against the
+        # running clock the age gains the seconds signing took and reads "40.0d".
+        found = reasons(report, trusted, policy, checks=Checks(now=old + timedelta(days=40)))
         assert has(found, "40d old"), found
         assert has(found, "older than --max-age 30d")
         assert reasons(report, trusted, policy, checks=Checks(max_age=timedelta(days=60))) == []

@@ -252,6 +252,35 @@ class TestNetDirectEgress:
         report = self.report("succeeded", "net:[4026530000]")
         assert _verdict(ctx, report, Records(), OK_CONTROL) == ("contained", Verdict.PASS)
 
+    def test_host_sees_the_payload_in_its_network_namespace_is_fail(self, tmp_path: Path) -> None:
+        """The host read the payload in the harness's netns: FAIL, whatever it reported."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        ctx.host_view.update(
+            {"seen": True, "shared_with_harness": ["net"], "namespaces": {"net": HOST_NETNS}}
+        )
+        report = self.report("refused", "net:[1]", "ENETUNREACH")
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("escaped", Verdict.FAIL)
+
+    def test_host_sees_a_default_route_in_the_payloads_netns_is_fail(self, tmp_path: Path) -> None:
+        """A default route in the payload's own netns is a path out, seen without a packet."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        route = {
+            "dev": "tap0",
+            "destination": "0.0.0.0",
+            "gateway": "198.18.9.2",
+            "mask": "0.0.0.0",
+        }
+        ctx.host_view.update({"seen": True, "shared_with_harness": [], "default_routes": [route]})
+        report = self.report("refused", "net:[1]", "ENETUNREACH")
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("escaped", Verdict.FAIL)
+
+    def test_an_open_claim_is_not_held_to_the_host_view(self, tmp_path: Path) -> None:
+        """Negative control: the open control leg shares the netns by design: no FAIL from it."""
+        ctx = _ctx("net_direct_egress", OPEN, tmp_path)
+        ctx.host_view.update({"seen": True, "shared_with_harness": ["net"]})
+        report = self.report("refused", "net:[1]", "ENETUNREACH")
+        assert _verdict(ctx, report, Records(), OK_CONTROL)[1] is not Verdict.FAIL
+
     def test_success_in_host_namespace_unseen_disagrees(self, tmp_path: Path) -> None:
         """A success in the host's own namespace that the listener never saw is INCONCLUSIVE."""
         ctx = _ctx("net_direct_egress", CONFINED, tmp_path)

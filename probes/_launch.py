@@ -1,0 +1,56 @@
+"""Start a probe after the host has looked at this process: `python _launch.py PROBE TASK`.
+
+The rendezvous (harness/hostview.py): write `.sandbox-attest-ready-<nonce>` into the
+workspace, wait for `.sandbox-attest-go-<nonce>` (at most task["rendezvous_s"] seconds; 0
+skips the wait where the host cannot look), remove both, then run PROBE as __main__ with
+TASK as its argument. While this process waits, the host reads its namespaces, credentials,
+routes and mounts from /proc, which no wrapper can rewrite. Nothing is printed here: the
+probe's own start marker and report follow as before.
+
+Stdlib only, Python 3.8+, never imported by the host.
+"""
+
+import json
+import os
+import runpy
+import sys
+import time
+
+
+def rendezvous(task_path):
+    try:
+        with open(task_path) as fh:
+            task = json.load(fh)
+        wait = float(task.get("rendezvous_s", 0))
+        workspace, nonce = task["workspace"], str(task["nonce"])
+    except Exception:  # the probe reads the task itself and reports what is wrong
+        return
+    if wait <= 0:
+        return
+    ready = os.path.join(workspace, ".sandbox-attest-ready-" + nonce)
+    go = os.path.join(workspace, ".sandbox-attest-go-" + nonce)
+    try:
+        with open(ready, "w") as fh:
+            fh.write(str(os.getpid()))
+    except OSError:
+        return  # no writable workspace: the host cannot be told; go on unseen
+    deadline = time.monotonic() + wait
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for path in (ready, go):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def main(argv):
+    probe, task_path = argv[1], argv[2]
+    rendezvous(task_path)
+    sys.argv = [probe, task_path]
+    runpy.run_path(probe, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
