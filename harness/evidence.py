@@ -8,7 +8,6 @@ signs. Both files are written only through descriptors (`harness.attest.reportfs
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.attest import reportfs
-from harness.provenance import harness_provenance
+from harness.provenance import file_sha256, harness_provenance
 
 SCHEMA = "sandbox-attest/evidence/v1"
 EVIDENCE_NAME = "evidence.json"
@@ -30,15 +29,6 @@ JOURNAL_NAME = "evidence.jsonl"
 def utc_now() -> str:
     """An RFC 3339 UTC timestamp, seconds precision."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def platform_facts() -> dict[str, str]:

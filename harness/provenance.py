@@ -58,12 +58,13 @@ def tree_digest(root: Path) -> str:
             if stat.S_ISLNK(mode):
                 entries.append((rel, f"link:{path.readlink()}"))
             elif stat.S_ISREG(mode) and not name.endswith(_SKIP_SUFFIXES):
-                entries.append((rel, _file_sha256(path)))
+                entries.append((rel, file_sha256(path)))
     text = "".join(f"{digest}\t{rel}\n" for rel, digest in sorted(entries))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -185,7 +186,7 @@ def _facts(argv0: str, path_env: str, *, follow: bool) -> dict[str, Any]:
         return {"argv0": argv0, "error": NOT_FOUND}
     real = os.path.realpath(found)
     try:
-        digest = _file_sha256(Path(real))
+        digest = file_sha256(Path(real))
     except OSError as exc:
         return {"argv0": argv0, "error": f"cannot read {real}: {exc.strerror}"}
     facts: dict[str, Any] = {"argv0": argv0, "path": found, "realpath": real, "sha256": digest}

@@ -25,9 +25,11 @@ from harness.attest.policy import Gate, Policy, evaluate, load_policy
 from harness.backends import Backend, create_backend
 from harness.backends.base import Availability
 from harness.errors import ConfigError, HarnessError
-from harness.evidence import EvidenceWriter, file_sha256
+from harness.evidence import EvidenceWriter
 from harness.lab import current_lab, world_fact
+from harness.lifetime import RunInterrupted, caught_signal
 from harness.matrix import BackendRow, Cell, Matrix, current_platform
+from harness.provenance import file_sha256
 from harness.runner import CellRunner
 from harness.trust import payload_user, trust_domains
 from harness.verdict import Verdict
@@ -267,6 +269,12 @@ class RunSession:
 
         def run_into(cell: Cell) -> None:
             future = self.futures[cell.cell_id]
+            cut = caught_signal()
+            if cut is not None:
+                # A signal ends the run: queued cells are not started (their items record
+                # them as cut short), so the interrupted run stops instead of finishing.
+                future.set_exception(cut)
+                return
             try:
                 future.set_result(self._judge(cell))
             except BaseException as exc:  # surfaced to the waiting item, never swallowed
@@ -295,8 +303,6 @@ class RunSession:
         """
         if any(c["cell_id"] == cell.cell_id for c in self.writer.cells):
             return
-        from harness.lifetime import RunInterrupted  # noqa: PLC0415
-
         if isinstance(exc, RunInterrupted):
             # The signal's name is the reason: "cut short by SIGTERM" tells a reader that
             # `timeout` or a CI cancel ended the run, not a fault of the sandbox.

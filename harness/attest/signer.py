@@ -420,6 +420,10 @@ class Signer:
                 env=_scrubbed_env(),
                 close_fds=True,
                 cwd=_package_root(),
+                # Its own session: a Ctrl-C, a closed terminal or a CI cancel signals the
+                # harness's process group, and the signer must still sign the interrupted
+                # run's report. It dies with the harness anyway (PR_SET_PDEATHSIG).
+                start_new_session=True,
             )
         except OSError as exc:
             stderr.close()

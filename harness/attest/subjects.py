@@ -15,6 +15,8 @@ from pathlib import Path
 
 from harness.errors import ReportError
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, where verify runs too
+
 EVIDENCE = "evidence.json"
 JUNIT = "junit.xml"
 HTML = "report.html"
@@ -39,11 +41,21 @@ def tree_sha256(root: Path) -> str:
         ReportError: the tree holds anything but directories and regular files (a symlink, a
             FIFO): nothing the harness writes is one, so such an entry was planted.
     """
-    entries: list[tuple[str, str]] = []
+    return tree_digest_of(read_tree(root))
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    """Every regular file under `root` by relative path, read once (a missing root is empty).
+
+    Raises:
+        ReportError: the tree holds a symlink, FIFO or other non-regular entry (as
+            `subjects.tree_sha256` refuses it), or a file cannot be read.
+    """
+    out: dict[str, bytes] = {}
     if root.is_symlink():
         raise ReportError(f"{root} is a symlink; the report directory was tampered with")
     if not root.exists():
-        return hashlib.sha256(b"").hexdigest()
+        return out
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         for name in sorted(dirnames + filenames):
             path = Path(dirpath) / name
@@ -56,9 +68,18 @@ def tree_sha256(root: Path) -> str:
                     f"{root}/{rel} is not a regular file; the report directory was tampered "
                     "with (re-run into a new --out directory)"
                 )
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as handle:
-                digest = hashlib.sha256(handle.read()).hexdigest()
-            entries.append((rel, digest))
-    text = "".join(f"{digest}\t{rel}\n" for rel, digest in sorted(entries))
+            try:
+                fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+                with os.fdopen(fd, "rb") as handle:
+                    out[rel] = handle.read()
+            except OSError as exc:
+                raise ReportError(f"{root}/{rel}: cannot read ({exc.strerror})") from exc
+    return out
+
+
+def tree_digest_of(files: dict[str, bytes]) -> str:
+    """`subjects.tree_sha256` computed over files already in memory (relative path -> bytes)."""
+    text = "".join(
+        f"{hashlib.sha256(data).hexdigest()}\t{rel}\n" for rel, data in sorted(files.items())
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -28,7 +28,6 @@ release pages too), every copied leg on its own, and the combined gate re-derive
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -61,6 +60,8 @@ from harness.attest.subjects import (
     ALLURE_SUBJECT,
     FILE_SUBJECTS,
     RELEASE_SUBJECTS,
+    read_tree,
+    tree_digest_of,
 )
 from harness.errors import ConfigError, ReportError, SignatureError
 
@@ -219,47 +220,6 @@ def _read(path: Path, v: Verification, why: str) -> bytes | None:
     except OSError as exc:
         v.reasons.append(f"{path.name} is missing or unreadable ({exc.strerror}); {why}")
         return None
-
-
-def read_tree(root: Path) -> dict[str, bytes]:
-    """Every regular file under `root` by relative path, read once (a missing root is empty).
-
-    Raises:
-        ReportError: the tree holds a symlink, FIFO or other non-regular entry (as
-            `subjects.tree_sha256` refuses it), or a file cannot be read.
-    """
-    out: dict[str, bytes] = {}
-    if root.is_symlink():
-        raise ReportError(f"{root} is a symlink; the report directory was tampered with")
-    if not root.exists():
-        return out
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in sorted(dirnames + filenames):
-            path = Path(dirpath) / name
-            mode = path.lstat().st_mode
-            if stat.S_ISDIR(mode):
-                continue
-            rel = path.relative_to(root).as_posix()
-            if not stat.S_ISREG(mode):
-                raise ReportError(
-                    f"{root}/{rel} is not a regular file; the report directory was tampered "
-                    "with (re-run into a new --out directory)"
-                )
-            try:
-                fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-                with os.fdopen(fd, "rb") as handle:
-                    out[rel] = handle.read()
-            except OSError as exc:
-                raise ReportError(f"{root}/{rel}: cannot read ({exc.strerror})") from exc
-    return out
-
-
-def tree_digest_of(files: dict[str, bytes]) -> str:
-    """`subjects.tree_sha256` computed over files already in memory (relative path -> bytes)."""
-    text = "".join(
-        f"{hashlib.sha256(data).hexdigest()}\t{rel}\n" for rel, data in sorted(files.items())
-    )
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _statements(

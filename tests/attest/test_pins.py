@@ -27,13 +27,11 @@ from harness.attest.keys import (
 from harness.attest.legs import load_expected_legs
 from harness.attest.merge import merge_legs
 from harness.attest.statement import configuration, statement_bytes
-from harness.attest.subjects import tree_sha256
+from harness.attest.subjects import read_tree, tree_digest_of, tree_sha256
 from harness.attest.verify import (
     Checks,
     parse_commit,
     parse_max_age,
-    read_tree,
-    tree_digest_of,
     verify_report,
 )
 from harness.errors import ConfigError
