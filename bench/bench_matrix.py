@@ -18,9 +18,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness import hostview
+from harness.backends.base import ProbeRequest
 from harness.backends.bubblewrap import BubblewrapBackend
+from harness.backends.none import NoneBackend
 from harness.backends.process import run_process
 from harness.runner import interpreter_paths
+from harness.trust import give, payload_user
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,11 +88,69 @@ def matrix_run(jobs: int) -> tuple[float, list[dict[str, Any]]]:
     return wall, cells
 
 
+def inspection_cost(runs: int) -> tuple[float, float]:
+    """Median seconds of a trivial payload with and without the host's inspection.
+
+    Through the launcher under the none backend; the inspection is harness/hostview.py.
+    """
+    with tempfile.TemporaryDirectory(prefix="sa-bench-rv-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)
+        probe = base / "probe.py"
+        probe.write_text("print('SANDBOX-ATTEST-START x')\n")
+        probe.chmod(0o644)
+        launcher = ROOT / "probes" / hostview.LAUNCHER
+        backend, user = NoneBackend(), payload_user()
+
+        def once(i: int, wait: float) -> float:
+            workspace = base / f"ws{i}-{wait}"
+            workspace.mkdir()
+            give(workspace, user)
+            task = base / f"task{i}-{wait}.json"
+            nonce = f"n{i}"
+            task.write_text(
+                json.dumps({"workspace": str(workspace), "nonce": nonce, "rendezvous_s": wait})
+            )
+            task.chmod(0o644)
+            request = ProbeRequest(
+                cell_id="bench",
+                argv=(sys.executable, str(launcher), str(probe), str(task)),
+                env={"PATH": "/usr/bin:/bin"},
+                workspace=workspace,
+                read_only=(),
+                egress=None,
+                timeout=20,
+                cell_dir=base,
+                user=user,
+            )
+            start = time.perf_counter()
+            if wait:
+                watch = hostview.Rendezvous(workspace, task, nonce)
+                watch.start()
+                backend.run(request)
+                if not watch.finish().get("seen"):
+                    sys.exit("the host did not see the payload at its rendezvous")
+            else:
+                backend.run(request)
+            return time.perf_counter() - start
+
+        seen, unseen = [], []
+        for i in range(runs):  # alternated, so drift hits both alike
+            seen.append(once(i, hostview.RENDEZVOUS_S))
+            unseen.append(once(i, 0))
+    return statistics.median(seen), statistics.median(unseen)
+
+
 def main() -> None:
     """Print the measurements."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
+    seen, unseen = inspection_cost(args.runs)
+    print(
+        f"inspection: payload with the host's rendezvous {seen * 1000:.1f} ms, without "
+        f"{unseen * 1000:.1f} ms; cost per cell {(seen - unseen) * 1000:.1f} ms (target < 20)"
+    )
     bare, boxed = spawn_times(args.runs)
     print(
         f"spawn: bare python -c pass {bare * 1000:.1f} ms, under bubblewrap "

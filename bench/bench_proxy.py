@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.dns import DnsFixture
 from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
 from harness.egress.rules import Rule
+from harness.world.dns import DnsFixture
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

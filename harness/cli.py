@@ -13,10 +13,10 @@ import pytest
 from harness import __version__
 from harness.attest.reportfs import make_report_dir
 from harness.errors import ConfigError, HarnessError
-from harness.lab import ensure_lab
 from harness.lifetime import RunInterrupted, catch_run_signals, caught_signal
 from harness.paths import matrix_dir
 from harness.session import new_run_id
+from harness.world.lab import ensure_lab
 
 if TYPE_CHECKING:
     from harness.attest.signer import Signer
@@ -324,7 +324,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from harness.world import serve  # noqa: PLC0415
+    from harness.world.core import serve  # noqa: PLC0415
 
     return serve(Path(args.run_dir) if args.run_dir else None, args.world)
 

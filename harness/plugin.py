@@ -116,7 +116,7 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
         # then the signer, before anything else of the run: it takes the key (and the
         # variable out of os.environ) before any backend is even asked, and a bad key stops
         # collection in one line instead of being found after every cell ran.
-        from harness.lab import ensure_lab  # noqa: PLC0415
+        from harness.world.lab import ensure_lab  # noqa: PLC0415
 
         ensure_lab(config.getoption("--harness-world"))
         signer = _signer(config, Path(key) if key else None)

@@ -31,9 +31,10 @@ from harness.backends.base import (
 from harness.catalog import PROBES, CellContext, probe_path
 from harness.errors import HarnessError, ProbeOutputError
 from harness.matrix import Cell
+from harness.paths import probes_dir
 from harness.trust import PayloadUser, give, payload_user, require_reachable
 from harness.verdict import Assessment, Decision, Verdict, decide
-from harness.world import World
+from harness.world.core import World
 
 # Seconds a probe keeps in reserve below the backend's hard timeout, so that a slow attempt
 # ends with its own report instead of a kill.
@@ -306,9 +307,11 @@ class CellRunner:
             }
             task_path = inputs / "task.json"
             task_path.write_text(json.dumps(task, indent=1))
+            # The launcher lives with the shipped probes, wherever this probe's file is.
+            launcher = probes_dir() / hostview.LAUNCHER
             read_only = (
                 *interpreter_paths(),
-                probe_path(cell.probe.id).parent,
+                *dict.fromkeys((probe_path(cell.probe.id).parent, launcher.parent)),
                 inputs,
                 Path(info.ca_bundle),
             )
@@ -316,7 +319,7 @@ class CellRunner:
                 cell_id=cell.cell_id,
                 argv=(
                     sys.executable,
-                    str(probe_path(cell.probe.id).parent / hostview.LAUNCHER),
+                    str(launcher),
                     str(probe_path(cell.probe.id)),
                     str(task_path),
                 ),

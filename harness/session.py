@@ -26,14 +26,14 @@ from harness.backends import Backend, create_backend
 from harness.backends.base import Availability
 from harness.errors import ConfigError, HarnessError
 from harness.evidence import EvidenceWriter
-from harness.lab import current_lab, world_fact
 from harness.lifetime import RunInterrupted, caught_signal
 from harness.matrix import BackendRow, Cell, Matrix, current_platform
 from harness.provenance import file_sha256
 from harness.runner import CellRunner
 from harness.trust import payload_user, trust_domains
 from harness.verdict import Verdict
-from harness.world import World, start_world
+from harness.world.core import World, start_world
+from harness.world.lab import current_lab, world_fact
 
 if TYPE_CHECKING:
     from harness.attest import SignerFacts

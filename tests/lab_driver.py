@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from harness.lab import enter_lab
-from harness.world import World, start_world
+from harness.world.core import World, start_world
+from harness.world.lab import enter_lab
 
 BWRAP_SHARED_NET = [
     "bwrap",

@@ -30,7 +30,7 @@ CONTROL_BACKEND = "none"
 _TOP_KEYS = frozenset({"policy", "require", "exclude"})
 _POLICY_KEYS = frozenset({"name", "version"})
 _REQUIRE_KEYS = frozenset({"platform", "backend", "probes", "world"})
-# Where a leg's fixture hosts may have lived (harness/lab.py): a policy may require the lab.
+# Where a leg's fixture hosts may have lived (harness/world/lab.py): a policy may require the lab.
 WORLDS = ("lab", "loopback")
 _EXCLUDE_KEYS = frozenset({"platform", "backend", "probe", "reason"})
 

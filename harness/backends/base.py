@@ -18,7 +18,7 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from harness.provenance import executable_facts
 from harness.trust import PayloadUser, payload_user
-from harness.worldinfo import WorldInfo
+from harness.world.info import WorldInfo
 
 # What a backend claims to enforce, so a verdict judges it against its own claim.
 #   network: "open"   nothing confines the network (the control leg)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from harness.backends.base import DeclaredPolicy
-    from harness.worldinfo import WorldInfo
+    from harness.world.info import WorldInfo
 
 __all__ = [
     "CellContext",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any
 
-from harness.listeners import LOOPBACK
 from harness.verdict import Assessment, Escape, Expectation
+from harness.world.listeners import LOOPBACK
 
 if TYPE_CHECKING:
     from harness.backends.base import DeclaredPolicy

@@ -57,12 +57,12 @@ from harness.catalog.base import (
     _wait_for,
     _with_nonce,
 )
-from harness.dns import ResolveError, resolve
 from harness.egress.rules import Rule, address_allowed
 from harness.errors import FixtureError
 from harness.trust import PayloadUser
 from harness.verdict import Assessment, Escape, Expectation
-from harness.world import PRIVATE_NAME_SUFFIX
+from harness.world.core import PRIVATE_NAME_SUFFIX
+from harness.world.dns import ResolveError, resolve
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -793,7 +793,7 @@ class NetProxyConfusion(_RouteSpec):
 
 @runtime_checkable
 class _AnswerKnob(Protocol):
-    """The part of `harness.dns.DnsFixture` this probe plants answers with."""
+    """The part of `harness.world.dns.DnsFixture` this probe plants answers with."""
 
     port: int
 

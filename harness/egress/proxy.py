@@ -54,7 +54,6 @@ from typing import IO, TYPE_CHECKING, Any, Self
 from urllib.parse import parse_qs
 
 from harness import lifetime
-from harness.dns import ResolveError, resolve
 from harness.egress.rules import (
     EgressPolicy,
     EgressRequest,
@@ -65,7 +64,8 @@ from harness.egress.rules import (
 )
 from harness.errors import ConfigError, FixtureError
 from harness.jsonlines import read_complete_lines
-from harness.netguard import OutsideLabError, check_destination, register_lab_namespaces
+from harness.world.dns import ResolveError, resolve
+from harness.world.netguard import OutsideLabError, check_destination, register_lab_namespaces
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -152,9 +152,9 @@ class ProxyConfig:
     dial_timeout: float = 5.0
     head_timeout: float = 10.0
     max_clients: int = 512
-    # In the lab (harness/lab.py): the networks where the fixture hosts live, which the
+    # In the lab (harness/world/lab.py): the networks where the fixture hosts live, which the
     # address check treats as remote hosts, and the namespaces the proxy may send to them
-    # from (harness/netguard.py). Empty outside the lab.
+    # from (harness/world/netguard.py). Empty outside the lab.
     remote_networks: tuple[str, ...] = ()
     lab_namespaces: tuple[str, ...] = ()
 

@@ -321,6 +321,9 @@ def render_page(view: ReportView) -> str:
     where = " ".join(str(platform.get(k, "")) for k in ("system", "release", "machine"))
     harness_version = (ev.get("harness") or {}).get("version", "?")
     policy_digest = f"<span class=small>sha256 {_e(policy.get('sha256', '?'))}</span>"
+    world = ev.get("world") if isinstance(ev.get("world"), dict) else {}
+    trust = ev.get("trust_domains") if isinstance(ev.get("trust_domains"), dict) else {}
+    commit = (ev.get("harness") or {}).get("commit") or "none recorded"
     return f"""<!DOCTYPE html>
 <html lang=en><head><meta charset=utf-8>
 <meta name=viewport content="width=device-width,initial-scale=1">
@@ -334,7 +337,12 @@ def render_page(view: ReportView) -> str:
 <table id=run>
 <tr><th>platform</th><td>{_e(where)}
  (python {_e(platform.get("python", "?"))})</td></tr>
-<tr><th>harness version</th><td>{_e(harness_version)}</td></tr>
+<tr><th>harness version</th><td>{_e(harness_version)} (commit {_e(commit)})</td></tr>
+<tr id=world><th>world</th><td>{_e(world.get("kind", "not recorded"))}:
+ {_e(world.get("reason", ""))}</td></tr>
+<tr id=trust><th>trust domains</th><td>{
+        _e("separated" if trust.get("separated") else "NOT separated")
+    }: {_e(trust.get("reason", "not recorded"))}</td></tr>
 <tr><th>started / finished</th><td>{_e(ev.get("started_at", "?"))} /
  {_e(ev.get("finished_at", "?"))} (complete: {_e(plain(ev.get("complete") is True))})</td></tr>
 <tr><th>policy</th><td>{_e(policy.get("path", "?"))} {policy_digest}</td></tr>

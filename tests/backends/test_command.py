@@ -29,7 +29,7 @@ from harness.errors import ConfigError
 from harness.matrix import Cell, ProbeRow
 from harness.paths import matrix_dir
 from harness.runner import CellRunner
-from harness.world import World, start_world
+from harness.world.core import World, start_world
 
 SPECS = Path(__file__).parent.parent / "data" / "specs"
 LIVE_SPECS = matrix_dir() / "backends"

@@ -41,7 +41,7 @@ from harness.backends.none import NoneBackend
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
 from harness.trust import payload_user
-from harness.world import World, start_world
+from harness.world.core import World, start_world
 from tests.backends.standin import take_client
 
 pytestmark = [pytest.mark.needs_docker, pytest.mark.timeout(120)]

@@ -19,7 +19,7 @@ from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.command import CommandBackend
 from harness.errors import ConfigError
 from harness.trust import payload_user
-from harness.world import World, start_world
+from harness.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:

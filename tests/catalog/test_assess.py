@@ -18,7 +18,7 @@ from harness.catalog.base import _conclude
 from harness.matrix import load_matrix
 from harness.paths import matrix_dir
 from harness.verdict import Verdict, decide
-from harness.worldinfo import (
+from harness.world.info import (
     BlobInfo,
     DaemonInfo,
     DirectEgressInfo,

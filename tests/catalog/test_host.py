@@ -48,8 +48,8 @@ from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner, payload_env
 from harness.trust import payload_user
 from harness.verdict import Verdict, decide
-from harness.world import World, start_world
-from harness.worldinfo import (
+from harness.world.core import World, start_world
+from harness.world.info import (
     BlobInfo,
     DaemonInfo,
     DirectEgressInfo,

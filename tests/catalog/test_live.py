@@ -20,7 +20,7 @@ import pytest
 from harness.backends.base import START_MARKER, DeclaredPolicy
 from harness.catalog import PROBES, CellContext, FsWriteOutside, WorldLike, probe_path
 from harness.verdict import Assessment, Decision, Verdict, decide
-from harness.world import World, start_world
+from harness.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:

@@ -40,8 +40,8 @@ from harness.errors import FixtureError
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
 from harness.verdict import Verdict, decide
-from harness.world import PRIVATE_NAME_SUFFIX, WitnessRecords, World, start_world
-from harness.worldinfo import ProxyInfo, WorldInfo
+from harness.world.core import PRIVATE_NAME_SUFFIX, WitnessRecords, World, start_world
+from harness.world.info import ProxyInfo, WorldInfo
 from tests.reachable import reachable_tempdir
 
 WIDE = (

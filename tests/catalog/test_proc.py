@@ -28,7 +28,7 @@ from harness.catalog.proc import BOUNDS
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
 from harness.verdict import Verdict, decide
-from harness.world import World, start_world
+from harness.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import pytest
 import trustme
 
-from harness.dns import DnsFixture
 from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from harness.world.dns import DnsFixture
 from tests.egress.egress_helpers import Origin, OriginMode
 
 if TYPE_CHECKING:

@@ -40,8 +40,8 @@ from tests.egress.egress_helpers import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from harness.dns import DnsFixture
     from harness.egress.proxy import ProxyProcess
+    from harness.world.dns import DnsFixture
 
 MakeProxy = "Callable[..., ProxyProcess]"
 

@@ -27,7 +27,7 @@ from harness.catalog import PROBES
 from harness.matrix import Cell, ProbeRow, load_matrix
 from harness.paths import matrix_dir
 from harness.runner import CellRunner
-from harness.world import World, start_world
+from harness.world.core import World, start_world
 
 pytestmark = pytest.mark.slow
 

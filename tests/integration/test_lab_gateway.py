@@ -18,7 +18,7 @@ from harness.backends.command import CommandBackend
 from harness.backends.none import NoneBackend
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
-from harness.world import World, start_world
+from harness.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from harness.backends.process import run_process
 from harness.catalog import probe_path
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
-from harness.world import World, start_world
+from harness.world.core import World, start_world
 
 FORGED = Path(__file__).parent.parent / "data" / "forged"
 

@@ -117,3 +117,22 @@ class TestBrowser:
         data = shot.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n")
         assert len(data) > 20_000
+
+
+def test_header_names_the_world_and_the_trust_domains() -> None:
+    """The run table says which world the fixtures lived in and who ran the judged code."""
+    from harness.render import render_html  # noqa: PLC0415
+
+    evidence = {
+        "schema": "sandbox-attest/evidence/v1",
+        "run_id": "r1",
+        "complete": True,
+        "cells": [],
+        "platform": {"system": "linux"},
+        "world": {"kind": "lab", "reason": "fixture hosts in a namespace of their own"},
+        "trust_domains": {"separated": False, "reason": "the harness is not root"},
+    }
+    page = render_html(evidence, None, None)
+    assert "<th>world</th><td>lab:" in page
+    assert "NOT separated</td>" not in page  # the reason follows the word
+    assert "NOT separated: the harness is not root" in page

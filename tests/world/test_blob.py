@@ -8,9 +8,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.blob import BLOCK_SIZE, compute_sha256, iter_blob, load_blob_spec, write_blob_sha256
 from harness.errors import FixtureError
 from harness.paths import fixtures_dir
+from harness.world.blob import (
+    BLOCK_SIZE,
+    compute_sha256,
+    iter_blob,
+    load_blob_spec,
+    write_blob_sha256,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -50,7 +56,7 @@ class TestSpec:
         """A spec without sha256 raises FixtureError naming the regeneration command."""
         path = tmp_path / "blob.toml"
         path.write_text('[blob]\nseed = "x"\nsize = 1\n')
-        with pytest.raises(FixtureError, match=r"python -m harness\.blob --write"):
+        with pytest.raises(FixtureError, match=r"python -m harness\.world\.blob --write"):
             load_blob_spec(path)
 
 

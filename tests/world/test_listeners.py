@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness.errors import FixtureError
-from harness.listeners import DirectEgressListener, FakeDaemon
+from harness.world.listeners import DirectEgressListener, FakeDaemon
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

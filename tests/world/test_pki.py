@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.errors import FixtureError
-from harness.pki import Pki
+from harness.world.pki import Pki
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.origins import Origins
+    from harness.world.origins import Origins
 
 
 def _handshake(ctx: ssl.SSLContext, port: int, server_hostname: str) -> dict[str, object]:

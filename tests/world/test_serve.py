@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import harness
-from harness.worldinfo import WorldInfo
+from harness.world.info import WorldInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 REPO = Path(harness.__file__).resolve().parent.parent
 SERVE = (
-    "import sys; from pathlib import Path; from harness.world import serve; "
+    "import sys; from pathlib import Path; from harness.world.core import serve; "
     "sys.exit(serve(Path(sys.argv[1]) if len(sys.argv) > 1 else None))"
 )
 

@@ -14,7 +14,7 @@ import pytest
 
 from harness.errors import FixtureError
 from harness.paths import fixtures_dir
-from harness.wheel import build_canary_wheel
+from harness.world.wheel import build_canary_wheel
 
 if TYPE_CHECKING:
     from collections.abc import Callable

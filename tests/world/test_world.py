@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from harness.catalog.base import WITNESS_WAIT_S
-from harness.dns import resolve
 from harness.errors import FixtureError
-from harness.world import World, start_world
-from harness.worldinfo import WorldInfo
+from harness.world.core import World, start_world
+from harness.world.dns import resolve
+from harness.world.info import WorldInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -23,11 +23,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from harness.blob import load_blob_spec
-from harness.dns import DnsFixture
 from harness.egress.rules import Rule
 from harness.errors import FixtureError
-from harness.lab import (
+from harness.paths import fixtures_dir
+from harness.trust import payload_user, require_reachable
+from harness.world.blob import load_blob_spec
+from harness.world.dns import DnsFixture
+from harness.world.info import (
+    PROBE_NAME_SUFFIX,
+    BlobInfo,
+    DaemonInfo,
+    DirectEgressInfo,
+    DnsInfo,
+    IndexInfo,
+    ProxyInfo,
+    WorldInfo,
+)
+from harness.world.lab import (
     DNS_ADDRESS,
     INTERNET_NET,
     INTERNET_NET6,
@@ -39,22 +51,10 @@ from harness.lab import (
     WorldMode,
     ensure_lab,
 )
-from harness.listeners import LOOPBACK, DirectEgressListener, FakeDaemon
-from harness.origins import Origins, load_hosts
-from harness.paths import fixtures_dir
-from harness.pki import Pki
-from harness.trust import payload_user, require_reachable
-from harness.wheel import build_canary_wheel, load_canary_metadata
-from harness.worldinfo import (
-    PROBE_NAME_SUFFIX,
-    BlobInfo,
-    DaemonInfo,
-    DirectEgressInfo,
-    DnsInfo,
-    IndexInfo,
-    ProxyInfo,
-    WorldInfo,
-)
+from harness.world.listeners import LOOPBACK, DirectEgressListener, FakeDaemon
+from harness.world.origins import Origins, load_hosts
+from harness.world.pki import Pki
+from harness.world.wheel import build_canary_wheel, load_canary_metadata
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -307,7 +307,7 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
         run_dir: a directory for the CA bundle, the wheel, the proxy's socket and decision
             log and the fake daemon's socket (created if missing; keep its path short, unix
             socket paths are limited to ~100 bytes).
-        lab: the lab this process entered (`harness.lab.enter_lab`): the fixture hosts then
+        lab: the lab this process entered (`harness.world.lab.enter_lab`): the fixture hosts then
             live on its internet side. None: the loopback world.
 
     Returns:

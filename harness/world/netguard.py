@@ -1,6 +1,6 @@
 """The guard on lab addresses: nothing sends to one from outside the lab that made it.
 
-The lab (harness/lab.py) assigns 198.18.0.0/15 and 2001:db8::/32 to interfaces of network
+The lab (harness/world/lab.py) assigns 198.18.0.0/15 and 2001:db8::/32 to interfaces of network
 namespaces the harness created and that have no route out. Inside them those addresses are
 the harness's own fixture hosts. Anywhere else they are somebody else's network (a benchmark
 lab, a documentation example that a real router may route), so a packet sent there from the

@@ -21,7 +21,7 @@ guarantees, each checked before anything listens (`LabError` otherwise):
 
 To a sandbox, and to a sandbox's own proxy, the fixture hosts are then ordinary remote
 hosts: not loopback, not an address of a local interface, not a private range. Every send
-to a lab address from harness code passes `harness.netguard.check_destination`.
+to a lab address from harness code passes `harness.world.netguard.check_destination`.
 
 What it does not do: confine anything. Sandboxes run inside it as they would on a host, and
 a sandbox that gives its payload the host side's network reaches the internet side exactly
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from harness.errors import HarnessError
-from harness.netguard import current_netns, register_lab_namespaces
+from harness.world.netguard import current_netns, register_lab_namespaces
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -1,6 +1,6 @@
 """What the fixture world looks like from outside: the JSON `sandbox-attest serve` prints.
 
-This module holds only the shape. `harness.world` starts the world and fills it in; probes
+This module holds only the shape. `harness.world.core` starts the world and fills it in; probes
 receive a copy (without the proxy secret) inside their task; other tools script against the
 JSON, so the keys below are a public contract: add keys, never rename or remove them.
 """

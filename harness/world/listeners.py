@@ -8,7 +8,7 @@ control attempt, told apart by the nonce in the bytes).
 an abstract-namespace name that a mount namespace cannot hide). A sandbox that can reach it
 could have reached a real daemon socket; the request log, tagged by nonce, is the witness.
 
-`ConnectionTrackingMixIn` is shared with `harness.origins`: it lets a threaded server stop
+`ConnectionTrackingMixIn` is shared with `harness.world.origins`: it lets a threaded server stop
 *all* of its connection threads, not just the accept loop, so a world leaves nothing behind.
 """
 
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
 from harness.errors import FixtureError
-from harness.worldinfo import NONCE_HEADER
+from harness.world.info import NONCE_HEADER
 
 if TYPE_CHECKING:
     from collections.abc import Callable

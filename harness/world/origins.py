@@ -33,18 +33,18 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
-from harness.blob import DEFAULT_CHUNK, BlobSpec, iter_blob, load_blob_spec
 from harness.errors import FixtureError
-from harness.listeners import LOOPBACK, ConnectionTrackingMixIn
 from harness.paths import fixtures_dir
-from harness.worldinfo import FIXTURE_HOST_KEYS, NONCE_HEADER, FixtureHostKey, HostInfo
+from harness.world.blob import DEFAULT_CHUNK, BlobSpec, iter_blob, load_blob_spec
+from harness.world.info import FIXTURE_HOST_KEYS, NONCE_HEADER, FixtureHostKey, HostInfo
+from harness.world.listeners import LOOPBACK, ConnectionTrackingMixIn
 
 if TYPE_CHECKING:
     import ssl
     from collections.abc import Iterable, Sequence
     from pathlib import Path
 
-    from harness.pki import Pki
+    from harness.world.pki import Pki
 
 Scheme = Literal["https", "http"]
 _SCHEMES: tuple[Scheme, ...] = ("https", "http")

@@ -123,7 +123,7 @@ def build_canary_wheel(src: Path, out_dir: Path, nonce: str) -> Path:
     ).encode()
     files[f"{dist_info}/WHEEL"] = (
         b"Wheel-Version: 1.0\n"
-        b"Generator: sandbox-attest (harness.wheel)\n"
+        b"Generator: sandbox-attest (harness.world.wheel)\n"
         b"Root-Is-Purelib: true\n"
         b"Tag: py3-none-any\n"
     )

@@ -7,7 +7,7 @@ in memory. `random` is not a CSPRNG, and that is the point: the bytes must be re
 secret (hence the S311 ignore below).
 
 To change the seed or size, edit `fixtures/blob.toml` and run
-`python -m harness.blob --write` to recompute and commit the sha256; a test checks it.
+`python -m harness.world.blob --write` to recompute and commit the sha256; a test checks it.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def load_blob_spec(path: Path | None = None) -> BlobSpec:
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
         raise FixtureError(
             f"{path}: cannot read the blob spec ({exc!r}); it needs a [blob] table with "
-            "seed, size and sha256 (regenerate sha256 with `python -m harness.blob --write`)"
+            "seed, size and sha256 (regenerate sha256 with `python -m harness.world.blob --write`)"
         ) from exc
     if not re.fullmatch(r"[0-9a-f]{64}", spec.sha256):
         raise FixtureError(f"{path}: sha256 = {spec.sha256!r} is not 64 lowercase hex digits")
@@ -122,8 +122,8 @@ def write_blob_sha256(path: Path | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.blob [--write]`: check (or rewrite) the committed blob digest."""
-    parser = argparse.ArgumentParser(prog="python -m harness.blob", description=main.__doc__)
+    """`python -m harness.world.blob [--write]`: check (or rewrite) the committed blob digest."""
+    parser = argparse.ArgumentParser(prog="python -m harness.world.blob", description=main.__doc__)
     parser.add_argument("--write", action="store_true", help="write the recomputed sha256")
     args = parser.parse_args(argv)
     if args.write:
