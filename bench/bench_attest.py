@@ -10,6 +10,7 @@ attestation is on disk. To add a row (e.g. the separate signer process), append 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -21,12 +22,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 
-from harness.attest import gate_for, sign_report
+from harness.attest import SignerFacts, gate_for, reportfs, sign_judged
 from harness.attest.keys import SigningKey, TrustedKey, private_key_pem
 from harness.attest.policy import Policy, load_policy
 from harness.attest.signer import Signer
 from harness.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY
 from harness.attest.verify import Checks, verify_report
+from harness.junit import render_junit
+from harness.outcomes import run_outcomes
 from harness.render import render_html, render_summary
 from tests.attest.builder import build_report, make_cells, write_policy
 
@@ -46,29 +49,53 @@ class Case:
     sign: Callable[[Path, SigningKey, Policy], object]
 
 
-def _in_process(report: Path, key: SigningKey, policy: Policy) -> object:
-    return sign_report(report, key, policy=policy, env={})
+def _views(report: Path, policy: Policy, facts: SignerFacts | None) -> dict[str, bytes]:
+    """The judged bytes a session hands over: evidence as written, views rendered from it."""
+    evidence_bytes = (report / EVIDENCE).read_bytes()
+    evidence = json.loads(evidence_bytes)
+    outcomes = run_outcomes(evidence, policy)
+    return {
+        EVIDENCE: evidence_bytes,
+        JUNIT: render_junit(evidence, outcomes),
+        HTML: render_html(evidence, facts, policy).encode(),
+        SUMMARY: render_summary(evidence, facts, policy).encode(),
+    }
 
 
-def _signer_process(report: Path, key: SigningKey, policy: Policy) -> object:
-    """The way a run signs: a separate signer process, handed the judged bytes.
+def _in_process(report: Path, key: SigningKey, policy: Policy) -> float:
+    """The signing step in this process: `sign_judged` over the judged bytes."""
+    files = _views(report, policy, None)
+    evidence = json.loads(files[EVIDENCE])
+    dir_fd = reportfs.open_report_dir(report)
+    try:
+        t0 = time.perf_counter()
+        sign_judged(
+            report,
+            dir_fd,
+            key,
+            files,
+            policy=policy,
+            expected_gate=gate_for(evidence, policy).result,
+            env={},
+        )
+        return time.perf_counter() - t0
+    finally:
+        os.close(dir_fd)
+
+
+def _signer_process(report: Path, key: SigningKey, policy: Policy) -> float:
+    """The same step as a run does it: the separate signer process, handed the same bytes.
 
     The signer's start (about 0.1 s, once per run) is outside the timing, as it is outside a
-    run's signing step; the views are rendered in the harness process, as the session does.
+    run's signing step; the views are rendered before the clock starts, for both rows.
     """
     key_file = report.parent / f"{report.name}.key.pem"
     key_file.write_bytes(private_key_pem(key.private_key))
     key_file.chmod(0o600)
-    evidence_bytes = (report / EVIDENCE).read_bytes()
-    evidence = json.loads(evidence_bytes)
     with Signer.start(key_file, {}) as signer:
+        files = _views(report, policy, signer.facts)
+        evidence = json.loads(files[EVIDENCE])
         t0 = time.perf_counter()
-        files = {
-            EVIDENCE: evidence_bytes,
-            JUNIT: (report / JUNIT).read_bytes(),
-            HTML: render_html(evidence, signer.facts, policy).encode(),
-            SUMMARY: render_summary(evidence, signer.facts, policy).encode(),
-        }
         signer.sign_report(
             report,
             files,
@@ -80,7 +107,7 @@ def _signer_process(report: Path, key: SigningKey, policy: Policy) -> object:
 
 
 CASES = [
-    Case("in-process sign_report", _in_process),
+    Case("in-process sign_judged", _in_process),
     Case("signer process", _signer_process),
 ]
 
