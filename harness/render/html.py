@@ -321,8 +321,9 @@ def render_page(view: ReportView) -> str:
     where = " ".join(str(platform.get(k, "")) for k in ("system", "release", "machine"))
     harness_version = (ev.get("harness") or {}).get("version", "?")
     policy_digest = f"<span class=small>sha256 {_e(policy.get('sha256', '?'))}</span>"
-    world = ev.get("world") if isinstance(ev.get("world"), dict) else {}
-    trust = ev.get("trust_domains") if isinstance(ev.get("trust_domains"), dict) else {}
+    world_value, trust_value = ev.get("world"), ev.get("trust_domains")
+    world: dict[str, Any] = world_value if isinstance(world_value, dict) else {}
+    trust: dict[str, Any] = trust_value if isinstance(trust_value, dict) else {}
     commit = (ev.get("harness") or {}).get("commit") or "none recorded"
     return f"""<!DOCTYPE html>
 <html lang=en><head><meta charset=utf-8>
