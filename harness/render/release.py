@@ -27,6 +27,7 @@ from harness.render.summary import (
     STEP_SUMMARY_LIMIT,
     _md,  # one escaping rule for every summary
     fit,
+    grid_cell,
 )
 
 if TYPE_CHECKING:
@@ -280,16 +281,9 @@ def render_release_summary(view: ReleaseView) -> str:
     lines.append("| probe | " + " | ".join(heads) + " |")
     lines.append("|---" * (len(heads) + 1) + "|")
     for probe in view.probes:
-        row = []
-        for leg in view.legs:
-            for backend in leg.backends:
-                o = leg.outcome(backend, probe)
-                if o is None:
-                    row.append("-")
-                elif o.required:
-                    row.append(f"**{_md(o.verdict)}**\\*")
-                else:
-                    row.append(_md(o.verdict))
+        row = [
+            grid_cell(leg.outcome(backend, probe)) for leg in view.legs for backend in leg.backends
+        ]
         lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
     lines += ["", "\\* required by the release policy (bold); the others are optional.", ""]
     bad = _not_passing(view)

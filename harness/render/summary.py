@@ -15,11 +15,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from harness.outcomes import CellOutcome
     from harness.render import ReportView
 
 STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub's per-step limit
 _MARGIN = 4096  # room for the truncation note and for other tools appending later
 TRUNCATED_NOTE = "\n\n_Summary truncated to stay under GitHub's 1 MiB limit; see report.html._\n"
+
+
+def grid_cell(outcome: CellOutcome | None) -> str:
+    """One grid cell in Markdown: the verdict, bold with a star when required, "-" if absent."""
+    if outcome is None:
+        return "-"
+    if outcome.required:
+        return f"**{_md(outcome.verdict)}**\\*"
+    return _md(outcome.verdict)
 
 
 def _md(value: object) -> str:
@@ -59,15 +69,7 @@ def render_markdown(view: ReportView) -> str:
     lines.append("| probe | " + " | ".join(heads) + " |")
     lines.append("|---" * (len(view.backends) + 1) + "|")
     for probe in view.probes:
-        row = []
-        for backend in view.backends:
-            o = view.outcome(backend, probe)
-            if o is None:
-                row.append("-")
-            elif o.required:
-                row.append(f"**{_md(o.verdict)}**\\*")
-            else:
-                row.append(_md(o.verdict))
+        row = [grid_cell(view.outcome(backend, probe)) for backend in view.backends]
         lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
     lines += ["", "\\* required by the gate (bold); the others are optional.", ""]
     bad = [o for o in view.outcomes.cells if o.status != "passed" and o.verdict != "NOT_APPLICABLE"]
