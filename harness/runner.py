@@ -261,8 +261,13 @@ class CellRunner:
         cell_dir = self.scratch / "cells" / f"{cell.cell_id}-{nonce}"
         workspace = cell_dir / "workspace"
         inputs = cell_dir / "input"
-        workspace.mkdir(parents=True)
-        inputs.mkdir()
+        # Modes set explicitly, never left to the umask: the payload user must traverse the
+        # cell dir and read its inputs, whatever umask this process (or a thread of a library
+        # that changes it for a moment) has. A 0700 directory here makes a cell fail on file
+        # modes, not on the sandbox.
+        for directory in (self.scratch / "cells", cell_dir, workspace, inputs):
+            directory.mkdir(exist_ok=directory == self.scratch / "cells")
+            directory.chmod(0o755)
         # The payload owns its workspace (the one writable grant). The cell dir stays the
         # harness's: host-side baselines and witnesses of the cell live there, and a payload
         # that could rename them could rewrite what it is judged by.
@@ -307,6 +312,7 @@ class CellRunner:
             }
             task_path = inputs / "task.json"
             task_path.write_text(json.dumps(task, indent=1))
+            task_path.chmod(0o644)
             # The launcher lives with the shipped probes, wherever this probe's file is.
             launcher = probes_dir() / hostview.LAUNCHER
             read_only = (

@@ -174,6 +174,12 @@ class RunSession:
         """Ask every backend whether it can run here, before any cell starts."""
         # Who runs the judged code: a dedicated unprivileged user where the harness is root.
         self.user = payload_user()
+        # What the payload user must read (the CA bundle, task files, cell dirs) is made by
+        # this process; a restrictive umask (077 in some CI shells) would make every cell
+        # measure file modes. Secrets are never left to the umask: keys, the report dir and
+        # its files get explicit modes (attest/keys.py, attest/reportfs.py).
+        if self.user is not None:
+            os.umask(0o022)
         self.trust_domains = trust_domains(self.user)
         self.backends: dict[str, Backend] = {}
         self.availability: dict[str, Availability] = {}
