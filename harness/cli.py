@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -119,22 +120,32 @@ def _run_pytest(
     if args.jobs > 1:
         pytest_args.append(f"--harness-jobs={args.jobs}")
     pytest_args.append(f"--harness-world={args.world}")
-    print(f"sandbox-attest {__version__}: run {run_id}, report -> {out}", flush=True)
-    gate = _GateWatch()
-    code = int(pytest.main(pytest_args, plugins=[gate, SignerHandoff(signer)]))
+    # With --json, stdout carries the one JSON object and nothing else: everything a person
+    # reads (the cells as they finish, the grid, the gate lines) goes to stderr instead.
+    human = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with human:
+        print(f"sandbox-attest {__version__}: run {run_id}, report -> {out}", flush=True)
+        gate = _GateWatch()
+        code = int(pytest.main(pytest_args, plugins=[gate, SignerHandoff(signer)]))
+        status = _run_status(code, gate)
+    if args.json:
+        _print_run_json(run_id, out, gate, status)
+    return status
+
+
+def _run_status(code: int, gate: _GateWatch) -> int:
+    """The run's exit status from pytest's code, the gate, and a signal that cut it short."""
+    import pytest  # noqa: PLC0415
+
     caught = caught_signal()
     if caught is not None:
         # Cut short: the report is written (incomplete), so the gate is printed as ever; it
         # can only say FAILED, and the status says which signal (130, 143, 129).
         gate.report()
-        status = caught.exit_status
-    elif code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        status = code  # interrupted, usage or internal error: never a pass
-    else:
-        status = gate.report()
-    if args.json:
-        _print_run_json(run_id, out, gate, status)
-    return status
+        return caught.exit_status
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        return code  # interrupted, usage or internal error: never a pass
+    return gate.report()
 
 
 def _print_run_json(run_id: str, out: Path, gate: _GateWatch, status: int) -> None:
@@ -300,7 +311,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
             rows.append(
                 {
                     "name": row.name,
-                    "status": "available",
+                    # The words the evidence uses: AVAILABLE, UNAVAILABLE, NOT_APPLICABLE.
+                    "status": "AVAILABLE",
                     "version": ident.version,
                     "platform": ident.platform,
                     "claims": ident.policy.as_dict(),
@@ -313,7 +325,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         print(json.dumps({"platform": platform, "backends": rows}, indent=2, default=str))
         return 0
     for r in rows:
-        if r["status"] == "available":
+        if r["status"] == "AVAILABLE":
             print(
                 f"{r['name']:14} available       {r['version']}; {r['platform']}; "
                 f"claims: {_claims(r['claims'])}; profile {r['profile_digest']}"
