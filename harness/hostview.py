@@ -235,7 +235,12 @@ class Rendezvous:
                 "command line is visible (another pid namespace the host cannot map?)",
             }
         else:
-            views = [read_process(pid) for pid in pids]
+            # A process gone before it was read shows nothing; it is no reading at all.
+            views = [v for v in (read_process(pid) for pid in pids) if v["status"]]
+            if not views:
+                self.view = {"seen": False, "why": "the payload exited before the host read it"}
+                self._release()
+                return
             self.view = {"seen": True, **views[0]}
             if len(views) > 1:
                 self.view["others"] = views[1:]

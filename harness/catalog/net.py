@@ -243,20 +243,24 @@ def host_seen_path_out(ctx: CellContext) -> str:
     if ctx.policy.network == "open" or not view.get("seen"):
         return ""
     claim = f'claims network = "{ctx.policy.network}"'
-    if "net" in (view.get("shared_with_harness") or []):
-        netns = (view.get("namespaces") or {}).get("net", "?")
-        return (
-            f"{claim}; the payload ran in the harness's network namespace ({netns}), "
-            "seen by the host"
-        )
-    routes = view.get("default_routes") or []
-    if routes:
-        route = routes[0]
-        return (
-            f"{claim}; the payload's network namespace has a default route (via "
-            f"{route.get('gateway')} dev {route.get('dev')}), seen by the host without a "
-            "packet sent"
-        )
+    # Every process that carried this cell's launcher counts: a wrapper that runs the real
+    # payload unconfined beside a confined decoy must not be judged by the decoy alone.
+    for process in (view, *(view.get("others") or [])):
+        pid = process.get("pid", "?")
+        if "net" in (process.get("shared_with_harness") or []):
+            netns = (process.get("namespaces") or {}).get("net", "?")
+            return (
+                f"{claim}; the payload (host pid {pid}) ran in the harness's network "
+                f"namespace ({netns}), seen by the host"
+            )
+        routes = process.get("default_routes") or []
+        if routes:
+            route = routes[0]
+            return (
+                f"{claim}; the payload's network namespace (host pid {pid}) has a default "
+                f"route (via {route.get('gateway')} dev {route.get('dev')}), seen by the host "
+                "without a packet sent"
+            )
     return ""
 
 

@@ -1293,8 +1293,21 @@ class NetIpv6UdpIcmp(_PerCellSpec):
                 return _check("host udp4 datagram", ok=True, detail=udp4)
 
             checks += _listener_control("host udp4 datagram", v4, nonce, udp_v4)
+        capabilities = payload_capabilities(ctx.user)
+        unmeasured = sorted(w for w, v in capabilities.items() if v.startswith("unmeasured"))
+        # An attempt the host could not measure would drop out of the judgement as "the host
+        # lacks it": not measuring is a failed control, never a silent pass. (Only a failure
+        # is added: a passing check must not turn a control with no listener checks green.)
+        if unmeasured:
+            checks.append(
+                _check(
+                    "payload user's local capabilities measured",
+                    ok=False,
+                    detail="; ".join(f"{w}: {capabilities[w]}" for w in unmeasured),
+                )
+            )
         result = _control(nonce, checks)
-        result["capabilities"] = payload_capabilities(ctx.user)
+        result["capabilities"] = capabilities
         result["ipv6_loopback"] = v6 is not None
         return result
 

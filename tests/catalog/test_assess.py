@@ -274,6 +274,15 @@ class TestNetDirectEgress:
         report = self.report("refused", "net:[1]", "ENETUNREACH")
         assert _verdict(ctx, report, Records(), OK_CONTROL) == ("escaped", Verdict.FAIL)
 
+    def test_a_confined_decoy_does_not_hide_the_real_payload(self, tmp_path: Path) -> None:
+        """Two processes carried the launcher; the second shared the harness's netns: FAIL."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        decoy = {"pid": 10, "shared_with_harness": [], "default_routes": []}
+        real = {"pid": 11, "shared_with_harness": ["net"], "namespaces": {"net": HOST_NETNS}}
+        ctx.host_view.update({"seen": True, **decoy, "others": [real]})
+        report = self.report("refused", "net:[1]", "ENETUNREACH")
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("escaped", Verdict.FAIL)
+
     def test_an_open_claim_is_not_held_to_the_host_view(self, tmp_path: Path) -> None:
         """Negative control: the open control leg shares the netns by design: no FAIL from it."""
         ctx = _ctx("net_direct_egress", OPEN, tmp_path)

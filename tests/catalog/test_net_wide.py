@@ -704,3 +704,25 @@ def test_unprepared_cell_is_undecided_and_cleanup_stops_listeners(
     assert spec._listener(ctx, "service") is None
     assert spec._listener(ctx, "v4") is None
     assert kept._stop.is_set()
+
+
+def test_unmeasured_capabilities_fail_the_control(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the payload user's capabilities cannot be measured, the control fails, named."""
+    spec = NetIpv6UdpIcmp()
+    ctx = ctx_for(world, spec.id, "nunit0008")
+    monkeypatch.setattr(
+        net_wide,
+        "payload_capabilities",
+        lambda _user: dict.fromkeys(("icmp-echo", "raw-socket"), "unmeasured (exit 1: boom)"),
+    )
+    spec.prepare(ctx)
+    try:
+        control = spec.host_control(ctx)
+    finally:
+        spec.cleanup(ctx)
+    assert not control["ok"]
+    failed = [c for c in control["checks"] if not c["ok"]]
+    assert [c["what"] for c in failed] == ["payload user's local capabilities measured"]
+    assert "boom" in failed[0]["detail"]

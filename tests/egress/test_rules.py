@@ -195,6 +195,15 @@ class TestAddressAllowed:
         """`allow_private` admits every non-global kind (no public address appears here)."""
         assert address_allowed(ip, self.lenient)[0] is True
 
+    def test_remote_networks_admit_only_themselves(self) -> None:
+        """The lab's internet counts as remote hosts; private ranges and its link do not."""
+        remote = ("198.19.0.0/24",)
+        ok, reason = address_allowed("198.19.0.10", self.strict, remote=remote)
+        assert ok
+        assert "remote host of the lab" in reason
+        for ip in ("198.18.0.1", "10.1.2.3", "127.0.0.1"):
+            assert address_allowed(ip, self.strict, remote=remote)[0] is False
+
     def test_garbage_refused(self) -> None:
         """Something that is not an address is refused, not raised."""
         assert address_allowed("not-an-ip", self.lenient)[0] is False
