@@ -15,7 +15,7 @@ from harness import __version__
 from harness.attest.reportfs import make_report_dir
 from harness.errors import ConfigError, HarnessError
 from harness.lifetime import RunInterrupted, catch_run_signals, caught_signal
-from harness.paths import matrix_dir
+from harness.paths import default_legs, default_matrix, default_policy, default_pytest_ini
 from harness.session import new_run_id
 from harness.world.lab import ensure_lab
 
@@ -53,6 +53,14 @@ def shorten(line: str, limit: int = GATE_LINE_LIMIT) -> str:
 
 
 HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
+# Defaults come from the installed package, wherever the command runs: a `matrix/` folder in
+# the current directory is used only when named (`--policy matrix/policy.toml`).
+HELP_POLICY = "release policy TOML (default: the one the package ships, matrix/policy.toml)"
+HELP_MATRIX = "matrix TOML, any file name (default: the one the package ships)"
+HELP_LEGS = (
+    'TOML: [[leg]] platform = "linux" backend = "bubblewrap", one per leg (default: the '
+    "package's matrix/legs.toml, the legs of its own CI)"
+)
 HELP_WORLD = (
     "where the fixture hosts live: auto (the lab on Linux as root, else loopback, the reason "
     "recorded), lab (required: fail where it cannot be made), loopback (default: auto)"
@@ -63,8 +71,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # From the first moment: SIGTERM before the matrix starts still ends in a gate line and
     # 128 + its number (main), never in a silent death.
     catch_run_signals()
-    matrix = Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml"
-    policy = Path(args.policy) if args.policy else matrix_dir() / "policy.toml"
+    matrix = Path(args.matrix) if args.matrix else default_matrix()
+    policy = Path(args.policy) if args.policy else default_policy()
     _preflight(matrix, policy, args.backend, args.backend_spec)
     # The lab before anything else starts: namespaces are entered per thread, and the
     # signer's reader thread (and every child) must be born inside it.
@@ -92,6 +100,7 @@ def _run_pytest(
 ) -> int:
     import pytest  # noqa: PLC0415  (only `run` needs pytest loaded)
 
+    from harness import plugin  # noqa: PLC0415
     from harness.plugin import SignerHandoff  # noqa: PLC0415
 
     # The matrix's own pytest.ini when it has one beside it, else the shipped one (a matrix
@@ -102,24 +111,29 @@ def _run_pytest(
         "-v",
         f"--rootdir={matrix.parent}",
         "-c",
-        str(ini if ini.is_file() else matrix_dir() / "pytest.ini"),
-        f"--harness-matrix={matrix}",
+        str(ini if ini.is_file() else default_pytest_ini()),
+        # The plugin collects only the matrix it is asked for; the CLI's short options are
+        # translated to the plugin's prefixed ones (harness/plugin.py).
+        f"{plugin.OPT_MATRIX}={matrix}",
         # No --junitxml and no --alluredir: the session renders junit.xml and
         # allure-results/ from the judged evidence (harness/junit.py, allure_results.py).
-        f"--harness-run-id={run_id}",
-        f"--harness-report-dir={out}",
-        f"--harness-policy={policy}",
+        f"{plugin.OPT_RUN_ID}={run_id}",
+        f"{plugin.OPT_REPORT_DIR}={out}",
+        f"{plugin.OPT_POLICY}={policy}",
+        # The package is imported already (this CLI is part of it), so pytest could not
+        # rewrite its asserts and would warn on every run; the matrix's items assert nothing.
+        "--assert=plain",
     ]
-    pytest_args += [f"--backend-spec={Path(spec).resolve()}" for spec in args.backend_spec]
+    pytest_args += [f"{plugin.OPT_SPEC}={Path(spec).resolve()}" for spec in args.backend_spec]
     for name in args.backend:
-        pytest_args.append(f"--sandbox-backend={name}")
+        pytest_args.append(f"{plugin.OPT_BACKEND}={name}")
         if args.require_backend:
-            pytest_args.append(f"--require-backend={name}")
+            pytest_args.append(f"{plugin.OPT_REQUIRE}={name}")
     if args.key:
-        pytest_args.append(f"--harness-key={args.key}")
+        pytest_args.append(f"{plugin.OPT_KEY}={args.key}")
     if args.jobs > 1:
-        pytest_args.append(f"--harness-jobs={args.jobs}")
-    pytest_args.append(f"--harness-world={args.world}")
+        pytest_args.append(f"{plugin.OPT_JOBS}={args.jobs}")
+    pytest_args.append(f"{plugin.OPT_WORLD}={args.world}")
     # With --json, stdout carries the one JSON object and nothing else: everything a person
     # reads (the cells as they finish, the grid, the gate lines) goes to stderr instead.
     human = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -298,7 +312,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     from harness.backends import create_backend  # noqa: PLC0415
     from harness.matrix import current_platform, load_matrix  # noqa: PLC0415
 
-    matrix = load_matrix(Path(args.matrix) if args.matrix else matrix_dir() / "matrix.toml")
+    matrix = load_matrix(Path(args.matrix) if args.matrix else default_matrix())
     platform = current_platform()
     rows: list[dict[str, Any]] = []
     for row in matrix.backends:
@@ -376,8 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
         "cells are required already, UNAVAILABLE ones included",
     )
     run.add_argument("--out", help=HELP_OUT)
-    run.add_argument("--policy", help="release policy TOML (default: matrix/policy.toml)")
-    run.add_argument("--matrix", help="matrix TOML, any file name (default: matrix/matrix.toml)")
+    run.add_argument("--policy", help=HELP_POLICY)
+    run.add_argument("--matrix", help=HELP_MATRIX)
     run.add_argument(
         "--key",
         help="Ed25519 private key PEM for signing "
@@ -391,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
 
     backends = sub.add_parser("backends", help="list backends and whether they run here")
-    backends.add_argument("--matrix", help="matrix TOML (default: matrix/matrix.toml)")
+    backends.add_argument("--matrix", help=HELP_MATRIX)
     backends.add_argument("--json", action="store_true", help="print the list as JSON")
     backends.set_defaults(func=_cmd_backends)
 
@@ -408,11 +422,33 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register(sub)
+        _default_to_package_data(sub.choices)
     for choice in sub.choices.values():
         # verify and merge are registered elsewhere: every --help ends with the codes.
         choice.epilog = EXIT_CODES
         choice.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
+
+
+def _default_to_package_data(commands: dict[str, argparse.ArgumentParser]) -> None:
+    """`verify` and `merge` read the package's policy and legs unless told otherwise.
+
+    harness.attest.cli declares `--policy` with a default relative to the current directory
+    and `--expect-legs` as required; from an installed wheel neither file is there, so the
+    defaults become the package's own copies (a given flag still wins).
+    """
+    for name in ("verify", "merge"):
+        command = commands.get(name)
+        if command is None:
+            continue
+        for action in command._actions:
+            if action.dest == "policy":
+                action.default = default_policy()
+                action.help = HELP_POLICY
+            elif action.dest == "expect_legs":
+                action.default = default_legs()
+                action.required = False
+                action.help = HELP_LEGS
 
 
 def main(argv: list[str] | None = None) -> int:

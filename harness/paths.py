@@ -46,3 +46,45 @@ def fixtures_dir() -> Path:
 def matrix_dir() -> Path:
     """The folder of the pytest matrix, backend specs and release policy."""
     return _data_dir("matrix")
+
+
+def default_matrix() -> Path:
+    """The matrix a run uses when none is given: the installed package's `matrix.toml`.
+
+    A `matrix/` folder in the current directory is never picked up by itself: a project
+    with its own unrelated `matrix/` must not change what a run attests. Pass `--matrix`
+    (or `pytest --sandbox-attest FILE`) to use another.
+    """
+    return matrix_dir() / "matrix.toml"
+
+
+def default_policy() -> Path:
+    """The release policy `run`, `verify` and `merge` use when `--policy` is not given."""
+    return matrix_dir() / "policy.toml"
+
+
+def default_legs() -> Path:
+    """The CI legs `merge` expects when `--expect-legs` is not given."""
+    return matrix_dir() / "legs.toml"
+
+
+def default_pytest_ini() -> Path:
+    """The pytest settings of a matrix run whose matrix has no `pytest.ini` beside it."""
+    return matrix_dir() / "pytest.ini"
+
+
+def shown_path(path: Path) -> str:
+    """`path` as a message shows it: relative to the current directory when inside it.
+
+    An installed package's data lives under site-packages; a message that says
+    `.../site-packages/harness/_data/matrix/policy.toml` is true but hides which file it
+    is, so data of the package is named `<sandbox-attest>/matrix/policy.toml` instead.
+    """
+    resolved = path.resolve()
+    data = (_PACKAGE_DIR / "_data").resolve()
+    if resolved.is_relative_to(data):
+        return f"<sandbox-attest>/{resolved.relative_to(data).as_posix()}"
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)

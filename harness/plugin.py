@@ -1,4 +1,11 @@
-"""pytest plugin: collects matrix/matrix.toml as one test per cell. Wiring only.
+"""pytest plugin: collects a matrix file as one test per cell, when asked to. Wiring only.
+
+Installing sandbox-attest loads this module into every pytest run on the machine (the
+`pytest11` entry point), so it waits to be asked: a matrix is collected only with
+`pytest --sandbox-attest [MATRIX]`, a `sandbox_attest_matrix` ini option, or through
+`sandbox-attest run`, never because some project has a file named `matrix.toml`. Every
+option it adds starts with `--sandbox-attest`; the fixtures a vendor's own tests use live in
+harness.fixtures, registered from here.
 
 Decisions live in harness.session (a run's lifetime) and harness.runner (one cell). This
 module maps them onto pytest: options, collection, a verdict word per item, the grid at the
@@ -25,23 +32,49 @@ if TYPE_CHECKING:
     # every pytest run (the self-tests too), so it imports them only when a matrix is collected.
     from harness.session import RunSession
 
+HELP_ATTEST = (
+    "collect this matrix file as one test per cell (default without a value: the installed "
+    "package's matrix.toml); write --sandbox-attest=FILE when test paths follow. Without "
+    "test paths only the matrix runs"
+)
+HELP_INI_MATRIX = (
+    "matrix file (relative to this ini file) collected as one test per cell, as if "
+    "--sandbox-attest=FILE were given"
+)
 HELP_BACKEND = "backend to attest (repeatable); default: every backend of this platform"
 HELP_REQUIRE = "backend that must be available: UNAVAILABLE fails instead of skipping (repeat)"
 HELP_REPORT_DIR = "directory for evidence.json, the attestation and the HTML report"
-HELP_POLICY = "release policy TOML (default: matrix/policy.toml)"
+HELP_POLICY = "release policy TOML (default: the installed package's policy.toml)"
 HELP_KEY = "Ed25519 private key (PEM) to sign the attestation with"
 HELP_JOBS = "cells to run at once in a pool (control leg first, then the rest)"
 HELP_SPEC = "command-wrapper backend spec TOML to attest as well (repeatable)"
-HELP_MATRIX = "collect this matrix file whatever its name (default: files named matrix.toml)"
 HELP_RUN_ID = "the run id (default: a new one); the default report directory is reports/<run id>"
 HELP_WORLD = "auto (the lab where it can be made), lab (required) or loopback (default: auto)"
+
+# Every option of the plugin carries this prefix: it is loaded into every pytest run of a
+# machine that has the package, so a short name (--backend-spec) could clash with another
+# plugin's or a project's own conftest option.
+PREFIX = "--sandbox-attest"
+OPT_MATRIX = PREFIX
+OPT_BACKEND = f"{PREFIX}-backend"
+OPT_REQUIRE = f"{PREFIX}-require-backend"
+OPT_REPORT_DIR = f"{PREFIX}-report-dir"
+OPT_POLICY = f"{PREFIX}-policy"
+OPT_KEY = f"{PREFIX}-key"
+OPT_JOBS = f"{PREFIX}-jobs"
+OPT_SPEC = f"{PREFIX}-backend-spec"
+OPT_RUN_ID = f"{PREFIX}-run-id"
+OPT_WORLD = f"{PREFIX}-world"
+INI_MATRIX = "sandbox_attest_matrix"
+# The value of a bare `--sandbox-attest`: the installed package's own matrix.
+DEFAULT_MATRIX = "<default>"
 
 SESSION_KEY = pytest.StashKey["RunSession"]()
 SIGNER_KEY = pytest.StashKey["Signer"]()
 OWNS_SIGNER_KEY = pytest.StashKey[bool]()  # this plugin started the signer, so it closes it
 INTERRUPTED_KEY = pytest.StashKey[bool]()
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
-MATRIX_FILE_NAME = "matrix.toml"
+MATRIX_PATH_KEY = pytest.StashKey["Path | None"]()  # the matrix this run was asked to collect
 
 
 class CellFailed(Exception):  # noqa: N818  (pytest shows the class name; this one reads well)
@@ -54,35 +87,78 @@ class CellFailed(Exception):  # noqa: N818  (pytest shows the class name; this o
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Options of the matrix run."""
+    """Options of the matrix run, every one prefixed `--sandbox-attest`."""
     group = parser.getgroup("sandbox-attest")
-    group.addoption("--sandbox-backend", action="append", default=[], help=HELP_BACKEND)
-    group.addoption("--require-backend", action="append", default=[], help=HELP_REQUIRE)
-    group.addoption("--harness-report-dir", default=None, help=HELP_REPORT_DIR)
-    group.addoption("--harness-policy", default=None, help=HELP_POLICY)
-    group.addoption("--harness-key", default=None, help=HELP_KEY)
-    group.addoption("--harness-jobs", type=int, default=1, help=HELP_JOBS)
-    group.addoption("--backend-spec", action="append", default=[], metavar="FILE", help=HELP_SPEC)
-    group.addoption("--harness-matrix", default=None, metavar="FILE", help=HELP_MATRIX)
-    group.addoption("--harness-run-id", default=None, metavar="ID", help=HELP_RUN_ID)
     group.addoption(
-        "--harness-world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
+        OPT_MATRIX,
+        nargs="?",
+        const=DEFAULT_MATRIX,
+        default=None,
+        metavar="MATRIX",
+        help=HELP_ATTEST,
     )
+    group.addoption(OPT_BACKEND, action="append", default=[], metavar="NAME", help=HELP_BACKEND)
+    group.addoption(OPT_REQUIRE, action="append", default=[], metavar="NAME", help=HELP_REQUIRE)
+    group.addoption(OPT_REPORT_DIR, default=None, metavar="DIR", help=HELP_REPORT_DIR)
+    group.addoption(OPT_POLICY, default=None, metavar="FILE", help=HELP_POLICY)
+    group.addoption(OPT_KEY, default=None, metavar="PEM", help=HELP_KEY)
+    group.addoption(OPT_JOBS, type=int, default=1, metavar="N", help=HELP_JOBS)
+    group.addoption(OPT_SPEC, action="append", default=[], metavar="FILE", help=HELP_SPEC)
+    group.addoption(OPT_RUN_ID, default=None, metavar="ID", help=HELP_RUN_ID)
+    group.addoption(OPT_WORLD, choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD)
+    parser.addini(INI_MATRIX, HELP_INI_MATRIX, default="")
+
+
+def chosen_matrix(config: pytest.Config) -> Path | None:
+    """The matrix file this pytest run was asked to collect, or None: then nothing is.
+
+    `--sandbox-attest[=FILE]` wins over the `sandbox_attest_matrix` ini option; a bare
+    `--sandbox-attest` means the installed package's matrix (harness.paths.default_matrix).
+    """
+    given = config.getoption(OPT_MATRIX, None)
+    if given == DEFAULT_MATRIX:
+        from harness.paths import default_matrix  # noqa: PLC0415
+
+        return default_matrix().resolve()
+    if given:
+        return Path(given).resolve()
+    ini = str(config.getini(INI_MATRIX) or "").strip()
+    if not ini:
+        return None
+    base = config.inipath.parent if config.inipath is not None else config.rootpath
+    return (base / ini).resolve()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the markers the matrix and the self-tests use."""
+    """Register the marker and the fixtures; put the asked-for matrix among the test paths."""
     config.addinivalue_line("markers", "cell(backend, probe): a matrix cell of sandbox-attest.")
+    config.pluginmanager.import_plugin("harness.fixtures")
+    matrix = chosen_matrix(config)
+    config.stash[MATRIX_PATH_KEY] = matrix
+    if matrix is None:
+        return
+    # Without test paths on the command line, `pytest --sandbox-attest` runs the matrix alone
+    # (not the project's testpaths as well); with them, the matrix joins them unless one
+    # already holds it. The ini option alone keeps the project's own paths and adds the matrix.
+    named = config.args_source == pytest.Config.ArgsSource.ARGS
+    if config.getoption(OPT_MATRIX, None) and not named:
+        config.args = [str(matrix)]
+    elif not any(matrix.is_relative_to(Path(arg.split("::")[0]).resolve()) for arg in config.args):
+        config.args = [*config.args, str(matrix)]
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    """Collect the matrix file: any file named matrix.toml, or the one --harness-matrix names."""
-    chosen = parent.config.getoption("--harness-matrix", None)
-    if file_path.name == MATRIX_FILE_NAME or (
-        chosen and file_path.resolve() == Path(chosen).resolve()
-    ):
-        return MatrixFile.from_parent(parent, path=file_path)
-    return None
+    """Collect the matrix file this run was asked for, and no other file."""
+    matrix = parent.config.stash.get(MATRIX_PATH_KEY, None)
+    if matrix is None or file_path.resolve() != matrix:
+        return None
+    # The id a person reads: `matrix.toml::none-net_denied_host`, relative to the rootdir
+    # when the file is inside it, else its bare name (never `../venv/lib/.../site-packages`).
+    try:
+        nodeid = file_path.relative_to(parent.config.rootpath).as_posix()
+    except ValueError:
+        nodeid = file_path.name
+    return MatrixFile.from_parent(parent, path=file_path, nodeid=nodeid)
 
 
 def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
@@ -94,34 +170,34 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
         # in flight becomes ERROR and the report is still written and signed, as incomplete.
         # Installed here, not in pytest_configure: the self-tests keep pytest's own handling.
         catch_run_signals()
-        from harness.paths import matrix_dir  # noqa: PLC0415
+        from harness.paths import default_policy  # noqa: PLC0415
         from harness.session import RunSession, new_run_id, with_spec_backends  # noqa: PLC0415
 
         matrix = load_matrix(matrix_path)
 
         platform = current_platform()
-        chosen = config.getoption("--sandbox-backend") or [
+        chosen = config.getoption(OPT_BACKEND) or [
             row.name for row in matrix.backends if platform in row.platforms
         ]
-        # Backends named on purpose (--sandbox-backend, --backend-spec) are attested on purpose:
+        # Backends named on purpose (a backend or a spec option) are attested on purpose:
         # an escape there fails the run. Default-included ones are held to the policy only.
-        named = set(config.getoption("--sandbox-backend"))
+        named = set(config.getoption(OPT_BACKEND))
         before = set(chosen)
-        matrix, chosen = with_spec_backends(matrix, chosen, config.getoption("--backend-spec"))
-        named |= set(chosen) - before  # the --backend-spec files
-        report_dir = config.getoption("--harness-report-dir")
-        policy = config.getoption("--harness-policy")
-        key = config.getoption("--harness-key")
+        matrix, chosen = with_spec_backends(matrix, chosen, config.getoption(OPT_SPEC))
+        named |= set(chosen) - before  # the spec files
+        report_dir = config.getoption(OPT_REPORT_DIR)
+        policy = config.getoption(OPT_POLICY)
+        key = config.getoption(OPT_KEY)
         # The lab first (namespaces are entered per thread: nothing may have started yet),
         # then the signer, before anything else of the run: it takes the key (and the
         # variable out of os.environ) before any backend is even asked, and a bad key stops
         # collection in one line instead of being found after every cell ran.
         from harness.world.lab import ensure_lab  # noqa: PLC0415
 
-        ensure_lab(config.getoption("--harness-world"))
+        ensure_lab(config.getoption(OPT_WORLD))
         signer = _signer(config, Path(key) if key else None)
         # One run id everywhere: the directory name and every file inside say the same one.
-        run_id = config.getoption("--harness-run-id") or new_run_id()
+        run_id = config.getoption(OPT_RUN_ID) or new_run_id()
         session = RunSession(
             matrix=matrix,
             backend_names=list(chosen),
@@ -129,11 +205,11 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
             # is never shared by two runs.
             report_dir=Path(report_dir) if report_dir else Path("reports") / run_id,
             run_id=run_id,
-            policy_path=Path(policy) if policy else matrix_dir() / "policy.toml",
-            required_backends=set(config.getoption("--require-backend")),
+            policy_path=Path(policy) if policy else default_policy(),
+            required_backends=set(config.getoption(OPT_REQUIRE)),
             named_backends=named - {matrix.control},
             key_path=Path(key) if key else None,
-            jobs=max(1, int(config.getoption("--harness-jobs"))),
+            jobs=max(1, int(config.getoption(OPT_JOBS))),
         )
         session.use_signer(signer)
         config.stash[SESSION_KEY] = session

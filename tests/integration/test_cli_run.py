@@ -243,14 +243,14 @@ class TestSmallMatrix:
                 "-m",
                 "pytest",
                 str(matrix),
-                f"--harness-matrix={matrix}",
+                f"--sandbox-attest={matrix}",
                 f"--rootdir={tmp_path}",
                 "-c",
                 str(matrix_dir() / "pytest.ini"),
-                f"--harness-policy={small_policy(tmp_path)}",
-                f"--harness-report-dir={out}",
+                f"--sandbox-attest-policy={small_policy(tmp_path)}",
+                f"--sandbox-attest-report-dir={out}",
                 f"--junitxml={out / 'junit.xml'}",
-                "--sandbox-backend=bubblewrap",
+                "--sandbox-attest-backend=bubblewrap",
                 "-k",
                 "not bubblewrap-fs_write_outside",
             ],
@@ -280,13 +280,13 @@ class TestSmallMatrix:
                 "-m",
                 "pytest",
                 str(matrix),
-                f"--harness-matrix={matrix}",
+                f"--sandbox-attest={matrix}",
                 f"--rootdir={tmp_path}",
                 "-c",
                 str(matrix_dir() / "pytest.ini"),
-                f"--harness-policy={small_policy(tmp_path)}",
-                f"--harness-report-dir={out}",
-                "--sandbox-backend=bubblewrap",
+                f"--sandbox-attest-policy={small_policy(tmp_path)}",
+                f"--sandbox-attest-report-dir={out}",
+                "--sandbox-attest-backend=bubblewrap",
             ],
             capture_output=True,
             text=True,
@@ -309,7 +309,7 @@ class TestSmallMatrix:
         assert (proc.returncode == 0) == (gate != "FAILED"), proc.stdout[-3000:]
 
     def test_plain_pytest_bad_key_stops_before_any_cell(self, tmp_path: Path) -> None:
-        """--harness-key that is not a key: one line at collection, no cell runs."""
+        """--sandbox-attest-key that is not a key: one line at collection, no cell runs."""
         matrix = small_matrix(tmp_path)
         out = tmp_path / "r"
         hostname = tmp_path / "hostname"  # private, so only "not a key" is wrong with it
@@ -321,13 +321,13 @@ class TestSmallMatrix:
                 "-m",
                 "pytest",
                 str(matrix),
-                f"--harness-matrix={matrix}",
+                f"--sandbox-attest={matrix}",
                 f"--rootdir={tmp_path}",
                 "-c",
                 str(matrix_dir() / "pytest.ini"),
-                f"--harness-policy={small_policy(tmp_path)}",
-                f"--harness-report-dir={out}",
-                f"--harness-key={hostname}",
+                f"--sandbox-attest-policy={small_policy(tmp_path)}",
+                f"--sandbox-attest-report-dir={out}",
+                f"--sandbox-attest-key={hostname}",
             ],
             capture_output=True,
             text=True,

@@ -52,8 +52,8 @@ FORGED_MARK = "FORGED-BY-ATTACKER-WRAPPER"
 PEM_RE = re.compile(
     rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?-----END [A-Z0-9 ]*PRIVATE KEY-----", re.DOTALL
 )
-KEY_FLAGS = ("--key", "--harness-key")
-OUT_FLAGS = ("--out", "--harness-report-dir")
+KEY_FLAGS = ("--key", "--sandbox-attest-key")
+OUT_FLAGS = ("--out", "--sandbox-attest-report-dir")
 # Every file a person reads in a report (harness/attest/subjects.py), plus the temp name the
 # old writer used: the plants aim at each.
 LINK_PLANTS = ("evidence.json.tmp", "evidence.json", "junit.xml", "report.html", "summary.md")
