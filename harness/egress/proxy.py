@@ -241,6 +241,19 @@ class ProxyProcess:
         """
         return read_complete_lines(self.decision_log)
 
+    def exit_status(self) -> int | None:
+        """The child's exit status if it has ended (negative: killed by that signal), else None.
+
+        Reaps the child when it has ended; the world's health check asks this before it
+        trusts the decision log as a witness (a dead proxy logs nothing, which reads as "no
+        proxied attempt was made").
+        """
+        return None if self._stopped else self._popen.poll()
+
+    def stderr_tail(self, limit: int = 600) -> str:
+        """The last `limit` characters of the child's stderr, for a reason that names why."""
+        return _tail(self.stderr_path)[-limit:]
+
     def stop(self) -> None:
         """SIGTERM the process group, wait with a deadline, then SIGKILL; safe to call twice."""
         if self._stopped:

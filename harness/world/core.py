@@ -19,6 +19,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -28,7 +29,8 @@ from harness.errors import FixtureError
 from harness.paths import fixtures_dir
 from harness.trust import payload_user, require_reachable
 from harness.world.blob import load_blob_spec
-from harness.world.dns import DnsFixture
+from harness.world.dns import DnsFixture, resolve
+from harness.world.faults import FaultHook, fault_dir
 from harness.world.info import (
     PROBE_NAME_SUFFIX,
     BlobInfo,
@@ -71,6 +73,9 @@ _ALLOWED_ROLES = ("allowed", "index", "files")
 # the proxy must refuse each one after resolving it and before dialing.
 PRIVATE_NAME_SUFFIX = "private.test"
 _UNIX_PATH_MAX = 103  # sun_path is 104 bytes on macOS, 108 on Linux, NUL included
+# How long a health probe waits for the DNS fixture or an origin: they answer on the same
+# machine in milliseconds, so seconds mean a hung fixture, not a slow one.
+HEALTH_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -112,6 +117,10 @@ class World:
     extra_listeners: tuple[DirectEgressListener, ...] = ()
     lab: Lab | None = None
     _stopped: bool = field(default=False, repr=False)
+    # The first fault `check_health` found: a fixture that died stays dead for the run, and
+    # every later cell is told which one and when (not a fresh guess per cell).
+    _fault: str | None = field(default=None, repr=False)
+    _health_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __enter__(self) -> Self:
         """Return the (already running) world."""
@@ -128,6 +137,8 @@ class World:
         nonce appears in the queried name (case-insensitively: DNS names are); the
         listeners match when the nonce's bytes appear in what they received.
         """
+        # Witness logs of a dead fixture are silent, and silence reads as "no escape".
+        self.check_health()
         lowered = nonce.lower()
         direct = self.listener.records_with(nonce)
         for extra in self.extra_listeners:
@@ -144,12 +155,85 @@ class World:
             ),
         )
 
+    def problems(self, timeout: float = HEALTH_TIMEOUT_S) -> list[str]:
+        """What is wrong with the world's fixtures right now, one phrase each with its fix.
+
+        1. the egress proxy process has exited (its decision log is the witness of every
+           proxied attempt);
+        2. the DNS fixture is stopped, or does not answer a query for a fixture host;
+        3. an origin stopped accepting, or accepts and never answers `HEAD /`;
+        4. a direct-egress listener or a fake daemon's thread ended.
+
+        Probing costs a DNS query and one HTTP request per origin, none carrying a nonce, so
+        no cell's witness sees them. Empty: every witness is up.
+        """
+        found = []
+        code = self.proxy.exit_status()
+        if code is not None:
+            how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
+            found.append(
+                f"the egress proxy (pid {self.proxy.pid}) died ({how}, exit {code}); its stderr "
+                f"ends {self.proxy.stderr_tail(300)!r}; find who killed it (an OOM kill is in "
+                "the kernel log) and rerun"
+            )
+        why = self.dns.not_serving()
+        if why is None:
+            try:
+                resolve((self.dns.host, self.dns.port), self.origins.hosts[0].name, timeout)
+            except FixtureError as exc:
+                why = f"does not answer ({exc})"
+        if why is not None:
+            found.append(f"the DNS fixture ({self.dns.host}:{self.dns.port}) {why}; rerun")
+        found += [f"the {p}; rerun" for p in self.origins.not_serving(timeout)]
+        for listener in (self.listener, *self.extra_listeners):
+            if not listener.is_serving():
+                found.append(
+                    f"the direct-egress listener (port {listener.tcp_port}) stopped; rerun"
+                )
+        found += [
+            f"the fake daemon at {daemon.address} stopped; rerun"
+            for daemon in self.daemons
+            if not daemon.is_serving()
+        ]
+        return found
+
+    def check_health(self) -> None:
+        """Raise if a fixture is dead: a cell judged against a dead witness could PASS falsely.
+
+        The first fault found is kept for the rest of the run: later cells name the same
+        fixture and when it was found, without probing again.
+
+        Raises:
+            FixtureError: naming each dead fixture, what it was, and the fix.
+        """
+        with self._health_lock:
+            if self._fault is None and not self._stopped:
+                problems = self.problems()
+                if problems:
+                    when = time.strftime("%H:%M:%S", time.gmtime())
+                    self._fault = (
+                        f"a fixture of the world failed (found {when} UTC): "
+                        + "; and ".join(problems)
+                        + "; a dead witness logs nothing, and nothing must not read as "
+                        "'no escape', so no cell is judged from then on"
+                    )
+            fault = self._fault
+        if fault is not None:
+            raise FixtureError(fault)
+
     def stop(self) -> None:
         """Stop everything in reverse start order; safe to call twice."""
         if self._stopped:
             return
         self._stopped = True
         self._stop_stack.close()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _check_socket_path(path: Path) -> None:
@@ -300,6 +384,23 @@ def _proxy_config(
     )
 
 
+def _start_fault_hook(dns: DnsFixture, origins: Origins, stack: contextlib.ExitStack) -> None:
+    """Watch for a test's fault triggers; inert unless a test set the variable (faults.py)."""
+    directory = fault_dir()
+    if directory is None:
+        return
+    hook = FaultHook(
+        directory,
+        {
+            "dns-stop": dns.stop,
+            "origins-stop-accepting": origins.stop_accepting,
+            "origins-stop-answering": origins.stop_answering,
+        },
+    )
+    hook.start()
+    stack.callback(hook.stop)
+
+
 def start_world(run_dir: Path, lab: Lab | None = None) -> World:
     """Start the whole fixture world with its files under `run_dir`.
 
@@ -379,6 +480,8 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
         proxy = start_proxy(_proxy_config(origins, dns, proxy_sock, run_dir, lab))
         stack.callback(_unlink_quietly(proxy_sock))
         stack.callback(proxy.stop)
+
+        _start_fault_hook(dns, origins, stack)
 
         step = "world info"
         info = _world_info(

@@ -139,6 +139,19 @@ class DnsFixture:
                 sock.close()
         self._udp = self._tcp = None
 
+    def not_serving(self) -> str | None:
+        """Why the fixture does not serve right now, or None while both threads run.
+
+        A stopped or crashed fixture logs no query, which a cell would read as "the sandbox
+        resolved nothing": the world's health check asks this before it trusts the log.
+        """
+        if self._udp is None or not self._threads:
+            return "it was stopped"
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if dead:
+            return f"its serving thread{'s' if len(dead) > 1 else ''} {', '.join(dead)} ended"
+        return None
+
     def __enter__(self) -> Self:
         """Start the fixture."""
         self.start()

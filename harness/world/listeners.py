@@ -191,6 +191,10 @@ class DirectEgressListener:
         self._thread = threading.Thread(target=self._loop, name="direct-egress", daemon=True)
         self._thread.start()
 
+    def is_serving(self) -> bool:
+        """Whether the serving thread runs: a dead listener would witness no escape."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         """Stop the thread and close every socket; safe to call twice."""
         if self._thread is not None and self._wake_w is not None:
@@ -480,6 +484,10 @@ class FakeDaemon:
             daemon=True,
         )
         self._thread.start()
+
+    def is_serving(self) -> bool:
+        """Whether the serving thread runs: a dead daemon would witness no connection."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         """Stop serving, end open connections, remove the socket file; safe to call twice."""

@@ -165,6 +165,12 @@ class _OriginHandler(BaseHTTPRequestHandler):
 
     def _serve(self, *, head: bool) -> None:
         origins = self.server.origins
+        if origins.silenced.is_set():
+            # A fault the tests inject (harness/world/faults.py): accepted, never answered,
+            # until the world stops. The client's own timeout is what ends its attempt.
+            origins.released.wait()
+            self.close_connection = True
+            return
         nonce, route = self._nonce_and_route()
         response = origins.route(self.server.host, route, nonce)
         sent = 0
@@ -254,6 +260,10 @@ class Origins:
         self._wheels: dict[str, PublishedWheel] = {}
         self._servers: dict[tuple[str, Scheme], _OriginServer] = {}
         self._threads: list[threading.Thread] = []
+        # Set by `stop_answering` (a test's fault): every request is accepted and never
+        # answered until `released` is set by `stop`.
+        self.silenced = threading.Event()
+        self.released = threading.Event()
 
     def __enter__(self) -> Self:
         """Start and return the origins."""
@@ -287,8 +297,45 @@ class Origins:
             thread.start()
             self._threads.append(thread)
 
+    def stop_accepting(self) -> None:
+        """Close every listener but keep the ports on record: a fault the tests inject.
+
+        What an origin that crashed looks like to a client: connect refused. `stop` still
+        ends the open connections and joins the threads afterwards.
+        """
+        for server in self._servers.values():
+            server.shutdown()  # returns within one poll_interval
+            server.server_close()
+
+    def stop_answering(self) -> None:
+        """Accept every connection and never answer it: a fault the tests inject."""
+        self.silenced.set()
+
+    def not_serving(self, timeout: float = 2.0) -> list[str]:
+        """Why some origin does not serve right now: one phrase per origin; empty when all do.
+
+        Each host's plain-HTTP listener is asked for `HEAD /` (logged without a nonce, so no
+        cell's witness sees it): a listener whose thread ended refuses, and one that accepts
+        but never answers times out. Without this a dead origin reads as "the sandbox
+        reached nothing", which a denial probe would count in its favour.
+        """
+        problems = []
+        threads = {t.name: t for t in self._threads}
+        for key, scheme in self._servers:
+            thread = threads.get(f"origin-{key}-{scheme}")
+            if thread is None or not thread.is_alive():
+                problems.append(f"origin {key} ({scheme}) stopped accepting")
+        for key, scheme in self._servers:
+            if scheme != "http" or any(p.startswith(f"origin {key} ") for p in problems):
+                continue
+            why = _no_answer(self.address, self.port(key, "http"), timeout)
+            if why is not None:
+                problems.append(f"origin {key} (http) {why}")
+        return problems
+
     def stop(self) -> None:
         """Stop every listener, end open connections and join all threads; idempotent."""
+        self.released.set()
         servers = list(self._servers.values())
         self._servers.clear()
         if self._threads:
@@ -439,6 +486,21 @@ class Origins:
     def records(self, nonce: str) -> list[dict[str, Any]]:
         """Every host's log entries whose nonce is `nonce`, oldest first."""
         return [e for e in self.access_log() if e["nonce"] == nonce]
+
+
+def _no_answer(address: str, port: int, timeout: float) -> str | None:
+    """Why `HEAD /` to a plain-HTTP origin got no status line within `timeout`, or None."""
+    try:
+        with socket.create_connection((address, port), timeout) as sock:
+            sock.sendall(b"HEAD / HTTP/1.1\r\nHost: health\r\nConnection: close\r\n\r\n")
+            head = sock.recv(16)
+    except TimeoutError:
+        return f"accepted but did not answer within {timeout:g}s"
+    except OSError as exc:
+        return f"refused the connection ({exc.strerror or exc})"
+    if not head.startswith(b"HTTP/"):
+        return f"answered {head!r} instead of an HTTP status line"
+    return None
 
 
 def wait_for_port(address: str, port: int, timeout: float = 5.0) -> None:
