@@ -24,7 +24,7 @@ from harness import __version__
 from harness.attest.policy import Gate, Policy, evaluate, load_policy
 from harness.backends import Backend, create_backend
 from harness.backends.base import Availability
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError, FixtureError, HarnessError
 from harness.evidence import EvidenceWriter
 from harness.lifetime import RunInterrupted, caught_signal
 from harness.matrix import BackendRow, Cell, Matrix, current_platform
@@ -248,6 +248,15 @@ class RunSession:
 
     def _judge(self, cell: Cell) -> dict[str, Any]:
         runner = self._ensure_world()
+        reason = self.world_error
+        if runner is not None and self.world is not None and cell.not_applicable is None:
+            try:
+                # A fixture that died in an earlier cell stays dead: this cell is not run
+                # against it (its payload's attempts would go unwitnessed), only recorded.
+                self.world.check_health()
+            except FixtureError as exc:
+                reason = f"not run: {exc}"
+                runner = None
         if runner is None:
             return {
                 "cell_id": cell.cell_id,
@@ -255,7 +264,7 @@ class RunSession:
                 "probe": cell.probe.id,
                 "platform": self.platform,
                 "verdict": Verdict.ERROR.value,
-                "reason": self.world_error,
+                "reason": reason,
             }
         return runner.run_cell(cell)
 
@@ -298,8 +307,32 @@ class RunSession:
         future = self.futures.get(cell.cell_id)
         entry = future.result() if future is not None else self._judge(cell)
         entry["required"] = self.is_required(cell)
-        self.writer.add_cell(entry)
+        self._journal(entry)
         return entry
+
+    def _journal(self, entry: dict[str, Any]) -> None:
+        """Append a judged cell to evidence.jsonl; a write that fails is said, never raised.
+
+        The cell is kept in memory either way, so the run goes on and its gate names the
+        failure: a full disk must end in a gate line and a non-zero exit, not a traceback
+        that loses the cells judged so far. After the first failure nothing more is appended:
+        a line torn by the full disk must not be glued to the next cell's line.
+        """
+        from harness.attest import reportfs  # noqa: PLC0415
+        from harness.evidence import JOURNAL_NAME  # noqa: PLC0415
+
+        if getattr(self, "_journal_failed", False):
+            self.writer.cells.append(entry)
+            return
+        try:
+            self.writer.add_cell(entry)  # appends to .cells first, then writes
+        except OSError as exc:
+            self._journal_failed = True
+            message = reportfs.write_failure(self.report_dir, JOURNAL_NAME, exc)
+            self.artifact_errors.append(
+                f"{message} (the cells judged before {entry['cell_id']} are in it)"
+            )
+            print(f"sandbox-attest: {self.artifact_errors[-1]}", flush=True)
 
     def record_aborted(self, cell: Cell, exc: BaseException) -> None:
         """Record an ERROR for a cell whose run was cut short (pytest-timeout, Ctrl-C).
@@ -327,10 +360,8 @@ class RunSession:
             "reason": reason,
             "required": self.is_required(cell),
         }
-        try:
-            self.writer.add_cell(entry)
-        except OSError as err:  # the entry is kept in memory; evidence.json still gets it
-            print(f"sandbox-attest: journal write for {cell.cell_id} failed: {err}")
+        # The entry is kept in memory even when the journal write fails; evidence.json gets it.
+        self._journal(entry)
 
     def expected_required(self) -> set[tuple[str, str]]:
         """Every (backend, probe) this run must produce: the policy's, and the named ones'."""
@@ -500,7 +531,16 @@ class RunSession:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self._unjournal_scratch()
-        evidence = self.writer.write(complete=complete and not self.deselected)
+        try:
+            evidence = self.writer.write(complete=complete and not self.deselected)
+        except HarnessError as exc:
+            # Nothing can be signed that is not on disk: the report stays as it is (the
+            # journal keeps the cells written before), and the gate fails naming why.
+            self.artifact_errors.append(
+                f"the report was neither signed nor rendered: {exc.diagnostics()}"
+            )
+            self._close_own_signer()
+            return [*self.swept_lines, f"evidence NOT written: {exc.diagnostics()}"]
         return [
             *self.swept_lines,
             f"evidence: {self.report_dir / 'evidence.json'}",

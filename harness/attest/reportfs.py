@@ -20,6 +20,7 @@ above it that another user can write lets that user rename the whole report away
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -152,6 +153,35 @@ def ensure_report_dir(path: Path) -> int:
     return open_report_dir(path)
 
 
+# Errors that mean "no room", whatever quota or size limit caused it.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def write_failure(directory: Path | str, name: str, exc: OSError) -> str:
+    """What to tell the user when `name` could not be written into the report `directory`.
+
+    A full filesystem (ENOSPC, or EDQUOT for a quota) gets its own message with the fix: a
+    run that fills its disk must say so, not crash with a traceback, and must not pretend
+    its report is whole. The files already written there are left alone.
+    """
+    if exc.errno in _FULL:
+        code = errno.errorcode.get(exc.errno or 0, "ENOSPC")
+        return (
+            f"cannot write {name} in the report directory {directory}: its filesystem is full "
+            f"({code}: {exc.strerror}); what was written there before is kept. Free space "
+            "there, or rerun with --out on a filesystem with room"
+        )
+    return f"cannot write {name} in the report directory {directory}: {exc.strerror or exc}"
+
+
+def _dir_name(dir_fd: int) -> str:
+    """The path of the directory behind `dir_fd`, for messages (Linux); else a placeholder."""
+    try:
+        return str(Path(f"/proc/self/fd/{dir_fd}").readlink())
+    except OSError:
+        return "(the --out directory)"
+
+
 def _check_name(name: str) -> None:
     if not name or name in (".", "..") or "/" in name or os.sep in name:
         raise ValueError(f"{name!r} is not a plain file name inside the report directory")
@@ -178,7 +208,7 @@ def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
     try:
         fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
     except OSError as exc:
-        raise ReportError(f"cannot create {tmp} in the report directory: {exc}") from exc
+        raise ReportError(write_failure(_dir_name(dir_fd), tmp, exc)) from exc
     try:
         try:
             if hasattr(os, "fchmod"):
@@ -192,7 +222,7 @@ def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
         _unlink_quietly(dir_fd, tmp)
-        raise ReportError(f"cannot write {name} in the report directory: {exc}") from exc
+        raise ReportError(write_failure(_dir_name(dir_fd), name, exc)) from exc
     _fsync_dir(dir_fd)
 
 
@@ -214,7 +244,7 @@ def create_append(dir_fd: int, name: str, mode: int = 0o600) -> int:
             f"the report directory already holds {name} (another run's, or planted); {FIX_OUT}"
         ) from exc
     except OSError as exc:
-        raise ReportError(f"cannot create {name} in the report directory: {exc}") from exc
+        raise ReportError(write_failure(_dir_name(dir_fd), name, exc)) from exc
     if hasattr(os, "fchmod"):
         os.fchmod(fd, mode)
     return fd
