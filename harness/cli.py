@@ -109,7 +109,12 @@ def _run_pytest(
     pytest_args = [
         str(matrix),
         "-v",
-        f"--rootdir={matrix.parent}",
+        # The rootdir is where the command runs: pytest shows ids relative to it, and an
+        # installed matrix elsewhere would read `../venv/lib/.../matrix.toml::none-...`
+        # (the plugin names the file by itself then). No conftest.py of this directory or
+        # above the matrix is loaded into a run: only the matrix's own folder may have one.
+        f"--rootdir={Path.cwd()}",
+        f"--confcutdir={matrix.resolve().parent}",
         "-c",
         str(ini if ini.is_file() else default_pytest_ini()),
         # The plugin collects only the matrix it is asked for; the CLI's short options are

@@ -155,7 +155,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     # The id a person reads: `matrix.toml::none-net_denied_host`, relative to the rootdir
     # when the file is inside it, else its bare name (never `../venv/lib/.../site-packages`).
     try:
-        nodeid = file_path.relative_to(parent.config.rootpath).as_posix()
+        nodeid = file_path.resolve().relative_to(parent.config.rootpath.resolve()).as_posix()
     except ValueError:
         nodeid = file_path.name
     return MatrixFile.from_parent(parent, path=file_path, nodeid=nodeid)

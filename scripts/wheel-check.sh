@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The wheel is the product: build it, install it into a fresh venv outside the checkout, and
+# run the commands a user runs from there (run, verify, merge), so a default that only works
+# inside a clone (a path relative to the checkout, a message naming a file the wheel lacks)
+# fails here instead of in someone else's CI.
+#
+#   scripts/wheel-check.sh [PYTHON]     PYTHON: the interpreter that has `build` (default:
+#                                       the checkout's .venv/bin/python)
+#
+# What it checks, each with the line that failed:
+#   - `python -m build` makes an sdist and a wheel (the wheel built from the sdist);
+#   - the wheel installs with its dependencies into a new venv under a mktemp directory;
+#   - `sandbox-attest run --backend none --backend bubblewrap` there, in a directory with no
+#     matrix/ of its own, passes its gate, with test ids `matrix.toml::<cell>` (never a
+#     site-packages path), no PytestAssertRewriteWarning and no mention of scripts/;
+#   - `verify --partial` of that report with the package's default policy holds;
+#   - a second run with a local matrix/ named by flag (two probes, one leg, its own policy),
+#     `merge` of that leg with its legs file, and `verify` of the release hold.
+# Everything it makes lives under the mktemp directory, removed at the end (kept with
+# WHEEL_CHECK_KEEP=1). Exit 0 only if every step held.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${1:-$ROOT/.venv/bin/python}
+WORK=$(mktemp -d /tmp/sa-wheel.XXXXXX)
+# The payload user (an unprivileged account, harness/trust.py) must traverse the report and
+# scratch directories under it, as it must under /tmp.
+chmod 755 "$WORK"
+cleanup() { [ "${WHEEL_CHECK_KEEP:-0}" = 1 ] && echo "wheel-check: kept $WORK" >&2 || rm -rf "$WORK"; }
+trap cleanup EXIT
+
+say() { printf 'wheel-check: %s\n' "$*" >&2; }
+fail() { say "FAILED: $*"; exit 1; }
+t0=$SECONDS
+
+say "python -m build -> $WORK/dist"
+"$PY" -m build --outdir "$WORK/dist" "$ROOT" >"$WORK/build.log" 2>&1 \
+  || { tail -20 "$WORK/build.log" >&2; fail "python -m build failed (log above)"; }
+wheel=$(ls "$WORK"/dist/sandbox_attest-*.whl)
+ls "$WORK"/dist/sandbox_attest-*.tar.gz >/dev/null || fail "no sdist in $WORK/dist"
+
+say "fresh venv, pip install $(basename "$wheel")"
+base=$("$PY" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
+"$base" -m venv "$WORK/venv"
+"$WORK/venv/bin/pip" install -q "$wheel" >"$WORK/pip.log" 2>&1 \
+  || { tail -20 "$WORK/pip.log" >&2; fail "pip install of the wheel failed (log above)"; }
+SA=$WORK/venv/bin/sandbox-attest
+
+# A directory with nothing of the project in it: every default must come from the package.
+mkdir -m 755 "$WORK/cwd"
+cd "$WORK/cwd"
+case "$("$WORK/venv/bin/python" -c 'import harness; print(harness.__file__)')" in
+  "$WORK"/venv/*) ;;
+  *) fail "the fresh venv imports harness from outside itself (the checkout leaks in)" ;;
+esac
+openssl genpkey -algorithm ed25519 -out key.pem 2>/dev/null
+chmod 600 key.pem
+openssl pkey -in key.pem -pubout -out key.pub 2>/dev/null
+
+say "sandbox-attest run --backend none --backend bubblewrap (from $WORK/cwd)"
+set +e
+"$SA" run --backend none --backend bubblewrap --key key.pem --out leg >run.log 2>&1
+code=$?
+set -e
+grep '^gate:' run.log >&2 || true
+[ "$code" -eq 0 ] || { tail -40 run.log >&2; fail "run exited $code"; }
+grep -q 'matrix.toml::none-net_denied_host' run.log \
+  || fail "test ids do not read matrix.toml::none-net_denied_host: $(grep -m1 '::none-' run.log)"
+! grep -n 'site-packages[^ ]*::' run.log || fail "a test id names a site-packages path"
+! grep -n 'PytestAssertRewriteWarning' run.log || fail "pytest warned it cannot rewrite asserts"
+! grep -n 'scripts/' run.log || fail "a message names scripts/, which the wheel does not carry"
+
+say "sandbox-attest verify leg --partial (the package's default policy)"
+"$SA" verify leg --trusted-key key.pub --partial >verify.log 2>&1 \
+  || { cat verify.log >&2; fail "verify of the leg refused"; }
+
+say "a local matrix/ given on purpose: run, merge and verify with it"
+# What a project that attests its own choice keeps: two probes, one leg. Given by flag, so it
+# also shows that a local matrix/ overrides the package's only when named.
+mkdir -m 755 matrix
+cat >matrix/matrix.toml <<'EOF'
+[matrix]
+control = "none"
+
+[[probe]]
+id = "net_denied_host"
+timeout = 60
+
+[[probe]]
+id = "fs_write_outside"
+timeout = 60
+
+[[backend]]
+name = "none"
+platforms = ["linux", "darwin", "windows"]
+
+[[backend]]
+name = "bubblewrap"
+platforms = ["linux"]
+reason = "bubblewrap needs Linux namespaces"
+EOF
+cat >matrix/policy.toml <<'EOF'
+[policy]
+name = "wheel-check"
+version = 2
+
+[[require]]
+platform = "linux"
+backend = "none"
+probes = ["net_denied_host", "fs_write_outside"]
+
+[[require]]
+platform = "linux"
+backend = "bubblewrap"
+probes = ["net_denied_host", "fs_write_outside"]
+EOF
+cat >matrix/legs.toml <<'EOF'
+[[leg]]
+platform = "linux"
+backend = "bubblewrap"
+EOF
+"$SA" run --matrix matrix/matrix.toml --policy matrix/policy.toml --backend bubblewrap \
+  --key key.pem --out leg-local >run-local.log 2>&1 || { tail -30 run-local.log >&2; fail "local run"; }
+grep -q '^matrix/matrix.toml::bubblewrap-fs_write_outside PASS' run-local.log \
+  || fail "the local matrix's ids do not read matrix/matrix.toml::bubblewrap-fs_write_outside"
+"$SA" merge leg-local --expect-legs matrix/legs.toml --policy matrix/policy.toml \
+  --trusted-key key.pub --key key.pem --out release >merge.log 2>&1 \
+  || { cat merge.log >&2; fail "merge refused"; }
+"$SA" verify release --trusted-key key.pub --policy matrix/policy.toml >verify-release.log 2>&1 \
+  || { cat verify-release.log >&2; fail "verify of the merged release refused"; }
+! grep -n 'scripts/' ./*.log || fail "a message names scripts/, which the wheel does not carry"
+
+say "OK in $((SECONDS - t0)) s: built, installed outside the checkout, run + verify + merge hold"
