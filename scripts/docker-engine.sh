@@ -4,6 +4,7 @@
 #   scripts/docker-engine.sh start   use the engine that answers; else install Debian's
 #                                    docker.io (when dockerd is missing) and start dockerd
 #   scripts/docker-engine.sh stop    stop dockerd only if `start` started it
+#   scripts/docker-engine.sh answers exit 0 when an engine answers now (starts nothing)
 #
 # `start` prints nothing on success. It records in .state/docker-engine/state whether it started
 # dockerd, so `stop` never touches an engine someone else runs (a developer's Docker Desktop, a
@@ -133,5 +134,6 @@ stop() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
-  *) die "usage: $0 start|stop" ;;
+  answers) engine_answers ;;
+  *) die "usage: $0 start|stop|answers" ;;
 esac
