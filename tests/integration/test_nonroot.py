@@ -1,0 +1,148 @@
+"""`./run attest` as a normal user: what it skips and why, and a gate that says what it attested.
+
+A real unprivileged account (`sa-nonroot`, created here if absent) runs `./run attest` through
+`runuser`, as GitHub's `runner` user or a developer would. The command runs from a copy of
+the two files it is made of (`run`, `scripts/`) in a directory that user owns, sharing this
+checkout's venv (its stamp is written so `./run` does not rebuild it): the user cannot write
+the checkout itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+USER = "sa-nonroot"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="creating a user and switching to it needs root (CI runs as root)"
+)
+
+
+def ensure_user() -> pwd.struct_passwd:
+    """The unprivileged account the tests run as, created on first use."""
+    done = subprocess.run(
+        [
+            shutil.which("useradd") or "/usr/sbin/useradd",
+            "--system",
+            "--user-group",
+            "--create-home",
+            "--home-dir",
+            f"/var/lib/{USER}",
+            "--shell",
+            "/bin/sh",
+            USER,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert done.returncode in (0, 9), done.stderr  # 9: it exists already
+    return pwd.getpwnam(USER)
+
+
+@pytest.fixture
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory the user owns with `run`, `scripts/` and this checkout's venv linked in."""
+    user = ensure_user()
+    base = tmp_path_factory.mktemp("nonroot")
+    for parent in (base, *base.parents):
+        if parent == Path("/tmp"):
+            break
+        parent.chmod(0o755)
+    copy = base / "checkout"
+    copy.mkdir()
+    shutil.copy2(ROOT / "run", copy / "run")
+    shutil.copytree(ROOT / "scripts", copy / "scripts")
+    shutil.copy2(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    (copy / ".venv").symlink_to(ROOT / ".venv")
+    (copy / ".state").mkdir()
+    stamp = hashlib.sha256((copy / "pyproject.toml").read_bytes()).hexdigest()
+    (copy / ".state" / "venv.stamp").write_text(stamp + "\n")
+    for path in (base, copy, *copy.rglob("*")):
+        os.lchown(path, user.pw_uid, user.pw_gid)
+    return copy
+
+
+def as_user(checkout: Path, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run `argv` in `checkout` as the unprivileged user, with a plain user's environment."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": f"/var/lib/{USER}",
+        "LANG": "C.UTF-8",
+        # The checkout under test: the venv imports it (editable), unless a copy is named.
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
+    }
+    return subprocess.run(
+        ["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class TestRunAttestAsNonRoot:
+    def test_default_set_skips_docker_and_says_why(self, checkout: Path) -> None:
+        """No --backend as a normal user without an engine: docker is skipped, with the reason."""
+        answers = subprocess.run(
+            [str(ROOT / "scripts" / "docker-engine.sh"), "answers"], check=False, timeout=30
+        )
+        if answers.returncode == 0:
+            pytest.skip("a Docker engine answers here, so nothing is skipped")
+        proc = as_user(checkout, "./run", "attest", "--help")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert (
+            "skipping docker: no Docker engine answers and starting dockerd needs root"
+            in proc.stderr
+        )
+        assert "not root: no lab" in proc.stderr
+        assert "usage: sandbox-attest run" in proc.stdout
+
+    @pytest.mark.needs_bwrap
+    def test_bubblewrap_gate_says_what_was_and_was_not_attested(
+        self, checkout: Path, tmp_path: Path
+    ) -> None:
+        """`./run attest --backend bubblewrap` as a normal user ends in a gate that names it all.
+
+        Nothing about docker is installed or started; the report records that the payload ran
+        as the harness's own user and that the fixture hosts were on loopback; a cell that
+        needs root is NOT_APPLICABLE with "run as root" (never INCONCLUSIVE), and the gate
+        holds exactly when every required cell PASSed.
+        """
+        out = checkout / "report"
+        proc = as_user(checkout, "./run", "attest", "--backend", "bubblewrap", "--out", str(out))
+        log = proc.stdout[-5000:] + proc.stderr[-3000:]
+        assert "docker" not in proc.stderr, log  # nothing of docker was asked, started or said
+        assert "gate: " in proc.stdout, log
+        evidence = json.loads((out / "evidence.json").read_text())
+        assert evidence["trust_domains"]["separated"] is False
+        assert evidence["world"]["kind"] == "loopback"
+        cells = {c["cell_id"]: c for c in evidence["cells"]}
+        assert {c["backend"] for c in cells.values()} == {"none", "bubblewrap"}
+        namespace = cells["none-proc_namespace_escape"]
+        assert namespace["verdict"] in ("PASS", "NOT_APPLICABLE"), namespace["reason"]
+        if namespace["verdict"] == "NOT_APPLICABLE":
+            assert "run as root" in namespace["reason"]
+            assert "run as root" in proc.stdout, log
+        not_pass = sorted(i for i, c in cells.items() if c["required"] and c["verdict"] != "PASS")
+        for cell_id in not_pass:
+            assert cell_id in proc.stdout, f"the gate does not name {cell_id}: {log}"
+        assert "not attested in this run: backend docker" in proc.stdout, log
+        if not_pass:
+            assert proc.returncode == 1, log
+            assert proc.stdout.rstrip().endswith("gate: FAILED"), log
+        else:
+            assert proc.returncode == 0, log
+            assert "gate: PASSED" in proc.stdout, log
+        assert json.loads((out / "signing.json").read_text())["gate"] in ("PASSED", "FAILED")
