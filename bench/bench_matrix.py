@@ -23,7 +23,7 @@ from harness.backends.base import ProbeRequest
 from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.none import NoneBackend
 from harness.backends.process import run_process
-from harness.runner import interpreter_paths
+from harness.payload import interpreter_paths
 from harness.trust import give, payload_user
 
 ROOT = Path(__file__).resolve().parent.parent

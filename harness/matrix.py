@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import host_os
 from harness.errors import ConfigError
+
+# Callers ask the matrix which platform it judges; the answer lives below both the matrix and
+# the backends (harness/host_os.py), so that neither has to import the other.
+current_platform = host_os.current_platform
 
 PROBE_KEYS = {"id", "timeout", "platforms", "reason"}
 BACKEND_KEYS = {"name", "platforms", "reason"}
@@ -87,11 +91,6 @@ class Matrix:
                     reason = self.exclusions[(name, probe.id)]
                 cells.append(Cell(name, probe, reason))
         return cells
-
-
-def current_platform() -> str:
-    """'linux', 'darwin' or 'windows'."""
-    return "windows" if sys.platform.startswith("win") else sys.platform
 
 
 def _check_keys(path: Path, where: str, table: dict[str, Any], allowed: set[str]) -> None:

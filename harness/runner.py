@@ -20,6 +20,8 @@ from typing import Any
 from harness import hostview
 from harness.backends.base import (
     PROXY_FROM_ENV,
+    SANDBOX_PROXY_SOCKET,
+    SANDBOX_SHIM,
     SHIM_PORT,
     START_MARKER,
     Availability,
@@ -27,11 +29,13 @@ from harness.backends.base import (
     EgressRoute,
     ProbeRequest,
     ProbeRun,
+    shim_path,
 )
-from harness.catalog import PROBES, CellContext, probe_path
+from harness.catalog import PROBES, CellContext, InsideRoute, probe_path
 from harness.errors import HarnessError, ProbeOutputError
 from harness.matrix import Cell
 from harness.paths import probes_dir
+from harness.payload import interpreter_paths, payload_env
 from harness.trust import PayloadUser, give, payload_user, require_reachable
 from harness.verdict import Assessment, Decision, Verdict, decide
 from harness.world.core import World
@@ -43,39 +47,13 @@ PROBE_DEADLINE_MARGIN_S = 10.0
 EVIDENCE_TEXT_LIMIT = 16_384
 
 
-def interpreter_paths() -> list[Path]:
-    """The interpreter by its lexical and its resolved location, deduplicated.
+def inside_route() -> InsideRoute:
+    """Where the namespaced backends put the sandbox's end of the egress route.
 
-    A venv's `bin/python` is a symlink into the base installation: the sandbox needs the venv
-    (lexical path, pyvenv.cfg, site-packages with pip) and the base prefix it resolves into.
-    Paths under /usr are left out because every backend binds /usr already.
+    The runner joins the backends and the catalogue, so the inside paths reach the specs from
+    here, in each cell's context, and the catalogue never imports the backends.
     """
-    exe = Path(sys.executable)
-    candidates = {
-        Path(sys.prefix),
-        Path(sys.base_prefix),
-        exe.parent,
-        exe.resolve().parent,
-        Path(sys.base_prefix).resolve(),
-    }
-    kept = sorted(p for p in candidates if not p.is_relative_to("/usr"))
-    return [p for p in kept if not any(p != q and p.is_relative_to(q) for q in kept)]
-
-
-def payload_env(proxy_url: str | None, home: Path) -> dict[str, str]:
-    """The only environment a payload sees: a minimal PATH/HOME/LANG and the proxy."""
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(home),
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",  # the probe dir is read-only inside the sandbox
-        "PYTHONUNBUFFERED": "1",
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-    }
-    if proxy_url:
-        for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-            env[key] = proxy_url
-    return env
+    return InsideRoute(SANDBOX_PROXY_SOCKET, SANDBOX_SHIM, SHIM_PORT, shim_path())
 
 
 def parse_report(run: ProbeRun) -> dict[str, Any]:
@@ -281,6 +259,7 @@ class CellRunner:
             cell_dir=cell_dir,
             policy=identity.policy,
             user=self.user,
+            route=inside_route(),
         )
         expected = spec.expectation(identity.policy)
         info = self.world.info
@@ -300,9 +279,6 @@ class CellRunner:
                 "cell_id": cell.cell_id,
                 "workspace": str(workspace),
                 "proxy_url": proxy_url,
-                # "literal": dial 127.0.0.1:PORT, verify TLS for the name (wrappers whose own
-                # proxy refuses names that resolve to loopback); see probes/README.md.
-                "address_by": getattr(backend, "address_by", "name"),
                 "ca_bundle": info.ca_bundle,
                 "world": info.for_probe(),
                 "targets": targets,

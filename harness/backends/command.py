@@ -64,8 +64,9 @@ from harness.backends.spec import (
     shell_join,
 )
 from harness.errors import BackendError
-from harness.matrix import current_platform
+from harness.host_os import current_platform
 from harness.paths import matrix_dir
+from harness.payload import interpreter_paths
 from harness.provenance import executable_facts
 from harness.trust import PayloadUser, give, payload_user
 
@@ -336,8 +337,6 @@ class CommandBackend:
 
     def _check_context(self, root: Path) -> tuple[RenderContext, Path]:
         """A render context for the confinement check: real paths under `root`, sample rest."""
-        from harness.runner import interpreter_paths  # noqa: PLC0415  (the runner imports us)
-
         spec = self.spec
         workspace, run_dir, socket = root / "workspace", root / "run", root / "proxy.sock"
         workspace.mkdir()

@@ -1,36 +1,62 @@
 """The probe catalogue, host side: what each probe expects, plants, controls and concludes.
 
 Each payload in `probes/` runs inside the sandbox and only reports what it saw. Its spec here
-runs on the host; one module per area (net, dns, ipc, fs, pkg) keeps each reading next to its
-own helpers, and `harness.catalog.base` holds the protocol and the readings they share.
+runs on the host, in the module of its area (the `area` of the spec and the first word of its
+id): `net` (a package: `route` through the egress proxy, `direct` around it), `dns`, `ipc`,
+`fs`, `env`, `proc`, `lifecycle` and `pkg`. Each keeps its readings next to its own helpers.
+
+Imports flow down. The area modules never import one another; what several of them share
+lives below them: `base` (the protocol, the cell, the readings every spec uses), `canary`
+(host file states), `capabilities` (what an unconfined payload user could open here) and
+`net.witness` (per-cell loopback listeners). Nothing here imports the runner, the matrix or
+the backends: the runner, above both, hands a cell everything a spec needs
+(tests/unit/test_import_layers.py holds that).
 """
 
 from __future__ import annotations
 
-from harness.catalog import host, net_wide, proc
+from harness.catalog import proc
 from harness.catalog.base import (
     CellContext,
+    InsideRoute,
+    PolicyLike,
     ProbeSpec,
     WitnessRecordsLike,
     WorldLike,
     probe_path,
 )
 from harness.catalog.dns import DnsResolution
-from harness.catalog.fs import FsWriteOutside
-from harness.catalog.ipc import IpcUnixSocketEscape
-from harness.catalog.net import NetDeniedHost, NetDirectEgress, NetTransfer18MiB
+from harness.catalog.env import EnvInheritance
+from harness.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets, FsWriteOutside
+from harness.catalog.ipc import IpcProxySocketTamper, IpcUnixSocketEscape
+from harness.catalog.lifecycle import LifecycleOrphans
+from harness.catalog.net import (
+    NetDeniedHost,
+    NetDirectEgress,
+    NetHostCanonical,
+    NetIpv6UdpIcmp,
+    NetLoopbackServices,
+    NetPrivateAddress,
+    NetProxyConfusion,
+    NetProxyEnvOverride,
+    NetTransfer18MiB,
+)
 from harness.catalog.pkg import PkgPipInstall
 
 __all__ = [
     "PROBES",
     "CellContext",
     "FsWriteOutside",
+    "InsideRoute",
+    "PolicyLike",
     "ProbeSpec",
     "WitnessRecordsLike",
     "WorldLike",
     "probe_path",
 ]
 
+# The order is the catalogue's order in every report: the release core first, then the wider
+# catalogue (issue 8), then the process probes.
 _SPECS: tuple[ProbeSpec, ...] = (
     NetDeniedHost(),
     NetDirectEgress(),
@@ -39,8 +65,18 @@ _SPECS: tuple[ProbeSpec, ...] = (
     FsWriteOutside(),
     NetTransfer18MiB(),
     PkgPipInstall(),
-    *net_wide.SPECS,
-    *host.SPECS,
+    NetHostCanonical(),
+    NetProxyConfusion(),
+    NetProxyEnvOverride(),
+    NetLoopbackServices(),
+    NetPrivateAddress(),
+    NetIpv6UdpIcmp(),
+    FsReadSecrets(),
+    FsProtectedInWorkspace(),
+    FsLinkEscape(),
+    EnvInheritance(),
+    IpcProxySocketTamper(),
+    LifecycleOrphans(),
     *proc.SPECS,
 )
 PROBES: dict[str, ProbeSpec] = {spec.id: spec for spec in _SPECS}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import json
 import secrets
 import socket
 import ssl
@@ -24,17 +25,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from harness.paths import probes_dir
 from harness.trust import PayloadUser
 from harness.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from harness.backends.base import DeclaredPolicy
     from harness.world.info import WorldInfo
 
 __all__ = [
     "CellContext",
+    "InsideRoute",
+    "PolicyLike",
     "ProbeSpec",
     "WitnessRecordsLike",
     "WorldLike",
@@ -83,6 +86,54 @@ class WitnessRecordsLike(Protocol):
         ...
 
 
+class PolicyLike(Protocol):
+    """The shape of `harness.backends.base.DeclaredPolicy`: the claim a verdict holds to.
+
+    A protocol, not the class, so that the catalogue never imports the backends: the
+    backends sit beside the catalogue, and only the runner, above both, joins them.
+    """
+
+    @property
+    def network(self) -> str:
+        """The network claim: open, proxy or none."""
+        ...
+
+    @property
+    def filesystem(self) -> str:
+        """The filesystem claim: open or workspace."""
+        ...
+
+    @property
+    def ipc(self) -> str:
+        """The ipc claim: open or isolated."""
+        ...
+
+    @property
+    def limits(self) -> tuple[tuple[str, int], ...]:
+        """The resource limits claimed, as (name, value) pairs; empty: none claimed."""
+        ...
+
+
+@dataclass(frozen=True)
+class InsideRoute:
+    """Where the sandbox's end of the egress route sits, as the backends lay it out.
+
+    The runner fills it from `harness.backends.base`; the catalogue reads it from the cell
+    instead of importing the backends.
+
+    Attributes:
+        proxy_socket: the proxy's unix socket as a namespaced sandbox sees it.
+        shim: the shim script as a namespaced sandbox sees it.
+        shim_port: the loopback port the shim listens on inside.
+        shim_source: the host path of the shim script every backend mounts.
+    """
+
+    proxy_socket: str
+    shim: str
+    shim_port: int
+    shim_source: Path
+
+
 class WorldLike(Protocol):
     """The shape of a running `harness.world.World` that the specs rely on."""
 
@@ -109,6 +160,7 @@ class CellContext:
         cell_dir: host-only scratch for this cell; canaries are planted below it.
         policy: the backend's declared confinement.
         host_view: the host's readings of the payload process (see harness/hostview.py).
+        route: where the sandbox's end of the egress route sits (see InsideRoute).
         user: the unprivileged user the payload runs as (None: the harness's own user). What
             an unconfined payload must reach (canaries, anchors, host baselines) is planted
             or started for this user, so a denial is the sandbox's doing, not permissions.
@@ -120,8 +172,11 @@ class CellContext:
     world: WorldLike
     workspace: Path
     cell_dir: Path
-    policy: DeclaredPolicy
+    policy: PolicyLike
     user: PayloadUser | None = None
+    # The in-sandbox end of the egress route (None: the runner did not say, and a probe that
+    # attacks the route cannot run).
+    route: InsideRoute | None = None
     # What the host read of the confined payload at its rendezvous (harness/hostview.py),
     # filled in by the runner after the run: the witness no wrapper can rewrite.
     host_view: dict[str, Any] = field(default_factory=dict)
@@ -140,9 +195,9 @@ class ProbeSpec(Protocol):
     """The host side of one probe."""
 
     id: str
-    area: str  # net / dns / ipc / fs / pkg
+    area: str  # net / dns / ipc / fs / env / proc / lifecycle / pkg: its module here
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """What the declared policy says must happen to the attempt."""
         ...
 
@@ -180,8 +235,6 @@ SHARED_PAYLOADS: dict[str, str] = {
 
 def probe_path(probe_id: str) -> Path:
     """The payload script of `probe_id` (in the clone or the installed wheel)."""
-    from harness.paths import probes_dir  # noqa: PLC0415  (paths imports nothing of ours)
-
     return probes_dir() / f"{SHARED_PAYLOADS.get(probe_id, probe_id)}.py"
 
 
@@ -469,11 +522,11 @@ class _Spec:
         del ctx
 
 
-def _confined_network(policy: DeclaredPolicy) -> Expectation:
+def _confined_network(policy: PolicyLike) -> Expectation:
     return "denied" if policy.network != "open" else "allowed"
 
 
-def _capability(policy: DeclaredPolicy) -> Expectation:
+def _capability(policy: PolicyLike) -> Expectation:
     return "denied" if policy.network == "none" else "allowed"
 
 
@@ -506,3 +559,34 @@ def _origin_control(ctx: CellContext, nonce: str, url: str, host_key: str) -> li
     hits = [o for o in _with_nonce(records.origin, nonce) if o.get("host") == host_key]
     checks.append(_check(f"{host_key} origin logged the host", bool(hits), f"{len(hits)} hits"))
     return checks
+
+
+_STATE = "host-state.json"
+
+
+def _save_state(ctx: CellContext, state: dict[str, Any]) -> None:
+    """Keep what prepare planted in the cell's scratch dir (the spec objects are shared)."""
+    path = ctx.cell_dir / _STATE
+    path.write_text(json.dumps(state, indent=1, sort_keys=True))
+
+
+def _load_state(ctx: CellContext) -> dict[str, Any]:
+    try:
+        loaded = json.loads((ctx.cell_dir / _STATE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _refusals(attempts: list[dict[str, Any]]) -> str:
+    refused = [a for a in attempts if a.get("outcome") == "refused"]
+    errnos = sorted({str(a.get("errno")) for a in refused})
+    return f"{len(refused)} of {len(attempts)} attempts refused ({','.join(errnos) or '-'})"
+
+
+def _fs_confined(policy: PolicyLike) -> Expectation:
+    # "workspace" promises the workspace is the payload's only writable grant. Every backend
+    # that makes that promise builds the view by granting paths (bwrap binds, docker mounts,
+    # seatbelt's profile), so the host's secret folders, its scratch dirs and the host side of
+    # the egress route are outside the view too; the open control leg promises nothing.
+    return "denied" if policy.filesystem == "workspace" else "allowed"

@@ -10,9 +10,9 @@ from harness.verdict import Assessment, Expectation
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from harness.backends.base import DeclaredPolicy
 from harness.catalog.base import (
     CellContext,
+    PolicyLike,
     WitnessRecordsLike,
     _attempts,
     _check,
@@ -36,7 +36,7 @@ class DnsResolution(_Spec):
     id = "dns_resolution"
     area = "dns"
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
         return _confined_network(policy)
 

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final
 
 from harness import sweep
-from harness.trust import give
-from harness.verdict import Assessment, Expectation
-
-if TYPE_CHECKING:
-    from harness.backends.base import DeclaredPolicy
 from harness.catalog.base import (
     CellContext,
+    PolicyLike,
     WitnessRecordsLike,
     _all_succeeded,
     _attempts,
@@ -23,15 +23,27 @@ from harness.catalog.base import (
     _conclude,
     _control,
     _control_nonce,
+    _fs_confined,
     _host_writes,
     _judge,
+    _load_state,
     _observed,
     _private_namespace,
+    _refusals,
+    _save_state,
     _Spec,
     _summary,
     home_of,
 )
-from harness.catalog.canary import dir_canary_diff, dir_canary_state, planting, read_text
+from harness.catalog.canary import (
+    dir_canary_diff,
+    dir_canary_state,
+    planting,
+    read_text,
+    sha256,
+)
+from harness.trust import give
+from harness.verdict import Assessment, Expectation
 
 CANARY_NAME = "canary.txt"
 _BASELINE = "baseline.json"
@@ -43,7 +55,7 @@ class FsWriteOutside(_Spec):
     id = "fs_write_outside"
     area = "fs"
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when writes are confined to the workspace; seen on the open control leg."""
         return "denied" if policy.filesystem == "workspace" else "allowed"
 
@@ -188,3 +200,391 @@ def _journal_key(probe: str, ctx: CellContext) -> str:
 
 def _json_dumps(data: object) -> str:
     return json.dumps(data, indent=1, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# fs_read_secrets
+
+
+class FsReadSecrets(_Spec):
+    """Reads canary secrets planted where a host keeps real ones."""
+
+    id = "fs_read_secrets"
+    area = "fs"
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied when the sandbox is confined to its workspace; seen on the open control leg.
+
+        The declared `filesystem` mode speaks of writes, but no backend that declares
+        "workspace" exposes the host's home: they all build the view from granted paths, and a
+        view that shows ~/.ssh to untrusted code is the exposure this probe exists to catch.
+        """
+        return _fs_confined(policy)
+
+    @staticmethod
+    def secret_paths(ctx: CellContext) -> dict[str, Path]:
+        """Where the canaries go: new files named after the nonce, never the real ones."""
+        home = home_of(ctx)
+        name = f"sandbox-attest-canary-{ctx.nonce}"
+        return {
+            "ssh": home / ".ssh" / name,
+            "aws": home / ".aws" / name,
+            "docker": home / ".docker" / f"{name}.json",
+            # A project's .env sits next to its checkout: the cell dir (named after the
+            # nonce) plays the project root around the workspace.
+            "dotenv": ctx.cell_dir / ".env",
+        }
+
+    @staticmethod
+    def control_path(ctx: CellContext) -> Path:
+        """The control canary, inside the workspace."""
+        return ctx.workspace / f"secrets-control-{ctx.nonce}.txt"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Plant each canary (0600) with a random token; remember hashes and created dirs."""
+        created: list[str] = []
+        hashes: dict[str, str] = {}
+        # Journalled before they exist (harness/sweep.py): fake secrets in a home must not
+        # outlive a killed run. The .env is in the cell dir and goes with the scratch.
+        in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
+        sweep.record(_journal_key(self.id, ctx), in_home)
+        for key, path in self.secret_paths(ctx).items():
+            with planting(self.id, path):
+                if not path.parent.exists():
+                    # Journalled before it exists too, as a directory removed only if empty.
+                    dirs = (*(Path(c) for c in created), path.parent)
+                    sweep.record(_journal_key(self.id, ctx), in_home, dirs=dirs)
+                    path.parent.mkdir(mode=0o700, parents=True)
+                    created.append(str(path.parent))
+                    # Saved at once: if a later canary fails, cleanup still removes this dir.
+                    _save_state(ctx, {"hashes": hashes, "created_dirs": created})
+                    give(path.parent, ctx.user)
+                body = f"sandbox-attest canary {key} {ctx.nonce} secret={secrets.token_hex(16)}\n"
+                path.write_text(body)
+                path.chmod(0o600)
+                # The payload user's secrets (0600, its own): readable to it unconfined.
+                give(path, ctx.user)
+            hashes[key] = hashlib.sha256(body.encode()).hexdigest()
+        control = f"sandbox-attest control {ctx.nonce} {secrets.token_hex(16)}\n"
+        self.control_path(ctx).write_text(control)
+        hashes["workspace"] = hashlib.sha256(control.encode()).hexdigest()
+        _save_state(ctx, {"hashes": hashes, "created_dirs": created})
+        return {
+            "secrets": {k: str(v) for k, v in self.secret_paths(ctx).items()},
+            "control": str(self.control_path(ctx)),
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host reads every canary back and gets the hash it planted."""
+        hashes = _load_state(ctx).get("hashes", {})
+        checks = []
+        for key, path in self.secret_paths(ctx).items():
+            got = sha256(path)
+            checks.append(
+                _check(f"host reads {key}", got is not None and got == hashes.get(key), str(path))
+            )
+        return _control(_control_nonce(), checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A reported hash equal to a canary's is the escape: only those bytes produce it."""
+        del witness  # the canaries' hashes are this probe's witness
+        hashes = _load_state(ctx).get("hashes", {})
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        leaked = sorted(
+            str(a.get("what"))
+            for a in escapes
+            if a.get("outcome") == "succeeded" and a.get("sha256") == hashes.get(a.get("what"))
+        )
+        reasons = []
+        if leaked:
+            reasons.append(f"the payload read the host's canary bytes: {', '.join(leaked)}")
+        else:
+            reasons.append("no canary's bytes reached the payload")
+            reasons.append(_refusals(escapes))
+        escape = _judge(observed, bool(leaked), _private_namespace(report, "mnt"), reasons)
+        inside = _attempts(report, "control")
+        inside_ok = _all_succeeded(inside, 1) and inside[0].get("sha256") == hashes.get("workspace")
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"workspace read control failed: {_summary(inside)}",
+            host_control=control,
+            host_failed="host could not read back its canaries",
+            witness={"planted_sha256": hashes, "leaked": leaked},
+            controls={"inside": inside, "host": control},
+        )
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Remove the canaries in $HOME, then any folder prepare created that is now empty."""
+        for path in self.secret_paths(ctx).values():
+            if ctx.nonce in str(path):
+                with contextlib.suppress(OSError):  # never planted (prepare failed before it)
+                    path.unlink()
+        for created in _load_state(ctx).get("created_dirs", []):
+            with contextlib.suppress(OSError):  # not empty: someone else uses it now; keep it
+                Path(created).rmdir()
+        # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
+        in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
+        if not any(p.exists() for p in in_home):
+            sweep.forget(_journal_key(self.id, ctx))
+
+
+# ---------------------------------------------------------------------------------------------
+# fs_protected_in_workspace
+
+# Paths inside the workspace that make code run outside the sandbox later (git runs hooks and
+# obeys config; shells source rc files). Keys are what the payload reports.
+PROTECTED_PATHS: Final = {
+    "git-hook": ".git/hooks/pre-commit",
+    "git-config": ".git/config",
+    "bashrc": ".bashrc",
+}
+
+
+def _declares_protected_paths(policy: PolicyLike) -> bool:
+    """Whether the policy promises read-only protected paths inside the workspace.
+
+    PolicyLike has no such field yet; a backend that adds `protected_paths` (a non-empty
+    collection) flips this probe's expectation to "denied" without a change here.
+    """
+    return bool(getattr(policy, "protected_paths", ()))
+
+
+class FsProtectedInWorkspace(_Spec):
+    """Writes `.git/hooks/*`, `.git/config` and `.bashrc` inside the writable workspace."""
+
+    id = "fs_protected_in_workspace"
+    area = "fs"
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Allowed (reported as exposure) unless the policy declares protected paths.
+
+        No current backend claims to protect these paths, so on every leg the honest outcome
+        is "the write landed and the host sees it": PASS with the exposure in the reason.
+        """
+        return "denied" if _declares_protected_paths(policy) else "allowed"
+
+    @staticmethod
+    def control_name(ctx: CellContext) -> str:
+        """The ordinary sibling file the payload writes as its control."""
+        return f"notes-{ctx.nonce}.txt"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Lay out a git checkout and a home-like rc file in the workspace."""
+        git = ctx.workspace / ".git"
+        (git / "hooks").mkdir(parents=True)
+        (git / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = false\n")
+        (ctx.workspace / ".bashrc").write_text("# planted by sandbox-attest\n")
+        return {"paths": dict(PROTECTED_PATHS), "control": self.control_name(ctx)}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host can write in each protected folder (so a refusal there is the sandbox's)."""
+        nonce = _control_nonce()
+        checks = [
+            _host_writes(f"host writes beside {key}", (ctx.workspace / rel).parent, nonce)
+            for key, rel in PROTECTED_PATHS.items()
+        ]
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """The host reads each protected file for the nonce; a hook must also be executable."""
+        del witness
+        nonce = ctx.nonce
+        planted: dict[str, bool] = {}
+        for key, rel in PROTECTED_PATHS.items():
+            path = ctx.workspace / rel
+            text = read_text(path) or ""
+            ok = nonce in text
+            if key == "git-hook":
+                ok = ok and os.access(path, os.X_OK)
+            planted[key] = ok
+        seen = sorted(k for k, ok in planted.items() if ok)
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        reasons = []
+        if seen:
+            reasons.append(
+                f"exposure: the payload planted {', '.join(seen)} in the workspace, which run "
+                "outside the sandbox later; no protected-path claim is declared"
+            )
+        else:
+            reasons.append("no protected file carries the nonce on the host")
+            reasons.append(_refusals(escapes))
+        # The workspace is the same directory on both sides, so a success the host cannot
+        # see is a contradiction, never containment.
+        escape = _judge(observed, bool(seen), None, reasons)
+        inside = _attempts(report, "control")
+        sibling = read_text(ctx.workspace / self.control_name(ctx)) or ""
+        inside_ok = _all_succeeded(inside, 1) and nonce in sibling
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"sibling-file control failed: {_summary(inside)}",
+            host_control=control,
+            host_failed="host control failed",
+            witness={"planted": planted},
+            controls={"inside": inside, "sibling_has_nonce": nonce in sibling, "host": control},
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# fs_link_escape
+
+LINK_OPS: Final = ("symlink-read", "symlink-write", "hardlink", "rename-in", "rename-out")
+
+
+class FsLinkEscape(_Spec):
+    """Symlinks, hardlinks and renames between the workspace and host canaries."""
+
+    id = "fs_link_escape"
+    area = "fs"
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied when confined to the workspace: a link must not widen the grant."""
+        return _fs_confined(policy)
+
+    @staticmethod
+    def canaries(ctx: CellContext) -> dict[str, Path]:
+        """A canary beside the workspace (same filesystem: hardlinks possible) and in /tmp."""
+        tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())  # noqa: S108
+        return {
+            "sibling": ctx.cell_dir / "link-outside" / "canary.txt",
+            "tmp": tmp / f"sandbox-attest-link-{ctx.nonce}" / "canary.txt",
+        }
+
+    @staticmethod
+    def control_dir(ctx: CellContext) -> str:
+        """The payload's control dir inside the workspace."""
+        return f"link-control-{ctx.nonce}"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Plant each canary with a random token and record its state."""
+        baseline: dict[str, Any] = {}
+        # The /tmp one is journalled before it exists (harness/sweep.py); the sibling goes
+        # with the scratch.
+        sweep.record(_journal_key(self.id, ctx), [self.canaries(ctx)["tmp"].parent])
+        for key, path in self.canaries(ctx).items():
+            with planting(self.id, path):
+                path.parent.mkdir(mode=0o755)
+                path.write_text(f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n")
+                path.chmod(0o644)
+                give(path.parent, ctx.user, recursive=True)
+            baseline[key] = dir_canary_state(path)
+        _save_state(ctx, {"baseline": baseline})
+        return {
+            "canaries": {k: str(v) for k, v in self.canaries(ctx).items()},
+            "control_dir": self.control_dir(ctx),
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host can create and remove a file in every canary dir."""
+        nonce = _control_nonce()
+        checks = [
+            _host_writes(f"host writes {key}", path.parent, nonce)
+            for key, path in self.canaries(ctx).items()
+        ]
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A changed canary (bytes, inode, links, dir) or its hash read back is an escape."""
+        del witness
+        baseline = _load_state(ctx).get("baseline", {})
+        escapes = _attempts(report, "escape")
+        changed: dict[str, str] = {}
+        state: dict[str, Any] = {}
+        for key, path in self.canaries(ctx).items():
+            before = baseline.get(key, {})
+            state[key] = dir_canary_state(path)
+            phrase = dir_canary_diff(before, state[key])
+            read_back = [
+                a
+                for a in escapes
+                if a.get("what") == f"{key}:symlink-read"
+                and a.get("outcome") == "succeeded"
+                and a.get("sha256") == before.get("file", {}).get("sha256")
+            ]
+            if read_back:
+                phrase = ", ".join(p for p in (phrase, "read through a symlink") if p)
+            if phrase:
+                changed[key] = phrase
+        observed = _observed(escapes)
+        reasons = []
+        if changed:
+            reasons.append(
+                "host sees the canary reached: "
+                + "; ".join(f"{k}: {v}" for k, v in changed.items())
+            )
+        else:
+            reasons.append("every canary's bytes, inode, links and dir unchanged")
+            reasons.append(_refusals(escapes))
+        escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
+        inside = _attempts(report, "control")
+        workspace_checks = self._workspace_checks(ctx, inside)
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=all(c["ok"] for c in workspace_checks),
+            inside_failed="workspace control failed: "
+            + ", ".join(c["what"] for c in workspace_checks if not c["ok"]),
+            host_control=control,
+            host_failed="host control failed",
+            witness={"canaries": state, "baseline": baseline, "changed": changed},
+            controls={"inside": inside, "workspace": workspace_checks, "host": control},
+        )
+
+    def _workspace_checks(
+        self, ctx: CellContext, inside: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        inner = ctx.workspace / self.control_dir(ctx) / "inner"
+        stem = f"workspace-{ctx.nonce}"
+        return [
+            _check(
+                "payload link ops in the workspace",
+                _all_succeeded(inside, len(LINK_OPS)),
+                _summary(inside),
+            ),
+            _check("host sees the symlink", (inner / f"{stem}.symlink").is_symlink(), str(inner)),
+            _check(
+                "host sees the hardlink write",
+                f"appended via hardlink {ctx.nonce}"
+                in (read_text(inner / f"{stem}.hardlink") or ""),
+                str(inner),
+            ),
+            _check(
+                "host sees the renamed canary",
+                f"renamed over by {ctx.nonce}" in (read_text(inner / f"{stem}.stolen") or ""),
+                str(inner),
+            ),
+        ]
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Remove the /tmp canary dir (the sibling goes with cell_dir)."""
+        tmp_dir = self.canaries(ctx)["tmp"].parent
+        if ctx.nonce in tmp_dir.name:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        if not tmp_dir.exists():
+            sweep.forget(_journal_key(self.id, ctx))

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urljoin
 
-from harness.verdict import Assessment, Escape, Expectation
-
-if TYPE_CHECKING:
-    from harness.backends.base import DeclaredPolicy
 from harness.catalog.base import (
     CellContext,
+    PolicyLike,
     WitnessRecordsLike,
     _attempts,
     _capability,
@@ -28,6 +25,7 @@ from harness.catalog.base import (
     _wait_for,
     _with_nonce,
 )
+from harness.verdict import Assessment, Escape, Expectation
 
 
 class PkgPipInstall(_Spec):
@@ -36,7 +34,7 @@ class PkgPipInstall(_Spec):
     id = "pkg_pip_install"
     area = "pkg"
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """Allowed everywhere except where the backend declares no network at all."""
         return _capability(policy)
 

@@ -33,12 +33,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from harness import lifetime
 from harness.catalog.base import (
     HOST_TIMEOUT_S,
     CellContext,
+    PolicyLike,
     ProbeSpec,
     WitnessRecordsLike,
     _all_succeeded,
@@ -59,9 +60,6 @@ from harness.catalog.base import (
 from harness.errors import FixtureError
 from harness.trust import give
 from harness.verdict import Assessment, Escape, Expectation
-
-if TYPE_CHECKING:
-    from harness.backends.base import DeclaredPolicy
 
 __all__ = [
     "BOUNDS",
@@ -150,7 +148,7 @@ _ANCHOR_NAMESPACES: Final = ("unshare", "--user", "--map-root-user", "--mount", 
 TASK_DIR: Final = "input"
 
 
-def _confines_anything(policy: DeclaredPolicy) -> bool:
+def _confines_anything(policy: PolicyLike) -> bool:
     return (policy.network, policy.filesystem, policy.ipc) != ("open", "open", "open")
 
 
@@ -416,7 +414,7 @@ class ProcVisibility(_AnchoredSpec):
     id = "proc_visibility"
     area = "proc"
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when ipc is "isolated": that claim includes no view of host processes."""
         return "denied" if policy.ipc == "isolated" else "allowed"
 
@@ -488,7 +486,7 @@ class ProcPrivileges(_BaselineSpec):
     id = "proc_privileges"
     area = "proc"
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever anything is confined: privilege can undo any confinement."""
         return "denied" if _confines_anything(policy) else "allowed"
 
@@ -550,7 +548,7 @@ class ProcNamespaceEscape(_AnchoredSpec):
     id = "proc_namespace_escape"
     area = "proc"
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever anything is confined: a joined host namespace undoes all of it."""
         return "denied" if _confines_anything(policy) else "allowed"
 
@@ -686,7 +684,7 @@ class ProcSyscallSurface(_BaselineSpec):
     id = "proc_syscall_surface"
     area = "proc"
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when ipc is "isolated".
 
         Keyrings are per-uid across namespaces, vsock talks to the hypervisor, TIOCSTI types
@@ -855,7 +853,7 @@ def _held_to_declared(
     return "refused"
 
 
-def declared_limits(policy: DeclaredPolicy) -> ResourceLimits:
+def declared_limits(policy: PolicyLike) -> ResourceLimits:
     """The limits a backend's declared policy claims (none when it claims nothing)."""
     return ResourceLimits(**dict(policy.limits))
 
@@ -866,7 +864,7 @@ class ResourceLimitsSpec(_Spec):
     id = "resource_limits"
     area = "proc"
 
-    def expectation(self, policy: DeclaredPolicy) -> Expectation:
+    def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied (held to its declared limits) wherever anything is confined.
 
         The open control leg declares no limit and must be seen running every loop to its

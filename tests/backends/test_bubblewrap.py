@@ -17,7 +17,7 @@ import pytest
 from harness.backends import bubblewrap as bw
 from harness.backends.base import SHIM_PORT, EgressRoute, ProbeRequest
 from harness.errors import BackendUnavailable
-from harness.runner import interpreter_paths, payload_env
+from harness.payload import interpreter_paths, payload_env
 from tests.backends.standin import take_client
 
 pytestmark = pytest.mark.needs_bwrap

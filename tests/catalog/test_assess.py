@@ -17,6 +17,7 @@ from harness.catalog import PROBES, CellContext, FsWriteOutside, base, probe_pat
 from harness.catalog.base import _conclude
 from harness.matrix import load_matrix
 from harness.paths import matrix_dir
+from harness.runner import inside_route
 from harness.verdict import Verdict, decide
 from harness.world.info import (
     BlobInfo,
@@ -104,6 +105,7 @@ def _ctx(probe: str, policy: DeclaredPolicy, base: Path) -> CellContext:
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
         policy=policy,
+        route=inside_route(),
     )
 
 

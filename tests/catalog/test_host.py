@@ -1,4 +1,4 @@
-"""The host-area probes (files, env, route, lifetime): live on the control leg and bubblewrap.
+"""The probes about the host around the sandbox (fs, env, ipc route, lifecycle), live and unit.
 
 Live tests drive the real runner with the real fixture world and real backends: the control
 leg (`none`), bubblewrap as configured, and bubblewrap with one deliberate hole each, plus a
@@ -9,6 +9,7 @@ paths the specs read).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -29,23 +30,15 @@ from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.none import NoneBackend
 from harness.backends.process import run_process
 from harness.catalog import PROBES, CellContext
-from harness.catalog import host as host_module
 from harness.catalog.canary import dir_canary_diff, dir_canary_state
-from harness.catalog.host import (
-    ENV_PREFIX,
-    ORPHAN_MARKER,
-    EnvInheritance,
-    FsLinkEscape,
-    FsProtectedInWorkspace,
-    FsReadSecrets,
-    IpcProxySocketTamper,
-    LifecycleOrphans,
-    find_orphans,
-    salted_hash,
-)
+from harness.catalog.env import ENV_PREFIX, EnvInheritance, salted_hash
+from harness.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets
+from harness.catalog.ipc import IpcProxySocketTamper
+from harness.catalog.lifecycle import ORPHAN_MARKER, LifecycleOrphans, find_orphans
 from harness.errors import FixtureError
 from harness.matrix import Cell, ProbeRow
-from harness.runner import CellRunner, payload_env
+from harness.payload import payload_env
+from harness.runner import CellRunner, inside_route
 from harness.trust import payload_user
 from harness.verdict import Verdict, decide
 from harness.world.core import World, start_world
@@ -353,7 +346,7 @@ def make_ctx(tmp_path: Path) -> Iterator[Any]:
     """Build CellContexts under tmp_path; run each spec's cleanup afterwards."""
     made: list[tuple[Any, CellContext]] = []
 
-    def make(spec: Any, policy: DeclaredPolicy = CONFINED) -> CellContext:
+    def make(spec: Any, policy: DeclaredPolicy = CONFINED, shim: Path | None = None) -> CellContext:
         nonce = "n" + secrets.token_hex(8)
         cell_dir = tmp_path / nonce
         (cell_dir / "workspace").mkdir(parents=True)
@@ -368,6 +361,7 @@ def make_ctx(tmp_path: Path) -> Iterator[Any]:
             workspace=cell_dir / "workspace",
             cell_dir=cell_dir,
             policy=policy,
+            route=dataclasses.replace(inside_route(), shim_source=shim) if shim else inside_route(),
         )
         made.append((spec, ctx))
         return ctx
@@ -708,17 +702,14 @@ class TestTamperTable:
         assert decision.verdict is Verdict.PASS
         assert "in-sandbox route attacked" in decision.reason
 
-    def test_cleanup_restores_the_real_shim(
-        self, make_ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_cleanup_restores_the_real_shim(self, make_ctx: Any, tmp_path: Path) -> None:
         """A shim a payload appended to, or swapped for a symlink, gets its bytes back."""
         shim = tmp_path / "shim.py"
         shim.write_text("# the shim the harness ships\n")
         shim.chmod(0o644)
-        monkeypatch.setattr(host_module, "_real_shim", lambda: shim)
         spec = IpcProxySocketTamper()
         for tamper in ("append", "symlink"):
-            ctx = make_ctx(spec)
+            ctx = make_ctx(spec, shim=shim)
             spec.prepare(ctx)
             if tamper == "append":
                 with shim.open("a") as fh:

@@ -19,6 +19,7 @@ import pytest
 
 from harness.backends.base import START_MARKER, DeclaredPolicy
 from harness.catalog import PROBES, CellContext, FsWriteOutside, WorldLike, probe_path
+from harness.runner import inside_route
 from harness.verdict import Assessment, Decision, Verdict, decide
 from harness.world.core import World, start_world
 from tests.reachable import reachable_tempdir
@@ -56,6 +57,7 @@ def run_cell(world: WorldLike, probe: str, base: Path, policy: DeclaredPolicy = 
         workspace=workspace,
         cell_dir=cell_dir,
         policy=policy,
+        route=inside_route(),
     )
     try:
         targets = spec.prepare(ctx)

@@ -1,4 +1,4 @@
-"""The wider network probes, live (control leg, bubblewrap, weakened) and their decision tables.
+"""The network probes through and around the proxy: live (control, bubblewrap, weakened), tables.
 
 Live cells go through the real `CellRunner` with the real fixture world, the real `none` and
 `bubblewrap` backends, and (for the probes whose enforcement is the proxy) a second, real proxy
@@ -26,14 +26,11 @@ import pytest
 from harness.backends.base import START_MARKER, Backend, DeclaredPolicy
 from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.none import NoneBackend
-from harness.catalog import PROBES, CellContext, net_wide, probe_path
-from harness.catalog.net_wide import (
-    LoopbackWitness,
-    NetIpv6UdpIcmp,
-    NetLoopbackServices,
-    NetPrivateAddress,
-    NetProxyConfusion,
-)
+from harness.catalog import PROBES, CellContext, probe_path
+from harness.catalog.net import direct, route
+from harness.catalog.net.direct import NetIpv6UdpIcmp, NetLoopbackServices
+from harness.catalog.net.route import NetPrivateAddress, NetProxyConfusion
+from harness.catalog.net.witness import LoopbackWitness
 from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
 from harness.egress.rules import Rule
 from harness.errors import FixtureError
@@ -153,7 +150,7 @@ class TestControlLeg:
         """Each planted name was resolved to its planted address and refused, none dialed."""
         entry = live["none", "net_private_address"]
         denied = entry["witness"]["denied"]
-        assert {d["address"] for d in denied} == {a for _, a in net_wide.PRIVATE_ANSWERS}
+        assert {d["address"] for d in denied} == {a for _, a in route.PRIVATE_ANSWERS}
         assert all(d["status"] == 403 and "forbids private" in d["reason"] for d in denied)
         assert entry["witness"]["admitted"] == []
         assert entry["witness"]["origin"] == []
@@ -250,7 +247,7 @@ class TestLaxProxy:
     ) -> None:
         """A proxy whose rule widens past the canonical host/port/address: FAIL under bwrap."""
         # Never plant a non-loopback answer for a proxy that would dial it.
-        monkeypatch.setattr(net_wide, "PRIVATE_ANSWERS", (("loopback", "127.0.0.1"),))
+        monkeypatch.setattr(route, "PRIVATE_ANSWERS", (("loopback", "127.0.0.1"),))
         runner = make_runner(lax_world, scratch, {"bubblewrap": BubblewrapBackend()})
         entry = runner.run_cell(cell("bubblewrap", probe))
         assert entry["verdict"] == "FAIL", why(entry)
@@ -453,7 +450,7 @@ class TestPrivateAddressDecisionTable:
         """One 403 decision line per planted name/target with `reason`."""
         allowed = world.info.hosts["allowed"]
         out = []
-        for kind, address in net_wide.PRIVATE_ANSWERS:
+        for kind, address in route.PRIVATE_ANSWERS:
             host = f"nunit0002-{kind}.{PRIVATE_NAME_SUFFIX}"
             out.append(
                 {
@@ -501,7 +498,7 @@ class TestPrivateAddressDecisionTable:
         """prepare() never plants an address the proxy would dial."""
         # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed; prepare() must refuse it before
         # anything is planted, so nothing is ever sent anywhere.
-        monkeypatch.setattr(net_wide, "PRIVATE_ANSWERS", (("global", "192.0.2.1"),))
+        monkeypatch.setattr(route, "PRIVATE_ANSWERS", (("global", "192.0.2.1"),))
         spec = NetPrivateAddress()
         with pytest.raises(FixtureError, match="off this host"):
             spec.prepare(ctx_for(world, spec.id, "nunit0003"))
@@ -529,7 +526,7 @@ class TestAroundDecisionTables:
         self, world: World, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Without ::1 the cell is undecided, and the reason says how to enable it."""
-        monkeypatch.setattr(net_wide, "has_ipv6_loopback", lambda: False)
+        monkeypatch.setattr(direct, "has_ipv6_loopback", lambda: False)
         spec = NetIpv6UdpIcmp()
         ctx = ctx_for(world, spec.id, "nunit0006")
         spec.prepare(ctx)
@@ -713,7 +710,7 @@ def test_unmeasured_capabilities_fail_the_control(
     spec = NetIpv6UdpIcmp()
     ctx = ctx_for(world, spec.id, "nunit0008")
     monkeypatch.setattr(
-        net_wide,
+        direct,
         "payload_capabilities",
         lambda _user: dict.fromkeys(("icmp-echo", "raw-socket"), "unmeasured (exit 1: boom)"),
     )
