@@ -481,6 +481,7 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
         stack.callback(_unlink_quietly(proxy_sock))
         stack.callback(proxy.stop)
 
+        step = "test fault hook"
         _start_fault_hook(dns, origins, stack)
 
         step = "world info"

@@ -145,7 +145,7 @@ class DnsFixture:
         A stopped or crashed fixture logs no query, which a cell would read as "the sandbox
         resolved nothing": the world's health check asks this before it trusts the log.
         """
-        if self._udp is None or not self._threads:
+        if self._udp is None or not self._threads or self._stop.is_set():
             return "it was stopped"
         dead = [t.name for t in self._threads if not t.is_alive()]
         if dead:

@@ -16,7 +16,7 @@ Each file is renamed to `<name>.done` once the fault is in place, so the test kn
 Why this is safe to ship: it is inert unless the variable is set in the *harness's* own
 environment, which nothing sandboxed can write (payloads get a scrubbed environment built
 from nothing, and run as another uid). The directory must belong to the harness's euid and
-be writable by nobody else, or the hook refuses to watch it: otherwise the payload user could
+be writable by nobody else, or the world refuses to start: otherwise the payload user could
 create the trigger files itself. What this does not do: it never touches the proxy, the
 listeners or the daemons, and it injects each fault at most once.
 """
@@ -26,21 +26,26 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from harness.errors import FixtureError
+
 FAULTS_ENV: Final = "SANDBOX_ATTEST_TEST_FAULTS"
-_POLL_S: Final = 0.05
+# Short: a test injects a fault while one cell runs, and the cell lasts about a second.
+_POLL_S: Final = 0.01
 
 
 def fault_dir() -> Path | None:
-    """The directory named by `$SANDBOX_ATTEST_TEST_FAULTS` if it is safe to watch, else None.
+    """The directory named by `$SANDBOX_ATTEST_TEST_FAULTS`, or None when it is not set.
 
-    A directory someone else could write is refused with a line on stderr (never silently):
-    a test that set the variable must learn why its fault never came.
+    Raises:
+        FixtureError: it is set but names no directory of the harness's euid that only it
+            can write. The world then refuses to start (every cell ERROR, saying this): a
+            directory the payload user could write would let a payload inject the faults,
+            and a test that set the variable must learn why its fault never came.
     """
     value = os.environ.get(FAULTS_ENV)
     if not value:
@@ -49,18 +54,14 @@ def fault_dir() -> Path | None:
     try:
         info = path.stat()
     except OSError as exc:
-        print(
-            f"sandbox-attest: {FAULTS_ENV}={value} is not usable ({exc}); no faults",
-            file=sys.stderr,
-        )
-        return None
+        raise FixtureError(
+            f"{FAULTS_ENV}={value} is not usable ({exc.strerror}); unset it (it is a test hook)"
+        ) from exc
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        print(
-            f"sandbox-attest: {FAULTS_ENV}={value} must be a directory of uid {os.geteuid()} "
-            "that no one else can write; no faults are injected",
-            file=sys.stderr,
+        raise FixtureError(
+            f"{FAULTS_ENV}={value} must be a directory of uid {os.geteuid()} that no one else "
+            "can write; make it with mode 0700, or unset the variable (it is a test hook)"
         )
-        return None
     return path
 
 

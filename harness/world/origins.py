@@ -303,8 +303,13 @@ class Origins:
         What an origin that crashed looks like to a client: connect refused. `stop` still
         ends the open connections and joins the threads afterwards.
         """
+        # All at once: each shutdown waits up to one poll_interval for its serving loop.
+        stoppers = [threading.Thread(target=s.shutdown) for s in self._servers.values()]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
         for server in self._servers.values():
-            server.shutdown()  # returns within one poll_interval
             server.server_close()
 
     def stop_answering(self) -> None:
