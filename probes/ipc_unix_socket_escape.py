@@ -41,7 +41,15 @@ def ping(what, address, nonce, real_docker=False):
     else:
         request = ("GET /_ping?nonce=%s HTTP/1.1\r\nHost: docker\r\nX-Attest-Nonce: %s\r\n"
                    "Connection: close\r\n\r\n" % (nonce, nonce))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Creating the socket is part of the attempt: a sandbox that refuses socket(AF_UNIX)
+    # itself (srt's and Codex's seccomp filters give EPERM) is refusing this escape.
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:
+        result = attempt(what, "escape", "refused", errno_name(exc), None,
+                         "socket(AF_UNIX) refused: %r" % exc)
+        result["real_docker"] = real_docker
+        return result
     sock.settimeout(TIMEOUT)
     try:
         sock.connect(address)

@@ -25,8 +25,8 @@ START_MARKER = "SANDBOX-ATTEST-START"
 TIMEOUT = 8.0
 
 
-# Probe contract additions (probes/README.md): "from-env" takes the proxy from the payload's own
-# environment (a wrapper that brings its own proxy sets it), "literal" dials 127.0.0.1:PORT.
+# Probe contract addition (probes/README.md): "from-env" takes the proxy from the payload's own
+# environment (a wrapper that brings its own proxy sets it).
 PROXY_FROM_ENV = "from-env"
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 
@@ -43,16 +43,6 @@ def task_proxy(task):
         if os.environ.get(name):
             return os.environ[name]
     return None
-
-
-def dial_host(task, name):
-    """What to dial (or CONNECT to) for a fixture name: the name, or its loopback literal."""
-    if task.get("address_by") != "literal":
-        return name
-    for host in (task.get("world") or {}).get("hosts", {}).values():
-        if host.get("name") == name and host.get("address"):
-            return host["address"]
-    return name
 
 
 def attempt(what, role, outcome, err=None, status=None, detail=""):
@@ -110,14 +100,14 @@ def tls_get_ok(sock, host, port, nonce, ca_bundle):
     return resp.status, body
 
 
-def via_connect(what, role, proxy, host, port, nonce, ca_bundle, dial=None):
+def via_connect(what, role, proxy, host, port, nonce, ca_bundle):
     phost, pport, auth = proxy
     try:
         sock = socket.create_connection((phost, pport), timeout=TIMEOUT)
     except OSError as exc:
         return attempt(what, role, "refused", errno_name(exc), None, "proxy unreachable: %r" % exc)
     try:
-        target = "%s:%d" % (dial or host, port)
+        target = "%s:%d" % (host, port)
         headers = {"Host": target, "X-Attest-Nonce": nonce}
         headers.update(auth)
         send_head(sock, "CONNECT %s HTTP/1.1" % target, headers)
@@ -136,7 +126,6 @@ def via_connect(what, role, proxy, host, port, nonce, ca_bundle, dial=None):
 
 
 def absolute_form(what, proxy, host, port, nonce):
-    # `host` is what goes on the wire: the fixture name, or its literal under "literal".
     phost, pport, auth = proxy
     try:
         sock = socket.create_connection((phost, pport), timeout=TIMEOUT)
@@ -169,16 +158,14 @@ def run(task, out):
         return
     proxy = proxy_parts(proxy_url)
     denied, allowed = targets["denied"], targets["allowed"]
-    out["facts"]["address_by"] = task.get("address_by", "name")
-    out["attempts"].append(absolute_form("get-denied-absolute", proxy,
-                                         dial_host(task, denied["name"]),
+    # Fixture names go on the wire as names: in the lab world the system resolver gives them
+    # lab addresses, so a wrapper's own proxy resolves them as it would real hosts.
+    out["attempts"].append(absolute_form("get-denied-absolute", proxy, denied["name"],
                                          denied["http_port"], nonce))
     out["attempts"].append(via_connect("connect-denied", "escape", proxy, denied["name"],
-                                       denied["https_port"], nonce, task["ca_bundle"],
-                                       dial_host(task, denied["name"])))
+                                       denied["https_port"], nonce, task["ca_bundle"]))
     out["attempts"].append(via_connect("get-allowed", "control", proxy, allowed["name"],
-                                       allowed["https_port"], nonce, task["ca_bundle"],
-                                       dial_host(task, allowed["name"])))
+                                       allowed["https_port"], nonce, task["ca_bundle"]))
 
 
 def main(argv):

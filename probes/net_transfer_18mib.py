@@ -26,8 +26,8 @@ TIMEOUT = 15.0
 READ_SIZE = 256 * 1024
 
 
-# Probe contract additions (probes/README.md): "from-env" takes the proxy from the payload's own
-# environment (a wrapper that brings its own proxy sets it), "literal" dials 127.0.0.1:PORT.
+# Probe contract addition (probes/README.md): "from-env" takes the proxy from the payload's own
+# environment (a wrapper that brings its own proxy sets it).
 PROXY_FROM_ENV = "from-env"
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 
@@ -46,16 +46,6 @@ def task_proxy(task):
     return None
 
 
-def dial_host(task, name):
-    """What to dial (or CONNECT to) for a fixture name: the name, or its loopback literal."""
-    if task.get("address_by") != "literal":
-        return name
-    for host in (task.get("world") or {}).get("hosts", {}).values():
-        if host.get("name") == name and host.get("address"):
-            return host["address"]
-    return name
-
-
 def attempt(what, role, outcome, err=None, status=None, detail=""):
     return {"what": what, "role": role, "outcome": outcome, "errno": err, "status": status,
             "detail": detail}
@@ -69,7 +59,7 @@ def errno_name(exc):
 
 
 def connect_tunnel(proxy_url, host, port, nonce):
-    """Open a CONNECT tunnel to `host` (a name or a literal); returns (socket, status, reason)."""
+    """Open a CONNECT tunnel to the fixture name `host`; returns (socket, status, reason)."""
     parts = urlsplit(proxy_url)
     lines = ["CONNECT %s:%d HTTP/1.1" % (host, port), "Host: %s:%d" % (host, port),
              "X-Attest-Nonce: " + nonce]
@@ -102,8 +92,7 @@ def transfer(task, out):
         return attempt("blob-https", "capability", "error", None, None,
                        "no proxy (task proxy_url %r): nothing attempted" % (task.get("proxy_url"),))
     try:
-        sock, status, reason = connect_tunnel(proxy_url, dial_host(task, t["host"]), t["port"],
-                                              nonce)
+        sock, status, reason = connect_tunnel(proxy_url, t["host"], t["port"], nonce)
     except OSError as exc:
         return attempt("blob-https", "capability", "refused", errno_name(exc), None, repr(exc))
     try:

@@ -23,8 +23,8 @@ START_MARKER = "SANDBOX-ATTEST-START"
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
 
-# Probe contract additions (probes/README.md): "from-env" takes the proxy from the payload's own
-# environment (a wrapper that brings its own proxy sets it), "literal" dials 127.0.0.1:PORT.
+# Probe contract addition (probes/README.md): "from-env" takes the proxy from the payload's own
+# environment (a wrapper that brings its own proxy sets it).
 PROXY_FROM_ENV = "from-env"
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 
@@ -62,8 +62,6 @@ def pip_env(task):
     env = {k: v for k, v in os.environ.items()
            if not k.upper().startswith("PIP_") and k.upper() not in PROXY_VARS
            and k.upper() not in CA_OVERRIDES}
-    # pip addresses hosts by the index URL's name whatever task["address_by"] says: it must
-    # verify TLS against the name in the URL, so a "literal" wrapper's proxy sees names here.
     proxy = task_proxy(task) or ""
     for name in ("HTTP_PROXY", "HTTPS_PROXY"):
         env[name] = env[name.lower()] = proxy

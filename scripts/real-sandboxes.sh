@@ -32,12 +32,16 @@ for spec in "${PACKAGES[@]}"; do
   name=${spec%@*} want=${spec##*@}
   [ "$(installed_version "$name")" = "$want" ] || missing+=("$spec")
 done
+# srt's tmpdir (matrix/backends/srt.toml, [env.wrapper] TMPDIR): sticky and world-writable
+# like /tmp, under the prefix the srt spec re-allows for reads.
+SRT_TMP=/opt/sandbox-attest/srt-tmp
 missing_apt=()
 for pkg in "${APT[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing_apt+=("$pkg")
 done
 
 if [ "${1:-}" = "--check" ]; then
+  [ -d "$SRT_TMP" ] || missing+=("$SRT_TMP")
   if [ ${#missing[@]} -gt 0 ] || [ ${#missing_apt[@]} -gt 0 ]; then
     say "missing: ${missing[*]} ${missing_apt[*]}; run scripts/real-sandboxes.sh (as root)"
     exit 1
@@ -63,4 +67,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   # (and its programs executable) by others.
   chmod -R a+rX "$PREFIX"
 fi
+mkdir -p "$SRT_TMP"
+chmod 1777 "$SRT_TMP"
 echo "$PREFIX"

@@ -18,6 +18,20 @@ real wrappers demand:
   setuid wrapper's children). Only the wrapper's own confinement (a pid namespace that dies
   with it, such as bwrap's --die-with-parent) removes those.
 
+The wrapper starts with an environment like an agent's, never one the harness scrubbed for
+it: the harness's own variables minus anything secret-looking (`spec.SECRET_ENV`) and minus
+its proxy settings (they would route a wrapper's own proxy out of the fixture world), plus
+canary credentials planted per cell with random values (`AGENT_CANARIES`), plus the payload's
+own variables, `[env] set` and `[env] wrapper`. What the sandbox lets through to the payload is
+`env_inheritance`'s to judge; the planted values and the wrapper-only names are written to the
+cell dir (`WRAPPER_ENV_FILE`, harness-only) for it.
+
+AVAILABLE means the wrapper ran a test command here and that command started: the harness runs
+a Python one-liner under the spec's own `[run] argv` and reads back what it saw (namespaces,
+seccomp, NoNewPrivs, uid). Those are facts in the identity, not a verdict: a wrapper that
+silently fell back to no sandbox at all (firejail inside a container) is AVAILABLE, and its
+cells FAIL on their own host readings.
+
 The wrapper's exit status is never the probe's: the runner reads the start marker and the JSON
 line, and a wrapper that refuses to start is an ERROR with its stderr.
 """
@@ -54,7 +68,8 @@ from harness.backends.process import run_process
 from harness.backends.spec import (
     ALLOWED_ROLES,
     HOST_ROLES,
-    AddressBy,
+    LIST_NAMES,
+    SECRET_ENV,
     CommandSpec,
     RenderContext,
     SpecEgress,
@@ -66,7 +81,7 @@ from harness.backends.spec import (
 from harness.errors import BackendError
 from harness.host_os import current_platform
 from harness.paths import matrix_dir
-from harness.payload import interpreter_paths
+from harness.payload import interpreter_paths, payload_env
 from harness.provenance import executable_facts
 from harness.trust import PayloadUser, give, payload_user
 
@@ -82,21 +97,73 @@ EGRESS_MODES: Final[dict[SpecEgress, EgressMode]] = {
     "own": "own",
 }
 PROXY_VARS: Final = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-# Run under the wrapper at availability time: the network namespace the payload would get.
-NETNS_PROBE: Final = "import os; print('netns=' + os.readlink('/proc/self/ns/net'))"
+# The harness's own proxy settings never reach a wrapper: a wrapper with its own proxy chains
+# to one it finds in its environment (srt takes HTTPS_PROXY as its parent proxy), which would
+# send the sandbox's traffic somewhere outside the fixture world.
+HARNESS_PROXY_VARS: Final = frozenset(
+    {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "ftp_proxy", "grpc_proxy"}
+)
+# Credentials an agent's environment typically holds, planted with fresh random values in every
+# cell (`{token}` is replaced). A sandbox that scrubs the environment drops every one; the
+# proxy variables carry a password, and point at the discard port on loopback, so one that is
+# used anyway sends nothing anywhere. None of them is a variable a wrapper itself interprets.
+AGENT_CANARIES: Final[dict[str, str]] = {
+    "AWS_ACCESS_KEY_ID": "AKIASANDBOXATTEST{token}",
+    "AWS_SECRET_ACCESS_KEY": "sandbox-attest-canary-{token}",
+    "GITHUB_TOKEN": "ghp_sandboxattestcanary{token}",
+    "DATABASE_PASSWORD": "sandbox-attest-canary-{token}",
+    "npm_config_https_proxy": "http://agent:sandbox-attest-canary-{token}@127.0.0.1:9",
+    "PIP_PROXY": "http://agent:sandbox-attest-canary-{token}@127.0.0.1:9",
+}
+# Written into the cell dir (the harness's, never bound into a sandbox) by `prepare`: the
+# canaries planted for this cell and the names meant for the wrapper alone, for env_inheritance.
+WRAPPER_ENV_FILE: Final = "wrapper-env.json"
+# Run under the wrapper at availability time: what confinement the payload would get.
+CONFINEMENT_PROBE: Final = (
+    "import json, os\n"
+    "ns = {}\n"
+    "for n in ('net', 'mnt', 'pid', 'user', 'ipc', 'uts'):\n"
+    "    try: ns[n] = os.readlink('/proc/self/ns/' + n)\n"
+    "    except OSError: ns[n] = None\n"
+    "st = {}\n"
+    "for line in open('/proc/self/status'):\n"
+    "    k, _, v = line.partition(':')\n"
+    "    if k in ('Seccomp', 'NoNewPrivs', 'CapEff'): st[k] = v.strip()\n"
+    "print('confinement=' + json.dumps({'ns': ns, 'status': st, 'uid': os.getuid()}))\n"
+)
+CONFINEMENT_LINE: Final = "confinement="
 
 
-def expects_private_netns(spec: CommandSpec) -> bool:
-    """Whether the declared policy can only hold in a network namespace of the payload's own.
+def harness_env() -> dict[str, str]:
+    """The harness's own environment as an agent's wrapper would get it, minus its secrets.
 
-    network = "none" needs one; so does "proxy" through the in-sandbox shim (harness-unix),
-    whose loopback port would otherwise be the host's. With harness-tcp or the wrapper's own
-    proxy the payload shares the host's loopback by design, so equal namespaces prove nothing
-    there: the network probes judge those wrappers instead.
+    Nothing secret is meant to be in it (the signing key never is: harness/trust.py), but a
+    CI runner's own GITHUB_TOKEN or a developer's AWS key might be: every secret-looking name,
+    every `SANDBOX_ATTEST_*` and the harness's proxy settings are dropped.
     """
-    return spec.policy.network == "none" or (
-        spec.policy.network == "proxy" and spec.egress == "harness-unix"
-    )
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not SECRET_ENV.search(k) and k.lower() not in HARNESS_PROXY_VARS
+    }
+
+
+def plant_canaries() -> dict[str, str]:
+    """Fresh canary credentials for one wrapper start (`AGENT_CANARIES`, random values)."""
+    token = secrets.token_hex(12)
+    return {name: value.replace("{token}", token) for name, value in AGENT_CANARIES.items()}
+
+
+def wrapper_env_record(cell_dir: Path) -> dict[str, Any]:
+    """What `prepare` planted for a cell: {"canaries": {NAME: value}, "wrapper_only": [...]}.
+
+    Empty for a cell that no command wrapper ran (a built-in backend, the control leg).
+    """
+    try:
+        data = json.loads((cell_dir / WRAPPER_ENV_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def specs_dir() -> Path:
@@ -145,8 +212,6 @@ class CommandBackend:
         self.spec = spec
         self.name = spec.name
         self.egress_mode: EgressMode = EGRESS_MODES[spec.egress]
-        # The runner puts this in the task: "literal" makes payloads dial 127.0.0.1:PORT.
-        self.address_by: AddressBy = spec.address_by
 
     @classmethod
     def from_path(cls, path: Path) -> CommandBackend:
@@ -188,11 +253,36 @@ class CommandBackend:
             return f"the harness's own uid {os.geteuid()}: it cannot switch users here"
         return f"{user.name} (uid {user.uid})"
 
+    def wrapper_home(self, request: ProbeRequest | None = None) -> Path:
+        """The home of the user the wrapper runs as (`{wrapper_home}`): the agent's own."""
+        user = self.user(request)
+        return user.home if user is not None else Path.home()
+
+    def run_path(self) -> str:
+        """The one PATH: where `[detect]` and argv[0] are found, and what the wrapper gets.
+
+        `[run] path` if the spec sets one, else the payload's own PATH, so that a wrapper found
+        at detection is the one the cells start (never AVAILABLE, then exit 127 per cell).
+        """
+        if self.spec.path:
+            return self.spec.render_static(self.spec.path, f"{self.spec.source}: [run] path")
+        return payload_env(None, Path("/")).get("PATH", os.defpath)
+
+    def _which(self, name: str) -> str | None:
+        rendered = self.spec.render_static(name, f"{self.spec.source}: [detect] executables")
+        return shutil.which(rendered, path=self.run_path())
+
     # -- availability ------------------------------------------------------------------
 
     def availability(self) -> Availability:
-        """Find the wrapper's executables, run its check, and say who it is."""
+        """Find the wrapper on its PATH, run its check, then a test command under its argv.
+
+        AVAILABLE means the test command started under the wrapper and reported what it
+        saw; what it saw (a private network namespace or the harness's, seccomp, no new
+        privileges) goes into the identity as facts, for the probes to judge.
+        """
         spec = self.spec
+        path = self.run_path()
         fix = spec.install or f"install it, or fix [detect] executables in {spec.source}"
         here = current_platform()
         if here not in spec.platforms:
@@ -201,36 +291,37 @@ class CommandBackend:
                 f"in {spec.source}; this machine is {here}",
             )
         for exe in spec.executables:
-            if shutil.which(exe) is None:
+            if self._which(exe) is None:
+                where = "[run] path" if spec.path else "the payload's PATH (set [run] path)"
                 return _unavailable(
-                    f"{exe} not found on PATH (needed by the "
-                    f"{spec.name} spec {spec.source}); {fix}",
+                    f"{exe} not found on {where} {path} (needed by the {spec.name} spec "
+                    f"{spec.source}); {fix}",
                 )
-        version = "unknown"
-        if spec.version_argv:
-            result = self._detect(spec.version_argv)
-            if isinstance(result, subprocess.CompletedProcess):
-                version = _first_line(result.stdout) or _first_line(result.stderr) or version
-        failure = self._check()
-        if failure:
-            return _unavailable(failure)
-        confinement = "none (the declared policy needs no private network namespace)"
-        if expects_private_netns(spec):
-            failure = self._netns_check()
+        with tempfile.TemporaryDirectory(prefix="sandbox-attest-check-") as tmp:
+            ctx, run_dir, cwd = self._check_context(Path(tmp))
+            env = self.wrapper_env(self._check_payload_env(ctx), ctx, secrets.token_hex(12), {})
+            version = "unknown"
+            if spec.version_argv:
+                result = self._detect(spec.version_argv, env)
+                if isinstance(result, subprocess.CompletedProcess):
+                    version = _first_line(result.stdout) or _first_line(result.stderr) or version
+            failure = self._check(env)
             if failure:
                 return _unavailable(failure)
-            confinement = "private network namespace"
-        # [detect] check stays optional (the test specs of hole wrappers and daemonizing ones
-        # have none). Without it and without the netns check, AVAILABLE rests on PATH alone:
-        # the identity and the recorded reason say so instead of implying a check ran.
-        weak = ""
-        if not spec.check_argv and not expects_private_netns(spec):
-            weak = (
-                f"available means only that {', '.join(spec.executables)} is on PATH: "
-                f"{spec.source} has no [detect] check, and network = "
-                f'"{spec.policy.network}" with egress = "{spec.egress}" needs no private '
-                "network namespace to test; add a [detect] check that fails where the "
-                "wrapper cannot confine"
+            self.render_files(ctx, run_dir)
+            give(Path(tmp), self.user(), recursive=True)
+            seen = self._confinement_check(ctx, env, cwd)
+        if isinstance(seen, str):
+            return _unavailable(seen)
+        facts = _confinement_facts(seen)
+        note = ""
+        if facts["unconfined"]:
+            note = (
+                f"{spec.name} ran its test command with no confinement at all (the harness's "
+                "namespaces, no seccomp filter, no NoNewPrivs), as a wrapper that silently "
+                "falls back looks (firejail inside a container, its warning hidden by "
+                "--quiet); its cells are judged on that, and each probe of a claim it "
+                "cannot keep FAILs"
             )
         identity = Identity(
             name=spec.name,
@@ -241,33 +332,39 @@ class CommandBackend:
                 "kind": "command",
                 "spec": json.loads(json.dumps(spec.raw, sort_keys=True, default=str)),
                 "egress": self.egress_mode,
-                "address_by": self.address_by,
-                "check": shell_join(list(spec.check_argv)) if spec.check_argv else "none",
-                "confinement_check": confinement,
+                "path": path,
+                "check": shell_join(self._static_argv(spec.check_argv))
+                if spec.check_argv
+                else "none",
+                # Stable facts only (no namespace inode numbers): the digest pins the profile.
+                "test_command": facts,
             },
             executables=self.executables(),
             spec_sha256=hashlib.sha256(spec.source.read_bytes()).hexdigest(),
             runs_as=self.runs_as(),
         )
-        return Availability(ok=True, reason=weak, identity=identity)
+        return Availability(ok=True, reason=note, identity=identity)
 
     def executables(self) -> dict[str, Any]:
         """Every program a cell of this spec starts: the wrapper(s), argv[0], the interpreter."""
-        path = self._base_env().get("PATH", os.defpath)
-        names = [*self.spec.executables]
+        path = self.run_path()
+        where = f"{self.spec.source}: [detect] executables"
+        names = [self.spec.render_static(e, where) for e in self.spec.executables]
         first = self.spec.argv[0] if self.spec.argv else None
-        if isinstance(first, str) and "{" not in first and first not in names:
-            names.append(first)
+        if isinstance(first, str):
+            first = self.spec.render_static(first, f"{self.spec.source}: [run] argv[0]")
+            if first not in names:
+                names.append(first)
         facts = {name: executable_facts(name, path) for name in names}
         facts["{python}"] = executable_facts(sys.executable, path)
         return facts
 
-    def _check(self) -> str:
+    def _check(self, env: dict[str, str]) -> str:
         """Run [detect] check if the spec has one; '' if it passed, else the reason."""
         spec = self.spec
         if not spec.check_argv:
             return ""
-        result = self._detect(spec.check_argv)
+        result = self._detect(spec.check_argv, env)
         if isinstance(result, str):
             said = result
         elif result.returncode != 0:
@@ -277,107 +374,181 @@ class CommandBackend:
             return ""
         return (
             f"{spec.name} is installed but cannot confine here: "
-            f"`{shell_join(list(spec.check_argv))}` failed ({said}); check the "
+            f"`{shell_join(self._static_argv(spec.check_argv))}` failed ({said}); check the "
             f"wrapper works on this machine, or fix [detect] check in {spec.source}"
         )
 
-    def _netns_check(self) -> str:
-        """Run a one-liner under the spec's own [run] argv; '' if it saw a private netns.
+    def _confinement_check(
+        self, ctx: RenderContext, env: dict[str, str], cwd: Path
+    ) -> dict[str, Any] | str:
+        """Run a one-liner under the spec's own [run] argv: what it saw, or why it did not run.
 
-        Returns the UNAVAILABLE reason otherwise. A wrapper's exit status does not show it
-        confined anything: firejail inside a container detects "an existing sandbox" and runs
-        the program unsandboxed, exit 0, with the warning hidden by --quiet. So the wrapper
-        must show it behaviourally, with the argv the cells will use: one extra process.
+        A wrapper's exit status does not show it started anything, so the one-liner must
+        report back, run with the argv the cells will use: one extra process.
         """
         spec = self.spec
         try:
-            host_ns = str(Path("/proc/self/ns/net").readlink())
+            mine = {n: str(Path(f"/proc/self/ns/{n}").readlink()) for n in NAMESPACES}
         except OSError as exc:
             return (
-                f"{spec.name}: cannot read the harness's own network namespace ({exc}), so "
-                "cannot show the wrapper confines; run the harness on Linux with /proc mounted"
+                f"{spec.name}: cannot read the harness's own namespaces ({exc}), so cannot "
+                "compare the wrapper's; run the harness on Linux with /proc mounted"
             )
-        with tempfile.TemporaryDirectory(prefix="sandbox-attest-check-") as tmp:
-            ctx, run_dir = self._check_context(Path(tmp))
-            self.render_files(ctx, run_dir)
-            give(Path(tmp), self.user(), recursive=True)
-            argv = ctx.render_argv(spec)
-            env = self._base_env()
-            for name, template in spec.env_set.items():
-                env[name] = ctx.render(template, f"{spec.source}: [env] set.{name}")
-            try:
-                result = subprocess.run(
-                    argv,
-                    capture_output=True,
-                    text=True,
-                    timeout=DETECT_TIMEOUT_S,
-                    check=False,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    cwd=run_dir,
-                    start_new_session=True,
-                    **self._user_kwargs(),
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                return _no_test_command(spec, f"{type(exc).__name__}: {exc}")
-        seen = _netns_line(result.stdout)
-        if not seen:
-            output = (result.stderr.strip() or result.stdout.strip())[-400:]
-            return _no_test_command(spec, f"exit {result.returncode}: {output or 'no output'}")
-        if seen == host_ns:
-            return (
-                f"{spec.name} ran a test command in the harness's own network namespace "
-                f"({host_ns}) although {spec.source} declares network = "
-                f'"{spec.policy.network}" with egress = "{spec.egress}": the wrapper fell back '
-                "to running it unconfined (firejail does so inside a container or another "
-                "sandbox, and --quiet hides its warning); run the harness where the wrapper "
-                "can create namespaces, or fix [run] argv"
-            )
-        return ""
+        said, stdout = self._run_test_command(ctx.render_argv(spec), env, cwd)
+        seen = _confinement_line(stdout)
+        if seen is None:
+            return _no_test_command(spec, said)
+        seen["harness_ns"] = mine
+        return seen
 
-    def _check_context(self, root: Path) -> tuple[RenderContext, Path]:
-        """A render context for the confinement check: real paths under `root`, sample rest."""
+    def _run_test_command(self, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[str, str]:
+        """Run the test command as a cell runs: own session, tagged, swept afterwards.
+
+        It returns soon after the one-liner reported: a wrapper that lingers (a helper left
+        running, a `wait` on a daemon) gets TEST_GRACE_S to exit, then its group is killed
+        and everything carrying its tag swept, so availability never waits on a leftover.
+
+        Returns:
+            (what happened in words, the stdout read).
+        """
+        tag = env[RUN_TAG_VAR]
+        watcher = LeftoverWatcher(tag)
+        watcher.start()
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+                **self._user_kwargs(),
+            )
+        except OSError as exc:
+            watcher.finish()
+            return f"{type(exc).__name__}: {exc}", ""
+        readers = [
+            threading.Thread(target=_read_all, args=(stream, sink), daemon=True)
+            for stream, sink in ((proc.stdout, out), (proc.stderr, err))
+        ]
+        for reader in readers:
+            reader.start()
+        start, seen_at = time.monotonic(), None
+        while proc.poll() is None and time.monotonic() - start < DETECT_TIMEOUT_S:
+            if seen_at is None and CONFINEMENT_LINE.encode() in b"".join(out):
+                seen_at = time.monotonic()
+            if seen_at is not None and time.monotonic() - seen_at > TEST_GRACE_S:
+                break
+            time.sleep(0.05)
+        lingered = proc.poll() is None
+        if lingered:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=KILL_WAIT_S)
+        watcher.finish()
+        for reader in readers:
+            reader.join(timeout=2.0)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        stdout = b"".join(out).decode("utf-8", "replace")
+        stderr = b"".join(err).decode("utf-8", "replace")
+        output = (stderr.strip() or stdout.strip())[-400:] or "no output"
+        if lingered:
+            return f"killed after {time.monotonic() - start:.0f} s: {output}", stdout
+        return f"exit {proc.returncode}: {output}", stdout
+
+    def _check_payload_env(self, ctx: RenderContext) -> dict[str, str]:
+        """The payload env the test command gets (as a cell's, with the check's workspace)."""
+        proxy = {"harness-tcp": ctx.scalars["proxy_url"]}.get(self.spec.egress)
+        return payload_env(proxy, Path(ctx.scalars["workspace"]))
+
+    def _check_context(self, root: Path) -> tuple[RenderContext, Path, Path]:
+        """A render context for the test command: real paths under `root`, sample rest.
+
+        Returns:
+            (context, run dir, the wrapper's cwd).
+        """
         spec = self.spec
         workspace, run_dir, socket = root / "workspace", root / "run", root / "proxy.sock"
         workspace.mkdir()
         run_dir.mkdir()
         socket.touch()  # wrappers bind it in; nothing connects during the check
-        payload = [sys.executable, "-c", NETNS_PROBE]
+        payload = [sys.executable, "-c", CONFINEMENT_PROBE]
         sample = sample_context()
         read_only = [str(p) for p in interpreter_paths()]
-        lists = sample.lists | {"read_only": read_only}
-        scalars = sample.scalars | {
-            "workspace": str(workspace),
-            "run_dir": str(run_dir),
-            "cell_id": f"{spec.name}-availability",
-            "python": sys.executable,
-            "probe_argv": shell_join(payload),
-            "payload_shell": shell_join(payload),
-            "proxy_socket": str(socket),
-            "shim": str(shim_path()),
-            "world_dir": str(root),
-            "read_only_json": json_list(read_only),
-            "read_only_csv": ",".join(read_only),
+        env = [f"{k}={v}" for k, v in payload_env(None, workspace).items()]
+        # No fixture world at availability time: the host lists are empty (no network), the
+        # value a wrapper's settings file can always take.
+        lists = sample.lists | {"read_only": read_only, "payload_env": env}
+        lists |= {name: [] for name in LIST_NAMES if name.startswith(("allowed_", "denied_"))}
+        hosts = {
+            f"{n}_{form}": "[]" if form == "json" else ""
+            for n in lists
+            if n.startswith(("allowed_", "denied_"))
+            for form in ("json", "csv")
         }
+        scalars = (
+            sample.scalars
+            | hosts
+            | {
+                "workspace": str(workspace),
+                "run_dir": str(run_dir),
+                "cell_id": f"{spec.name}-availability",
+                "python": sys.executable,
+                "probe_argv": shell_join(payload),
+                "payload_shell": shell_join(payload),
+                "proxy_socket": str(socket),
+                "shim": str(shim_path()),
+                "world_dir": str(root),
+                "read_only_json": json_list(read_only),
+                "read_only_csv": ",".join(read_only),
+                "payload_env_json": json_list(env),
+                "payload_env_csv": ",".join(env),
+                "wrapper_home": str(self.wrapper_home()),
+                **spec.static_scalars(),
+            }
+        )
         base = RenderContext(scalars, lists, payload)
         scalars["proxy_socket_inside"] = base.render(
             spec.proxy_socket_inside, f"{spec.source}: [run] proxy_socket_inside"
         )
         scalars["shim_inside"] = base.render(spec.shim_inside, f"{spec.source}: [run] shim_inside")
-        return RenderContext(scalars, lists, payload), run_dir
+        ctx = RenderContext(scalars, lists, payload).with_spec_lists(spec)
+        return ctx, run_dir, self._cwd(ctx)
 
-    def _detect(self, argv: tuple[str, ...]) -> subprocess.CompletedProcess[str] | str:
+    def _cwd(self, ctx: RenderContext) -> Path:
+        """The wrapper's working directory (`[run] cwd`, `{run_dir}` by default)."""
+        cwd = Path(ctx.render(self.spec.cwd, f"{self.spec.source}: [run] cwd"))
+        if not cwd.is_dir():
+            raise BackendError(
+                f"{self.spec.source}: [run] cwd renders to {cwd}, which is not a directory; "
+                "use {run_dir}, {workspace} or another directory that exists"
+            )
+        return cwd
+
+    def _static_argv(self, argv: tuple[str, ...]) -> list[str]:
+        where = f"{self.spec.source}: [detect]"
+        return [self.spec.render_static(a, where) for a in argv]
+
+    def _detect(
+        self, argv: tuple[str, ...], env: dict[str, str]
+    ) -> subprocess.CompletedProcess[str] | str:
         # The wrapper is third-party code under test: even its --version runs as the user its
-        # cells run as, never as the harness's (root's) own.
+        # cells run as, never as the harness's (root's) own, and on the PATH its cells use.
         try:
             return subprocess.run(
-                list(argv),
+                self._static_argv(argv),
                 capture_output=True,
                 text=True,
                 timeout=DETECT_TIMEOUT_S,
                 check=False,
                 stdin=subprocess.DEVNULL,
-                env=self._base_env(),
+                env=env,
                 start_new_session=True,
                 cwd="/",
                 **self._user_kwargs(),
@@ -414,6 +585,8 @@ class CommandBackend:
             "dns_host": world.dns.host,
             "dns_port": str(world.dns.port),
             "world_dir": world.run_dir,
+            "wrapper_home": str(self.wrapper_home(request)),
+            **self.spec.static_scalars(),
         }
         for role in HOST_ROLES:
             host = world.hosts[role]
@@ -426,7 +599,9 @@ class CommandBackend:
         denied_roles = [r for r in HOST_ROLES if r not in ALLOWED_ROLES]
         lists: dict[str, list[str]] = {
             "read_only": [str(p) for p in request.read_only],
+            "payload_env": [f"{k}={v}" for k, v in request.env.items()],
             "allowed_hosts": [world.hosts[r].name for r in ALLOWED_ROLES],
+            "allowed_host_ports": _host_ports(world.hosts, ALLOWED_ROLES),
             "allowed_addresses": _addresses(world.hosts, ALLOWED_ROLES),
             "denied_hosts": [world.hosts[r].name for r in denied_roles],
             "denied_addresses": _addresses(world.hosts, denied_roles),
@@ -456,31 +631,51 @@ class CommandBackend:
                 *payload,
             ]
         scalars["payload_shell"] = shell_join(payload)
-        return RenderContext(scalars, lists, payload)
+        return RenderContext(scalars, lists, payload).with_spec_lists(self.spec)
 
-    def _base_env(self) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
-        for name in self.spec.env_host:
-            if name in os.environ:
-                env[name] = os.environ[name]
-        return env
+    def wrapper_env(
+        self,
+        payload: dict[str, str],
+        ctx: RenderContext,
+        tag: str,
+        canaries: dict[str, str],
+    ) -> dict[str, str]:
+        """The wrapper's environment: an agent's, as the module docstring lists it.
 
-    def build_env(self, request: ProbeRequest, ctx: RenderContext, tag: str) -> dict[str, str]:
-        """The wrapper's environment: declared names only, never the harness's own."""
-        env = {k: request.env[k] for k in self.spec.env_pass if k in request.env}
-        if self.spec.egress == "harness-tcp":
-            # The route itself: the payload may take its proxy from the environment.
-            env |= {k: request.env[k] for k in PROXY_VARS if k in request.env}
-        for name in self.spec.env_host:
-            if name in os.environ:
+        Args:
+            payload: the payload's own variables (its PATH is replaced by `run_path`).
+            ctx: the cell's render context, for `[env] set` and `[env] wrapper` templates.
+            tag: the run tag every process of this run carries.
+            canaries: the credentials planted for this cell (`plant_canaries`).
+        """
+        spec = self.spec
+        # The payload's own variables pass whole, but a secret-looking name never does, even
+        # there: the harness's signing key must not ride along by a caller's mistake.
+        declared = {k: v for k, v in payload.items() if not SECRET_ENV.search(k)}
+        env = harness_env() | canaries | declared | {"PATH": self.run_path()}
+        for name, template in spec.env_set.items():
+            env[name] = ctx.render(template, f"{spec.source}: [env] set.{name}")
+        for name, wrapper_template in spec.env_wrapper.items():
+            if wrapper_template is not None:
+                env[name] = ctx.render(wrapper_template, f"{spec.source}: [env] wrapper.{name}")
+            elif name in os.environ:
                 env[name] = os.environ[name]
-        for name, template in self.spec.env_set.items():
-            env[name] = ctx.render(template, f"{self.spec.source}: [env] set.{name}")
         env[RUN_TAG_VAR] = tag
         return env
 
+    def build_env(self, request: ProbeRequest, ctx: RenderContext, tag: str) -> dict[str, str]:
+        """The wrapper's environment for one cell, its canaries recorded in the cell dir."""
+        canaries = plant_canaries()
+        record = {"canaries": canaries, "wrapper_only": sorted(self.spec.env_wrapper)}
+        target = request.cell_dir / WRAPPER_ENV_FILE
+        # The harness's alone: the payload user must not read the values it is tested on.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(record, out)
+        return self.wrapper_env(dict(request.env), ctx, tag, canaries)
+
     def prepare(self, request: ProbeRequest) -> tuple[list[str], dict[str, str], Path, str]:
-        """Make the cell's run dir, render its files; return (argv, env, run_dir, tag)."""
+        """Make the cell's run dir, render its files; return (argv, env, cwd, tag)."""
         run_dir = request.cell_dir / f"run-{self.name}"
         run_dir.mkdir(parents=True)  # fresh per cell: an existing one is a harness bug
         ctx = self.context(request, run_dir)
@@ -488,7 +683,8 @@ class CommandBackend:
         # The wrapper runs as the payload user: its cwd and the files rendered for it are its.
         give(run_dir, self.user(request), recursive=True)
         tag = secrets.token_hex(12)
-        return ctx.render_argv(self.spec), self.build_env(request, ctx, tag), run_dir, tag
+        env = self.build_env(request, ctx, tag)
+        return ctx.render_argv(self.spec), env, self._cwd(ctx), tag
 
     def render_files(self, ctx: RenderContext, run_dir: Path) -> None:
         """Write the spec's [[file]] templates into `run_dir`."""
@@ -505,14 +701,14 @@ class CommandBackend:
 
     def run(self, request: ProbeRequest) -> ProbeRun:
         """Run the payload under the wrapper; kill its group at the deadline, then sweep."""
-        argv, env, run_dir, tag = self.prepare(request)
+        argv, env, cwd, tag = self.prepare(request)
         # The watcher must run *during* the run: a leftover that holds our stdout/stderr pipes
         # open would otherwise keep the output readers (and so the run) from ever finishing.
         watcher = LeftoverWatcher(tag)
         watcher.start()
         try:
             run = run_process(
-                request.cell_id, argv, env, run_dir, request.timeout, user=self.user(request)
+                request.cell_id, argv, env, cwd, request.timeout, user=self.user(request)
             )
         finally:
             watcher.finish()
@@ -585,12 +781,50 @@ def _ppid(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def _netns_line(stdout: str) -> str:
-    """The namespace NETNS_PROBE printed ('' if it printed none)."""
+NAMESPACES: Final = ("net", "mnt", "pid", "user", "ipc", "uts")
+# After the test command reported, how long its wrapper may take to exit by itself.
+TEST_GRACE_S: Final = 5.0
+KILL_WAIT_S: Final = 10.0
+
+
+def _read_all(stream: Any, sink: list[bytes]) -> None:
+    """Read a pipe to EOF into `sink` (a daemon thread: a leftover may hold it open)."""
+    with contextlib.suppress(OSError, ValueError):
+        while chunk := stream.read1(65536):
+            sink.append(chunk)
+
+
+def _confinement_line(stdout: str) -> dict[str, Any] | None:
+    """What CONFINEMENT_PROBE printed, or None if it printed nothing readable."""
     for line in stdout.splitlines():
-        if line.startswith("netns="):
-            return line.removeprefix("netns=").strip()
-    return ""
+        if line.startswith(CONFINEMENT_LINE):
+            with contextlib.suppress(ValueError):
+                seen = json.loads(line.removeprefix(CONFINEMENT_LINE))
+                if isinstance(seen, dict):
+                    return seen
+    return None
+
+
+def _confinement_facts(seen: dict[str, Any]) -> dict[str, Any]:
+    """The test command's readings as stable facts for the identity (no inode numbers).
+
+    `unconfined` is the silent fall-back: every namespace the harness's, no seccomp filter,
+    no NoNewPrivs. It is a fact, not a verdict: the probes FAIL what that leaves open.
+    """
+    ns, mine = seen.get("ns") or {}, seen.get("harness_ns") or {}
+    status = seen.get("status") or {}
+    shared = sorted(n for n in NAMESPACES if ns.get(n) is not None and ns.get(n) == mine.get(n))
+    seccomp = str(status.get("Seccomp", "unknown"))
+    no_new_privs = str(status.get("NoNewPrivs", "unknown"))
+    return {
+        "started": True,
+        "network_namespace": "the harness's own" if "net" in shared else "private",
+        "namespaces_shared_with_harness": shared,
+        "seccomp": seccomp,
+        "no_new_privs": no_new_privs,
+        "uid": seen.get("uid"),
+        "unconfined": set(shared) == set(NAMESPACES) and seccomp == "0" and no_new_privs == "0",
+    }
 
 
 def _no_test_command(spec: CommandSpec, said: str) -> str:
@@ -602,6 +836,15 @@ def _no_test_command(spec: CommandSpec, said: str) -> str:
 
 def _unavailable(reason: str) -> Availability:
     return Availability(ok=False, reason=reason, identity=None)
+
+
+def _host_ports(hosts: dict[str, Any], roles: list[str] | tuple[str, ...]) -> list[str]:
+    """`name:port` for each role's HTTPS and HTTP port: the harness allowlist, by name."""
+    out = []
+    for role in roles:
+        host = hosts[role]
+        out += [f"{host.name}:{host.https_port}", f"{host.name}:{host.http_port}"]
+    return out
 
 
 def _addresses(hosts: dict[str, Any], roles: list[str] | tuple[str, ...]) -> list[str]:

@@ -12,6 +12,16 @@ template need no escaping; `{{name}}` gives the literal text `{name}`. An argv e
 is exactly `{payload}` expands to several arguments (the probe argv, wrapped in the shim for
 `harness-unix`); an argv element that is a table
 `{each = "read_only", args = ["--ro-bind", "{item}", "{item}"]}` repeats `args` per item.
+
+Lists are joined in one way only, a `[lists]` table: `deny_read = ["/root", "{read_only}"]`
+defines a new list whose element `{read_only}` (a whole element naming a list) splices that
+list in, every other element being a template. A spec's own list is then a list like the
+built-in ones: `{deny_read_json}`, `{deny_read_csv}` and `each = "deny_read"`.
+
+One PATH finds every program: `[detect] executables`, `version`, `check` and `[run] argv[0]`
+are looked up on `[run] path` (default: the payload's PATH), which is also the PATH the
+wrapper runs with. `{spec_dir}` and `{harness_home}` are known before any cell, so they may be
+used there too.
 """
 
 from __future__ import annotations
@@ -29,13 +39,14 @@ from harness.backends.base import DeclaredPolicy, FilesystemMode, IpcMode, Netwo
 from harness.errors import ConfigError
 
 SpecEgress = Literal["harness-unix", "harness-tcp", "own"]
-AddressBy = Literal["name", "literal"]
 
 PAYLOAD: Final = "{payload}"
 # Lists an argv table can iterate over with `each`.
 LIST_NAMES: Final = (
     "read_only",
+    "payload_env",
     "allowed_hosts",
+    "allowed_host_ports",
     "allowed_addresses",
     "denied_hosts",
     "denied_addresses",
@@ -62,7 +73,13 @@ SCALARS: Final[dict[str, str]] = {
     "dns_host": "the DNS fixture's address",
     "dns_port": "the DNS fixture's port",
     "world_dir": "the fixture world's directory (sockets, CA bundle, logs)",
+    "spec_dir": "the directory of the spec file itself (absolute)",
+    "harness_home": "the home directory of the user the harness runs as",
+    "wrapper_home": "the home directory of the user the wrapper runs as (the payload user's)",
 }
+# The placeholders known before any cell runs: `[detect]`, `[run] path` and argv[0] may use
+# them (and only them), since the wrapper is looked up before a cell exists.
+STATIC_SCALARS: Final = ("spec_dir", "harness_home")
 HOST_ROLES: Final = ("allowed", "denied", "index", "files")
 # The roles the harness proxy admits: the same set the world's allowlist is built from.
 ALLOWED_ROLES: Final = ("allowed", "index", "files")
@@ -75,12 +92,12 @@ for _list in LIST_NAMES:
     SCALARS[f"{_list}_json"] = f"`{_list}` as a JSON array"
     SCALARS[f"{_list}_csv"] = f"`{_list}` joined with commas"
 
-# Environment names a spec may never pass through from the harness's own environment: the
-# signing key and anything that looks like a credential stays outside the sandbox.
+# Environment names the harness never hands on from its own environment: its own variables
+# and anything that looks like a credential (a CI runner's real GITHUB_TOKEN among them). The
+# wrapper gets planted canaries under such names instead (harness/backends/command.py).
 SECRET_ENV: Final = re.compile(
     r"^SANDBOX_ATTEST_|KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE
 )
-DEFAULT_PASS: Final = ("PATH", "HOME", "LANG")
 # Backends implemented in Python: `create_backend` resolves these names before any spec, so a
 # spec with one of them would be silently ignored and the built-in would run in its place.
 BUILTIN_BACKENDS: Final = ("none", "bubblewrap", "docker", "seatbelt", "appcontainer")
@@ -89,25 +106,38 @@ NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # literal, so JSON and profile templates (`{"a": {"b": 1}}`) need no escaping at all.
 PLACEHOLDER_RE: Final = re.compile(r"\{\{[a-z_][a-z0-9_]*\}\}|\{([a-z_][a-z0-9_]*)\}")
 
-TOP_KEYS: Final = {"backend", "detect", "run", "env", "file", "policy"}
+TOP_KEYS: Final = {"backend", "detect", "run", "env", "file", "policy", "lists"}
 SECTION_KEYS: Final[dict[str, set[str]]] = {
     "backend": {"name", "description", "platforms"},
     "detect": {"executables", "version", "check", "install"},
     "run": {
         "argv",
         "egress",
-        "address_by",
+        "path",
+        "cwd",
         "proxy_socket_inside",
         "shim_inside",
         "user",
         "user_reason",
     },
-    "env": {"pass", "host", "set"},
+    "env": {"set", "wrapper"},
     "policy": {"network", "filesystem", "ipc", "limits"},
 }
 # The resource limits a spec may claim ([policy] limits = {fsize_mib = 16, nofile = 256}); the
 # resource_limits probe holds the wrapper to them.
 LIMIT_NAMES: Final = frozenset({"fsize_mib", "nofile", "forks", "memory_mib"})
+# Keys that were removed, and the fix: a spec that still has one fails naming it.
+REMOVED_KEYS: Final[dict[tuple[str, str], str]] = {
+    ("run", "address_by"): "was removed: fixture names now resolve to lab addresses through "
+    "the system resolver (harness/world/lab.py); delete the key",
+    ("env", "pass"): "was removed: it was the harness scrubbing the environment on the "
+    "sandbox's behalf. The wrapper now gets an agent's environment (the harness's variables "
+    "minus its secrets, planted canary credentials, the payload's own variables) and "
+    "env_inheritance judges what the sandbox lets through; delete the key",
+    ("env", "host"): "was removed: the wrapper now gets the harness's environment (minus "
+    "anything secret-looking) by itself; delete the key, or list the names in [env] wrapper "
+    "if they are for the wrapper alone",
+}
 FILE_KEYS: Final = {"path", "template", "mode"}
 EACH_KEYS: Final = {"each", "args"}
 
@@ -137,11 +167,8 @@ class CommandSpec:
     install: str
     argv: tuple[ArgvItem, ...]
     egress: SpecEgress
-    address_by: AddressBy
     proxy_socket_inside: str
     shim_inside: str
-    env_pass: tuple[str, ...]
-    env_host: tuple[str, ...]
     env_set: dict[str, str]
     files: tuple[FileSpec, ...]
     policy: DeclaredPolicy
@@ -151,6 +178,28 @@ class CommandSpec:
     # identity, so a reader sees why the trust domains were not separated for this backend).
     run_user: str = ""
     run_user_reason: str = ""
+    # `[run] path`: the one PATH that finds the wrapper (detect, check, argv[0]) and that the
+    # wrapper runs with; "" for the payload's PATH. A template over STATIC_SCALARS.
+    path: str = ""
+    # `[run] cwd`: the wrapper's working directory, a template ("{run_dir}" by default).
+    cwd: str = "{run_dir}"
+    # `[env] wrapper`: variables for the wrapper alone (its own config, e.g. CODEX_HOME). A
+    # name with a template sets it; a name with None takes it from the harness's environment.
+    # env_inheritance ignores exactly these names in the payload.
+    env_wrapper: dict[str, str | None] = field(default_factory=dict)
+    # `[lists]`: the spec's own lists, each element a template or a whole `{list}` to splice.
+    lists: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def static_scalars(self) -> dict[str, str]:
+        """The placeholders known before any cell: {spec_dir} and {harness_home}."""
+        return {
+            "spec_dir": str(self.source.resolve().parent),
+            "harness_home": str(Path.home()),
+        }
+
+    def render_static(self, template: str, where: str) -> str:
+        """Fill a template that may use only `STATIC_SCALARS` (detect, path, argv[0])."""
+        return RenderContext(self.static_scalars(), {}, []).render(template, where)
 
 
 @dataclass(frozen=True)
@@ -194,6 +243,30 @@ class RenderContext:
             )
 
         return PLACEHOLDER_RE.sub(sub, template)
+
+    def with_spec_lists(self, spec: CommandSpec) -> RenderContext:
+        """This context plus the spec's `[lists]`, as lists and as `_json`/`_csv` scalars.
+
+        Raises:
+            ConfigError: for an unknown placeholder in a list element.
+        """
+        scalars, lists = dict(self.scalars), dict(self.lists)
+        for name, elements in spec.lists.items():
+            values: list[str] = []
+            for i, element in enumerate(elements):
+                whole = PLACEHOLDER_RE.fullmatch(element)
+                if whole is not None and whole.group(1) in lists:
+                    values += lists[whole.group(1)]
+                else:
+                    values.append(
+                        RenderContext(scalars, lists, self.payload).render(
+                            element, f"{spec.source}: [lists] {name}[{i}]"
+                        )
+                    )
+            lists[name] = values
+            scalars[f"{name}_json"] = json_list(values)
+            scalars[f"{name}_csv"] = ",".join(values)
+        return RenderContext(scalars, lists, self.payload)
 
     def render_argv(self, spec: CommandSpec) -> list[str]:
         """The wrapper's full host argv for this cell."""
@@ -278,7 +351,7 @@ def _section(source: Path, data: dict[str, Any], name: str) -> dict[str, Any]:
     return cast("dict[str, Any]", table)
 
 
-def _argv(source: Path, value: object) -> tuple[ArgvItem, ...]:
+def _argv(source: Path, value: object, list_names: tuple[str, ...]) -> tuple[ArgvItem, ...]:
     if value is None:
         raise _missing(source, "[run] argv", '["wrapper", "--its-flags", "{payload}"]')
     if not isinstance(value, list) or not value:
@@ -306,9 +379,9 @@ def _argv(source: Path, value: object) -> tuple[ArgvItem, ...]:
                     source,
                     key,
                     "a table element needs exactly 'each' (one of "
-                    f"{list(LIST_NAMES)}) and 'args' (strings using {{item}})",
+                    f"{list(list_names)}) and 'args' (strings using {{item}})",
                 )
-            list_name = _choice(source, f"{key}.each", element["each"], LIST_NAMES)
+            list_name = _choice(source, f"{key}.each", element["each"], list_names)
             args = _str_list(source, f"{key}.args", element["args"], required=True)
             items.append((list_name, args))
         else:
@@ -321,9 +394,50 @@ def _argv(source: Path, value: object) -> tuple[ArgvItem, ...]:
             "[run] argv",
             'must contain the element "{payload}" exactly once (where the probe command goes)',
         )
-    if not isinstance(items[0], str) or "{" in items[0]:
-        raise _fail(source, "[run] argv[0]", "must be the wrapper's executable, literally")
+    first = items[0]
+    if not isinstance(first, str) or any(
+        m.group(1) not in STATIC_SCALARS for m in PLACEHOLDER_RE.finditer(first) if m.group(1)
+    ):
+        raise _fail(
+            source,
+            "[run] argv[0]",
+            "must be the wrapper's executable: a name found on [run] path, or a path that "
+            "uses no placeholder but {spec_dir} or {harness_home}",
+        )
     return tuple(items)
+
+
+def _lists(source: Path, value: object) -> dict[str, tuple[str, ...]]:
+    """`[lists]`: NAME = ["template", "{list}", ...], each a new list built in order."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(source, "[lists]", 'must be a table of NAME = ["..."] arrays')
+    taken = {*LIST_NAMES, *SCALARS, "payload", "item"}
+    lists: dict[str, tuple[str, ...]] = {}
+    for name, elements in value.items():
+        key = f"[lists] {name}"
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name) or name in taken:
+            raise _fail(
+                source,
+                key,
+                "a list name must be a new lower-case identifier (not a built-in list or "
+                "placeholder); rename it",
+            )
+        lists[name] = _str_list(source, key, elements, required=False)
+        for element in lists[name]:
+            whole = PLACEHOLDER_RE.fullmatch(element)
+            if whole is not None and whole.group(1) in (*LIST_NAMES, *lists):
+                continue  # a splice of a list defined before it
+            if whole is not None and whole.group(1) in (name, *value):
+                raise _fail(
+                    source,
+                    key,
+                    f"{element} splices a list defined after it (or itself); define "
+                    f"{whole.group(1)} first",
+                )
+        taken.add(name)
+    return lists
 
 
 def _files(source: Path, value: object) -> tuple[FileSpec, ...]:
@@ -377,25 +491,47 @@ def _mode(source: Path, key: str, entry: dict[str, Any]) -> int:
     return mode
 
 
-def _env(
-    source: Path, table: dict[str, Any]
-) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
-    passed = _str_list(source, "[env] pass", table.get("pass", list(DEFAULT_PASS)), required=False)
-    host = _str_list(source, "[env] host", table.get("host"), required=False)
-    for name in host:
-        if SECRET_ENV.search(name):
-            raise _fail(
-                source,
-                "[env] host",
-                f"{name!r} looks like a harness secret or a "
-                "credential and never passes into a sandbox; remove it",
-            )
+def _env(source: Path, table: dict[str, Any]) -> tuple[dict[str, str], dict[str, str | None]]:
+    """`[env] set` (the wrapper's, the payload may see them) and `[env] wrapper` (its alone)."""
     setting = table.get("set", {})
     if not isinstance(setting, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in setting.items()
     ):
         raise _fail(source, "[env] set", 'must be a table of NAME = "template" strings')
-    return passed, host, cast("dict[str, str]", setting)
+    raw = table.get("wrapper", {})
+    wrapper: dict[str, str | None]
+    if isinstance(raw, list):
+        names = _str_list(source, "[env] wrapper", raw, required=False)
+        for name in names:
+            if SECRET_ENV.search(name):
+                raise _fail(
+                    source,
+                    "[env] wrapper",
+                    f"{name!r} looks like a harness secret or a credential and is never "
+                    "taken from the harness's environment; set it as [env.wrapper] "
+                    f'{name} = "value" if the wrapper needs one',
+                )
+        wrapper = dict.fromkeys(names)
+    elif isinstance(raw, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        wrapper = dict(cast("dict[str, str]", raw))
+    else:
+        raise _fail(
+            source,
+            "[env] wrapper",
+            "must be a list of names from the harness's environment, or a table [env.wrapper] "
+            'NAME = "template"',
+        )
+    both = sorted(set(setting) & set(wrapper))
+    if both:
+        raise _fail(
+            source,
+            "[env] wrapper",
+            f"{both} are in [env] set too; a variable is either the payload's to see (set) "
+            "or the wrapper's alone (wrapper)",
+        )
+    return cast("dict[str, str]", setting), wrapper
 
 
 def _policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
@@ -435,6 +571,9 @@ def sample_context() -> RenderContext:
     """A context with every placeholder set, for validating a spec before any run."""
     scalars = {name: f"<{name}>" for name in SCALARS}
     lists = {name: [f"<{name}>"] for name in LIST_NAMES}
+    for name, values in lists.items():  # valid JSON, as a settings template expects
+        scalars[f"{name}_json"] = json_list(values)
+        scalars[f"{name}_csv"] = ",".join(values)
     return RenderContext(scalars, lists, ["<python>", "<probe>", "<task>"])
 
 
@@ -500,29 +639,28 @@ def load_spec(path: Path) -> CommandSpec:
     bad = sorted(set(platforms) - {"linux", "darwin", "windows"})
     if bad:
         raise _fail(path, "[backend] platforms", f"unknown {bad}; use linux, darwin, windows")
+    for (section, key), fix in REMOVED_KEYS.items():
+        table = data.get(section)
+        if isinstance(table, dict) and key in table:
+            raise _fail(path, f"[{section}] {key}", fix)
     detect = _section(path, data, "detect")
     run = _section(path, data, "run")
     egress = _choice(path, "[run] egress", run.get("egress"), get_args(SpecEgress))
-    address_by = _choice(
-        path, "[run] address_by", run.get("address_by", "name"), get_args(AddressBy)
-    )
-    if address_by == "literal" and egress != "own":
-        raise _fail(
-            path,
-            "[run] address_by",
-            '"literal" is for wrappers with their own '
-            'proxy (egress = "own"); the harness proxy resolves fixture names itself',
-        )
     inside: dict[str, str] = {}
-    for key, default in (("proxy_socket_inside", "{proxy_socket}"), ("shim_inside", "{shim}")):
+    for key, default in (
+        ("proxy_socket_inside", "{proxy_socket}"),
+        ("shim_inside", "{shim}"),
+        ("cwd", "{run_dir}"),
+    ):
         value = run.get(key, default)
         if not isinstance(value, str) or not value:
             raise _fail(
                 path, f"[run] {key}", f"must be a non-empty path string, got {_shown(value)}"
             )
         inside[key] = value
-    env_pass, env_host, env_set = _env(path, _section(path, data, "env"))
+    env_set, env_wrapper = _env(path, _section(path, data, "env"))
     run_user, run_user_reason = _run_user(path, run)
+    lists = _lists(path, data.get("lists"))
     spec = CommandSpec(
         source=path,
         name=name,
@@ -534,19 +672,20 @@ def load_spec(path: Path) -> CommandSpec:
         version_argv=_str_list(path, "[detect] version", detect.get("version"), required=False),
         check_argv=_str_list(path, "[detect] check", detect.get("check"), required=False),
         install=_str(path, "[detect] install", detect.get("install", "")),
-        argv=_argv(path, run.get("argv")),
+        argv=_argv(path, run.get("argv"), (*LIST_NAMES, *lists)),
         egress=cast("SpecEgress", egress),
-        address_by=cast("AddressBy", address_by),
         proxy_socket_inside=inside["proxy_socket_inside"],
         shim_inside=inside["shim_inside"],
-        env_pass=env_pass,
-        env_host=env_host,
         env_set=env_set,
         files=_files(path, data.get("file")),
         policy=_policy(path, _section(path, data, "policy")),
         raw=data,
         run_user=run_user,
         run_user_reason=run_user_reason,
+        path=_str(path, "[run] path", run.get("path", "")),
+        cwd=inside["cwd"],
+        env_wrapper=env_wrapper,
+        lists=lists,
     )
     _dry_render(spec)
     return spec
@@ -574,12 +713,28 @@ def _run_user(path: Path, run: dict[str, Any]) -> tuple[str, str]:
 
 def _dry_render(spec: CommandSpec) -> None:
     """Render every template once against the sample context: unknown names fail now."""
-    ctx = sample_context()
+    src = spec.source
+    # What is used before any cell may name only the static placeholders.
+    spec.render_static(spec.path, f"{src}: [run] path (only {{spec_dir}} and {{harness_home}})")
+    for key, argv in (
+        ("executables", spec.executables),
+        ("version", spec.version_argv),
+        ("check", spec.check_argv),
+    ):
+        for i, element in enumerate(argv):
+            spec.render_static(
+                element, f"{src}: [detect] {key}[{i}] (only {{spec_dir}} and {{harness_home}})"
+            )
+    ctx = sample_context().with_spec_lists(spec)
     ctx.render_argv(spec)
-    ctx.render(spec.proxy_socket_inside, f"{spec.source}: [run] proxy_socket_inside")
-    ctx.render(spec.shim_inside, f"{spec.source}: [run] shim_inside")
+    ctx.render(spec.proxy_socket_inside, f"{src}: [run] proxy_socket_inside")
+    ctx.render(spec.shim_inside, f"{src}: [run] shim_inside")
+    ctx.render(spec.cwd, f"{src}: [run] cwd")
     for name, value in spec.env_set.items():
-        ctx.render(value, f"{spec.source}: [env] set.{name}")
+        ctx.render(value, f"{src}: [env] set.{name}")
+    for name, template in spec.env_wrapper.items():
+        if template is not None:
+            ctx.render(template, f"{src}: [env] wrapper.{name}")
     for i, entry in enumerate(spec.files):
         ctx.render(entry.path, f"{spec.source}: [[file]] #{i + 1}.path")
         ctx.render(entry.template, f"{spec.source}: [[file]] #{i + 1}.template")

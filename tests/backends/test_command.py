@@ -20,11 +20,16 @@ import harness.backends
 from harness.backends import create_backend, register_spec
 from harness.backends.base import Backend, EgressRoute, ProbeRequest
 from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.command import RUN_TAG_VAR, CommandBackend, resolve_spec, tagged_pids
+from harness.backends.command import (
+    AGENT_CANARIES,
+    RUN_TAG_VAR,
+    WRAPPER_ENV_FILE,
+    CommandBackend,
+    resolve_spec,
+    tagged_pids,
+)
 from harness.backends.none import NoneBackend
 from harness.backends.spec import load_spec
-from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
-from harness.egress.rules import Rule
 from harness.errors import ConfigError
 from harness.matrix import Cell, ProbeRow
 from harness.paths import matrix_dir
@@ -123,8 +128,15 @@ class TestSpecValidation:
             ("broken_missing_policy_network.toml", "[policy] network: is missing"),
             ("broken_policy_unknown_mode.toml", "[policy] network: is 'sealed'"),
             ("broken_file_outside_run_dir.toml", "must stay inside the per-cell run dir"),
-            ("broken_env_passes_secret.toml", "never passes into a sandbox"),
-            ("broken_literal_without_own_proxy.toml", "[run] address_by"),
+            ("broken_env_passes_secret.toml", "is never taken from the harness's environment"),
+            (
+                "broken_address_by_removed.toml",
+                (
+                    "[run] address_by: was removed: fixture names now resolve to lab "
+                    "addresses through the system resolver"
+                ),
+            ),
+            ("broken_env_pass_removed.toml", "[env] pass: was removed: it was the harness"),
         ],
     )
     def test_broken_spec_names_file_key_and_fix(self, spec: str, needle: str) -> None:
@@ -178,7 +190,7 @@ class TestSpecValidation:
         assert register_spec(path) == "env-shared-net"
         backend = create_backend("env-shared-net")
         assert isinstance(backend, CommandBackend)
-        assert (backend.egress_mode, backend.address_by) == ("own", "name")
+        assert backend.egress_mode == "own"
 
     @pytest.mark.parametrize("name", ["none", "bubblewrap", "docker", "seatbelt", "appcontainer"])
     def test_builtin_name_is_rejected(self, tmp_path: Path, name: str) -> None:
@@ -227,7 +239,7 @@ class TestAvailability:
         """A spec whose wrapper is not installed is UNAVAILABLE and names the install."""
         avail = CommandBackend.from_path(SPECS / "missing_wrapper.toml").availability()
         assert not avail.ok
-        assert "sandbox-attest-no-such-wrapper not found on PATH" in avail.reason
+        assert "sandbox-attest-no-such-wrapper not found on the payload's PATH" in avail.reason
         assert "apt-get install sandbox-attest-no-such-wrapper" in avail.reason
 
     def test_failing_check_is_unavailable_with_its_stderr(self) -> None:
@@ -275,29 +287,29 @@ ipc = "open"
 """
 
 
-class TestConfinementCheck:
-    def test_wrapper_that_does_not_confine_is_unavailable(self, tmp_path: Path) -> None:
-        """A wrapper whose check passes but which runs in the host's netns is UNAVAILABLE.
+class TestAvailabilityByBehaviour:
+    @pytest.mark.parametrize(
+        ("egress", "network"), [("harness-tcp", "none"), ("harness-unix", "proxy")]
+    )
+    def test_wrapper_that_does_not_confine_is_available_with_the_fact(
+        self, tmp_path: Path, egress: str, network: str
+    ) -> None:
+        """A wrapper that runs its test command unconfined is AVAILABLE; the fact is recorded.
 
-        This is firejail's fallback inside a container (`env` stands in for it): the check
-        exits 0, and only running a command under the wrapper shows nothing confines.
+        This is firejail's fallback inside a container (`env` stands in for it): the probes
+        judge it (net_direct_egress FAILs a shared network namespace), not availability.
         """
-        spec = write_spec(tmp_path, "env-claims-none", UNCONFINING_ENV)
-        avail = CommandBackend.from_path(spec).availability()
-        assert not avail.ok
-        assert avail.identity is None
-        assert "harness's own network namespace" in avail.reason
-        assert "fell back to running it unconfined" in avail.reason
-        assert str(spec) in avail.reason
-
-    def test_shim_egress_without_a_private_netns_is_unavailable(self, tmp_path: Path) -> None:
-        """A network = "proxy" claim through the in-sandbox shim needs its own netns too."""
-        body = UNCONFINING_ENV.replace('"harness-tcp"', '"harness-unix"').replace(
-            'network = "none"', 'network = "proxy"'
+        body = UNCONFINING_ENV.replace('"harness-tcp"', f'"{egress}"').replace(
+            'network = "none"', f'network = "{network}"'
         )
         avail = CommandBackend.from_path(write_spec(tmp_path, "x", body)).availability()
-        assert not avail.ok
-        assert "fell back to running it unconfined" in avail.reason
+        assert avail.ok, avail.reason
+        assert avail.identity is not None
+        facts = avail.identity.profile["test_command"]
+        assert facts["started"] is True
+        assert facts["network_namespace"] == "the harness's own"
+        assert facts["unconfined"] is True
+        assert "ran its test command with no confinement at all" in avail.reason
 
     def test_wrapper_that_cannot_run_the_test_command_is_unavailable(self, tmp_path: Path) -> None:
         """A wrapper that exits without running the test command is UNAVAILABLE, with why."""
@@ -312,41 +324,58 @@ class TestConfinementCheck:
 
     @pytest.mark.parametrize("name", ["firejail", "bwrap-generic"])
     def test_real_wrappers_show_a_private_netns(self, name: str) -> None:
-        """Firejail and bwrap-generic confine here, and the identity says it was checked."""
+        """Firejail and bwrap-generic confine here, and the identity records what was seen."""
         avail = create_backend(name).availability()
         assert avail.ok, avail.reason
         assert avail.identity is not None
-        assert avail.identity.profile["confinement_check"] == "private network namespace"
+        facts = avail.identity.profile["test_command"]
+        assert facts["network_namespace"] == "private"
+        assert facts["no_new_privs"] == "1"
+        assert facts["unconfined"] is False
+        assert avail.reason == ""
 
-    def test_no_check_at_all_is_recorded_and_said(self) -> None:
-        """Without [detect] check or a netns check, AVAILABLE says it rests on PATH alone."""
+    def test_no_check_still_runs_the_test_command(self) -> None:
+        """Without a [detect] check the identity says so, and the test command still ran."""
         avail = CommandBackend.from_path(SPECS / "hole_env_shared_net.toml").availability()
         assert avail.ok
         assert avail.identity is not None
         assert avail.identity.profile["check"] == "none"
-        assert avail.identity.profile["confinement_check"].startswith("none")
-        assert "available means only that env is on PATH" in avail.reason
-        assert "has no [detect] check" in avail.reason
+        assert avail.identity.profile["test_command"]["started"] is True
 
     def test_checked_wrapper_has_no_caveat(self) -> None:
-        """A wrapper whose confinement was shown carries its check and an empty reason."""
+        """A confining wrapper carries its check and an empty reason."""
         avail = create_backend("firejail").availability()
         assert avail.ok, avail.reason
         assert avail.reason == ""
         assert avail.identity is not None
         assert avail.identity.profile["check"].startswith("firejail --quiet")
 
-    def test_shared_loopback_hole_stays_available_for_the_probes(self) -> None:
-        """harness-tcp shares the host's loopback by design: the probes judge it, not this."""
-        avail = CommandBackend.from_path(SPECS / "hole_firejail_shared_net.toml").availability()
+    def test_lingering_wrapper_does_not_hold_availability(self) -> None:
+        """A wrapper that waits on a daemon after its test command is swept within seconds."""
+        avail = CommandBackend.from_path(SPECS / "daemonizing_wrapper.toml").availability()
         assert avail.ok, avail.reason
+        assert avail.identity is not None
+        assert avail.identity.profile["test_command"]["started"] is True
+
+    def test_shared_netns_claiming_none_is_available_and_fails(self, runner: CellRunner) -> None:
+        """A wrapper sharing the harness's netns while claiming no network FAILs net_direct_egress.
+
+        It is AVAILABLE (it runs commands here); the probe's host reading of the payload
+        finds the harness's network namespace.
+        """
+        name = add(runner, CommandBackend.from_path(SPECS / "hole_shared_net_claims_none.toml"))
+        facts = runner.availability[name].identity.profile["test_command"]  # type: ignore[union-attr]
+        assert facts["network_namespace"] == "the harness's own"
+        entry = runner.run_cell(cell(name, "net_direct_egress"))
+        assert verdict(entry).startswith("FAIL:")
+        assert "network namespace" in entry["reason"]
 
 
 class TestProcessHygiene:
     def request(self, world: World, tmp_path: Path, timeout: float) -> ProbeRequest:
         """A request whose payload prints the start marker and then hangs."""
         workspace = tmp_path / "workspace"
-        workspace.mkdir()
+        workspace.mkdir(parents=True)
         hang = "print('SANDBOX-ATTEST-START x', flush=True); import time; time.sleep(120)"
         return ProbeRequest(
             cell_id="daemonizing-hang",
@@ -415,16 +444,39 @@ ipc = "open"
         finally:
             os.kill(pid, signal.SIGKILL)
 
-    def test_wrapper_env_is_declared_only(self, world: World, tmp_path: Path) -> None:
-        """The wrapper sees PATH/HOME/LANG and the run tag, never other variables."""
+    def test_wrapper_env_is_an_agents(
+        self, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The wrapper gets the harness's env minus secrets and proxies, canaries, the payload's."""
+        monkeypatch.setenv("AGENT_EDITOR", "vi")
+        real_token = "a-real-ci-token"  # noqa: S105  (a stand-in for a CI runner's own token)
+        monkeypatch.setenv("GITHUB_TOKEN", real_token)
+        monkeypatch.setenv("https_proxy", "http://proxy.example.invalid:3128")
         backend = CommandBackend.from_path(SPECS / "daemonizing_wrapper.toml")
-        argv, env, run_dir, tag = backend.prepare(self.request(world, tmp_path, timeout=3))
-        assert set(env) == {"PATH", "HOME", "LANG", RUN_TAG_VAR}
+        request = self.request(world, tmp_path, timeout=3)
+        argv, env, cwd, tag = backend.prepare(request)
+        record = json.loads((request.cell_dir / WRAPPER_ENV_FILE).read_text())
+        assert (request.cell_dir / WRAPPER_ENV_FILE).stat().st_mode & 0o777 == 0o600
+        assert set(record["canaries"]) == set(AGENT_CANARIES)
+        assert {k: env[k] for k in AGENT_CANARIES} == record["canaries"]
+        assert env["GITHUB_TOKEN"] != real_token
+        assert "https_proxy" not in env
+        assert env["AGENT_EDITOR"] == "vi"
+        assert "SANDBOX_ATTEST_SIGNING_KEY" not in env
+        assert env["HOME"] == str(request.workspace)
+        assert env["PATH"] == backend.run_path()
         assert env[RUN_TAG_VAR] == tag
-        assert argv[:2] == ["sh", str(run_dir / "wrapper.sh")]
-        assert (run_dir / "wrapper.sh").stat().st_mode & 0o777 == 0o700
-        assert str(run_dir) in (run_dir / "wrapper.sh").read_text()
+        assert argv[:2] == ["sh", str(cwd / "wrapper.sh")]
+        assert (cwd / "wrapper.sh").stat().st_mode & 0o777 == 0o700
+        assert str(cwd) in (cwd / "wrapper.sh").read_text()
         assert tagged_pids(tag) == []
+
+    def test_canaries_are_fresh_per_cell(self, world: World, tmp_path: Path) -> None:
+        """Two cells of one backend get different canary values."""
+        backend = CommandBackend.from_path(SPECS / "daemonizing_wrapper.toml")
+        first = backend.prepare(self.request(world, tmp_path / "a", timeout=3))[1]
+        second = backend.prepare(self.request(world, tmp_path / "b", timeout=3))[1]
+        assert first["AWS_SECRET_ACCESS_KEY"] != second["AWS_SECRET_ACCESS_KEY"]
 
     def test_wrapper_refusing_to_start_is_error_with_stderr(self, runner: CellRunner) -> None:
         """A wrapper that exits 0 without starting the payload is ERROR with its stderr."""
@@ -467,43 +519,23 @@ class TestHoles:
         assert verdict(direct).startswith("FAIL: escape observed by the host")
 
 
-@pytest.fixture
-def own_proxy(world: World, tmp_path: Path) -> Iterator[ProxyProcess]:
-    """A wrapper's own proxy: admits only loopback literals on the allowed hosts' ports."""
-    ports = tuple(
-        p
-        for role in ("allowed", "index", "files")
-        for p in (world.info.hosts[role].https_port, world.info.hosts[role].http_port)
-    )
-    proxy = start_proxy(
-        ProxyConfig(
-            rules=(Rule(host="127.0.0.1", ports=ports, allow_private=True),),
-            dns=(world.info.dns.host, world.info.dns.port),
-            unix_socket=None,
-            tcp=True,
-            decision_log=tmp_path / "own-proxy.jsonl",
-        )
-    )
-    yield proxy
-    proxy.stop()
-
-
-class TestOwnProxyLiteral:
-    def spec(self, tmp_path: Path, proxy_url: str) -> Path:
-        """A wrapper with its own proxy that addresses fixtures by loopback literal."""
-        path = tmp_path / "own-literal.toml"
-        path.write_text(f"""
+class TestOwnProxyAllowlist:
+    def spec(self, tmp_path: Path) -> Path:
+        """A wrapper with its own proxy whose allowlist file is rendered per cell."""
+        path = tmp_path / "own-allowlist.toml"
+        path.write_text("""
 [backend]
-name = "own-literal"
+name = "own-allowlist"
 [detect]
 executables = ["env"]
 [run]
 egress = "own"
-address_by = "literal"
-argv = ["env", "HTTPS_PROXY={proxy_url}", "NO_PROXY=127.0.0.1", "{{payload}}"]
+argv = ["env", "HTTPS_PROXY=http://127.0.0.1:9", "NO_PROXY=127.0.0.1", "{payload}"]
+[lists]
+allow = ["{allowed_host_ports}", "extra.test:443"]
 [[file]]
 path = "allowlist.json"
-template = '{{"allow": {{"v4": {{allowed_addresses_json}}}}, "deny_names": {{denied_hosts_json}}}}'
+template = '{"allow": {allowed_addresses_json}, "names": {allow_json}, "deny": {denied_hosts_json}}'
 [policy]
 network = "proxy"
 filesystem = "open"
@@ -511,27 +543,13 @@ ipc = "open"
 """)
         return path
 
-    def test_literal_addressing_through_the_wrappers_proxy(
-        self, runner: CellRunner, own_proxy: ProxyProcess, tmp_path: Path
-    ) -> None:
-        """Payloads CONNECT to 127.0.0.1:PORT through the wrapper's proxy; TLS checks names."""
-        assert own_proxy.url is not None
-        backend = CommandBackend.from_path(self.spec(tmp_path, own_proxy.url))
-        name = add(runner, backend)
-        for probe in ("net_denied_host", "net_transfer_18mib"):
-            entry = runner.run_cell(cell(name, probe))
-            assert entry["verdict"] == "PASS", verdict(entry)
-            assert entry["probe_facts"].get("address_by", "literal") == "literal"
-        targets = {d.get("target") or d.get("host") for d in own_proxy.decisions()}
-        assert any(str(t).startswith("127.0.0.1") for t in targets), own_proxy.decisions()
-
-    def test_allowlist_rendered_from_allowed_addresses(self, world: World, tmp_path: Path) -> None:
-        """The wrapper's allowlist file lists the allowed hosts' loopback addresses only."""
-        backend = CommandBackend.from_path(self.spec(tmp_path, "http://127.0.0.1:9"))
+    def test_allowlist_rendered_from_the_worlds_lists(self, world: World, tmp_path: Path) -> None:
+        """The allowlist names the allowed hosts with their ports, a spec's own entry appended."""
+        backend = CommandBackend.from_path(self.spec(tmp_path))
         workspace = tmp_path / "ws"
         workspace.mkdir()
         request = ProbeRequest(
-            cell_id="own-literal-x",
+            cell_id="own-allowlist-x",
             argv=(sys.executable, "probe.py", "task.json"),
             env={},
             workspace=workspace,
@@ -544,8 +562,10 @@ ipc = "open"
         argv, env, run_dir, _ = backend.prepare(request)
         allow = json.loads((run_dir / "allowlist.json").read_text())
         hosts = world.info.hosts
-        assert f"127.0.0.1:{hosts['allowed'].https_port}" in allow["allow"]["v4"]
-        assert not any(str(hosts["denied"].https_port) in a for a in allow["allow"]["v4"])
-        assert allow["deny_names"] == [hosts["denied"].name]
+        assert f"{hosts['allowed'].address}:{hosts['allowed'].https_port}" in allow["allow"]
+        assert not any(str(hosts["denied"].https_port) in a for a in allow["allow"])
+        assert f"{hosts['allowed'].name}:{hosts['allowed'].https_port}" in allow["names"]
+        assert allow["names"][-1] == "extra.test:443"
+        assert allow["deny"] == [hosts["denied"].name]
         assert argv[-3:] == [sys.executable, "probe.py", "task.json"]
         assert "HTTPS_PROXY" not in env
