@@ -9,6 +9,7 @@ checkout would: the plugin comes from the installed distribution's `pytest11` en
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -128,6 +129,20 @@ class TestVendorFixtures:
         assert proc.returncode == 0, log
         assert "5 passed" in proc.stdout, log
         assert "PytestAssertRewriteWarning" not in proc.stdout + proc.stderr
+
+    @pytest.mark.needs_bwrap
+    def test_readme_example_passes(self, project: Path) -> None:
+        """The README's example test file passes as written, with a real spec beside it."""
+        readme = (ROOT / "README.md").read_text()
+        section = readme.split("## In your own test suite", 1)[1]
+        example = section.split("```python\n", 1)[1].split("```", 1)[0]
+        shutil.copy(
+            ROOT / "matrix" / "backends" / "bwrap-generic.toml", project / "sandbox-spec.toml"
+        )
+        (project / "test_my_sandbox.py").write_text(example)
+        proc = vendor_pytest(project, "-v")
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert "2 passed" in proc.stdout
 
 
 class TestWaitsToBeAsked:
