@@ -162,7 +162,9 @@ class _Cells:
             reason = matrix.exclusions[(target.name, probe)]
         runner.backends[target.name] = target.backend
         runner.availability[target.name] = target.availability
-        return runner.run_cell(Cell(target.name, row, reason))
+        from harness.plugin import applicable_here  # noqa: PLC0415
+
+        return runner.run_cell(applicable_here(Cell(target.name, row, reason)))
 
     def _matrix(self) -> Matrix:
         if self.matrix is None:

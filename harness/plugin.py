@@ -228,6 +228,26 @@ def _signer(config: pytest.Config, key_path: Path | None) -> Signer:
     return config.stash[SIGNER_KEY]
 
 
+def applicable_here(cell: Cell) -> Cell:
+    """`cell`, NOT_APPLICABLE with its probe's reason where this host cannot judge it.
+
+    A probe whose control cannot work here (proc_namespace_escape's setns where the kernel
+    refuses an unprivileged user: `not_applicable_here()` on its spec) would only ever be
+    INCONCLUSIVE; its cells say why instead, and a policy that requires them fails with it.
+    """
+    if cell.not_applicable is not None:
+        return cell
+    from harness.catalog import PROBES  # noqa: PLC0415
+
+    check = getattr(PROBES.get(cell.probe.id), "not_applicable_here", None)
+    reason = check() if callable(check) else None
+    if reason is None:
+        return cell
+    import dataclasses  # noqa: PLC0415
+
+    return dataclasses.replace(cell, not_applicable=str(reason))
+
+
 class SignerHandoff:
     """A plugin object that hands a signer started before pytest to the matrix run.
 
@@ -259,6 +279,7 @@ class MatrixFile(pytest.File):
             # exits 2 "interrupted").
             raise pytest.UsageError(exc.diagnostics()) from exc
         for cell in session.cells():
+            cell = applicable_here(cell)  # noqa: PLW2901  (the cell as this host can judge it)
             yield MatrixItem.from_parent(self, name=cell.cell_id, cell=cell)
 
     def repr_failure(  # type: ignore[override]  # pytest's signature has a style param we ignore

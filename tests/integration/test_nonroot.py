@@ -19,10 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.attest.policy import load_policy
+from harness.paths import default_policy
+
 ROOT = Path(__file__).resolve().parents[2]
 USER = "sa-nonroot"
 
-pytestmark = pytest.mark.skipif(
+needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="creating a user and switching to it needs root (CI runs as root)"
 )
 
@@ -92,6 +95,7 @@ def as_user(checkout: Path, *argv: str, timeout: float = 600) -> subprocess.Comp
     )
 
 
+@needs_root
 class TestRunAttestAsNonRoot:
     def test_default_set_skips_docker_and_says_why(self, checkout: Path) -> None:
         """No --backend as a normal user without an engine: docker is skipped, with the reason."""
@@ -138,7 +142,11 @@ class TestRunAttestAsNonRoot:
         not_pass = sorted(i for i, c in cells.items() if c["required"] and c["verdict"] != "PASS")
         for cell_id in not_pass:
             assert cell_id in proc.stdout, f"the gate does not name {cell_id}: {log}"
-        assert "not attested in this run: backend docker" in proc.stdout, log
+        # Every other backend the package's policy requires here is named as not attested.
+        policy = load_policy(default_policy())
+        others = {r.backend for r in policy.requirements if r.platform == "linux"}
+        for backend in sorted(others - {"none", "bubblewrap"}):
+            assert f"not attested in this run: backend {backend}" in proc.stdout, log
         if not_pass:
             assert proc.returncode == 1, log
             assert proc.stdout.rstrip().endswith("gate: FAILED"), log
@@ -146,3 +154,69 @@ class TestRunAttestAsNonRoot:
             assert proc.returncode == 0, log
             assert "gate: PASSED" in proc.stdout, log
         assert json.loads((out / "signing.json").read_text())["gate"] in ("PASSED", "FAILED")
+
+
+# Loaded with `-p` into the run: this host lets an unprivileged user join the namespaces it
+# made, so the kernel's refusal is stubbed at its one seam (the spec's own check), as on an
+# Ubuntu 24.04 runner with AppArmor's user-namespace restriction on.
+REFUSING_KERNEL = """
+from harness.catalog import proc
+
+proc.setns_control_refused.cache_clear()
+proc.ProcNamespaceEscape.not_applicable_here = (
+    lambda self: proc.NEEDS_ROOT + " (here setns(user): EPERM)"
+)
+"""
+
+
+class TestSetnsControlRefused:
+    def test_cells_are_not_applicable_and_the_policy_fails_with_run_as_root(
+        self, tmp_path: Path
+    ) -> None:
+        """Where setns is refused, its cells are NOT_APPLICABLE and the gate says run as root."""
+        import sys  # noqa: PLC0415
+
+        plugins = tmp_path / "plugins"
+        plugins.mkdir()
+        (plugins / "refusing_kernel.py").write_text(REFUSING_KERNEL)
+        matrix = tmp_path / "matrix.toml"
+        matrix.write_text(
+            '[[probe]]\nid = "proc_namespace_escape"\ntimeout = 60\n'
+            '[[backend]]\nname = "none"\nplatforms = ["linux"]\n'
+            '[[backend]]\nname = "bubblewrap"\nplatforms = ["linux"]\nreason = "namespaces"\n'
+        )
+        policy = tmp_path / "policy.toml"
+        policy.write_text(
+            "".join(
+                f'[[require]]\nplatform = "linux"\nbackend = "{b}"\n'
+                'probes = ["proc_namespace_escape"]\n'
+                for b in ("none", "bubblewrap")
+            )
+        )
+        out = tmp_path / "r"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(ROOT)])}
+        proc = subprocess.run(
+            [
+                *(sys.executable, "-m", "harness.cli", "run", "--matrix", str(matrix)),
+                *("--policy", str(policy), "--backend", "bubblewrap", "--out", str(out)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            cwd=tmp_path,
+            env={**env, "PYTEST_ADDOPTS": "-p refusing_kernel"},
+        )
+        log = proc.stdout[-4000:] + proc.stderr[-2000:]
+        cells = {c["cell_id"]: c for c in json.loads((out / "evidence.json").read_text())["cells"]}
+        for cell_id in ("none-proc_namespace_escape", "bubblewrap-proc_namespace_escape"):
+            assert cells[cell_id]["verdict"] == "NOT_APPLICABLE", log
+            assert cells[cell_id]["reason"].startswith(
+                "needs root for its setns control; run as root"
+            )
+        assert (
+            "gate: required cell none-proc_namespace_escape is NOT_APPLICABLE: needs root for "
+            "its setns control; run as root" in proc.stdout
+        ), log
+        assert proc.stdout.rstrip().endswith("gate: FAILED"), log
+        assert proc.returncode == 1, log
