@@ -23,6 +23,7 @@ only with arguments the kernel rejects, loops bounded by `BOUNDS`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -542,11 +543,91 @@ class ProcPrivileges(_BaselineSpec):
         )
 
 
+# The reason a proc_namespace_escape cell is NOT_APPLICABLE where its control cannot work: the
+# words a policy that requires it then fails with.
+NEEDS_ROOT: Final = "needs root for its setns control; run as root"
+# The control's own steps, run once as the payload user: join the user, mount and network
+# namespaces of a process that user created (ctypes: os.setns is Python 3.12+).
+_SETNS_CHECK: Final = """
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pid = int(sys.argv[1])
+for kind, flag in (("user", 0x10000000), ("mnt", 0x00020000), ("net", 0x40000000)):
+    try:
+        fd = os.open("/proc/%d/ns/%s" % (pid, kind), os.O_RDONLY)
+    except OSError as exc:
+        print("open(/proc/%d/ns/%s): %s" % (pid, kind, errno.errorcode.get(exc.errno, "?")))
+        sys.exit(0)
+    if libc.setns(fd, flag) != 0:
+        print("setns(%s): %s" % (kind, errno.errorcode.get(ctypes.get_errno(), "?")))
+        sys.exit(0)
+print("ok")
+"""
+
+
+@functools.cache
+def setns_control_refused() -> str | None:
+    """Why this host refuses proc_namespace_escape's setns control, or None when it works.
+
+    The control is an unprivileged user joining namespaces it created itself (see
+    `_ANCHOR_NAMESPACES`). Where the kernel lets it, as on Debian or Ubuntu with
+    `kernel.apparmor_restrict_unprivileged_userns=0`, the probe runs as root or not. Where it
+    refuses (AppArmor's restriction on Ubuntu 24.04 leaves such a namespace without
+    capabilities: setns fails EPERM) nothing could see the escape succeed, so the cells are
+    NOT_APPLICABLE with the reason instead of INCONCLUSIVE. Checked once per process, with
+    the control's own steps, as the user that runs the control.
+    """
+    if sys.platform != "linux":
+        return None
+    from harness.trust import payload_user  # noqa: PLC0415  (only where the probe runs)
+
+    user = payload_user()
+    as_user = user.popen_kwargs() if user is not None else {}
+    anchor_code = "import sys, time; print('ready', flush=True); time.sleep(30)"
+    try:
+        anchor = subprocess.Popen(
+            [*_ANCHOR_NAMESPACES, sys.executable, "-c", anchor_code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            **as_user,
+            **lifetime.popen_kwargs(),
+        )
+    except OSError as exc:
+        return f"{NEEDS_ROOT} (here {_ANCHOR_NAMESPACES[0]} did not start: {exc})"
+    try:
+        assert anchor.stdout is not None  # noqa: S101  (stdout=PIPE above)
+        if anchor.stdout.readline().strip() != b"ready":
+            assert anchor.stderr is not None  # noqa: S101  (stderr=PIPE above)
+            said = anchor.stderr.read(400).decode(errors="replace").strip()
+            return f"{NEEDS_ROOT} (here an unprivileged user namespace could not be made: {said})"
+        check = subprocess.run(
+            [sys.executable, "-c", _SETNS_CHECK, str(anchor.pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            **as_user,
+        )
+        said = check.stdout.strip() or check.stderr.strip()[-300:]
+        return None if said == "ok" else f"{NEEDS_ROOT} (here {said})"
+    finally:
+        anchor.kill()
+        anchor.wait(timeout=10)
+        for stream in (anchor.stdout, anchor.stderr):
+            if stream is not None:
+                stream.close()
+
+
 class ProcNamespaceEscape(_AnchoredSpec):
     """setns into the host's namespaces; mount power in a private namespace."""
 
     id = "proc_namespace_escape"
     area = "proc"
+
+    def not_applicable_here(self) -> str | None:
+        """Why this probe cannot be judged on this host (see `setns_control_refused`)."""
+        return setns_control_refused()
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever anything is confined: a joined host namespace undoes all of it."""
