@@ -52,7 +52,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 from harness.backends import docker_seccomp
 from harness.backends.base import (
@@ -86,6 +86,8 @@ from harness.trust import payload_user
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import TracebackType
+
+T = TypeVar("T")
 
 # The unprivileged uid/gid containers run as when the harness runs as root ("nonroot" in the
 # distroless convention; no host account uses it).
@@ -137,6 +139,10 @@ ENGINE_FIX: Final = (
     "starts dockerd; needs root), or point DOCKER_HOST at a running engine"
 )
 SDK_FIX: Final = "install the docker SDK: pip install 'sandbox-attest[docker]'"
+# How long a cell (or the run's cleanup) waits for an engine that stopped answering to answer
+# again: a restart (`systemctl restart docker`, scripts/docker-engine.sh stop + start) takes a
+# few seconds. Longer than that and the engine is down, not restarting.
+ENGINE_RETURN_S: Final = 30.0
 
 
 class DockerEngineError(BackendError):
@@ -201,6 +207,15 @@ def _translate(exc: Exception, doing: str) -> BackendError:
             return BackendUnavailable(f"no Docker engine answers ({exc}); {ENGINE_FIX}")
         return DockerEngineError(f"could not {doing}: {exc}")
     return DockerEngineError(f"could not {doing}: {exc!r}")
+
+
+def _went_away(name: str, exc: BackendError) -> BackendUnavailable:
+    """The error of a cell whose engine went away while its container ran."""
+    return BackendUnavailable(
+        f"the Docker engine went away while {name} ran (it was restarted or stopped "
+        f"mid-run, which kills every container), so this cell was not judged: "
+        f"{exc.diagnostics()}; rerun once `docker version` answers"
+    )
 
 
 @contextlib.contextmanager
@@ -395,6 +410,9 @@ class DockerBackend:
         self._client_obj: Any = None
         self._image: ImageInfo | None = None
         self._lock = threading.Lock()
+        # Containers whose removal failed because the engine was away: removed once it is back
+        # (the next cell, or `close`), never left for the next run's sweep when avoidable.
+        self._unremoved: set[str] = set()
         if "root-user" in self.weaken:
             self.uid, self.gid = 0, 0
         elif os.geteuid() == 0:
@@ -673,41 +691,139 @@ class DockerBackend:
 
         return restore
 
+    def _await_engine(self, before: str, deadline: float) -> Any:
+        """The client, once the engine answers a ping: waits out a restart of the engine.
+
+        A restarted engine refuses the old client's connections, so on failure the client is
+        dropped and a new one made each try. Containers the engine's absence kept us from
+        removing are removed as soon as it answers.
+
+        Raises:
+            BackendUnavailable: it did not answer by `deadline`; the message says the engine
+                went away during the run, and the fix.
+        """
+        while True:
+            try:
+                client = self._client()
+                with _engine("ping the Docker engine"):
+                    client.ping()
+                break
+            except BackendUnavailable as exc:
+                self._disconnect()
+                if time.monotonic() >= deadline:
+                    raise BackendUnavailable(
+                        f"the Docker engine stopped answering during the run and did not come "
+                        f"back within {ENGINE_RETURN_S:.0f}s, so {before} could not run: "
+                        f"{exc.diagnostics()}"
+                    ) from exc
+                time.sleep(0.5)
+        self._remove_unremoved(client)
+        return client
+
+    def _through_restart(self, doing: str, step: Callable[[Any], T]) -> T:
+        """`step(client)`, retried while the engine restarts (until ENGINE_RETURN_S).
+
+        An engine on its way down can still answer the ping and then drop the request; the
+        step is tried again on the engine that comes back.
+
+        Raises:
+            BackendUnavailable: the engine did not come back in time.
+            DockerEngineError: the engine answered and refused (never retried).
+        """
+        deadline = time.monotonic() + ENGINE_RETURN_S
+        while True:
+            client = self._await_engine(doing, deadline)
+            try:
+                with _engine(doing):
+                    return step(client)
+            except BackendUnavailable:
+                self._disconnect()
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _remove_unremoved(self, client: Any) -> None:
+        """Remove the containers an absent engine kept us from removing (best effort)."""
+        import docker.errors  # noqa: PLC0415
+        import requests  # noqa: PLC0415
+
+        with self._lock:
+            names, self._unremoved = sorted(self._unremoved), set()
+        for name in names:
+            try:
+                client.containers.get(name).remove(force=True, v=True)
+            except docker.errors.NotFound:
+                continue
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                with self._lock:
+                    self._unremoved.add(name)
+
     def _run_container(self, spec: ContainerSpec, timeout: float) -> _Outcome:
-        """Create, start, wait (kill at the deadline), read the logs, and always remove."""
+        """Create, start, wait (kill at the deadline), read the logs, and always remove.
+
+        An engine that goes away while the container runs (a restart of dockerd kills every
+        container) makes the cell ERROR with a reason that says so; the container is removed
+        once the engine is back.
+        """
+        kwargs = spec.create_kwargs()
+        container = self._through_restart(
+            f"create the container {spec.name}", lambda c: c.containers.create(**kwargs)
+        )
+        went_away: BackendUnavailable | None = None
+        try:
+            return self._wait_container(container, spec, timeout)
+        except BackendUnavailable as exc:
+            went_away = exc
+            raise _went_away(spec.name, exc) from exc
+        finally:
+            try:
+                with _engine(f"remove the container {spec.name}"):
+                    container.remove(force=True, v=True)
+            except BackendUnavailable as exc:
+                with self._lock:
+                    self._unremoved.add(spec.name)
+                if went_away is None:
+                    # The payload's exit and logs came back, but the engine is gone now: the
+                    # container was most likely killed by the engine's shutdown, not by
+                    # itself, so its output is not judged either.
+                    raise _went_away(spec.name, exc) from exc
+
+    def _wait_container(self, container: Any, spec: ContainerSpec, timeout: float) -> _Outcome:
+        """Start the created container, wait (kill at the deadline) and read its logs."""
         import requests  # noqa: PLC0415  (the SDK's transport: a wait that timed out)
 
-        client = self._client()
-        with _engine(f"create the container {spec.name}"):
-            container = client.containers.create(**spec.create_kwargs())
         timed_out = False
         exit_code: int | None = None
+        start = time.monotonic()
+        with _engine(f"start the container {spec.name}"):
+            container.start()
         try:
-            start = time.monotonic()
-            with _engine(f"start the container {spec.name}"):
-                container.start()
-            try:
-                result = container.wait(timeout=max(timeout, 0.1))
-                exit_code = int(result.get("StatusCode", -1))
-            except requests.exceptions.RequestException:
-                # The read timed out: the payload outlived its deadline. Kill first, then ask
-                # the engine what happened, so a payload that exited at the same instant keeps
-                # its exit code.
-                with _engine(f"kill the container {spec.name}"):
-                    container.reload()
-                    if container.status == "running":
-                        timed_out = True
-                        container.kill()
-                    result = container.wait(timeout=30)
-                    if not timed_out:
-                        exit_code = int(result.get("StatusCode", -1))
-            duration = time.monotonic() - start
-            with _engine(f"read the logs of {spec.name}"):
-                stdout = _read_capped(container.logs(stdout=True, stderr=False, stream=True))
-                stderr = _read_capped(container.logs(stdout=False, stderr=True, stream=True))
-        finally:
-            with _engine(f"remove the container {spec.name}"):
-                container.remove(force=True, v=True)
+            result = container.wait(timeout=max(timeout, 0.1))
+            exit_code = int(result.get("StatusCode", -1))
+        except requests.exceptions.RequestException as exc:
+            if time.monotonic() - start < timeout - 0.5:
+                # Too early for the read timeout (the SDK reports that one as a connection
+                # error too): the engine dropped the connection, as a stopped or restarted
+                # dockerd does, taking the container with it. Its output proves nothing.
+                raise BackendUnavailable(
+                    f"the connection to the Docker engine dropped while waiting for "
+                    f"{spec.name} ({exc}); {ENGINE_FIX}"
+                ) from exc
+            # The read timed out: the payload outlived its deadline. Kill first, then ask
+            # the engine what happened, so a payload that exited at the same instant keeps
+            # its exit code.
+            with _engine(f"kill the container {spec.name}"):
+                container.reload()
+                if container.status == "running":
+                    timed_out = True
+                    container.kill()
+                result = container.wait(timeout=30)
+                if not timed_out:
+                    exit_code = int(result.get("StatusCode", -1))
+        duration = time.monotonic() - start
+        with _engine(f"read the logs of {spec.name}"):
+            stdout = _read_capped(container.logs(stdout=True, stderr=False, stream=True))
+            stderr = _read_capped(container.logs(stdout=False, stderr=True, stream=True))
         return _Outcome(exit_code, stdout, stderr, timed_out, duration)
 
     # -- the protocol ---------------------------------------------------------------------
@@ -767,21 +883,27 @@ class DockerBackend:
                 self._disconnect()
 
     def close(self) -> None:
-        """Remove every container of this run still there and the image tag built for it."""
-        if self._client_obj is None:
+        """Remove every container of this run still there and the image tag built for it.
+
+        An engine restarting right now is waited for (ENGINE_RETURN_S): a run that ends
+        while dockerd restarts must still remove what it made.
+        """
+        if self._client_obj is None and not self._unremoved and self._image is None:
             return
-        client = self._client_obj
         label = {"label": f"{RUN_LABEL}={self.run_id}"}
+
+        def clean(client: Any) -> None:
+            for container in client.containers.list(all=True, filters=label):
+                container.remove(force=True, v=True)
+            for volume in client.volumes.list(filters=label):
+                volume.remove(force=True)
+            with self._lock:
+                if self._image is not None:
+                    remove_image(client, self._image)
+                    self._image = None
+
         try:
-            with _engine("clean up this run's containers and image"):
-                for container in client.containers.list(all=True, filters=label):
-                    container.remove(force=True, v=True)
-                for volume in client.volumes.list(filters=label):
-                    volume.remove(force=True)
-                with self._lock:
-                    if self._image is not None:
-                        remove_image(client, self._image)
-                        self._image = None
+            self._through_restart("clean up this run's containers and image", clean)
         finally:
             self._disconnect()
 
