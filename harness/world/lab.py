@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from harness import lifetime
 from harness.errors import HarnessError
 from harness.world.netguard import current_netns, register_lab_namespaces
 
@@ -228,6 +229,8 @@ def _ip(batch: list[str], netns_path: str | None = None) -> None:
         text=True,
         timeout=IP_TIMEOUT_S,
         check=False,
+        # A harness killed while it builds the lab must not leave ip holding a namespace.
+        **lifetime.popen_kwargs(),
     )
     if done.returncode != 0:
         raise LabError(f"setting up the lab failed: ip said {done.stderr.strip()!r}")
@@ -237,7 +240,14 @@ def _ip_json(args: list[str], netns_path: str | None = None) -> list[dict[str, A
     argv = ["ip", "-json", *args]
     if netns_path is not None:
         argv = ["nsenter", f"--net={netns_path}", *argv]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=IP_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=IP_TIMEOUT_S,
+        check=False,
+        **lifetime.popen_kwargs(),
+    )
     if done.returncode != 0:
         raise LabError(f"could not read the lab's network ({' '.join(args)}): {done.stderr}")
     data = json.loads(done.stdout or "[]")
