@@ -71,20 +71,3 @@ def default_legs() -> Path:
 def default_pytest_ini() -> Path:
     """The pytest settings of a matrix run whose matrix has no `pytest.ini` beside it."""
     return matrix_dir() / "pytest.ini"
-
-
-def shown_path(path: Path) -> str:
-    """`path` as a message shows it: relative to the current directory when inside it.
-
-    An installed package's data lives under site-packages; a message that says
-    `.../site-packages/harness/_data/matrix/policy.toml` is true but hides which file it
-    is, so data of the package is named `<sandbox-attest>/matrix/policy.toml` instead.
-    """
-    resolved = path.resolve()
-    data = (_PACKAGE_DIR / "_data").resolve()
-    if resolved.is_relative_to(data):
-        return f"<sandbox-attest>/{resolved.relative_to(data).as_posix()}"
-    try:
-        return resolved.relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return str(path)
