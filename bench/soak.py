@@ -1,0 +1,497 @@
+"""Soak: the full matrix N times and `pytest tests/` M times on a clean clone, then compare.
+
+Run by hand (not part of `./run test`): `.venv/bin/python bench/soak.py [--matrix-runs 10]
+[--test-runs 3]`. It clones the repository's committed HEAD into a temporary directory (so
+uncommitted edits and an earlier run's files play no part), runs from that clone with this
+repository's `.venv` (PYTHONPATH names the clone, so its `harness` is the one imported), and
+reports three figures, each with its target:
+
+1. verdict changes between matrix runs, per cell (target 0): a gate that is red one run in
+   three gets overridden by hand;
+2. test failures over the `pytest tests/` runs (target 0);
+3. what the runs left on the host: descriptors, processes, mounts, containers and /tmp
+   entries of the harness, before against after (target equal).
+
+The JSON report goes to `--json` (default `reports/soak-<UTC time>.json`), a short table to
+stdout; the exit status is 0 only when every target is met.
+
+What the leftover snapshot counts, and why only that: the machine is shared, so a global
+count (every process, every mount) moves with other people's work. It counts what the harness
+makes and names: processes whose command line names the clone, the egress proxy or an anchor,
+or that run as the payload user; their open descriptors and this process's own; mounts whose
+path names sandbox-attest or the clone; containers labelled `sandbox-attest.run` and the
+per-run image tags; `/tmp` entries with the harness's names, and journal entries. A concurrent
+run by someone else can still show up there; the report lists every entry, so a reader can
+tell whose it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+ROOT = Path(__file__).resolve().parent.parent
+# Names the harness gives what it makes in /tmp (harness.sweep.TMP_NAMES and the proxy's
+# config file, the world of `sandbox-attest serve`).
+TMP_PREFIXES = ("sandbox-attest-", "proxy-config-", "sa-world-")
+DOCKER_TIMEOUT_S = 20
+RUN_TIMEOUT_S = 3600.0
+
+
+# ---------------------------------------------------------------------------------------------
+# What the runs leave: a snapshot, and the comparison of two.
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What of the harness is on the host at one moment (see the module docstring).
+
+    Attributes:
+        descriptors: open descriptors per owner ("soak": this process; "processes": the
+            harness processes below, summed).
+        processes: `"<pid> <command line>"` of every harness process.
+        mounts: mount points that name sandbox-attest or the clone.
+        containers: docker containers and images of the harness (or one entry saying why
+            docker could not be asked).
+        tmp_entries: harness-named entries of /tmp and of the journal.
+    """
+
+    descriptors: dict[str, int] = field(default_factory=dict)
+    processes: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
+    containers: tuple[str, ...] = ()
+    tmp_entries: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One category of a snapshot, before against after."""
+
+    before: Any
+    after: Any
+    added: list[str]
+    removed: list[str]
+    equal: bool
+
+
+def compare(before: Snapshot, after: Snapshot) -> dict[str, Difference]:
+    """Each category of two snapshots side by side; `equal` is the target.
+
+    Sets are compared as sets (an entry gone counts as a difference too: something the soak
+    removed that was not its own). Descriptor counts are compared per owner.
+    """
+    result: dict[str, Difference] = {}
+    for name in ("processes", "mounts", "containers", "tmp_entries"):
+        old, new = set(getattr(before, name)), set(getattr(after, name))
+        result[name] = Difference(
+            before=len(old),
+            after=len(new),
+            added=sorted(new - old),
+            removed=sorted(old - new),
+            equal=old == new,
+        )
+    owners = sorted(set(before.descriptors) | set(after.descriptors))
+    changed = [
+        f"{o}: {before.descriptors.get(o, 0)} -> {after.descriptors.get(o, 0)}"
+        for o in owners
+        if before.descriptors.get(o, 0) != after.descriptors.get(o, 0)
+    ]
+    result["descriptors"] = Difference(
+        before=dict(before.descriptors),
+        after=dict(after.descriptors),
+        added=changed,
+        removed=[],
+        equal=not changed,
+    )
+    return result
+
+
+def verdict_changes(runs: Sequence[dict[str, str]]) -> dict[str, list[str]]:
+    """Cells whose verdict was not the same in every run: cell id -> its verdict per run.
+
+    A cell missing from a run counts as a change ("MISSING" in its place): a run that lost a
+    cell is as unstable as one that changed it.
+    """
+    cells = sorted({cell for run in runs for cell in run})
+    changes = {}
+    for cell in cells:
+        seen = [run.get(cell, "MISSING") for run in runs]
+        if len(set(seen)) > 1:
+            changes[cell] = seen
+    return changes
+
+
+def junit_failures(xml: bytes) -> dict[str, Any]:
+    """Counts and failed test ids from a pytest `--junitxml` file's bytes."""
+    root = ET.fromstring(xml)  # noqa: S314  (our own pytest's output, not untrusted XML)
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    counts = {
+        key: sum(int(s.get(key, "0")) for s in suites)
+        for key in ("tests", "failures", "errors", "skipped")
+    }
+    failed = [
+        f"{case.get('classname', '')}::{case.get('name', '')}"
+        for suite in suites
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    return {**counts, "failed": failed}
+
+
+def test_failure_count(test_runs: list[dict[str, Any]]) -> int:
+    """Failed and errored tests over all runs; a run that died without a count counts as one.
+
+    pytest exits 1 for failures, 0 for none and 5 for no tests; anything else (an internal
+    error, a crash before the JUnit file) is a failure the counts cannot show.
+    """
+    return sum(
+        int(run["failures"])
+        + int(run["errors"])
+        + int(run["exit_code"] not in (0, 1, 5) or (run["exit_code"] == 1 and not run["failed"]))
+        for run in test_runs
+    )
+
+
+def targets(
+    changes: dict[str, list[str]], test_runs: list[dict[str, Any]], left: dict[str, Difference]
+) -> dict[str, bool]:
+    """Whether each target is met: 0 verdict changes, 0 test failures, nothing left behind."""
+    return {
+        "verdict_changes": not changes,
+        "test_failures": test_failure_count(test_runs) == 0,
+        "leftovers": all(d.equal for d in left.values()),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Taking a snapshot.
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+def _uid(pid: str) -> int | None:
+    try:
+        return Path(f"/proc/{pid}").stat().st_uid
+    except OSError:
+        return None
+
+
+def _fd_count(pid: str | int) -> int:
+    try:
+        return sum(1 for _ in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return 0
+
+
+def _payload_uid() -> int | None:
+    try:
+        import pwd  # noqa: PLC0415  (POSIX only)
+
+        return pwd.getpwnam(os.environ.get("SANDBOX_ATTEST_PAYLOAD_USER", "sandbox-attest")).pw_uid
+    except (ImportError, KeyError):
+        return None
+
+
+def _ancestors() -> set[str]:
+    """This process and its ancestors: never counted as the harness's."""
+    pids = set()
+    pid = str(os.getpid())
+    while pid not in ("0", ""):
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = stat.rsplit(")", 1)[1].split()[1]
+    return pids
+
+
+def harness_processes(clone: Path) -> list[str]:
+    """Pids of the harness's processes: the clone or proxy or anchor in argv, or the payload uid."""
+    if not Path("/proc/self/stat").exists():
+        return []
+    payload = _payload_uid()
+    mine = _ancestors()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or entry.name in mine:
+            continue
+        argv = _cmdline(entry.name)
+        if not argv:
+            continue
+        ours = (
+            str(clone) in argv
+            or "harness.egress.proxy" in argv
+            or "sandbox-attest-anchor:" in argv
+            or (payload is not None and _uid(entry.name) == payload)
+        )
+        if ours:
+            found.append(entry.name)
+    return found
+
+
+def _docker(*args: str) -> list[str] | str:
+    """Lines of a docker CLI query, or why docker could not be asked."""
+    if shutil.which("docker") is None:
+        return "docker: no CLI"
+    try:
+        done = subprocess.run(
+            ["docker", *args],
+            capture_output=True,
+            text=True,
+            timeout=DOCKER_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "docker: no answer"
+    if done.returncode != 0:
+        return "docker: engine not answering"
+    return [line for line in done.stdout.splitlines() if line]
+
+
+def containers() -> tuple[str, ...]:
+    """The harness's containers (by label) and per-run image tags; or why not known."""
+    listed = _docker("ps", "-a", "--filter", "label=sandbox-attest.run", "--format", "{{.Names}}")
+    if isinstance(listed, str):
+        return (listed,)
+    images = _docker(
+        "images", "--filter", "reference=sandbox-attest/*", "--format", "{{.Repository}}:{{.Tag}}"
+    )
+    tags = [f"image {i}" for i in images] if isinstance(images, list) else [images]
+    return tuple(sorted([f"container {c}" for c in listed] + tags))
+
+
+def tmp_entries() -> tuple[str, ...]:
+    """Harness-named entries of the temp dir, and the journal's entries."""
+    tmp = Path(tempfile.gettempdir())
+    found = [str(p) for p in tmp.iterdir() if p.name.startswith(TMP_PREFIXES)]
+    try:
+        from harness import sweep  # noqa: PLC0415  (from the clone once PYTHONPATH names it)
+
+        journal = sweep.journal_dir()
+        found += [str(p) for p in journal.iterdir()] if journal.is_dir() else []
+    except Exception as exc:  # a snapshot says what it could not read
+        found.append(f"journal unreadable: {exc}")
+    return tuple(sorted(found))
+
+
+def mounts(clone: Path) -> tuple[str, ...]:
+    """Mount points naming the harness or the clone."""
+    if shutil.which("findmnt") is None:
+        return ("findmnt: missing",)
+    done = subprocess.run(
+        ["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True, check=False
+    )
+    return tuple(
+        sorted(m for m in done.stdout.splitlines() if "sandbox-attest" in m or str(clone) in m)
+    )
+
+
+def snapshot(clone: Path) -> Snapshot:
+    """What of the harness is on the host now."""
+    pids = harness_processes(clone)
+    return Snapshot(
+        descriptors={"soak": _fd_count("self"), "processes": sum(_fd_count(p) for p in pids)},
+        processes=tuple(sorted(f"{p} {_cmdline(p)[:200]}" for p in pids)),
+        mounts=mounts(clone),
+        containers=containers(),
+        tmp_entries=tmp_entries(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs.
+
+
+def clone_repo(source: Path, into: Path) -> str:
+    """`git clone` the committed HEAD of `source`; its commit id."""
+    subprocess.run(["git", "clone", "--quiet", str(source), str(into)], check=True)
+    done = subprocess.run(
+        ["git", "-C", str(into), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def clone_env(clone: Path) -> dict[str, str]:
+    """This environment with the clone first on the import path (the venv's .pth names ours)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(clone), env.get("PYTHONPATH")]))
+    env.pop("SANDBOX_ATTEST_TEST_FAULTS", None)  # never a fault hook in a soak
+    return env
+
+
+def run_matrix(clone: Path, out: Path, python: str, jobs: int) -> dict[str, Any]:
+    """One `sandbox-attest run` of the full matrix from the clone; its gate and verdicts."""
+    start = time.monotonic()
+    done = subprocess.run(
+        [python, "-m", "harness.cli", "run", "--out", str(out), "--json", "-j", str(jobs)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+        cwd=clone,
+        env=clone_env(clone),
+    )
+    cells: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    evidence = out / "evidence.json"
+    if evidence.is_file():
+        for cell in json.loads(evidence.read_text())["cells"]:
+            cells[str(cell["cell_id"])] = str(cell["verdict"])
+            reasons[str(cell["cell_id"])] = str(cell.get("reason", ""))[:300]
+    try:
+        gate = str(json.loads(done.stdout).get("gate"))
+    except ValueError:
+        gate = "unknown (no JSON on stdout)"
+    return {
+        "exit_code": done.returncode,
+        "gate": gate,
+        "duration_s": round(time.monotonic() - start, 1),
+        "cells": cells,
+        "reasons": reasons,
+        "stderr_tail": done.stderr[-2000:] if not cells else "",
+    }
+
+
+def run_tests(clone: Path, junit: Path, python: str) -> dict[str, Any]:
+    """One `pytest tests/` from the clone; counts and failed test ids from its JUnit XML."""
+    start = time.monotonic()
+    done = subprocess.run(
+        [python, "-m", "pytest", "tests/", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+        cwd=clone,
+        env=clone_env(clone),
+    )
+    found: dict[str, Any] = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "failed": []}
+    if junit.is_file():
+        found = junit_failures(junit.read_bytes())
+    return {
+        "exit_code": done.returncode,
+        "duration_s": round(time.monotonic() - start, 1),
+        **found,
+        "tail": done.stdout[-1500:] if done.returncode not in (0, 5) else "",
+    }
+
+
+def table(report: dict[str, Any]) -> list[str]:
+    """The report's short table for a person."""
+    met = report["targets_met"]
+
+    def mark(ok: bool) -> str:
+        return "ok" if ok else "MISSED"
+
+    changes = len(report["verdict_changes"])
+    lines = [
+        (
+            f"soak of {report['commit'][:12]}: {len(report['matrix_runs'])} matrix runs, "
+            f"{len(report['test_runs'])} test runs"
+        ),
+        f"  verdict changes between runs  {changes:>4}  (target 0)  {mark(met['verdict_changes'])}",
+        (
+            f"  test failures                 {report['test_failures']:>4}  (target 0)  "
+            f"{mark(met['test_failures'])}"
+        ),
+    ]
+    for name, diff in report["leftovers"].items():
+        lines.append(
+            f"  {name:<13} before {json.dumps(diff['before']):<28} after "
+            f"{json.dumps(diff['after']):<28} {'equal' if diff['equal'] else 'DIFFERENT'}"
+        )
+    for cell, seen in report["verdict_changes"].items():
+        lines.append(f"  changed: {cell}: {' -> '.join(seen)}")
+    for name, diff in report["leftovers"].items():
+        lines.extend(f"  left ({name}): {entry}" for entry in diff["added"])
+    for index, run in enumerate(report["matrix_runs"], 1):
+        lines.append(
+            f"  matrix run {index}: exit {run['exit_code']}, gate {run['gate']}, "
+            f"{len(run['cells'])} cells, {run['duration_s']} s"
+        )
+    for index, run in enumerate(report["test_runs"], 1):
+        lines.append(
+            f"  test run {index}: exit {run['exit_code']}, {run['tests']} tests, "
+            f"{run['failures']} failures, {run['errors']} errors, {run['duration_s']} s"
+        )
+    return lines
+
+
+def soak(matrix_runs: int, test_runs: int, jobs: int, keep: bool) -> dict[str, Any]:
+    """Clone, snapshot, run everything, snapshot again; the whole report."""
+    python = str(ROOT / ".venv" / "bin" / "python")
+    if not Path(python).exists():
+        python = sys.executable
+    work = Path(tempfile.mkdtemp(prefix="soak-"))
+    # The payload user must traverse to the clone's probes and to the reports it reads.
+    work.chmod(0o755)
+    clone = work / "clone"
+    try:
+        commit = clone_repo(ROOT, clone)
+        before = snapshot(clone)
+        runs = [
+            run_matrix(clone, work / "reports" / f"run-{i}", python, jobs)
+            for i in range(1, matrix_runs + 1)
+        ]
+        tests = [run_tests(clone, work / f"junit-{i}.xml", python) for i in range(1, test_runs + 1)]
+        # Give dying children a moment to be reaped before counting what is left.
+        time.sleep(2.0)
+        after = snapshot(clone)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    changes = verdict_changes([r["cells"] for r in runs])
+    left = compare(before, after)
+    return {
+        "commit": commit,
+        "clone": str(clone),
+        "kept": keep,
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "matrix_runs": runs,
+        "test_runs": tests,
+        "verdict_changes": changes,
+        "test_failures": test_failure_count(tests),
+        "leftovers": {name: asdict(diff) for name, diff in left.items()},
+        "targets_met": targets(changes, tests, left),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak; 0 only when every target is met."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--matrix-runs", type=int, default=10, help="full matrix runs (10)")
+    parser.add_argument("--test-runs", type=int, default=3, help="`pytest tests/` runs (3)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="cells at once per run (1)")
+    parser.add_argument("--json", type=Path, help="report path (reports/soak-<UTC>.json)")
+    parser.add_argument("--keep", action="store_true", help="keep the clone and its reports")
+    args = parser.parse_args(argv)
+    report = soak(args.matrix_runs, args.test_runs, args.jobs, args.keep)
+    path = args.json or ROOT / "reports" / f"soak-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    for line in table(report):
+        print(line)
+    print(f"report: {path}")
+    return 0 if all(report["targets_met"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
