@@ -1,0 +1,183 @@
+"""bench/soak.py's comparisons: verdict changes, test failures, leftovers before and after."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SOAK = Path(__file__).parent.parent.parent / "bench" / "soak.py"
+
+
+def _load() -> ModuleType:
+    # bench/ is scripts, not a package: load the file itself, as `python bench/soak.py` does.
+    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses resolves the module's annotations through sys.modules.
+    sys.modules["soak"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+soak = _load()
+
+
+class TestVerdictChanges:
+    def test_same_verdicts_every_run_are_no_change(self) -> None:
+        """Cells with one verdict in every run are not reported."""
+        runs = [{"none-a": "PASS", "bwrap-a": "FAIL"}, {"none-a": "PASS", "bwrap-a": "FAIL"}]
+        assert soak.verdict_changes(runs) == {}
+
+    def test_a_changed_verdict_is_listed_with_every_run(self) -> None:
+        """A cell that went PASS then INCONCLUSIVE is listed with both, in run order."""
+        runs = [{"c": "PASS", "d": "PASS"}, {"c": "INCONCLUSIVE", "d": "PASS"}, {"c": "PASS"}]
+        assert soak.verdict_changes(runs) == {
+            "c": ["PASS", "INCONCLUSIVE", "PASS"],
+            "d": ["PASS", "PASS", "MISSING"],
+        }
+
+    def test_one_run_has_nothing_to_compare(self) -> None:
+        """A single run cannot change: no changes."""
+        assert soak.verdict_changes([{"c": "ERROR"}]) == {}
+
+
+class TestCompare:
+    def snap(self, **kwargs: object) -> object:
+        """A snapshot with one proxy process, one mount, one container and one /tmp entry."""
+        base: dict[str, object] = {
+            "descriptors": {"soak": 5, "processes": 10},
+            "processes": ("1 python -m harness.egress.proxy cfg",),
+            "mounts": ("/tmp/sandbox-attest-x",),
+            "containers": ("container sa-1",),
+            "tmp_entries": ("/tmp/sandbox-attest-abc",),
+        }
+        return soak.Snapshot(**{**base, **kwargs})
+
+    def test_identical_snapshots_are_equal_everywhere(self) -> None:
+        """Nothing differs: every category is equal, with nothing added or removed."""
+        result = soak.compare(self.snap(), self.snap())
+        assert set(result) == {"descriptors", "processes", "mounts", "containers", "tmp_entries"}
+        assert all(d.equal and not d.added and not d.removed for d in result.values())
+
+    def test_a_left_process_and_tmp_entry_are_named(self) -> None:
+        """What appeared after the runs is listed as added, and the category is not equal."""
+        after = self.snap(
+            processes=("1 python -m harness.egress.proxy cfg", "7 python -c anchor"),
+            tmp_entries=("/tmp/sandbox-attest-abc", "/tmp/sandbox-attest-def"),
+        )
+        result = soak.compare(self.snap(), after)
+        assert result["processes"].added == ["7 python -c anchor"]
+        assert result["processes"].equal is False
+        assert result["tmp_entries"].added == ["/tmp/sandbox-attest-def"]
+        assert result["mounts"].equal is True
+
+    def test_something_removed_is_a_difference_too(self) -> None:
+        """A container gone that the soak did not make is a difference, listed as removed."""
+        result = soak.compare(self.snap(), self.snap(containers=()))
+        assert result["containers"].removed == ["container sa-1"]
+        assert result["containers"].equal is False
+
+    def test_descriptor_counts_are_compared_per_owner(self) -> None:
+        """A descriptor more in this process shows as 'soak: 5 -> 6'."""
+        after = self.snap(descriptors={"soak": 6, "processes": 10})
+        result = soak.compare(self.snap(), after)
+        assert result["descriptors"].added == ["soak: 5 -> 6"]
+        assert result["descriptors"].equal is False
+
+
+@pytest.fixture(scope="module")
+def junit(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A real JUnit XML from pytest: one pass, one failure, one error, one skip."""
+    directory = tmp_path_factory.mktemp("junit")
+    (directory / "test_sample.py").write_text(
+        "import pytest\n"
+        "@pytest.fixture\n"
+        "def broken():\n    raise RuntimeError('fixture')\n"
+        "def test_ok():\n    assert True\n"
+        "def test_bad():\n    assert 1 == 2\n"
+        "def test_err(broken):\n    pass\n"
+        "def test_skip():\n    pytest.skip('no')\n"
+    )
+    xml = directory / "junit.xml"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(directory / "test_sample.py"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            f"--junitxml={xml}",
+            f"--rootdir={directory}",
+            "-c",
+            "/dev/null",
+        ],
+        capture_output=True,
+        check=False,
+        cwd=directory,
+    )
+    return xml.read_bytes()
+
+
+class TestTestFailures:
+    def test_counts_and_ids_come_from_pytest_junit(self, junit: bytes) -> None:
+        """Real pytest JUnit XML gives 4 tests, 1 failure, 1 error, 1 skip, and both ids."""
+        found = soak.junit_failures(junit)
+        assert (found["tests"], found["failures"], found["errors"], found["skipped"]) == (
+            4,
+            1,
+            1,
+            1,
+        )
+        assert sorted(name.rsplit("::", 1)[1] for name in found["failed"]) == [
+            "test_bad",
+            "test_err",
+        ]
+
+    def test_a_crashed_run_counts_as_a_failure(self) -> None:
+        """A run that exited 2 with no counts is one failure; exit 5 (no tests) is none."""
+        crashed = {"exit_code": 2, "failures": 0, "errors": 0, "failed": []}
+        empty = {"exit_code": 5, "failures": 0, "errors": 0, "failed": []}
+        assert soak.test_failure_count([crashed]) == 1
+        assert soak.test_failure_count([empty]) == 0
+
+    def test_failures_sum_over_runs(self) -> None:
+        """Two failures in one run and an error in another are three."""
+        one = {"exit_code": 1, "failures": 2, "errors": 0, "failed": ["a", "b"]}
+        two = {"exit_code": 1, "failures": 0, "errors": 1, "failed": ["c"]}
+        assert soak.test_failure_count([one, two]) == 3
+
+
+class TestTargets:
+    def test_met_only_with_no_change_no_failure_nothing_left(self) -> None:
+        """Each target is met on its own terms; a leftover misses only the leftovers target."""
+        same = soak.compare(soak.Snapshot(), soak.Snapshot())
+        ok_run = {"exit_code": 0, "failures": 0, "errors": 0, "failed": []}
+        assert soak.targets({}, [ok_run], same) == {
+            "verdict_changes": True,
+            "test_failures": True,
+            "leftovers": True,
+        }
+        left = soak.compare(soak.Snapshot(), soak.Snapshot(tmp_entries=("/tmp/sandbox-attest-x",)))
+        assert soak.targets({"c": ["PASS", "FAIL"]}, [], left) == {
+            "verdict_changes": False,
+            "test_failures": True,
+            "leftovers": False,
+        }
+
+
+def test_a_real_snapshot_reads_this_host() -> None:
+    """A snapshot of this host counts this process's descriptors and lists what it found."""
+    taken = soak.snapshot(Path("/nonexistent-clone"))
+    assert taken.descriptors["soak"] > 0
+    assert all(isinstance(entry, str) for entry in taken.tmp_entries)
+    assert taken.containers  # names, or the reason docker could not be asked
