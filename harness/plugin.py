@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -278,9 +278,9 @@ class MatrixFile(pytest.File):
             # the fix, not a traceback (pytest reports a collection error, runs no cell and
             # exits 2 "interrupted").
             raise pytest.UsageError(exc.diagnostics()) from exc
-        for cell in session.cells():
-            cell = applicable_here(cell)  # noqa: PLW2901  (the cell as this host can judge it)
-            yield MatrixItem.from_parent(self, name=cell.cell_id, cell=cell)
+        for order, cell in enumerate(session.cells()):
+            here = applicable_here(cell)  # the cell as this host can judge it
+            yield MatrixItem.from_parent(self, name=here.cell_id, cell=here, order=order)
 
     def repr_failure(  # type: ignore[override]  # pytest's signature has a style param we ignore
         self, excinfo: pytest.ExceptionInfo[BaseException]
@@ -294,10 +294,11 @@ class MatrixFile(pytest.File):
 class MatrixItem(pytest.Item):
     """One cell; runs the probe in the backend and turns the verdict into an outcome."""
 
-    def __init__(self, *, cell: Cell, **kwargs: Any) -> None:
+    def __init__(self, *, cell: Cell, order: int = 0, **kwargs: Any) -> None:
         """Bind the cell and guard it with pytest-timeout (signal method: the session lives)."""
         super().__init__(**kwargs)
         self.cell = cell
+        self.order = order  # its place in the matrix: the control leg's cells come first
         self.entry: dict[str, Any] | None = None
         self.add_marker(pytest.mark.cell(cell.backend, cell.probe.id))
         self.add_marker(pytest.mark.timeout(cell.probe.timeout + 60, method="signal"))
@@ -338,6 +339,23 @@ class MatrixItem(pytest.Item):
     def reportinfo(self) -> tuple[Path, int, str]:
         """Where the cell comes from, for pytest's reports."""
         return self.path, 0, f"cell {self.name}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the matrix's cells in matrix order, control leg first, whatever reordered them.
+
+    In a project's own pytest run (`pytest --sandbox-attest`) its plugins apply: one that
+    shuffles tests (pytest-randomly) would run a sandbox's cell before the control leg it is
+    judged against, and every PASS would become INCONCLUSIVE. Other tests keep their places;
+    only the slots the cells hold are refilled in the order they were collected.
+    """
+    slots = [i for i, item in enumerate(items) if isinstance(item, MatrixItem)]
+    if not slots:
+        return
+    cells = sorted((items[i] for i in slots), key=lambda item: cast("MatrixItem", item).order)
+    for slot, item in zip(slots, cells, strict=True):
+        items[slot] = item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

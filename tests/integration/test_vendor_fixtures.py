@@ -83,11 +83,27 @@ def test_world_proxy_is_the_cells_proxy(attest_world, egress_proxy):
 '''
 
 
+# A project's plugin that reverses the collected tests: the unit test (collected first) then
+# runs last, and the cells would run backwards, bubblewrap before its control leg.
+REVERSE_ITEMS = """
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    items.reverse()
+"""
+
+
 def vendor_pytest(
     project: Path, *args: str, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """Run pytest in `project` as a vendor would: its own rootdir, this venv's pytest."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    # The project's own plugins directory (if any), as a project would put it on its path.
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(project / "plugins"), os.environ.get("PYTHONPATH", "")) if p
+    )
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=project,
@@ -189,10 +205,17 @@ class TestWaitsToBeAsked:
         (project / "tests" / "test_unit.py").write_text(
             'def test_unit():\n    """Arithmetic holds."""\n    assert 2 * 2 == 4\n'
         )
+        # A plugin of the project's that reorders tests, as pytest-randomly does: the cells
+        # must still run control leg first, or the sandbox's PASS proves nothing.
+        plugins = project / "plugins"
+        plugins.mkdir()
+        (plugins / "reverse_items.py").write_text(REVERSE_ITEMS)
         out = project / "report"
         proc = vendor_pytest(
             project,
             "-v",
+            "-p",
+            "reverse_items",
             "--sandbox-attest-backend=bubblewrap",
             f"--sandbox-attest-policy={policy}",
             f"--sandbox-attest-report-dir={out}",
@@ -201,5 +224,10 @@ class TestWaitsToBeAsked:
         assert "tests/test_unit.py::test_unit PASSED" in proc.stdout, log
         assert "attest/matrix.toml::bubblewrap-fs_write_outside PASS" in proc.stdout, log
         assert "attest/matrix.toml::none-fs_write_outside PASS" in proc.stdout, log
+        none_at = proc.stdout.index("attest/matrix.toml::none-fs_write_outside")
+        bwrap_at = proc.stdout.index("attest/matrix.toml::bubblewrap-fs_write_outside")
+        assert none_at < bwrap_at, log
+        # The reversal did happen: the unit test, collected first, ran last.
+        assert proc.stdout.index("tests/test_unit.py::test_unit") > bwrap_at, log
         assert (out / "attestation.intoto.jsonl").is_file(), log
         assert proc.returncode == 0, log
