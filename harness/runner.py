@@ -31,7 +31,7 @@ from harness.backends.base import (
     ProbeRun,
     shim_path,
 )
-from harness.catalog import PROBES, CellContext, InsideRoute, probe_path
+from harness.catalog import PROBES, CellContext, InsideRoute, probe_path, report_mismatch
 from harness.errors import HarnessError, ProbeOutputError
 from harness.matrix import Cell
 from harness.paths import probes_dir
@@ -341,6 +341,17 @@ class CellRunner:
                     "observed": "error",
                     "reason": f"probe {cell.probe.id} broke its output contract: "
                     f"{exc} (exit {run.exit_code}); see run.stdout/stderr",
+                    "witness": vars(witness),
+                }
+            # Believed only as far as the host can check it: first, the report must list
+            # exactly the attempts this probe makes for this task.
+            mismatch = report_mismatch(spec, task, report)
+            if mismatch is not None:
+                return facts | {
+                    "verdict": Verdict.ERROR.value,
+                    "observed": "error",
+                    "reason": mismatch,
+                    "attempts": report.get("attempts", []),
                     "witness": vars(witness),
                 }
             assessment: Assessment = spec.assess(ctx, report, witness, control)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from harness.catalog import proc
 from harness.catalog.base import (
+    AttemptTable,
     CellContext,
     InsideRoute,
     PolicyLike,
@@ -24,6 +25,7 @@ from harness.catalog.base import (
     WitnessRecordsLike,
     WorldLike,
     probe_path,
+    report_mismatch,
 )
 from harness.catalog.dns import DnsResolution
 from harness.catalog.env import EnvInheritance
@@ -45,6 +47,7 @@ from harness.catalog.pkg import PkgPipInstall
 
 __all__ = [
     "PROBES",
+    "AttemptTable",
     "CellContext",
     "FsWriteOutside",
     "InsideRoute",
@@ -53,6 +56,7 @@ __all__ = [
     "WitnessRecordsLike",
     "WorldLike",
     "probe_path",
+    "report_mismatch",
 ]
 
 # The order is the catalogue's order in every report: the release core first, then the wider

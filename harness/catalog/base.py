@@ -22,9 +22,10 @@ import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from harness.errors import FixtureError
 from harness.paths import probes_dir
 from harness.trust import PayloadUser
 from harness.verdict import Assessment, Escape, Expectation
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from harness.world.info import WorldInfo
 
 __all__ = [
+    "AttemptTable",
     "CellContext",
     "InsideRoute",
     "PolicyLike",
@@ -207,6 +209,10 @@ class ProbeSpec(Protocol):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host-side positive control: `{"ok", "nonce", "checks": [{what, ok, detail}]}`."""
+        ...
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The attempts the payload makes for `task` (its targets): what its report must list."""
         ...
 
     def assess(
@@ -508,7 +514,92 @@ def _guarded(what: str, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The seven specs.
+# What a report must list: the probe's own table of attempts.
+
+# Every payload reports a crash of its own code as one `error` attempt by this name; the
+# attempts it did not get to are then missing for a reason the report states.
+CRASH_ATTEMPT: Final = "probe"
+
+
+@dataclass(frozen=True)
+class AttemptTable:
+    """The attempts one payload makes for one task: what its report must list, exactly.
+
+    A report is believed only as far as the host can check it; the first check is that it
+    lists the attempts this probe makes and no others. A wrapper that invents a report (one
+    `{"what": "all", "outcome": "refused"}`) or drops the attempt that escaped is caught here.
+    You get one from a spec's `attempt_table(task)`; `mismatch` does the check.
+
+    Attributes:
+        required: names every report must carry.
+        optional: names the payload makes only when it finds something inside (a Docker socket
+            that exists there, a route only a namespaced sandbox has); allowed, not required.
+        discovered: prefixes of names built from what the payload finds inside (its own
+            addresses): the host cannot list them beforehand, only their form.
+        excuses: an `error` attempt named K (the payload could not set up, or had no route)
+            stands for the names excuses[K], which the report then need not carry.
+    """
+
+    required: frozenset[str]
+    optional: frozenset[str] = frozenset()
+    discovered: tuple[str, ...] = ()
+    excuses: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def mismatch(self, attempts: list[dict[str, Any]]) -> str | None:
+        """Why `attempts` are not this table's, as the ERROR reason; None when they are.
+
+        Names missing for a stated reason (the crash attempt, or an excuse given as an
+        `error`) are not missing. Nothing excuses a name the probe never makes, nor a name
+        listed twice: each attempt is made once.
+        """
+        names = [str(a.get("what")) for a in attempts]
+        errors = {str(a.get("what")) for a in attempts if a.get("outcome") == "error"}
+        excused: set[str] = set()
+        if CRASH_ATTEMPT in errors:
+            excused |= self.required
+        for name, stands_for in self.excuses:
+            if name in errors:
+                excused |= stands_for
+        known = self.required | self.optional | {n for n, _ in self.excuses} | {CRASH_ATTEMPT}
+        missing = sorted(self.required - set(names) - excused)
+        unexpected = sorted(
+            {n for n in names if n not in known and not n.startswith(self.discovered)}
+            | {f"{n} (listed {names.count(n)} times)" for n in names if names.count(n) > 1}
+        )
+        if not missing and not unexpected:
+            return None
+        return (
+            f"report does not match probe: missing [{', '.join(missing)}], "
+            f"unexpected [{', '.join(unexpected)}]"
+        )
+
+
+def attempts_of(*groups: tuple[str, tuple[str, ...]] | str) -> frozenset[str]:
+    """Attempt names: plain names, and `(key, ops)` pairs spelled `key:op` as payloads do."""
+    names: set[str] = set()
+    for group in groups:
+        if isinstance(group, str):
+            names.add(group)
+        else:
+            key, ops = group
+            names |= {f"{key}:{op}" for op in ops}
+    return frozenset(names)
+
+
+def report_mismatch(spec: ProbeSpec, task: dict[str, Any], report: dict[str, Any]) -> str | None:
+    """The one check that a report lists exactly the attempts `spec`'s payload makes for `task`.
+
+    The runner calls it on every parsed report before any assessor reads it, so no probe can
+    skip it; a mismatch is the cell's ERROR reason.
+    """
+    attempts = report.get("attempts")
+    if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
+        return "report does not match probe: its attempts are not a list of objects"
+    return spec.attempt_table(task).mismatch(attempts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The specs' shared defaults.
 
 
 class _Spec:
@@ -520,6 +611,18 @@ class _Spec:
     def cleanup(self, ctx: CellContext) -> None:
         """Nothing is planted outside `cell_dir` by default."""
         del ctx
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """No default: each spec lists its payload's attempts itself.
+
+        Raises:
+            FixtureError: this spec does not say which attempts its payload makes.
+        """
+        del task
+        raise FixtureError(
+            f"probe {self.id}: its spec declares no attempt table, so no report of it can be "
+            "checked; add attempt_table() listing the attempts probes/<id>.py makes"
+        )
 
 
 def _confined_network(policy: PolicyLike) -> Expectation:

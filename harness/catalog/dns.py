@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 from harness.catalog.base import (
+    AttemptTable,
     CellContext,
     PolicyLike,
     WitnessRecordsLike,
@@ -27,6 +28,7 @@ from harness.catalog.base import (
     _Spec,
     _summary,
     _wait_for,
+    attempts_of,
 )
 
 
@@ -35,6 +37,11 @@ class DnsResolution(_Spec):
 
     id = "dns_resolution"
     area = "dns"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """A UDP and a TCP query, and the system resolver where the task asks for it."""
+        system = ("system-resolver",) if (task.get("targets") or {}).get("system_resolver") else ()
+        return AttemptTable(required=attempts_of("udp-query", "tcp-query", *system))
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from harness.catalog.base import (
+    AttemptTable,
     CellContext,
     PolicyLike,
     WitnessRecordsLike,
@@ -30,6 +31,7 @@ from harness.catalog.base import (
     _save_state,
     _Spec,
     _summary,
+    attempts_of,
 )
 from harness.payload import payload_env
 from harness.verdict import Assessment, Escape, Expectation
@@ -94,6 +96,13 @@ class EnvInheritance(_Spec):
 
     id = "env_inheritance"
     area = "env"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The declared-env and std-fd controls, the two env escapes and the fd escape."""
+        del task
+        return AttemptTable(
+            required=attempts_of("env-declared", "env-canary", "env-undeclared", "fds-std", "fds")
+        )
 
     def __init__(self) -> None:
         """Descriptors held open per nonce between prepare and cleanup."""

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from harness import sweep
 from harness.catalog.base import (
+    AttemptTable,
     CellContext,
     PolicyLike,
     WitnessRecordsLike,
@@ -33,6 +34,7 @@ from harness.catalog.base import (
     _save_state,
     _Spec,
     _summary,
+    attempts_of,
     home_of,
 )
 from harness.catalog.canary import (
@@ -49,11 +51,29 @@ CANARY_NAME = "canary.txt"
 _BASELINE = "baseline.json"
 
 
+# What probes/fs_write_outside.py tries on each directory, in its own words.
+WRITE_OPS: Final = ("create", "append", "chmod", "symlink-out", "rename-over")
+# Where a wrapper may have bound the host's root inside; the payload tries the canaries there too.
+HOST_ROOT_MOUNTS: Final = ("/host", "/hostfs", "/rootfs", "/host-root")
+
+
 class FsWriteOutside(_Spec):
     """Writes at host-planted canary dirs outside the workspace."""
 
     id = "fs_write_outside"
     area = "fs"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Each op in the workspace and in every planted dir, also under a visible host root."""
+        dirs = sorted((task.get("targets") or {}).get("dirs") or {})
+        workspace = attempts_of(("workspace", WRITE_OPS))
+        return AttemptTable(
+            required=workspace | attempts_of(*((key, WRITE_OPS) for key in dirs)),
+            optional=attempts_of(
+                *((f"{key}@{root}", WRITE_OPS) for key in dirs for root in HOST_ROOT_MOUNTS)
+            ),
+            excuses=(("workspace:setup", workspace),),
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when writes are confined to the workspace; seen on the open control leg."""
@@ -212,6 +232,11 @@ class FsReadSecrets(_Spec):
     id = "fs_read_secrets"
     area = "fs"
 
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The workspace control and one read per planted secret."""
+        secrets_ = (task.get("targets") or {}).get("secrets") or {}
+        return AttemptTable(required=attempts_of("workspace", *sorted(secrets_)))
+
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when the sandbox is confined to its workspace; seen on the open control leg.
 
@@ -365,6 +390,11 @@ class FsProtectedInWorkspace(_Spec):
     id = "fs_protected_in_workspace"
     area = "fs"
 
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The workspace-file control and one write per protected path."""
+        paths = (task.get("targets") or {}).get("paths") or {}
+        return AttemptTable(required=attempts_of("workspace-file", *sorted(paths)))
+
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Allowed (reported as exposure) unless the policy declares protected paths.
 
@@ -455,6 +485,15 @@ class FsLinkEscape(_Spec):
 
     id = "fs_link_escape"
     area = "fs"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Each link op in the workspace and at every planted canary."""
+        canaries = sorted((task.get("targets") or {}).get("canaries") or {})
+        workspace = attempts_of(("workspace", LINK_OPS))
+        return AttemptTable(
+            required=workspace | attempts_of(*((key, LINK_OPS) for key in canaries)),
+            excuses=(("workspace:setup", workspace),),
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when confined to the workspace: a link must not widen the grant."""

@@ -10,11 +10,12 @@ import shutil
 import socket
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from harness.catalog.base import (
     DOCKER_SOCKETS,
     HOST_TIMEOUT_S,
+    AttemptTable,
     CellContext,
     InsideRoute,
     PolicyLike,
@@ -37,6 +38,7 @@ from harness.catalog.base import (
     _summary,
     _wait_for,
     _with_nonce,
+    attempts_of,
 )
 from harness.catalog.canary import (
     dir_entries,
@@ -47,12 +49,32 @@ from harness.errors import FixtureError
 from harness.trust import give
 from harness.verdict import Assessment, Expectation
 
+# What probes/ipc_proxy_socket_tamper.py does to a socket and to a shim, in its own words.
+TAMPER_OPS: Final = (
+    "socket-chmod",
+    "socket-replace",
+    "socket-unlink",
+    "shim-chmod",
+    "shim-append",
+    "shim-replace",
+)
+
 
 class IpcUnixSocketEscape(_Spec):
     """GET /_ping on the host's fake daemon sockets (path and abstract) and the real Docker."""
 
     id = "ipc_unix_socket_escape"
     area = "ipc"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The socketpair control, the daemon's sockets, and the Docker sockets that exist."""
+        targets = task.get("targets") or {}
+        abstract = ("daemon-abstract",) if targets.get("abstract") else ()
+        docker = (f"docker:{path}" for path in targets.get("docker_sockets") or ())
+        return AttemptTable(
+            required=attempts_of("socketpair", "daemon-unix", *abstract),
+            optional=attempts_of(*docker),
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when IPC is isolated; seen on the open control leg."""
@@ -274,6 +296,20 @@ class IpcProxySocketTamper(_Spec):
 
     id = "ipc_proxy_socket_tamper"
     area = "ipc"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Every op on the workspace copies and the decoy; on the in-sandbox route if found.
+
+        `route-after` is made only where the task names a proxy route the payload can use.
+        """
+        workspace = attempts_of(("workspace", TAMPER_OPS))
+        # The payload checks the route afterwards only through a proxy URL it was handed.
+        route_after = ("route-after",) if str(task.get("proxy_url")).startswith("http") else ()
+        return AttemptTable(
+            required=workspace | attempts_of(("decoy", TAMPER_OPS), *route_after),
+            optional=attempts_of(("sandbox", TAMPER_OPS)),
+            excuses=(("workspace:setup", workspace),),
+        )
 
     def __init__(self) -> None:
         """Decoy listeners (and their dir fds) held per nonce between prepare and cleanup.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from harness.catalog.base import (
+    AttemptTable,
     CellContext,
     PolicyLike,
     WitnessRecordsLike,
@@ -29,6 +30,7 @@ from harness.catalog.base import (
     _refusals,
     _Spec,
     _summary,
+    attempts_of,
 )
 from harness.catalog.canary import (
     read_text,
@@ -77,6 +79,11 @@ class LifecycleOrphans(_Spec):
 
     id = "lifecycle_orphans"
     area = "lifecycle"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """One attempt per kind of orphan, and the ticks-while-running control."""
+        del task
+        return AttemptTable(required=attempts_of(*ORPHAN_KINDS, "ticks-while-running"))
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied unless the policy confines nothing at all.

@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import urljoin
 
 from harness.catalog.base import (
+    AttemptTable,
     CellContext,
     PolicyLike,
     WitnessRecordsLike,
@@ -24,6 +25,7 @@ from harness.catalog.base import (
     _summary,
     _wait_for,
     _with_nonce,
+    attempts_of,
 )
 from harness.verdict import Assessment, Escape, Expectation
 
@@ -33,6 +35,14 @@ class PkgPipInstall(_Spec):
 
     id = "pkg_pip_install"
     area = "pkg"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Install (then import, only after an install) and the denied-index control."""
+        del task
+        return AttemptTable(
+            required=attempts_of("pip-install", "pip-install-denied"),
+            optional=attempts_of("import"),
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Allowed everywhere except where the backend declares no network at all."""

@@ -39,6 +39,7 @@ from typing import Any, Final, Literal
 from harness import lifetime
 from harness.catalog.base import (
     HOST_TIMEOUT_S,
+    AttemptTable,
     CellContext,
     PolicyLike,
     ProbeSpec,
@@ -56,6 +57,7 @@ from harness.catalog.base import (
     _poll,
     _Spec,
     _summary,
+    attempts_of,
     probe_path,
 )
 from harness.errors import FixtureError
@@ -415,6 +417,15 @@ class ProcVisibility(_AnchoredSpec):
     id = "proc_visibility"
     area = "proc"
 
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Two controls on its own process, four attempts at the anchor."""
+        del task
+        return AttemptTable(
+            required=attempts_of(
+                "scan-own", "kill-0-self", "scan-proc", "read-environ", "kill-0", "ptrace-seize"
+            )
+        )
+
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when ipc is "isolated": that claim includes no view of host processes."""
         return "denied" if policy.ipc == "isolated" else "allowed"
@@ -486,6 +497,12 @@ class ProcPrivileges(_BaselineSpec):
 
     id = "proc_privileges"
     area = "proc"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Reading its status (the control), then three attempts; none without the status."""
+        del task
+        later = attempts_of("effective-capabilities", "setuid-elevation", "writable-root-path")
+        return AttemptTable(required=later | {"read-status"}, excuses=(("read-status", later),))
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever anything is confined: privilege can undo any confinement."""
@@ -624,6 +641,24 @@ class ProcNamespaceEscape(_AnchoredSpec):
 
     id = "proc_namespace_escape"
     area = "proc"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Own ids and a fork, setns into the anchor, unshare; the mounts only once inside.
+
+        The forked children report a failure of their own as one `child` error.
+        """
+        del task
+        inner = ("make-private", "abort", "mount-tmpfs", "pivot-root")
+        optional = {f"inner:{step}:{how}" for step in inner for how in ("mnt", "userns")}
+        optional |= {"remount-rw:mnt", "remount-rw:userns"}
+        forked = attempts_of(
+            "fork-child", "setns-mnt", "setns-net", "inner:unshare-mnt", "inner:unshare-userns"
+        )
+        return AttemptTable(
+            required=forked | {"read-own-ns"},
+            optional=frozenset(optional),
+            excuses=(("child", forked),),
+        )
 
     def not_applicable_here(self) -> str | None:
         """Why this probe cannot be judged on this host (see `setns_control_refused`)."""
@@ -764,6 +799,17 @@ class ProcSyscallSurface(_BaselineSpec):
 
     id = "proc_syscall_surface"
     area = "proc"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The getpid control, four raw syscalls and three socket families.
+
+        Where the payload has no syscall table for its machine it says so in one `syscalls`
+        error instead of the four calls.
+        """
+        del task
+        calls = attempts_of("io_uring_setup", "keyctl", "bpf", "ioctl-tiocsti")
+        families = attempts_of("socket-vsock", "socket-netlink", "socket-packet")
+        return AttemptTable(required=calls | families | {"getpid"}, excuses=(("syscalls", calls),))
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when ipc is "isolated".
@@ -944,6 +990,13 @@ class ResourceLimitsSpec(_Spec):
 
     id = "resource_limits"
     area = "proc"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The write-and-fork control and one loop per bounded resource."""
+        del task
+        return AttemptTable(
+            required=attempts_of("write-and-fork-once", "forks", "memory", "fsize", "nofile")
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied (held to its declared limits) wherever anything is confined.

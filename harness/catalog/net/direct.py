@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.catalog.base import (
     HOST_TIMEOUT_S,
+    AttemptTable,
     CellContext,
     PolicyLike,
     WitnessRecordsLike,
@@ -37,6 +38,7 @@ from harness.catalog.base import (
     _summary,
     _wait_for,
     _with_nonce,
+    attempts_of,
 )
 from harness.verdict import Assessment, Expectation
 from harness.world.listeners import LOOPBACK
@@ -60,6 +62,23 @@ class NetDirectEgress(_Spec):
 
     id = "net_direct_egress"
     area = "net"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """TCP and UDP to the listener, to every lab address given, and to the payload's own.
+
+        The payload's own addresses are found inside, so only their form is known here.
+        """
+        targets = task.get("targets") or {}
+        tried = {_split(str(targets.get("tcp", ":0")))[0]}
+        given = []
+        for address in targets.get("extra_addresses") or ():
+            if address not in tried:
+                tried.add(address)
+                given += [f"tcp-{address}", f"udp-{address}"]
+        return AttemptTable(
+            required=attempts_of("tcp-direct", "udp-direct", *given),
+            discovered=("tcp-own-", "udp-own-"),
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
@@ -241,6 +260,11 @@ class NetLoopbackServices(_PerCellSpec):
     id = "net_loopback_services"
     area = "net"
 
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The loopback service and the origin, both dialed directly."""
+        del task
+        return AttemptTable(required=attempts_of("tcp-service", "http-origin-direct"))
+
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
         return _confined_network(policy)
@@ -311,6 +335,13 @@ class NetProxyEnvOverride(_PerCellSpec):
 
     id = "net_proxy_env_override"
     area = "net"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The two overrides and the proxied control."""
+        del task
+        return AttemptTable(
+            required=attempts_of("no-proxy-star", "rogue-all-proxy", "proxy-route-allowed")
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined: the variables are the payload's to change."""
@@ -400,6 +431,20 @@ class NetIpv6UdpIcmp(_PerCellSpec):
 
     id = "net_ipv6_udp_icmp"
     area = "net"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """IPv6 TCP/UDP, IPv4 UDP, ICMP echo, raw and packet sockets: one attempt each."""
+        del task
+        return AttemptTable(
+            required=attempts_of(
+                "tcp6-connect",
+                "udp6-datagram",
+                "udp4-datagram",
+                "icmp-echo",
+                "raw-socket",
+                "packet-socket",
+            )
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from harness.catalog.base import (
     HOST_TIMEOUT_S,
+    AttemptTable,
     CellContext,
     PolicyLike,
     WitnessRecordsLike,
@@ -43,6 +44,7 @@ from harness.catalog.base import (
     _tunnel,
     _wait_for,
     _with_nonce,
+    attempts_of,
 )
 from harness.egress.rules import Rule, address_allowed
 from harness.errors import FixtureError
@@ -60,6 +62,18 @@ class NetDeniedHost(_Spec):
 
     id = "net_denied_host"
     area = "net"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Absolute-form and CONNECT to the denied host, and the allowed GET.
+
+        Without a proxy route the payload makes none and says so in one `error` attempt.
+        """
+        del task
+        later = attempts_of("connect-denied", "get-allowed")
+        return AttemptTable(
+            required=later | {"get-denied-absolute"},
+            excuses=(("get-denied-absolute", later),),
+        )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied on every leg: the proxy is every leg's route and has no rule for it."""
@@ -171,6 +185,11 @@ class NetTransfer18MiB(_Spec):
 
     id = "net_transfer_18mib"
     area = "net"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The one HTTPS download of the blob."""
+        del task
+        return AttemptTable(required=attempts_of("blob-https"))
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Allowed everywhere except where the backend declares no network at all."""
@@ -545,6 +564,11 @@ class _RouteSpec(_PerCellSpec):
         """The requests `prepare` built for this cell (empty if it did not run)."""
         found: list[ProxyRequest] = self._cells.get(ctx.nonce).get("requests", [])
         return found
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """One attempt per request the host built for the cell, named as the request is."""
+        requests = (task.get("targets") or {}).get("requests") or []
+        return AttemptTable(required=attempts_of(*(str(r.get("what")) for r in requests)))
 
 
 # ---------------------------------------------------------------------------------------------
