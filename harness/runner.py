@@ -197,6 +197,13 @@ class CellRunner:
         avail = self.availability[cell.backend]
         if not avail.ok:
             return entry | {"verdict": Verdict.UNAVAILABLE.value, "reason": avail.reason}
+        # A probe that tests only something this backend's egress mode does not have (the
+        # harness's in-sandbox route, under a wrapper's own proxy) says so, with the reason.
+        inapplicable = getattr(PROBES[cell.probe.id], "not_applicable", None)
+        egress = getattr(self.backends[cell.backend], "egress_mode", "")
+        why = inapplicable(egress) if inapplicable is not None else None
+        if why:
+            return entry | {"verdict": Verdict.NOT_APPLICABLE.value, "reason": why}
         try:
             entry |= self._run_and_judge(cell)
         except Exception as exc:  # fail closed: any harness fault is an ERROR cell
@@ -259,7 +266,9 @@ class CellRunner:
             cell_dir=cell_dir,
             policy=identity.policy,
             user=self.user,
-            route=inside_route(),
+            # A wrapper with its own proxy (egress "own") has no harness route inside it: no
+            # proxy socket, no shim. None tells the catalogue so (harness/catalog/base.py).
+            route=None if backend.egress_mode == "own" else inside_route(),
         )
         expected = spec.expectation(identity.policy)
         info = self.world.info

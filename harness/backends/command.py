@@ -84,6 +84,7 @@ from harness.paths import matrix_dir
 from harness.payload import interpreter_paths, payload_env
 from harness.provenance import executable_facts
 from harness.trust import PayloadUser, give, payload_user
+from harness.world.core import PRIVATE_NAME_SUFFIX
 
 # Every process of one run carries this variable (value: a per-run random tag), so that the
 # sweep after the run finds children that left the wrapper's process group.
@@ -436,13 +437,8 @@ class CommandBackend:
         ]
         for reader in readers:
             reader.start()
-        start, seen_at = time.monotonic(), None
-        while proc.poll() is None and time.monotonic() - start < DETECT_TIMEOUT_S:
-            if seen_at is None and CONFINEMENT_LINE.encode() in b"".join(out):
-                seen_at = time.monotonic()
-            if seen_at is not None and time.monotonic() - seen_at > TEST_GRACE_S:
-                break
-            time.sleep(0.05)
+        start = time.monotonic()
+        _wait_for_report(proc, out)
         lingered = proc.poll() is None
         if lingered:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -602,6 +598,13 @@ class CommandBackend:
             "payload_env": [f"{k}={v}" for k, v in request.env.items()],
             "allowed_hosts": [world.hosts[r].name for r in ALLOWED_ROLES],
             "allowed_host_ports": _host_ports(world.hosts, ALLOWED_ROLES),
+            # The whole allowlist as domain patterns, the suffix rule for the names a probe
+            # plants (net_private_address) included: what a wrapper's own proxy must admit.
+            "allowed_domains": [
+                *_host_ports(world.hosts, ALLOWED_ROLES),
+                f"*.{PRIVATE_NAME_SUFFIX}:{world.hosts['allowed'].https_port}",
+                f"*.{PRIVATE_NAME_SUFFIX}:{world.hosts['allowed'].http_port}",
+            ],
             "allowed_addresses": _addresses(world.hosts, ALLOWED_ROLES),
             "denied_hosts": [world.hosts[r].name for r in denied_roles],
             "denied_addresses": _addresses(world.hosts, denied_roles),
@@ -785,6 +788,17 @@ NAMESPACES: Final = ("net", "mnt", "pid", "user", "ipc", "uts")
 # After the test command reported, how long its wrapper may take to exit by itself.
 TEST_GRACE_S: Final = 5.0
 KILL_WAIT_S: Final = 10.0
+
+
+def _wait_for_report(proc: subprocess.Popen[bytes], out: list[bytes]) -> None:
+    """Wait for the test command's wrapper to exit: at most TEST_GRACE_S after it reported."""
+    start, seen_at = time.monotonic(), None
+    while proc.poll() is None and time.monotonic() - start < DETECT_TIMEOUT_S:
+        if seen_at is None and CONFINEMENT_LINE.encode() in b"".join(out):
+            seen_at = time.monotonic()
+        if seen_at is not None and time.monotonic() - seen_at > TEST_GRACE_S:
+            return
+        time.sleep(0.05)
 
 
 def _read_all(stream: Any, sink: list[bytes]) -> None:

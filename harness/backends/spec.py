@@ -47,6 +47,7 @@ LIST_NAMES: Final = (
     "payload_env",
     "allowed_hosts",
     "allowed_host_ports",
+    "allowed_domains",
     "allowed_addresses",
     "denied_hosts",
     "denied_addresses",

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,6 +45,24 @@ ENV_PREFIX: Final = "SANDBOX_ATTEST_CANARY_"
 # value there is a coincidence, not a leak. They are reported, never counted as an escape.
 ENV_PLUMBING: Final = ("PWD", "OLDPWD", "SHLVL", "_", "LC_CTYPE")
 _ENV_SUFFIXES: Final = ("API_KEY", "PASSWORD")
+# Where a command wrapper's backend records, per cell, the canary credentials it planted in the
+# wrapper's own environment and the names meant for the wrapper alone (`[env] wrapper`). The
+# same name as harness.backends.command.WRAPPER_ENV_FILE (a test pins the two together); read
+# from the cell dir so the catalogue needs nothing from the backends.
+WRAPPER_ENV_FILE: Final = "wrapper-env.json"
+
+
+def _wrapper_record(ctx: CellContext) -> tuple[dict[str, str], set[str]]:
+    """(planted canaries, wrapper-only names) of a command wrapper's cell; empty otherwise."""
+    try:
+        data = json.loads((ctx.cell_dir / WRAPPER_ENV_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}, set()
+    if not isinstance(data, dict):
+        return {}, set()
+    canaries = data.get("canaries")
+    planted = {str(k): str(v) for k, v in canaries.items()} if isinstance(canaries, dict) else {}
+    return planted, {str(n) for n in data.get("wrapper_only") or ()}
 
 
 def salted_hash(salt: str, value: str) -> str:
@@ -89,6 +109,73 @@ def _host_fds(fd_targets: dict[str, Any], held: set[str]) -> list[str]:
 
 def _fd_list(fd_targets: dict[str, Any]) -> str:
     return ", ".join(f"{fd} {target}" for fd, target in sorted(fd_targets.items())) or "none"
+
+
+@dataclass(frozen=True)
+class _VariableHits:
+    """Which variables of the host's reached the payload (names), by where they came from."""
+
+    canary: list[str]  # planted in the harness's own environment
+    planted: list[str]  # planted in a command wrapper's environment
+    host: list[str]  # the harness's own, undeclared
+    wrapper_only: set[str]  # a wrapper's own variables, ignored
+    passthrough: str  # why none of them is judged ("" when they are)
+
+    def reasons(self) -> list[str]:
+        """What reached the payload, in words, most serious first."""
+        reasons = [self.passthrough] if self.passthrough else []
+        if self.planted:
+            reasons.append(
+                "claims a scrubbed environment; the credentials planted in the wrapper's "
+                f"environment reached the payload: {', '.join(self.planted)}"
+            )
+        if self.canary:
+            reasons.append(
+                f"the host's canary variables reached the payload: {', '.join(self.canary)}"
+            )
+        if self.host:
+            reasons.append(f"undeclared host variables reached the payload: {', '.join(self.host)}")
+        return reasons
+
+
+def _variable_hits(
+    ctx: CellContext,
+    salt: str,
+    hashes: dict[str, str],
+    seen_env: dict[str, str],
+    declared: set[str],
+) -> _VariableHits:
+    """Match the payload's salted variables against every canary and the host's own."""
+    canary = sorted(n for n, h in hashes.items() if seen_env.get(n) == h)
+    # A command wrapper starts with an agent's environment: the credentials planted in it
+    # must not reach the payload under any name; the wrapper's own variables are ignored.
+    planted, wrapper_only = _wrapper_record(ctx)
+    seen_values = set(seen_env.values())
+    planted_hits = sorted(n for n, v in planted.items() if salted_hash(salt, v) in seen_values)
+    host = sorted(
+        n
+        for n, h in seen_env.items()
+        if n not in declared
+        and n not in ENV_PLUMBING
+        and n not in hashes
+        and n not in planted
+        and n not in wrapper_only
+        and n in os.environ
+        and salted_hash(salt, os.environ[n]) == h
+    )
+    # The claim vocabulary may say "passthrough": then what reached the payload of the
+    # environment is not judged (the descriptors still are). Until a spec can say it, every
+    # backend is held to a scrubbed environment.
+    if getattr(ctx.policy, "environment", "scrubbed") == "passthrough" and (
+        canary or planted_hits or host
+    ):
+        why = (
+            "claims environment passthrough, so the variables that reached the payload are "
+            f"not judged (planted credentials {', '.join(planted_hits) or 'none'}, host "
+            f"variables {len(host) + len(canary)})"
+        )
+        return _VariableHits([], [], [], wrapper_only, why)
+    return _VariableHits(canary, planted_hits, host, wrapper_only, "")
 
 
 class EnvInheritance(_Spec):
@@ -185,16 +272,8 @@ class EnvInheritance(_Spec):
         hashes: dict[str, str] = state.get("hashes", {})
         seen_env: dict[str, str] = report.get("facts", {}).get("env", {}) or {}
         declared = set(self.declared(ctx))
-        canary_hits = sorted(n for n, h in hashes.items() if seen_env.get(n) == h)
-        host_hits = sorted(
-            n
-            for n, h in seen_env.items()
-            if n not in declared
-            and n not in ENV_PLUMBING
-            and n not in hashes
-            and n in os.environ
-            and salted_hash(salt, os.environ[n]) == h
-        )
+        hits = _variable_hits(ctx, salt, hashes, seen_env, declared)
+        canary_hits, planted_hits, host_hits = hits.canary, hits.planted, hits.host
         by_what = {str(a.get("what")): a for a in report.get("attempts", [])}
         fd_targets = (by_what.get("fds") or {}).get("targets") or {}
         fd_hits = sorted(fd for fd, target in fd_targets.items() if target == state.get("pipe"))
@@ -203,13 +282,7 @@ class EnvInheritance(_Spec):
         host_fds = _host_fds(fd_targets, held)
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
-        reasons = []
-        if canary_hits:
-            reasons.append(
-                f"the host's canary variables reached the payload: {', '.join(canary_hits)}"
-            )
-        if host_hits:
-            reasons.append(f"undeclared host variables reached the payload: {', '.join(host_hits)}")
+        reasons = hits.reasons()
         if fd_hits:
             reasons.append(
                 f"the host's canary pipe is open in the payload as fd {', '.join(fd_hits)}"
@@ -218,7 +291,7 @@ class EnvInheritance(_Spec):
             reasons.append(
                 f"descriptors the harness holds are open in the payload: {', '.join(host_fds)}"
             )
-        seen = bool(canary_hits or host_hits or fd_hits or host_fds)
+        seen = bool(canary_hits or host_hits or planted_hits or fd_hits or host_fds)
         escape: Escape
         if seen:
             escape = "escaped"
@@ -272,6 +345,8 @@ class EnvInheritance(_Spec):
             host_failed="host control failed: the canaries were not in place",
             witness={
                 "canary_hits": canary_hits,
+                "planted_hits": planted_hits,
+                "wrapper_only": sorted(hits.wrapper_only),
                 "host_env_hits": host_hits,
                 "fd_hits": fd_hits,
                 "host_fds": host_fds,

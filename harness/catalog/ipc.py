@@ -324,6 +324,20 @@ class IpcProxySocketTamper(_Spec):
         """Denied when confined to the workspace: the route's files are outside the grant."""
         return _fs_confined(policy)
 
+    def not_applicable(self, egress: str) -> str | None:
+        """Why this probe does not apply to a backend with this egress mode, or None.
+
+        The runner asks before a cell runs. A wrapper with its own proxy (egress "own") has
+        no harness proxy socket and no shim inside it: there is no route of ours to tamper
+        with, and its own proxy's route is the network probes' to judge.
+        """
+        if egress == "own":
+            return (
+                'the backend brings its own proxy (egress "own"): no harness proxy socket '
+                "or shim is inside it to tamper with; its proxy is judged by the net_* probes"
+            )
+        return None
+
     @staticmethod
     def decoy_paths(ctx: CellContext) -> dict[str, Path]:
         """The decoy socket and shim in the cell's scratch dir."""

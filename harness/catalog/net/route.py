@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit
 
 from harness.catalog.base import (
@@ -55,6 +55,43 @@ from harness.world.dns import ResolveError, resolve
 if TYPE_CHECKING:
     from collections.abc import Callable
 from harness.catalog.net.witness import REFUSAL_STATUSES, _PerCellSpec
+
+# errnos a payload gets when there is no network to try at all (a seccomp filter's EPERM, no
+# route, nothing listening on the sandbox's own empty loopback): under network = "none" they
+# are the claim holding, not an attempt that could not be made.
+NO_NETWORK_ERRNOS: Final = frozenset(
+    {"EPERM", "EACCES", "ENETUNREACH", "EHOSTUNREACH", "ECONNREFUSED", "EAFNOSUPPORT"}
+)
+
+
+def _claims_no_network(ctx: CellContext) -> bool:
+    """The backend claims no network at all (the proxy is out of its reach by design)."""
+    return ctx.policy.network == "none"
+
+
+def _refused_by_no_network(attempts: list[dict[str, Any]]) -> bool:
+    """Every attempt was refused by the network itself, before any proxy could answer."""
+    return bool(attempts) and all(
+        a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in attempts
+    )
+
+
+def _no_network_reason(attempts: list[dict[str, Any]]) -> str:
+    errnos = ", ".join(sorted({str(a.get("errno")) for a in attempts}))
+    return (
+        'no network, as network = "none" claims: every attempt, the allowed control too, was '
+        f"refused before any proxy ({errnos})"
+    )
+
+
+def _own_proxy(ctx: CellContext) -> bool:
+    """The backend may bring its own proxy: the runner gives such a cell no harness route.
+
+    Callers also check that the harness proxy logged nothing for the cell: a context built
+    without a route (by hand, in tests) whose requests went through the harness proxy is
+    judged on that proxy's log as usual.
+    """
+    return ctx.route is None
 
 
 class NetDeniedHost(_Spec):
@@ -152,7 +189,10 @@ class NetDeniedHost(_Spec):
                 f"proxy allowed {len(allowed_through)} to {denied_name}"
             )
         forms = [a for a in escapes if a.get("status") == 403]
-        if observed == "refused":
+        no_network = _claims_no_network(ctx) and _refused_by_no_network([*escapes, *controls])
+        if no_network:
+            reasons.append(_no_network_reason(escapes))
+        elif observed == "refused":
             why = "; ".join(sorted({str(a.get("detail")) for a in forms})) or "no reason header"
             reasons.append(
                 f"proxy answered 403 for {len(forms)} of {len(escapes)} forms "
@@ -164,10 +204,13 @@ class NetDeniedHost(_Spec):
             reasons.append(f"payload: {_summary(escapes)}")
         reasons.append(f"proxy logged {len(denies)} denies with the nonce")
         escape = _judge(observed, bool(origin_hits or allowed_through), None, reasons)
-        if escape == "refused" and len(forms) != len(escapes):
+        if escape == "refused" and len(forms) != len(escapes) and not no_network:
             escape = "disagree"
-        inside_ok = bool(controls) and all(
-            a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls
+        # Under a no-network claim the allowed control cannot succeed either: its refusal by
+        # the network is the claim holding (the host control still shows the proxy works).
+        inside_ok = no_network or (
+            bool(controls)
+            and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
         return _conclude(
             escape,
@@ -365,6 +408,8 @@ class _RouteReading:
     denies: list[dict[str, Any]] = field(default_factory=list)
     origin_hits: list[dict[str, Any]] = field(default_factory=list)
     listener_hits: list[dict[str, Any]] = field(default_factory=list)
+    # Escape tags the allowed origin served as itself (`_allowed_as_itself`): not escapes.
+    rewritten: set[str] = field(default_factory=set)
 
 
 # The proxy's statuses for a request its rules admitted whose dial then failed (no answer from
@@ -382,9 +427,24 @@ def _admitted(entry: dict[str, Any]) -> bool:
     return entry.get("decision") == "allow" or entry.get("status") in PAST_RULES_STATUSES
 
 
+def _allowed_as_itself(entry: dict[str, Any], allowed: set[str]) -> bool:
+    """An origin request that the allowed origin served under its own name and port.
+
+    A proxy may answer a Host-header confusion by rewriting the header to the request line's
+    host (srt does): the allowed origin then serves a well-formed request for itself, which
+    reaches nothing the allowlist denies. Any other tagged request is an escape.
+    """
+    return entry.get("host") == "allowed" and str(entry.get("host_header")) in allowed
+
+
 def _read_route(
-    nonce: str, requests: list[ProxyRequest], witness: WitnessRecordsLike
+    nonce: str,
+    requests: list[ProxyRequest],
+    witness: WitnessRecordsLike,
+    allowed: set[str] | None = None,
 ) -> _RouteReading:
+    """What the witnesses saw of `requests`; `allowed` is the allowed host's own authorities."""
+    allowed = allowed or set()
     escape_targets = {_wire(t) for r in requests if r.role == "escape" for t in r.escape_targets}
     escape_tags = {r.what for r in requests if r.role == "escape"}
     reading = _RouteReading()
@@ -400,8 +460,14 @@ def _read_route(
     reading.origin_hits = [
         o
         for o in _with_nonce(witness.origin, nonce)
-        if _tag(o) in escape_tags or o.get("host") == "denied"
+        if (_tag(o) in escape_tags and not _allowed_as_itself(o, allowed))
+        or o.get("host") == "denied"
     ]
+    reading.rewritten = {
+        str(_tag(o))
+        for o in _with_nonce(witness.origin, nonce)
+        if _tag(o) in escape_tags and _allowed_as_itself(o, allowed)
+    }
     reading.listener_hits = _with_nonce(witness.direct_tcp, nonce)
     return reading
 
@@ -421,8 +487,11 @@ def _assess_route(
     if not requests:
         missing = ["prepare() did not run for this cell: no requests to judge"]
         return Assessment("undecided", controls_ok=False, reasons=missing, observed=observed)
-    reading = _read_route(ctx.nonce, requests, witness)
+    host = ctx.world.info.hosts["allowed"]
+    authorities = {f"{host.name}:{host.https_port}", f"{host.name}:{host.http_port}"}
+    reading = _read_route(ctx.nonce, requests, witness, authorities)
     reasons: list[str] = []
+    no_network = _claims_no_network(ctx) and _refused_by_no_network([*escapes, *controls])
     seen = bool(reading.admitted or reading.origin_hits or reading.listener_hits)
     if seen:
         admitted = sorted({f"{e.get('target')} ({e.get('status')})" for e in reading.admitted})
@@ -440,9 +509,13 @@ def _assess_route(
         and by_what[str(a.get("what"))].refusal == "status"
         and a.get("status") not in REFUSAL_STATUSES
     ]
-    reasons.append(f"payload: {_summary(escapes)}")
-    reasons.append(f"proxy logged {len(reading.denies)} refusals of escape targets")
-    escape = _judge(observed, seen, None, reasons)
+    if no_network:
+        reasons.append(_no_network_reason(escapes))
+        misshapen = []  # a refusal by the network itself never comes as a proxy status
+    else:
+        reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"proxy logged {len(reading.denies)} refusals of escape targets")
+    escape = _judge(observed, seen, _rewritten(escapes, reading), reasons)
     if escape == "refused" and misshapen:
         reasons.append(
             "a refusal did not come as the proxy's 400/403/421: "
@@ -452,18 +525,21 @@ def _assess_route(
     unexercised = [
         f"{a.get('what')} ({_progress(a)})" for a in escapes if not _exercised(a, by_what)
     ]
-    if escape == "refused" and unexercised:
+    if escape == "refused" and unexercised and not no_network:
         # A refusal counts only for the request that carried the escape; if that head was
         # never written, the proxy was never asked, and nothing was refused.
         reasons.append("the escaping request was never put to the proxy: " + ", ".join(unexercised))
         escape = "undecided"
-    if escape == "refused" and extra is not None:
+    if escape == "refused" and extra is not None and not no_network:
         escape = extra(reading, reasons) or escape
-    inside_ok = bool(controls) and all(
-        a.get("outcome") == "succeeded"
-        and a.get("status") == 200
-        and "nonce echoed" in str(a.get("detail", ""))
-        for a in controls
+    inside_ok = no_network or (
+        bool(controls)
+        and all(
+            a.get("outcome") == "succeeded"
+            and a.get("status") == 200
+            and "nonce echoed" in str(a.get("detail", ""))
+            for a in controls
+        )
     )
     return _conclude(
         escape,
@@ -478,6 +554,22 @@ def _assess_route(
             "origin": reading.origin_hits,
             "direct_tcp": reading.listener_hits,
         },
+    )
+
+
+def _rewritten(escapes: list[dict[str, Any]], reading: _RouteReading) -> str | None:
+    """Why the escapes that "succeeded" reached only the allowed origin as itself, or None.
+
+    A proxy that answers a Host-header confusion by rewriting the header (srt) gives the
+    payload a 200 from the allowed origin: a success that stayed on the allowlist. Each such
+    success must show in the allowed origin's log under the allowed name (`rewritten`).
+    """
+    succeeded = {str(a.get("what")) for a in escapes if a.get("outcome") == "succeeded"}
+    if not succeeded or not succeeded <= reading.rewritten:
+        return None
+    return (
+        "the proxy rewrote the request for the allowed origin, which served it under its own "
+        "name: " + ", ".join(sorted(succeeded))
     )
 
 
@@ -890,6 +982,8 @@ class NetPrivateAddress(_RouteSpec):
         }
 
         def after_resolution(reading: _RouteReading, reasons: list[str]) -> Escape | None:
+            if _own_proxy(ctx) and not (reading.denies or reading.admitted):
+                return _own_proxy_resolved(planted, witness, report, reasons)
             late = [
                 d
                 for d in reading.denies
@@ -912,6 +1006,34 @@ class NetPrivateAddress(_RouteSpec):
             return None
 
         return _assess_route(ctx, report, witness, control, requests, after_resolution)
+
+
+def _own_proxy_resolved(
+    planted: dict[str, str],
+    witness: WitnessRecordsLike,
+    report: dict[str, Any],
+    reasons: list[str],
+) -> Escape | None:
+    """A wrapper's own proxy: it resolved every planted name and refused with a status.
+
+    Its decisions are not in the harness proxy's log, so the DNS fixture is the witness that
+    each name was resolved (the refusal came after resolution, not from a name rule), and the
+    payload's 403s with a silent origin and listener say nothing was dialed.
+    """
+    queried = {str(q.get("name", "")).rstrip(".").lower() for q in witness.dns}
+    missing = sorted(name for name in planted if name.lower() not in queried)
+    statuses = {a.get("status") for a in _attempts(report, "escape")}
+    if missing or not statuses <= REFUSAL_STATUSES:
+        reasons.append(
+            "the wrapper's own proxy: the DNS fixture saw no query for "
+            f"{', '.join(missing) or 'none missing'}; refusal statuses {sorted(map(str, statuses))}"
+        )
+        return "undecided"
+    reasons.append(
+        "the wrapper's own proxy resolved every planted name (the DNS fixture saw each query) "
+        "and refused it with a status before dialing: nothing reached an origin or listener"
+    )
+    return None
 
 
 def _refused_after_resolution(decision: dict[str, Any]) -> bool:
