@@ -16,18 +16,22 @@ The JSON report goes to `--json` (default `reports/soak-<UTC time>.json`), a sho
 stdout; the exit status is 0 only when every target is met.
 
 What the leftover snapshot counts, and why only that: the machine is shared, so a global
-count (every process, every mount) moves with other people's work. It counts what the harness
-makes and names: processes whose command line names the clone, the egress proxy or an anchor,
-or that run as the payload user; their open descriptors and this process's own; mounts whose
-path names sandbox-attest or the clone; containers labelled `sandbox-attest.run` and the
-per-run image tags; `/tmp` entries with the harness's names, and journal entries. A concurrent
-run by someone else can still show up there; the report lists every entry, so a reader can
-tell whose it was.
+count (every process, every mount) moves with other people's work. The soak therefore makes
+what its runs leave attributable: as root every run starts inside a pids cgroup of the soak's
+own (a process left there is the run's, whoever its parent is now), and every run gets a
+private TMPDIR (the world's scratch, the proxy's config). It counts the processes in that
+cgroup (else, without root, those whose command line, working directory or environment names
+the clone) and their open descriptors plus this process's own; mounts naming the clone, the
+private TMPDIR or sandbox-attest; containers labelled `sandbox-attest.run` and the per-run
+image tags; entries of the private TMPDIR, `/tmp` entries and journal entries with the
+harness's names. The last three can still show someone else's concurrent run; the report
+lists every entry, so a reader can tell whose it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -224,28 +228,57 @@ def _ancestors() -> set[str]:
     return pids
 
 
-def harness_processes(clone: Path) -> list[str]:
-    """Pids of the harness's processes: the clone or proxy or anchor in argv, or the payload uid."""
+def _names(pid: str, clone: Path) -> bool:
+    """Whether a process's argv, working directory or environment names the clone."""
+    if str(clone) in _cmdline(pid):
+        return True
+    try:
+        if str(Path(f"/proc/{pid}/cwd").readlink()).startswith(str(clone)):
+            return True
+        return str(clone).encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def harness_processes(clone: Path, cgroup: Path | None) -> list[str]:
+    """Pids of the runs' processes: those in the soak's cgroup, else those naming the clone."""
+    mine = _ancestors()
+    if cgroup is not None:
+        try:
+            pids = (cgroup / "cgroup.procs").read_text().split()
+        except OSError:
+            pids = []
+        return [p for p in pids if p not in mine]
     if not Path("/proc/self/stat").exists():
         return []
-    payload = _payload_uid()
-    mine = _ancestors()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or entry.name in mine:
-            continue
-        argv = _cmdline(entry.name)
-        if not argv:
-            continue
-        ours = (
-            str(clone) in argv
-            or "harness.egress.proxy" in argv
-            or "sandbox-attest-anchor:" in argv
-            or (payload is not None and _uid(entry.name) == payload)
-        )
-        if ours:
-            found.append(entry.name)
-    return found
+    return [
+        entry.name
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and entry.name not in mine and _names(entry.name, clone)
+    ]
+
+
+def make_cgroup(tag: str) -> Path | None:
+    """A pids cgroup for the runs (v1 hierarchy or v2 root), or None without root or cgroups."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    for root in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
+        if (root / "cgroup.procs").exists():
+            group = root / f"sandbox-attest-soak-{tag}"
+            try:
+                group.mkdir(exist_ok=True)
+            except OSError:
+                continue
+            if (group / "cgroup.procs").exists():
+                return group
+    return None
+
+
+def remove_cgroup(group: Path | None) -> None:
+    """Remove the runs' cgroup once it is empty (a leftover is reported, never killed)."""
+    if group is not None:
+        with contextlib.suppress(OSError):
+            group.rmdir()
 
 
 def _docker(*args: str) -> list[str] | str:
@@ -279,12 +312,13 @@ def containers() -> tuple[str, ...]:
     return tuple(sorted([f"container {c}" for c in listed] + tags))
 
 
-def tmp_entries() -> tuple[str, ...]:
-    """Harness-named entries of the temp dir, and the journal's entries."""
+def tmp_entries(private: Path) -> tuple[str, ...]:
+    """Everything in the runs' private TMPDIR, harness-named /tmp entries, journal entries."""
+    found = [str(p) for p in private.iterdir()] if private.is_dir() else []
     tmp = Path(tempfile.gettempdir())
-    found = [str(p) for p in tmp.iterdir() if p.name.startswith(TMP_PREFIXES)]
+    found += [str(p) for p in tmp.iterdir() if p.name.startswith(TMP_PREFIXES)]
     try:
-        from harness import sweep  # noqa: PLC0415  (from the clone once PYTHONPATH names it)
+        from harness import sweep  # noqa: PLC0415  (the same journal the clone's runs use)
 
         journal = sweep.journal_dir()
         found += [str(p) for p in journal.iterdir()] if journal.is_dir() else []
@@ -293,27 +327,40 @@ def tmp_entries() -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def mounts(clone: Path) -> tuple[str, ...]:
-    """Mount points naming the harness or the clone."""
+def mounts(*names: Path) -> tuple[str, ...]:
+    """Mount points naming the harness or one of `names` (the clone, the private TMPDIR)."""
     if shutil.which("findmnt") is None:
         return ("findmnt: missing",)
     done = subprocess.run(
         ["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True, check=False
     )
     return tuple(
-        sorted(m for m in done.stdout.splitlines() if "sandbox-attest" in m or str(clone) in m)
+        sorted(
+            m
+            for m in done.stdout.splitlines()
+            if "sandbox-attest" in m or any(str(n) in m for n in names)
+        )
     )
 
 
-def snapshot(clone: Path) -> Snapshot:
-    """What of the harness is on the host now."""
-    pids = harness_processes(clone)
+@dataclass(frozen=True)
+class Where:
+    """Where the soak's runs live: the clone, their private TMPDIR, their cgroup (or None)."""
+
+    clone: Path
+    tmp: Path
+    cgroup: Path | None
+
+
+def snapshot(where: Where) -> Snapshot:
+    """What of the runs is on the host now."""
+    pids = harness_processes(where.clone, where.cgroup)
     return Snapshot(
         descriptors={"soak": _fd_count("self"), "processes": sum(_fd_count(p) for p in pids)},
         processes=tuple(sorted(f"{p} {_cmdline(p)[:200]}" for p in pids)),
-        mounts=mounts(clone),
+        mounts=mounts(where.clone, where.tmp),
         containers=containers(),
-        tmp_entries=tmp_entries(),
+        tmp_entries=tmp_entries(where.tmp),
     )
 
 
@@ -330,25 +377,49 @@ def clone_repo(source: Path, into: Path) -> str:
     return done.stdout.strip()
 
 
-def clone_env(clone: Path) -> dict[str, str]:
-    """This environment with the clone first on the import path (the venv's .pth names ours)."""
+def clone_env(where: Where, *, private_tmp: bool) -> dict[str, str]:
+    """This environment with the clone first on the import path (the venv's .pth names ours).
+
+    With `private_tmp`, TMPDIR is the runs' own, so what a matrix run leaves in its temp dir
+    is known to be its. `pytest tests/` keeps the system one: its tests bind unix sockets
+    under tmp_path, and a longer prefix could push a path past the ~100-byte limit.
+    """
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(clone), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where.clone), env.get("PYTHONPATH")]))
+    if private_tmp:
+        env["TMPDIR"] = str(where.tmp)
     env.pop("SANDBOX_ATTEST_TEST_FAULTS", None)  # never a fault hook in a soak
     return env
 
 
-def run_matrix(clone: Path, out: Path, python: str, jobs: int) -> dict[str, Any]:
-    """One `sandbox-attest run` of the full matrix from the clone; its gate and verdicts."""
-    start = time.monotonic()
-    done = subprocess.run(
-        [python, "-m", "harness.cli", "run", "--out", str(out), "--json", "-j", str(jobs)],
+def _run(argv: list[str], where: Where, *, private_tmp: bool) -> subprocess.CompletedProcess[str]:
+    """Run `argv` from the clone, inside the runs' cgroup when there is one."""
+    procs = where.cgroup / "cgroup.procs" if where.cgroup is not None else None
+
+    def enter() -> None:
+        # In the child before exec: it and everything it starts belong to the cgroup.
+        if procs is not None:
+            procs.write_text(str(os.getpid()))
+
+    return subprocess.run(
+        argv,
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
         check=False,
-        cwd=clone,
-        env=clone_env(clone),
+        cwd=where.clone,
+        env=clone_env(where, private_tmp=private_tmp),
+        preexec_fn=enter if procs is not None else None,
+    )
+
+
+def run_matrix(where: Where, out: Path, python: str, jobs: int) -> dict[str, Any]:
+    """One `sandbox-attest run` of the full matrix from the clone; its gate and verdicts."""
+    start = time.monotonic()
+    done = _run(
+        [python, "-m", "harness.cli", "run", "--out", str(out), "--json", "-j", str(jobs)],
+        where,
+        private_tmp=True,
     )
     cells: dict[str, str] = {}
     reasons: dict[str, str] = {}
@@ -371,17 +442,13 @@ def run_matrix(clone: Path, out: Path, python: str, jobs: int) -> dict[str, Any]
     }
 
 
-def run_tests(clone: Path, junit: Path, python: str) -> dict[str, Any]:
+def run_tests(where: Where, junit: Path, python: str) -> dict[str, Any]:
     """One `pytest tests/` from the clone; counts and failed test ids from its JUnit XML."""
     start = time.monotonic()
-    done = subprocess.run(
+    done = _run(
         [python, "-m", "pytest", "tests/", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-        cwd=clone,
-        env=clone_env(clone),
+        where,
+        private_tmp=False,
     )
     found: dict[str, Any] = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "failed": []}
     if junit.is_file():
@@ -441,28 +508,32 @@ def soak(matrix_runs: int, test_runs: int, jobs: int, keep: bool) -> dict[str, A
     if not Path(python).exists():
         python = sys.executable
     work = Path(tempfile.mkdtemp(prefix="soak-"))
-    # The payload user must traverse to the clone's probes and to the reports it reads.
+    # The payload user must traverse to the clone's probes and the runs' scratch.
     work.chmod(0o755)
-    clone = work / "clone"
+    where = Where(clone=work / "clone", tmp=work / "tmp", cgroup=make_cgroup(work.name))
+    where.tmp.mkdir(mode=0o755)
+    where.tmp.chmod(0o755)  # whatever the umask: scratch dirs below must be reachable
     try:
-        commit = clone_repo(ROOT, clone)
-        before = snapshot(clone)
+        commit = clone_repo(ROOT, where.clone)
+        before = snapshot(where)
         runs = [
-            run_matrix(clone, work / "reports" / f"run-{i}", python, jobs)
+            run_matrix(where, work / "reports" / f"run-{i}", python, jobs)
             for i in range(1, matrix_runs + 1)
         ]
-        tests = [run_tests(clone, work / f"junit-{i}.xml", python) for i in range(1, test_runs + 1)]
+        tests = [run_tests(where, work / f"junit-{i}.xml", python) for i in range(1, test_runs + 1)]
         # Give dying children a moment to be reaped before counting what is left.
         time.sleep(2.0)
-        after = snapshot(clone)
+        after = snapshot(where)
     finally:
+        remove_cgroup(where.cgroup)
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     changes = verdict_changes([r["cells"] for r in runs])
     left = compare(before, after)
     return {
         "commit": commit,
-        "clone": str(clone),
+        "clone": str(where.clone),
+        "cgroup": str(where.cgroup) if where.cgroup is not None else None,
         "kept": keep,
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "matrix_runs": runs,

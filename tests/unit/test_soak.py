@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -175,9 +177,38 @@ class TestTargets:
         }
 
 
-def test_a_real_snapshot_reads_this_host() -> None:
-    """A snapshot of this host counts this process's descriptors and lists what it found."""
-    taken = soak.snapshot(Path("/nonexistent-clone"))
+def test_a_real_snapshot_reads_this_host(tmp_path: Path) -> None:
+    """A snapshot of this host counts this process's descriptors and its private TMPDIR."""
+    (tmp_path / "sandbox-attest-left").mkdir()
+    where = soak.Where(clone=tmp_path / "clone", tmp=tmp_path, cgroup=None)
+    taken = soak.snapshot(where)
+    assert str(tmp_path / "sandbox-attest-left") in taken.tmp_entries
     assert taken.descriptors["soak"] > 0
     assert all(isinstance(entry, str) for entry in taken.tmp_entries)
     assert taken.containers  # names, or the reason docker could not be asked
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="making a cgroup needs root"
+)
+def test_a_process_left_in_the_runs_cgroup_is_counted() -> None:
+    """A process started in the soak's cgroup is one of the runs', whoever its parent is."""
+    group = soak.make_cgroup(f"unit-{os.getpid()}")
+    if group is None:
+        pytest.skip("no pids cgroup hierarchy here")
+    procs = group / "cgroup.procs"
+    child = subprocess.Popen(
+        ["sleep", "30"],
+        preexec_fn=lambda: procs.write_text(str(os.getpid())),  # noqa: PLW1509  (one write)
+    )
+    try:
+        where = soak.Where(clone=Path("/nonexistent-clone"), tmp=Path("/nonexistent"), cgroup=group)
+        assert soak.harness_processes(where.clone, group) == [str(child.pid)]
+    finally:
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 5
+        while (procs.read_text().split() if procs.exists() else []) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        soak.remove_cgroup(group)
+    assert not group.exists()
