@@ -316,8 +316,12 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 
     from harness.backends import create_backend  # noqa: PLC0415
     from harness.matrix import current_platform, load_matrix  # noqa: PLC0415
+    from harness.session import with_spec_backends  # noqa: PLC0415
 
     matrix = load_matrix(Path(args.matrix) if args.matrix else default_matrix())
+    # A spec given here is loaded (a broken one stops with its file, key and fix) and shown
+    # with the rest: detection, its check and the test command under its own argv all run.
+    matrix, _ = with_spec_backends(matrix, [], list(args.backend_spec))
     platform = current_platform()
     rows: list[dict[str, Any]] = []
     for row in matrix.backends:
@@ -336,6 +340,11 @@ def _cmd_backends(args: argparse.Namespace) -> int:
                     "platform": ident.platform,
                     "claims": ident.policy.as_dict(),
                     "profile_digest": ident.profile_digest,
+                    # A command wrapper's check and what its test command saw: why AVAILABLE.
+                    **{
+                        k: ident.profile[k] for k in ("check", "test_command") if k in ident.profile
+                    },
+                    **({"note": avail.reason} if avail.reason else {}),
                 }
             )
         else:
@@ -349,6 +358,13 @@ def _cmd_backends(args: argparse.Namespace) -> int:
                 f"{r['name']:14} available       {r['version']}; {r['platform']}; "
                 f"claims: {_claims(r['claims'])}; profile {r['profile_digest']}"
             )
+            if "test_command" in r:
+                print(
+                    f"{'':14} {'':15} check: {r['check']}; test command under its argv: "
+                    f"{_claims(r['test_command'])}"
+                )
+            if "note" in r:
+                print(f"{'':14} {'':15} {r['note']}")
         else:
             print(f"{r['name']:14} {r['status']:15} {r['reason']}")
     return 0
@@ -412,6 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
     backends = sub.add_parser("backends", help="list backends and whether they run here")
     backends.add_argument("--matrix", help=HELP_MATRIX)
     backends.add_argument("--json", action="store_true", help="print the list as JSON")
+    backends.add_argument(
+        "--backend-spec",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also load this command-wrapper spec TOML (repeatable), run its detection, its "
+        "check and a test command under its argv, and print why it is (un)available",
+    )
     backends.set_defaults(func=_cmd_backends)
 
     serve = sub.add_parser("serve", help="start the fixture world, print it as JSON, wait")
