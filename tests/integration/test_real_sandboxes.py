@@ -1,0 +1,154 @@
+"""Real third-party sandboxes, end to end: the whole matrix on srt and on Codex, in the lab.
+
+`matrix/backends/srt.toml` and `matrix/backends/codex.toml` are run as a user runs them
+(`sandbox-attest run --backend NAME --world lab -j 2`), each in about 20 s here. The verdicts
+asserted are the findings written up in README.md ("Real sandboxes, measured"): every FAIL is a
+true finding about that sandbox, and the INCONCLUSIVE cells allowed are named with why. A
+change in either sandbox, spec or assessor that moves a cell shows up here.
+
+`./run test` installs both (scripts/real-sandboxes.sh); this module installs them too when
+missing and skips, naming the install command, only if that install fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.world.lab import lab_possible
+
+ROOT = Path(__file__).parent.parent.parent
+INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
+CLI = [sys.executable, "-m", "harness.cli"]
+RUN_TIMEOUT_S = 180.0
+
+# The true findings (README.md, "Real sandboxes, measured"), per sandbox.
+FAILS: dict[str, set[str]] = {
+    # Both pass the whole environment through (planted credentials reach the payload), and
+    # neither filter covers keyctl, bpf or the TIOCSTI ioctl.
+    "srt": {"env_inheritance", "proc_syscall_surface"},
+    # Codex also leaves reads open outside the paths its profile sets to "none": the
+    # project's .env beside the workspace, and symlinks out of the workspace, are readable.
+    "codex": {"env_inheritance", "proc_syscall_surface", "fs_read_secrets", "fs_link_escape"},
+}
+# Cells allowed to be INCONCLUSIVE, each for a reason that is not the sandbox's fault yet.
+INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {
+    # No spec can yet claim protected paths or "no resource limits" (issue 15 item 1).
+    "srt": {"fs_protected_in_workspace", "resource_limits"},
+    "codex": {
+        "resource_limits",  # claims no limits: issue 15 item 1
+        # Codex refuses socket(AF_UNIX) and socketpair() outright (EPERM); these probes'
+        # in-sandbox controls need one, and the harness cannot yet read that as the claim
+        # holding (ipc_unix_socket_escape's assessor, the ipc_proxy_socket_tamper setup).
+        "ipc_unix_socket_escape",
+        "ipc_proxy_socket_tamper",
+        # probes/net_direct_egress.py creates a socket outside its try to list the local
+        # addresses; under Codex's seccomp that raises EPERM and the probe reports an error.
+        "net_direct_egress",
+    },
+}
+NOT_APPLICABLE: dict[str, set[str]] = {
+    "srt": {"ipc_proxy_socket_tamper"},  # egress "own": no harness route inside
+    "codex": set(),
+}
+
+
+def _installed() -> str | None:
+    """Install srt and Codex if missing; the reason they cannot be used here, or None."""
+    check = subprocess.run([str(INSTALL), "--check"], capture_output=True, text=True, check=False)
+    if check.returncode == 0:
+        return None
+    if os.geteuid() != 0:
+        return f"srt/Codex missing and not root: run `sudo {INSTALL}` ({check.stderr.strip()})"
+    done = subprocess.run([str(INSTALL)], capture_output=True, text=True, check=False, timeout=600)
+    if done.returncode != 0:
+        return (
+            f"`{INSTALL}` failed (exit {done.returncode}): {done.stderr.strip()[-400:]}; "
+            "run it by hand to see why"
+        )
+    return None
+
+
+def run_matrix(backend: str, out: Path) -> dict[str, dict[str, Any]]:
+    """Run the full matrix on `backend` in the lab; cell probe -> evidence entry."""
+    proc = subprocess.run(
+        [*CLI, "run", "--backend", backend, "--world", "lab", "-j", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+        cwd=ROOT,
+    )
+    evidence = out / "evidence.json"
+    assert evidence.is_file(), f"no evidence (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    cells = json.loads(evidence.read_text())["cells"]
+    return {c["probe"]: c for c in cells if c["backend"] == backend}
+
+
+@pytest.fixture(scope="module", params=["srt", "codex"])
+def grid(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """One full-matrix run per real sandbox (skipped, naming the fix, where it cannot run)."""
+    if os.geteuid() != 0 or not lab_possible()[0]:
+        pytest.skip(f"the lab world needs root and network namespaces: {lab_possible()[1]}")
+    why = _installed()
+    if why is not None:
+        pytest.skip(why)
+    backend = str(request.param)
+    return backend, run_matrix(backend, tmp_path_factory.mktemp(f"run-{backend}"))
+
+
+def _show(cells: dict[str, dict[str, Any]], probes: set[str]) -> str:
+    return "; ".join(f"{p}: {cells[p]['verdict']} {cells[p]['reason'][:160]}" for p in probes)
+
+
+@pytest.mark.slow
+class TestRealSandboxes:
+    def test_fails_are_the_true_findings(self, grid: tuple[str, dict[str, Any]]) -> None:
+        """Exactly the recorded true findings FAIL, each with the host's evidence."""
+        backend, cells = grid
+        failed = {p for p, c in cells.items() if c["verdict"] == "FAIL"}
+        assert failed == FAILS[backend], _show(cells, failed ^ FAILS[backend])
+        assert all(
+            c["reason"].startswith("escape observed by the host")
+            for p, c in cells.items()
+            if p in failed
+        )
+
+    def test_no_cell_is_an_error_and_inconclusives_are_named(
+        self, grid: tuple[str, dict[str, Any]]
+    ) -> None:
+        """No ERROR or UNAVAILABLE cell; INCONCLUSIVE only where the reason is recorded here."""
+        backend, cells = grid
+        broken = {p for p, c in cells.items() if c["verdict"] in ("ERROR", "UNAVAILABLE")}
+        assert not broken, _show(cells, broken)
+        unsure = {p for p, c in cells.items() if c["verdict"] == "INCONCLUSIVE"}
+        assert unsure <= INCONCLUSIVE_ALLOWED[backend], _show(cells, unsure)
+        skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}
+        assert skipped == NOT_APPLICABLE[backend], _show(cells, skipped)
+
+    def test_every_other_cell_passes(self, grid: tuple[str, dict[str, Any]]) -> None:
+        """Every cell not listed above PASSes, the network probes among them."""
+        backend, cells = grid
+        listed = FAILS[backend] | INCONCLUSIVE_ALLOWED[backend] | NOT_APPLICABLE[backend]
+        others = {p for p in cells if p not in listed}
+        assert {p for p in others if cells[p]["verdict"] != "PASS"} == set()
+        assert {"net_denied_host", "net_proxy_confusion", "dns_resolution"} <= others
+
+    def test_pip_install_goes_where_the_claim_says(self, grid: tuple[str, dict[str, Any]]) -> None:
+        """The pip install goes through srt's own proxy (denied index: 403); Codex has none."""
+        backend, cells = grid
+        pip = cells["pkg_pip_install"]
+        assert pip["verdict"] == "PASS", pip["reason"]
+        if backend == "srt":
+            assert "pip-install succeeded" in pip["reason"]
+            assert "install from the denied host failed with the proxy's 403" in pip["reason"]
+        else:
+            assert "pip-install succeeded" not in pip["reason"]
