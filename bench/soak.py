@@ -91,10 +91,12 @@ class Difference:
 
 
 def compare(before: Snapshot, after: Snapshot) -> dict[str, Difference]:
-    """Each category of two snapshots side by side; `equal` is the target.
+    """Each category of two snapshots side by side; `equal` (nothing added) is the target.
 
-    Sets are compared as sets (an entry gone counts as a difference too: something the soak
-    removed that was not its own). Descriptor counts are compared per owner.
+    Sets are compared as sets. Something gone after the runs is listed as `removed` but is
+    not a leftover: the first run's sweep removes what earlier killed runs left, and a
+    process of before may simply have ended. Descriptor counts are compared per owner; more
+    after than before is a leak, fewer is not.
     """
     result: dict[str, Difference] = {}
     for name in ("processes", "mounts", "containers", "tmp_entries"):
@@ -104,13 +106,13 @@ def compare(before: Snapshot, after: Snapshot) -> dict[str, Difference]:
             after=len(new),
             added=sorted(new - old),
             removed=sorted(old - new),
-            equal=old == new,
+            equal=new <= old,
         )
     owners = sorted(set(before.descriptors) | set(after.descriptors))
     changed = [
         f"{o}: {before.descriptors.get(o, 0)} -> {after.descriptors.get(o, 0)}"
         for o in owners
-        if before.descriptors.get(o, 0) != after.descriptors.get(o, 0)
+        if after.descriptors.get(o, 0) > before.descriptors.get(o, 0)
     ]
     result["descriptors"] = Difference(
         before=dict(before.descriptors),
@@ -313,17 +315,25 @@ def containers() -> tuple[str, ...]:
 
 
 def tmp_entries(private: Path) -> tuple[str, ...]:
-    """Everything in the runs' private TMPDIR, harness-named /tmp entries, journal entries."""
+    """The runs' private TMPDIR, and harness-named /tmp and journal entries of no live run.
+
+    A concurrent run (someone else's, or this soak's own in progress) journals what it makes
+    under a live owner: those entries, and the paths they claim, are that run's and are left
+    out. What remains after the soak's runs ended is something a finished run left.
+    """
     found = [str(p) for p in private.iterdir()] if private.is_dir() else []
-    tmp = Path(tempfile.gettempdir())
-    found += [str(p) for p in tmp.iterdir() if p.name.startswith(TMP_PREFIXES)]
     try:
         from harness import sweep  # noqa: PLC0415  (the same journal the clone's runs use)
 
-        journal = sweep.journal_dir()
-        found += [str(p) for p in journal.iterdir()] if journal.is_dir() else []
+        live = sweep.live_entries()
     except Exception as exc:  # a snapshot says what it could not read
-        found.append(f"journal unreadable: {exc}")
+        return (*sorted(found), f"journal unreadable: {exc}")
+    claimed = {str(p) for data in live for p in [*data.get("paths", []), *data.get("dirs", [])]}
+    tmp = Path(tempfile.gettempdir())
+    found += [
+        str(p) for p in tmp.iterdir() if p.name.startswith(TMP_PREFIXES) and str(p) not in claimed
+    ]
+    found += [str(entry) for entry in sweep.dead_entries()]
     return tuple(sorted(found))
 
 

@@ -263,6 +263,20 @@ def live_entries() -> list[dict[str, Any]]:
     return out
 
 
+def dead_entries() -> list[Path]:
+    """Journal entries whose owner is gone (or unreadable): what the next sweep acts on.
+
+    A soak (bench/soak.py) counts these as left behind; entries of live runs are not.
+    """
+    found = []
+    for entry in sorted(journal_dir().glob("*.json")):
+        data = _load(entry)
+        owner = _owner_of(data) if data is not None else None
+        if owner is None or not owner.alive():
+            found.append(entry)
+    return found
+
+
 def sweep_journal() -> tuple[list[Swept], set[str]]:
     """Act on every entry whose owner is gone, then delete the entry.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -79,11 +80,11 @@ class TestCompare:
         assert result["tmp_entries"].added == ["/tmp/sandbox-attest-def"]
         assert result["mounts"].equal is True
 
-    def test_something_removed_is_a_difference_too(self) -> None:
-        """A container gone that the soak did not make is a difference, listed as removed."""
+    def test_something_gone_is_listed_but_not_a_leftover(self) -> None:
+        """A container gone after the runs is listed as removed; the category stays equal."""
         result = soak.compare(self.snap(), self.snap(containers=()))
         assert result["containers"].removed == ["container sa-1"]
-        assert result["containers"].equal is False
+        assert result["containers"].equal is True
 
     def test_descriptor_counts_are_compared_per_owner(self) -> None:
         """A descriptor more in this process shows as 'soak: 5 -> 6'."""
@@ -91,6 +92,8 @@ class TestCompare:
         result = soak.compare(self.snap(), after)
         assert result["descriptors"].added == ["soak: 5 -> 6"]
         assert result["descriptors"].equal is False
+        fewer = soak.compare(self.snap(), self.snap(descriptors={"soak": 4, "processes": 10}))
+        assert fewer["descriptors"].equal is True  # a descriptor closed is no leak
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +215,21 @@ def test_a_process_left_in_the_runs_cgroup_is_counted() -> None:
             time.sleep(0.05)
         soak.remove_cgroup(group)
     assert not group.exists()
+
+
+def test_only_journal_entries_of_gone_runs_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run's journal entry and the scratch it claims are its; a dead owner's is left."""
+    from harness import sweep  # noqa: PLC0415  (after the state dir is set)
+
+    monkeypatch.setenv(sweep.STATE_ENV, str(tmp_path / "state"))
+    live = sweep.record("run-live", [tmp_path / "scratch"], run_id="live")
+    dead = sweep.journal_dir() / "run-dead.json"
+    entry = json.loads(live.read_text())
+    entry["owner"]["pid"] = 2**22 + 1  # above any pid_max default: no such process
+    dead.write_text(json.dumps(entry))
+    assert sweep.dead_entries() == [dead]
+    taken = soak.tmp_entries(tmp_path / "private")
+    assert str(dead) in taken
+    assert str(live) not in taken
