@@ -4,7 +4,14 @@ Escape attempts, each a single ``GET /_ping`` and nothing else:
   * the harness's fake daemon socket (targets["unix"], a host path), with the nonce;
   * the harness's abstract-namespace socket (targets["abstract"], Linux), with the nonce;
   * the real Docker socket at each path in targets["docker_sockets"] that exists. Its answer
-    is payload-side evidence only: no harness witness sees it.
+    is payload-side evidence only: no harness witness sees it;
+  * the class: every socket it can see under targets["roots"] (each [path, depth]; plus its
+    own $XDG_RUNTIME_DIR), walked with bounds on depth, count and time, and every listening
+    abstract name in its own /proc/net/unix. To a socket whose name starts with the witness
+    prefix (targets["witness_prefix"] / ["abstract_prefix"], the harness's own) it sends one
+    line carrying the nonce; to any other (a real daemon: it cannot know) it sends nothing,
+    a connect and a close are evidence enough. Each path attempt carries the socket's st_dev
+    and st_ino as seen inside, so the host can tell its own socket from a sandbox-private one.
 Control: ``socket.socketpair()`` works inside (unix sockets as such are usable).
 facts["netns"]/["mntns"] let the host tell its own sockets from the sandbox's.
 
@@ -15,11 +22,18 @@ import errno
 import json
 import os
 import socket
+import stat
 import sys
+import time
 
 PROBE = "ipc_unix_socket_escape"
 START_MARKER = "SANDBOX-ATTEST-START"
 TIMEOUT = 3.0
+# Bounds of the class walk: a host with thousands of sockets must not turn into a timeout.
+WALK_SOCKETS = 256
+WALK_DIRS = 2000
+WALK_S = 6.0
+CONNECT_TIMEOUT = 1.0
 
 
 def attempt(what, role, outcome, err=None, status=None, detail=""):
@@ -74,6 +88,138 @@ def ping(what, address, nonce, real_docker=False):
     return result
 
 
+def errno_of(exc):
+    return errno_name(exc) or type(exc).__name__
+
+
+def find_sockets(roots, skip, deadline):
+    """Socket paths under each (root, depth), breadth first, deduplicated by inode.
+
+    Returns (sockets, facts): sockets as (path, st_dev, st_ino); facts say where it stopped.
+    """
+    found, seen, visited, facts = [], set(), set(), {}
+    for root, depth in roots:
+        level = [root]
+        for _ in range(int(depth) + 1):
+            below = []
+            for directory in level:
+                real = os.path.realpath(directory)
+                if real in visited:
+                    continue
+                if len(visited) >= WALK_DIRS or len(found) >= WALK_SOCKETS:
+                    facts["walk_stopped"] = "bound: %d dirs, %d sockets" % (len(visited),
+                                                                          len(found))
+                    return found, facts
+                if time.monotonic() > deadline:
+                    facts["walk_stopped"] = "time bound after %d dirs" % len(visited)
+                    return found, facts
+                visited.add(real)
+                try:
+                    names = sorted(os.listdir(directory))
+                except OSError:
+                    continue
+                for name in names:
+                    path = os.path.join(directory, name)
+                    try:
+                        info = os.lstat(path)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(info.st_mode):
+                        below.append(path)
+                    elif stat.S_ISSOCK(info.st_mode) and path not in skip:
+                        key = (info.st_dev, info.st_ino)
+                        if key not in seen:
+                            seen.add(key)
+                            found.append((path, info.st_dev, info.st_ino))
+            level = below
+    facts["walk_dirs"] = len(visited)
+    return found, facts
+
+
+def own_abstract_names():
+    """Listening abstract names in this process's own /proc/net/unix (its net namespace)."""
+    names = []
+    try:
+        with open("/proc/net/unix") as fh:
+            lines = fh.read().splitlines()[1:]
+    except OSError:
+        return names
+    for line in lines:
+        fields = line.split(None, 7)
+        if len(fields) < 8 or not fields[7].startswith("@"):
+            continue
+        try:
+            listening = int(fields[3], 16) & 0x10000
+        except ValueError:
+            continue
+        if listening and fields[7][1:] not in names:
+            names.append(fields[7][1:])
+    return sorted(names)
+
+
+def touch(what, address, line):
+    """Connect to one socket; send `line` (bytes) only when it is the harness's witness."""
+    result = attempt(what, "escape", "refused")
+    kinds = [("stream", socket.SOCK_STREAM), ("seqpacket", socket.SOCK_SEQPACKET),
+             ("dgram", socket.SOCK_DGRAM)]
+    for kind, type_ in kinds:
+        try:
+            sock = socket.socket(socket.AF_UNIX, type_)
+        except OSError as exc:
+            return attempt(what, "escape", "refused", errno_of(exc), None,
+                           "socket(AF_UNIX) refused: %r" % exc)
+        sock.settimeout(CONNECT_TIMEOUT)
+        try:
+            sock.connect(address)
+            if line is not None:
+                sock.sendall(line)
+        except OSError as exc:
+            result = attempt(what, "escape", "refused", errno_of(exc), None,
+                             "%s: %r" % (kind, exc))
+            # A socket of another type answers EPROTOTYPE: try the next type; any other
+            # refusal (ENOENT, EACCES, ECONNREFUSED) is the answer.
+            if getattr(exc, "errno", None) != errno.EPROTOTYPE:
+                return result
+        else:
+            sent = "sent the nonce" if line is not None else "connect and close only"
+            return attempt(what, "escape", "succeeded", None, None, "%s: %s" % (kind, sent))
+        finally:
+            sock.close()
+    return result
+
+
+def sweep_class(task, targets, out, skip):
+    """The class attempts: every visible socket path and abstract name, each touched once."""
+    nonce = task["nonce"]
+    line = ("SANDBOX-ATTEST-WITNESS %s\n" % nonce).encode()
+    prefix = targets.get("witness_prefix") or "\0"
+    abstract_prefix = targets.get("abstract_prefix") or "\0"
+    roots = [tuple(r) for r in targets.get("roots") or []]
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        roots.append((os.environ["XDG_RUNTIME_DIR"], 2))
+    budget = min(WALK_S, max(1.0, float(task.get("deadline_s") or 20) / 3))
+    deadline = time.monotonic() + budget
+    found, facts = find_sockets(roots, skip, deadline)
+    out["facts"].update(facts)
+    out["facts"]["sockets_seen"] = len(found)
+    for path, dev, ino in found:
+        if time.monotonic() > deadline + budget:
+            out["facts"]["touch_stopped"] = path
+            break
+        ours = os.path.basename(path).startswith(prefix)
+        result = touch("path:" + path, path, line if ours else None)
+        result.update({"dev": dev, "ino": ino, "witness": ours})
+        out["attempts"].append(result)
+    skip_abstract = set(targets.get("skip_abstract") or [])
+    for name in own_abstract_names()[:WALK_SOCKETS]:
+        if name in skip_abstract:
+            continue
+        ours = name.startswith(abstract_prefix)
+        result = touch("abstract:" + name, "\0" + name, line if ours else None)
+        result["witness"] = ours
+        out["attempts"].append(result)
+
+
 def control():
     try:
         left, right = socket.socketpair()
@@ -103,6 +249,11 @@ def run(task, out):
             out["attempts"].append(ping("docker:" + path, path, nonce, real_docker=True))
         else:
             out["facts"]["absent:" + path] = True
+    # The sockets already tried above, and the egress route's own socket (the backend's
+    # grant, not a host daemon), are not touched again.
+    skip = set(targets.get("skip") or []) | {targets["unix"]}
+    skip |= set(targets.get("docker_sockets") or [])
+    sweep_class(task, targets, out, skip)
 
 
 def main(argv):

@@ -1,14 +1,29 @@
-"""The unix-socket escape probe, host side: fake daemons on host sockets."""
+"""The ipc probes, host side: unix sockets of the host, and the egress route's own socket.
+
+`ipc_unix_socket_escape` covers the class, not an instance: beside the fixture daemon and the
+real Docker socket, every socket the host keeps in its runtime trees gets a witness socket of
+this cell (`harness.catalog.socket_witness`), and the payload touches every socket it can see.
+A witness that hears the nonce is FAIL whatever the payload says; a real daemon's socket the
+payload connected to is FAIL where the host finds that very inode at that path.
+
+`ipc_proxy_socket_tamper` attacks the route the backend really uses (its `InsideRoute`).
+After either probe's cell the harness removes whatever carries the cell's nonce from every
+host path the payload could have touched, and the evidence lists what it removed.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
 import shutil
 import socket
 import ssl
+import stat
+import sys
+import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,10 +60,21 @@ from harness.catalog.canary import (
     file_diff,
     file_state,
 )
+from harness.catalog.socket_witness import (
+    ABSTRACT_PREFIX,
+    RUNTIME_ROOTS,
+    TMP_ROOT,
+    WITNESS_PREFIX,
+    WitnessSockets,
+    remove_nonce_files,
+    socket_dirs,
+)
 from harness.errors import FixtureError
 from harness.trust import give
 from harness.verdict import Assessment, Expectation
 
+# How many sockets a reason names before it says "and N more": a verdict stays one line.
+REASON_NAMES = 3
 # What probes/ipc_proxy_socket_tamper.py does to a socket and to a shim, in its own words.
 TAMPER_OPS: Final = (
     "socket-chmod",
@@ -61,19 +87,35 @@ TAMPER_OPS: Final = (
 
 
 class IpcUnixSocketEscape(_Spec):
-    """GET /_ping on the host's fake daemon sockets (path and abstract) and the real Docker."""
+    """Every host unix socket the payload can see, each host directory of them witnessed.
+
+    The fixture daemon (path and abstract) gets `GET /_ping` with the nonce, the real Docker
+    socket a bare `/_ping`; every other socket the payload finds is touched once (see
+    probes/ipc_unix_socket_escape.py). Beside the host's real sockets, `prepare` plants the
+    cell's witness sockets; `assess` stops them and records what they heard.
+    """
 
     id = "ipc_unix_socket_escape"
     area = "ipc"
+    host_readings = ("fake daemon log", "witness sockets")
+
+    def __init__(self) -> None:
+        """The witness sockets of each cell, held by nonce between prepare and assess."""
+        self._witnesses: dict[str, WitnessSockets] = {}
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
-        """The socketpair control, the daemon's sockets, and the Docker sockets that exist."""
+        """The socketpair control, the daemon's sockets, the Docker sockets, what it finds.
+
+        The sockets the payload finds (`path:<path>`, `abstract:<name>`) are whatever its
+        view shows: the host knows their form, not their list.
+        """
         targets = task.get("targets") or {}
         abstract = ("daemon-abstract",) if targets.get("abstract") else ()
         docker = (f"docker:{path}" for path in targets.get("docker_sockets") or ())
         return AttemptTable(
             required=attempts_of("socketpair", "daemon-unix", *abstract),
             optional=attempts_of(*docker),
+            discovered=("path:", "abstract:"),
         )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
@@ -81,12 +123,44 @@ class IpcUnixSocketEscape(_Spec):
         return "denied" if policy.ipc == "isolated" else "allowed"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """The fake daemon's sockets and the real Docker socket paths to try."""
-        daemon = ctx.world.info.daemon
-        return {"unix": daemon.unix, "abstract": daemon.abstract, "docker_sockets": DOCKER_SOCKETS}
+        """Plant the witnesses; the daemon's sockets, the Docker paths and the trees to walk.
+
+        The world's run dir and the run's scratch are no witness sites: they hold the egress
+        route and the fixture daemon, judged by their own witnesses. The route's socket is
+        handed to the payload as one to skip: it is the backend's grant, not a host daemon.
+        """
+        info = ctx.world.info
+        daemon = info.daemon
+        scratch = ctx.cell_dir.parent.parent
+        witnesses = WitnessSockets(
+            ctx.nonce,
+            socket_dirs(exclude=(Path(info.run_dir), scratch)),
+            abstract=sys.platform.startswith("linux"),
+        )
+        self._witnesses[ctx.nonce] = witnesses
+        witnesses.plant()
+        witnesses.start()
+        _save_state(
+            ctx,
+            {"planted": sorted(witnesses.planted), "not_planted": witnesses.skipped},
+        )
+        roots = [*RUNTIME_ROOTS, TMP_ROOT]
+        if os.environ.get("XDG_RUNTIME_DIR"):
+            roots.append((os.environ["XDG_RUNTIME_DIR"], 2))
+        skip = [info.proxy.socket, *([ctx.route.proxy_socket] if ctx.route else [])]
+        return {
+            "unix": daemon.unix,
+            "abstract": daemon.abstract,
+            "docker_sockets": DOCKER_SOCKETS,
+            "roots": [[root, depth] for root, depth in roots],
+            "witness_prefix": WITNESS_PREFIX,
+            "abstract_prefix": ABSTRACT_PREFIX,
+            "skip": skip,
+            "skip_abstract": [daemon.abstract] if daemon.abstract else [],
+        }
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
-        """The host gets /_ping from each fake daemon socket and each request is logged."""
+        """The host gets /_ping from each fake daemon socket, and every witness hears the host."""
         daemon, nonce = ctx.world.info.daemon, _control_nonce()
         sockets = {"unix": daemon.unix}
         if daemon.abstract:
@@ -105,6 +179,9 @@ class IpcUnixSocketEscape(_Spec):
             _check(f"daemon logged host {kind}", kind in logged, ",".join(sorted(map(str, logged))))
             for kind in sockets
         )
+        witnesses = self._witnesses.get(ctx.nonce)
+        if witnesses is not None:
+            checks.append(_witnesses_hear_host(witnesses, nonce))
         return _control(nonce, checks)
 
     def assess(
@@ -114,32 +191,47 @@ class IpcUnixSocketEscape(_Spec):
         witness: WitnessRecordsLike,
         control: dict[str, Any],
     ) -> Assessment:
-        """A daemon request with the nonce, or a real Docker answer, is an escape."""
+        """Any host socket the payload reached is an escape; the witnesses stop here.
+
+        What counts: a witness that heard the payload, a daemon request with the nonce, the
+        real Docker answering, a real daemon's socket whose inode the host confirms. The
+        witnesses are stopped and removed here, so the evidence lists what was removed.
+        """
         escapes = _attempts(report, "escape")
-        harness_attempts = [a for a in escapes if not a.get("real_docker")]
+        fixed = [a for a in escapes if not _is_class(a)]
+        harness_attempts = [a for a in fixed if not a.get("real_docker")] + [
+            a for a in escapes if _is_class(a) and a.get("witness")
+        ]
         docker = [a for a in escapes if a.get("real_docker")]
         docker_answered = [a for a in docker if a.get("outcome") == "succeeded"]
         observed = _observed(escapes)
         hits = _with_nonce(witness.daemon, ctx.nonce)
+        heard = self._stop_witnesses(ctx, open_leg=self.expectation(ctx.policy) == "allowed")
+        confirmed = _host_confirmed(escapes)
         reasons = [
+            *heard["reasons"],
+            *(_exposed(a) for a in confirmed[:REASON_NAMES]),
             f"fake daemon logged {len(hits)} requests with the nonce",
-            f"payload: {_summary(escapes)}",
+            f"payload: {_summary(fixed)}; {_class_summary(escapes)}",
         ]
+        if len(confirmed) > REASON_NAMES:
+            reasons.insert(REASON_NAMES, f"and {len(confirmed) - REASON_NAMES} more host sockets")
         if docker_answered:
             reasons.append(
                 "the real docker socket answered /_ping inside "
                 "(payload-side evidence: no host witness for the real docker socket)"
             )
         private = _private_namespace(report, "net") or _private_namespace(report, "mnt")
-        escape = _judge(_observed(harness_attempts), bool(hits), private, reasons)
-        # The real daemon has no host witness, so its answer counts only against a sandbox
+        seen = bool(hits) or bool(heard["heard"])
+        escape = _judge(_observed(harness_attempts), seen, private, reasons)
+        # The real daemons have no host witness, so their answer counts only against a sandbox
         # that must deny it. On the control leg it must not stand in for the fake daemon's
-        # hits: that leg vouches that this probe's witness can see an escape at all.
-        if docker_answered and self.expectation(ctx.policy) == "denied":
+        # and the witnesses' hits: that leg vouches that this probe's witnesses see at all.
+        if (docker_answered or confirmed) and self.expectation(ctx.policy) == "denied":
             escape = "escaped"
         controls = _attempts(report, "control")
         inside_ok = _all_succeeded(controls)
-        return _conclude(
+        assessment = _conclude(
             escape,
             observed,
             reasons,
@@ -147,9 +239,162 @@ class IpcUnixSocketEscape(_Spec):
             inside_failed=f"in-sandbox control failed: {_summary(controls)}",
             host_control=control,
             host_failed="host control failed",
-            witness={"daemon": hits, "real_docker_payload_only": docker},
+            witness={
+                "daemon": hits,
+                "real_docker_payload_only": docker,
+                "witness_sockets": heard["evidence"],
+                "host_sockets_reached": [
+                    {k: a.get(k) for k in ("what", "dev", "ino", "host")} for a in confirmed
+                ],
+            },
             controls={"inside": controls, "host": control},
         )
+        if heard["evidence"].get("planted"):
+            assessment = dataclasses.replace(
+                assessment, corroborated_by=[*assessment.corroborated_by, "witness sockets"]
+            )
+        return assessment
+
+    def _stop_witnesses(self, ctx: CellContext, *, open_leg: bool) -> dict[str, Any]:
+        """Stop the cell's witnesses, remove them, and read what they heard from the payload.
+
+        A connection of the cell's phase counts when its line carries the nonce, or when the
+        peer is the payload process the host read at the rendezvous (a payload that connects
+        and says nothing is still the payload). Reasons name each witness and the fix.
+        """
+        witnesses = self._witnesses.pop(ctx.nonce, None)
+        state = _load_state(ctx)
+        if witnesses is None:
+            return {"heard": [], "reasons": [], "evidence": {"planted": []}}
+        payload_pid = ctx.host_view.get("pid") if ctx.host_view.get("seen") else None
+        heard = [
+            e
+            for e in witnesses.records()
+            if e["phase"] == "cell"
+            and (ctx.nonce in e["line"] or (payload_pid and e["peer"]["pid"] == payload_pid))
+        ]
+        removed = witnesses.stop()
+        removed += remove_nonce_files(witnesses.dirs, ctx.nonce)
+        sites = sorted({e["witness"] for e in heard})
+        if open_leg:
+            # Where nothing is confined the witnesses must hear it: no fix to name.
+            shown = ", ".join(sites[:REASON_NAMES])
+            reasons = [f"witness sockets heard the payload: {shown}"] if sites else []
+        else:
+            reasons = [_witness_reason(site) for site in sites[:REASON_NAMES]]
+        if len(sites) > REASON_NAMES:
+            reasons.append(f"and {len(sites) - REASON_NAMES} more witness sockets heard it")
+        evidence = {
+            "planted": state.get("planted", []),
+            "not_planted": state.get("not_planted", {}),
+            "heard": heard,
+            "removed": removed,
+        }
+        return {"heard": heard, "reasons": reasons, "evidence": evidence}
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Stop and remove the witnesses of a cell that never got to `assess`."""
+        witnesses = self._witnesses.pop(ctx.nonce, None)
+        if witnesses is not None:
+            witnesses.stop()
+            remove_nonce_files(witnesses.dirs, ctx.nonce)
+
+
+def _is_class(attempt: dict[str, Any]) -> bool:
+    """Whether an attempt is one of the class walk's (a socket the payload found)."""
+    return str(attempt.get("what", "")).startswith(("path:", "abstract:"))
+
+
+def _host_confirmed(escapes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Path attempts that connected to a socket the host has at that path, at that inode.
+
+    The host's own stat decides, never the payload's word alone: a socket the payload
+    reached at a path where the host keeps a different inode (the sandbox's own /run) is
+    sandbox-private. Witnesses are judged by what they heard, not here.
+    """
+    confirmed = []
+    for attempt in escapes:
+        what = str(attempt.get("what", ""))
+        if not what.startswith("path:") or attempt.get("witness"):
+            continue
+        if attempt.get("outcome") != "succeeded":
+            continue
+        path = what.removeprefix("path:")
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        same = (info.st_dev, info.st_ino) == (attempt.get("dev"), attempt.get("ino"))
+        if stat.S_ISSOCK(info.st_mode) and same:
+            confirmed.append(attempt | {"host": {"dev": info.st_dev, "ino": info.st_ino}})
+    return confirmed
+
+
+def _exposed(attempt: dict[str, Any]) -> str:
+    """The reason for a host daemon socket the payload reached, naming the path and the fix."""
+    path = str(attempt.get("what", "")).removeprefix("path:")
+    return (
+        f"the payload connected to the host's {path} (the host has that socket at that inode): "
+        f"the sandbox exposes the host's {Path(path).parent}; do not bind it into the sandbox"
+    )
+
+
+def _witness_reason(site: str) -> str:
+    """The reason for a witness that heard the payload, naming where it sat and the fix."""
+    if site.startswith("@"):
+        return (
+            f"the abstract witness {site} heard the payload: the sandbox shares the host's "
+            "abstract unix namespace (it lives in the network namespace); unshare the network"
+        )
+    directory = Path(site).parent
+    return (
+        f"witness socket {site} heard the payload: the sandbox exposes the host's "
+        f"{directory}; do not bind {directory} (or a parent of it) into the sandbox"
+    )
+
+
+def _class_summary(escapes: list[dict[str, Any]]) -> str:
+    """The class walk in a few words: how many sockets it touched, which it connected to."""
+    found = [a for a in escapes if _is_class(a)]
+    connected = [str(a.get("what")) for a in found if a.get("outcome") == "succeeded"]
+    named = ", ".join(connected[:REASON_NAMES])
+    more = f" and {len(connected) - REASON_NAMES} more" if len(connected) > REASON_NAMES else ""
+    return f"walk touched {len(found)} sockets, connected to {len(connected)}" + (
+        f" ({named}{more})" if connected else ""
+    )
+
+
+def _witnesses_hear_host(witnesses: WitnessSockets, nonce: str) -> dict[str, Any]:
+    """Host control: the harness connects to every witness with its own nonce; each logs it."""
+    witnesses.enter_control()
+    line = f"SANDBOX-ATTEST-WITNESS {nonce}\n".encode()
+    for address in witnesses.planted:
+        with contextlib.suppress(OSError):
+            if address.startswith("@"):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(HOST_TIMEOUT_S)
+                try:
+                    sock.connect("\0" + address[1:])
+                except OSError:
+                    sock.close()
+                    raise
+            else:
+                sock = _connect_unix(address)  # through a dir fd where the path is long
+            with sock:
+                sock.sendall(line)
+    want = set(witnesses.planted)
+    deadline = time.monotonic() + 3.0
+    got: set[str] = set()
+    while time.monotonic() < deadline:
+        got = {e["witness"] for e in witnesses.heard(nonce, phase="host-control")}
+        if got >= want:
+            break
+        time.sleep(0.02)
+    missing = sorted(want - got)
+    detail = f"{len(got & want)} of {len(want)} witnesses heard the host" + (
+        f"; silent: {', '.join(missing[:REASON_NAMES])}" if missing else ""
+    )
+    return _check("witness sockets hear the host", bool(want) and not missing, detail)
 
 
 def _host_ping(kind: str, address: str, nonce: str) -> dict[str, Any]:
@@ -296,6 +541,7 @@ class IpcProxySocketTamper(_Spec):
 
     id = "ipc_proxy_socket_tamper"
     area = "ipc"
+    host_readings = ("socket and shim states on the host",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Every op on the workspace copies and the decoy; on the in-sandbox route if found.
