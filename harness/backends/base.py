@@ -16,16 +16,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
+from harness.claims import (
+    EnvironmentMode,
+    NetworkCut,
+    ReadsMode,
+    SyscallsMode,
+    WritesMode,
+    claims_of,
+)
 from harness.provenance import executable_facts
 from harness.trust import PayloadUser, payload_user
 from harness.world.info import WorldInfo
 
-# What a backend claims to enforce, so a verdict judges it against its own claim.
+# What a backend claims to enforce, so a verdict judges it against its own claim (the types
+# of the newer claims live in harness/claims.py, which the catalogue reads them through).
 #   network: "open"   nothing confines the network (the control leg)
 #            "proxy"  the only route out is an egress proxy with an allowlist
 #            "none"   no network at all
-#   filesystem: "open" | "workspace" (writes only inside the workspace)
+#   filesystem: "open" | "workspace" (the old shorthand: "workspace" is reads = "workspace"
+#            and writes = "workspace", "open" is both open)
 #   ipc: "open" | "isolated" (no host unix/abstract sockets, no host processes)
+#   reads: "open"      the payload may read the whole host (srt, Codex)
+#          "workspace" nothing outside the workspace and the granted read-only paths
+#          "deny"      everything but `read_deny` (the paths that must be unreadable)
+#   writes: "open" | "workspace" | "allow" (the workspace and `write_allow` only)
+#   environment: "scrubbed" (only the declared variables reach the payload) | "passthrough"
+#   syscalls: "filtered" (a seccomp-style filter closes the kernel's riskiest doors) | "open"
+#   network_cut: how a network claim other than "open" is enforced:
+#          "namespace"  the payload has a network namespace of its own (bwrap, docker)
+#          "seccomp"    it shares the harness's namespace; a syscall filter refuses the
+#                       connects (Codex's seccomp-only mode)
+#          "proxy-only" it shares the host network, and a profile lets it reach only the
+#                       proxy: seatbelt and AppContainer work this way
+#   runs_as: who the payload runs as on the host: "" (no claim), "non-root", "payload-user"
+#          (the harness's payload user, harness/trust.py), a user name, or a uid as digits
 NetworkMode = Literal["open", "proxy", "none"]
 FilesystemMode = Literal["open", "workspace"]
 IpcMode = Literal["open", "isolated"]
@@ -64,7 +88,15 @@ PROXY_FROM_ENV = "from-env"
 
 @dataclass(frozen=True)
 class DeclaredPolicy:
-    """The confinement a backend promises; verdicts hold it to exactly this."""
+    """The confinement a backend promises; verdicts hold it to exactly this.
+
+    Build it with the three old keys alone (`network`, `filesystem`, `ipc`) and every newer
+    claim takes the meaning those keys always had: `filesystem = "workspace"` is reads and
+    writes limited to the workspace, `ipc = "isolated"` a filtered syscall surface, a network
+    claim other than "open" a namespace of its own. Pass a newer claim to say more (or less).
+    `__post_init__` fills the derived claims in, so after construction none is None. It does
+    not check that the sandbox keeps its promise: the probes do.
+    """
 
     network: NetworkMode
     filesystem: FilesystemMode
@@ -72,9 +104,61 @@ class DeclaredPolicy:
     # Resource limits the backend applies, as (name, value) pairs: "fsize_mib", "nofile",
     # "forks", "memory_mib". Empty: the backend claims none (resource_limits is INCONCLUSIVE).
     limits: tuple[tuple[str, int], ...] = ()
+    reads: ReadsMode | None = None  # None: from `filesystem`
+    read_deny: tuple[str, ...] = ()  # with reads = "deny": what must be unreadable ("~/.ssh")
+    writes: WritesMode | None = None  # None: from `filesystem`
+    write_allow: tuple[str, ...] = ()  # with writes = "allow": writable besides the workspace
+    # Workspace-relative paths the payload must not change even inside its workspace.
+    protected: tuple[str, ...] = ()
+    environment: EnvironmentMode = "scrubbed"
+    syscalls: SyscallsMode | None = None  # None: "filtered" where ipc is isolated
+    network_cut: NetworkCut | None = None  # None: "namespace" where the network is claimed
+    runs_as: str = ""
+
+    def __post_init__(self) -> None:
+        """Fill the derived claims from the old keys (frozen, hence object.__setattr__)."""
+        if self.reads is None:
+            object.__setattr__(self, "reads", self.filesystem)
+        if self.writes is None:
+            object.__setattr__(self, "writes", self.filesystem)
+        if self.syscalls is None:
+            object.__setattr__(self, "syscalls", "filtered" if self.ipc == "isolated" else "open")
+        if self.network_cut is None and self.network != "open":
+            object.__setattr__(self, "network_cut", "namespace")
+
+    @property
+    def claims_nothing(self) -> bool:
+        """Whether this is the control leg's claim: nothing at all is confined.
+
+        Only such a backend is expected to show every escape; any other backend is judged
+        NOT_APPLICABLE by a probe whose only claim it does not make.
+        """
+        return claims_of(self).nothing
+
+    def claims(self) -> dict[str, Any]:
+        """Every claim in the TOML form of a spec's `[policy]`, for `verify` and policies."""
+        data: dict[str, Any] = {
+            "network": self.network,
+            "reads": {"deny": list(self.read_deny)} if self.reads == "deny" else self.reads,
+            "writes": {"allow": list(self.write_allow)} if self.writes == "allow" else self.writes,
+            "ipc": self.ipc,
+            "environment": self.environment,
+            "syscalls": self.syscalls,
+        }
+        if self.network_cut is not None:
+            data["network_cut"] = self.network_cut
+        if self.protected:
+            data["protected"] = list(self.protected)
+        if self.runs_as:
+            data["runs_as"] = self.runs_as
+        return data
 
     def as_dict(self) -> dict[str, Any]:
-        """The policy as plain JSON data for evidence and identity digests."""
+        """The old three keys (and the limits) as plain JSON data; `claims()` has the rest.
+
+        Kept in its old shape so an identity's `policy` means what it always meant; the
+        identity carries every claim beside it, under `claims`.
+        """
         data: dict[str, Any] = {
             "network": self.network,
             "filesystem": self.filesystem,
@@ -175,6 +259,9 @@ class Identity:
             "version": self.version,
             "platform": self.platform,
             "policy": self.policy.as_dict(),
+            # Every claim the backend makes, in a spec's TOML form: what each verdict was
+            # judged against, what a release policy's `claims` require, what `verify` shows.
+            "claims": self.policy.claims(),
             "profile": self.profile,
             "profile_digest": self.profile_digest,
             "executables": self.executables,

@@ -36,6 +36,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal, cast, get_args
 
 from harness.backends.base import DeclaredPolicy, FilesystemMode, IpcMode, NetworkMode
+from harness.claims import (
+    RUNS_AS_RE,
+    RUNS_AS_WORDS,
+    EnvironmentMode,
+    NetworkCut,
+    ReadsMode,
+    SyscallsMode,
+    WritesMode,
+)
 from harness.errors import ConfigError
 
 SpecEgress = Literal["harness-unix", "harness-tcp", "own"]
@@ -122,7 +131,19 @@ SECTION_KEYS: Final[dict[str, set[str]]] = {
         "user_reason",
     },
     "env": {"set", "wrapper"},
-    "policy": {"network", "filesystem", "ipc", "limits"},
+    "policy": {
+        "network",
+        "filesystem",
+        "ipc",
+        "limits",
+        "reads",
+        "writes",
+        "protected",
+        "environment",
+        "syscalls",
+        "network_cut",
+        "runs_as",
+    },
 }
 # The resource limits a spec may claim ([policy] limits = {fsize_mib = 16, nofile = 256}); the
 # resource_limits probe holds the wrapper to them.
@@ -536,17 +557,27 @@ def _env(source: Path, table: dict[str, Any]) -> tuple[dict[str, str], dict[str,
 
 
 def _policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
-    for key in SECTION_KEYS["policy"] - {"limits"}:
-        if key not in table:
+    """`[policy]`: the claims a wrapper is judged against (README "Claims" has the table).
+
+    `filesystem` is the old shorthand for reads and writes together; a `reads` or `writes`
+    key beside it overrides that half, and with both of them it may be left out. Every other
+    new claim has the default the old keys always meant, so no old spec changes meaning.
+    """
+    has_fs = "filesystem" in table or {"reads", "writes"} <= set(table)
+    for key in ("network", "filesystem", "ipc"):
+        if key not in table and (key != "filesystem" or not has_fs):
             raise _fail(
                 source,
                 f"[policy] {key}",
                 f"is missing; add {key} = ... under [policy]: a wrapper is judged against "
-                "its own claim, so declare network, filesystem and ipc",
+                "its own claim, so declare network, filesystem (or reads and writes) and ipc",
             )
     network = _choice(source, "[policy] network", table["network"], get_args(NetworkMode))
     filesystem = _choice(
-        source, "[policy] filesystem", table["filesystem"], get_args(FilesystemMode)
+        source,
+        "[policy] filesystem",
+        table.get("filesystem", "workspace"),
+        get_args(FilesystemMode),
     )
     ipc = _choice(source, "[policy] ipc", table["ipc"], get_args(IpcMode))
     limits = table.get("limits", {})
@@ -560,11 +591,110 @@ def _policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
             f"must map names from {sorted(LIMIT_NAMES)} to positive integers "
             "(e.g. limits = {fsize_mib = 16, nofile = 256})",
         )
+    reads, read_deny = _path_claim(source, "reads", table.get("reads", filesystem), "deny")
+    writes, write_allow = _path_claim(source, "writes", table.get("writes", filesystem), "allow")
+    cut = table.get("network_cut")
+    if cut is not None and network == "open":
+        raise _fail(
+            source,
+            "[policy] network_cut",
+            'says how a network claim is enforced, and network = "open" claims none; drop '
+            'network_cut or claim network = "none" or "proxy"',
+        )
     return DeclaredPolicy(
         cast("NetworkMode", network),
-        cast("FilesystemMode", filesystem),
+        # What the old shorthand means for the probes that read it: writes confined or not.
+        "open" if writes == "open" else "workspace",
         cast("IpcMode", ipc),
         limits=tuple(sorted(limits.items())),
+        reads=cast("ReadsMode", reads),
+        read_deny=read_deny,
+        writes=cast("WritesMode", writes),
+        write_allow=write_allow,
+        protected=_protected(source, table.get("protected", [])),
+        environment=cast(
+            "EnvironmentMode",
+            _choice(
+                source,
+                "[policy] environment",
+                table.get("environment", "scrubbed"),
+                get_args(EnvironmentMode),
+            ),
+        ),
+        syscalls=cast(
+            "SyscallsMode",
+            _choice(
+                source,
+                "[policy] syscalls",
+                table.get("syscalls", "filtered" if ipc == "isolated" else "open"),
+                get_args(SyscallsMode),
+            ),
+        ),
+        network_cut=None
+        if network == "open"
+        else cast(
+            "NetworkCut",
+            _choice(source, "[policy] network_cut", cut or "namespace", get_args(NetworkCut)),
+        ),
+        runs_as=_runs_as(source, table.get("runs_as", "")),
+    )
+
+
+def _path_claim(source: Path, key: str, value: object, listed: str) -> tuple[str, tuple[str, ...]]:
+    """`reads`/`writes`: "open", "workspace", or a `{deny|allow = [paths]}` table."""
+    example = f'{key} = {{ {listed} = ["~/.ssh", "/etc/shadow"] }}'
+    if isinstance(value, dict):
+        if set(value) != {listed}:
+            raise _fail(
+                source,
+                f"[policy] {key}",
+                f"a table takes the one key {listed!r}, got {sorted(value)}; write {example}",
+            )
+        paths = _str_list(source, f"[policy] {key}.{listed}", value[listed], required=True)
+        bad = [p for p in paths if not (p.startswith(("/", "~/")) or p == "~")]
+        if not paths or bad:
+            raise _fail(
+                source,
+                f"[policy] {key}.{listed}",
+                f"needs absolute paths or paths under the payload user's ~ ({bad or 'none given'}"
+                " are not); write " + example,
+            )
+        return listed, paths
+    if value not in ("open", "workspace"):
+        raise _fail(
+            source,
+            f"[policy] {key}",
+            f'is {_shown(value)}; choose "open", "workspace" or a table: {example}',
+        )
+    return str(value), ()
+
+
+def _protected(source: Path, value: object) -> tuple[str, ...]:
+    """`protected`: workspace-relative paths the payload must not change even there."""
+    paths = _str_list(source, "[policy] protected", value, required=False)
+    for path in paths:
+        pure = PurePosixPath(path)
+        if not path or pure.is_absolute() or ".." in pure.parts:
+            raise _fail(
+                source,
+                "[policy] protected",
+                f"{path!r} must be a path relative to the workspace without '..' "
+                '(e.g. protected = [".bashrc", ".git/hooks"])',
+            )
+    return paths
+
+
+def _runs_as(source: Path, value: object) -> str:
+    """`runs_as`: "non-root", "payload-user", a user name, or a uid (digits or a number)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if isinstance(value, str) and (value in ("", *RUNS_AS_WORDS) or RUNS_AS_RE.fullmatch(value)):
+        return value
+    raise _fail(
+        source,
+        "[policy] runs_as",
+        f'is {_shown(value)}; write "non-root", "payload-user" (the harness\'s payload user), '
+        "a user name, or a uid number",
     )
 
 
