@@ -195,6 +195,32 @@ class TestWaitsToBeAsked:
         assert "--require-backend" not in proc.stdout.replace("--sandbox-attest-require", "")
 
     @pytest.mark.needs_bwrap
+    def test_bare_flag_runs_the_package_matrix_alone(self, project: Path) -> None:
+        """`pytest --sandbox-attest` runs the package's matrix only, ids `matrix.toml::<cell>`.
+
+        `-k` keeps two cells, so the evidence is incomplete and the gate fails, as it must;
+        the project's own test is not collected at all without test paths on the line.
+        """
+        (project / "test_unit.py").write_text('def test_unit():\n    """Never run."""\n')
+        out = project / "report"
+        proc = vendor_pytest(
+            project,
+            "-v",
+            "--sandbox-attest",
+            "--sandbox-attest-backend=bubblewrap",
+            f"--sandbox-attest-report-dir={out}",
+            "-k",
+            "net_denied_host",
+        )
+        log = proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert "\nmatrix.toml::none-net_denied_host PASS" in proc.stdout, log
+        assert "\nmatrix.toml::bubblewrap-net_denied_host PASS" in proc.stdout, log
+        assert "site-packages" not in proc.stdout.split("collected", 1)[1].split("=====")[0]
+        assert "test_unit" not in proc.stdout, log
+        assert "cells: the evidence is incomplete" in proc.stdout, log
+        assert proc.returncode == 1, log
+
+    @pytest.mark.needs_bwrap
     def test_ini_option_collects_the_matrix_beside_the_projects_tests(self, project: Path) -> None:
         """`sandbox_attest_matrix` in a project's pytest.ini: bare `pytest` runs both, ids clean."""
         attest = project / "attest"
