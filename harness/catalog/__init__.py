@@ -3,7 +3,7 @@
 Each payload in `probes/` runs inside the sandbox and only reports what it saw. Its spec here
 runs on the host, in the module of its area (the `area` of the spec and the first word of its
 id): `net` (a package: `route` through the egress proxy, `direct` around it), `dns`, `ipc`,
-`fs`, `env`, `proc`, `lifecycle` and `pkg`. Each keeps its readings next to its own helpers.
+`fs`, `dev`, `env`, `proc`, `lifecycle` and `pkg`. Each keeps its readings next to its own helpers.
 
 Imports flow down. The area modules never import one another; what several of them share
 lives below them: `base` (the protocol, the cell, the readings every spec uses), `canary`
@@ -27,6 +27,7 @@ from harness.catalog.base import (
     probe_path,
     report_mismatch,
 )
+from harness.catalog.dev import DevAccess
 from harness.catalog.dns import DnsResolution
 from harness.catalog.env import EnvInheritance
 from harness.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets, FsWriteOutside
@@ -78,6 +79,7 @@ _SPECS: tuple[ProbeSpec, ...] = (
     FsReadSecrets(),
     FsProtectedInWorkspace(),
     FsLinkEscape(),
+    DevAccess(),
     EnvInheritance(),
     IpcProxySocketTamper(),
     LifecycleOrphans(),

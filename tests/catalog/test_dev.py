@@ -1,0 +1,229 @@
+"""dev_access: which host devices a payload opens, read against the host's own device table.
+
+The live tests run the real payload through the real runner against this host's /dev: on the
+control leg it opens a device beyond the harmless set (the escape the probe must see), and
+under bubblewrap's minimal /dev it opens none. The unit tests read hand-made reports, with
+the host's real device table, through the assessor.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.backends.base import Backend, DeclaredPolicy
+from harness.backends.bubblewrap import BubblewrapBackend
+from harness.backends.none import NoneBackend
+from harness.catalog import PROBES
+from harness.catalog.base import CellContext
+from harness.catalog.dev import (
+    CONTROL_DEVICES,
+    DevAccess,
+    device_nodes,
+    harmless_rdev,
+    open_devices,
+    payload_user_devices,
+    sensitive,
+)
+from harness.matrix import Cell, ProbeRow
+from harness.runner import CellRunner
+from harness.trust import payload_user
+from harness.verdict import decide
+from harness.world.core import World, start_world
+
+CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
+SPEC = DevAccess()
+HERE = sensitive(payload_user_devices(payload_user()))
+
+needs_a_sensitive_device = pytest.mark.skipif(
+    not HERE, reason="no device beyond the harmless set opens for the payload user here"
+)
+
+
+@dataclass
+class Records:
+    """Empty witness records: this probe's witness is the host's device table."""
+
+    origin: list[dict[str, Any]] = field(default_factory=list)
+    dns: list[dict[str, Any]] = field(default_factory=list)
+    proxy: list[dict[str, Any]] = field(default_factory=list)
+    direct_tcp: list[dict[str, Any]] = field(default_factory=list)
+    direct_udp: list[dict[str, Any]] = field(default_factory=list)
+    daemon: list[dict[str, Any]] = field(default_factory=list)
+
+
+def opened(what: str, rdev: str, role: str = "escape") -> dict[str, Any]:
+    """A succeeded read-only open, as the payload reports one."""
+    path = "/dev/" + what.split(":", 1)[1]
+    return {
+        "what": what,
+        "role": role,
+        "outcome": "succeeded",
+        "path": path,
+        "rdev": rdev,
+        "kind": "char",
+    }
+
+
+def refused(what: str, err: str = "ENOENT") -> dict[str, Any]:
+    """A refused open, as the payload reports one."""
+    return {"what": what, "role": "escape", "outcome": "refused", "errno": err}
+
+
+def controls() -> list[dict[str, Any]]:
+    """The harmless controls opened, with this host's own device numbers."""
+    nodes = device_nodes()
+    return [opened(f"control:{n}", nodes[n]["rdev"], "control") for n in CONTROL_DEVICES]
+
+
+def assess(tmp_path: Path, attempts: list[dict[str, Any]]) -> tuple[str, Any]:
+    """The decision for one hand-made report under a confining claim, with a real control."""
+    ctx = CellContext(
+        probe=SPEC.id,
+        backend="unit",
+        nonce="n" + secrets.token_hex(8),
+        world=None,  # type: ignore[arg-type]  # dev_access never reads the world
+        workspace=tmp_path,
+        cell_dir=tmp_path,
+        policy=CONFINED,
+        user=payload_user(),
+    )
+    control = SPEC.host_control(ctx)
+    assessment = SPEC.assess(ctx, {"attempts": attempts}, Records(), control)
+    return decide(SPEC.expectation(CONFINED), assessment).verdict.value, assessment
+
+
+class TestHostTable:
+    def test_null_is_harmless_and_kvm_is_not(self) -> None:
+        """1:3 (null) and the pty slaves are harmless; 10:232 (kvm) and 1:1 (mem) are not."""
+        assert harmless_rdev("1:3")
+        assert harmless_rdev("136:4")
+        assert not harmless_rdev("10:232")
+        assert not harmless_rdev("1:1")
+
+    def test_device_nodes_reads_this_hosts_null(self) -> None:
+        """The host's /dev/null is a character device 1:3."""
+        assert device_nodes()["null"] == {"kind": "char", "rdev": "1:3"}
+
+    def test_open_devices_never_opens_a_watchdog(self) -> None:
+        """The host's own scan skips watchdog nodes, whose open arms a reboot timer."""
+        assert not [rel for rel in open_devices() if Path(rel).name.startswith("watchdog")]
+
+    def test_the_harmless_class_is_not_sensitive(self) -> None:
+        """The payload user's table here opens every control device, none of them sensitive."""
+        table = payload_user_devices(payload_user())
+        assert all(table[n]["opened"] for n in CONTROL_DEVICES), table
+        assert not set(CONTROL_DEVICES) & set(sensitive(table))
+
+    def test_registered_in_the_catalogue(self) -> None:
+        """dev_access is a catalogue probe of the dev area."""
+        assert PROBES["dev_access"].area == "dev"
+
+
+class TestAssess:
+    @needs_a_sensitive_device
+    def test_an_opened_sensitive_device_fails_naming_it(self, tmp_path: Path) -> None:
+        """An opened device outside the harmless class is FAIL naming its host path and the fix."""
+        rel = HERE[0]
+        rdev = device_nodes()[rel]["rdev"]
+        verdict, assessment = assess(tmp_path, [*controls(), opened(f"dev:{rel}", rdev)])
+        assert verdict == "FAIL", assessment.reasons
+        assert f"the sandbox exposes /dev/{rel}" in assessment.reasons[0]
+        assert f"the host's /dev/{rel}" in assessment.reasons[0]
+        assert "do not bind the host's /dev" in assessment.reasons[0]
+
+    @needs_a_sensitive_device
+    def test_a_renamed_device_is_named_by_the_hosts_path(self, tmp_path: Path) -> None:
+        """A sensitive device under a harmless name inside is judged by its number, not name."""
+        rel = HERE[0]
+        rdev = device_nodes()[rel]["rdev"]
+        verdict, assessment = assess(tmp_path, [*controls(), opened("dev:tty", rdev)])
+        assert verdict == "FAIL", assessment.reasons
+        assert f"/dev/tty (char {rdev}" in assessment.reasons[0]
+        assert f"the host's /dev/{rel}" in assessment.reasons[0]
+
+    @needs_a_sensitive_device
+    def test_every_open_refused_passes(self, tmp_path: Path) -> None:
+        """Sensitive devices refused inside, controls open, host opens them: PASS."""
+        attempts = [*controls(), *(refused(f"dev:{rel}") for rel in HERE), refused("dev:tty")]
+        verdict, assessment = assess(tmp_path, attempts)
+        assert verdict == "PASS", assessment.reasons
+        assert assessment.reasons[0].startswith("no device beyond the harmless set opened")
+
+    @needs_a_sensitive_device
+    def test_a_failed_control_is_inconclusive(self, tmp_path: Path) -> None:
+        """No harmless device opened inside: nothing shows the probe could open one."""
+        attempts = [refused(f"control:{n}") for n in CONTROL_DEVICES]
+        attempts += [refused(f"dev:{rel}") for rel in HERE]
+        verdict, assessment = assess(tmp_path, attempts)
+        assert verdict == "INCONCLUSIVE", assessment.reasons
+        assert any("the harmless devices did not open inside" in r for r in assessment.reasons)
+
+    @needs_a_sensitive_device
+    def test_a_control_with_a_foreign_number_is_inconclusive(self, tmp_path: Path) -> None:
+        """A "null" that is not the host's 1:3 shows the report is not about this host."""
+        attempts = [opened("control:null", "1:1", "control"), *controls()[1:]]
+        attempts += [refused(f"dev:{rel}") for rel in HERE]
+        verdict, assessment = assess(tmp_path, attempts)
+        assert verdict == "INCONCLUSIVE", assessment.reasons
+        assert any(
+            "control:null opened a device the host does not" in r for r in assessment.reasons
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Live: the real payload, the real runner, this host's /dev.
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """One real fixture world for the module."""
+    started = start_world(tmp_path_factory.mktemp("world"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """dev_access on the control leg and under bubblewrap, in one runner."""
+    scratch = tmp_path_factory.mktemp("dev")
+    scratch.chmod(0o755)
+    backends: dict[str, Backend] = {"none": NoneBackend(), "bubblewrap": BubblewrapBackend()}
+    availability = {n: b.availability() for n, b in backends.items()}
+    assert all(a.ok for a in availability.values()), availability
+    runner = CellRunner(
+        world=world,
+        scratch=scratch,
+        backends=backends,
+        availability=availability,
+        platform="linux",
+    )
+    return {
+        name: runner.run_cell(Cell(name, ProbeRow("dev_access", 30), None)) for name in backends
+    }
+
+
+@needs_a_sensitive_device
+@pytest.mark.skipif(os.geteuid() != 0, reason="bubblewrap cells run as the payload user as root")
+class TestLive:
+    def test_control_leg_sees_the_escape(self, live: dict[str, dict[str, Any]]) -> None:
+        """Unconfined, the payload opens the host's sensitive devices: the escape is seen."""
+        entry = live["none"]
+        assert entry["verdict"] == "PASS", entry["reason"]
+        assert entry["escape"] == "escaped", entry["reason"]
+        assert f"the sandbox exposes /dev/{HERE[0]}" in entry["reason"]
+
+    def test_bubblewrap_minimal_dev_refuses_them(self, live: dict[str, dict[str, Any]]) -> None:
+        """Under bubblewrap (--dev) the payload gets harmless devices only: PASS, all refused."""
+        entry = live["bubblewrap"]
+        assert entry["verdict"] == "PASS", entry["reason"]
+        assert entry["escape"] == "refused", entry["reason"]
+        named = {a["what"] for a in entry["attempts"]}
+        assert {f"dev:{rel}" for rel in HERE} <= named
