@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -68,7 +69,7 @@ class Snapshot:
         processes: `"<pid> <command line>"` of every harness process.
         mounts: mount points that name sandbox-attest or the clone.
         containers: docker containers and images of the harness (or one entry saying why
-            docker could not be asked).
+            docker could not be asked); narrowed to the soak's runs by `only_runs`.
         tmp_entries: harness-named entries of /tmp and of the journal.
     """
 
@@ -154,6 +155,23 @@ def junit_failures(xml: bytes) -> dict[str, Any]:
         if case.find("failure") is not None or case.find("error") is not None
     ]
     return {**counts, "failed": failed}
+
+
+def docker_run_ids(argv: Sequence[object]) -> set[str]:
+    """The docker backend's run ids in a cell's recorded argv (`--label sandbox-attest.run=`)."""
+    prefix = "sandbox-attest.run="
+    return {str(a).removeprefix(prefix) for a in argv if str(a).startswith(prefix)}
+
+
+def only_runs(snap: Snapshot, ids: set[str]) -> Snapshot:
+    """The snapshot with its containers narrowed to those of the soak's runs (by run id).
+
+    The engine is shared: other people's runs make and remove containers and image tags
+    meanwhile. The soak's own carry its runs' docker run ids in their names and tags.
+    """
+    # "docker: ..." says why the engine could not be asked: kept, a changed answer shows.
+    mine = tuple(c for c in snap.containers if c.startswith("docker:") or any(i in c for i in ids))
+    return dataclasses.replace(snap, containers=mine)
 
 
 def test_failure_count(test_runs: list[dict[str, Any]]) -> int:
@@ -433,11 +451,13 @@ def run_matrix(where: Where, out: Path, python: str, jobs: int) -> dict[str, Any
     )
     cells: dict[str, str] = {}
     reasons: dict[str, str] = {}
+    docker_ids: set[str] = set()
     evidence = out / "evidence.json"
     if evidence.is_file():
         for cell in json.loads(evidence.read_text())["cells"]:
             cells[str(cell["cell_id"])] = str(cell["verdict"])
             reasons[str(cell["cell_id"])] = str(cell.get("reason", ""))[:300]
+            docker_ids.update(docker_run_ids(cell.get("run", {}).get("argv") or []))
     try:
         gate = str(json.loads(done.stdout).get("gate"))
     except ValueError:
@@ -448,6 +468,7 @@ def run_matrix(where: Where, out: Path, python: str, jobs: int) -> dict[str, Any
         "duration_s": round(time.monotonic() - start, 1),
         "cells": cells,
         "reasons": reasons,
+        "docker_run_ids": sorted(docker_ids),
         "stderr_tail": done.stderr[-2000:] if not cells else "",
     }
 
@@ -539,7 +560,8 @@ def soak(matrix_runs: int, test_runs: int, jobs: int, keep: bool) -> dict[str, A
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     changes = verdict_changes([r["cells"] for r in runs])
-    left = compare(before, after)
+    ids = {i for r in runs for i in r["docker_run_ids"]}
+    left = compare(only_runs(before, ids), only_runs(after, ids))
     return {
         "commit": commit,
         "clone": str(where.clone),

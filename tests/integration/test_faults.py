@@ -221,7 +221,7 @@ class TestDeadFixtures:
     """A fixture that dies mid-run turns every cell from then on into ERROR naming it."""
 
     def test_killed_proxy(self, tmp_path: Path) -> None:
-        """SIGKILL of the proxy during a sandbox cell: ERROR 'the egress proxy … died'."""
+        """A proxy SIGKILLed during a sandbox cell makes it and every later cell ERROR."""
         run = FaultRun(tmp_path)
         run.wait_for_sandbox_cell()
         os.kill(proxy_pid(run.proc.pid), signal.SIGKILL)
@@ -232,7 +232,7 @@ class TestDeadFixtures:
         run.assert_nothing_left()
 
     def test_stopped_dns(self, tmp_path: Path, fault_dir: Path) -> None:
-        """The DNS fixture stopped during a sandbox cell: ERROR 'the DNS fixture … stopped'."""
+        """A DNS fixture stopped during a sandbox cell makes it and every later cell ERROR."""
         run = FaultRun(tmp_path, env={FAULTS_ENV: str(fault_dir)})
         run.wait_for_sandbox_cell()
         trigger(fault_dir, "dns-stop")
@@ -250,7 +250,7 @@ class TestDeadFixtures:
         ids=["accepts-never-answers", "stops-accepting"],
     )
     def test_silent_origin(self, tmp_path: Path, fault_dir: Path, fault: str, said: str) -> None:
-        """An origin that stops answering or accepting: ERROR naming the origin and how."""
+        """An origin that stops answering or accepting makes the cells ERROR, saying which."""
         run = FaultRun(tmp_path, env={FAULTS_ENV: str(fault_dir)})
         run.wait_for_sandbox_cell()
         trigger(fault_dir, fault)
@@ -260,7 +260,7 @@ class TestDeadFixtures:
         run.assert_nothing_left()
 
     def test_hook_refuses_a_directory_others_can_write(self, tmp_path: Path) -> None:
-        """A trigger directory the payload user could write injects nothing, and says so."""
+        """A trigger directory others could write injects nothing: the world refuses to start."""
         directory = tmp_path / "open"
         directory.mkdir()
         directory.chmod(0o777)
@@ -311,10 +311,11 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a size-limited tmpfs needs root")
 def test_full_report_disk_names_the_directory_and_keeps_the_journal(tmp_path: Path) -> None:
-    """ENOSPC in the report directory: a gate line naming it and the fix, exit 1, journal kept."""
+    """A full report disk ends in a gate line naming it and the fix, exit 1, journal kept."""
     with small_tmpfs(tmp_path / "small", "64k") as small:
         out = small / "r"
         run = FaultRun(tmp_path / "run", out=out)
+        run.wait_for_sandbox_cell()  # to know the run's processes and scratch
         output = run.finish()
         assert run.proc.returncode == 1, output[-4000:]
         gate = [line for line in output.splitlines() if line.startswith("gate:")]
@@ -330,7 +331,7 @@ def test_full_report_disk_names_the_directory_and_keeps_the_journal(tmp_path: Pa
         order = [f"{b}-{p}" for b in ("none", "bubblewrap") for p in PROBES]
         assert [c["cell_id"] for c in kept] == order[: len(kept)]
         assert not list(out.glob("*.tmp"))  # no half-written temp file is left
-    assert not list(Path("/tmp").glob(f"sandbox-attest-*{run.run_id}*"))
+        run.assert_nothing_left()
 
 
 # Tasks (threads count): far below this machine's pid_max, far above the wrapper's limit of 64
@@ -360,12 +361,10 @@ def pids_cgroup_root() -> Path | None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the cgroup cap on the whole run needs root")
 def test_fork_bomb_is_stopped_by_the_sandbox_limit(tmp_path: Path) -> None:
-    """A payload that fork-bombs under a process-limited wrapper is ERROR, and nothing is left.
-
-    The wrapper (tests/data/faults/forkbomb.toml) gives its payload a process limit; the run
-    as a whole is capped again in a pids cgroup of its own and by a hard timeout, so the test
-    cannot threaten the machine even if the wrapper's limit failed.
-    """
+    """A payload that fork-bombs under a process-limited wrapper is ERROR, and nothing is left."""
+    # The wrapper (tests/data/faults/forkbomb.toml) gives its payload a process limit; the run
+    # as a whole is capped again in a pids cgroup of its own, by RLIMIT_CPU and by a hard
+    # timeout, so the test cannot threaten the machine even if the wrapper's limit failed.
     root = pids_cgroup_root()
     if root is None:
         pytest.skip("needs a pids cgroup (v1 /sys/fs/cgroup/pids or v2) to cap the run")
@@ -533,12 +532,10 @@ def private_engine() -> Iterator[PrivateEngine]:
 
 
 def test_docker_engine_restarted_mid_cell(tmp_path: Path, private_engine: PrivateEngine) -> None:
-    """Restarting dockerd under a running container: that cell is ERROR naming the engine.
-
-    The container is paused first (from outside, through the engine) so the restart lands
-    while it runs, not after. The cells after it run on the engine that came back, and the
-    run removes every container and the image tag it made.
-    """
+    """Restarting dockerd under a running container makes that cell ERROR naming the engine."""
+    # The container is paused first (from outside, through the engine) so the restart lands
+    # while it runs, not after. The cells after it run on the engine that came back, and the
+    # run removes every container and the image tag it made.
     import docker  # noqa: PLC0415  (optional extra, skipped above when missing)
 
     client = docker.DockerClient(base_url=private_engine.host, timeout=30)

@@ -233,3 +233,21 @@ def test_only_journal_entries_of_gone_runs_count(
     taken = soak.tmp_entries(tmp_path / "private")
     assert str(dead) in taken
     assert str(live) not in taken
+
+
+def test_containers_are_narrowed_to_the_soaks_runs() -> None:
+    """Another run's image tag is ignored; one carrying a soak run's docker id is kept."""
+    argv = ["docker", "run", "--label", "sandbox-attest.run=20261201t1-abc", "img"]
+    ids = soak.docker_run_ids(argv)
+    assert ids == {"20261201t1-abc"}
+    snap = soak.Snapshot(
+        containers=(
+            "image sandbox-attest/hostroot:20261201t1-abc",
+            "image sandbox-attest/hostroot:20261201t0-zzz",
+            "docker: engine not answering",
+        )
+    )
+    assert soak.only_runs(snap, ids).containers == (
+        "image sandbox-attest/hostroot:20261201t1-abc",
+        "docker: engine not answering",
+    )
