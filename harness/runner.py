@@ -37,7 +37,7 @@ from harness.matrix import Cell
 from harness.paths import probes_dir
 from harness.payload import interpreter_paths, payload_env
 from harness.trust import PayloadUser, give, payload_user, require_reachable
-from harness.verdict import Assessment, Decision, Verdict, decide
+from harness.verdict import Assessment, Decision, Verdict, believe, decide
 from harness.world.core import World
 
 # Seconds a probe keeps in reserve below the backend's hard timeout, so that a slow attempt
@@ -152,7 +152,9 @@ def run_watched(
         try:
             return backend.run(request)
         finally:
-            ctx.host_view.update({"seen": False, "why": "the host cannot read /proc here"})
+            ctx.host_view.update(
+                {"seen": False, "supported": False, "why": "the host cannot read /proc here"}
+            )
     watch = hostview.Rendezvous(request.workspace, task_path, ctx.nonce)
     watch.start()
     try:
@@ -364,12 +366,21 @@ class CellRunner:
                     "witness": vars(witness),
                 }
             assessment: Assessment = spec.assess(ctx, report, witness, control)
-            decision = decide(expected, assessment)
+            if not assessment.corroborated_by:
+                assessment.corroborated_by = spec.corroboration(ctx, report)
+            # The report crossed a wrapper the harness does not control (a command wrapper,
+            # the only kind with a spec file): there only a host reading makes a PASS.
+            decision = believe(
+                decide(expected, assessment),
+                assessment,
+                crossed_wrapper=bool(identity.spec_sha256),
+            )
             return facts | {
                 "verdict": decision.verdict.value,
                 "reason": decision.reason,
                 "observed": assessment.observed,
                 "escape": assessment.escape,
+                "corroborated_by": assessment.corroborated_by,
                 "attempts": report.get("attempts", []),
                 "probe_facts": report.get("facts", {}),
                 "witness": assessment.witness or vars(witness),

@@ -51,6 +51,9 @@ class Assessment:
         observed: the payload's side in one word: "succeeded" | "refused" | "error".
         witness: the host-side records this assessment relied on, for the evidence file.
         control: the controls and their results, for the evidence file.
+        corroborated_by: the host readings that back the reading whatever the payload says
+            (a listener's log, a canary's state, the host's /proc view of the payload), by
+            name; empty when it rests on the payload's report alone (see `believe`).
     """
 
     escape: Escape
@@ -59,6 +62,7 @@ class Assessment:
     observed: Literal["succeeded", "refused", "error"]
     witness: dict[str, object] = field(default_factory=dict)
     control: dict[str, object] = field(default_factory=dict)
+    corroborated_by: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -99,3 +103,25 @@ def decide(expected: Expectation, assessment: Assessment) -> Decision:  # noqa: 
     if escape == "escaped":
         return Decision(Verdict.PASS, why)
     return Decision(Verdict.INCONCLUSIVE, f"expected to succeed and be seen, but: {why}")
+
+
+UNCORROBORATED = (
+    "PASS rests on the payload's report alone, which crossed the wrapper; no host reading "
+    "corroborates it"
+)
+
+
+def believe(decision: Decision, assessment: Assessment, *, crossed_wrapper: bool) -> Decision:
+    """Downgrade a PASS that nothing but a rewritable report stands behind.
+
+    On a command wrapper the payload's JSON line travels through the wrapper's stdout, which
+    the wrapper can rewrite ("succeeded" into "refused"). There a PASS counts only where a host
+    reading corroborates it (`Assessment.corroborated_by`); otherwise it is INCONCLUSIVE. Where
+    the harness runs the payload itself (the built-in backends) the decision stands. Nothing
+    else is changed: a FAIL is a FAIL whoever reported it.
+    """
+    if decision.verdict is not Verdict.PASS or not crossed_wrapper:
+        return decision
+    if assessment.corroborated_by:
+        return decision
+    return Decision(Verdict.INCONCLUSIVE, f"{UNCORROBORATED}; was: {decision.reason}")

@@ -215,6 +215,10 @@ class ProbeSpec(Protocol):
         """The attempts the payload makes for `task` (its targets): what its report must list."""
         ...
 
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host readings that back this cell's reading; empty: the payload's word alone."""
+        ...
+
     def assess(
         self,
         ctx: CellContext,
@@ -602,11 +606,54 @@ def report_mismatch(spec: ProbeSpec, task: dict[str, Any], report: dict[str, Any
 # The specs' shared defaults.
 
 
+def host_processes(ctx: CellContext) -> list[dict[str, Any]]:
+    """Every payload process the host read at the rendezvous; empty when it saw none."""
+    view = ctx.host_view
+    if not view.get("seen"):
+        return []
+    return [view, *(view.get("others") or [])]
+
+
+def host_seen_own_network(ctx: CellContext) -> str:
+    """A host reading that the payload had a network of its own, without a way out; or "".
+
+    Every process the host read at the rendezvous must be in a network namespace other than
+    the harness's, with no default route in it: then nothing it opens there reaches the host.
+    """
+    processes = host_processes(ctx)
+    if not processes:
+        return ""
+    for process in processes:
+        if "net" in (process.get("shared_with_harness") or []) or process.get("default_routes"):
+            return ""
+    return "host view: own network namespace, no default route"
+
+
+def host_can_look(ctx: CellContext) -> bool:
+    """Whether a host reading of the payload was possible here (Linux /proc)."""
+    return bool(ctx.host_view.get("supported", True))
+
+
 class _Spec:
     """Defaults shared by the specs."""
 
     id: str = ""
     area: str = ""
+    # The host readings this probe's assessment always rests on, whatever the payload says
+    # (a listener's log, a canary's state on the host). Empty: its reading is the payload's.
+    host_readings: tuple[str, ...] = ()
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host readings that back this cell: `host_readings`, once the payload ran.
+
+        A witness that heard nothing backs a refusal only if there was a payload to refuse:
+        where the host can look (Linux), it must have seen the payload at its rendezvous, or a
+        wrapper that never ran it would be credited with the silence.
+        """
+        del report
+        if host_can_look(ctx) and not host_processes(ctx):
+            return []
+        return list(self.host_readings)
 
     def cleanup(self, ctx: CellContext) -> None:
         """Nothing is planted outside `cell_dir` by default."""

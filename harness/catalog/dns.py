@@ -37,6 +37,7 @@ class DnsResolution(_Spec):
 
     id = "dns_resolution"
     area = "dns"
+    host_readings = ("DNS fixture query log",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """A UDP and a TCP query, and the system resolver where the task asks for it."""

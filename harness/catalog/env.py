@@ -34,6 +34,7 @@ from harness.catalog.base import (
     _Spec,
     _summary,
     attempts_of,
+    host_processes,
 )
 from harness.payload import payload_env
 from harness.verdict import Assessment, Escape, Expectation
@@ -178,11 +179,41 @@ def _variable_hits(
     return _VariableHits(canary, planted_hits, host, wrapper_only, "")
 
 
+def _host_view_hits(ctx: CellContext, canaries: list[str]) -> list[str]:
+    """The canary variables and the canary pipe the host saw in the payload, as reasons."""
+    pipe = _load_state(ctx).get("pipe")
+    found = []
+    for process in host_processes(ctx):
+        pid = process.get("pid", "?")
+        names = sorted(set(canaries) & set(process.get("env_names") or []))
+        if names:
+            found.append(
+                f"the host sees the canary variables in the payload's environ (host pid {pid}): "
+                f"{', '.join(names)}"
+            )
+        fds = sorted(
+            str(fd) for fd, target in (process.get("fds") or {}).items() if pipe and target == pipe
+        )
+        if fds:
+            found.append(
+                f"the host sees the canary pipe open in the payload (host pid {pid}) as fd "
+                f"{', '.join(fds)}"
+            )
+    return found
+
+
 class EnvInheritance(_Spec):
     """Looks for the harness's own canary env vars and an inheritable fd in the payload."""
 
     id = "env_inheritance"
     area = "env"
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host's own read of the payload's environ and descriptors, where it made one."""
+        del report
+        if not host_processes(ctx) or _host_view_hits(ctx, self.names(ctx)):
+            return []
+        return ["host view: environment names", "host view: open descriptors"]
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The declared-env and std-fd controls, the two env escapes and the fd escape."""
@@ -283,6 +314,9 @@ class EnvInheritance(_Spec):
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
         reasons = hits.reasons()
+        # What the host read of the payload from /proc no wrapper can rewrite.
+        host_seen = [] if hits.passthrough else _host_view_hits(ctx, self.names(ctx))
+        reasons.extend(host_seen)
         if fd_hits:
             reasons.append(
                 f"the host's canary pipe is open in the payload as fd {', '.join(fd_hits)}"
@@ -291,7 +325,7 @@ class EnvInheritance(_Spec):
             reasons.append(
                 f"descriptors the harness holds are open in the payload: {', '.join(host_fds)}"
             )
-        seen = bool(canary_hits or host_hits or planted_hits or fd_hits or host_fds)
+        seen = bool(canary_hits or host_hits or planted_hits or fd_hits or host_fds or host_seen)
         escape: Escape
         if seen:
             escape = "escaped"

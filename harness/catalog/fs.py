@@ -62,6 +62,7 @@ class FsWriteOutside(_Spec):
 
     id = "fs_write_outside"
     area = "fs"
+    host_readings = ("canary files on the host",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Each op in the workspace and in every planted dir, also under a visible host root."""
@@ -389,6 +390,7 @@ class FsProtectedInWorkspace(_Spec):
 
     id = "fs_protected_in_workspace"
     area = "fs"
+    host_readings = ("protected files read on the host",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The workspace-file control and one write per protected path."""
@@ -485,6 +487,7 @@ class FsLinkEscape(_Spec):
 
     id = "fs_link_escape"
     area = "fs"
+    host_readings = ("canary files on the host",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Each link op in the workspace and at every planted canary."""

@@ -79,6 +79,7 @@ class LifecycleOrphans(_Spec):
 
     id = "lifecycle_orphans"
     area = "lifecycle"
+    host_readings = ("tick files and processes on the host",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """One attempt per kind of orphan, and the ticks-while-running control."""

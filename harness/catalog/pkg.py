@@ -35,6 +35,7 @@ class PkgPipInstall(_Spec):
 
     id = "pkg_pip_install"
     area = "pkg"
+    host_readings = ("package index and file host logs",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Install (then import, only after an install) and the denied-index control."""

@@ -58,6 +58,7 @@ from harness.catalog.base import (
     _Spec,
     _summary,
     attempts_of,
+    host_processes,
     probe_path,
 )
 from harness.errors import FixtureError
@@ -416,6 +417,7 @@ class ProcVisibility(_AnchoredSpec):
 
     id = "proc_visibility"
     area = "proc"
+    host_readings = ("anchor process log",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Two controls on its own process, four attempts at the anchor."""
@@ -492,11 +494,65 @@ class _BaselineSpec(_Spec):
         return _baseline_control(ctx, {})
 
 
+def _with_capabilities(processes: list[dict[str, Any]]) -> str:
+    """The payload processes the host saw holding effective capabilities, in words; or ""."""
+    held = []
+    for process in processes:
+        cap_eff = str((process.get("status") or {}).get("CapEff", ""))
+        with contextlib.suppress(ValueError):
+            if int(cap_eff, 16):
+                held.append(f"host pid {process.get('pid', '?')} CapEff={cap_eff}")
+    return ", ".join(held)
+
+
+def _seccomp_filters(status: dict[str, Any]) -> int:
+    """How many seccomp filters the host sees on a process (mode 2 only); 0 without any."""
+    if str(status.get("Seccomp")) != "2":
+        return 0
+    try:
+        return int(str(status.get("Seccomp_filters", "1")))
+    except ValueError:
+        return 1
+
+
+# Raw syscalls only a seccomp filter refuses where the host baseline reaches them (the probe
+# calls them with arguments the kernel rejects, so no capability or namespace is involved).
+# TIOCSTI and the socket families are left out: a new session or an LSM refuses those too.
+SECCOMP_ONLY: Final = frozenset({"io_uring_setup", "keyctl", "bpf"})
+
+
+def _refused_without_filter(ctx: CellContext, refused: list[dict[str, Any]]) -> str:
+    """Why refusals of seccomp-only calls cannot be the kernel's, or "" when they can be."""
+    names = sorted(str(a.get("what")) for a in refused if a.get("what") in SECCOMP_ONLY)
+    bare = [p for p in host_processes(ctx) if _seccomp_filters(p.get("status") or {}) < 1]
+    if not names or not bare:
+        return ""
+    pids = ", ".join(
+        f"{p.get('pid', '?')} (Seccomp {(p.get('status') or {}).get('Seccomp', '?')})" for p in bare
+    )
+    return (
+        f"the report says {', '.join(names)} were refused, calls the host baseline reaches, "
+        f"but the host sees no seccomp filter on the payload (host pid {pids}): nothing could "
+        "have refused them, so the report is not what the kernel said"
+    )
+
+
 class ProcPrivileges(_BaselineSpec):
     """Capabilities held, and setuid elevation possible, inside the sandbox."""
 
     id = "proc_privileges"
     area = "proc"
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host's read of the payload's status: no effective capability, NoNewPrivs set."""
+        del report
+        processes = host_processes(ctx)
+        statuses = [p.get("status") or {} for p in processes]
+        if not statuses or _with_capabilities(processes):
+            return []
+        if any(s.get("NoNewPrivs") != "1" for s in statuses):
+            return []
+        return ["host view: CapEff 0", "host view: NoNewPrivs 1"]
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Reading its status (the control), then three attempts; none without the status."""
@@ -533,8 +589,12 @@ class ProcPrivileges(_BaselineSpec):
         witness: WitnessRecordsLike,
         control: dict[str, Any],
     ) -> Assessment:
-        """Any effective capability or a usable setuid route is an escape (self-reported)."""
-        del ctx, witness
+        """Any effective capability or a usable setuid route is an escape (self-reported).
+
+        The host's own read of the payload's status wins over the report: effective
+        capabilities the host sees while the report says none are an escape.
+        """
+        del witness
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
         facts = report.get("facts", {})
@@ -548,6 +608,10 @@ class ProcPrivileges(_BaselineSpec):
             ),
         ]
         escape = _self_reported(observed, reasons)
+        held = _with_capabilities(host_processes(ctx))
+        if held:
+            escape = "escaped"
+            reasons.insert(0, f"the host sees effective capabilities on the payload: {held}")
         baseline = control.get("baseline") or {}
         host_status = baseline.get("facts", {}).get("status", {})
         return _assessed(
@@ -641,6 +705,7 @@ class ProcNamespaceEscape(_AnchoredSpec):
 
     id = "proc_namespace_escape"
     area = "proc"
+    host_readings = ("anchor's canary dir and listener",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Own ids and a fork, setns into the anchor, unshare; the mounts only once inside.
@@ -800,6 +865,15 @@ class ProcSyscallSurface(_BaselineSpec):
     id = "proc_syscall_surface"
     area = "proc"
 
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host's read of the payload's status: a seccomp filter on every process."""
+        del report
+        statuses = [p.get("status") or {} for p in host_processes(ctx)]
+        if not statuses or any(_seccomp_filters(s) < 1 for s in statuses):
+            return []
+        counts = ", ".join(str(_seccomp_filters(s)) for s in statuses)
+        return [f"host view: seccomp filter (mode 2, filters {counts})"]
+
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The getpid control, four raw syscalls and three socket families.
 
@@ -827,8 +901,12 @@ class ProcSyscallSurface(_BaselineSpec):
         witness: WitnessRecordsLike,
         control: dict[str, Any],
     ) -> Assessment:
-        """A call the host baseline reaches and the payload reaches too is an escape."""
-        del ctx, witness
+        """A call the host baseline reaches and the payload reaches too is an escape.
+
+        So is a refusal the host's own reading rules out: a raw syscall the baseline reaches,
+        reported refused while the host sees no seccomp filter on the payload.
+        """
+        del witness
         baseline = control.get("baseline") or {}
         host = {a.get("what"): a for a in _attempts(baseline, "escape")}
         escapes = _attempts(report, "escape")
@@ -854,6 +932,10 @@ class ProcSyscallSurface(_BaselineSpec):
         if not judged:
             reasons.append("no call the host baseline reaches was reported")
         escape = _self_reported(observed, reasons)
+        unfiltered = _refused_without_filter(ctx, refused)
+        if unfiltered:
+            escape = "escaped"
+            reasons.insert(0, unfiltered)
         # A refusal counts only for a surface that was tried: a crash, or a call the host
         # reaches that the report never mentions, leaves that surface unknown.
         crashed = [a for a in escapes if a.get("outcome") == "error"]

@@ -24,7 +24,7 @@ ABOVE = ("harness.runner", "harness.matrix", "harness.session", "harness.cli", "
 # One catalogue module (or package) per area: the `area` of its specs.
 AREAS = frozenset({"net", "dns", "ipc", "fs", "env", "proc", "dev", "lifecycle", "pkg"})
 # What several areas share lives below them, named by concept.
-HELPERS = frozenset({"base", "canary", "capabilities", "witness"})
+HELPERS = frozenset({"base", "canary", "capabilities", "witness", "socket_witness"})
 
 
 @dataclass(frozen=True)

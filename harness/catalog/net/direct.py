@@ -39,6 +39,7 @@ from harness.catalog.base import (
     _wait_for,
     _with_nonce,
     attempts_of,
+    host_seen_own_network,
 )
 from harness.verdict import Assessment, Expectation
 from harness.world.listeners import LOOPBACK
@@ -62,6 +63,13 @@ class NetDirectEgress(_Spec):
 
     id = "net_direct_egress"
     area = "net"
+    host_readings = ("direct-egress listeners",)
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The listeners, and the host's reading of the payload's network namespace."""
+        found = super().corroboration(ctx, report)
+        own = host_seen_own_network(ctx)
+        return [*found, own] if found and own else found
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """TCP and UDP to the listener, to every lab address given, and to the payload's own.
@@ -259,6 +267,7 @@ class NetLoopbackServices(_PerCellSpec):
 
     id = "net_loopback_services"
     area = "net"
+    host_readings = ("per-cell loopback listeners", "origin access logs")
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The loopback service and the origin, both dialed directly."""
@@ -335,6 +344,7 @@ class NetProxyEnvOverride(_PerCellSpec):
 
     id = "net_proxy_env_override"
     area = "net"
+    host_readings = ("per-cell loopback listeners", "origin access logs")
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The two overrides and the proxied control."""
@@ -431,6 +441,17 @@ class NetIpv6UdpIcmp(_PerCellSpec):
 
     id = "net_ipv6_udp_icmp"
     area = "net"
+    host_readings = ("per-cell loopback listeners",)
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The listeners, and for the socket kinds no listener hears, the host's netns reading.
+
+        ICMP echo, raw and packet sockets reach no host listener; only the host seeing the
+        payload in a network namespace of its own backs their refusal (or containment).
+        """
+        found = super().corroboration(ctx, report)
+        own = host_seen_own_network(ctx)
+        return [*found, own] if found and own else []
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """IPv6 TCP/UDP, IPv4 UDP, ICMP echo, raw and packet sockets: one attempt each."""

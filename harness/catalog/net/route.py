@@ -99,6 +99,7 @@ class NetDeniedHost(_Spec):
 
     id = "net_denied_host"
     area = "net"
+    host_readings = ("proxy decision log", "origin access logs")
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Absolute-form and CONNECT to the denied host, and the allowed GET.
@@ -228,6 +229,7 @@ class NetTransfer18MiB(_Spec):
 
     id = "net_transfer_18mib"
     area = "net"
+    host_readings = ("origin access log",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The one HTTPS download of the blob."""
@@ -636,6 +638,8 @@ def _allowed_control(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:
 
 class _RouteSpec(_PerCellSpec):
     """A probe whose escapes are requests through the harness proxy."""
+
+    host_readings = ("proxy decision log", "origin access logs")
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied on every leg: every leg's only route is the proxy, which must refuse these."""
