@@ -202,7 +202,7 @@ def forget(key: str) -> None:
 class Swept:
     """One thing a sweep removed (or could not), as the evidence lists it under `swept`."""
 
-    what: str  # "path", "process", "container", "journal"
+    what: str  # "path", "process", "container", "image", "journal"
     target: str
     why: str
     removed: bool = True
@@ -414,11 +414,19 @@ def sweep(*, homes: list[Path], owners: set[int], docker: bool = False) -> list[
     if sys.platform.startswith("linux"):
         swept += sweep_orphans()
     if docker:
-        from harness.backends.docker import sweep_stale_containers  # noqa: PLC0415
+        from harness.backends.docker import (  # noqa: PLC0415
+            sweep_stale_containers,
+            sweep_stale_images,
+        )
 
         live_ids = {str(r) for data in live_entries() for r in data.get("docker_run_ids", [])}
         swept += [
             Swept("container", name, why, removed=ok)
             for name, why, ok in sweep_stale_containers(dead_docker, live_ids, STALE_AGE_S)
+        ]
+        # Containers first: a tag a dead run's container still used could not go before.
+        swept += [
+            Swept("image", ref, why, removed=ok)
+            for ref, why, ok in sweep_stale_images(dead_docker, live_ids, STALE_AGE_S)
         ]
     return swept

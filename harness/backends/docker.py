@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 from harness.backends import docker_seccomp
 from harness.backends.base import (
+    NAMESPACED_INSIDE_PATHS,
     SANDBOX_PROXY_SOCKET,
     SANDBOX_SHIM,
     SHIM_PORT,
@@ -63,6 +64,7 @@ from harness.backends.base import (
     DeclaredPolicy,
     EgressMode,
     Identity,
+    InsidePaths,
     ProbeRequest,
     ProbeRun,
     program_facts,
@@ -82,6 +84,7 @@ from harness.backends.none import platform_string
 from harness.backends.process import Capture, finish_run
 from harness.errors import BackendError, BackendUnavailable
 from harness.trust import payload_user
+from harness.world.info import WorldInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -508,9 +511,30 @@ class DockerBackend:
         The limits are declared even under the "no-limits" weakening, which is the point of it.
         """
         limits = (*LIMITS, ("forks", self.pids_limit))
+        # --network none (a namespace of its own), a read-only image plus the workspace
+        # mount, docker's seccomp profile (harness/backends/docker_seccomp.py), a non-root
+        # --user.
         return DeclaredPolicy(
-            network="proxy", filesystem="workspace", ipc="isolated", limits=limits
+            network="proxy",
+            filesystem="workspace",
+            ipc="isolated",
+            limits=limits,
+            reads="workspace",
+            writes="workspace",
+            environment="scrubbed",
+            syscalls="filtered",
+            network_cut="namespace",
+            runs_as="non-root",
         )
+
+    def inside_paths(self, world: WorldInfo, cell_dir: Path) -> InsidePaths:
+        """Where this backend shows the payload the route: SANDBOX_RUN_DIR, in every cell.
+
+        The mounts put the proxy socket and the shim there whatever this run's scratch is,
+        so `ipc_proxy_socket_tamper` attacks these paths (harness.backends.base.inside_paths_of).
+        """
+        del world, cell_dir
+        return NAMESPACED_INSIDE_PATHS
 
     def availability(self) -> Availability:
         """Reach the engine, build or find the image, start a trial container, say who it is."""
@@ -994,6 +1018,69 @@ def sweep_stale_containers(
                 done.append((str(container.name), why, True))
     except docker.errors.DockerException as exc:
         done.append(("(listing)", f"the engine refused to list containers: {exc}", False))
+    finally:
+        client.close()
+    return done
+
+
+def _tag_reason(
+    tag: str, dead_runs: set[str], live_runs: set[str], stale_age_s: float
+) -> str | None:
+    """Why the per-run image tag `tag` (its run id) is a leftover, or None when it may be live."""
+    if tag in live_runs:
+        return None
+    if tag in dead_runs:
+        return f"the image tag of run {tag}, a run that is gone"
+    try:
+        # The run id starts with its local creation time (DockerBackend.__init__).
+        born = time.mktime(time.strptime(tag.split("-", 1)[0], "%Y%m%dt%H%M%S"))
+    except ValueError:
+        return None
+    age = time.time() - born
+    if age <= stale_age_s:
+        return None
+    return f"the image tag of run {tag}, claimed by no run, {age / 3600:.0f} h old"
+
+
+def sweep_stale_images(
+    dead_runs: set[str], live_runs: set[str], stale_age_s: float
+) -> list[tuple[str, str, bool]]:
+    """Remove the per-run tags (`sandbox-attest/hostroot:<run id>`) that runs now gone left.
+
+    A run untags its image in `close`; a SIGKILLed run (or one whose engine was away at the
+    end) cannot, and the tags pile up. The same rules as `sweep_stale_containers`: a dead
+    run's tag goes at once, an unclaimed one after `stale_age_s`, a live run's never. Only
+    the tag is removed; the image itself stays while another tag or a container uses it.
+
+    Returns:
+        `(repo:tag, why, removed)` for each one acted on; `[]` without the SDK or engine.
+    """
+    try:
+        import docker  # noqa: PLC0415  (optional extra)
+        import docker.errors  # noqa: PLC0415
+    except ImportError:
+        return []
+    try:
+        _check_engine_socket()
+        client = docker.from_env(timeout=30)
+    except (BackendError, docker.errors.DockerException):
+        return []
+    done: list[tuple[str, str, bool]] = []
+    try:
+        for image in client.images.list(name=DEFAULT_REPOSITORY):
+            for ref in image.tags:
+                repo, _, tag = str(ref).rpartition(":")
+                why = _tag_reason(tag, dead_runs, live_runs, stale_age_s)
+                if repo != DEFAULT_REPOSITORY or why is None:
+                    continue
+                try:
+                    client.images.remove(str(ref), noprune=False)
+                except docker.errors.DockerException as exc:
+                    done.append((str(ref), f"{why}; {exc}", False))
+                else:
+                    done.append((str(ref), why, True))
+    except docker.errors.DockerException as exc:
+        done.append(("(listing)", f"the engine refused to list images: {exc}", False))
     finally:
         client.close()
     return done

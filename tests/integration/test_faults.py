@@ -573,3 +573,35 @@ def test_docker_engine_restarted_mid_cell(tmp_path: Path, private_engine: Privat
         )
     finally:
         client.close()
+
+
+def test_next_run_untags_the_images_of_gone_runs(
+    private_engine: PrivateEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gone run's per-run image tag is removed by the sweep; a live or fresh one stays."""
+    import docker  # noqa: PLC0415  (optional extra, skipped by the fixture when missing)
+
+    from harness.backends.docker import sweep_stale_images  # noqa: PLC0415
+
+    monkeypatch.setenv("DOCKER_HOST", private_engine.host)
+    empty = tmp_path / "empty.tar"
+    subprocess.run(["tar", "-cf", str(empty), "-T", "/dev/null"], check=True)
+    old = time.strftime("%Y%m%dt%H%M%S", time.localtime(time.time() - 8 * 3600)) + "-aaaaaa"
+    fresh = time.strftime("%Y%m%dt%H%M%S") + "-bbbbbb"
+    dead, live = fresh.replace("bbbbbb", "cccccc"), fresh.replace("bbbbbb", "dddddd")
+    for tag in (old, fresh, dead, live):
+        subprocess.run(
+            ["docker", "--host", private_engine.host, "import", str(empty),
+             f"sandbox-attest/hostroot:{tag}"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    swept = sweep_stale_images({dead}, {live}, 6 * 3600.0)
+    assert sorted((ref.rsplit(":", 1)[1], ok) for ref, _, ok in swept) == sorted(
+        [(old, True), (dead, True)]
+    )
+    client = docker.DockerClient(base_url=private_engine.host, timeout=30)
+    try:
+        tags = {t for image in client.images.list() for t in image.tags}
+    finally:
+        client.close()
+    assert tags == {f"sandbox-attest/hostroot:{t}" for t in (fresh, live)}
