@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Final, Literal
+from types import SimpleNamespace
+from typing import Any, Final, Literal
 
 # reads: "open" the payload may read the whole host; "workspace" nothing outside the
 # workspace and the granted read-only paths; "deny" everything but `read_deny`.
@@ -81,6 +82,37 @@ class Claims:
             and self.syscalls == "open"
             and not self.protected
         )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every claim in the TOML form of a spec's `[policy]` (what identities carry)."""
+        data: dict[str, Any] = {
+            "network": self.network,
+            "reads": {"deny": list(self.read_deny)} if self.reads == "deny" else self.reads,
+            "writes": {"allow": list(self.write_allow)} if self.writes == "allow" else self.writes,
+            "ipc": self.ipc,
+            "environment": self.environment,
+            "syscalls": self.syscalls,
+        }
+        if self.network_cut:
+            data["network_cut"] = self.network_cut
+        if self.protected:
+            data["protected"] = list(self.protected)
+        if self.runs_as:
+            data["runs_as"] = self.runs_as
+        return data
+
+    def words(self) -> dict[str, str]:
+        """Each claim as one word, as a release policy's `claims` requirement names it."""
+        return {
+            "network": self.network,
+            "network_cut": self.network_cut,
+            "reads": self.reads,
+            "writes": self.writes,
+            "ipc": self.ipc,
+            "environment": self.environment,
+            "syscalls": self.syscalls,
+            "runs_as": self.runs_as,
+        }
 
     def phrase(self, name: str) -> str:  # noqa: PLR0911  (one sentence per claim)
         """The claim `name` in the words a FAIL starts with ("claims reads limited to ...")."""
@@ -147,6 +179,8 @@ def claims_of(policy: object) -> Claims:
     `filesystem = "workspace"` is reads and writes limited to the workspace, `ipc =
     "isolated"` a filtered syscall surface, a network claim a namespace of its own.
     """
+    if isinstance(policy, dict):
+        return _claims_of_dict(policy)
     network = str(getattr(policy, "network", "open"))
     filesystem = str(getattr(policy, "filesystem", "open"))
     ipc = str(getattr(policy, "ipc", "open"))
@@ -165,6 +199,27 @@ def claims_of(policy: object) -> Claims:
         ),
         ipc=ipc,
         runs_as=str(getattr(policy, "runs_as", "")),
+    )
+
+
+def _claims_of_dict(data: dict[str, Any]) -> Claims:
+    """`claims_of` for JSON data: an identity's `claims` (or, from older evidence, `policy`)."""
+    reads, writes = data.get("reads"), data.get("writes")
+    return claims_of(
+        SimpleNamespace(
+            network=data.get("network", "open"),
+            filesystem=data.get("filesystem", "open"),
+            ipc=data.get("ipc", "open"),
+            network_cut=data.get("network_cut"),
+            reads="deny" if isinstance(reads, dict) else reads,
+            read_deny=tuple(reads.get("deny", ())) if isinstance(reads, dict) else (),
+            writes="allow" if isinstance(writes, dict) else writes,
+            write_allow=tuple(writes.get("allow", ())) if isinstance(writes, dict) else (),
+            protected=tuple(data.get("protected", ())),
+            environment=data.get("environment", "scrubbed"),
+            syscalls=data.get("syscalls"),
+            runs_as=data.get("runs_as", ""),
+        )
     )
 
 

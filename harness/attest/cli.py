@@ -89,6 +89,20 @@ def _harness_line(harness: dict[str, Any]) -> str:
     return f"harness {harness.get('version', '?')} commit {commit}{dirty}"
 
 
+def claims_line(claims: dict[str, Any]) -> str:
+    """A backend's claims on one line, in the TOML words of its `[policy]`."""
+    parts = []
+    for key, value in claims.items():
+        if isinstance(value, dict):  # reads = {deny = [...]}, writes = {allow = [...]}
+            (word, paths), *_ = value.items()
+            parts.append(f"{key}={word}[{', '.join(map(str, paths))}]")
+        elif isinstance(value, list):
+            parts.append(f"{key}=[{', '.join(map(str, value))}]")
+        else:
+            parts.append(f"{key}={value}")
+    return ", ".join(parts) or "none"
+
+
 def _print_facts(result: Verification) -> None:
     """What the signed statements say was tested: harness, times, trust domains, world."""
     runs = result.leg_results or [("", result)]
@@ -100,6 +114,8 @@ def _print_facts(result: Verification) -> None:
         print(f"{prefix}{_domains_line(leg.trust_domains)}")
         if leg.world:
             print(f"{prefix}world: {leg.world.get('kind', '?')} {leg.world.get('reason', '')}")
+        for backend, claims in sorted(leg.claims.items()):
+            print(f"{prefix}claims of {backend}: {claims_line(claims)}")
     for note in dict.fromkeys(n for _, leg in runs for n in leg.notes + result.notes):
         print(f"note: {note}")
 
@@ -145,6 +161,12 @@ def _run_verify(args: argparse.Namespace) -> int:
                     "keyid": trusted.keyid,
                     "partial": bool(args.partial),
                     "reasons": list(result.reasons),
+                    # Each backend's signed claims; per leg label for a merged release.
+                    "claims": (
+                        {label: leg.claims for label, leg in result.leg_results}
+                        if result.leg_results
+                        else result.claims
+                    ),
                     "exit_code": EXIT_OK if result.ok else EXIT_REFUSED,
                 },
                 indent=2,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
+from harness.claims import RUNS_AS_RE, RUNS_AS_WORDS, claims_of
 from harness.errors import ConfigError
 from harness.verdict import Verdict
 
@@ -29,7 +30,20 @@ CONTROL_BACKEND = "none"
 
 _TOP_KEYS = frozenset({"policy", "require", "exclude"})
 _POLICY_KEYS = frozenset({"name", "version"})
-_REQUIRE_KEYS = frozenset({"platform", "backend", "probes", "world"})
+_REQUIRE_KEYS = frozenset({"platform", "backend", "probes", "world", "claims"})
+# What a [[require]]'s `claims` may ask of a leg's backend, and the words each claim takes
+# (harness/claims.py); `runs_as` takes a user name or a uid as well. A value may list
+# alternatives with "|": network = "none|proxy".
+CLAIM_WORDS: Final[dict[str, tuple[str, ...]]] = {
+    "network": ("open", "proxy", "none"),
+    "network_cut": ("namespace", "seccomp", "proxy-only"),
+    "reads": ("open", "workspace", "deny"),
+    "writes": ("open", "workspace", "allow"),
+    "ipc": ("open", "isolated"),
+    "environment": ("scrubbed", "passthrough"),
+    "syscalls": ("filtered", "open"),
+    "runs_as": RUNS_AS_WORDS,
+}
 # Where a leg's fixture hosts may have lived (harness/world/lab.py): a policy may require the lab.
 WORLDS = ("lab", "loopback")
 _EXCLUDE_KEYS = frozenset({"platform", "backend", "probe", "reason"})
@@ -45,6 +59,9 @@ class Requirement:
     # "lab": the leg counts only if its run's fixture world was the hermetic lab (a loopback
     # world cannot show a sandbox's whole class of escapes). None: either world.
     world: str | None = None
+    # The claims the leg's backend must make, as (claim, accepted words): a backend cannot
+    # pass by claiming nothing, since a probe is NOT_APPLICABLE to a claim it does not make.
+    claims: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,7 +140,34 @@ def _requirement(table: Mapping[str, Any], where: str) -> Requirement:
         _string(table, "backend", where),
         tuple(probes),
         world,
+        _claims(table.get("claims", {}), where),
     )
+
+
+def _claims(table: object, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`claims = { reads = "workspace", network = "none|proxy" }`: each value a word or words."""
+    example = 'claims = { reads = "workspace", network = "none|proxy" }'
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: claims must be a table, e.g. {example}")
+    found = []
+    for key, value in table.items():
+        if key not in CLAIM_WORDS:
+            raise ConfigError(
+                f"{where}: claims.{key} is not a claim; use one of {', '.join(CLAIM_WORDS)}"
+            )
+        words = tuple(value.split("|")) if isinstance(value, str) else ()
+        bad = [
+            w
+            for w in words
+            if w not in CLAIM_WORDS[key] and not (key == "runs_as" and RUNS_AS_RE.fullmatch(w))
+        ]
+        if not words or bad:
+            raise ConfigError(
+                f"{where}: claims.{key} = {value!r} names {bad or 'nothing'}; write one or more "
+                f"of {', '.join(CLAIM_WORDS[key])} joined by '|' (e.g. {example})"
+            )
+        found.append((key, words))
+    return tuple(found)
 
 
 def _exclusion(table: Mapping[str, Any], where: str) -> Exclusion:
@@ -383,6 +427,64 @@ def evaluate(
     problems.extend(_world_problems(policy, cells, default_platform, world))
     result: GateResult = "FAILED" if problems or failed else "WARNED" if warned else "PASSED"
     return Gate(result, tuple(passed), tuple(warned), tuple(failed), tuple(problems))
+
+
+def leg_claims(evidence: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each backend's claims as its signed identity records them (backend name -> claims).
+
+    Evidence from before the claims were recorded carries only the identity's `policy`; its
+    claims are then the ones those three keys always meant. A backend with no identity (it was
+    UNAVAILABLE) claims nothing and is left out.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for record in evidence.get("backends") or []:
+        identity = record.get("identity") if isinstance(record, dict) else None
+        if not isinstance(identity, dict):
+            continue
+        claims = identity.get("claims")
+        if not isinstance(claims, dict):
+            policy = identity.get("policy")
+            claims = claims_of(policy).as_dict() if isinstance(policy, dict) else None
+        if claims is not None:
+            found[str(record.get("name") or identity.get("name"))] = claims
+    return found
+
+
+def claim_problems(
+    policy: Policy, claims: Mapping[str, Mapping[str, Any]], legs: Iterable[tuple[str, str]]
+) -> list[str]:
+    """Every claim a present leg's requirement asks for that its backend does not make.
+
+    Args:
+        policy: the release policy.
+        claims: backend name -> claims, as `leg_claims` reads them from a run's evidence.
+        legs: the (platform, backend) legs the run's cells cover.
+
+    Returns:
+        One sentence per claim not made (or per leg whose backend recorded no claims).
+    """
+    problems = []
+    present = set(legs)
+    for req in policy.requirements:
+        if not req.claims or (req.platform, req.backend) not in present:
+            continue
+        made = claims.get(req.backend)
+        if made is None:
+            problems.append(
+                f"leg {req.platform}/{req.backend} must make claims, but the evidence records "
+                f"no identity for {req.backend}, so it made none"
+            )
+            continue
+        words = claims_of(dict(made)).words()
+        for key, accepted in req.claims:
+            if words.get(key) not in accepted:
+                problems.append(
+                    f"leg {req.platform}/{req.backend} requires claims {key} = "
+                    f"{'|'.join(accepted)!r}, but {req.backend} claims {key} = "
+                    f"{words.get(key) or 'nothing'!r}: a backend cannot pass by claiming less; "
+                    "declare the claim in its [policy] (and hold it) or change the requirement"
+                )
+    return problems
 
 
 def missing_legs(policy: Policy, legs: Iterable[tuple[str, str]]) -> list[str]:

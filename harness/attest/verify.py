@@ -45,7 +45,7 @@ from harness.attest import (
 )
 from harness.attest.keys import read_untrusted_keyids, untrusted_registry_path
 from harness.attest.legs import Combined, ExpectedLegs, combine, leg_digests
-from harness.attest.policy import Gate, cell_leg, missing_legs
+from harness.attest.policy import Gate, cell_leg, claim_problems, leg_claims, missing_legs
 from harness.attest.statement import (
     EVIDENCE_PREDICATE,
     TEST_RESULT_PREDICATE,
@@ -184,6 +184,8 @@ class Verification:
         trust_domains: the signed trust-domains fact ({} if none).
         world: the signed world fact ({} if none was recorded).
         leg_results: for a merged release, each leg's own verification with its label.
+        claims: each backend's signed claims (backend name -> claims), for display and for
+            the policy's `claims` requirements.
     """
 
     report_dir: Path
@@ -202,6 +204,7 @@ class Verification:
     trust_domains: dict[str, Any] = field(default_factory=dict)
     world: dict[str, Any] = field(default_factory=dict)
     leg_results: list[tuple[str, Verification]] = field(default_factory=list)
+    claims: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -494,6 +497,10 @@ def _verify_single(
             v.reasons.append(str(exc))
     if v.evidence is not None:
         _check_gate(results[0] if results else None, v.evidence, policy, v)
+        # The claims are read from the evidence whose bytes the signature covers: a leg is
+        # held to what its backend's signed identity says it promised.
+        v.claims = leg_claims(v.evidence)
+        v.reasons.extend(claim_problems(policy, v.claims, v.legs))
         for stmt in statements.get(EVIDENCE_PREDICATE, [])[:1]:
             _check_evidence_statement(stmt, v.evidence, v)
         if require_all_legs:
