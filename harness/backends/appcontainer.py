@@ -63,7 +63,17 @@ from harness.errors import BackendUnavailable, ConfigError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-POLICY: Final = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+# No capabilities (so no network but the named pipe to the proxy) and Low integrity on the
+# granted dirs only: "proxy-only", reads and writes limited to the granted paths.
+POLICY: Final = DeclaredPolicy(
+    network="proxy",
+    filesystem="workspace",
+    ipc="isolated",
+    reads="workspace",
+    writes="workspace",
+    environment="scrubbed",
+    network_cut="proxy-only",
+)
 SHIM_SCRIPT: Final = Path(__file__).resolve().parent.parent / "egress" / "pipe_shim.py"
 # What the container may do on the pipe: read, write, read attributes, synchronize. Not
 # FILE_CREATE_PIPE_INSTANCE (0x4, the same bit as FILE_APPEND_DATA): a container able to

@@ -137,21 +137,7 @@ class DeclaredPolicy:
 
     def claims(self) -> dict[str, Any]:
         """Every claim in the TOML form of a spec's `[policy]`, for `verify` and policies."""
-        data: dict[str, Any] = {
-            "network": self.network,
-            "reads": {"deny": list(self.read_deny)} if self.reads == "deny" else self.reads,
-            "writes": {"allow": list(self.write_allow)} if self.writes == "allow" else self.writes,
-            "ipc": self.ipc,
-            "environment": self.environment,
-            "syscalls": self.syscalls,
-        }
-        if self.network_cut is not None:
-            data["network_cut"] = self.network_cut
-        if self.protected:
-            data["protected"] = list(self.protected)
-        if self.runs_as:
-            data["runs_as"] = self.runs_as
-        return data
+        return claims_of(self).as_dict()
 
     def as_dict(self) -> dict[str, Any]:
         """The old three keys (and the limits) as plain JSON data; `claims()` has the rest.

@@ -22,7 +22,17 @@ from harness.backends.base import (
 )
 from harness.backends.process import run_process
 
-POLICY = DeclaredPolicy(network="open", filesystem="open", ipc="open")
+# The control leg claims nothing (so every escape must show here); only the environment is
+# the harness's own declaration, which every backend, this one too, passes exactly.
+POLICY = DeclaredPolicy(
+    network="open",
+    filesystem="open",
+    ipc="open",
+    reads="open",
+    writes="open",
+    environment="scrubbed",
+    syscalls="open",
+)
 
 
 def platform_string() -> str:

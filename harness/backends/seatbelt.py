@@ -46,7 +46,17 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 SANDBOX_EXEC: Final = Path("/usr/bin/sandbox-exec")
-POLICY: Final = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+# The profile denies by default: reads and writes of the granted paths only, outbound only
+# to the proxy's loopback port (no namespace on macOS: "proxy-only").
+POLICY: Final = DeclaredPolicy(
+    network="proxy",
+    filesystem="workspace",
+    ipc="isolated",
+    reads="workspace",
+    writes="workspace",
+    environment="scrubbed",
+    network_cut="proxy-only",
+)
 # Secrets a host commonly keeps under $HOME; always denied on top of the harness's canaries.
 HOME_SECRETS: Final = (".ssh", ".aws", ".gnupg", ".docker", ".netrc", ".config/gh")
 
