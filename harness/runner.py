@@ -15,13 +15,12 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from harness import hostview
 from harness.backends.base import (
+    NAMESPACED_INSIDE_PATHS,
     PROXY_FROM_ENV,
-    SANDBOX_PROXY_SOCKET,
-    SANDBOX_SHIM,
     SHIM_PORT,
     START_MARKER,
     Availability,
@@ -29,6 +28,7 @@ from harness.backends.base import (
     EgressRoute,
     ProbeRequest,
     ProbeRun,
+    inside_paths_of,
     shim_path,
 )
 from harness.catalog import PROBES, CellContext, InsideRoute, probe_path, report_mismatch
@@ -39,6 +39,7 @@ from harness.payload import interpreter_paths, payload_env
 from harness.trust import PayloadUser, give, payload_user, require_reachable
 from harness.verdict import Assessment, Decision, Verdict, believe, decide
 from harness.world.core import World
+from harness.world.info import WorldInfo
 
 # Seconds a probe keeps in reserve below the backend's hard timeout, so that a slow attempt
 # ends with its own report instead of a kill.
@@ -47,13 +48,28 @@ PROBE_DEADLINE_MARGIN_S = 10.0
 EVIDENCE_TEXT_LIMIT = 16_384
 
 
-def inside_route() -> InsideRoute:
-    """Where the namespaced backends put the sandbox's end of the egress route.
+@overload
+def inside_route() -> InsideRoute: ...
+@overload
+def inside_route(backend: Backend, world: WorldInfo, cell_dir: Path) -> InsideRoute | None: ...
+def inside_route(
+    backend: Backend | None = None, world: WorldInfo | None = None, cell_dir: Path | None = None
+) -> InsideRoute | None:
+    """Where `backend` puts the sandbox's end of the egress route for one cell.
 
     The runner joins the backends and the catalogue, so the inside paths reach the specs from
-    here, in each cell's context, and the catalogue never imports the backends.
+    here, in each cell's context, and the catalogue never imports the backends. Each backend
+    says where it really puts them (`harness.backends.base.inside_paths_of`); None: it has no
+    harness route inside (egress "own"). Without a backend: the namespaced backends' paths.
     """
-    return InsideRoute(SANDBOX_PROXY_SOCKET, SANDBOX_SHIM, SHIM_PORT, shim_path())
+    paths = (
+        NAMESPACED_INSIDE_PATHS
+        if backend is None or world is None or cell_dir is None
+        else inside_paths_of(backend, world, cell_dir)
+    )
+    if paths is None:
+        return None
+    return InsideRoute(paths.proxy_socket, paths.shim, SHIM_PORT, shim_path())
 
 
 def parse_report(run: ProbeRun) -> dict[str, Any]:
@@ -270,7 +286,7 @@ class CellRunner:
             user=self.user,
             # A wrapper with its own proxy (egress "own") has no harness route inside it: no
             # proxy socket, no shim. None tells the catalogue so (harness/catalog/base.py).
-            route=None if backend.egress_mode == "own" else inside_route(),
+            route=inside_route(backend, self.world.info, cell_dir),
         )
         expected = spec.expectation(identity.policy)
         info = self.world.info

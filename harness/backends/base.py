@@ -69,6 +69,39 @@ SANDBOX_PROXY_SOCKET: Final = f"{SANDBOX_RUN_DIR}/proxy.sock"
 SANDBOX_SHIM: Final = f"{SANDBOX_RUN_DIR}/shim.py"
 
 
+@dataclass(frozen=True)
+class InsidePaths:
+    """Where the payload sees the egress route's socket and shim, inside its sandbox.
+
+    A backend that routes egress through the proxy's unix socket says where it puts them
+    (`inside_paths`), so a probe that attacks the route attacks the one this backend really
+    built, never a fixed path that only bubblewrap and docker use.
+    """
+
+    proxy_socket: str
+    shim: str
+
+
+# Where bubblewrap and docker mount them (and what a backend without a say gets).
+NAMESPACED_INSIDE_PATHS: Final = InsidePaths(SANDBOX_PROXY_SOCKET, SANDBOX_SHIM)
+
+
+def inside_paths_of(backend: object, world: WorldInfo, cell_dir: Path) -> InsidePaths | None:
+    """The inside paths `backend` uses for one cell; None: it has no harness route inside.
+
+    A backend with its own proxy (egress "own") has none. One that does not say (the control
+    leg, seatbelt, AppContainer: their payload reaches the proxy over TCP, no shim inside)
+    gets the namespaced backends' paths, which its payload then never needs.
+    """
+    if getattr(backend, "egress_mode", "") == "own":
+        return None
+    method = getattr(backend, "inside_paths", None)
+    if method is None:
+        return NAMESPACED_INSIDE_PATHS
+    paths: InsidePaths | None = method(world, cell_dir)
+    return paths
+
+
 def shim_path() -> Path:
     """The stdlib-only shim script that bridges loopback to the proxy socket inside."""
     return Path(__file__).resolve().parent.parent / "egress" / "shim.py"

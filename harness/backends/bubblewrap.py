@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from harness.backends.base import (
+    NAMESPACED_INSIDE_PATHS,
     SANDBOX_PROXY_SOCKET,
     SANDBOX_RUN_DIR,
     SANDBOX_SHIM,
@@ -30,6 +31,7 @@ from harness.backends.base import (
     EgressMode,
     EgressRoute,
     Identity,
+    InsidePaths,
     ProbeRequest,
     ProbeRun,
     payload_runs_as,
@@ -40,26 +42,13 @@ from harness.backends.none import platform_string
 from harness.backends.process import run_process
 from harness.backends.seccomp import build_filter, denied_names
 from harness.errors import BackendUnavailable
+from harness.world.info import WorldInfo
 
 # The rlimits every sandboxed process inherits (applied with prlimit around bwrap, which has no
 # rlimit flag of its own). Sized so the probes' own work fits: no payload writes a file over a
 # few MiB or holds more than a few dozen descriptors.
 LIMITS: Final = (("fsize_mib", 16), ("nofile", 256))
-# Every claim spelled out: a private network namespace whose only route is the shim, a view
-# built from granted binds (reads and writes: the workspace), the seccomp filter of
-# harness/backends/seccomp.py, and the payload user (never root) inside a user namespace.
-POLICY = DeclaredPolicy(
-    network="proxy",
-    filesystem="workspace",
-    ipc="isolated",
-    limits=LIMITS,
-    reads="workspace",
-    writes="workspace",
-    environment="scrubbed",
-    syscalls="filtered",
-    network_cut="namespace",
-    runs_as="non-root",
-)
+POLICY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated", limits=LIMITS)
 
 
 # Top-level directories that are symlinks into /usr on merged-/usr systems (Debian 12) and real
@@ -162,6 +151,15 @@ class BubblewrapBackend:
         # parallel cells collide on its port; it reaches the proxy's TCP port like the control
         # leg does instead (which is what such a sandbox really offers).
         self.egress_mode: EgressMode = "direct-tcp" if "share-net" in self.weaken else "shim"
+
+    def inside_paths(self, world: WorldInfo, cell_dir: Path) -> InsidePaths:
+        """Where this backend shows the payload the route: SANDBOX_RUN_DIR, in every cell.
+
+        The mounts put the proxy socket and the shim there whatever this run's scratch is,
+        so `ipc_proxy_socket_tamper` attacks these paths (harness.backends.base.inside_paths_of).
+        """
+        del world, cell_dir
+        return NAMESPACED_INSIDE_PATHS
 
     # -- availability ------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from harness.backends.base import (
     Availability,
     EgressMode,
     Identity,
+    InsidePaths,
     ProbeRequest,
     ProbeRun,
     shim_path,
@@ -85,6 +86,7 @@ from harness.payload import interpreter_paths, payload_env
 from harness.provenance import executable_facts
 from harness.trust import PayloadUser, give, payload_user
 from harness.world.core import PRIVATE_NAME_SUFFIX
+from harness.world.info import WorldInfo
 
 # Every process of one run carries this variable (value: a per-run random tag), so that the
 # sweep after the run finds children that left the wrapper's process group.
@@ -218,6 +220,35 @@ class CommandBackend:
     def from_path(cls, path: Path) -> CommandBackend:
         """Load the spec at `path` (ConfigError naming the file, key and fix if invalid)."""
         return cls(load_spec(path))
+
+    def inside_paths(self, world: WorldInfo, cell_dir: Path) -> InsidePaths | None:
+        """Where this wrapper shows the payload the route: its spec's `[run] *_inside`.
+
+        Rendered as the cell will render them (`context`): the world's paths, this cell's run
+        dir and workspace; the rest of the placeholders take their sample values, which no
+        sane inside path names. None under egress "own": no harness route is inside.
+        """
+        if self.egress_mode == "own":
+            return None
+        sample = sample_context()
+        scalars = sample.scalars | {
+            "proxy_socket": world.proxy.socket,
+            "shim": str(shim_path()),
+            "shim_port": str(SHIM_PORT),
+            "world_dir": world.run_dir,
+            "ca_bundle": world.ca_bundle,
+            "run_dir": str(cell_dir / f"run-{self.name}"),
+            "workspace": str(cell_dir / "workspace"),
+            **self.spec.static_scalars(),
+        }
+        ctx = RenderContext(scalars, sample.lists, [])
+        src = self.spec.source
+        return InsidePaths(
+            proxy_socket=ctx.render(
+                self.spec.proxy_socket_inside, f"{src}: [run] proxy_socket_inside"
+            ),
+            shim=ctx.render(self.spec.shim_inside, f"{src}: [run] shim_inside"),
+        )
 
     # -- who the wrapper runs as ---------------------------------------------------------
 

@@ -206,11 +206,12 @@ class IpcUnixSocketEscape(_Spec):
         docker_answered = [a for a in docker if a.get("outcome") == "succeeded"]
         observed = _observed(escapes)
         hits = _with_nonce(witness.daemon, ctx.nonce)
-        heard = self._stop_witnesses(ctx, open_leg=self.expectation(ctx.policy) == "allowed")
+        open_leg = self.expectation(ctx.policy) == "allowed"
+        heard = self._stop_witnesses(ctx, open_leg=open_leg)
         confirmed = _host_confirmed(escapes)
         reasons = [
             *heard["reasons"],
-            *(_exposed(a) for a in confirmed[:REASON_NAMES]),
+            *(_exposed(a, open_leg=open_leg) for a in confirmed[:REASON_NAMES]),
             f"fake daemon logged {len(hits)} requests with the nonce",
             f"payload: {_summary(fixed)}; {_class_summary(escapes)}",
         ]
@@ -330,9 +331,11 @@ def _host_confirmed(escapes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return confirmed
 
 
-def _exposed(attempt: dict[str, Any]) -> str:
+def _exposed(attempt: dict[str, Any], *, open_leg: bool = False) -> str:
     """The reason for a host daemon socket the payload reached, naming the path and the fix."""
     path = str(attempt.get("what", "")).removeprefix("path:")
+    if open_leg:
+        return f"the payload connected to the host's {path}"
     return (
         f"the payload connected to the host's {path} (the host has that socket at that inode): "
         f"the sandbox exposes the host's {Path(path).parent}; do not bind it into the sandbox"
@@ -500,6 +503,16 @@ def _get_via_unix_proxy(
         sock.close()
 
 
+def _leak_reason(path: str) -> str:
+    """The reason for a nonce file the payload left on the host, naming the path and the fix."""
+    where = Path(path).parent
+    return (
+        f"{Path(path).name} appeared in the host's {where} (removed): the payload wrote into "
+        f"the host's {where} through the sandbox; bind the route's socket and shim read-only, "
+        "never a host directory writable"
+    )
+
+
 def _sandbox_route_missed(
     report: dict[str, Any], escapes: list[dict[str, Any]], reasons: list[str]
 ) -> bool:
@@ -613,15 +626,39 @@ class IpcProxySocketTamper(_Spec):
         give(decoy["socket"].parent, ctx.user, recursive=True)
         baseline = {k: file_state(p) for k, p in self._watched(ctx).items()}
         baseline["decoy-dir"] = {"entries": dir_entries(decoy["socket"].parent)}
-        _save_state(ctx, {"baseline": baseline})
         route = _route(ctx)
-        allowed = ctx.world.info.hosts["allowed"]
+        info = ctx.world.info
+        # A wrapper may show the route at its host paths (a spec's default `{proxy_socket}`).
+        # There the payload's attack lands on the real socket, which only a uid of its own
+        # keeps it from cutting for every later cell: without one, the route is not handed.
+        at_host = route.proxy_socket == info.proxy.socket or Path(route.shim) == route.shim_source
+        withheld = at_host and ctx.user is None
+        _save_state(ctx, {"baseline": baseline, "withheld": withheld})
+        allowed = info.hosts["allowed"]
         return {
             "decoy": {k: str(v) for k, v in decoy.items()},
             "sandbox": {"socket": route.proxy_socket, "shim": route.shim},
-            "shim_url": f"http://127.0.0.1:{route.shim_port}",
+            # The payload attacks the sandbox paths only when its proxy is this URL.
+            "shim_url": "" if withheld else f"http://127.0.0.1:{route.shim_port}",
             "allowed": f"{allowed.name}:{allowed.https_port}",
         }
+
+    def leak_dirs(self, ctx: CellContext) -> list[Path]:
+        """Every host directory the payload's tampering could have written into.
+
+        The directories of the route as the sandbox shows it (read as host paths: a sandbox
+        that shares the host's /run writes there) and of the real socket and shim. The decoy's
+        is the payload's own on the open leg, so it is not among them.
+        """
+        route = _route(ctx)
+        dirs = {
+            Path(route.proxy_socket).parent,
+            Path(route.shim).parent,
+            Path(ctx.world.info.proxy.socket).parent,
+            route.shim_source.parent,
+        }
+        decoy = self.decoy_paths(ctx)["socket"].parent
+        return sorted(d for d in dirs if d != decoy)
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """After the run the proxy still serves other cells through its unix socket."""
@@ -660,18 +697,30 @@ class IpcProxySocketTamper(_Spec):
         changed = {k: d for k in now if (d := file_diff(baseline.get(k, {}), now[k]))}
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
-        reasons = []
+        state = _load_state(ctx)
+        # What the payload left on the host carries its nonce (rogue-<nonce>.sock,
+        # shim-<nonce>.py): removed now, so no later cell or run meets it, and named.
+        leaked = remove_nonce_files(self.leak_dirs(ctx), ctx.nonce)
+        reasons = [_leak_reason(path) for path in leaked]
         if any(k.startswith("real-") for k in changed):
             reasons.append("the real egress route changed on the host")
         if changed:
             reasons.append("host sees: " + "; ".join(f"{k} {v}" for k, v in changed.items()))
-        else:
+        elif not leaked:
             reasons.append("decoy and real socket/shim unchanged on the host")
             reasons.append(_refusals(escapes))
-        escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
-        if _sandbox_route_missed(report, escapes, reasons) and escape != "escaped":
-            # The paths are bubblewrap's and docker's mount points; a wrapper that shows the
-            # route elsewhere never had its route attacked, so its refusals prove nothing.
+        seen = bool(changed) or bool(leaked)
+        escape = _judge(observed, seen, _private_namespace(report, "mnt"), reasons)
+        if state.get("withheld") and escape != "escaped":
+            reasons.append(
+                "the in-sandbox route was not attacked: this backend shows it at the host's "
+                "own paths and the payload runs as the harness's uid, so an attack could cut "
+                "the route of every later cell; run as root so payloads get a uid of their own"
+            )
+            escape = "undecided"
+        elif _sandbox_route_missed(report, escapes, reasons) and escape != "escaped":
+            # The paths are the ones this backend says it uses (InsideRoute); a route not at
+            # them was never attacked, so the refusals prove nothing.
             escape = "undecided"
         inside = _attempts(report, "control")
         workspace_ops = [a for a in inside if str(a.get("what", "")).startswith("workspace:")]
@@ -687,12 +736,18 @@ class IpcProxySocketTamper(_Spec):
             inside_failed=f"inside control failed: {_summary(inside)}",
             host_control=control,
             host_failed="the proxy no longer serves through its unix socket",
-            witness={"baseline": baseline, "now": now, "changed": changed},
+            witness={"baseline": baseline, "now": now, "changed": changed, "removed": leaked},
             controls={"inside": inside, "host": control},
         )
 
     def cleanup(self, ctx: CellContext) -> None:
-        """Close the decoy listener; put back the real socket's mode and the real shim."""
+        """Close the decoy; put back the real socket's mode and shim; remove nonce files.
+
+        `assess` already removed (and named) what carried the nonce; a cell that never got
+        there (an ERROR) is cleaned here all the same.
+        """
+        if ctx.route is not None:
+            remove_nonce_files(self.leak_dirs(ctx), ctx.nonce)
         held = self._held.pop(ctx.nonce, None)
         if held is not None:
             held[0].close()
