@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any
 
+from harness.claims import claims_of
 from harness.verdict import Assessment, Expectation
 
 if TYPE_CHECKING:
@@ -101,6 +102,9 @@ class DnsResolution(_Spec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(hits), _private_namespace(report, "net"), reasons)
+        claims = claims_of(ctx.policy)
+        if escape == "escaped" and claims.network != "open":
+            reasons.insert(0, f"{claims.phrase('network')}; the DNS fixture heard the payload")
         return _conclude(escape, observed, reasons, host_control=control, witness={"dns": hits})
 
 

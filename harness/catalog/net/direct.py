@@ -41,6 +41,7 @@ from harness.catalog.base import (
     attempts_of,
     host_seen_own_network,
 )
+from harness.claims import SHARED_NETNS_CUTS, claims_of
 from harness.verdict import Assessment, Expectation
 from harness.world.listeners import LOOPBACK
 
@@ -152,8 +153,23 @@ class NetDirectEgress(_Spec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(tcp or udp), _private_namespace(report, "net"), reasons)
+        claims = claims_of(ctx.policy)
+        if escape == "escaped" and claims.network != "open":
+            reasons.insert(0, f"{claims.phrase('network')}; the listener heard the payload")
         seen_out = host_seen_path_out(ctx)
-        if seen_out:
+        if seen_out and claims.network_cut in SHARED_NETNS_CUTS:
+            # Sharing the harness's namespace is this cut's design, not a way out: the
+            # filter (or the profile) must refuse every connect, and no witness may hear one.
+            held = escape != "escaped" and observed == "refused"
+            note = (
+                f"{claims.phrase('network')}: it shares the harness's network namespace by "
+                "design, so it is judged by the refused connects"
+            )
+            if held:
+                note += ": every direct attempt was refused and no witness heard anything"
+            # A FAIL leads with the claim it broke; a held claim with how it was judged.
+            reasons.insert(1 if escape == "escaped" else 0, note)
+        elif seen_out:
             escape = "escaped"
             reasons.insert(0, seen_out)
         return _conclude(
@@ -176,7 +192,7 @@ def host_seen_path_out(ctx: CellContext) -> str:
     view = ctx.host_view
     if ctx.policy.network == "open" or not view.get("seen"):
         return ""
-    claim = f'claims network = "{ctx.policy.network}"'
+    claim = claims_of(ctx.policy).phrase("network")
     # Every process that carried this cell's launcher counts: a wrapper that runs the real
     # payload unconfined beside a confined decoy must not be judged by the decoy alone.
     for process in (view, *(view.get("others") or [])):
