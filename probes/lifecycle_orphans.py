@@ -8,6 +8,9 @@ Three children each append a wall-clock stamp to their own tick file in
 Each child's argv carries targets["marker"] and the nonce, so the host can find and kill it,
 and each stops by itself after targets["lifetime_s"]: a probe must never leave an immortal
 process behind, even when the host's cleanup cannot run.
+Each child starts with a clean environment (PATH only), as hostile code would (`env -i`): it
+must not carry a run tag by which a wrapper's or the harness's sweep would find and kill it,
+so that what the host sees afterwards is what the sandbox did, not the harness's cleanup.
 Once every child has ticked targets["min_ticks"] times (the control: the ticks were written
 while the payload ran), the payload writes its own exit stamp to ``payload-exit`` in the same
 dir and exits at once. Whether the children outlived it is the host's call: it watches the tick
@@ -52,11 +55,16 @@ def child_argv(path, targets, nonce):
             str(targets["interval_s"]), targets["marker"], nonce]
 
 
+def clean_env():
+    # Nothing inherited but PATH: no run tag, no variable a sweep could find the child by.
+    return {"PATH": os.environ.get("PATH") or os.defpath}
+
+
 def quiet():
     # The children must not hold the payload's stdout/stderr: the runner reads those pipes to
     # the end, and a held pipe would make the host wait for the child instead of judging it.
     return {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
-            "stderr": subprocess.DEVNULL, "close_fds": True}
+            "stderr": subprocess.DEVNULL, "close_fds": True, "env": clean_env()}
 
 
 def spawn_background(argv, cwd):
@@ -84,7 +92,7 @@ def spawn_daemon(argv, cwd):
                     os.dup2(null, fd)
                 os.chdir(cwd)
                 os.closerange(3, 1024)
-                os.execv(argv[0], argv)
+                os.execve(argv[0], argv, clean_env())
             os.write(write_end, str(second).encode())
         finally:
             os._exit(0)

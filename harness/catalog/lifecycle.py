@@ -4,11 +4,20 @@
 keep stamping a tick file; the host then watches whether any tick lands after the payload's
 exit, and finds survivors by their nonce-tagged marker in /proc. A tick still growing, or a
 process still there, is an escape whatever the payload says.
+
+The host's reading must not be the harness's own cleanup. A command wrapper's run is swept
+for processes carrying its run tag (harness/backends/command.py), and a sweep that kills the
+children would leave nothing for the host to see: the sandbox would be credited with what
+the harness did. So the children start with a clean environment (no run tag; hostile code
+would do the same with `env -i`) and are found here by their argv marker only, and every
+process a backend's sweep still had to kill, as it records in the cell dir
+(`LEFTOVERS_FILE`), is an escape of this probe, named by pid and command.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -52,6 +61,14 @@ WATCH_S: Final = 0.6
 LATE_GRACE_S: Final = 0.5
 
 
+# Where a backend that sweeps a run's leftovers records, per cell, what it killed:
+# `{"killed": {"<pid>": "<pid> (<command>)"}}`. The catalogue reads it from the cell dir, so it
+# needs nothing from the backends (the command backend writes it; see the module docstring).
+LEFTOVERS_FILE: Final = "leftovers.json"
+# How much of a survivor's command line a reason shows.
+COMMAND_CHARS: Final = 160
+
+
 def find_orphans(nonce: str, marker: str = ORPHAN_MARKER) -> list[int]:
     """Pids whose argv carries both the orphan marker and `nonce` (Linux /proc; else [])."""
     found = []
@@ -64,6 +81,39 @@ def find_orphans(nonce: str, marker: str = ORPHAN_MARKER) -> list[int]:
         if all(n in argv for n in needles):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def describe_orphan(pid: int) -> dict[str, Any]:
+    """A survivor as a reason names it: pid, kind (its tick file), command (code elided)."""
+    try:
+        argv = [
+            a.decode("utf-8", "replace")
+            for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if a
+        ]
+    except OSError:
+        return {"pid": pid, "kind": "?", "command": "gone before it was read"}
+    # The child's code rides in argv after -c: a line of Python nobody needs in a reason.
+    # The tick file is named by its own name: its cell path would crowd out the rest.
+    shown = [
+        "<code>" if i > 0 and argv[i - 1] == "-c" else f"…/{Path(a).name}" if "/" in a else a
+        for i, a in enumerate(argv)
+    ]
+    shown[0] = argv[0] if argv else "?"
+    kind = next((Path(a).stem for a in argv if a.endswith(".ticks")), "?")
+    return {"pid": pid, "kind": kind, "command": " ".join(shown)[:COMMAND_CHARS]}
+
+
+def recorded_leftovers(cell_dir: Path) -> list[str]:
+    """What a backend's sweep killed after this cell's run (`LEFTOVERS_FILE`); [] if nothing."""
+    try:
+        data = json.loads((cell_dir / LEFTOVERS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    killed = data.get("killed") if isinstance(data, dict) else None
+    if not isinstance(killed, dict):
+        return []
+    return [str(v) for _, v in sorted(killed.items(), key=lambda kv: str(kv[0]))]
 
 
 def _stamps(path: Path) -> list[float]:
@@ -152,7 +202,10 @@ class LifecycleOrphans(_Spec):
                     f"{len(during)} ticks before the payload's exit stamp",
                 )
             )
-        watch["alive"] = find_orphans(ctx.nonce)
+        alive = find_orphans(ctx.nonce)
+        watch["alive"] = alive
+        watch["alive_processes"] = [describe_orphan(pid) for pid in alive]
+        watch["swept"] = recorded_leftovers(ctx.cell_dir)
         result = _control(_control_nonce(), checks)
         result["watch"] = watch
         return result
@@ -164,7 +217,11 @@ class LifecycleOrphans(_Spec):
         witness: WitnessRecordsLike,
         control: dict[str, Any],
     ) -> Assessment:
-        """A child still ticking, ticking after the payload's exit, or alive, survived."""
+        """A child still ticking, ticking after the payload's exit, or alive, survived.
+
+        So did every process a backend's sweep had to kill after the run: the sandbox let it
+        outlive the payload, and only the harness's cleanup ended it.
+        """
         del witness, ctx
         watch = control.get("watch", {})
         survivors = sorted(
@@ -173,6 +230,11 @@ class LifecycleOrphans(_Spec):
             if w.get("ticks_after", 0) > w.get("ticks_before", 0) or w.get("late_ticks", 0) > 0
         )
         alive = list(watch.get("alive", []))
+        named = [
+            f"pid {p.get('pid')} [{p.get('kind')}]: {p.get('command')}"
+            for p in watch.get("alive_processes", [])
+        ]
+        swept = [str(s) for s in watch.get("swept", [])]
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
         reasons = []
@@ -181,8 +243,21 @@ class LifecycleOrphans(_Spec):
                 f"children outlived the payload: {', '.join(survivors) or 'none still ticking'} "
                 f"(alive pids {', '.join(map(str, alive)) or 'none'})"
             )
+            if named:
+                reasons.append("still running after the sandbox exited: " + "; ".join(named))
+        if swept:
+            reasons.append(
+                f"the harness's sweep had to kill {len(swept)} process(es) the sandbox left "
+                f"running: {'; '.join(swept)}; the sandbox did not end them, so it is not "
+                "credited with their end"
+            )
+        if survivors or alive or swept:
+            reasons.append(
+                "fix: run the payload in a pid namespace that dies with the sandbox "
+                "(bwrap --unshare-pid --die-with-parent, a container's own pid namespace)"
+            )
         escape: Escape
-        if survivors or alive:
+        if survivors or alive or swept:
             escape = "escaped"
         elif observed == "refused":
             escape = "refused"
