@@ -1,14 +1,25 @@
-"""The write-outside probe, host side: canaries planted outside the workspace."""
+"""The filesystem probes, host side: canaries planted where a sandbox must not reach.
+
+`fs_write_outside` plants a canary in every class of host location the payload user can write
+when unconfined: the temp dirs, shared memory, the home and its config dirs, beside the
+workspace, the world's run dir, and every other place a bounded scan as the payload user finds
+writable (`writable_places`). A canary that changed on the host is the escape.
+"""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -44,21 +55,119 @@ from harness.catalog.canary import (
     read_text,
     sha256,
 )
-from harness.trust import give
+from harness.errors import FixtureError
+from harness.trust import PayloadUser, give
 from harness.verdict import Assessment, Expectation
 
 CANARY_NAME = "canary.txt"
 _BASELINE = "baseline.json"
+_PLANTED = "planted.json"
 
 
 # What probes/fs_write_outside.py tries on each directory, in its own words.
 WRITE_OPS: Final = ("create", "append", "chmod", "symlink-out", "rename-over")
 # Where a wrapper may have bound the host's root inside; the payload tries the canaries there too.
 HOST_ROOT_MOUNTS: Final = ("/host", "/hostfs", "/rootfs", "/host-root")
+# The classes of host location an unconfined payload user can write, each with a canary: the
+# host temp dirs, shared memory, the home and the config dirs every tool keeps there, beside the
+# workspace, and the world's run dir. `prepare` adds every other directory the scan below finds
+# the payload user can write (as `found-<path>`), so the set is this host's, not a list's.
+CORE_CLASSES: Final = ("sibling", "tmp", "home")
+HOME_CLASSES: Final = {"config": ".config", "local_share": ".local/share", "cache": ".cache"}
+# The scan: breadth first from /, as the payload user, for the topmost directories it may
+# write (a writable directory's subtree is the same class). Bounded in time and size, and run
+# once per harness process: which places are writable does not change between cells.
+SCAN_BUDGET_S: Final = 10.0
+SCAN_MAX_DIRS: Final = 200_000
+SCAN_PRUNE: Final = ("/proc", "/sys")
+
+
+def writable_places(
+    root: str = "/", budget_s: float = SCAN_BUDGET_S, max_dirs: int = SCAN_MAX_DIRS
+) -> dict[str, Any]:
+    """The topmost directories under `root` that THIS process may create entries in.
+
+    `os.access` with the real uid, so run it as the payload user (`payload_writable_places`).
+    Symlinks are not followed; /proc and /sys are not walked.
+
+    Returns:
+        `{"found": [...], "complete": bool, "visited": n, "elapsed_s": s}`; `complete` is
+        False when the budget ran out first (the found list is then a lower bound).
+    """
+    start = time.monotonic()
+    found: list[str] = []
+    queue: collections.deque[str] = collections.deque([root])
+    visited = 0
+    while queue and time.monotonic() - start < budget_s and visited < max_dirs:
+        directory = queue.popleft()
+        visited += 1
+        if directory in SCAN_PRUNE:
+            continue
+        if os.access(directory, os.W_OK | os.X_OK):
+            found.append(directory)
+            continue
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        queue.append(entry.path)
+    return {
+        "found": sorted(found),
+        "complete": not queue,
+        "visited": visited,
+        "elapsed_s": round(time.monotonic() - start, 2),
+    }
+
+
+@functools.cache
+def _scan_as(uid: int | None, kwargs: str) -> dict[str, Any]:
+    if uid is None:
+        return writable_places()
+    code = (
+        "import json; from harness.catalog.fs import writable_places; "
+        "print(json.dumps(writable_places()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=SCAN_BUDGET_S * 3,
+        check=False,
+        cwd="/",
+        **json.loads(kwargs),
+    )
+    try:
+        scanned = json.loads(done.stdout)
+    except ValueError:
+        tail = done.stderr.strip()[-300:]
+        return {"found": [], "complete": False, "error": f"exit {done.returncode}: {tail}"}
+    return dict(scanned)
+
+
+def payload_writable_places(user: PayloadUser | None) -> dict[str, Any]:
+    """`writable_places()` as the payload user, once per process (see SCAN_BUDGET_S).
+
+    Without a payload user the payload runs as the harness's own user, and the scan does too;
+    except as root, which may write everywhere: no scan then (only the named classes).
+    """
+    if user is None:
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            return {"found": [], "complete": False, "error": "not scanned as root"}
+        return _scan_as(None, "{}")
+    return _scan_as(user.uid, json.dumps(user.popen_kwargs(), sort_keys=True))
+
+
+def _class_key(path: str) -> str:
+    """`found-run-lock` for /run/lock: a scan-found class as an attempt key."""
+    return "found" + "".join(c if c.isalnum() else "-" for c in path)
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
 
 
 class FsWriteOutside(_Spec):
-    """Writes at host-planted canary dirs outside the workspace."""
+    """Writes at host-planted canary dirs outside the workspace, one per writable class."""
 
     id = "fs_write_outside"
     area = "fs"
@@ -82,50 +191,117 @@ class FsWriteOutside(_Spec):
 
     @staticmethod
     def canary_dirs(ctx: CellContext) -> dict[str, Path]:
-        """The three canary dirs of a cell: sibling of the workspace, host temp, home."""
+        """The canary dir of every named class (the scan's finds come on top, in `prepare`).
+
+        A class whose place does not exist on this host (no /var/tmp, no /dev/shm, a world
+        without a run dir) is left out.
+        """
         tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())  # noqa: S108
-        return {
+        home = home_of(ctx)
+        name = f"sandbox-attest-canary-{ctx.nonce}"
+        dirs = {
             "sibling": ctx.cell_dir / "sibling",
-            "tmp": tmp / f"sandbox-attest-canary-{ctx.nonce}",
-            "home": home_of(ctx) / f".sandbox-attest-canary-{ctx.nonce}",
+            "tmp": tmp / name,
+            "var_tmp": Path("/var/tmp") / name,  # noqa: S108  (a class of host location)
+            "shm": Path("/dev/shm") / name,  # noqa: S108  (a class of host location)
+            "home": home / f".{name}",
+            **{key: home / sub / name for key, sub in HOME_CLASSES.items()},
+            "run_dir": Path(ctx.world.info.run_dir) / name,
         }
+        optional = ("var_tmp", "shm", "run_dir")
+        return {k: d for k, d in dirs.items() if k not in optional or d.parent.is_dir()}
 
     @staticmethod
     def control_name(ctx: CellContext) -> str:
         """The payload's control dir inside the workspace."""
         return f"fs-control-{ctx.nonce}"
 
+    def _found_dirs(self, ctx: CellContext, named: dict[str, Path]) -> dict[str, Path]:
+        """A canary dir in every place the scan found that no named class covers."""
+        covered = [d.parent for d in named.values()] + [home_of(ctx), ctx.cell_dir.parent]
+        found = payload_writable_places(ctx.user).get("found") or []
+        return {
+            _class_key(place): Path(place) / f"sandbox-attest-canary-{ctx.nonce}"
+            for place in found
+            if not _inside(Path(place), covered)
+        }
+
+    def planted(self, ctx: CellContext) -> dict[str, Path]:
+        """The canary dirs `prepare` planted for this cell (the named classes before it ran)."""
+        try:
+            raw = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text())
+        except (OSError, ValueError):
+            return self.canary_dirs(ctx)
+        return {str(k): Path(v) for k, v in raw.get("dirs", {}).items()}
+
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """Plant each canary dir with canary.txt and record its sha256 and mode."""
-        baseline: dict[str, dict[str, Any]] = {}
-        # Journalled before they exist: a killed run's canaries in /tmp and the home are
+        """Plant a canary dir (canary.txt, its sha256 and mode recorded) in every class."""
+        named = self.canary_dirs(ctx)
+        candidates = {**named, **self._found_dirs(ctx, named)}
+        home = home_of(ctx)
+        # Config dirs a fresh home lacks are made for the cell, removed again if still empty.
+        parents = sorted(
+            {d.parent for k, d in candidates.items() if k in HOME_CLASSES and not d.parent.exists()}
+        )
+        made = [p for parent in parents for p in (*reversed(parent.parents), parent)]
+        made = list(dict.fromkeys(p for p in made if home in p.parents and not p.exists()))
+        # Journalled before they exist: a killed run's canaries outside the scratch are
         # removed by the next run (harness/sweep.py); the sibling goes with the scratch.
-        outside = [d for k, d in self.canary_dirs(ctx).items() if k != "sibling"]
-        sweep.record(_journal_key(self.id, ctx), outside)
-        for key, directory in self.canary_dirs(ctx).items():
-            canary = directory / CANARY_NAME
-            with planting(self.id, canary):
-                directory.mkdir(mode=0o755, parents=False, exist_ok=False)
-                canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
-                canary.chmod(0o644)
-                # The payload user's own: unconfined it can write here, so a refusal inside a
-                # sandbox is the sandbox's doing, not file permissions.
-                give(directory, ctx.user, recursive=True)
-            baseline[key] = dir_canary_state(canary)
+        outside = [d for k, d in candidates.items() if k != "sibling"]
+        sweep.record(_journal_key(self.id, ctx), outside, dirs=tuple(made))
+        for directory in made:
+            directory.mkdir(mode=0o700)
+            give(directory, ctx.user)
+        baseline: dict[str, dict[str, Any]] = {}
+        planted: dict[str, Path] = {}
+        skipped: dict[str, str] = {}
+        for key, directory in candidates.items():
+            try:
+                self._plant(ctx, key, directory)
+            except FixtureError as exc:
+                # A named class must be plantable; a scan's find may be a place that takes no
+                # directory (an mqueue mount): it is recorded, not fatal.
+                if not key.startswith("found-"):
+                    raise
+                skipped[key] = str(exc)
+                continue
+            planted[key] = directory
+            baseline[key] = dir_canary_state(directory / CANARY_NAME)
         store = ctx.cell_dir / "canaries"
         store.mkdir(parents=True, exist_ok=True)
         (store / _BASELINE).write_text(_json_dumps(baseline))
+        scan = payload_writable_places(ctx.user)
+        (store / _PLANTED).write_text(
+            _json_dumps(
+                {
+                    "dirs": {k: str(v) for k, v in planted.items()},
+                    "made": [str(p) for p in made],
+                    "skipped": skipped,
+                    "scan": scan,
+                }
+            )
+        )
         return {
-            "dirs": {k: str(v) for k, v in self.canary_dirs(ctx).items()},
+            "dirs": {k: str(v) for k, v in planted.items()},
             "control_name": self.control_name(ctx),
         }
+
+    def _plant(self, ctx: CellContext, key: str, directory: Path) -> None:
+        canary = directory / CANARY_NAME
+        with planting(self.id, canary):
+            directory.mkdir(mode=0o755, parents=False, exist_ok=False)
+            canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
+            canary.chmod(0o644)
+            # The payload user's own: unconfined it can write here, so a refusal inside a
+            # sandbox is the sandbox's doing, not file permissions.
+            give(directory, ctx.user, recursive=True)
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host itself can write (and remove) a file in every canary dir."""
         nonce = _control_nonce()
         checks = [
             _host_writes(f"host writes {key}", directory, nonce)
-            for key, directory in self.canary_dirs(ctx).items()
+            for key, directory in self.planted(ctx).items()
         ]
         return _control(nonce, checks)
 
@@ -139,9 +315,10 @@ class FsWriteOutside(_Spec):
         """A changed canary or a new file in a canary dir is an escape; workspace is checked."""
         del witness  # the filesystem is this probe's witness
         baseline = json.loads((ctx.cell_dir / "canaries" / _BASELINE).read_text())
+        planted = self.planted(ctx)
         changed: dict[str, str] = {}
         state: dict[str, Any] = {}
-        for key, directory in self.canary_dirs(ctx).items():
+        for key, directory in planted.items():
             now = dir_canary_state(directory / CANARY_NAME)
             state[key] = now
             diff = dir_canary_diff(baseline.get(key, {}), now)
@@ -152,12 +329,21 @@ class FsWriteOutside(_Spec):
         reasons = []
         if changed:
             reasons.append(
-                "host sees canary changes: " + "; ".join(f"{k}: {v}" for k, v in changed.items())
+                "host sees canary changes: "
+                + "; ".join(f"{k} ({planted[k].parent}): {v}" for k, v in changed.items())
+            )
+            places = ", ".join(sorted({str(planted[k].parent) for k in changed}))
+            reasons.append(
+                f"fix: do not bind {places} writable into the sandbox; leave it out of the "
+                "view, or mount a private tmpfs there (bwrap --tmpfs, docker --tmpfs)"
             )
         else:
-            reasons.append("every canary's sha256 and mode unchanged, no nonce file on the host")
+            reasons.append(
+                f"every canary's sha256 and mode unchanged in {len(planted)} writable classes "
+                f"({', '.join(sorted(planted))}), no nonce file on the host"
+            )
         landed = sorted(
-            {str(a["what"]).split(":")[0] for a in escapes if a.get("outcome") == "succeeded"}
+            {str(a["what"]).rsplit(":", 1)[0] for a in escapes if a.get("outcome") == "succeeded"}
         )
         if landed:
             reasons.append(f"payload writes succeeded inside in {','.join(landed)}")
@@ -180,9 +366,23 @@ class FsWriteOutside(_Spec):
             + ", ".join(c["what"] for c in workspace_checks if not c["ok"]),
             host_control=control,
             host_failed="host control failed",
-            witness={"canaries": state, "baseline": baseline, "changed": changed},
+            witness={
+                "canaries": state,
+                "baseline": baseline,
+                "changed": changed,
+                "classes": {k: str(v.parent) for k, v in planted.items()},
+                "scan": self._scan_record(ctx),
+            },
             controls={"inside": inside, "workspace": workspace_checks, "host": control},
         )
+
+    @staticmethod
+    def _scan_record(ctx: CellContext) -> dict[str, Any]:
+        try:
+            raw = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {"scan": raw.get("scan"), "skipped": raw.get("skipped")}
 
     def _workspace_checks(
         self, ctx: CellContext, inside: list[dict[str, Any]]
@@ -205,12 +405,20 @@ class FsWriteOutside(_Spec):
         return checks
 
     def cleanup(self, ctx: CellContext) -> None:
-        """Remove the /tmp and home canary dirs (the sibling goes with cell_dir)."""
-        for key, directory in self.canary_dirs(ctx).items():
-            if key != "sibling" and ctx.nonce in directory.name:
+        """Remove every canary dir outside the scratch, then the config dirs made for them."""
+        outside = [d for k, d in self.planted(ctx).items() if k != "sibling"]
+        for directory in outside:
+            if ctx.nonce in directory.name:
                 shutil.rmtree(directory, ignore_errors=True)
+        try:
+            made = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text()).get("made", [])
+        except (OSError, ValueError):
+            made = []
+        for created in reversed(made):
+            with contextlib.suppress(OSError):  # not empty: something else uses it now; keep it
+                Path(created).rmdir()
         # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
-        if not any(d.exists() for k, d in self.canary_dirs(ctx).items() if k != "sibling"):
+        if not any(d.exists() for d in outside):
             sweep.forget(_journal_key(self.id, ctx))
 
 

@@ -1,0 +1,157 @@
+"""fs_write_outside covers the class: every place the payload user can write gets a canary.
+
+Real directories, real uids: the scan runs as the payload user over a tree made here and over
+this host, and `prepare` / `cleanup` plant and remove real canaries (journalled first). The
+live holes (a wrapper binding /var/tmp writable) are in tests/integration/test_host_classes.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import sweep
+from harness.backends.base import DeclaredPolicy
+from harness.catalog.base import CellContext
+from harness.catalog.fs import (
+    HOME_CLASSES,
+    FsWriteOutside,
+    _class_key,
+    payload_writable_places,
+    writable_places,
+)
+from harness.trust import PayloadUser, payload_user
+
+CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+SPEC = FsWriteOutside()
+USER = payload_user()
+as_root = pytest.mark.skipif(
+    USER is None, reason="the scan as another user needs the root harness's payload user"
+)
+
+
+class WorldInfoLike:
+    """The one field of WorldInfo this spec reads: the world's run dir."""
+
+    def __init__(self, run_dir: Path) -> None:
+        """A world whose run dir is `run_dir`."""
+        self.run_dir = str(run_dir)
+
+
+class WorldLike:
+    """A world that carries only its run dir (fs_write_outside reads no fixture log)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        """A world whose run dir is `run_dir`."""
+        self.info = WorldInfoLike(run_dir)
+
+
+def scan_as(user: PayloadUser, root: Path) -> dict[str, Any]:
+    """`writable_places(root)` in a child running as `user`."""
+    code = (
+        "import json, sys; from harness.catalog.fs import writable_places; "
+        "print(json.dumps(writable_places(sys.argv[1])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd="/",
+        **user.popen_kwargs(),
+    )
+    return dict(json.loads(done.stdout))
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> CellContext:
+    """A confined cell under tmp_path, with a world run dir of its own."""
+    nonce = "n" + secrets.token_hex(8)
+    cell_dir = tmp_path / "cells" / nonce
+    (cell_dir / "workspace").mkdir(parents=True)
+    (tmp_path / "world").mkdir()
+    return CellContext(
+        probe=SPEC.id,
+        backend="unit",
+        nonce=nonce,
+        world=WorldLike(tmp_path / "world"),  # type: ignore[arg-type]  # only info.run_dir
+        workspace=cell_dir / "workspace",
+        cell_dir=cell_dir,
+        policy=CONFINED,
+        user=USER,
+    )
+
+
+class TestScan:
+    def test_class_key_spells_the_place(self) -> None:
+        """A scan's find becomes an attempt key of letters, digits and dashes."""
+        assert _class_key("/run/lock") == "found-run-lock"
+
+    @as_root
+    def test_finds_the_topmost_writable_dirs_only(self, tmp_path: Path) -> None:
+        """In a tree, the scan names each writable dir once, and not what lies below it."""
+        assert USER is not None
+        tmp_path.chmod(0o755)
+        (tmp_path / "closed" / "mine" / "deeper").mkdir(parents=True)
+        (tmp_path / "open" / "below").mkdir(parents=True)
+        os.chown(tmp_path / "closed" / "mine", USER.uid, USER.gid)
+        (tmp_path / "open").chmod(0o1777)
+        found = scan_as(USER, tmp_path)
+        assert found["complete"]
+        assert found["found"] == [str(tmp_path / "closed" / "mine"), str(tmp_path / "open")]
+
+    @as_root
+    def test_host_scan_finds_the_temp_dirs(self) -> None:
+        """On this host the payload user may write /tmp and /var/tmp, and the scan says so."""
+        found = payload_writable_places(USER)
+        assert {"/tmp", "/var/tmp"} <= set(found["found"]), found
+
+    def test_root_writes_everywhere(self) -> None:
+        """As the harness's root, / itself is writable: why the scan runs as the payload user."""
+        if os.geteuid() != 0:
+            pytest.skip("the harness is not root here")
+        assert writable_places("/")["found"] == ["/"]
+
+
+@as_root
+class TestPlanting:
+    def test_every_class_is_planted_then_removed(self, ctx: CellContext) -> None:
+        """Each named class and each scan find gets a canary; cleanup removes them all."""
+        targets = SPEC.prepare(ctx)
+        planted = {k: Path(v) for k, v in targets["dirs"].items()}
+        try:
+            named = {"sibling", "tmp", "var_tmp", "shm", "home", "run_dir", *HOME_CLASSES}
+            assert named <= set(planted), sorted(planted)
+            found = {k for k in planted if k.startswith("found-")}
+            assert all(Path(p).parent.is_dir() for p in planted.values())
+            assert all((p / "canary.txt").is_file() for p in planted.values())
+            assert SPEC.host_control(ctx)["ok"]
+            journal = sweep.journal_dir() / f"canary-{SPEC.id}-{ctx.nonce}.json"
+            entry = json.loads(journal.read_text())
+            assert {str(planted[k]) for k in planted if k != "sibling"} <= set(entry["paths"])
+        finally:
+            SPEC.cleanup(ctx)
+        assert not [p for k, p in planted.items() if k != "sibling" and p.exists()]
+        assert not journal.exists()
+        # Whatever the scan found beyond the named classes was planted too.
+        assert found == {_class_key(p) for p in found_places(ctx)}
+
+
+def found_places(ctx: CellContext) -> list[str]:
+    """The scan's finds that no named class covers, as prepare picks them."""
+    covered = [d.parent for d in SPEC.canary_dirs(ctx).values()]
+    home = USER.home if USER is not None else Path.home()
+    covered += [home, ctx.cell_dir.parent]
+    return [
+        place
+        for place in payload_writable_places(USER)["found"]
+        if not any(Path(place) == c or c in Path(place).parents for c in covered)
+    ]
