@@ -244,6 +244,13 @@ def _check_socket_path(path: Path) -> None:
         )
 
 
+def _socket_dir(path: Path) -> None:
+    """Check `path` fits AF_UNIX and make its own directory, traversable but not listable."""
+    _check_socket_path(path)
+    path.parent.mkdir(exist_ok=True)
+    path.parent.chmod(0o711)
+
+
 def _unlink_quietly(path: Path) -> Callable[[], None]:
     def unlink() -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -405,9 +412,9 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
     """Start the whole fixture world with its files under `run_dir`.
 
     Args:
-        run_dir: a directory for the CA bundle, the wheel, the proxy's socket and decision
-            log and the fake daemon's socket (created if missing; keep its path short, unix
-            socket paths are limited to ~100 bytes).
+        run_dir: a directory for the CA bundle, the wheel, the proxy's decision log, the
+            proxy's socket (in `egress/`) and the fake daemon's (in `daemons/`) (created if
+            missing; keep its path short, unix socket paths are limited to ~100 bytes).
         lab: the lab this process entered (`harness.world.lab.enter_lab`): the fixture hosts then
             live on its internet side. None: the loopback world.
 
@@ -431,10 +438,13 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
         # their names, and must never rename or replace a witness log.
         run_dir.chmod(0o711)
         require_reachable(run_dir, payload_user(), "the world's run directory")
-        proxy_sock = run_dir / "proxy.sock"
-        daemon_sock = run_dir / "daemon.sock"
+        # Each socket in a directory of its own: a wrapper that binds "the egress socket's
+        # directory" must get the egress socket, never the fake daemon (a host daemon to the
+        # probes) or the CA bundle's neighbours with it. Traversable, not listable, as above.
+        proxy_sock = run_dir / "egress" / "proxy.sock"
+        daemon_sock = run_dir / "daemons" / "daemon.sock"
         for path in (proxy_sock, daemon_sock):
-            _check_socket_path(path)
+            _socket_dir(path)
         hosts = load_hosts()
         blob = load_blob_spec()
 
