@@ -212,6 +212,7 @@ class IpcUnixSocketEscape(_Spec):
         reasons = [
             *heard["reasons"],
             *(_exposed(a, open_leg=open_leg) for a in confirmed[:REASON_NAMES]),
+            *([] if open_leg else _daemon_reasons(ctx, hits)),
             f"fake daemon logged {len(hits)} requests with the nonce",
             f"payload: {_summary(fixed)}; {_class_summary(escapes)}",
         ]
@@ -340,6 +341,25 @@ def _exposed(attempt: dict[str, Any], *, open_leg: bool = False) -> str:
         f"the payload connected to the host's {path} (the host has that socket at that inode): "
         f"the sandbox exposes the host's {Path(path).parent}; do not bind it into the sandbox"
     )
+
+
+def _daemon_reasons(ctx: CellContext, hits: list[dict[str, Any]]) -> list[str]:
+    """The reasons for the fake daemon's sockets that heard the payload, path and fix named."""
+    daemon = ctx.world.info.daemon
+    kinds = {str(h.get("socket")) for h in hits}
+    reasons = []
+    if "unix" in kinds:
+        where = Path(daemon.unix).parent
+        reasons.append(
+            f"the fake daemon at {daemon.unix} answered the payload: the sandbox exposes the "
+            f"host's {where}; do not bind {where} (or a parent of it) into the sandbox"
+        )
+    if "abstract" in kinds:
+        reasons.append(
+            f"the fake daemon's abstract socket @{daemon.abstract} answered the payload: the "
+            "sandbox shares the host's abstract unix namespace; unshare the network"
+        )
+    return reasons
 
 
 def _witness_reason(site: str) -> str:
