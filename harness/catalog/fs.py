@@ -35,7 +35,6 @@ from harness.catalog.base import (
     _conclude,
     _control,
     _control_nonce,
-    _fs_confined,
     _host_writes,
     _judge,
     _load_state,
@@ -55,6 +54,7 @@ from harness.catalog.canary import (
     read_text,
     sha256,
 )
+from harness.claims import Claims, claims_of, unclaimed
 from harness.errors import FixtureError
 from harness.trust import PayloadUser, give
 from harness.verdict import Assessment, Expectation
@@ -289,6 +289,10 @@ class FsWriteOutside(_Spec):
     def _plant(self, ctx: CellContext, key: str, directory: Path) -> None:
         canary = directory / CANARY_NAME
         with planting(self.id, canary):
+            if key in HOME_CLASSES:
+                # A concurrent cell's cleanup may just have removed the (then empty) config dir
+                # this cell found: make it again rather than fail; it stays, empty, at worst.
+                directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             directory.mkdir(mode=0o755, parents=False, exist_ok=False)
             canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
             canary.chmod(0o644)
@@ -447,13 +451,16 @@ class FsReadSecrets(_Spec):
         return AttemptTable(required=attempts_of("workspace", *sorted(secrets_)))
 
     def expectation(self, policy: PolicyLike) -> Expectation:
-        """Denied when the sandbox is confined to its workspace; seen on the open control leg.
+        """Denied under a reads claim ("workspace" or a deny-list); seen on the control leg.
 
-        The declared `filesystem` mode speaks of writes, but no backend that declares
-        "workspace" exposes the host's home: they all build the view from granted paths, and a
-        view that shows ~/.ssh to untrusted code is the exposure this probe exists to catch.
+        `filesystem = "workspace"` means reads = "workspace" (harness/claims.py): every backend
+        that declares it builds the view from granted paths, so ~/.ssh is outside it.
         """
-        return _fs_confined(policy)
+        return "denied" if claims_of(policy).reads != "open" else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE under open reads: this probe tests the reads claim alone."""
+        return unclaimed(self.id, claims_of(policy))
 
     @staticmethod
     def secret_paths(ctx: CellContext) -> dict[str, Path]:
@@ -529,7 +536,17 @@ class FsReadSecrets(_Spec):
         """A reported hash equal to a canary's is the escape: only those bytes produce it."""
         del witness  # the canaries' hashes are this probe's witness
         hashes = _load_state(ctx).get("hashes", {})
-        escapes = _attempts(report, "escape")
+        claims = claims_of(ctx.policy)
+        paths = self.secret_paths(ctx)
+        # Only the canaries the claim says are unreadable are judged (all of them under
+        # reads = "workspace", and on the control leg); the others' reads are reported.
+        judged_keys = {
+            k
+            for k, path in paths.items()
+            if claims.nothing or claims.read_denied(path, home_of(ctx))
+        }
+        every = _attempts(report, "escape")
+        escapes = [a for a in every if a.get("what") in judged_keys]
         observed = _observed(escapes)
         leaked = sorted(
             str(a.get("what"))
@@ -537,12 +554,27 @@ class FsReadSecrets(_Spec):
             if a.get("outcome") == "succeeded" and a.get("sha256") == hashes.get(a.get("what"))
         )
         reasons = []
-        if leaked:
+        if leaked and claims.reads != "open":
+            read = ", ".join(f"{k} ({paths[k]})" for k in leaked)
+            reasons.append(
+                f"{claims.phrase('reads')}; the payload read the host's canary bytes: {read}"
+            )
+        elif leaked:
             reasons.append(f"the payload read the host's canary bytes: {', '.join(leaked)}")
         else:
             reasons.append("no canary's bytes reached the payload")
             reasons.append(_refusals(escapes))
+        unjudged = sorted(set(paths) - judged_keys)
+        if unjudged:
+            reasons.append(f"not judged, the reads claim lets them be read: {', '.join(unjudged)}")
         escape = _judge(observed, bool(leaked), _private_namespace(report, "mnt"), reasons)
+        if not judged_keys:
+            escape = "undecided"
+            reasons.insert(
+                0,
+                f"{claims.phrase('reads')}, which names none of this probe's canaries "
+                f"({', '.join(str(p) for p in paths.values())})",
+            )
         inside = _attempts(report, "control")
         inside_ok = _all_succeeded(inside, 1) and inside[0].get("sha256") == hashes.get("workspace")
         return _conclude(
@@ -584,15 +616,6 @@ PROTECTED_PATHS: Final = {
 }
 
 
-def _declares_protected_paths(policy: PolicyLike) -> bool:
-    """Whether the policy promises read-only protected paths inside the workspace.
-
-    PolicyLike has no such field yet; a backend that adds `protected_paths` (a non-empty
-    collection) flips this probe's expectation to "denied" without a change here.
-    """
-    return bool(getattr(policy, "protected_paths", ()))
-
-
 class FsProtectedInWorkspace(_Spec):
     """Writes `.git/hooks/*`, `.git/config` and `.bashrc` inside the writable workspace."""
 
@@ -606,12 +629,16 @@ class FsProtectedInWorkspace(_Spec):
         return AttemptTable(required=attempts_of("workspace-file", *sorted(paths)))
 
     def expectation(self, policy: PolicyLike) -> Expectation:
-        """Allowed (reported as exposure) unless the policy declares protected paths.
+        """Denied under a protected-paths claim; else allowed (reported as exposure).
 
-        No current backend claims to protect these paths, so on every leg the honest outcome
-        is "the write landed and the host sees it": PASS with the exposure in the reason.
+        A backend that claims no protected path is NOT_APPLICABLE (`not_claimed`); where the
+        runner does not ask, and on the control leg, the write landing is the exposure.
         """
-        return "denied" if _declares_protected_paths(policy) else "allowed"
+        return "denied" if claims_of(policy).protected else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE without protected paths: this probe tests that claim alone."""
+        return unclaimed(self.id, claims_of(policy))
 
     @staticmethod
     def control_name(ctx: CellContext) -> str:
@@ -653,11 +680,20 @@ class FsProtectedInWorkspace(_Spec):
             if key == "git-hook":
                 ok = ok and os.access(path, os.X_OK)
             planted[key] = ok
-        seen = sorted(k for k, ok in planted.items() if ok)
-        escapes = _attempts(report, "escape")
+        claims = claims_of(ctx.policy)
+        # With a claim, only the paths it protects are judged; the others are exposure.
+        judged_keys = {
+            k for k, rel in PROTECTED_PATHS.items() if not claims.protected or claims.protects(rel)
+        }
+        seen = sorted(k for k, ok in planted.items() if ok and k in judged_keys)
+        exposed = sorted(k for k, ok in planted.items() if ok and k not in judged_keys)
+        escapes = [a for a in _attempts(report, "escape") if a.get("what") in judged_keys]
         observed = _observed(escapes)
         reasons = []
-        if seen:
+        if seen and claims.protected:
+            wrote = ", ".join(f"{k} ({PROTECTED_PATHS[k]})" for k in seen)
+            reasons.append(f"{claims.phrase('protected')}; the payload wrote {wrote}")
+        elif seen:
             reasons.append(
                 f"exposure: the payload planted {', '.join(seen)} in the workspace, which run "
                 "outside the sandbox later; no protected-path claim is declared"
@@ -665,9 +701,20 @@ class FsProtectedInWorkspace(_Spec):
         else:
             reasons.append("no protected file carries the nonce on the host")
             reasons.append(_refusals(escapes))
+        if exposed:
+            reasons.append(
+                f"exposure, not claimed protected: the payload planted {', '.join(exposed)}"
+            )
         # The workspace is the same directory on both sides, so a success the host cannot
         # see is a contradiction, never containment.
         escape = _judge(observed, bool(seen), None, reasons)
+        if not judged_keys:
+            escape = "undecided"
+            reasons.insert(
+                0,
+                f"{claims.phrase('protected')}, none of which this probe writes "
+                f"({', '.join(PROTECTED_PATHS.values())})",
+            )
         inside = _attempts(report, "control")
         sibling = read_text(ctx.workspace / self.control_name(ctx)) or ""
         inside_ok = _all_succeeded(inside, 1) and nonce in sibling
@@ -707,8 +754,27 @@ class FsLinkEscape(_Spec):
         )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
-        """Denied when confined to the workspace: a link must not widen the grant."""
-        return _fs_confined(policy)
+        """Denied under a reads or a writes claim: a link must not widen the grant."""
+        claims = claims_of(policy)
+        return "denied" if (claims.reads, claims.writes) != ("open", "open") else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE under open reads and writes: the probe tests those claims alone."""
+        return unclaimed(self.id, claims_of(policy))
+
+    @staticmethod
+    def judged(claims: Claims, op: str, path: Path, home: Path) -> bool:
+        """Whether the claims forbid `op` at the canary at `path` (a read, or else a write).
+
+        `symlink-read` is the read part, judged by the reads claim; every other op changes
+        the canary or its directory, judged by the writes claim. On the control leg every
+        op counts: it must show them all.
+        """
+        if claims.nothing:
+            return True
+        if op == "symlink-read":
+            return claims.read_denied(path, home)
+        return claims.write_denied(path, home)
 
     @staticmethod
     def canaries(ctx: CellContext) -> dict[str, Path]:
@@ -762,13 +828,26 @@ class FsLinkEscape(_Spec):
         """A changed canary (bytes, inode, links, dir) or its hash read back is an escape."""
         del witness
         baseline = _load_state(ctx).get("baseline", {})
-        escapes = _attempts(report, "escape")
+        claims, home = claims_of(ctx.policy), home_of(ctx)
+        canaries = self.canaries(ctx)
+
+        def counts(attempt: dict[str, Any]) -> bool:
+            key, _, op = str(attempt.get("what")).partition(":")
+            return key not in canaries or self.judged(claims, op, canaries[key], home)
+
+        # The workspace's own ops are the control; a canary's op counts where a claim forbids it.
+        escapes = [a for a in _attempts(report, "escape") if counts(a)]
         changed: dict[str, str] = {}
         state: dict[str, Any] = {}
-        for key, path in self.canaries(ctx).items():
+        broke: set[str] = set()
+        for key, path in canaries.items():
             before = baseline.get(key, {})
             state[key] = dir_canary_state(path)
             phrase = dir_canary_diff(before, state[key])
+            if phrase and self.judged(claims, "write", path, home):
+                broke.add("writes")
+            else:
+                phrase = ""
             read_back = [
                 a
                 for a in escapes
@@ -778,18 +857,27 @@ class FsLinkEscape(_Spec):
             ]
             if read_back:
                 phrase = ", ".join(p for p in (phrase, "read through a symlink") if p)
+                broke.add("reads")
             if phrase:
                 changed[key] = phrase
         observed = _observed(escapes)
         reasons = []
         if changed:
+            named = [claims.phrase(c) for c in sorted(broke) if getattr(claims, c) != "open"]
             reasons.append(
-                "host sees the canary reached: "
+                "".join(f"{n}; " for n in named)
+                + "host sees the canary reached: "
                 + "; ".join(f"{k}: {v}" for k, v in changed.items())
             )
         else:
             reasons.append("every canary's bytes, inode, links and dir unchanged")
             reasons.append(_refusals(escapes))
+        if not claims.nothing:
+            reasons.extend(
+                f"the {part} part is not judged: the backend claims open {part}"
+                for part in ("reads", "writes")
+                if getattr(claims, part) == "open"
+            )
         escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
         inside = _attempts(report, "control")
         workspace_checks = self._workspace_checks(ctx, inside)

@@ -477,16 +477,12 @@ class TestReadSecretsTable:
 
 
 class TestProtectedTable:
-    def test_expectation_flips_with_a_future_policy_field(self) -> None:
-        """Allowed on today's policies; denied once a policy declares protected paths."""
-
-        @dataclass(frozen=True)
-        class Future(DeclaredPolicy):
-            protected_paths: tuple[str, ...] = (".git/hooks",)
-
+    def test_expectation_flips_with_a_protected_claim(self) -> None:
+        """Allowed without a protected-paths claim; denied once a policy declares one."""
         spec = FsProtectedInWorkspace()
+        protected = DeclaredPolicy("proxy", "workspace", "isolated", protected=(".git/hooks",))
         assert spec.expectation(CONFINED) == "allowed"
-        assert spec.expectation(Future("proxy", "workspace", "isolated")) == "denied"
+        assert spec.expectation(protected) == "denied"
 
     def test_forged_refusal_with_planted_hook_is_fail_when_protected(self, make_ctx: Any) -> None:
         """A 'refused' report while the host finds the nonce in the hook is FAIL under a claim."""
