@@ -289,10 +289,11 @@ class FsWriteOutside(_Spec):
     def _plant(self, ctx: CellContext, key: str, directory: Path) -> None:
         canary = directory / CANARY_NAME
         with planting(self.id, canary):
-            if key in HOME_CLASSES:
+            if key in HOME_CLASSES and not directory.parent.exists():
                 # A concurrent cell's cleanup may just have removed the (then empty) config dir
                 # this cell found: make it again rather than fail; it stays, empty, at worst.
                 directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                give(directory.parent, ctx.user)
             directory.mkdir(mode=0o755, parents=False, exist_ok=False)
             canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
             canary.chmod(0o644)
