@@ -198,6 +198,40 @@ def forget(key: str) -> None:
         (journal_dir() / f"{key}.json").unlink()
 
 
+# What a backend's own sweep killed after one cell's run (harness/backends/command.py's
+# LeftoverWatcher), kept in the cell dir for the assessors: `lifecycle_orphans` counts each as
+# an escape, since the sandbox let it outlive the payload and only the harness ended it. The
+# cell dir is the harness's, never the payload user's, so the payload cannot write or hide it.
+LEFTOVERS_FILE: Final = "leftovers.json"
+
+
+def record_leftovers(cell_dir: Path, killed: dict[int, str]) -> None:
+    """Record in `cell_dir` the processes a run's sweep killed (`pid -> "pid (command)"`).
+
+    Nothing is written when nothing was killed. A symlink planted in its place is refused
+    (O_NOFOLLOW), not followed.
+    """
+    if not killed:
+        return
+    body = json.dumps({"killed": {str(pid): what for pid, what in sorted(killed.items())}})
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    fd = os.open(cell_dir / LEFTOVERS_FILE, flags, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(body)
+
+
+def recorded_leftovers(cell_dir: Path) -> list[str]:
+    """What `record_leftovers` wrote for this cell, by pid; [] when nothing was killed."""
+    try:
+        data = json.loads((cell_dir / LEFTOVERS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    killed = data.get("killed") if isinstance(data, dict) else None
+    if not isinstance(killed, dict):
+        return []
+    return [str(v) for _, v in sorted(killed.items(), key=lambda kv: str(kv[0]))]
+
+
 @dataclass(frozen=True)
 class Swept:
     """One thing a sweep removed (or could not), as the evidence lists it under `swept`."""

@@ -11,13 +11,12 @@ children would leave nothing for the host to see: the sandbox would be credited 
 the harness did. So the children start with a clean environment (no run tag; hostile code
 would do the same with `env -i`) and are found here by their argv marker only, and every
 process a backend's sweep still had to kill, as it records in the cell dir
-(`LEFTOVERS_FILE`), is an escape of this probe, named by pid and command.
+(`harness.sweep.record_leftovers`), is an escape of this probe, named by pid and command.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
@@ -44,6 +43,7 @@ from harness.catalog.base import (
 from harness.catalog.canary import (
     read_text,
 )
+from harness.sweep import recorded_leftovers
 from harness.verdict import Assessment, Escape, Expectation
 
 # lifecycle_orphans
@@ -61,10 +61,6 @@ WATCH_S: Final = 0.6
 LATE_GRACE_S: Final = 0.5
 
 
-# Where a backend that sweeps a run's leftovers records, per cell, what it killed:
-# `{"killed": {"<pid>": "<pid> (<command>)"}}`. The catalogue reads it from the cell dir, so it
-# needs nothing from the backends (the command backend writes it; see the module docstring).
-LEFTOVERS_FILE: Final = "leftovers.json"
 # How much of a survivor's command line a reason shows.
 COMMAND_CHARS: Final = 160
 
@@ -92,28 +88,18 @@ def describe_orphan(pid: int) -> dict[str, Any]:
             if a
         ]
     except OSError:
-        return {"pid": pid, "kind": "?", "command": "gone before it was read"}
+        argv = []
+    if not argv:  # gone, a zombie, or between fork and exec: no command line to show
+        return {"pid": pid, "kind": "?", "command": "no command line (gone before it was read)"}
     # The child's code rides in argv after -c: a line of Python nobody needs in a reason.
     # The tick file is named by its own name: its cell path would crowd out the rest.
     shown = [
         "<code>" if i > 0 and argv[i - 1] == "-c" else f"…/{Path(a).name}" if "/" in a else a
         for i, a in enumerate(argv)
     ]
-    shown[0] = argv[0] if argv else "?"
+    shown[0] = argv[0]
     kind = next((Path(a).stem for a in argv if a.endswith(".ticks")), "?")
     return {"pid": pid, "kind": kind, "command": " ".join(shown)[:COMMAND_CHARS]}
-
-
-def recorded_leftovers(cell_dir: Path) -> list[str]:
-    """What a backend's sweep killed after this cell's run (`LEFTOVERS_FILE`); [] if nothing."""
-    try:
-        data = json.loads((cell_dir / LEFTOVERS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    killed = data.get("killed") if isinstance(data, dict) else None
-    if not isinstance(killed, dict):
-        return []
-    return [str(v) for _, v in sorted(killed.items(), key=lambda kv: str(kv[0]))]
 
 
 def _stamps(path: Path) -> list[float]:

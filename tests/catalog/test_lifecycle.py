@@ -24,14 +24,13 @@ import pytest
 from harness.backends.base import DeclaredPolicy
 from harness.catalog.base import CellContext
 from harness.catalog.lifecycle import (
-    LEFTOVERS_FILE,
     ORPHAN_KINDS,
     ORPHAN_MARKER,
     LifecycleOrphans,
     describe_orphan,
     find_orphans,
-    recorded_leftovers,
 )
+from harness.sweep import LEFTOVERS_FILE, record_leftovers, recorded_leftovers
 from harness.verdict import decide
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
@@ -58,6 +57,9 @@ def orphan(tmp_path: Path) -> Iterator[tuple[int, str, Path]]:
     ticks = tmp_path / "setsid.ticks"
     argv = [sys.executable, "-c", "import time; time.sleep(30)", str(ticks), "4.0", "0.1"]
     proc = subprocess.Popen([*argv, ORPHAN_MARKER, nonce])
+    deadline = time.monotonic() + 10
+    while not find_orphans(nonce) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the command line shows once the child has exec'd
     try:
         yield proc.pid, nonce, ticks
     finally:
@@ -116,6 +118,12 @@ class TestFindingSurvivors:
         assert seen["command"].startswith(f"{sys.executable} -c <code> …/setsid.ticks")
         assert nonce in seen["command"]
 
+    def test_a_gone_process_is_said_to_be_gone(self) -> None:
+        """A pid with no process behind it is described as such, not as a crash."""
+        proc = subprocess.Popen(["true"])
+        proc.wait()
+        assert describe_orphan(proc.pid)["command"].startswith("no command line")
+
     def test_the_payloads_children_drop_the_environment(self, tmp_path: Path) -> None:
         """The payload starts its children with PATH only: no run tag reaches them."""
         nonce = "n" + secrets.token_hex(8)
@@ -158,12 +166,32 @@ class TestSweptIsAnEscape:
         """A cell dir without the backend's record has no sweep kills."""
         assert recorded_leftovers(tmp_path) == []
 
+    def test_nothing_killed_writes_nothing(self, tmp_path: Path) -> None:
+        """A sweep that killed nothing leaves no record behind."""
+        record_leftovers(tmp_path, {})
+        assert not (tmp_path / LEFTOVERS_FILE).exists()
+
+    def test_the_record_reads_back_by_pid(self, tmp_path: Path) -> None:
+        """What a sweep killed reads back in pid order, each as the backend described it."""
+        record_leftovers(tmp_path, {7: "7 (sleep 300)", 12: "12 (sh -c x)"})
+        assert recorded_leftovers(tmp_path) == ["12 (sh -c x)", "7 (sleep 300)"]
+        assert json.loads((tmp_path / LEFTOVERS_FILE).read_text())["killed"]["7"] == "7 (sleep 300)"
+
+    def test_a_planted_symlink_is_refused(self, tmp_path: Path) -> None:
+        """The record never follows a symlink planted where it goes."""
+        target = tmp_path / "elsewhere"
+        (tmp_path / LEFTOVERS_FILE).symlink_to(target)
+        with pytest.raises(OSError, match="Too many levels of symbolic links"):
+            record_leftovers(tmp_path, {1: "1 (init)"})
+        assert not target.exists()
+
     def test_a_sweep_kill_fails_naming_pid_and_command(self, tmp_path: Path) -> None:
         """Children the harness's sweep killed make the cell FAIL, naming them, not PASS."""
         ctx = make_ctx(tmp_path)
         plant_ticks(ctx)
-        killed = {"4242": "4242 (python3 -c <code> …/setsid.ticks sandbox-attest-orphan n1)"}
-        (tmp_path / LEFTOVERS_FILE).write_text(json.dumps({"killed": killed}))
+        record_leftovers(
+            tmp_path, {4242: "4242 (python3 -c <code> …/setsid.ticks sandbox-attest-orphan n1)"}
+        )
         control = SPEC.host_control(ctx)
         assessment = SPEC.assess(ctx, quiet_report(), Records(), control)
         decision = decide(SPEC.expectation(CONFINED), assessment)
