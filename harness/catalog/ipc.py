@@ -345,6 +345,8 @@ def _exposed(attempt: dict[str, Any], *, open_leg: bool = False) -> str:
 
 def _daemon_reasons(ctx: CellContext, hits: list[dict[str, Any]]) -> list[str]:
     """The reasons for the fake daemon's sockets that heard the payload, path and fix named."""
+    if not hits:
+        return []
     daemon = ctx.world.info.daemon
     kinds = {str(h.get("socket")) for h in hits}
     reasons = []
