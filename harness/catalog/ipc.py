@@ -568,8 +568,9 @@ class IpcProxySocketTamper(_Spec):
     Safety: the payload is never given the host path of the real proxy socket or shim. It gets
     (1) a decoy socket and shim copy planted in this cell's scratch dir, the stand-in for the
     host side of the route, tampered on every leg (on the open leg it is all the payload may
-    touch, and it belongs to the payload user there); and (2) the in-sandbox mount paths,
-    which it tries only when the task's proxy URL is the in-sandbox shim's, i.e. the route is
+    touch, and it belongs to the payload user there); and (2) the in-sandbox paths this
+    backend says it uses (its InsideRoute, from the backend's `inside_paths`), which it tries
+    only when the task's proxy URL is the in-sandbox shim's, i.e. the route is
     a bound socket inside a mount namespace. The real socket and shim are watched from the
     host, read-only.
     """
