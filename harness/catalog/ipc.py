@@ -414,7 +414,7 @@ def _witnesses_hear_host(witnesses: WitnessSockets, nonce: str) -> dict[str, Any
         got = {e["witness"] for e in witnesses.heard(nonce, phase="host-control")}
         if got >= want:
             break
-        time.sleep(0.02)
+        time.sleep(0.002)
     missing = sorted(want - got)
     detail = f"{len(got & want)} of {len(want)} witnesses heard the host" + (
         f"; silent: {', '.join(missing[:REASON_NAMES])}" if missing else ""
