@@ -239,8 +239,8 @@ class LifecycleOrphans(_Spec):
             )
         if survivors or alive or swept:
             reasons.append(
-                "fix: run the payload in a pid namespace that dies with the sandbox "
-                "(bwrap --unshare-pid --die-with-parent, a container's own pid namespace)"
+                "fix: run every process the sandbox starts in a pid namespace that dies with "
+                "it (bwrap --unshare-pid --die-with-parent, a container's own pid namespace)"
             )
         escape: Escape
         if survivors or alive or swept:

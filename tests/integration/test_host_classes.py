@@ -12,6 +12,12 @@ bwrap-generic.toml with one hole, go through a real `sandbox-attest run` with th
   included): `lifecycle_orphans` FAILs naming the children's pids and commands. Before the
   children dropped the run tag the harness's own sweep killed them and the cell PASSed.
 
+A fourth, leaves_helper.toml, starts bwrap-generic from a shell that first leaves a helper
+running in a new session with the run tag: the harness's leftover sweep kills it, and that kill
+must count as this sandbox's escape in `lifecycle_orphans`, not as its cleanup. The catalogue
+reads what a backend's sweep killed from `harness.sweep.record_leftovers`; the command backend
+does not call it yet, so that check is a strict xfail naming the missing call.
+
 Each hole FAILs its own probe and no other; none of them earns a PASS gate. Real bubblewrap,
 real devices, real processes, real uids; root only (the payload user exists only as root).
 """
@@ -51,6 +57,8 @@ HOLES = {
     "hole-dev-bind": ("dev_bind.toml", frozenset({"dev_access", "fs_write_outside"})),
     "hole-orphans": ("orphans.toml", frozenset({"lifecycle_orphans"})),
 }
+# A wrapper whose own helper outlives it (see the module docstring).
+LEAVES = "hole-leaves-helper"
 RUN_TIMEOUT_S = 300
 
 
@@ -92,7 +100,8 @@ def run() -> Iterator[HolesRun]:
         )
         private, _ = keypair(root)
         out = root / "report"
-        specs = [arg for file, _ in HOLES.values() for arg in ("--backend-spec", str(DATA / file))]
+        files = [*(file for file, _ in HOLES.values()), "leaves_helper.toml"]
+        specs = [arg for file in files for arg in ("--backend-spec", str(DATA / file))]
         argv = [
             *CLI,
             "run",
@@ -175,6 +184,27 @@ class TestOrphansOutliveTheWrapper:
         cell = run.cell("hole-orphans", "lifecycle_orphans")
         assert "every child stopped with the payload" not in cell["reason"]
         assert find_orphans(cell["nonce"]) == []  # cleanup (or their own lifetime) ended them
+
+
+class TestHelperLeftBehind:
+    def test_the_sweep_killed_it(self, run: HolesRun) -> None:
+        """The wrapper's helper outlived the sandbox; the harness's sweep killed it."""
+        cell = run.cell(LEAVES, "lifecycle_orphans")
+        notes = " ".join(cell["run"]["notes"])
+        assert "killed 1 process(es) the run left behind: " in notes, cell["run"]
+        assert "(sleep 300)" in notes
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="harness/backends/command.py does not record its sweep's kills yet: "
+        "CommandBackend.run must call sweep.record_leftovers(request.cell_dir, watcher.killed)",
+    )
+    def test_fails_naming_the_swept_helper(self, run: HolesRun) -> None:
+        """A process only the harness's sweep ended is the sandbox's escape: FAIL naming it."""
+        cell = run.cell(LEAVES, "lifecycle_orphans")
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "the harness's sweep had to kill 1 process(es)" in cell["reason"]
+        assert "(sleep 300)" in cell["reason"]
 
 
 class TestEachHoleItsOwnProbe:
