@@ -36,6 +36,7 @@ from harness.catalog.base import (
     attempts_of,
     host_processes,
 )
+from harness.claims import claims_of
 from harness.payload import payload_env
 from harness.verdict import Assessment, Escape, Expectation
 
@@ -132,10 +133,14 @@ class _VariableHits:
             )
         if self.canary:
             reasons.append(
-                f"the host's canary variables reached the payload: {', '.join(self.canary)}"
+                "claims a scrubbed environment; the host's canary variables reached the "
+                f"payload: {', '.join(self.canary)}"
             )
         if self.host:
-            reasons.append(f"undeclared host variables reached the payload: {', '.join(self.host)}")
+            reasons.append(
+                "claims a scrubbed environment; undeclared host variables reached the payload: "
+                + ", ".join(self.host)
+            )
         return reasons
 
 
@@ -164,16 +169,14 @@ def _variable_hits(
         and n in os.environ
         and salted_hash(salt, os.environ[n]) == h
     )
-    # The claim vocabulary may say "passthrough": then what reached the payload of the
-    # environment is not judged (the descriptors still are). Until a spec can say it, every
-    # backend is held to a scrubbed environment.
-    if getattr(ctx.policy, "environment", "scrubbed") == "passthrough" and (
-        canary or planted_hits or host
-    ):
+    # A backend that claims `environment = "passthrough"` (srt, Codex) makes no scrub claim:
+    # that part is NOT_APPLICABLE, so what reached the payload of the environment is reported,
+    # never judged; the descriptors still are. Every other backend is held to a scrubbed one.
+    if claims_of(ctx.policy).environment == "passthrough" and (canary or planted_hits or host):
         why = (
-            "claims environment passthrough, so the variables that reached the payload are "
-            f"not judged (planted credentials {', '.join(planted_hits) or 'none'}, host "
-            f"variables {len(host) + len(canary)})"
+            "claims environment passthrough, so the scrub part is NOT_APPLICABLE: the "
+            "variables that reached the payload are not judged (planted credentials "
+            f"{', '.join(planted_hits) or 'none'}, host variables {len(host) + len(canary)})"
         )
         return _VariableHits([], [], [], wrapper_only, why)
     return _VariableHits(canary, planted_hits, host, wrapper_only, "")
@@ -345,9 +348,14 @@ class EnvInheritance(_Spec):
             # What it found is none of the host's: variables or fds the sandbox itself added.
             escape = "contained"
             names = (by_what.get("env-undeclared") or {}).get("names", [])
+            # Under a passthrough claim the variables are the wrapper's, as claimed (said
+            # above): only the descriptors are left to account for.
+            added = (
+                "" if hits.passthrough else f"variables {', '.join(map(str, names)) or 'none'}; "
+            )
             reasons.append(
                 "extras the sandbox added itself, none held by the harness: "
-                f"variables {', '.join(map(str, names)) or 'none'}; fds {_fd_list(fd_targets)}"
+                f"{added}fds {_fd_list(fd_targets)}"
             )
         declared_seen = by_what.get("env-declared") or {}
         checks = [

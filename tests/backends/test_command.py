@@ -50,7 +50,12 @@ CORE = (
 TIMEOUTS = {"net_transfer_18mib": 120.0, "pkg_pip_install": 180.0}
 # What firejail (0.9.72, matrix/backends/firejail.toml) earned on Debian 12 as root. Filesystem
 # unix sockets stay reachable: firejail has no socket isolation unless each path is blacklisted.
-FIREJAIL_VERDICTS = dict.fromkeys(CORE, "PASS") | {"ipc_unix_socket_escape": "FAIL"}
+# /dev/shm is the host's: without --private-dev, --read-only=/ leaves it writable, and since
+# fs_write_outside plants a canary there (issue 14 item 3) that write is seen from the host.
+FIREJAIL_VERDICTS = dict.fromkeys(CORE, "PASS") | {
+    "ipc_unix_socket_escape": "FAIL",
+    "fs_write_outside": "FAIL",
+}
 
 
 @pytest.fixture(scope="module")

@@ -28,21 +28,28 @@ INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
 CLI = [sys.executable, "-m", "harness.cli"]
 RUN_TIMEOUT_S = 180.0
 
-# The true findings (README.md, "Real sandboxes, measured"), per sandbox.
+# The true findings (README.md, "Real sandboxes, measured"), per sandbox: each FAILs against a
+# claim the spec declares from the sandbox's own docs. Neither filter covers keyctl, bpf or
+# the TIOCSTI ioctl, though both claim a filtered syscall surface.
 FAILS: dict[str, set[str]] = {
-    # Both pass the whole environment through (planted credentials reach the payload), and
-    # neither filter covers keyctl, bpf or the TIOCSTI ioctl.
-    "srt": {"env_inheritance", "proc_syscall_surface"},
-    # Codex also leaves reads open outside the paths its profile sets to "none": the
-    # project's .env beside the workspace, and symlinks out of the workspace, are readable.
-    "codex": {"env_inheritance", "proc_syscall_surface", "fs_read_secrets", "fs_link_escape"},
+    "srt": {"proc_syscall_surface"},
+    "codex": {"proc_syscall_surface"},
 }
-# Cells allowed to be INCONCLUSIVE, each for a reason that is not the sandbox's fault yet.
+# Cells allowed to be INCONCLUSIVE, each for a reason that is not the sandbox's fault, named so
+# that fixing it shows up here as a PASS the test then demands.
 INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {
-    # No spec can yet claim protected paths or "no resource limits" (issue 15 item 1).
-    "srt": {"fs_protected_in_workspace", "resource_limits"},
+    "srt": {
+        "resource_limits",  # srt sets no limits; nothing to hold it to
+        # srt does refuse every write (EROFS) to its mandatory deny paths; the assessor's
+        # expectation for a protected-paths claim was still moving when this was written.
+        "fs_protected_in_workspace",
+        # A PASS that rests on the payload's report alone is INCONCLUSIVE across a wrapper;
+        # under srt's nested mount and pid namespaces no host reading corroborates these yet.
+        "fs_read_secrets",
+        "dev_access",
+    },
     "codex": {
-        "resource_limits",  # claims no limits: issue 15 item 1
+        "resource_limits",  # Codex sets no limits; nothing to hold it to
         # Codex refuses socket(AF_UNIX) and socketpair() outright (EPERM); these probes'
         # in-sandbox controls need one, and the harness cannot yet read that as the claim
         # holding (ipc_unix_socket_escape's assessor, the ipc_proxy_socket_tamper setup).
@@ -51,6 +58,8 @@ INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {
         # probes/net_direct_egress.py creates a socket outside its try to list the local
         # addresses; under Codex's seccomp that raises EPERM and the probe reports an error.
         "net_direct_egress",
+        "fs_read_secrets",  # as for srt: no host reading corroborates the refusals
+        "dev_access",
     },
 }
 NOT_APPLICABLE: dict[str, set[str]] = {
@@ -152,3 +161,12 @@ class TestRealSandboxes:
             assert "install from the denied host failed with the proxy's 403" in pip["reason"]
         else:
             assert "pip-install succeeded" not in pip["reason"]
+
+    def test_passthrough_environment_is_recorded(self, grid: tuple[str, dict[str, Any]]) -> None:
+        """Both pass the environment through, as claimed: the planted credentials are named."""
+        _, cells = grid
+        env = cells["env_inheritance"]
+        assert env["verdict"] == "PASS", env["reason"]
+        assert "claims environment passthrough" in env["reason"]
+        assert "AWS_SECRET_ACCESS_KEY" in env["reason"]
+        assert "GITHUB_TOKEN" in env["reason"]
