@@ -61,6 +61,7 @@ from harness.catalog.base import (
     host_processes,
     probe_path,
 )
+from harness.claims import Claims, claims_of, unclaimed
 from harness.errors import FixtureError
 from harness.trust import give
 from harness.verdict import Assessment, Escape, Expectation
@@ -612,6 +613,14 @@ class ProcPrivileges(_BaselineSpec):
         if held:
             escape = "escaped"
             reasons.insert(0, f"the host sees effective capabilities on the payload: {held}")
+        claims = claims_of(ctx.policy)
+        if claims.runs_as:
+            broke, seen = _runs_as_reading(ctx, claims)
+            if broke:
+                escape = "escaped"
+                reasons.insert(0, broke)
+            elif seen:
+                reasons.append(f"{claims.phrase('runs_as')}: the host sees {seen}")
         baseline = control.get("baseline") or {}
         host_status = baseline.get("facts", {}).get("status", {})
         return _assessed(
@@ -622,6 +631,49 @@ class ProcPrivileges(_BaselineSpec):
             control,
             {"payload_status": status, "host_status": host_status},
         )
+
+
+def _wanted_uid(ctx: CellContext, claim: str) -> int | None:
+    """The one uid a `runs_as` claim names (None: "non-root", or a name unknown here)."""
+    if claim == "payload-user":
+        return ctx.user.uid if ctx.user is not None else os.geteuid()
+    if claim.isdigit():
+        return int(claim)
+    if claim == "non-root":
+        return None
+    import pwd  # noqa: PLC0415  (POSIX only, and only a named user needs it)
+
+    try:
+        return pwd.getpwnam(claim).pw_uid
+    except KeyError:
+        return None
+
+
+def _runs_as_reading(ctx: CellContext, claims: Claims) -> tuple[str, str]:
+    """(how the host's uid reading breaks the `runs_as` claim, or ""; what it saw, or "").
+
+    The uids come from /proc/<pid>/status on the host (real, effective, saved, fs), read at
+    the rendezvous for every payload process: the report's own uid_map is not believed.
+    """
+    claim = claims.runs_as
+    wanted = _wanted_uid(ctx, claim)
+    if wanted is None and claim != "non-root":
+        return f"{claims.phrase('runs_as')}, a user this host does not know", ""
+    seen = []
+    for process in host_processes(ctx):
+        pid = process.get("pid", "?")
+        text = str((process.get("status") or {}).get("Uid", ""))
+        uids = {int(u) for u in text.split() if u.isdigit()}
+        if not uids:
+            continue
+        seen.append(f"host pid {pid} with uids {text}")
+        wrong = 0 in uids if wanted is None else uids != {wanted}
+        if wrong:
+            return (
+                f"{claims.phrase('runs_as')}; the host sees the payload (host pid {pid}) "
+                f"run with uids {text} (real, effective, saved, fs)"
+            ), ""
+    return "", "; ".join(seen)
 
 
 # The reason a proc_namespace_escape cell is NOT_APPLICABLE where its control cannot work: the
@@ -866,13 +918,14 @@ class ProcSyscallSurface(_BaselineSpec):
     area = "proc"
 
     def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
-        """The host's read of the payload's status: a seccomp filter on every process."""
-        del report
-        statuses = [p.get("status") or {} for p in host_processes(ctx)]
-        if not statuses or any(_seccomp_filters(s) < 1 for s in statuses):
-            return []
-        counts = ", ".join(str(_seccomp_filters(s)) for s in statuses)
-        return [f"host view: seccomp filter (mode 2, filters {counts})"]
+        """None: a seccomp filter the host sees shows that one exists, not what it refuses.
+
+        So a filter backs no PASS (a wrapper could filter nothing of these and rewrite the
+        report), and no filter at all rules the refusals out (`assess`: FAIL). Across a
+        command wrapper this probe's PASS is therefore INCONCLUSIVE at best.
+        """
+        del ctx, report
+        return []
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The getpid control, four raw syscalls and three socket families.
@@ -886,13 +939,17 @@ class ProcSyscallSurface(_BaselineSpec):
         return AttemptTable(required=calls | families | {"getpid"}, excuses=(("syscalls", calls),))
 
     def expectation(self, policy: PolicyLike) -> Expectation:
-        """Denied when ipc is "isolated".
+        """Denied under a filtered-syscalls claim (the default where ipc is "isolated").
 
         Keyrings are per-uid across namespaces, vsock talks to the hypervisor, TIOCSTI types
         into a terminal: each is a channel to the host that isolation has to close. A kernel
         interface reached at all is also kernel attack surface the payload shares with the host.
         """
-        return "denied" if policy.ipc == "isolated" else "allowed"
+        return "denied" if claims_of(policy).syscalls == "filtered" else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE under an open syscall surface: this probe tests that claim alone."""
+        return unclaimed(self.id, claims_of(policy))
 
     def assess(
         self,
@@ -936,6 +993,10 @@ class ProcSyscallSurface(_BaselineSpec):
         if unfiltered:
             escape = "escaped"
             reasons.insert(0, unfiltered)
+        claims = claims_of(ctx.policy)
+        if escape == "escaped" and claims.syscalls == "filtered":
+            names = ", ".join(str(a.get("what")) for a in reached) or "a forged refusal"
+            reasons.insert(0, f"{claims.phrase('syscalls')}; the payload reached {names}")
         # A refusal counts only for a surface that was tried: a crash, or a call the host
         # reaches that the report never mentions, leaves that surface unknown.
         crashed = [a for a in escapes if a.get("outcome") == "error"]
