@@ -128,13 +128,34 @@ class TestHostView:
         assert host_seen_own_network(cell) == ""
         assert PROBES["net_ipv6_udp_icmp"].corroboration(cell, {}) == []
 
-    def test_seccomp_filter_backs_the_syscall_surface(self, tmp_path: Path) -> None:
-        """A seccomp filter the host sees backs proc_syscall_surface; none backs nothing."""
+    def test_a_seccomp_filter_backs_no_syscall_surface_pass(self, tmp_path: Path) -> None:
+        """A filter's existence says nothing of what it refuses: it corroborates no PASS."""
         spec = PROBES["proc_syscall_surface"]
         filtered = ctx(tmp_path, spec.id, view(Seccomp_filters="2"))
-        assert spec.corroboration(filtered, {}) == ["host view: seccomp filter (mode 2, filters 2)"]
-        bare = ctx(tmp_path, spec.id, view(Seccomp="0", Seccomp_filters="0"))
-        assert spec.corroboration(bare, {}) == []
+        assert spec.corroboration(filtered, {}) == []
+
+    def test_refusals_without_any_filter_are_an_escape(self, tmp_path: Path) -> None:
+        """Seccomp-only calls reported refused while the host sees no filter are FAIL-worthy."""
+        spec = PROBES["proc_syscall_surface"]
+        cell = ctx(tmp_path, spec.id, view(Seccomp="0", Seccomp_filters="0"))
+        calls = ("io_uring_setup", "keyctl", "bpf")
+        report = {
+            "attempts": [
+                {"what": "getpid", "role": "control", "outcome": "succeeded"},
+                *({"what": c, "role": "escape", "outcome": "refused"} for c in calls),
+            ],
+            "facts": {"seccomp": "0"},
+        }
+        baseline = {
+            "attempts": [{"what": c, "role": "escape", "outcome": "succeeded"} for c in calls]
+        }
+        control = {"ok": True, "nonce": "h", "checks": [], "baseline": baseline}
+        reading = spec.assess(cell, report, None, control)  # type: ignore[arg-type]
+        assert reading.escape == "escaped"
+        seen = "the host sees no seccomp filter on the payload (host pid 4242"
+        assert any(seen in reason for reason in reading.reasons), reading.reasons
+        filtered = ctx(tmp_path, spec.id, view())
+        assert spec.assess(filtered, report, None, control).escape == "refused"  # type: ignore[arg-type]
 
     def test_no_caps_and_no_new_privs_back_the_privileges_probe(self, tmp_path: Path) -> None:
         """CapEff 0 and NoNewPrivs 1 read by the host back proc_privileges; caps do not."""
