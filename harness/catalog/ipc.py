@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+from harness import sweep
 from harness.catalog.base import (
     DOCKER_SOCKETS,
     HOST_TIMEOUT_S,
@@ -69,10 +70,12 @@ from harness.catalog.socket_witness import (
     remove_nonce_files,
     socket_dirs,
 )
-from harness.errors import FixtureError
+from harness.errors import FixtureError, HarnessError
 from harness.trust import give
 from harness.verdict import Assessment, Expectation
 
+# The names probes/ipc_proxy_socket_tamper.py gives what it plants beside the route's files.
+LEAKS: Final = (("rogue", "sock"), ("shim", "py"))
 # How many sockets a reason names before it says "and N more": a verdict stays one line.
 REASON_NAMES = 3
 # What probes/ipc_proxy_socket_tamper.py does to a socket and to a shim, in its own words.
@@ -525,6 +528,11 @@ def _get_via_unix_proxy(
         sock.close()
 
 
+def _leak_key(ctx: CellContext) -> str:
+    """The sweep journal key of a tamper cell's possible leaks."""
+    return f"tamper-leaks-{ctx.nonce}"
+
+
 def _leak_reason(path: str) -> str:
     """The reason for a nonce file the payload left on the host, naming the path and the fix."""
     where = Path(path).parent
@@ -657,6 +665,12 @@ class IpcProxySocketTamper(_Spec):
         at_host = route.proxy_socket == info.proxy.socket or Path(route.shim) == route.shim_source
         withheld = at_host and ctx.user is None
         _save_state(ctx, {"baseline": baseline, "withheld": withheld})
+        # What a leaky sandbox would let the payload leave on the host, journalled before the
+        # payload runs: a run killed before its cleanup leaves them to the next run's sweep.
+        sweep.record(
+            _leak_key(ctx),
+            [d / f"{name}-{ctx.nonce}.{ext}" for d in self.leak_dirs(ctx) for name, ext in LEAKS],
+        )
         allowed = info.hosts["allowed"]
         return {
             "decoy": {k: str(v) for k, v in decoy.items()},
@@ -771,6 +785,8 @@ class IpcProxySocketTamper(_Spec):
         """
         if ctx.route is not None:
             remove_nonce_files(self.leak_dirs(ctx), ctx.nonce)
+        with contextlib.suppress(HarnessError):
+            sweep.forget(_leak_key(ctx))
         held = self._held.pop(ctx.nonce, None)
         if held is not None:
             held[0].close()
