@@ -159,9 +159,11 @@ def _claims(table: object, where: str) -> tuple[tuple[str, tuple[str, ...]], ...
         bad = [
             w
             for w in words
-            if w not in CLAIM_WORDS[key] and not (key == "runs_as" and RUNS_AS_RE.fullmatch(w))
+            if w
+            and w not in CLAIM_WORDS[key]
+            and not (key == "runs_as" and RUNS_AS_RE.fullmatch(w))
         ]
-        if not words or bad:
+        if not words or "" in words or bad:
             raise ConfigError(
                 f"{where}: claims.{key} = {value!r} names {bad or 'nothing'}; write one or more "
                 f"of {', '.join(CLAIM_WORDS[key])} joined by '|' (e.g. {example})"
