@@ -7,7 +7,8 @@ wrappers under tests/data/sockets/ are bwrap-generic with one change each: the h
 bound in (a hole: FAIL naming a /run socket), the world's whole run dir bound in (a hole: FAIL
 naming the fake daemon), and only the egress socket's own directory bound in (no hole: the
 fake daemon lives elsewhere, so it PASSes). `ipc_proxy_socket_tamper` attacks the route where
-each wrapper really shows it. After every cell nothing carrying its nonce is left on the host.
+each wrapper really shows it. After every cell nothing carrying its nonce is left on the host,
+and a real `sandbox-attest run` of the /run hole earns no PASS gate.
 
 All cells are real: real bubblewrap, a real Docker engine, the real fixture world, the payload
 user as root makes it.
@@ -31,6 +32,7 @@ from harness.catalog.ipc import TAMPER_OPS
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
 from harness.world.core import World, start_world
+from tests.integration.test_cli_run import run_cli
 from tests.reachable import reachable_tempdir
 
 pytestmark = [
@@ -206,3 +208,22 @@ class TestWrappers:
         )
         daemon = [a for a in escape["attempts"] if a["what"] == "daemon-unix"]
         assert [(a["outcome"], a["errno"]) for a in daemon] == [("refused", "ENOENT")]
+
+
+def test_host_run_hole_earns_no_pass_gate(tmp_path: Path) -> None:
+    """A real `sandbox-attest run` of the /run-binding wrapper FAILs its gate on this probe."""
+    out = tmp_path / "report"
+    proc = run_cli(
+        "run",
+        "--backend",
+        "none",
+        "--backend-spec",
+        str(SOCKETS / "hole_host_run.toml"),
+        "--out",
+        str(out),
+        "-j",
+        "2",
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "gate: required cell hole-host-run-ipc_unix_socket_escape is FAIL" in proc.stdout
+    assert "heard the payload: the sandbox exposes the host's /run" in proc.stdout
