@@ -40,9 +40,6 @@ FAILS: dict[str, set[str]] = {
 INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {
     "srt": {
         "resource_limits",  # srt sets no limits; nothing to hold it to
-        # srt does refuse every write (EROFS) to its mandatory deny paths; the assessor's
-        # expectation for a protected-paths claim was still moving when this was written.
-        "fs_protected_in_workspace",
         # A PASS that rests on the payload's report alone is INCONCLUSIVE across a wrapper;
         # under srt's nested mount and pid namespaces no host reading corroborates these yet.
         "fs_read_secrets",
