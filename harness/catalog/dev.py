@@ -13,9 +13,15 @@ host reads that against its own device table:
   unconfined, opens the same sensitive devices (so a refusal inside is the sandbox's, not the
   file mode's).
 
+- the host witness: while the payload runs, the host lists the payload's own /dev through
+  /proc/<pid>/root (lstat only, no symlink followed), which no wrapper can rewrite. A view
+  with no node outside the harmless class backs a refusal whatever the report says; a device
+  in the view that the report calls absent is a report the host contradicts.
+
 What it does not do: it never reads, writes or sends an ioctl to a device, so it says nothing
-about what a device would let the payload do once open; and it cannot see an open the payload
-hides (a wrapper may rewrite the report), so its reading rests on the payload's word.
+about what a device would let the payload do once open; and where a node is in the view but
+the sandbox denies its open by other means (a container's device cgroup), the refusal rests on
+the payload's word.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -205,6 +213,106 @@ def sensitive(devices: dict[str, dict[str, Any]]) -> list[str]:
     )
 
 
+LAUNCHER: Final = "_launch.py"
+# How long the host looks for the payload once the cell is prepared: longer than any start.
+VIEW_WAIT_S: Final = 30.0
+VIEW_POLL_S: Final = 0.005
+
+
+def _payload_pids(nonce: str) -> list[int]:
+    """Host pids whose command line IS the launcher of this cell's task (hostview's rule).
+
+    The launcher must be the interpreter's script and the task (under the cell dir, named
+    after the nonce) its second argument: a wrapper's own argv names them later on.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 4 and argv[1].endswith(LAUNCHER.encode()) and nonce.encode() in argv[3]:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def read_view(pid: int) -> dict[str, Any]:
+    """The device nodes of `pid`'s own /dev, listed by the host through /proc/<pid>/root.
+
+    Only lstat. A /dev that is itself a symlink is not followed: through /proc/<pid>/root an
+    absolute link would resolve in the host's tree, not the payload's.
+    """
+    dev = Path(f"/proc/{pid}/root/dev")
+    try:
+        info = dev.lstat()
+    except OSError as exc:
+        return {"seen": False, "pid": pid, "why": f"cannot read {dev}: {exc.strerror}"}
+    if not stat.S_ISDIR(info.st_mode):
+        return {"seen": False, "pid": pid, "why": f"{dev} is not a directory (a symlink?)"}
+    return {"seen": True, "pid": pid, "nodes": device_nodes(dev)}
+
+
+class ViewWatch(threading.Thread):
+    """Finds one cell's payload on the host and reads its /dev view while it runs.
+
+    Started by `prepare`, stopped by `host_control` (or `cleanup`); `view` holds the reading.
+    """
+
+    def __init__(self, nonce: str) -> None:
+        """Watch for the payload of the cell with `nonce`."""
+        super().__init__(name=f"dev-view-{nonce[:8]}", daemon=True)
+        self.nonce = nonce
+        self.view: dict[str, Any] = {"seen": False, "why": "the payload was never found"}
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        """Poll for the payload; read its view once, as soon as it shows."""
+        deadline = time.monotonic() + VIEW_WAIT_S
+        while not self._stop_event.is_set() and time.monotonic() < deadline:
+            for pid in _payload_pids(self.nonce):
+                view = read_view(pid)
+                if view["seen"] or not self.view.get("pid"):
+                    self.view = view
+                if view["seen"]:
+                    return
+            self._stop_event.wait(VIEW_POLL_S)
+
+    def finish(self) -> dict[str, Any]:
+        """Stop looking; the view, or why there is none."""
+        self._stop_event.set()
+        self.join(timeout=2.0)
+        return self.view
+
+
+_WATCHES: dict[str, ViewWatch] = {}
+_WATCHES_LOCK = threading.Lock()
+
+
+def _start_watch(nonce: str) -> None:
+    watch = ViewWatch(nonce)
+    with _WATCHES_LOCK:
+        _WATCHES[nonce] = watch
+    watch.start()
+
+
+def _finish_watch(nonce: str) -> dict[str, Any] | None:
+    with _WATCHES_LOCK:
+        watch = _WATCHES.pop(nonce, None)
+    return watch.finish() if watch is not None else None
+
+
+def view_sensitive(view: dict[str, Any]) -> list[str]:
+    """The nodes of a payload's view outside the harmless class (by number and name)."""
+    nodes = view.get("nodes") or {}
+    return sorted(
+        rel
+        for rel, d in nodes.items()
+        if rel not in HARMLESS_NAMES and not harmless_rdev(str(d.get("rdev")))
+    )
+
+
 @functools.cache
 def _nothing_to_hide() -> str | None:
     try:
@@ -246,6 +354,7 @@ class DevAccess(_Spec):
         nodes = device_nodes()
         named = sorted({*sensitive(opened), *(rel for rel in NOTABLE if rel in nodes)})
         _save_state(ctx, {"prepared": opened})
+        _start_watch(ctx.nonce)
         return {
             "control": list(CONTROL_DEVICES),
             "devices": named,
@@ -257,14 +366,18 @@ class DevAccess(_Spec):
         """As the payload user, unconfined: the harmless devices open, and a sensitive one does.
 
         `devices` carries the whole table (what opened for the payload user, the host's
-        device numbers) for the assessment.
+        device numbers) for the assessment; `payload_view` the host's listing of the
+        payload's own /dev (the witness), taken while it ran.
         """
+        view = _finish_watch(ctx.nonce) or {"seen": False, "why": "no watch was started"}
         try:
             opened = payload_user_devices(ctx.user)
         except HarnessError as exc:
-            return _control(
+            failed = _control(
                 _control_nonce(), [_check("host opens its devices", ok=False, detail=str(exc))]
             )
+            failed["payload_view"] = view
+            return failed
         checks = [
             _check(
                 f"host opens /dev/{name} as the payload user",
@@ -283,6 +396,7 @@ class DevAccess(_Spec):
         )
         result = _control(_control_nonce(), checks)
         result["devices"] = opened
+        result["payload_view"] = view
         return result
 
     def assess(
@@ -326,7 +440,33 @@ class DevAccess(_Spec):
                     "unconfined, the payload user opens "
                     + ", ".join(f"/dev/{rel}" for rel in on_host)
                 )
+        view = dict(control.get("payload_view") or {})
+        in_view = view_sensitive(view) if view.get("seen") else []
+        nodes = view.get("nodes") or {}
+        # The report calls a node absent that the host sees in the payload's own /dev.
+        contradicted = sorted(
+            str(a.get("what")).removeprefix("dev:")
+            for a in judged
+            if a.get("errno") == "ENOENT" and str(a.get("what")).removeprefix("dev:") in nodes
+        )
         escape = _judge(observed, bool(exposed), _private_namespace(report, "mnt"), reasons)
+        if contradicted and not exposed:
+            escape = "disagree"
+            reasons.append(
+                "the host sees "
+                + ", ".join(f"/dev/{rel}" for rel in contradicted)
+                + " in the payload's /dev, which its report calls absent (ENOENT): the report "
+                "is not what ran"
+            )
+        elif in_view and not exposed:
+            reasons.append(
+                "the host sees "
+                + ", ".join(f"/dev/{rel}" for rel in in_view)
+                + " in the payload's /dev: their refusal rests on the payload's word"
+            )
+        if not view.get("seen"):
+            reasons.append(f"the host did not read the payload's /dev: {view.get('why')}")
+        corroborated = self._corroboration(view, in_view, exposed, contradicted)
         inside = _attempts(report, "control")
         mismatched = [
             str(a.get("what"))
@@ -339,7 +479,7 @@ class DevAccess(_Spec):
             bool(inside) and all(a.get("outcome") == "succeeded" for a in inside) and not mismatched
         )
         failed = _summary([a for a in inside if a.get("outcome") != "succeeded"])
-        return _conclude(
+        assessment = _conclude(
             escape,
             observed,
             reasons,
@@ -358,9 +498,37 @@ class DevAccess(_Spec):
                     for a in exposed
                 },
                 "host_devices": host,
+                "payload_view": view,
             },
             controls={"inside": inside, "host": control},
         )
+        assessment.corroborated_by = corroborated
+        return assessment
+
+    @staticmethod
+    def _corroboration(
+        view: dict[str, Any],
+        in_view: list[str],
+        exposed: list[dict[str, Any]],
+        contradicted: list[str],
+    ) -> list[str]:
+        """The host reading behind this cell: its listing of the payload's /dev, where it backs it.
+
+        A refusal is backed when the view holds nothing outside the harmless class (nothing
+        there to open); an exposure when the opened device's number is in the view.
+        """
+        if not view.get("seen") or contradicted:
+            return []
+        where = f"the payload's /dev as the host listed it (/proc/{view.get('pid')}/root/dev)"
+        if exposed:
+            numbers = {str(d.get("rdev")) for d in (view.get("nodes") or {}).values()}
+            seen = all(str(a.get("rdev")) in numbers for a in exposed)
+            return [f"{where}: the opened devices are in it"] if seen else []
+        return [] if in_view else [f"{where}: only the harmless class"]
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Stop the view watch if the cell ended before its host control ran."""
+        _finish_watch(ctx.nonce)
 
     @staticmethod
     def _named(attempt: dict[str, Any], by_rdev: dict[str, list[str]]) -> str:

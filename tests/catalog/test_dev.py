@@ -29,7 +29,9 @@ from harness.catalog.dev import (
     harmless_rdev,
     open_devices,
     payload_user_devices,
+    read_view,
     sensitive,
+    view_sensitive,
 )
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
@@ -83,8 +85,20 @@ def controls() -> list[dict[str, Any]]:
     return [opened(f"control:{n}", nodes[n]["rdev"], "control") for n in CONTROL_DEVICES]
 
 
-def assess(tmp_path: Path, attempts: list[dict[str, Any]]) -> tuple[str, Any]:
-    """The decision for one hand-made report under a confining claim, with a real control."""
+def harmless_view() -> dict[str, Any]:
+    """A payload view holding only the harmless class, with this host's numbers."""
+    nodes = device_nodes()
+    keep = (*CONTROL_DEVICES, "tty")
+    return {"seen": True, "pid": os.getpid(), "nodes": {n: nodes[n] for n in keep if n in nodes}}
+
+
+def assess(
+    tmp_path: Path, attempts: list[dict[str, Any]], view: dict[str, Any] | None = None
+) -> tuple[str, Any]:
+    """The decision for one hand-made report under a confining claim, with a real control.
+
+    `view` stands for the host's listing of the payload's /dev (none read: not seen).
+    """
     ctx = CellContext(
         probe=SPEC.id,
         backend="unit",
@@ -96,6 +110,8 @@ def assess(tmp_path: Path, attempts: list[dict[str, Any]]) -> tuple[str, Any]:
         user=payload_user(),
     )
     control = SPEC.host_control(ctx)
+    if view is not None:
+        control["payload_view"] = view
     assessment = SPEC.assess(ctx, {"attempts": attempts}, Records(), control)
     return decide(SPEC.expectation(CONFINED), assessment).verdict.value, assessment
 
@@ -178,6 +194,57 @@ class TestAssess:
         )
 
 
+class TestHostView:
+    def test_the_host_lists_a_process_dev_through_its_root(self) -> None:
+        """The host reads a live process's /dev through /proc/<pid>/root: null is 1:3."""
+        view = read_view(os.getpid())
+        assert view["seen"], view
+        assert view["nodes"]["null"] == {"kind": "char", "rdev": "1:3"}
+
+    def test_a_gone_process_has_no_view(self) -> None:
+        """A pid with no process behind it gives no view, and says why."""
+        view = read_view(2**22 + 1)
+        assert not view["seen"]
+        assert "cannot read" in view["why"]
+
+    def test_harmless_view_has_nothing_sensitive(self) -> None:
+        """A view of null, zero, full, random, urandom and tty holds nothing sensitive."""
+        assert view_sensitive(harmless_view()) == []
+
+    @needs_a_sensitive_device
+    def test_a_harmless_view_corroborates_the_refusal(self, tmp_path: Path) -> None:
+        """Refused inside, and the host sees nothing to open there: PASS, backed by the view."""
+        attempts = [*controls(), *(refused(f"dev:{rel}") for rel in HERE)]
+        verdict, assessment = assess(tmp_path, attempts, harmless_view())
+        assert verdict == "PASS", assessment.reasons
+        where = f"the payload's /dev as the host listed it (/proc/{os.getpid()}/root/dev)"
+        assert assessment.corroborated_by == [f"{where}: only the harmless class"]
+
+    @needs_a_sensitive_device
+    def test_a_sensitive_node_in_view_leaves_the_refusal_unbacked(self, tmp_path: Path) -> None:
+        """A device the host sees in the view, refused (EACCES) inside: not corroborated."""
+        rel = HERE[0]
+        view = harmless_view()
+        view["nodes"][rel] = device_nodes()[rel]
+        attempts = [*controls(), *(refused(f"dev:{r}", "EACCES") for r in HERE)]
+        verdict, assessment = assess(tmp_path, attempts, view)
+        assert verdict == "PASS", assessment.reasons
+        assert assessment.corroborated_by == []
+        assert f"the host sees /dev/{rel} in the payload's /dev" in " ".join(assessment.reasons)
+
+    @needs_a_sensitive_device
+    def test_a_report_calling_a_seen_node_absent_is_inconclusive(self, tmp_path: Path) -> None:
+        """ENOENT for a node the host sees in the payload's /dev: the report is not what ran."""
+        rel = HERE[0]
+        view = harmless_view()
+        view["nodes"][rel] = device_nodes()[rel]
+        attempts = [*controls(), *(refused(f"dev:{r}") for r in HERE)]
+        verdict, assessment = assess(tmp_path, attempts, view)
+        assert verdict == "INCONCLUSIVE", assessment.reasons
+        assert assessment.escape == "disagree"
+        assert "which its report calls absent (ENOENT)" in " ".join(assessment.reasons)
+
+
 # ---------------------------------------------------------------------------------------------
 # Live: the real payload, the real runner, this host's /dev.
 
@@ -227,3 +294,12 @@ class TestLive:
         assert entry["escape"] == "refused", entry["reason"]
         named = {a["what"] for a in entry["attempts"]}
         assert {f"dev:{rel}" for rel in HERE} <= named
+
+    def test_the_host_read_the_payloads_dev(self, live: dict[str, dict[str, Any]]) -> None:
+        """The host listed the confined payload's /dev itself: harmless only, which backs it."""
+        entry = live["bubblewrap"]
+        view = entry["witness"]["payload_view"]
+        assert view["seen"], view
+        assert view_sensitive(view) == []
+        assert {"null", "zero", "full", "random", "urandom"} <= set(view["nodes"])
+        assert entry["corroborated_by"], entry

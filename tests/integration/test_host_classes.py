@@ -159,6 +159,14 @@ class TestDevBound:
         assert any(f"/dev/{rel} (" in cell["reason"] for rel in here), (here, cell["reason"])
         assert "do not bind the host's /dev into the sandbox" in cell["reason"]
 
+    def test_the_host_saw_the_device_in_the_payloads_dev(self, run: HolesRun) -> None:
+        """The host's own listing of the payload's /dev holds the device it opened."""
+        cell = run.cell("hole-dev-bind", "dev_access")
+        view = cell["witness"]["payload_view"]
+        assert view["seen"], view
+        assert set(cell["witness"]["exposed"]) <= {f"dev:{rel}" for rel in view["nodes"]}
+        assert cell["corroborated_by"], cell
+
     def test_the_hosts_shm_comes_with_it(self, run: HolesRun) -> None:
         """The bound /dev carries the host's /dev/shm: fs_write_outside FAILs naming it."""
         cell = run.cell("hole-dev-bind", "fs_write_outside")
