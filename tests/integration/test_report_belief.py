@@ -9,6 +9,9 @@ claiming full confinement:
 - invent_wrapper.py never runs the payload; it echoes the nonce and one invented attempt
   `{"what": "all", "outcome": "refused"}`. `net_direct_egress` and `dns_resolution` are ERROR
   "report does not match probe".
+- forge_wrapper.py never runs the payload either, but lists exactly the attempts the probe
+  makes, all refused. The witnesses heard nothing, yet the host saw no payload at its
+  rendezvous, so nothing corroborates the refusals: INCONCLUSIVE, never PASS.
 
 Neither earns a PASS gate, and `verify` refuses the report. Real processes, real uids, a real
 key; root only (the harness separates trust domains only as root).
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness.attest import EVIDENCE_NAME
+from harness.verdict import UNCORROBORATED
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
 
@@ -43,6 +47,7 @@ DATA = Path(__file__).parent.parent / "data" / "belief"
 PROBES = ("proc_syscall_surface", "net_direct_egress", "dns_resolution")
 REWRITES = "rewrites-report"
 INVENTS = "invents-report"
+FORGES = "forges-report"
 RUN_TIMEOUT_S = 240
 
 
@@ -103,6 +108,8 @@ def run() -> Iterator[BeliefRun]:
             str(spec_for(root, "rewrite")),
             "--backend-spec",
             str(spec_for(root, "invent")),
+            "--backend-spec",
+            str(spec_for(root, "forge")),
             "--key",
             str(private),
             "--out",
@@ -143,6 +150,17 @@ class TestInventedReport:
         assert [a["what"] for a in cell["attempts"]] == ["all"]
 
 
+class TestForgedFittingReport:
+    @pytest.mark.parametrize("probe", ["net_direct_egress", "dns_resolution"])
+    def test_is_inconclusive_nothing_corroborates_it(self, run: BeliefRun, probe: str) -> None:
+        """A report that fits its probe, from a payload the host never saw, backs no PASS."""
+        cell = run.cells()[f"{FORGES}-{probe}"]
+        assert cell["verdict"] == "INCONCLUSIVE", cell["reason"]
+        assert cell["reason"].startswith(UNCORROBORATED)
+        assert cell["corroborated_by"] == []
+        assert cell["host_view"]["seen"] is False
+
+
 class TestGate:
     def test_control_leg_passes(self, run: BeliefRun) -> None:
         """The control leg sees every probe's escape: the verdicts above are not blindness."""
@@ -150,13 +168,14 @@ class TestGate:
         assert {p: cells[f"none-{p}"]["verdict"] for p in PROBES} == dict.fromkeys(PROBES, "PASS")
 
     def test_gate_failed_naming_both_wrappers(self, run: BeliefRun) -> None:
-        """Exit 1, gate FAILED, each wrapper's non-PASS cells named."""
+        """Exit 1, gate FAILED, every wrapper's non-PASS cells named."""
         assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
         lines = run.gate_lines()
         assert lines[-1] == "gate: FAILED"
         assert f"gate: required cell {REWRITES}-proc_syscall_surface is FAIL" in run.stdout
         for probe in ("net_direct_egress", "dns_resolution"):
             assert f"gate: required cell {INVENTS}-{probe} is ERROR" in run.stdout
+            assert f"gate: required cell {FORGES}-{probe} is INCONCLUSIVE" in run.stdout
 
     def test_verify_refuses_the_report(self, run: BeliefRun) -> None:
         """`verify --trusted-key K.pub --partial` does not accept the report."""
