@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,6 +155,22 @@ class TestWitnessSockets:
         assert sorted(witnesses.stop()) == sorted(paths)
         assert not any(Path(p).exists() for p in paths)
         assert not entry.exists()
+
+    def test_a_killed_runs_witnesses_are_swept_by_the_next(self, tmp_path: Path) -> None:
+        """Witnesses a process planted and never removed (it died) go in the next sweep."""
+        nonce = "n" + secrets.token_hex(8)
+        plant = (
+            "import sys; from pathlib import Path; "
+            "from harness.catalog.socket_witness import WitnessSockets; "
+            "WitnessSockets(sys.argv[1], [Path(sys.argv[2])], abstract=False).plant()"
+        )
+        # A real process that plants and exits without its cleanup, as a killed run does.
+        subprocess.run([sys.executable, "-c", plant, nonce, str(tmp_path)], check=True)
+        left = tmp_path / witness_name(nonce)
+        assert left.exists()
+        swept, _ = sweep.sweep_journal()
+        assert str(left) in [s.target for s in swept if s.removed]
+        assert not left.exists()
 
     def test_a_refusing_directory_is_skipped_and_said(self, tmp_path: Path) -> None:
         """A directory that cannot take a witness is listed under skipped with its error."""
