@@ -1,16 +1,23 @@
 """The probe catalogue, host side: what each probe expects, plants, controls and concludes.
 
 Each payload in `probes/` runs inside the sandbox and only reports what it saw. Its spec here
-runs on the host, in the module of its area (the `area` of the spec and the first word of its
-id): `net` (a package: `route` through the egress proxy, `direct` around it), `dns`, `ipc`,
-`fs`, `dev`, `env`, `proc`, `lifecycle` and `pkg`. Each keeps its readings next to its own helpers.
+runs on the host, in the module of its area (the `area` of the spec, and the first word of
+its id but for `resource_limits`, a `proc` probe): `net` (a package: `route` through the egress
+proxy, `direct` around it), `dns`, `ipc`, `fs`, `dev`, `env`, `proc`, `lifecycle` and `pkg`.
+Each keeps its readings next to its own helpers.
+
+A report is believed only as far as the host can check it. Each spec lists the attempts its
+payload makes for a task (`attempt_table`), and the runner turns any other report into ERROR
+(`report_mismatch`); each spec names the host readings its reading rests on
+(`host_readings`, `corroboration`), and on a command wrapper a PASS without one is
+INCONCLUSIVE (`harness.verdict.believe`).
 
 Imports flow down. The area modules never import one another; what several of them share
 lives below them: `base` (the protocol, the cell, the readings every spec uses), `canary`
-(host file states), `capabilities` (what an unconfined payload user could open here) and
-`net.witness` (per-cell loopback listeners). Nothing here imports the runner, the matrix or
-the backends: the runner, above both, hands a cell everything a spec needs
-(tests/unit/test_import_layers.py holds that).
+(host file states), `capabilities` (what an unconfined payload user could open here),
+`socket_witness` (witness sockets beside the host's) and `net.witness` (per-cell loopback
+listeners). Nothing here imports the runner, the matrix or the backends: the runner, above
+both, hands a cell everything a spec needs (tests/unit/test_import_layers.py holds that).
 """
 
 from __future__ import annotations
