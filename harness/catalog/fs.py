@@ -148,8 +148,13 @@ def payload_writable_places(user: PayloadUser | None) -> dict[str, Any]:
     """`writable_places()` as the payload user, once per process (see SCAN_BUDGET_S).
 
     Without a payload user the payload runs as the harness's own user, and the scan does too;
-    except as root, which may write everywhere: no scan then (only the named classes).
+    except as root, which may write everywhere, and off POSIX: no scan then (only the named
+    classes).
     """
+    if os.name != "posix":
+        # On Windows os.access reads the read-only attribute, not the ACL, so it would call
+        # the system drive's root writable. The named classes stand alone there.
+        return {"found": [], "complete": False, "error": f"not scanned on {os.name}"}
     if user is None:
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             return {"found": [], "complete": False, "error": "not scanned as root"}
