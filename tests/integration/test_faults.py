@@ -132,10 +132,10 @@ class FaultRun:
         journal = self.out / "evidence.jsonl"
         return len(journal.read_bytes().splitlines()) if journal.exists() else 0
 
-    def wait_for_sandbox_cell(self) -> None:
-        """Block until the control leg is judged and the sandbox leg's first cell runs."""
+    def wait_for_sandbox_cell(self, judged: int = len(PROBES)) -> None:
+        """Block until `judged` cells (the control leg) are journalled and an anchor runs."""
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not (self.journal_lines() >= len(PROBES) and anchor_in_flight(self.proc.pid)):
+        while not (self.journal_lines() >= judged and anchor_in_flight(self.proc.pid)):
             assert self.proc.poll() is None, self.proc.communicate()
             assert time.monotonic() < deadline, "the sandbox leg's first cell never started"
             time.sleep(0.02)
@@ -310,18 +310,27 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a size-limited tmpfs needs root")
-def test_full_report_disk_names_the_directory_and_keeps_the_journal(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("size", "unwritten"),
+    [("64k", "evidence.json"), ("12k", "evidence.jsonl")],
+    ids=["full-at-the-end", "full-mid-run"],
+)
+def test_full_report_disk_names_the_directory_and_keeps_the_journal(
+    tmp_path: Path, size: str, unwritten: str
+) -> None:
     """A full report disk ends in a gate line naming it and the fix, exit 1, journal kept."""
-    with small_tmpfs(tmp_path / "small", "64k") as small:
+    # 64k holds the journal of all six cells but not evidence.json; 12k fills up after two.
+    with small_tmpfs(tmp_path / "small", size) as small:
         out = small / "r"
         run = FaultRun(tmp_path / "run", out=out)
-        run.wait_for_sandbox_cell()  # to know the run's processes and scratch
+        run.wait_for_sandbox_cell(judged=0)  # to know the run's processes and scratch
         output = run.finish()
         assert run.proc.returncode == 1, output[-4000:]
         gate = [line for line in output.splitlines() if line.startswith("gate:")]
         assert "gate: FAILED" in gate, output[-4000:]
         full = [line for line in gate if "its filesystem is full (ENOSPC" in line]
         assert full, gate
+        assert any(f"cannot write {unwritten} in the report directory" in g for g in full), gate
         assert str(out) in full[0]
         assert "--out on a filesystem with room" in full[0]
         assert "Traceback" not in output
