@@ -84,6 +84,7 @@ from harness.host_os import current_platform
 from harness.paths import matrix_dir
 from harness.payload import interpreter_paths, payload_env
 from harness.provenance import executable_facts
+from harness.sweep import record_leftovers
 from harness.trust import PayloadUser, give, payload_user
 from harness.world.core import PRIVATE_NAME_SUFFIX
 from harness.world.info import WorldInfo
@@ -746,6 +747,9 @@ class CommandBackend:
             )
         finally:
             watcher.finish()
+        # What the sweep had to kill is the sandbox's escape, not its credit: lifecycle_orphans
+        # reads it from the cell dir (harness/sweep.py).
+        record_leftovers(request.cell_dir, watcher.killed)
         if watcher.killed:
             run.notes.append(
                 f"killed {len(watcher.killed)} process(es) the run left behind: "
