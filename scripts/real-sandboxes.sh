@@ -51,13 +51,19 @@ if [ "${1:-}" = "--check" ]; then
 fi
 
 if [ ${#missing_apt[@]} -gt 0 ]; then
+  [ "$(id -u)" -eq 0 ] || { say "missing Debian packages: ${missing_apt[*]}; run as root or: sudo apt-get install ${missing_apt[*]}"; exit 1; }
   say "installing Debian packages: ${missing_apt[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing_apt[@]}" >/dev/null
 fi
 if [ ${#missing[@]} -gt 0 ]; then
-  command -v npm >/dev/null || {
-    say "npm is needed to install ${missing[*]}; on Debian 12: apt-get install npm"; exit 1; }
+  if ! command -v npm >/dev/null; then
+    # Debian's npm (on its node 18) only fetches the packages; srt runs on the node 22 build.
+    [ "$(id -u)" -eq 0 ] || { say "npm is needed to install ${missing[*]}; run as root or: sudo apt-get install npm"; exit 1; }
+    say "installing Debian's npm to fetch ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
   say "installing into $PREFIX: ${missing[*]}"
   mkdir -p "$PREFIX"
   # Exact versions, no lockfile drift, no audit/fund chatter; a project-owned prefix only.
