@@ -188,6 +188,21 @@ class TestSpecValidation:
         assert backend.spec.source == LIVE_SPECS / f"{name}.toml"
         assert backend.egress_mode == "shim"
 
+    @pytest.mark.parametrize(
+        ("name", "egress", "environment"),
+        [("srt", "own", "passthrough"), ("codex", "direct-tcp", "passthrough")],
+    )
+    def test_real_sandbox_specs_load_with_their_claims(
+        self, name: str, egress: str, environment: str
+    ) -> None:
+        """The shipped srt and Codex specs load, find their wrapper on [run] path, and claim."""
+        backend = create_backend(name)
+        assert isinstance(backend, CommandBackend)
+        assert backend.egress_mode == egress
+        assert backend.run_path().startswith("/opt/sandbox-attest/npm/node_modules/.bin:")
+        assert backend.spec.policy.environment == environment
+        assert backend.spec.policy.syscalls == "filtered"
+
     def test_spec_path_and_registered_name(self) -> None:
         """A spec path loads as is; a registered spec is then creatable by its name."""
         path = SPECS / "hole_env_shared_net.toml"
