@@ -57,6 +57,14 @@ STALE_AGE_S: Final = 6 * 3600.0
 TMP_NAMES: Final = re.compile(r"^sandbox-attest-(canary-|link-)?[A-Za-z0-9_]+$")
 HOME_NAMES: Final = re.compile(r"^\.sandbox-attest-canary-[A-Za-z0-9_-]+$")
 SECRET_NAMES: Final = re.compile(r"^sandbox-attest-canary-[A-Za-z0-9_-]+(\.json)?$")
+# What a cell's payload leaves beside the egress route when a sandbox shows the host's run dir
+# (probes/ipc_proxy_socket_tamper.py), and the socket witnesses (harness.catalog.socket_witness):
+# nonce-named, in the host's copy of the namespaced backends' run dir
+# (harness.backends.base.SANDBOX_RUN_DIR) and in /run and /tmp themselves.
+RUN_DIR_NAMES: Final = re.compile(
+    r"^(rogue-n[0-9a-f]{16}\.sock|shim-n[0-9a-f]{16}\.py|\.sandbox-attest-witness-n[0-9a-f]{16}\.sock)$"
+)
+RUN_DIRS: Final = (Path("/run/sandbox-attest"), Path("/run"))
 # Processes the harness starts that must never outlive it, matched on their exact argv shape
 # (not a substring: a shell or an editor whose command line mentions the marker is not one):
 # an anchor is `python -c CODE sandbox-attest-anchor:<nonce> ...` (harness.catalog.proc), the
@@ -351,11 +359,18 @@ def _old(path: Path, now: float) -> bool:
         return False
 
 
-def unjournalled_candidates(tmp: Path, homes: list[Path]) -> list[Path]:
-    """Harness-named things in `tmp` and in `homes` (see TMP_NAMES, HOME_NAMES, SECRET_NAMES)."""
+def unjournalled_candidates(
+    tmp: Path, homes: list[Path], run_dirs: tuple[Path, ...] = RUN_DIRS
+) -> list[Path]:
+    """Harness-named things in `tmp`, `homes` and `run_dirs` (see the *_NAMES patterns)."""
     found: list[Path] = []
     with contextlib.suppress(OSError):
-        found += [p for p in tmp.iterdir() if TMP_NAMES.match(p.name)]
+        found += [
+            p for p in tmp.iterdir() if TMP_NAMES.match(p.name) or RUN_DIR_NAMES.match(p.name)
+        ]
+    for directory in run_dirs:
+        with contextlib.suppress(OSError):
+            found += [p for p in directory.iterdir() if RUN_DIR_NAMES.match(p.name)]
     for home in homes:
         with contextlib.suppress(OSError):
             found += [p for p in home.iterdir() if HOME_NAMES.match(p.name)]
@@ -366,7 +381,12 @@ def unjournalled_candidates(tmp: Path, homes: list[Path]) -> list[Path]:
 
 
 def sweep_unjournalled(
-    tmp: Path, homes: list[Path], owners: set[int], *, now: float | None = None
+    tmp: Path,
+    homes: list[Path],
+    owners: set[int],
+    *,
+    now: float | None = None,
+    run_dirs: tuple[Path, ...] = RUN_DIRS,
 ) -> list[Swept]:
     """Remove harness-named leftovers no live entry claims, owned by `owners`, untouched for long.
 
@@ -375,11 +395,12 @@ def sweep_unjournalled(
         homes: homes where canaries are planted (the payload user's, or the harness user's).
         owners: uids whose files these may be (the harness's and the payload user's).
         now: the time to measure age from (tests pass one).
+        run_dirs: where a leaky cell leaves nonce-named sockets and shims (RUN_DIR_NAMES).
     """
     now = time.time() if now is None else now
     claimed = _claimed(live_entries())
     swept = []
-    for path in unjournalled_candidates(tmp, homes):
+    for path in unjournalled_candidates(tmp, homes, run_dirs):
         try:
             uid = path.lstat().st_uid
         except OSError:

@@ -172,6 +172,25 @@ class TestWitnessSockets:
         assert str(left) in [s.target for s in swept if s.removed]
         assert not left.exists()
 
+    def test_old_unjournalled_leftovers_in_the_run_dir_are_swept(self, tmp_path: Path) -> None:
+        """Rogue sockets, shims and witnesses of gone runs no journal claims go after 6 h."""
+        run_dir, tmp = tmp_path / "run-sandbox-attest", tmp_path / "tmp"
+        run_dir.mkdir()
+        tmp.mkdir()
+        nonce = "n" + secrets.token_hex(8)
+        leftovers = [run_dir / f"rogue-{nonce}.sock", run_dir / f"shim-{nonce}.py"]
+        leftovers.append(tmp / witness_name(nonce))
+        kept = [run_dir / "proxy.sock", run_dir / "rogue-notanonce.sock"]
+        for path in (*leftovers, *kept):
+            path.write_text("")
+        # Fresh: a live run's, perhaps; never touched.
+        assert sweep.sweep_unjournalled(tmp, [], {os.getuid()}, run_dirs=(run_dir,)) == []
+        swept = sweep.sweep_unjournalled(
+            tmp, [], {os.getuid()}, now=time.time() + sweep.STALE_AGE_S + 60, run_dirs=(run_dir,)
+        )
+        assert sorted(s.target for s in swept) == sorted(map(str, leftovers))
+        assert all(p.exists() for p in kept)
+
     def test_a_refusing_directory_is_skipped_and_said(self, tmp_path: Path) -> None:
         """A directory that cannot take a witness is listed under skipped with its error."""
         missing = tmp_path / "gone"
