@@ -17,6 +17,8 @@ opcodes are the ones harness/backends/seccomp.py uses.
 Stdlib only: the payload user runs it with the payload's interpreter.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
 import platform
@@ -43,11 +45,11 @@ ARCHES = {
 }
 
 
-def insn(code, k, jt=0, jf=0):
+def insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def program(machine):
+def program(machine: str) -> bytes:
     arch, connect, sendto, sendmsg, sendmmsg, io_uring = ARCHES[machine]
     prog = [
         insn(BPF_LD_W_ABS, OFFSET_ARCH),
@@ -74,7 +76,7 @@ def program(machine):
     return b"".join(prog)
 
 
-def install(machine):
+def install(machine: str) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = [
         ctypes.c_int,
@@ -87,7 +89,7 @@ def install(machine):
     buf = ctypes.create_string_buffer(code, len(code))
 
     class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
     fprog = SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -96,7 +98,7 @@ def install(machine):
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     args = argv[1:]
     filtered = True
     if args[:1] == ["--no-filter"]:
@@ -111,8 +113,7 @@ def main(argv):
             sys.stderr.write("seccomp_net_off: no syscall table for %s\n" % machine)
             return 1
         install(machine)
-    os.execvp(args[0], args)
-    return 1
+    os.execvp(args[0], args)  # replaces this process: nothing runs after it
 
 
 if __name__ == "__main__":
