@@ -429,7 +429,11 @@ def test_fork_bomb_is_stopped_by_the_sandbox_limit(tmp_path: Path) -> None:
         peak = cgroup / "pids.peak"
         if peak.exists():
             assert int(peak.read_text()) < FORK_CAP
-        # Nothing of the run is left: every process it started, bomb children included.
+        # Nothing of the run is left: every process it started, bomb children included. The
+        # kernel reaps killed orphans asynchronously, so give it a few seconds to finish.
+        deadline = time.monotonic() + 10
+        while (cgroup / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.05)
         left = {pid: cmdline(int(pid)) for pid in (cgroup / "cgroup.procs").read_text().split()}
         assert left == {}
     finally:
