@@ -129,7 +129,12 @@ def own_addresses():
         names = [name for _, name in socket.if_nameindex()]
     except OSError:
         names = []
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError:
+        # A sandbox that forbids AF_INET sockets outright (seccomp): the FIB and if_inet6
+        # below still name the addresses, and the refusal itself is the attempts' business.
+        names, probe = [], None
     try:
         for name in names:
             try:
@@ -139,7 +144,8 @@ def own_addresses():
                 continue  # no IPv4 address on this interface
             found.append(socket.inet_ntoa(packed[20:24]))
     finally:
-        probe.close()
+        if probe is not None:
+            probe.close()
     try:
         with open("/proc/net/if_inet6") as fh:
             for line in fh:

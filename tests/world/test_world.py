@@ -254,7 +254,7 @@ class TestLifecycle:
     def test_failed_step_is_named_and_cleaned_up(self, tmp_path: Path) -> None:
         """A daemon that cannot bind fails start_world naming the step; nothing keeps running."""
         run_dir = tmp_path / "w"
-        (run_dir / "daemon.sock").mkdir(parents=True)  # bind() fails: the path is taken
+        (run_dir / "daemons" / "daemon.sock").mkdir(parents=True)  # bind() fails: the path is taken
         _wait_for_connection_threads()
         threads_before = set(threading.enumerate())
         fds_before = _fd_count()
@@ -262,7 +262,7 @@ class TestLifecycle:
             start_world(run_dir)
         assert set(threading.enumerate()) == threads_before
         assert _fd_count() == fds_before
-        assert not (run_dir / "proxy.sock").exists()
+        assert not (run_dir / "egress" / "proxy.sock").exists()
 
     def test_long_run_dir_names_the_fix(self, tmp_path: Path) -> None:
         """A run_dir too long for unix sockets fails before anything starts."""
