@@ -279,7 +279,7 @@ class TestAttacksFail:
     """Each attack of issue 12, tried live by the wrapper, failed."""
 
     def test_the_wrapper_attacked_this_run(self, run: AttackRun) -> None:
-        """The wrapper ran in every attacker cell and once for availability, and found its report dir."""
+        """The wrapper ran in every attacker cell and once for availability, and found its dir."""
         execs = run.records("exec")
         cells = [e for e in execs if any(arg.endswith("_launch.py") for arg in e["argv"])]
         assert len(cells) == len(PROBES)
