@@ -89,6 +89,20 @@ TAMPER_OPS: Final = (
 )
 
 
+_REFUSED_BY_FILTER = frozenset({"EPERM", "EACCES"})
+
+
+def _af_unix_refused_outright(
+    controls: list[dict[str, Any]], escapes: list[dict[str, Any]]
+) -> bool:
+    """Whether the sandbox refused every unix socket the payload tried to make, control too."""
+    tried = [*controls, *escapes]
+    return bool(controls) and all(
+        a.get("outcome") in {"refused", "error"} and a.get("errno") in _REFUSED_BY_FILTER
+        for a in tried
+    )
+
+
 class IpcUnixSocketEscape(_Spec):
     """Every host unix socket the payload can see, each host directory of them witnessed.
 
@@ -236,6 +250,16 @@ class IpcUnixSocketEscape(_Spec):
             escape = "escaped"
         controls = _attempts(report, "control")
         inside_ok = _all_succeeded(controls)
+        if not inside_ok and escape != "escaped" and _af_unix_refused_outright(controls, escapes):
+            # The control shows unix sockets work inside so that refusals mean something. A
+            # filter that refuses socket(AF_UNIX) itself (Codex's seccomp) leaves no unix
+            # socket to escape with: the refusal is the claim holding, and the host's
+            # witnesses, which heard nothing, are what the verdict rests on.
+            inside_ok = True
+            reasons.append(
+                "the sandbox refuses AF_UNIX sockets outright: the socketpair control and "
+                "every escape got EPERM at socket(); no witness heard the payload"
+            )
         assessment = _conclude(
             escape,
             observed,

@@ -288,6 +288,37 @@ class TestClassReading:
         decision = decide("allowed", spec.assess(ctx, report, Records(), OK_CONTROL))
         assert decision.verdict is Verdict.INCONCLUSIVE
 
+    def test_a_filter_refusing_af_unix_outright_holds_the_claim(self, tmp_path: Path) -> None:
+        """The socketpair and every escape got EPERM at socket(), no witness heard: PASS."""
+        ctx = make_ctx(tmp_path, "ipc_unix_socket_escape", CONFINED)
+        report = {
+            "attempts": [
+                att("socketpair", "error", "control", errno="EPERM"),
+                att("daemon-unix", "refused", errno="EPERM"),
+                att("daemon-abstract", "refused", errno="EPERM"),
+            ],
+            "facts": {"netns": "net:[1]", "mntns": "mnt:[1]"},
+        }
+        decision = decide("denied", PROBES[ctx.probe].assess(ctx, report, Records(), OK_CONTROL))
+        assert decision.verdict is Verdict.PASS, decision.reason
+        assert "refuses AF_UNIX sockets outright" in decision.reason
+
+    def test_a_refused_socketpair_beside_an_open_escape_stays_undecided(
+        self, tmp_path: Path
+    ) -> None:
+        """A refused socketpair beside a connect with another errno is no filter: INCONCLUSIVE."""
+        ctx = make_ctx(tmp_path, "ipc_unix_socket_escape", CONFINED)
+        report = {
+            "attempts": [
+                att("socketpair", "error", "control", errno="EPERM"),
+                att("daemon-unix", "refused", errno="ENOENT"),
+                att("daemon-abstract", "refused", errno="EPERM"),
+            ],
+            "facts": {"netns": "net:[1]", "mntns": "mnt:[1]"},
+        }
+        decision = decide("denied", PROBES[ctx.probe].assess(ctx, report, Records(), OK_CONTROL))
+        assert decision.verdict is Verdict.INCONCLUSIVE, decision.reason
+
     def test_class_attempts_are_discovered_names(self) -> None:
         """The report may list any path: or abstract: attempt; any other new name is a mismatch."""
         table = PROBES["ipc_unix_socket_escape"].attempt_table({"targets": {"abstract": "a"}})
