@@ -14,9 +14,9 @@ bwrap-generic.toml with one hole, go through a real `sandbox-attest run` with th
 
 A fourth, leaves_helper.toml, starts bwrap-generic from a shell that first leaves a helper
 running in a new session with the run tag: the harness's leftover sweep kills it, and that kill
-must count as this sandbox's escape in `lifecycle_orphans`, not as its cleanup. The catalogue
-reads what a backend's sweep killed from `harness.sweep.record_leftovers`; the command backend
-does not call it yet, so that check is a strict xfail naming the missing call.
+must count as this sandbox's escape in `lifecycle_orphans`, not as its cleanup: the command
+backend records what its sweep killed (`harness.sweep.record_leftovers`) and the catalogue reads
+it from the cell dir.
 
 Each hole FAILs its own probe and no other; none of them earns a PASS gate. Real bubblewrap,
 real devices, real processes, real uids; root only (the payload user exists only as root).
@@ -202,11 +202,6 @@ class TestHelperLeftBehind:
         assert "killed 1 process(es) the run left behind: " in notes, cell["run"]
         assert "(sleep 300)" in notes
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="harness/backends/command.py does not record its sweep's kills yet: "
-        "CommandBackend.run must call sweep.record_leftovers(request.cell_dir, watcher.killed)",
-    )
     def test_fails_naming_the_swept_helper(self, run: HolesRun) -> None:
         """A process only the harness's sweep ended is the sandbox's escape: FAIL naming it."""
         cell = run.cell(LEAVES, "lifecycle_orphans")
