@@ -149,7 +149,23 @@ class DeclaredPolicy:
     runs_as: str = ""
 
     def __post_init__(self) -> None:
-        """Fill the derived claims from the old keys (frozen, hence object.__setattr__)."""
+        """Fill the derived claims from the old keys (frozen, hence object.__setattr__).
+
+        Raises:
+            ValueError: a claim that cannot be judged as written (a list mode without its
+                list, a list without its mode, a network cut with no network claim).
+        """
+        if (self.reads == "deny") != bool(self.read_deny):
+            msg = 'reads = "deny" needs read_deny (what must be unreadable), and read_deny needs it'
+            raise ValueError(msg)
+        if (self.writes == "allow") != bool(self.write_allow):
+            msg = (
+                'writes = "allow" needs write_allow (what else is writable), and the list needs it'
+            )
+            raise ValueError(msg)
+        if self.network_cut is not None and self.network == "open":
+            msg = 'network_cut says how a network claim is enforced; network = "open" claims none'
+            raise ValueError(msg)
         if self.reads is None:
             object.__setattr__(self, "reads", self.filesystem)
         if self.writes is None:

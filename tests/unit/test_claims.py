@@ -9,6 +9,7 @@ the probes that test it alone, never on the control leg. Real spec files, parsed
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,22 @@ class TestDeclaredPolicy:
             "network_cut": "namespace",
             "runs_as": "non-root",
         }
+
+    @pytest.mark.parametrize(
+        ("kwargs", "needle"),
+        [
+            ({"reads": "deny"}, 'reads = "deny" needs read_deny'),
+            ({"read_deny": ("~/.ssh",)}, 'reads = "deny" needs read_deny'),
+            ({"writes": "allow"}, 'writes = "allow" needs write_allow'),
+            ({"network_cut": "seccomp"}, 'network = "open" claims none'),
+        ],
+        ids=["deny-without-list", "list-without-deny", "allow-without-list", "cut-without-net"],
+    )
+    def test_unjudgeable_claims_are_refused(self, kwargs: dict[str, Any], needle: str) -> None:
+        """A list mode without its list (or the reverse), or a cut of no network, is refused."""
+        with pytest.raises(ValueError, match=r"needs|claims none") as info:
+            DeclaredPolicy("open", "open", "open", **kwargs)
+        assert needle in str(info.value)
 
     def test_claims_round_trip_through_their_json_form(self) -> None:
         """An identity's claims read back (claims_of on the dict) as the policy's own."""
