@@ -168,12 +168,14 @@ class TestWitnessesSawIt:
         assert {r["socket"] for r in requests} == {"unix", "abstract"}
 
     def test_fs_canaries_changed_and_cleaned(self, cells: dict[str, CellResult]) -> None:
-        """All three canaries changed on the host, and cleanup removed /tmp and home dirs."""
+        """Every planted canary changed on the host, and cleanup removed /tmp and home dirs."""
         cell = cells["fs_write_outside"]
         changed = cell.assessment.witness["changed"]
+        classes = cell.assessment.witness["classes"]
         assert isinstance(changed, dict)
+        assert isinstance(classes, (dict, list))
         # Every class planted, named and scan-found alike, changed on the unconfined leg.
-        assert set(changed) == set(cell.assessment.witness["classes"]) >= {"sibling", "tmp", "home"}
+        assert set(changed) == set(classes) >= {"sibling", "tmp", "home"}
         dirs = FsWriteOutside.canary_dirs(cell.ctx)
         assert not dirs["tmp"].exists()
         assert not dirs["home"].exists()
