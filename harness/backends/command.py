@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
+from harness import lifetime
 from harness.backends.base import (
     SHIM_PORT,
     Availability,
@@ -459,6 +460,7 @@ class CommandBackend:
                 cwd=cwd,
                 start_new_session=True,
                 **self._user_kwargs(),
+                **lifetime.popen_kwargs(),  # a killed harness takes the wrapper with it
             )
         except OSError as exc:
             watcher.finish()
@@ -568,21 +570,31 @@ class CommandBackend:
     ) -> subprocess.CompletedProcess[str] | str:
         # The wrapper is third-party code under test: even its --version runs as the user its
         # cells run as, never as the harness's (root's) own, and on the PATH its cells use.
+        # Its own session, and on timeout its whole group goes: a --version that forks a
+        # helper must not leave it running, and a killed harness takes it along.
         try:
-            return subprocess.run(
+            proc = subprocess.Popen(
                 self._static_argv(argv),
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=DETECT_TIMEOUT_S,
-                check=False,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
                 cwd="/",
                 **self._user_kwargs(),
+                **lifetime.popen_kwargs(),
             )
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except OSError as exc:
             return f"{type(exc).__name__}: {exc}"
+        try:
+            stdout, stderr = proc.communicate(timeout=DETECT_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return f"{type(exc).__name__}: {exc}"
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     # -- rendering ---------------------------------------------------------------------
 
