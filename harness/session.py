@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import __version__
-from harness.attest.policy import Gate, Policy, evaluate, load_policy
+from harness.attest.policy import Gate, Policy, cell_leg, claim_problems, evaluate, load_policy
 from harness.backends import Backend, create_backend
 from harness.backends.base import Availability
 from harness.errors import ConfigError, FixtureError, HarnessError
@@ -500,6 +500,15 @@ class RunSession:
             for c in self.writer.cells
             if c.get("required") and c["verdict"] != "PASS"
         ]
+        # The claims the policy requires of a leg: `verify` holds the signed identities to
+        # them, and the run's own exit status must say the same.
+        claims = {
+            name: avail.identity.policy.claims()
+            for name, avail in self.availability.items()
+            if avail.identity is not None
+        }
+        legs = {cell_leg(c, self.platform) for c in self.writer.cells}
+        failures += claim_problems(self.policy, claims, legs)
         if self.deselected:
             failures.append(
                 f"{len(self.deselected)} cells were deselected (-k/--deselect), so the "

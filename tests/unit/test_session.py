@@ -82,6 +82,39 @@ class TestControlOnly:
         assert any("the control leg alone attests nothing" in f for f in run.gate_failures())
 
 
+class TestClaims:
+    def test_a_leg_that_claims_less_than_required_fails_the_run_gate(self, tmp_path: Path) -> None:
+        """Bubblewrap held to a seccomp cut it does not claim: the run's gate says so, as verify."""
+        text = POLICY.read_text()
+        assert 'network_cut = "namespace"' in text
+        policy = tmp_path / "policy.toml"
+        policy.write_text(text.replace('network_cut = "namespace"', 'network_cut = "seccomp"'))
+        run = RunSession(
+            matrix=shipped(),
+            backend_names=["bubblewrap"],
+            report_dir=tmp_path / "report",
+            policy_path=policy,
+            required_backends=set(),
+            named_backends={"bubblewrap"},
+        )
+        for cell in run.cells():
+            record(run, cell, "PASS")
+        claims = [f for f in run.gate_failures() if "requires claims network_cut" in f]
+        expected = (
+            "leg linux/bubblewrap requires claims network_cut = 'seccomp', but bubblewrap "
+            "claims network_cut = 'namespace': a backend cannot pass by claiming less; declare "
+            "the claim in its [policy] (and hold it) or change the requirement"
+        )
+        assert claims == [expected]
+
+    def test_the_shipped_policy_finds_no_claim_missing(self, tmp_path: Path) -> None:
+        """Bubblewrap makes every claim the shipped policy asks of its leg."""
+        run = session(tmp_path, ["bubblewrap"], {"bubblewrap"})
+        for cell in run.cells():
+            record(run, cell, "PASS")
+        assert not [f for f in run.gate_failures() if "requires claims" in f]
+
+
 class TestMissing:
     def test_named_backend_cell_never_recorded_is_missing(self, tmp_path: Path) -> None:
         """A named backend's cell that left no evidence fails the gate (not just policy cells)."""
