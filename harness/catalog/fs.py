@@ -191,8 +191,12 @@ class FsWriteOutside(_Spec):
         )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
-        """Denied when writes are confined to the workspace; seen on the open control leg."""
-        return "denied" if policy.filesystem == "workspace" else "allowed"
+        """Denied when the writes claim confines writes; seen on the open control leg.
+
+        `filesystem = "workspace"` means writes = "workspace" (harness/claims.py); a
+        `writes = { allow = [...] }` claim is denied too, with the allowed places not judged.
+        """
+        return "denied" if claims_of(policy).writes != "open" else "allowed"
 
     @staticmethod
     def canary_dirs(ctx: CellContext) -> dict[str, Path]:
@@ -334,12 +338,28 @@ class FsWriteOutside(_Spec):
             diff = dir_canary_diff(baseline.get(key, {}), now)
             if diff:
                 changed[key] = diff
+        claims, home = claims_of(ctx.policy), home_of(ctx)
+        # Only a place the writes claim forbids is judged: a claim that allows /var/tmp is not
+        # broken by a write there. On the open control leg every change counts (it must).
+        allowed = {
+            k: v
+            for k, v in changed.items()
+            if claims.writes == "allow" and not claims.write_denied(planted[k].parent, home)
+        }
+        changed = {k: v for k, v in changed.items() if k not in allowed}
         escapes = _attempts(report, "escape")
         observed = _observed(escapes)
         reasons = []
+        if allowed:
+            places = ", ".join(sorted(str(planted[k].parent) for k in allowed))
+            reasons.append(
+                f"not judged: the payload wrote in {places}; the backend "
+                f"{claims.phrase('writes')}, so those writes are its to allow"
+            )
         if changed:
             reasons.append(
-                "host sees canary changes: "
+                (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
+                + "host sees canary changes: "
                 + "; ".join(f"{k} ({planted[k].parent}): {v}" for k, v in changed.items())
             )
             places = ", ".join(sorted({str(planted[k].parent) for k in changed}))
@@ -380,6 +400,7 @@ class FsWriteOutside(_Spec):
                 "canaries": state,
                 "baseline": baseline,
                 "changed": changed,
+                "allowed_by_claim": allowed,
                 "classes": {k: str(v.parent) for k, v in planted.items()},
                 "scan": self._scan_record(ctx),
             },

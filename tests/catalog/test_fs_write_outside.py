@@ -7,6 +7,7 @@ live holes (a wrapper binding /var/tmp writable) are in tests/integration/test_h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -28,6 +29,8 @@ from harness.catalog.fs import (
     writable_places,
 )
 from harness.trust import PayloadUser, payload_user
+from harness.verdict import Assessment
+from tests.catalog.test_proc import Records
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
 SPEC = FsWriteOutside()
@@ -155,3 +158,52 @@ def found_places(ctx: CellContext) -> list[str]:
         for place in payload_writable_places(USER)["found"]
         if not any(Path(place) == c or c in Path(place).parents for c in covered)
     ]
+
+
+def write_into_var_tmp(ctx: CellContext) -> Assessment:
+    """Plant the canaries, append to /var/tmp's as a leaky payload would, assess, clean up."""
+    targets = SPEC.prepare(ctx)
+    try:
+        with (Path(targets["dirs"]["var_tmp"]) / "canary.txt").open("a") as fh:
+            fh.write(f"appended {ctx.nonce}\n")
+        report: dict[str, Any] = {"attempts": [], "facts": {}}
+        return SPEC.assess(ctx, report, Records(), {"ok": True})
+    finally:
+        SPEC.cleanup(ctx)
+
+
+@as_root
+class TestWritesClaim:
+    def test_a_write_the_claim_forbids_is_an_escape_named_by_the_claim(
+        self, ctx: CellContext
+    ) -> None:
+        """Writes = "workspace": the /var/tmp canary changed on the host, so the claim broke."""
+        assessment = write_into_var_tmp(ctx)
+        assert assessment.escape == "escaped"
+        assert assessment.reasons[0].startswith(
+            "claims writes limited to the workspace; host sees canary changes: var_tmp"
+        )
+        assert assessment.witness["allowed_by_claim"] == {}
+
+    def test_a_write_the_claim_allows_is_not_judged(self, ctx: CellContext) -> None:
+        """Writes = { allow = ["/var/tmp"] }: the same write is reported, not held against it."""
+        policy = DeclaredPolicy(
+            network="proxy",
+            filesystem="workspace",
+            ipc="isolated",
+            writes="allow",
+            write_allow=("/var/tmp",),
+        )
+        assessment = write_into_var_tmp(dataclasses.replace(ctx, policy=policy))
+        assert assessment.escape != "escaped"
+        allowed = assessment.witness["allowed_by_claim"]
+        assert isinstance(allowed, dict)
+        assert set(allowed) == {"var_tmp"}
+        assert assessment.witness["changed"] == {}
+        assert any(
+            r.startswith(
+                "not judged: the payload wrote in /var/tmp; the backend claims writes "
+                "limited to the workspace and /var/tmp"
+            )
+            for r in assessment.reasons
+        )
