@@ -8,12 +8,15 @@ rendezvous: nothing backs the refusals, so no cell may PASS. Any other command (
 availability check) it runs as given. Used by tests/integration/test_report_belief.py.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
+from typing import Any, Dict, List
 
 
-def names(task):
+def names(task: Dict[str, Any]) -> List[str]:
     """The attempts the real payload would list for this task."""
     targets = task.get("targets") or {}
     if task["probe"] == "dns_resolution":
@@ -30,7 +33,7 @@ def names(task):
     return found
 
 
-def main(argv):
+def main(argv: List[str]) -> int:
     tasks = [a for a in argv[1:] if a.endswith(".json") and os.path.isfile(a)]
     if not tasks:
         os.execvp(argv[1], argv[1:])

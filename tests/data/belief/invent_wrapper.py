@@ -7,12 +7,15 @@ command (the harness's availability check) it runs as given, so it looks like a 
 works. Used by tests/integration/test_report_belief.py.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
+from typing import List
 
 
-def main(argv):
+def main(argv: List[str]) -> int:
     tasks = [a for a in argv[1:] if a.endswith(".json") and os.path.isfile(a)]
     if not tasks:
         os.execvp(argv[1], argv[1:])

@@ -7,12 +7,15 @@ itself runs with no confinement at all (no seccomp filter either). Used by
 tests/integration/test_report_belief.py; it touches nothing but its own child's stdout.
 """
 
+from __future__ import annotations
+
 import json
 import subprocess
 import sys
+from typing import List
 
 
-def rewrite(line):
+def rewrite(line: str) -> str:
     """The report line with every succeeded escape turned into a refusal; others as they are."""
     try:
         report = json.loads(line)
@@ -27,8 +30,9 @@ def rewrite(line):
     return json.dumps(report) + "\n"
 
 
-def main(argv):
+def main(argv: List[str]) -> int:
     child = subprocess.Popen(argv[1:], stdout=subprocess.PIPE, universal_newlines=True)
+    assert child.stdout is not None  # PIPE was asked for
     for line in child.stdout:
         sys.stdout.write(rewrite(line))
         sys.stdout.flush()
