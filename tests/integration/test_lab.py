@@ -53,14 +53,26 @@ def host_state() -> dict[str, list[str]]:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
         return sorted(done.stdout.splitlines())
 
+    # Only what a lab can make: other tests on this host (docker cells, a size-limited tmpfs,
+    # another worker's world) mount and link concurrently, and are not this test's business.
+    # The lab's veths are named sa-lab*; its namespaces would show as nsfs or /run/netns
+    # mounts; its resolver files are bind mounts over /etc/resolv.conf and /etc/hosts.
     links = [ln.split(":")[1].strip().split("@")[0] for ln in lines(["ip", "-o", "link", "show"])]
+    mounts = [
+        ln
+        for ln in lines(["findmnt", "-rn", "-o", "TARGET,SOURCE,FSTYPE"])
+        if ln.split(" ")[0] in {"/etc/resolv.conf", "/etc/hosts"}
+        or ln.startswith(("/run/netns", "/var/run/netns"))
+        or (" nsfs" in ln and not ln.startswith("/run/docker/"))  # each container has one
+        or "sandbox-attest" in ln
+    ]
     processes = [
         ln for ln in lines(["ps", "-eo", "args"]) if "lab_driver" in ln or "lab-internet" in ln
     ]
     return {
-        "links": sorted(links),
+        "links": sorted(link for link in links if link.startswith("sa-") or "lab" in link),
         "netns": lines(["ip", "netns", "list"]),
-        "mounts": lines(["findmnt", "-rn", "-o", "TARGET,SOURCE"]),
+        "mounts": mounts,
         "processes": processes,
     }
 
