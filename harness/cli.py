@@ -15,7 +15,7 @@ from harness import __version__
 from harness.attest.reportfs import make_report_dir
 from harness.errors import ConfigError, HarnessError
 from harness.lifetime import RunInterrupted, catch_run_signals, caught_signal
-from harness.paths import default_legs, default_matrix, default_policy, default_pytest_ini
+from harness.paths import default_matrix, default_policy, default_pytest_ini
 from harness.session import new_run_id
 from harness.world.lab import ensure_lab
 
@@ -57,10 +57,6 @@ HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
 # the current directory is used only when named (`--policy matrix/policy.toml`).
 HELP_POLICY = "release policy TOML (default: the one the package ships, matrix/policy.toml)"
 HELP_MATRIX = "matrix TOML, any file name (default: the one the package ships)"
-HELP_LEGS = (
-    'TOML: [[leg]] platform = "linux" backend = "bubblewrap", one per leg (default: the '
-    "package's matrix/legs.toml, the legs of its own CI)"
-)
 HELP_WORLD = (
     "where the fixture hosts live: auto (the lab on Linux as root, else loopback, the reason "
     "recorded), lab (required: fail where it cannot be made), loopback (default: auto)"
@@ -451,33 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register(sub)
-        _default_to_package_data(sub.choices)
     for choice in sub.choices.values():
         # verify and merge are registered elsewhere: every --help ends with the codes.
         choice.epilog = EXIT_CODES
         choice.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
-
-
-def _default_to_package_data(commands: dict[str, argparse.ArgumentParser]) -> None:
-    """`verify` and `merge` read the package's policy and legs unless told otherwise.
-
-    harness.attest.cli declares `--policy` with a default relative to the current directory
-    and `--expect-legs` as required; from an installed wheel neither file is there, so the
-    defaults become the package's own copies (a given flag still wins).
-    """
-    for name in ("verify", "merge"):
-        command = commands.get(name)
-        if command is None:
-            continue
-        for action in command._actions:
-            if action.dest == "policy":
-                action.default = default_policy()
-                action.help = HELP_POLICY
-            elif action.dest == "expect_legs":
-                action.default = default_legs()
-                action.required = False
-                action.help = HELP_LEGS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from harness.attest.verify import (
     verify_report,
 )
 from harness.errors import HarnessError
+from harness.paths import default_legs, default_policy
 
 if TYPE_CHECKING:
     import argparse
@@ -35,9 +36,14 @@ EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 
-DEFAULT_POLICY = Path("matrix/policy.toml")
+# The package's own copies: a run from an installed wheel has no matrix/ in its directory.
+DEFAULT_POLICY = default_policy()
+DEFAULT_LEGS = default_legs()
 HELP_TRUSTED_KEY = "PEM Ed25519 public key whose signatures count (`openssl pkey -in KEY -pubout`)"
-HELP_POLICY = "release policy: which probes must PASS on which platform/backend"
+HELP_POLICY = (
+    "release policy: which probes must PASS on which platform/backend "
+    "(default: the one the package ships, matrix/policy.toml)"
+)
 HELP_ALLOW_LOCAL = (
     "accept a report signed by a per-machine (untrusted) local key; that key must also be "
     "the --trusted-key"
@@ -252,9 +258,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     merge.add_argument(
         "--expect-legs",
         type=Path,
-        required=True,
+        default=DEFAULT_LEGS,
         metavar="FILE",
-        help='TOML: [[leg]] platform = "linux" backend = "bubblewrap", one per leg',
+        help=(
+            'TOML: [[leg]] platform = "linux" backend = "bubblewrap", one per leg (default: '
+            "the package's matrix/legs.toml, the legs of its own CI)"
+        ),
     )
     merge.add_argument(
         "--out",

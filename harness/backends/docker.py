@@ -137,9 +137,11 @@ WEAKENINGS: Final = frozenset(
     }
 )
 
+# Only what an installed package's user has: the wheel does not carry scripts/.
 ENGINE_FIX: Final = (
-    "start one with `scripts/docker-engine.sh start` (installs Debian's docker.io if needed and "
-    "starts dockerd; needs root), or point DOCKER_HOST at a running engine"
+    "start a Docker engine (Debian, as root: `apt-get install docker.io`, then "
+    "`systemctl start docker` or `dockerd &`; from a clone of the project: "
+    "`scripts/docker-engine.sh start`), or point DOCKER_HOST at a running engine"
 )
 SDK_FIX: Final = "install the docker SDK: pip install 'sandbox-attest[docker]'"
 # How long a cell (or the run's cleanup) waits for an engine that stopped answering to answer

@@ -31,6 +31,7 @@ from harness.backends import docker_seccomp, seccomp
 from harness.backends.base import START_MARKER, Backend, EgressRoute, ProbeRequest, ProbeRun
 from harness.backends.bubblewrap import LIMITS
 from harness.backends.docker import (
+    ENGINE_FIX,
     HOST_ROOT_TARGET,
     PIDS_LIMIT,
     DockerBackend,
@@ -429,7 +430,8 @@ class TestLifecycle:
             avail = live.availability()
         assert avail.ok is False
         assert avail.identity is None
-        assert "scripts/docker-engine.sh start" in avail.reason
+        assert avail.reason.endswith(ENGINE_FIX)
+        assert "apt-get install docker.io" in avail.reason
 
     def test_missing_named_image_is_unavailable(self) -> None:
         """A named image that is not local is UNAVAILABLE (nothing is pulled)."""
