@@ -48,7 +48,21 @@ from harness.world.info import WorldInfo
 # rlimit flag of its own). Sized so the probes' own work fits: no payload writes a file over a
 # few MiB or holds more than a few dozen descriptors.
 LIMITS: Final = (("fsize_mib", 16), ("nofile", 256))
-POLICY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated", limits=LIMITS)
+# Every claim spelled out: a private network namespace whose only route is the shim, a view
+# built from granted binds (reads and writes: the workspace), the seccomp filter of
+# harness/backends/seccomp.py, and the payload user (never root) inside a user namespace.
+POLICY = DeclaredPolicy(
+    network="proxy",
+    filesystem="workspace",
+    ipc="isolated",
+    limits=LIMITS,
+    reads="workspace",
+    writes="workspace",
+    environment="scrubbed",
+    syscalls="filtered",
+    network_cut="namespace",
+    runs_as="non-root",
+)
 
 
 # Top-level directories that are symlinks into /usr on merged-/usr systems (Debian 12) and real
