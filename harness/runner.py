@@ -220,6 +220,11 @@ class CellRunner:
         inapplicable = getattr(PROBES[cell.probe.id], "not_applicable", None)
         egress = getattr(self.backends[cell.backend], "egress_mode", "")
         why = inapplicable(egress) if inapplicable is not None else None
+        # A probe that tests only a claim this backend does not make (open reads, a
+        # passthrough environment, no protected paths) is NOT_APPLICABLE, never FAIL.
+        claimed = getattr(PROBES[cell.probe.id], "not_claimed", None)
+        if not why and claimed is not None and avail.identity is not None:
+            why = claimed(avail.identity.policy)
         if why:
             return entry | {"verdict": Verdict.NOT_APPLICABLE.value, "reason": why}
         try:
@@ -342,6 +347,9 @@ class CellRunner:
                 user=self.user,
             )
             run = run_watched(backend, request, ctx, task_path)
+            # A fixture that died during the cell is named before the host control trips on
+            # it: the ERROR says which fixture and the fix, not the control's raw exception.
+            self.world.check_health()
             control = spec.host_control(ctx)
             witness = self.world.records(nonce)
             facts: dict[str, Any] = {
