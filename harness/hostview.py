@@ -10,7 +10,19 @@ task file), reads what the kernel says about it, and then lets it go on:
 - `status`: CapEff/CapPrm/CapBnd/CapAmb, NoNewPrivs, Seccomp and Seccomp_filters, Uid/Gid;
 - the uid map; the network namespace's interfaces and IPv4 routes (a default route is a path
   out, seen without a packet sent); the mount table's size and its writable mounts;
-- the names (never the values) of its environment variables, and its open descriptors.
+- the names (never the values) of its environment variables, and its open descriptors;
+- its resource limits (`/proc/<pid>/limits`: processes, open files, file size, address
+  space) and the pids and memory limits of its cgroup and every cgroup above it;
+- the paths a probe asks about (`look`): whether each is in the payload's own view of the
+  filesystem, and whether it is there as the host's own inode or as another file.
+
+How a path is looked at: one component at a time from `/proc/<pid>/root`, each directory
+opened O_PATH | O_NOFOLLOW relative to the last, never following the final component. Were
+the whole path handed to the kernel at once, an absolute symlink on the way would resolve in
+the *host's* root (only the magic /proc/<pid>/root link jumps into the payload's), and a
+`..` at the payload's root would climb into the host's tree: the host would be reading its
+own files and calling them the payload's. Here an absolute link is re-rooted at the
+payload's root, `..` stops there, and each link followed is recorded.
 
 Named hostview, not inspect, so it never shadows the standard library's `inspect`.
 
@@ -22,13 +34,18 @@ payload's report.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
 
 NAMESPACES: Final = ("net", "mnt", "pid", "user", "ipc", "uts", "cgroup")
 STATUS_FIELDS: Final = (
@@ -49,6 +66,15 @@ FIND_S: Final = 2.0
 # The payload waits at most this long for the go file (probes/_launch.py reads it from the
 # task): a host that never answers slows a cell, never hangs it.
 RENDEZVOUS_S: Final = 5.0
+# At most this many paths are looked at per cell, and this many links followed per path (the
+# kernel's own MAXSYMLINKS): a spec's list, or a view full of link loops, stays cheap.
+MAX_LOOK: Final = 64
+MAX_LINKS: Final = 40
+# The rows of /proc/<pid>/limits the host reads, by the kernel's own names.
+LIMIT_ROWS: Final = ("Max processes", "Max open files", "Max file size", "Max address space")
+# The cgroup v2 files that cap what `LIMIT_ROWS` caps per process, for the whole group.
+CGROUP_FILES: Final = ("pids.max", "memory.max")
+CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
 
 
 def ready_name(nonce: str) -> str:
@@ -120,8 +146,162 @@ def _interfaces(text: str) -> list[str]:
     return [ln.split(":")[0].strip() for ln in text.splitlines()[2:] if ":" in ln]
 
 
-def read_process(pid: int) -> dict[str, Any]:
-    """What the host sees of `pid` (see the module docstring); never raises."""
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+def _link_target(name: str, here: int, links: list[str]) -> str:
+    """The target of link `name` in directory `here`, noted in `links`.
+
+    Raises:
+        OSError: `name` is not a link (ENOTDIR), or MAX_LINKS were already followed (ELOOP).
+    """
+    if not stat.S_ISLNK(os.stat(name, dir_fd=here, follow_symlinks=False).st_mode):
+        raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+    if len(links) >= MAX_LINKS:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+    target = os.readlink(name, dir_fd=here)
+    links.append(f"{name} -> {target}")
+    return target
+
+
+def _walk(root_fd: int, path: str) -> tuple[int, str, list[str]]:
+    """The directory fd holding `path`'s final component in the view `root_fd` is the root of.
+
+    Returns (fd, final name, links followed); the caller closes fd (never `root_fd`). `..`
+    stops at the root and an absolute link restarts at it (see the module docstring).
+
+    Raises:
+        OSError: a component is missing, not a directory, or too many links (ELOOP).
+    """
+    pending = [c for c in path.split("/") if c and c != "."]
+    stack: list[int] = []
+    links: list[str] = []
+    try:
+        while len(pending) > 1:
+            name = pending.pop(0)
+            here = stack[-1] if stack else root_fd
+            if name == "..":
+                if stack:
+                    os.close(stack.pop())
+                continue
+            try:
+                fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
+            except NotADirectoryError:
+                target = _link_target(name, here, links)
+                if target.startswith("/"):
+                    # Absolute: from the payload's root, not from the host's.
+                    while stack:
+                        os.close(stack.pop())
+                pending[:0] = [c for c in target.split("/") if c and c != "."]
+                continue
+            stack.append(fd)
+        final = pending[0] if pending else "."
+        if final == "..":
+            if stack:
+                os.close(stack.pop())
+            final = "."
+        fd = os.dup(stack.pop()) if stack else os.open(".", os.O_PATH, dir_fd=root_fd)
+        return fd, final, links
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def look_at(pid: int, path: str) -> dict[str, Any]:
+    """Whether host path `path` is in `pid`'s view of the filesystem, and as which file.
+
+    `visible`: the final component exists there (lstat, a link is not followed);
+    `same_inode_as_host`: it is the very file the host has at that path (same st_dev and
+    st_ino as the host's own lstat), False where it is another file (the sandbox's own),
+    None where either side has nothing; `errno` why it is not visible; `links` the links
+    followed on the way. Never raises.
+    """
+    entry: dict[str, Any] = {
+        "path": path,
+        "visible": False,
+        "same_inode_as_host": None,
+        "errno": None,
+    }
+    try:
+        root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY)
+    except OSError as exc:
+        entry["errno"] = _errno_name(exc)
+        entry["why"] = f"cannot open /proc/{pid}/root: {exc.strerror}"
+        return entry
+    try:
+        fd, final, links = _walk(root_fd, path)
+        if links:
+            entry["links"] = links
+        try:
+            theirs = os.stat(final, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        entry["errno"] = _errno_name(exc)
+        return entry
+    finally:
+        os.close(root_fd)
+    entry["visible"] = True
+    try:
+        ours = os.lstat(path)
+    except OSError:
+        return entry
+    entry["same_inode_as_host"] = (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+    return entry
+
+
+def _limit(value: str) -> int | None:
+    return None if value == "unlimited" else int(value) if value.isdigit() else None
+
+
+def read_limits(pid: int) -> dict[str, dict[str, int | None]]:
+    """The soft and hard values of `LIMIT_ROWS` in /proc/<pid>/limits; None is unlimited."""
+    found: dict[str, dict[str, int | None]] = {}
+    for line in _read(Path(f"/proc/{pid}/limits")).splitlines():
+        for row in LIMIT_ROWS:
+            if line.startswith(row + " "):
+                values = line[len(row) :].split()
+                if len(values) >= 2:  # soft, hard (then units)
+                    found[row] = {"soft": _limit(values[0]), "hard": _limit(values[1])}
+    return found
+
+
+def read_cgroup_limits(pid: int) -> dict[str, Any]:
+    """The tightest `CGROUP_FILES` value over `pid`'s cgroup (v2) and its ancestors.
+
+    A cgroup's limit binds every group below it, so the payload's effective cap is the
+    smallest one on the way up; None where no group on the way sets one. `cgroup` is the
+    group's path; absent with cgroup v1 or where the host cannot read it.
+    """
+    line = next(
+        (ln for ln in _read(Path(f"/proc/{pid}/cgroup")).splitlines() if ln.startswith("0::")),
+        "",
+    )
+    if not line:
+        return {}
+    group = line.removeprefix("0::").strip()
+    result: dict[str, Any] = {"cgroup": group}
+    for name in CGROUP_FILES:
+        tightest: int | None = None
+        where = CGROUP_ROOT / group.lstrip("/")
+        while True:
+            text = _read(where / name).strip()
+            if text.isdigit():
+                tightest = int(text) if tightest is None else min(tightest, int(text))
+            if where == CGROUP_ROOT or CGROUP_ROOT not in where.parents:
+                break
+            where = where.parent
+        result[name] = tightest
+    return result
+
+
+def read_process(pid: int, look: Sequence[str] = ()) -> dict[str, Any]:
+    """What the host sees of `pid` (see the module docstring); never raises.
+
+    `look` are host paths to look for in the payload's view (`look_at`), at most MAX_LOOK;
+    their readings are under "looked", and a longer list is cut with a note.
+    """
     proc = Path(f"/proc/{pid}")
     ours = {kind: _link(Path(f"/proc/self/ns/{kind}")) for kind in NAMESPACES}
     theirs = {kind: _link(proc / "ns" / kind) for kind in NAMESPACES}
@@ -168,7 +348,19 @@ def read_process(pid: int) -> dict[str, Any]:
         "writable_mounts": writable[:50],
         "env_names": env_names,
         "fds": fds,
+        "limits": read_limits(pid),
+        "cgroup_limits": read_cgroup_limits(pid),
+        **_looked(pid, look),
     }
+
+
+def _looked(pid: int, look: Sequence[str]) -> dict[str, Any]:
+    if not look:
+        return {}
+    result: dict[str, Any] = {"looked": [look_at(pid, path) for path in look[:MAX_LOOK]]}
+    if len(look) > MAX_LOOK:
+        result["looked_cut"] = f"{len(look)} paths asked, only the first {MAX_LOOK} looked at"
+    return result
 
 
 def _link(path: Path) -> str:
@@ -183,11 +375,19 @@ class Rendezvous:
     """Watches one cell's workspace for the launcher, reads the payload, lets it go.
 
     Start it before the backend runs, `finish()` after; `view` holds the readings.
+
+    Attributes:
+        look: host paths the cell's spec asks about in the payload's view (`look_at`).
+        hooks: readings a spec takes itself while the payload waits, by name: each is
+            called with the payload's host pid and its result stored under its name; one
+            that raises is recorded as not seen, with why, and never stops the others.
     """
 
     workspace: Path
     task_path: Path
     nonce: str
+    look: Sequence[str] = ()
+    hooks: Mapping[str, Callable[[int], dict[str, Any]]] = field(default_factory=dict)
     view: dict[str, Any] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -236,12 +436,13 @@ class Rendezvous:
             }
         else:
             # A process gone before it was read shows nothing; it is no reading at all.
-            views = [v for v in (read_process(pid) for pid in pids) if v["status"]]
+            views = [v for v in (read_process(pid, self.look) for pid in pids) if v["status"]]
             if not views:
                 self.view = {"seen": False, "why": "the payload exited before the host read it"}
                 self._release()
                 return
             self.view = {"seen": True, **views[0]}
+            self.view |= self._run_hooks(int(views[0]["pid"]))
             if len(views) > 1:
                 self.view["others"] = views[1:]
                 self.view.setdefault("notes", []).append(
@@ -249,3 +450,12 @@ class Rendezvous:
                     "a wrapper may be running decoys"
                 )
         self._release()
+
+    def _run_hooks(self, pid: int) -> dict[str, Any]:
+        results: dict[str, Any] = {}
+        for name, hook in self.hooks.items():
+            try:
+                results[name] = hook(pid)
+            except Exception as exc:  # a spec's reading must not end the view
+                results[name] = {"seen": False, "why": f"{type(exc).__name__}: {exc}"}
+        return results
