@@ -8,6 +8,7 @@ ERROR cell with the exception named, never a crash that loses the run or a silen
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import secrets
 import shutil
@@ -163,6 +164,9 @@ def run_watched(
     """Run the request while the host looks at the payload at its rendezvous.
 
     The readings go into `ctx.host_view` whatever happens to the run (harness/hostview.py).
+    The cell's spec says what else the host looks at while the payload waits: the paths of
+    its `look_paths(ctx)`, and its own `at_rendezvous(ctx, pid)` reading, stored under the
+    spec's id. Both are asked after `prepare`, which plants what they name.
     """
     if not hostview.supported():
         try:
@@ -171,7 +175,13 @@ def run_watched(
             ctx.host_view.update(
                 {"seen": False, "supported": False, "why": "the host cannot read /proc here"}
             )
-    watch = hostview.Rendezvous(request.workspace, task_path, ctx.nonce)
+    spec = PROBES.get(ctx.probe)
+    look = spec.look_paths(ctx) if spec is not None else []
+    # A spec-owned reading (dev_access lists the payload's /dev) runs at the same rendezvous,
+    # so no spec keeps a polling thread of its own to find the payload.
+    at_rendezvous = getattr(spec, "at_rendezvous", None)
+    hooks = {ctx.probe: functools.partial(at_rendezvous, ctx)} if at_rendezvous is not None else {}
+    watch = hostview.Rendezvous(request.workspace, task_path, ctx.nonce, look, hooks)
     watch.start()
     try:
         return backend.run(request)

@@ -219,6 +219,14 @@ class ProbeSpec(Protocol):
         """The host readings that back this cell's reading; empty: the payload's word alone."""
         ...
 
+    def look_paths(self, ctx: CellContext) -> list[str]:
+        """Host paths the host looks for in the payload's view at its rendezvous.
+
+        Called after `prepare`; the readings land in `ctx.host_view["looked"]` (see
+        harness/hostview.py `look_at`).
+        """
+        ...
+
     def assess(
         self,
         ctx: CellContext,
@@ -654,6 +662,11 @@ class _Spec:
         if host_can_look(ctx) and not host_processes(ctx):
             return []
         return list(self.host_readings)
+
+    def look_paths(self, ctx: CellContext) -> list[str]:
+        """No path is looked at by default: the rendezvous reads only the process."""
+        del ctx
+        return []
 
     def cleanup(self, ctx: CellContext) -> None:
         """Nothing is planted outside `cell_dir` by default."""
