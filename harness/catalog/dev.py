@@ -13,10 +13,11 @@ host reads that against its own device table:
   unconfined, opens the same sensitive devices (so a refusal inside is the sandbox's, not the
   file mode's).
 
-- the host witness: while the payload runs, the host lists the payload's own /dev through
-  /proc/<pid>/root (lstat only, no symlink followed), which no wrapper can rewrite. A view
-  with no node outside the harmless class backs a refusal whatever the report says; a device
-  in the view that the report calls absent is a report the host contradicts.
+- the host witness: at the rendezvous (harness/hostview.py, `DevAccess.at_rendezvous`), while
+  the payload waits, the host lists its own /dev through /proc/<pid>/root (lstat only, no
+  symlink followed), which no wrapper can rewrite. A view with no node outside the harmless
+  class backs a refusal whatever the report says; a device in the view that the report calls
+  absent is a report the host contradicts.
 
 What it does not do: it never reads, writes or sends an ioctl to a device, so it says nothing
 about what a device would let the payload do once open; and where a node is in the view but
@@ -33,8 +34,6 @@ import os
 import stat
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -213,31 +212,6 @@ def sensitive(devices: dict[str, dict[str, Any]]) -> list[str]:
     )
 
 
-LAUNCHER: Final = "_launch.py"
-# How long the host looks for the payload once the cell is prepared: longer than any start.
-VIEW_WAIT_S: Final = 30.0
-VIEW_POLL_S: Final = 0.005
-
-
-def _payload_pids(nonce: str) -> list[int]:
-    """Host pids whose command line IS the launcher of this cell's task (hostview's rule).
-
-    The launcher must be the interpreter's script and the task (under the cell dir, named
-    after the nonce) its second argument: a wrapper's own argv names them later on.
-    """
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) >= 4 and argv[1].endswith(LAUNCHER.encode()) and nonce.encode() in argv[3]:
-            found.append(int(entry.name))
-    return sorted(found)
-
-
 def read_view(pid: int) -> dict[str, Any]:
     """The device nodes of `pid`'s own /dev, listed by the host through /proc/<pid>/root.
 
@@ -252,55 +226,6 @@ def read_view(pid: int) -> dict[str, Any]:
     if not stat.S_ISDIR(info.st_mode):
         return {"seen": False, "pid": pid, "why": f"{dev} is not a directory (a symlink?)"}
     return {"seen": True, "pid": pid, "nodes": device_nodes(dev)}
-
-
-class ViewWatch(threading.Thread):
-    """Finds one cell's payload on the host and reads its /dev view while it runs.
-
-    Started by `prepare`, stopped by `host_control` (or `cleanup`); `view` holds the reading.
-    """
-
-    def __init__(self, nonce: str) -> None:
-        """Watch for the payload of the cell with `nonce`."""
-        super().__init__(name=f"dev-view-{nonce[:8]}", daemon=True)
-        self.nonce = nonce
-        self.view: dict[str, Any] = {"seen": False, "why": "the payload was never found"}
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        """Poll for the payload; read its view once, as soon as it shows."""
-        deadline = time.monotonic() + VIEW_WAIT_S
-        while not self._stop_event.is_set() and time.monotonic() < deadline:
-            for pid in _payload_pids(self.nonce):
-                view = read_view(pid)
-                if view["seen"] or not self.view.get("pid"):
-                    self.view = view
-                if view["seen"]:
-                    return
-            self._stop_event.wait(VIEW_POLL_S)
-
-    def finish(self) -> dict[str, Any]:
-        """Stop looking; the view, or why there is none."""
-        self._stop_event.set()
-        self.join(timeout=2.0)
-        return self.view
-
-
-_WATCHES: dict[str, ViewWatch] = {}
-_WATCHES_LOCK = threading.Lock()
-
-
-def _start_watch(nonce: str) -> None:
-    watch = ViewWatch(nonce)
-    with _WATCHES_LOCK:
-        _WATCHES[nonce] = watch
-    watch.start()
-
-
-def _finish_watch(nonce: str) -> dict[str, Any] | None:
-    with _WATCHES_LOCK:
-        watch = _WATCHES.pop(nonce, None)
-    return watch.finish() if watch is not None else None
 
 
 def view_sensitive(view: dict[str, Any]) -> list[str]:
@@ -354,7 +279,6 @@ class DevAccess(_Spec):
         nodes = device_nodes()
         named = sorted({*sensitive(opened), *(rel for rel in NOTABLE if rel in nodes)})
         _save_state(ctx, {"prepared": opened})
-        _start_watch(ctx.nonce)
         return {
             "control": list(CONTROL_DEVICES),
             "devices": named,
@@ -362,14 +286,26 @@ class DevAccess(_Spec):
             "max_depth": MAX_DEPTH,
         }
 
+    def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any]:
+        """The host's listing of the payload's own /dev, taken while it waits (`read_view`).
+
+        The runner calls it at the host's rendezvous (harness/hostview.py) and stores the
+        result in `ctx.host_view` under this probe's id.
+        """
+        del ctx
+        return read_view(pid)
+
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """As the payload user, unconfined: the harmless devices open, and a sensitive one does.
 
         `devices` carries the whole table (what opened for the payload user, the host's
         device numbers) for the assessment; `payload_view` the host's listing of the
-        payload's own /dev (the witness), taken while it ran.
+        payload's own /dev (the witness), taken at the rendezvous.
         """
-        view = _finish_watch(ctx.nonce) or {"seen": False, "why": "no watch was started"}
+        view = dict(ctx.host_view.get(self.id) or {})
+        if not view:
+            why = ctx.host_view.get("why") or "the rendezvous took no reading of /dev"
+            view = {"seen": False, "why": why}
         try:
             opened = payload_user_devices(ctx.user)
         except HarnessError as exc:
@@ -525,10 +461,6 @@ class DevAccess(_Spec):
             seen = all(str(a.get("rdev")) in numbers for a in exposed)
             return [f"{where}: the opened devices are in it"] if seen else []
         return [] if in_view else [f"{where}: only the harmless class"]
-
-    def cleanup(self, ctx: CellContext) -> None:
-        """Stop the view watch if the cell ended before its host control ran."""
-        _finish_watch(ctx.nonce)
 
     @staticmethod
     def _named(attempt: dict[str, Any], by_rdev: dict[str, list[str]]) -> str:

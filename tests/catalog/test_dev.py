@@ -207,6 +207,39 @@ class TestHostView:
         assert not view["seen"]
         assert "cannot read" in view["why"]
 
+    def test_the_rendezvous_reading_is_the_controls_payload_view(self, tmp_path: Path) -> None:
+        """The host control carries the /dev listing the rendezvous stored under dev_access."""
+        ctx = CellContext(
+            probe=SPEC.id,
+            backend="unit",
+            nonce="n" + secrets.token_hex(8),
+            world=None,  # type: ignore[arg-type]  # dev_access never reads the world
+            workspace=tmp_path,
+            cell_dir=tmp_path,
+            policy=CONFINED,
+            user=payload_user(),
+        )
+        ctx.host_view.update({"seen": True, SPEC.id: SPEC.at_rendezvous(ctx, os.getpid())})
+        view = SPEC.host_control(ctx)["payload_view"]
+        assert view["seen"], view
+        assert view["nodes"]["null"] == {"kind": "char", "rdev": "1:3"}
+
+    def test_no_rendezvous_reading_says_why(self, tmp_path: Path) -> None:
+        """Without a rendezvous reading the control's view is not seen, with the host's why."""
+        ctx = CellContext(
+            probe=SPEC.id,
+            backend="unit",
+            nonce="n" + secrets.token_hex(8),
+            world=None,  # type: ignore[arg-type]  # dev_access never reads the world
+            workspace=tmp_path,
+            cell_dir=tmp_path,
+            policy=CONFINED,
+            user=payload_user(),
+        )
+        ctx.host_view.update({"seen": False, "why": "the payload never reached the rendezvous"})
+        view = SPEC.host_control(ctx)["payload_view"]
+        assert view == {"seen": False, "why": "the payload never reached the rendezvous"}
+
     def test_harmless_view_has_nothing_sensitive(self) -> None:
         """A view of null, zero, full, random, urandom and tty holds nothing sensitive."""
         assert view_sensitive(harmless_view()) == []
