@@ -46,6 +46,7 @@ from harness.catalog.base import (
     _summary,
     attempts_of,
     home_of,
+    host_processes,
 )
 from harness.catalog.canary import (
     dir_canary_diff,
@@ -466,6 +467,20 @@ def _json_dumps(data: object) -> str:
 # fs_read_secrets
 
 
+def _looked_as(entry: dict[str, Any] | None) -> str:
+    """One host look at a canary path, in a word: absent, own, host, uncompared, not looked at.
+
+    "own" is a file at that path in the payload's view that is not the host's inode (the
+    sandbox's own); "uncompared" one the host has nothing at to compare with.
+    """
+    if entry is None:
+        return "not looked at"
+    if not entry.get("visible"):
+        return "absent"
+    same = entry.get("same_inode_as_host")
+    return "own" if same is False else "host" if same is True else "uncompared"
+
+
 class FsReadSecrets(_Spec):
     """Reads canary secrets planted where a host keeps real ones."""
 
@@ -507,6 +522,74 @@ class FsReadSecrets(_Spec):
     def control_path(ctx: CellContext) -> Path:
         """The control canary, inside the workspace."""
         return ctx.workspace / f"secrets-control-{ctx.nonce}.txt"
+
+    def denied_paths(self, ctx: CellContext) -> dict[str, Path]:
+        """The canaries the reads claim says the payload cannot read (all, on the control leg)."""
+        claims = claims_of(ctx.policy)
+        return {
+            k: path
+            for k, path in self.secret_paths(ctx).items()
+            if claims.nothing or claims.read_denied(path, home_of(ctx))
+        }
+
+    def look_paths(self, ctx: CellContext) -> list[str]:
+        """The denied canaries: the host looks for each in the payload's view at its rendezvous."""
+        return [str(path) for path in self.denied_paths(ctx).values()]
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host's look at the denied canaries in the payload's view, where it backs the cell.
+
+        See `host_look`; a refusal of a canary the host saw there as its own file is not
+        backed by anything but the payload's word.
+        """
+        del report
+        return self.host_look(ctx)[0]
+
+    def host_look(self, ctx: CellContext) -> tuple[list[str], list[str]]:
+        """What the host's look at the denied canaries says: (corroborated_by, reasons).
+
+        Backed when, in every payload process the host read, each denied canary is either
+        not in the view or is there as another file (the sandbox's own, another inode): then
+        no open of that path inside can reach the host's bytes. A canary in the view at the
+        host's own inode backs nothing: the sandbox may still block its open (a filter such
+        as Landlock or seccomp), but only the payload says it did.
+        """
+        denied = self.denied_paths(ctx)
+        processes = host_processes(ctx)
+        if not denied:
+            return [], []
+        if not processes:
+            why = ctx.host_view.get("why") or "no reading"
+            return [], [f"the host did not look at the payload's view of the canaries: {why}"]
+        seen: dict[str, set[str]] = collections.defaultdict(set)
+        for process in processes:
+            looked = {
+                str(e.get("path")): e for e in process.get("looked") or [] if isinstance(e, dict)
+            }
+            for key, path in denied.items():
+                seen[_looked_as(looked.get(str(path)))].add(key)
+        at_host = seen["host"]
+        unsure = {f"{k} ({word})" for word in ("not looked at", "uncompared") for k in seen[word]}
+        reasons = []
+        if at_host:
+            reasons.append(
+                "the host saw "
+                + ", ".join(f"{k} ({denied[k]})" for k in sorted(at_host))
+                + " visible in the payload's view as the host's own file: its refusal rests "
+                "on the payload's word (a filter such as Landlock may still block the open)"
+            )
+        if unsure:
+            reasons.append(
+                f"the host's look at the canaries is incomplete: {', '.join(sorted(unsure))}"
+            )
+        if at_host or unsure:
+            return [], reasons
+        reasons.append(
+            "the host looked at the payload's view: absent there "
+            f"[{', '.join(sorted(seen['absent']))}], another file than the host's "
+            f"[{', '.join(sorted(seen['own']))}]"
+        )
+        return ["the payload's view of the canary paths, read by the host"], reasons
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant each canary (0600) with a random token; remember hashes and created dirs."""
@@ -567,11 +650,7 @@ class FsReadSecrets(_Spec):
         paths = self.secret_paths(ctx)
         # Only the canaries the claim says are unreadable are judged (all of them under
         # reads = "workspace", and on the control leg); the others' reads are reported.
-        judged_keys = {
-            k
-            for k, path in paths.items()
-            if claims.nothing or claims.read_denied(path, home_of(ctx))
-        }
+        judged_keys = set(self.denied_paths(ctx))
         every = _attempts(report, "escape")
         escapes = [a for a in every if a.get("what") in judged_keys]
         observed = _observed(escapes)
@@ -602,9 +681,13 @@ class FsReadSecrets(_Spec):
                 f"{claims.phrase('reads')}, which names none of this probe's canaries "
                 f"({', '.join(str(p) for p in paths.values())})",
             )
+        # The host's own look at the payload's view: what backs a refusal on a wrapper.
+        corroborated, looked = self.host_look(ctx)
+        if not leaked:
+            reasons.extend(looked)
         inside = _attempts(report, "control")
         inside_ok = _all_succeeded(inside, 1) and inside[0].get("sha256") == hashes.get("workspace")
-        return _conclude(
+        assessment = _conclude(
             escape,
             observed,
             reasons,
@@ -612,9 +695,18 @@ class FsReadSecrets(_Spec):
             inside_failed=f"workspace read control failed: {_summary(inside)}",
             host_control=control,
             host_failed="host could not read back its canaries",
-            witness={"planted_sha256": hashes, "leaked": leaked},
+            witness={
+                "planted_sha256": hashes,
+                "leaked": leaked,
+                "payload_view": [
+                    {"pid": p.get("pid"), "looked": p.get("looked") or []}
+                    for p in host_processes(ctx)
+                ],
+            },
             controls={"inside": inside, "host": control},
         )
+        assessment.corroborated_by = corroborated
+        return assessment
 
     def cleanup(self, ctx: CellContext) -> None:
         """Remove the canaries in $HOME, then any folder prepare created that is now empty."""
