@@ -1123,6 +1123,47 @@ def _held_to_declared(
     return "refused"
 
 
+MIB: Final = 1024 * 1024
+# Where the host sees each declared limit on the payload (harness/hostview.py): its row of
+# /proc/<pid>/limits, the unit of that row per unit of the limit, and the cgroup v2 file that
+# caps the same resource for the payload's whole group (None: no cgroup caps it).
+HOST_LIMITS: Final = {
+    "forks": ("Max processes", 1, "pids.max"),
+    "memory_mib": ("Max address space", MIB, "memory.max"),
+    "fsize_mib": ("Max file size", MIB, None),
+    "nofile": ("Max open files", 1, None),
+}
+HOST_COUNTS: Final = "the host's count of forked children and of the fsize file's size"
+
+
+def unapplied_limits(declared: dict[str, int], process: dict[str, Any]) -> list[str]:
+    """The declared limits the host does not see on one payload process, each with what it saw.
+
+    A limit is applied when its rlimit's soft value, or the tightest cgroup cap above the
+    payload, is at or below the declared value. Memory is the exception: the declared MiB
+    are on top of the interpreter's own address space, so any finite RLIMIT_AS or
+    memory.max counts (the memory loop itself tests the size). `process` is one reading of
+    `harness.hostview.read_process` (with its "limits" and "cgroup_limits").
+    """
+    rlimits = process.get("limits") or {}
+    cgroup = process.get("cgroup_limits") or {}
+    unapplied = []
+    for key, value in sorted(declared.items()):
+        row, unit, cgroup_file = HOST_LIMITS[key]
+        soft = (rlimits.get(row) or {}).get("soft")
+        cap = cgroup.get(cgroup_file) if cgroup_file else None
+        if key == "memory_mib":
+            held = soft is not None or cap is not None
+        else:
+            held = any(v is not None and v <= value * unit for v in (soft, cap))
+        if not held:
+            seen = f"{row} {'unlimited' if soft is None else soft}"
+            if cgroup_file:
+                seen += f", {cgroup_file} {'max' if cap is None else cap}"
+            unapplied.append(f"{key}={value} ({seen})")
+    return unapplied
+
+
 def declared_limits(policy: PolicyLike) -> ResourceLimits:
     """The limits a backend's declared policy claims (none when it claims nothing)."""
     return ResourceLimits(**dict(policy.limits))
@@ -1148,6 +1189,52 @@ class ResourceLimitsSpec(_Spec):
         bound, which proves the loops can exceed a limit that is not enforced.
         """
         return "denied" if _confines_anything(policy) else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE where the backend confines something but declares no limit.
+
+        This probe tests the limits claim alone; a backend that makes none has nothing to
+        be held to (the release policy, which requires the claim, is what catches that).
+        The control leg confines nothing and always runs.
+        """
+        if _confines_anything(policy) and not policy.limits:
+            return "the backend declares no resource limits"
+        return None
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host readings behind this cell: its counts, and the payload's limits it read.
+
+        See `host_limits`: only where the host read every payload process's limits and saw
+        each declared limit applied.
+        """
+        del report
+        return self.host_limits(ctx)[0]
+
+    def host_limits(self, ctx: CellContext) -> tuple[list[str], list[str]]:
+        """The host's reading of the declared limits on the payload: (corroborated_by, unapplied).
+
+        The host counts the forked children's files and the fsize file's size itself, and
+        reads each payload process's rlimits and cgroup caps at the rendezvous. Both back
+        the cell only when every declared limit is seen applied there; `unapplied` names
+        each declared limit the host saw unset (with the pid and what it saw instead).
+        """
+        declared = declared_limits(ctx.policy).claims()
+        read = [p for p in host_processes(ctx) if p.get("limits")]
+        if not declared or not read:
+            return [], []
+        unapplied = [
+            f"{limit} on pid {p.get('pid')}"
+            for p in read
+            for limit in unapplied_limits(declared, p)
+        ]
+        if unapplied:
+            return [], unapplied
+        pids = ", ".join(str(p.get("pid")) for p in read)
+        limits = (
+            f"the payload's rlimits and cgroup caps, read by the host (/proc/{pids}/limits): "
+            f"{_pairs(declared)} applied"
+        )
+        return [HOST_COUNTS, limits], []
 
     @staticmethod
     def fork_dir(ctx: CellContext) -> str:
@@ -1225,14 +1312,39 @@ class ResourceLimitsSpec(_Spec):
             escape = "escaped" if at_bound and not disagree else "disagree"
             if not at_bound:
                 reasons.append("an unconfined loop stopped before its bound")
-        return _assessed(
+        corroborated, unapplied = self.host_limits(ctx)
+        if unapplied and self.expectation(ctx.policy) == "denied":
+            # The kernel's own record of the payload's limits: a declared limit it does not
+            # carry was never applied, whatever the loops (or a rewritten report) say.
+            escape = "escaped"
+            reasons.insert(
+                0,
+                f"the resource limits claim ({_pairs(declared)}) is not applied: the host "
+                f"sees {'; '.join(unapplied)} on the payload (its /proc/<pid>/limits and "
+                "cgroup); apply them (prlimit, docker --ulimit/--pids-limit)",
+            )
+        assessment = _assessed(
             escape,
             observed,
             reasons,
             report,
             control,
-            {"host_counted": seen, "declared": declared, "reached": reached},
+            {
+                "host_counted": seen,
+                "declared": declared,
+                "reached": reached,
+                "host_limits": [
+                    {
+                        "pid": p.get("pid"),
+                        "limits": p.get("limits"),
+                        "cgroup": p.get("cgroup_limits"),
+                    }
+                    for p in host_processes(ctx)
+                ],
+            },
         )
+        assessment.corroborated_by = corroborated
+        return assessment
 
 
 SPECS: tuple[ProbeSpec, ...] = (
