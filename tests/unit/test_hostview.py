@@ -1,25 +1,38 @@
 """The host's view of a payload: found by its launcher command line, read from /proc.
 
 Live: real processes, a real network namespace with a default route (made here, lo only,
-so nothing can leave it), real /proc.
+so nothing can leave it), real /proc, real bubblewrap views (a tmpfs over a host folder, a
+file of the sandbox's own, an absolute link inside), real rlimits (prlimit) and the real
+launcher at a real rendezvous.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.hostview import LAUNCHER, find_payloads, read_process
+from harness.hostview import (
+    LAUNCHER,
+    MAX_LOOK,
+    Rendezvous,
+    find_payloads,
+    look_at,
+    read_limits,
+    read_process,
+)
+from harness.paths import probes_dir
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a new netns needs root")
 
@@ -101,3 +114,219 @@ class TestRead:
             assert view["status"]["Uid"].split()[0] == str(os.getuid())
             assert "NoNewPrivs" in view["status"]
             assert "PATH" in view["env_names"]
+
+
+SLEEPER = "import time; time.sleep(30)"
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def wait_for(read: Callable[[], Any], ok: Callable[[Any], bool]) -> Any:
+    """Call `read` until `ok` holds for its result (10 s at most); the last result."""
+    deadline = time.monotonic() + 10
+    result = read()
+    while not ok(result) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        result = read()
+    return result
+
+
+@contextlib.contextmanager
+def sandboxed(extra: list[str], code: str = SLEEPER) -> Iterator[int]:
+    """Run `python -c code` under bubblewrap (the host's / read-only, plus `extra`); its pid.
+
+    The pid comes from bwrap's --info-fd and is yielded once that process runs the
+    interpreter, so its mounts are all in place.
+    """
+    read_end, write_end = os.pipe()
+    argv = [
+        "bwrap",
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        *extra,
+        "--info-fd",
+        str(write_end),
+        "--",
+        sys.executable,
+        "-c",
+        code,
+    ]
+    proc = subprocess.Popen(argv, pass_fds=(write_end,))
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end) as info:
+            # bwrap writes its info as indented JSON and may keep the fd open: read up to
+            # the line that names the child.
+            line = wait_for(info.readline, lambda ln: "child-pid" in ln or not ln)
+        pid = int(line.split(":")[1].strip().rstrip(","))
+        wait_for(lambda: Path(f"/proc/{pid}/cmdline").read_bytes(), lambda c: code.encode() in c)
+        yield pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@needs_root
+@needs_bwrap
+class TestLook:
+    def test_a_host_file_under_the_sandboxs_tmpfs_is_not_visible(self, tmp_path: Path) -> None:
+        """A host file under a folder the sandbox covers with a tmpfs is absent from its view."""
+        secret = tmp_path / "hidden" / "secret"
+        secret.parent.mkdir()
+        secret.write_text("host")
+        with sandboxed(["--tmpfs", str(secret.parent)]) as pid:
+            entry = look_at(pid, str(secret))
+        assert entry == {
+            "path": str(secret),
+            "visible": False,
+            "same_inode_as_host": None,
+            "errno": "ENOENT",
+        }
+
+    def test_a_shared_host_file_is_visible_at_the_hosts_inode(self, tmp_path: Path) -> None:
+        """A host file the sandbox's read-only bind of / carries is the host's own inode."""
+        secret = tmp_path / "secret"
+        secret.write_text("host")
+        with sandboxed([]) as pid:
+            entry = look_at(pid, str(secret))
+        assert entry["visible"] is True
+        assert entry["same_inode_as_host"] is True
+
+    def test_the_sandboxs_own_file_at_that_path_is_another_inode(self, tmp_path: Path) -> None:
+        """A file the sandbox made at the host file's path is visible, but not the host's inode."""
+        secret = tmp_path / "own" / "secret"
+        secret.parent.mkdir()
+        secret.write_text("host")
+        code = f"open({str(secret)!r}, 'w').write('own'); {SLEEPER}"
+        with sandboxed(["--tmpfs", str(secret.parent)], code) as pid:
+            entry = wait_for(lambda: look_at(pid, str(secret)), lambda e: e["visible"])
+        assert entry["visible"] is True
+        assert entry["same_inode_as_host"] is False
+
+    def test_an_absolute_link_resolves_in_the_payloads_root(self, tmp_path: Path) -> None:
+        """A link inside to an absolute path is followed in the payload's root, not the host's.
+
+        Handed to the kernel whole, the same path resolves the link in the host's root and
+        finds the host's file: the walk must not.
+        """
+        area = tmp_path / "area"
+        (area / "real").mkdir(parents=True)
+        (area / "real" / "secret").write_text("host")
+        binds = [
+            "--tmpfs",
+            str(area),
+            "--dir",
+            str(area / "real"),
+            "--symlink",
+            str(area / "real"),
+            str(area / "link"),
+        ]
+        looked = str(area / "link" / "secret")
+        with sandboxed(binds) as pid:
+            entry = look_at(pid, looked)
+            naive = os.lstat(f"/proc/{pid}/root{looked}")
+        assert entry["visible"] is False
+        assert entry["errno"] == "ENOENT"
+        assert entry["links"] == [f"link -> {area / 'real'}"]
+        assert naive.st_ino == (area / "real" / "secret").lstat().st_ino
+
+    def test_dot_dot_stops_at_the_payloads_root(self, tmp_path: Path) -> None:
+        """`..` above the payload's root stays there: the tmpfs-covered file is still absent."""
+        secret = tmp_path / "hidden" / "secret"
+        secret.parent.mkdir()
+        secret.write_text("host")
+        with sandboxed(["--tmpfs", str(secret.parent)]) as pid:
+            entry = look_at(pid, f"/../../..{secret}")
+        assert entry["visible"] is False
+        assert entry["errno"] == "ENOENT"
+
+    def test_a_gone_process_is_no_view_and_no_exception(self) -> None:
+        """A pid with no process behind it is not visible, and says why."""
+        entry = look_at(2**22 + 1, "/etc")
+        assert entry["visible"] is False
+        assert entry["errno"] == "ENOENT"
+        assert "cannot open /proc/" in entry["why"]
+
+    def test_at_most_max_look_paths_are_looked_at(self) -> None:
+        """A spec that asks for more than MAX_LOOK paths gets MAX_LOOK readings and a note."""
+        with started(["sleep", "30"]) as proc:
+            view = read_process(proc.pid, [f"/nonexistent-{i}" for i in range(MAX_LOOK + 6)])
+        assert len(view["looked"]) == MAX_LOOK
+        assert view["looked_cut"] == f"{MAX_LOOK + 6} paths asked, only the first 64 looked at"
+
+
+@needs_root
+class TestLimits:
+    def test_prlimit_values_are_read_from_the_host(self) -> None:
+        """The host reads the file-size and open-file rlimits prlimit set on a process."""
+        argv = ["prlimit", "--fsize=1048576", "--nofile=64", sys.executable, "-c", SLEEPER]
+        with started(argv) as proc:
+            limits = wait_for(
+                lambda: read_limits(proc.pid),
+                lambda lim: lim.get("Max open files", {}).get("soft") == 64,
+            )
+        assert limits["Max file size"] == {"soft": 1048576, "hard": 1048576}
+        assert limits["Max open files"] == {"soft": 64, "hard": 64}
+        assert "Max processes" in limits
+
+    def test_an_unlimited_rlimit_reads_as_none(self) -> None:
+        """RLIMIT_AS left alone shows as unlimited, read as None."""
+        with started(["sleep", "30"]) as proc:
+            view = read_process(proc.pid)
+        assert view["limits"]["Max address space"] == {"soft": None, "hard": None}
+
+
+class TestRendezvous:
+    def test_the_real_launcher_waits_while_the_host_looks_and_runs_hooks(
+        self, tmp_path: Path
+    ) -> None:
+        """At the real launcher's rendezvous the host reads the paths and hooks, then lets go."""
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        probe = tmp_path / "probe.py"
+        probe.write_text("print('probe ran')\n")
+        task = tmp_path / "task.json"
+        task.write_text(
+            json.dumps({"workspace": str(workspace), "nonce": "n1", "rendezvous_s": 10})
+        )
+        looked = tmp_path / "looked"
+        looked.write_text("x")
+
+        def broken(pid: int) -> dict[str, Any]:
+            msg = f"no reading of {pid}"
+            raise RuntimeError(msg)
+
+        watch = Rendezvous(
+            workspace,
+            task,
+            "n1",
+            look=[str(looked)],
+            hooks={"mine": lambda pid: {"pid": pid}, "broken": broken},
+        )
+        watch.start()
+        start = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, str(probes_dir() / LAUNCHER), str(probe), str(task)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        elapsed = time.monotonic() - start
+        view = watch.finish()
+        assert done.stdout == "probe ran\n"
+        assert elapsed < 5, "the launcher waited for its deadline: the host never let it go"
+        assert view["seen"], view
+        assert view["looked"] == [
+            {"path": str(looked), "visible": True, "same_inode_as_host": True, "errno": None}
+        ]
+        assert view["mine"] == {"pid": view["pid"]}
+        assert view["broken"] == {
+            "seen": False,
+            "why": f"RuntimeError: no reading of {view['pid']}",
+        }
+        assert "Max open files" in view["limits"]
