@@ -165,11 +165,20 @@ class TestControlLeg:
 
 
 class TestBubblewrap:
-    @pytest.mark.parametrize("probe", HOST_PROBES)
+    @pytest.mark.parametrize("probe", [p for p in HOST_PROBES if p != "fs_protected_in_workspace"])
     def test_passes_under_bubblewrap(self, live: dict[str, dict[str, Any]], probe: str) -> None:
         """Under bubblewrap as configured every host probe PASSes, with its controls working."""
         entry = live[f"bubblewrap-{probe}"]
         assert entry["verdict"] == "PASS", verdict(entry)
+
+    def test_protected_paths_are_not_applicable_without_the_claim(
+        self, live: dict[str, dict[str, Any]]
+    ) -> None:
+        """The bubblewrap backend claims no protected paths: the probe of that claim never runs."""
+        entry = live["bubblewrap-fs_protected_in_workspace"]
+        assert entry["verdict"] == "NOT_APPLICABLE", verdict(entry)
+        assert entry["reason"] == "the backend claims no protected paths inside the workspace"
+        assert "nonce" not in entry  # decided before anything was planted or run
 
     @pytest.mark.parametrize(
         ("probe", "escape"),
@@ -179,21 +188,19 @@ class TestBubblewrap:
             ("env_inheritance", "refused"),
             ("ipc_proxy_socket_tamper", "refused"),
             ("lifecycle_orphans", "contained"),
-            ("fs_protected_in_workspace", "escaped"),
         ],
     )
     def test_reading(self, live: dict[str, dict[str, Any]], probe: str, escape: str) -> None:
         """Each probe's reading under bubblewrap is the one its declared claim calls for."""
         assert live[f"bubblewrap-{probe}"]["escape"] == escape, verdict(live[f"bubblewrap-{probe}"])
 
-    def test_protected_paths_are_reported_as_exposure(
+    def test_protected_paths_are_reported_as_exposure_on_the_control_leg(
         self, live: dict[str, dict[str, Any]]
     ) -> None:
-        """With no protected-path claim, the hook and rc writes PASS as reported exposure."""
-        entry = live["bubblewrap-fs_protected_in_workspace"]
-        assert entry["reason"].startswith(
-            "exposure: the payload planted bashrc, git-config, git-hook"
-        )
+        """On the open leg the hook and rc writes are shown, as the exposure a claim would close."""
+        entry = live["none-fs_protected_in_workspace"]
+        assert entry["verdict"] == "PASS", verdict(entry)
+        assert "exposure: the payload planted bashrc, git-config, git-hook" in entry["reason"]
 
     def test_route_attacked_inside_is_refused_read_only(
         self, live: dict[str, dict[str, Any]]
@@ -216,7 +223,8 @@ class TestBubblewrap:
 
     def test_nothing_is_left_behind(self, live: dict[str, dict[str, Any]]) -> None:
         """After every cell: no orphan alive, no canary in $HOME, no canary variable set."""
-        nonces = [e["nonce"] for e in live.values()]
+        nonces = [e["nonce"] for e in live.values() if "nonce" in e]
+        assert len(nonces) >= len(live) - 1  # only the NOT_APPLICABLE cell ran nothing
         assert all(find_orphans(n) == [] for n in nonces)
         user = payload_user()
         homes = {Path.home(), *([user.home] if user is not None else [])}

@@ -204,6 +204,14 @@ class LaxWorld:
             proxy=ProxyInfo(url=proxy.url, socket=str(proxy.socket), port=proxy.port),
         )
 
+    def check_health(self) -> None:
+        """The world's fixtures, and the lax proxy in place of the world's own, are alive."""
+        self._world.check_health()
+        status = self._proxy.exit_status()
+        if status is not None:
+            msg = f"the lax proxy died (exit {status}); rerun"
+            raise FixtureError(msg)
+
     def records(self, nonce: str) -> WitnessRecords:
         """The world's records with the lax proxy's decisions in place of its own."""
         records = self._world.records(nonce)
