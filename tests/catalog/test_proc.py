@@ -11,6 +11,8 @@ import ctypes
 import os
 import secrets
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +27,13 @@ from harness.catalog import PROBES, CellContext
 from harness.catalog import proc as proc_module
 from harness.catalog.base import _poll
 from harness.catalog.proc import BOUNDS
+from harness.hostview import read_process
 from harness.matrix import Cell, ProbeRow
 from harness.runner import CellRunner
-from harness.verdict import Verdict, decide
+from harness.verdict import Verdict, believe, decide
 from harness.world.core import World, start_world
 from tests.reachable import reachable_tempdir
+from tests.unit.test_hostview import SLEEPER
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -45,6 +49,7 @@ OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
 OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
 FAILED_CONTROL: dict[str, Any] = {"ok": False, "nonce": "hcontrol", "checks": []}
+MIB = 1024 * 1024
 
 # The limits of the unit tables: a confining policy that declares fsize and nofile caps.
 LIMITED = DeclaredPolicy(
@@ -152,6 +157,21 @@ class TestLive:
         assert loops["fsize"]["errno"] == "EFBIG"
         assert loops["nofile"]["errno"] == "EMFILE"
         assert entry["witness"]["host_counted"]["fsize_mib"] <= 16
+        pid = entry["host_view"]["pid"]
+        assert entry["corroborated_by"] == [
+            proc_module.HOST_COUNTS,
+            (
+                f"the payload's rlimits and cgroup caps, read by the host (/proc/{pid}/limits): "
+                "fsize_mib=16, nofile=256 applied"
+            ),
+        ]
+
+    def test_unapplied_limits_are_named_by_the_host(self, live: Live) -> None:
+        """Declared but not applied (no prlimit): the host's reading of the limits names each."""
+        entry = live.run("unenforced", "resource_limits")
+        assert entry["verdict"] == "FAIL", why(entry)
+        assert "the resource limits claim (fsize_mib=16, nofile=256) is not applied" in why(entry)
+        assert "fsize_mib=16 (Max file size unlimited)" in why(entry)
 
     @pytest.mark.parametrize(
         ("backend", "probe"),
@@ -690,3 +710,84 @@ class TestResourceLimitsTable:
         self.witness_files(ctx, BOUNDS["forks"], 32)
         report = self.report(nofile=10)
         assert verdict_of(ctx, report, OK_CONTROL) is Verdict.INCONCLUSIVE
+
+
+class TestResourceLimitsClaim:
+    """The limits claim read on real processes by the host, at its rendezvous reading."""
+
+    def host_read(self, ctx: CellContext, argv: list[str]) -> None:
+        """Start `argv`, read it as the rendezvous does once its rlimits settle, record it."""
+        proc = subprocess.Popen(argv)
+        try:
+            # prlimit sets the limits on itself, then execs the interpreter: read after that.
+            _poll(
+                lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes(),
+                lambda cmdline: cmdline.startswith(sys.executable.encode()),
+            )
+            view = read_process(proc.pid)
+            ctx.host_view.update({"seen": True, **view})
+        finally:
+            proc.kill()
+            proc.wait()
+
+    def loops_held(self, ctx: CellContext) -> dict[str, Any]:
+        """The loops of a payload held at LIMITED's fsize and nofile, with the host's files."""
+        TestResourceLimitsTable().witness_files(ctx, BOUNDS["forks"], 8)
+        return TestResourceLimitsTable().report(fsize_mib=8, nofile=60)
+
+    def test_a_confining_backend_without_limits_is_not_applicable(self) -> None:
+        """Confining with no declared limit is NOT_APPLICABLE; a declared one or the open leg runs."""
+        spec = proc_module.ResourceLimitsSpec()
+        assert spec.not_claimed(CONFINED) == "the backend declares no resource limits"
+        assert spec.not_claimed(LIMITED) is None
+        assert spec.not_claimed(OPEN) is None
+
+    def test_prlimit_applied_limits_back_the_pass(self, tmp_path: Path) -> None:
+        """The host sees LIMITED's fsize and nofile on the payload: PASS, naming both readings."""
+        ctx = make_ctx(tmp_path, "resource_limits", LIMITED)
+        self.host_read(
+            ctx, ["prlimit", f"--fsize={8 * MIB}", "--nofile=64", sys.executable, "-c", SLEEPER]
+        )
+        spec = PROBES[ctx.probe]
+        assessment = spec.assess(ctx, self.loops_held(ctx), Records(), OK_CONTROL)
+        decision = believe(decide("denied", assessment), assessment, crossed_wrapper=True)
+        assert decision.verdict is Verdict.PASS, decision.reason
+        assert assessment.corroborated_by[0] == proc_module.HOST_COUNTS
+        assert "fsize_mib=8, nofile=64 applied" in assessment.corroborated_by[1]
+
+    def test_a_declared_limit_the_host_sees_unset_is_fail(self, tmp_path: Path) -> None:
+        """Loops reported held, but the payload has no fsize rlimit: FAIL naming limit and claim."""
+        ctx = make_ctx(tmp_path, "resource_limits", LIMITED)
+        self.host_read(ctx, ["prlimit", "--nofile=64", sys.executable, "-c", SLEEPER])
+        spec = PROBES[ctx.probe]
+        assessment = spec.assess(ctx, self.loops_held(ctx), Records(), OK_CONTROL)
+        decision = decide("denied", assessment)
+        assert decision.verdict is Verdict.FAIL, decision.reason
+        assert (
+            "the resource limits claim (fsize_mib=8, nofile=64) is not applied" in decision.reason
+        )
+        assert "fsize_mib=8 (Max file size unlimited) on pid" in decision.reason
+        assert "nofile" not in decision.reason.split("is not applied")[1].split("on pid")[0]
+        assert assessment.corroborated_by == []
+
+    def test_a_looser_rlimit_than_declared_is_not_applied(self, tmp_path: Path) -> None:
+        """An open-files rlimit above the declared 64 is not the declared limit: FAIL."""
+        ctx = make_ctx(tmp_path, "resource_limits", LIMITED)
+        self.host_read(
+            ctx, ["prlimit", f"--fsize={8 * MIB}", "--nofile=1024", sys.executable, "-c", SLEEPER]
+        )
+        assessment = PROBES[ctx.probe].assess(ctx, self.loops_held(ctx), Records(), OK_CONTROL)
+        decision = decide("denied", assessment)
+        assert decision.verdict is Verdict.FAIL, decision.reason
+        assert "nofile=64 (Max open files 1024)" in decision.reason
+
+    def test_a_pids_cgroup_cap_applies_the_forks_limit(self) -> None:
+        """The forks limit is applied by a pids.max at or below it, whatever RLIMIT_NPROC says."""
+        process = {
+            "limits": {"Max processes": {"soft": 96364, "hard": 96364}},
+            "cgroup_limits": {"cgroup": "/docker/x", "pids.max": 32, "memory.max": None},
+        }
+        assert proc_module.unapplied_limits({"forks": 32}, process) == []
+        assert proc_module.unapplied_limits({"forks": 16}, process) == [
+            "forks=16 (Max processes 96364, pids.max 32)"
+        ]
