@@ -736,7 +736,7 @@ class TestResourceLimitsClaim:
         return TestResourceLimitsTable().report(fsize_mib=8, nofile=60)
 
     def test_a_confining_backend_without_limits_is_not_applicable(self) -> None:
-        """Confining with no declared limit is NOT_APPLICABLE; a declared one or the open leg runs."""
+        """Confining, no limit declared: NOT_APPLICABLE; a declared limit or the open leg runs."""
         spec = proc_module.ResourceLimitsSpec()
         assert spec.not_claimed(CONFINED) == "the backend declares no resource limits"
         assert spec.not_claimed(LIMITED) is None
