@@ -374,7 +374,8 @@ def _link(path: Path) -> str:
 class Rendezvous:
     """Watches one cell's workspace for the launcher, reads the payload, lets it go.
 
-    Start it before the backend runs, `finish()` after; `view` holds the readings.
+    Start it before the backend runs, `finish()` after; `view` holds the readings, and
+    `held_ms` how long the payload waited for them once the host saw its ready file.
 
     Attributes:
         look: host paths the cell's spec asks about in the payload's view (`look_at`).
@@ -391,6 +392,7 @@ class Rendezvous:
     view: dict[str, Any] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _ready_at: float = 0.0
 
     def start(self) -> None:
         """Begin watching in a background thread."""
@@ -407,6 +409,9 @@ class Rendezvous:
         return self.view
 
     def _release(self) -> None:
+        # How long the host held the payload, from its ready file to the go: what a cell
+        # pays for the readings (bench/bench_matrix.py prints it).
+        self.view["held_ms"] = round((time.monotonic() - self._ready_at) * 1000, 1)
         go = self.workspace / go_name(self.nonce)
         try:
             fd = os.open(go, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -418,6 +423,7 @@ class Rendezvous:
         ready = self.workspace / ready_name(self.nonce)
         while not self._stop.is_set():
             if ready.exists():
+                self._ready_at = time.monotonic()
                 break
             time.sleep(0.005)
         else:
