@@ -264,11 +264,16 @@ class TestLimits:
     def test_prlimit_values_are_read_from_the_host(self) -> None:
         """The host reads the file-size and open-file rlimits prlimit set on a process."""
         argv = ["prlimit", "--fsize=1048576", "--nofile=64", sys.executable, "-c", SLEEPER]
-        with started(argv) as proc:
+        # Not `started`: prlimit execs the interpreter, whose cmdline is shorter than argv.
+        proc = subprocess.Popen(argv)
+        try:
             limits = wait_for(
                 lambda: read_limits(proc.pid),
                 lambda lim: lim.get("Max open files", {}).get("soft") == 64,
             )
+        finally:
+            proc.kill()
+            proc.wait()
         assert limits["Max file size"] == {"soft": 1048576, "hard": 1048576}
         assert limits["Max open files"] == {"soft": 64, "hard": 64}
         assert "Max processes" in limits
