@@ -38,7 +38,6 @@ container left over.
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import errno
 import hashlib
@@ -954,24 +953,20 @@ class DockerBackend:
 
 
 def _stale_reason(
-    container: Any,  # docker.models.containers.Container: the SDK is untyped
+    labels: dict[str, str],
+    created: float,
     dead_runs: set[str],
     live_runs: set[str],
     stale_age_s: float,
 ) -> str | None:
-    """Why `container` is a leftover to remove, or None when it may belong to a live run."""
-    run = str(container.labels.get(RUN_LABEL, ""))
+    """Why a container with these labels, made at `created` (epoch s), is a leftover, or None."""
+    run = str(labels.get(RUN_LABEL, ""))
     if run in live_runs:
         return None
     if run in dead_runs:
         return f"labelled {RUN_LABEL}={run}, a run that is gone"
-    created = str(container.attrs.get("Created", ""))[:19]
-    try:
-        born = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%S"))  # Created is UTC
-    except ValueError:
-        return None
-    age = time.time() - born
-    if age <= stale_age_s:
+    age = time.time() - created
+    if created <= 0 or age <= stale_age_s:
         return None
     return f"labelled {RUN_LABEL}={run}, claimed by no run, {age / 3600:.0f} h old"
 
@@ -1008,16 +1003,24 @@ def sweep_stale_containers(
         return []
     done: list[tuple[str, str, bool]] = []
     try:
-        for container in client.containers.list(all=True, filters={"label": RUN_LABEL}):
-            why = _stale_reason(container, dead_runs, live_runs, stale_age_s)
+        # One listing call, no inspect per container: the high-level list() inspects each one
+        # and fails whole on a container that another run's --rm removed in between.
+        for row in client.api.containers(all=True, filters={"label": RUN_LABEL}):
+            name = str((row.get("Names") or [row.get("Id", "?")])[0]).lstrip("/")
+            labels = row.get("Labels") or {}
+            why = _stale_reason(
+                labels, float(row.get("Created") or 0), dead_runs, live_runs, stale_age_s
+            )
             if why is None:
                 continue
             try:
-                container.remove(force=True, v=True)
+                client.api.remove_container(row["Id"], force=True, v=True)
+            except docker.errors.NotFound:
+                done.append((name, f"{why}; already gone", True))
             except docker.errors.DockerException as exc:
-                done.append((str(container.name), f"{why}; {exc}", False))
+                done.append((name, f"{why}; {exc}", False))
             else:
-                done.append((str(container.name), why, True))
+                done.append((name, why, True))
     except docker.errors.DockerException as exc:
         done.append(("(listing)", f"the engine refused to list containers: {exc}", False))
     finally:

@@ -347,7 +347,7 @@ class TestBadInput:
         ("args", "needle"),
         [
             (["--backend", "nosuch"], "unknown backend 'nosuch'"),
-            (["--backend", "fierjail"], "(bwrap-generic, firejail)"),
+            (["--backend", "fierjail"], "(bwrap-generic, codex, firejail, srt)"),
             (["--policy", "/nonexistent/policy.toml"], "pass the release policy with --policy"),
             (["--matrix", "/nonexistent/matrix.toml"], "matrix file not found"),
             (["--key", "/etc/hostname"], "--key /etc/hostname: not a PEM private key"),

@@ -618,3 +618,36 @@ def test_next_run_untags_the_images_of_gone_runs(
     finally:
         client.close()
     assert tags == {f"sandbox-attest/hostroot:{t}" for t in (fresh, live)}
+
+
+def test_next_run_removes_the_containers_of_gone_runs(
+    private_engine: PrivateEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gone run's container is removed in one listing; a live run's and a fresh one stay."""
+    import docker  # noqa: PLC0415  (optional extra, skipped by the fixture when missing)
+
+    from harness.backends.docker import RUN_LABEL, sweep_stale_containers  # noqa: PLC0415
+
+    monkeypatch.setenv("DOCKER_HOST", private_engine.host)
+    empty = tmp_path / "empty.tar"
+    subprocess.run(["tar", "-cf", str(empty), "-T", "/dev/null"], check=True)
+    image = "sandbox-attest/sweep-test:empty"
+    host = ["docker", "--host", private_engine.host]
+    subprocess.run([*host, "import", str(empty), image], check=True, capture_output=True)
+    runs = {"dead": "20261201t000000-dead00", "live": "20261201t000000-live00"}
+    runs["fresh"] = time.strftime("%Y%m%dt%H%M%S") + "-fresh0"
+    for kind, run in runs.items():
+        subprocess.run(
+            [*host, "create", "--name", f"sweep-{kind}", "--label", f"{RUN_LABEL}={run}",
+             image, "/never-started"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    swept = sweep_stale_containers({runs["dead"]}, {runs["live"]}, 6 * 3600.0)
+    assert [(name, ok) for name, _, ok in swept] == [("sweep-dead", True)]
+    client = docker.DockerClient(base_url=private_engine.host, timeout=30)
+    try:
+        left = {c.name for c in client.containers.list(all=True)}
+    finally:
+        client.close()
+    assert {"sweep-live", "sweep-fresh"} <= left
+    assert "sweep-dead" not in left
