@@ -899,7 +899,7 @@ class DockerBackend:
             with _engine("list what this run created"):
                 images = client.images.list(filters=label) + client.images.list(filters=tagged)
                 return {
-                    "containers": [c.name for c in client.containers.list(all=True, filters=label)],
+                    "containers": _container_names(client, label),
                     "images": sorted({str(i.id) for i in images}),
                     "volumes": [v.name for v in client.volumes.list(filters=label)],
                 }
@@ -918,8 +918,12 @@ class DockerBackend:
         label = {"label": f"{RUN_LABEL}={self.run_id}"}
 
         def clean(client: Any) -> None:
-            for container in client.containers.list(all=True, filters=label):
-                container.remove(force=True, v=True)
+            import docker.errors  # noqa: PLC0415  (optional extra, there once a client is)
+
+            for row in client.api.containers(all=True, filters=label):
+                # A cell's --rm container may be going away on its own right now.
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_container(row["Id"], force=True, v=True)
             for volume in client.volumes.list(filters=label):
                 volume.remove(force=True)
             with self._lock:
@@ -950,6 +954,16 @@ class DockerBackend:
     ) -> None:
         """Remove what this run created."""
         self.close()
+
+
+def _container_names(client: Any, filters: dict[str, str]) -> list[str]:
+    """The names of the containers matching `filters`, from one listing call.
+
+    The SDK's `containers.list` inspects each container it lists, and fails whole on one that
+    its --rm removed in between; the listing alone cannot.
+    """
+    rows = client.api.containers(all=True, filters=filters)
+    return [str((r.get("Names") or [r.get("Id", "?")])[0]).lstrip("/") for r in rows]
 
 
 def _stale_reason(
