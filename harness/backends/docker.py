@@ -962,8 +962,12 @@ def _container_names(client: Any, filters: dict[str, str]) -> list[str]:
     The SDK's `containers.list` inspects each container it lists, and fails whole on one that
     its --rm removed in between; the listing alone cannot.
     """
-    rows = client.api.containers(all=True, filters=filters)
-    return [str((r.get("Names") or [r.get("Id", "?")])[0]).lstrip("/") for r in rows]
+    return [_row_name(r) for r in client.api.containers(all=True, filters=filters)]
+
+
+def _row_name(row: dict[str, Any]) -> str:
+    """A container's name from its listing row (its id when it has none)."""
+    return str((row.get("Names") or [row.get("Id", "?")])[0]).lstrip("/")
 
 
 def _stale_reason(
@@ -1020,7 +1024,7 @@ def sweep_stale_containers(
         # One listing call, no inspect per container: the high-level list() inspects each one
         # and fails whole on a container that another run's --rm removed in between.
         for row in client.api.containers(all=True, filters={"label": RUN_LABEL}):
-            name = str((row.get("Names") or [row.get("Id", "?")])[0]).lstrip("/")
+            name = _row_name(row)
             labels = row.get("Labels") or {}
             why = _stale_reason(
                 labels, float(row.get("Created") or 0), dead_runs, live_runs, stale_age_s
