@@ -72,9 +72,15 @@ MAX_LOOK: Final = 64
 MAX_LINKS: Final = 40
 # The rows of /proc/<pid>/limits the host reads, by the kernel's own names.
 LIMIT_ROWS: Final = ("Max processes", "Max open files", "Max file size", "Max address space")
-# The cgroup v2 files that cap what `LIMIT_ROWS` caps per process, for the whole group.
-CGROUP_FILES: Final = ("pids.max", "memory.max")
+# The cgroup files that cap what `LIMIT_ROWS` caps per process, for the whole group: by
+# their v2 name, with the v1 controller and file that hold the same cap.
+CGROUP_FILES: Final = {
+    "pids.max": ("pids", "pids.max"),
+    "memory.max": ("memory", "memory.limit_in_bytes"),
+}
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
+# v1 writes "no limit" as a page-rounded 2**63 - 1; anything this large caps nothing.
+CGROUP_UNLIMITED: Final = 2**62
 
 
 def ready_name(nonce: str) -> str:
@@ -267,32 +273,58 @@ def read_limits(pid: int) -> dict[str, dict[str, int | None]]:
     return found
 
 
+def _cgroup_paths(pid: int) -> dict[str, str]:
+    """`pid`'s cgroup path per v1 controller, and under "" its v2 (unified) path."""
+    paths: dict[str, str] = {}
+    for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:  # hierarchy-id:controllers:path
+            for controller in parts[1].split(",") if parts[1] else [""]:
+                paths[controller] = parts[2]
+    return paths
+
+
+def _tightest(base: Path, group: str, name: str) -> int | str | None:
+    """The smallest `name` from `group` up to `base`; None: no group caps it; str: unreadable.
+
+    v2 writes "max" for no cap, v1 a number near 2**63; both are None here.
+    """
+    if ".." in Path(group).parts:
+        # The group sits outside the host's cgroup namespace: no file of it is visible here.
+        return f"unreadable: cgroup {group} is outside the host's cgroup view"
+    where = base / group.lstrip("/")
+    if not where.is_dir():
+        return f"unreadable: no {where} on the host"
+    tightest: int | None = None
+    while True:
+        text = _read(where / name).strip()
+        if text.isdigit() and int(text) < CGROUP_UNLIMITED:
+            tightest = int(text) if tightest is None else min(tightest, int(text))
+        if where == base or base not in where.parents:
+            return tightest
+        where = where.parent
+
+
 def read_cgroup_limits(pid: int) -> dict[str, Any]:
-    """The tightest `CGROUP_FILES` value over `pid`'s cgroup (v2) and its ancestors.
+    """The pids and memory caps of `pid`'s cgroup: the tightest of its group and those above.
 
     A cgroup's limit binds every group below it, so the payload's effective cap is the
-    smallest one on the way up; None where no group on the way sets one. `cgroup` is the
-    group's path; absent with cgroup v1 or where the host cannot read it.
+    smallest one on the way up. Keys are "pids.max" and "memory.max" (bytes) whether the
+    controller is v1 (pids/, memory/ memory.limit_in_bytes) or v2: an int, None where no
+    group on the way caps it, or "unreadable: why" where the host cannot see the group
+    (a container's group outside the host's cgroup namespace). `cgroup` holds the paths.
     """
-    line = next(
-        (ln for ln in _read(Path(f"/proc/{pid}/cgroup")).splitlines() if ln.startswith("0::")),
-        "",
-    )
-    if not line:
+    paths = _cgroup_paths(pid)
+    if not paths:
         return {}
-    group = line.removeprefix("0::").strip()
-    result: dict[str, Any] = {"cgroup": group}
-    for name in CGROUP_FILES:
-        tightest: int | None = None
-        where = CGROUP_ROOT / group.lstrip("/")
-        while True:
-            text = _read(where / name).strip()
-            if text.isdigit():
-                tightest = int(text) if tightest is None else min(tightest, int(text))
-            if where == CGROUP_ROOT or CGROUP_ROOT not in where.parents:
-                break
-            where = where.parent
-        result[name] = tightest
+    result: dict[str, Any] = {"cgroup": paths}
+    for name, (controller, v1_name) in CGROUP_FILES.items():
+        if controller in paths:
+            result[name] = _tightest(CGROUP_ROOT / controller, paths[controller], v1_name)
+        elif "" in paths:
+            result[name] = _tightest(CGROUP_ROOT, paths[""], name)
+        else:
+            result[name] = f"unreadable: no {controller} controller for pid {pid}"
     return result
 
 

@@ -1136,32 +1136,43 @@ HOST_LIMITS: Final = {
 HOST_COUNTS: Final = "the host's count of forked children and of the fsize file's size"
 
 
-def unapplied_limits(declared: dict[str, int], process: dict[str, Any]) -> list[str]:
-    """The declared limits the host does not see on one payload process, each with what it saw.
+def _limit_state(key: str, value: int, process: dict[str, Any]) -> tuple[str, str]:
+    """One declared limit on one payload process: ("applied" | "unset" | "unknown", seen).
 
-    A limit is applied when its rlimit's soft value, or the tightest cgroup cap above the
-    payload, is at or below the declared value. Memory is the exception: the declared MiB
-    are on top of the interpreter's own address space, so any finite RLIMIT_AS or
-    memory.max counts (the memory loop itself tests the size). `process` is one reading of
-    `harness.hostview.read_process` (with its "limits" and "cgroup_limits").
+    Applied when its rlimit's soft value, or the tightest cgroup cap above the payload, is
+    at or below the declared value. Memory is the exception: the declared MiB are on top of
+    the interpreter's own address space, so any finite RLIMIT_AS or memory cap counts (the
+    memory loop itself tests the size). Unknown, never unset, where the rlimit does not
+    hold it and the cgroup that might is one the host cannot read.
     """
-    rlimits = process.get("limits") or {}
-    cgroup = process.get("cgroup_limits") or {}
-    unapplied = []
+    row, unit, cgroup_file = HOST_LIMITS[key]
+    soft = ((process.get("limits") or {}).get(row) or {}).get("soft")
+    cap = (process.get("cgroup_limits") or {}).get(cgroup_file) if cgroup_file else None
+    seen = f"{row} {'unlimited' if soft is None else soft}"
+    if cgroup_file:
+        seen += f", {cgroup_file} {'max' if cap is None else cap}"
+    caps = [v for v in (soft, cap) if isinstance(v, int)]
+    held = bool(caps) if key == "memory_mib" else any(v <= value * unit for v in caps)
+    if held:
+        return "applied", seen
+    return ("unknown" if isinstance(cap, str) else "unset"), seen
+
+
+def unapplied_limits(
+    declared: dict[str, int], process: dict[str, Any]
+) -> tuple[list[str], list[str]]:
+    """The declared limits the host sees unset on one payload process, and those it cannot tell.
+
+    Each is named with what the host saw ("fsize_mib=16 (Max file size unlimited)"); see
+    `_limit_state`. `process` is one reading of `harness.hostview.read_process`.
+    """
+    unset: list[str] = []
+    unknown: list[str] = []
     for key, value in sorted(declared.items()):
-        row, unit, cgroup_file = HOST_LIMITS[key]
-        soft = (rlimits.get(row) or {}).get("soft")
-        cap = cgroup.get(cgroup_file) if cgroup_file else None
-        if key == "memory_mib":
-            held = soft is not None or cap is not None
-        else:
-            held = any(v is not None and v <= value * unit for v in (soft, cap))
-        if not held:
-            seen = f"{row} {'unlimited' if soft is None else soft}"
-            if cgroup_file:
-                seen += f", {cgroup_file} {'max' if cap is None else cap}"
-            unapplied.append(f"{key}={value} ({seen})")
-    return unapplied
+        state, seen = _limit_state(key, value, process)
+        if state != "applied":
+            (unset if state == "unset" else unknown).append(f"{key}={value} ({seen})")
+    return unset, unknown
 
 
 def declared_limits(policy: PolicyLike) -> ResourceLimits:
@@ -1210,31 +1221,33 @@ class ResourceLimitsSpec(_Spec):
         del report
         return self.host_limits(ctx)[0]
 
-    def host_limits(self, ctx: CellContext) -> tuple[list[str], list[str]]:
-        """The host's reading of the declared limits on the payload: (corroborated_by, unapplied).
+    def host_limits(self, ctx: CellContext) -> tuple[list[str], list[str], list[str]]:
+        """The host's reading of the declared limits: (corroborated_by, unset, unknown).
 
         The host counts the forked children's files and the fsize file's size itself, and
         reads each payload process's rlimits and cgroup caps at the rendezvous. Both back
-        the cell only when every declared limit is seen applied there; `unapplied` names
-        each declared limit the host saw unset (with the pid and what it saw instead).
+        the cell only when every declared limit is seen applied there; `unset` names each
+        declared limit the host saw unset (with the pid and what it saw instead), `unknown`
+        each it could not tell (a cgroup it cannot read).
         """
         declared = declared_limits(ctx.policy).claims()
         read = [p for p in host_processes(ctx) if p.get("limits")]
         if not declared or not read:
-            return [], []
-        unapplied = [
-            f"{limit} on pid {p.get('pid')}"
-            for p in read
-            for limit in unapplied_limits(declared, p)
-        ]
-        if unapplied:
-            return [], unapplied
+            return [], [], []
+        unset: list[str] = []
+        unknown: list[str] = []
+        for process in read:
+            not_set, not_known = unapplied_limits(declared, process)
+            unset += [f"{limit} on pid {process.get('pid')}" for limit in not_set]
+            unknown += [f"{limit} on pid {process.get('pid')}" for limit in not_known]
+        if unset or unknown:
+            return [], unset, unknown
         pids = ", ".join(str(p.get("pid")) for p in read)
         limits = (
             f"the payload's rlimits and cgroup caps, read by the host (/proc/{pids}/limits): "
             f"{_pairs(declared)} applied"
         )
-        return [HOST_COUNTS, limits], []
+        return [HOST_COUNTS, limits], [], []
 
     @staticmethod
     def fork_dir(ctx: CellContext) -> str:
@@ -1312,7 +1325,12 @@ class ResourceLimitsSpec(_Spec):
             escape = "escaped" if at_bound and not disagree else "disagree"
             if not at_bound:
                 reasons.append("an unconfined loop stopped before its bound")
-        corroborated, unapplied = self.host_limits(ctx)
+        corroborated, unapplied, unknown = self.host_limits(ctx)
+        if unknown:
+            reasons.append(
+                f"the host cannot tell whether {'; '.join(unknown)} is applied: the cell "
+                "rests on the loops"
+            )
         if unapplied and self.expectation(ctx.policy) == "denied":
             # The kernel's own record of the payload's limits: a declared limit it does not
             # carry was never applied, whatever the loops (or a rewritten report) say.

@@ -787,7 +787,20 @@ class TestResourceLimitsClaim:
             "limits": {"Max processes": {"soft": 96364, "hard": 96364}},
             "cgroup_limits": {"cgroup": "/docker/x", "pids.max": 32, "memory.max": None},
         }
-        assert proc_module.unapplied_limits({"forks": 32}, process) == []
-        assert proc_module.unapplied_limits({"forks": 16}, process) == [
-            "forks=16 (Max processes 96364, pids.max 32)"
+        assert proc_module.unapplied_limits({"forks": 32}, process) == ([], [])
+        assert proc_module.unapplied_limits({"forks": 16}, process) == (
+            ["forks=16 (Max processes 96364, pids.max 32)"],
+            [],
+        )
+
+    def test_a_cgroup_the_host_cannot_read_is_unknown_not_unset(self) -> None:
+        """A pids cap in a cgroup outside the host's view is not seen unset: no FAIL on it."""
+        process = {
+            "limits": {"Max processes": {"soft": 96364, "hard": 96364}},
+            "cgroup_limits": {"pids.max": "unreadable: cgroup /../docker/x is outside"},
+        }
+        unset, unknown = proc_module.unapplied_limits({"forks": 32}, process)
+        assert unset == []
+        assert unknown == [
+            "forks=32 (Max processes 96364, pids.max unreadable: cgroup /../docker/x is outside)"
         ]
