@@ -584,11 +584,12 @@ class FsReadSecrets(_Spec):
             )
         if at_host or unsure:
             return [], reasons
-        reasons.append(
-            "the host looked at the payload's view: absent there "
-            f"[{', '.join(sorted(seen['absent']))}], another file than the host's "
-            f"[{', '.join(sorted(seen['own']))}]"
-        )
+        parts = [
+            f"{label} [{', '.join(sorted(seen[word]))}]"
+            for word, label in (("absent", "absent there"), ("own", "another file than the host's"))
+            if seen[word]
+        ]
+        reasons.append(f"the host looked at the payload's view: {', '.join(parts)}")
         return ["the payload's view of the canary paths, read by the host"], reasons
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
