@@ -26,6 +26,7 @@ from harness.hostview import (
     Rendezvous,
     find_payloads,
     look_at,
+    read_cgroup_limits,
     read_limits,
     read_process,
 )
@@ -283,6 +284,58 @@ class TestLimits:
         with started(["sleep", "30"]) as proc:
             view = read_process(proc.pid)
         assert view["limits"]["Max address space"] == {"soft": None, "hard": None}
+
+
+@contextlib.contextmanager
+def pids_cgroup(tmp_name: str, cap: int) -> Iterator[Path]:
+    """A child cgroup of the host's pids controller (v1 or v2) capped at `cap`, removed after."""
+    v1 = Path("/sys/fs/cgroup/pids")
+    base = v1 if v1.is_dir() else Path("/sys/fs/cgroup")
+    group = base / tmp_name
+    try:
+        group.mkdir()
+        (group / "pids.max").write_text(str(cap))
+    except OSError as exc:
+        pytest.skip(f"cannot make a pids cgroup here ({exc.strerror}); run as root with cgroups")
+    try:
+        yield group
+    finally:
+        group.rmdir()
+
+
+@needs_root
+class TestCgroup:
+    def test_a_pids_cap_on_the_payloads_group_is_read(self) -> None:
+        """A process moved into a group with pids.max 50 reads as capped at 50."""
+        with (
+            pids_cgroup(f"sa-test-{os.getpid()}", 50) as group,
+            started(["sleep", "30"]) as proc,
+        ):
+            (group / "cgroup.procs").write_text(str(proc.pid))
+            try:
+                caps = read_cgroup_limits(proc.pid)
+            finally:
+                # Out again before the group is removed (a group with members cannot be).
+                (group.parent / "cgroup.procs").write_text(str(proc.pid))
+        assert caps["pids.max"] == 50
+
+    def test_a_cap_on_a_parent_group_binds_the_child(self) -> None:
+        """A process in an uncapped child of a group with pids.max 40 reads as capped at 40."""
+        with (
+            pids_cgroup(f"sa-test-parent-{os.getpid()}", 40) as parent,
+            started(["sleep", "30"]) as proc,
+        ):
+            child = parent / "child"
+            child.mkdir()
+            try:
+                (child / "cgroup.procs").write_text(str(proc.pid))
+                try:
+                    caps = read_cgroup_limits(proc.pid)
+                finally:
+                    (parent.parent / "cgroup.procs").write_text(str(proc.pid))
+            finally:
+                child.rmdir()
+        assert caps["pids.max"] == 40
 
 
 class TestRendezvous:
