@@ -626,7 +626,8 @@ def test_next_run_removes_the_containers_of_gone_runs(
     """A gone run's container is removed in one listing; a live run's and a fresh one stay."""
     import docker  # noqa: PLC0415  (optional extra, skipped by the fixture when missing)
 
-    from harness.backends.docker import RUN_LABEL, sweep_stale_containers  # noqa: PLC0415
+    from harness.backends.docker import sweep_stale_containers  # noqa: PLC0415
+    from harness.backends.docker_image import RUN_LABEL  # noqa: PLC0415
 
     monkeypatch.setenv("DOCKER_HOST", private_engine.host)
     empty = tmp_path / "empty.tar"
