@@ -70,6 +70,7 @@ from harness.catalog.socket_witness import (
     remove_nonce_files,
     socket_dirs,
 )
+from harness.claims import claims_of
 from harness.errors import FixtureError, HarnessError
 from harness.trust import give
 from harness.verdict import Assessment, Expectation
@@ -649,6 +650,20 @@ class IpcProxySocketTamper(_Spec):
             return (
                 'the backend brings its own proxy (egress "own"): no harness proxy socket '
                 "or shim is inside it to tamper with; its proxy is judged by the net_* probes"
+            )
+        return None
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE under `network = "none"`: no egress route exists to tamper with.
+
+        The probe attacks the route's socket and shim, then checks the route still carries
+        an allowed request; a backend that claims no network has neither (Codex), and its
+        claim is the net_* probes' to judge.
+        """
+        if claims_of(policy).network == "none":
+            return (
+                'the backend claims network = "none": it gives the payload no egress route '
+                "to tamper with; the net_* probes judge that claim"
             )
         return None
 

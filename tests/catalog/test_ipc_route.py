@@ -15,12 +15,17 @@ from typing import Any
 
 import pytest
 
-from harness.backends.base import NAMESPACED_INSIDE_PATHS, SANDBOX_PROXY_SOCKET, SANDBOX_SHIM
+from harness.backends.base import (
+    NAMESPACED_INSIDE_PATHS,
+    SANDBOX_PROXY_SOCKET,
+    SANDBOX_SHIM,
+    DeclaredPolicy,
+)
 from harness.backends.bubblewrap import BubblewrapBackend
 from harness.backends.command import CommandBackend
 from harness.backends.none import NoneBackend
 from harness.catalog import PROBES, CellContext, InsideRoute
-from harness.catalog.ipc import TAMPER_OPS
+from harness.catalog.ipc import TAMPER_OPS, IpcProxySocketTamper
 from harness.paths import matrix_dir
 from harness.runner import inside_route
 from harness.verdict import Verdict, decide
@@ -165,3 +170,16 @@ class TestLeftOnTheHost:
         decision = decide("denied", assessment)
         assert decision.verdict is Verdict.INCONCLUSIVE
         assert "run as root so payloads get a uid of their own" in decision.reason
+
+
+class TestApplicable:
+    def test_no_network_claimed_means_no_route_to_tamper_with(self) -> None:
+        """Under network = "none" the probe is NOT_APPLICABLE; under a proxied network it runs."""
+        spec = IpcProxySocketTamper()
+        none = DeclaredPolicy(network="none", filesystem="workspace", ipc="isolated")
+        proxied = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+        assert spec.not_claimed(none) == (
+            'the backend claims network = "none": it gives the payload no egress route '
+            "to tamper with; the net_* probes judge that claim"
+        )
+        assert spec.not_claimed(proxied) is None

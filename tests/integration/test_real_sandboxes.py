@@ -35,33 +35,16 @@ FAILS: dict[str, set[str]] = {
     "srt": {"proc_syscall_surface"},
     "codex": {"proc_syscall_surface"},
 }
-# Cells allowed to be INCONCLUSIVE, each for a reason that is not the sandbox's fault, named so
-# that fixing it shows up here as a PASS the test then demands.
-INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {
-    "srt": {
-        "resource_limits",  # srt sets no limits; nothing to hold it to
-        # A PASS that rests on the payload's report alone is INCONCLUSIVE across a wrapper;
-        # under srt's nested mount and pid namespaces no host reading corroborates these yet.
-        "fs_read_secrets",
-        "dev_access",
-    },
-    "codex": {
-        "resource_limits",  # Codex sets no limits; nothing to hold it to
-        # Codex refuses socket(AF_UNIX) and socketpair() outright (EPERM); these probes'
-        # in-sandbox controls need one, and the harness cannot yet read that as the claim
-        # holding (ipc_unix_socket_escape's assessor, the ipc_proxy_socket_tamper setup).
-        "ipc_unix_socket_escape",
-        "ipc_proxy_socket_tamper",
-        # probes/net_direct_egress.py creates a socket outside its try to list the local
-        # addresses; under Codex's seccomp that raises EPERM and the probe reports an error.
-        "net_direct_egress",
-        "fs_read_secrets",  # as for srt: no host reading corroborates the refusals
-        "dev_access",
-    },
-}
+# Cells allowed to be INCONCLUSIVE: none. Each one measured so far was the harness's own
+# artefact (a probe bug, a missing host reading) and was fixed; a new one fails this test.
+INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {"srt": set(), "codex": set()}
+# Cells that do not apply, each for a claim the sandbox does not make or a route it does not
+# have: the reason is the runner's, decided before the cell runs.
 NOT_APPLICABLE: dict[str, set[str]] = {
-    "srt": {"ipc_proxy_socket_tamper"},  # egress "own": no harness route inside
-    "codex": set(),
+    # egress "own": no harness route inside; srt sets no resource limits
+    "srt": {"ipc_proxy_socket_tamper", "resource_limits"},
+    # network = "none": no egress route to tamper with; Codex sets no resource limits
+    "codex": {"ipc_proxy_socket_tamper", "resource_limits"},
 }
 
 
