@@ -107,8 +107,8 @@ class TestWitnessReadings:
         assert spec.corroboration(blind, {}) == ["DNS fixture query log"]
 
     @pytest.mark.parametrize("probe", ["fs_read_secrets", "resource_limits"])
-    def test_report_only_probes_name_nothing(self, tmp_path: Path, probe: str) -> None:
-        """A probe whose reading is the payload's word alone names no host reading."""
+    def test_without_host_readings_they_name_nothing(self, tmp_path: Path, probe: str) -> None:
+        """A view without the host's looks or limits leaves these probes the payload's word."""
         assert PROBES[probe].corroboration(ctx(tmp_path, probe, view()), {}) == []
 
 
