@@ -17,6 +17,7 @@ says so; the signed statement carries that fact and `verify` prints it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import lifetime
 from harness.errors import ConfigError, FixtureError
 
 # The default payload user. A system account: no password, its own group.
@@ -271,3 +273,36 @@ def require_reachable(path: Path, user: PayloadUser | None, what: str) -> None:
             f"(mode {blocked.stat().st_mode & 0o777:o}); chmod o+x it, or put {what} under a "
             "directory others can traverse, as `sandbox-attest run` does"
         )
+
+
+def measure_as(user: PayloadUser, module: str, function: str, timeout: float) -> tuple[Any, str]:
+    """Call `module.function()` in a child running as `user`, unconfined; its JSON result.
+
+    What an open host lets the payload user do (write, open a device, make a raw socket) is
+    the positive control of several probes, and the harness may be root: so the measurement
+    runs as that user, in a child that dies with the harness.
+
+    Returns:
+        (the function's JSON-decoded result, "") or (None, why it could not be measured).
+    """
+    code = (
+        "import importlib, json, sys; "
+        "print(json.dumps(getattr(importlib.import_module(sys.argv[1]), sys.argv[2])()))"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, module, function],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd="/",
+            **user.popen_kwargs(),
+            **lifetime.popen_kwargs(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        return json.loads(done.stdout), ""
+    except ValueError:
+        return None, f"exit {done.returncode}: {done.stderr.strip()[-300:]}"

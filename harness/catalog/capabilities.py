@@ -9,15 +9,12 @@ them; it imports nothing from the area modules.
 from __future__ import annotations
 
 import errno
-import json
 import socket
-import subprocess
-import sys
 
 from harness.catalog.base import (
     HOST_TIMEOUT_S,
 )
-from harness.trust import PayloadUser
+from harness.trust import PayloadUser, measure_as
 
 # The attempts with no host listener: judged by the payload's report and its namespace.
 LOCAL_CAPABILITIES = ("icmp-echo", "raw-socket", "packet-socket")
@@ -53,24 +50,9 @@ def payload_capabilities(user: PayloadUser | None) -> dict[str, str]:
     """
     if user is None:
         return host_capabilities()
-    code = (
-        "import json; from harness.catalog.capabilities import host_capabilities; "
-        "print(json.dumps(host_capabilities()))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=HOST_TIMEOUT_S * 3,
-        check=False,
-        cwd="/",
-        **user.popen_kwargs(),
-    )
-    try:
-        found = json.loads(done.stdout)
-    except ValueError:
-        tail = done.stderr.strip()[-300:]
-        return dict.fromkeys(LOCAL_CAPABILITIES, f"unmeasured (exit {done.returncode}: {tail})")
+    found, why = measure_as(user, __name__, "host_capabilities", HOST_TIMEOUT_S * 3)
+    if why:
+        return dict.fromkeys(LOCAL_CAPABILITIES, f"unmeasured ({why})")
     return {str(k): str(v) for k, v in found.items()}
 
 

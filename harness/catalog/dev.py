@@ -59,7 +59,7 @@ from harness.catalog.base import (
     _summary,
 )
 from harness.errors import HarnessError
-from harness.trust import PayloadUser, payload_user
+from harness.trust import PayloadUser, measure_as, payload_user
 from harness.verdict import Assessment, Expectation
 
 DEV: Final = Path("/dev")
@@ -178,28 +178,13 @@ def payload_user_devices(user: PayloadUser | None) -> dict[str, dict[str, Any]]:
     """
     if user is None:
         return open_devices()
-    code = (
-        "import json; from harness.catalog.dev import open_devices; "
-        "print(json.dumps(open_devices()))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=HOST_TIMEOUT_S * 3,
-        check=False,
-        cwd="/",
-        **user.popen_kwargs(),
-    )
-    try:
-        found = json.loads(done.stdout)
-    except ValueError:
-        tail = done.stderr.strip()[-300:]
+    found, why = measure_as(user, __name__, "open_devices", HOST_TIMEOUT_S * 3)
+    if why:
         msg = (
             f"dev_access: could not measure which devices {user.name} opens on this host "
-            f"(exit {done.returncode}: {tail}); check that {user.name} can run {sys.executable}"
+            f"({why}); check that {user.name} can run {sys.executable}"
         )
-        raise HarnessError(msg) from None
+        raise HarnessError(msg)
     return {str(k): dict(v) for k, v in found.items()}
 
 

@@ -16,8 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,7 +55,7 @@ from harness.catalog.canary import (
 )
 from harness.claims import Claims, claims_of, unclaimed
 from harness.errors import FixtureError
-from harness.trust import PayloadUser, give
+from harness.trust import PayloadUser, give, measure_as
 from harness.verdict import Assessment, Expectation
 
 CANARY_NAME = "canary.txt"
@@ -121,27 +119,12 @@ def writable_places(
 
 
 @functools.cache
-def _scan_as(uid: int | None, kwargs: str) -> dict[str, Any]:
-    if uid is None:
+def _scan_as(user: PayloadUser | None) -> dict[str, Any]:
+    if user is None:
         return writable_places()
-    code = (
-        "import json; from harness.catalog.fs import writable_places; "
-        "print(json.dumps(writable_places()))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=SCAN_BUDGET_S * 3,
-        check=False,
-        cwd="/",
-        **json.loads(kwargs),
-    )
-    try:
-        scanned = json.loads(done.stdout)
-    except ValueError:
-        tail = done.stderr.strip()[-300:]
-        return {"found": [], "complete": False, "error": f"exit {done.returncode}: {tail}"}
+    scanned, why = measure_as(user, __name__, "writable_places", SCAN_BUDGET_S * 3)
+    if why:
+        return {"found": [], "complete": False, "error": why}
     return dict(scanned)
 
 
@@ -159,8 +142,8 @@ def payload_writable_places(user: PayloadUser | None) -> dict[str, Any]:
     if user is None:
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             return {"found": [], "complete": False, "error": "not scanned as root"}
-        return _scan_as(None, "{}")
-    return _scan_as(user.uid, json.dumps(user.popen_kwargs(), sort_keys=True))
+        return _scan_as(None)
+    return _scan_as(user)
 
 
 def _class_key(path: str) -> str:
