@@ -15,6 +15,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,9 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy2(ROOT / "run", copy / "run")
     shutil.copytree(ROOT / "scripts", copy / "scripts")
     shutil.copy2(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    (copy / ".venv").symlink_to(ROOT / ".venv")
+    # The venv running these tests, wherever it is (a soak runs a clone with the main
+    # checkout's venv): a link to a missing .venv would make ./run build one in the copy.
+    (copy / ".venv").symlink_to(Path(sys.prefix))
     (copy / ".state").mkdir()
     stamp = hashlib.sha256((copy / "pyproject.toml").read_bytes()).hexdigest()
     (copy / ".state" / "venv.stamp").write_text(stamp + "\n")
