@@ -784,6 +784,12 @@ class LeftoverWatcher(threading.Thread):
     """
 
     POLL_S: Final = 0.05
+    # How long a process may take to end on its own once the wrapper is gone. A sandbox's own
+    # cleanup is asynchronous (bwrap --die-with-parent SIGKILLs its namespace as it exits, and
+    # a killed process still shows, cmdline already empty, while it exits): one the harness
+    # killed within that time would be the sandbox's work credited to the harness, and a
+    # lifecycle_orphans FAIL that a slower machine makes and a faster one does not.
+    GRACE_S: Final = 0.5
 
     def __init__(self, tag: str) -> None:
         """Watch the processes carrying `tag`."""
@@ -793,13 +799,14 @@ class LeftoverWatcher(threading.Thread):
         self.surviving: list[str] = []
         self._done = threading.Event()
         self._enabled = Path("/proc/self/stat").exists()  # no procfs (macOS): group kill only
+        self._first_seen: dict[int, float] = {}
 
     def run(self) -> None:
         """Poll until `finish`; kill leftovers whenever the wrapper is no longer running."""
         while self._enabled and not self._done.wait(self.POLL_S):
             pids = [p for p in tagged_pids(self.tag) if p != os.getpid()]
             if pids and not any(_ppid(p) == os.getpid() for p in pids):
-                self._kill(pids)
+                self._kill_outliving(pids)
 
     def finish(self) -> None:
         """Stop watching, then sweep until nothing tagged is left (or give up and say so)."""
@@ -812,11 +819,16 @@ class LeftoverWatcher(threading.Thread):
             if time.monotonic() > deadline:
                 self.surviving = [_describe(p) for p in pids]
                 return
-            self._kill(pids)
+            self._kill_outliving(pids)
             time.sleep(self.POLL_S)
 
-    def _kill(self, pids: list[int]) -> None:
+    def _kill_outliving(self, pids: list[int]) -> None:
+        """Kill (and record) the leftovers that have outlived the wrapper by GRACE_S."""
+        now = time.monotonic()
         for pid in pids:
+            seen = self._first_seen.setdefault(pid, now)
+            if now - seen < self.GRACE_S and pid not in self.killed:
+                continue
             self.killed.setdefault(pid, _describe(pid))
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
