@@ -214,12 +214,19 @@ class RunSession:
         """The cells of this run, control leg first."""
         return self.matrix.cells(list(self.backends), self.platform)
 
-    def is_required(self, cell: Cell) -> bool:
-        """Whether this cell must PASS: by policy, or because its backend was required."""
+    def is_required(self, cell: Cell, verdict: str | None = None) -> bool:
+        """Whether this cell must PASS: by policy, or because its backend was required.
+
+        Naming a backend asks for every cell that applies to it. One the runner found
+        NOT_APPLICABLE (a claim the backend does not make, an egress route it does not have)
+        does not apply, so naming the backend does not require it; the policy still can,
+        and is what keeps a backend from passing by claiming nothing (`[[require]] claims`).
+        """
+        applies = cell.not_applicable is None and verdict != Verdict.NOT_APPLICABLE.value
         return (
             (cell.backend, cell.probe.id) in self.required
             or cell.backend in self.required_backends
-            or (cell.backend in self.named_backends and cell.not_applicable is None)
+            or (cell.backend in self.named_backends and applies)
         )
 
     def _ensure_world(self) -> CellRunner | None:
@@ -306,7 +313,7 @@ class RunSession:
         """Run (or, when planned in parallel, await) one cell and record it durably."""
         future = self.futures.get(cell.cell_id)
         entry = future.result() if future is not None else self._judge(cell)
-        entry["required"] = self.is_required(cell)
+        entry["required"] = self.is_required(cell, entry.get("verdict"))
         self._journal(entry)
         return entry
 

@@ -82,6 +82,23 @@ class TestControlOnly:
         assert any("the control leg alone attests nothing" in f for f in run.gate_failures())
 
 
+class TestNamedBackendNotApplicable:
+    def test_a_cell_found_not_applicable_is_not_required_by_naming(self, tmp_path: Path) -> None:
+        """Naming firejail requires its cells that apply; one NOT_APPLICABLE by claim does not."""
+        run = session(tmp_path, ["firejail"], {"firejail"})
+        cell = next(c for c in run.cells() if c.cell_id == "firejail-fs_protected_in_workspace")
+        assert run.is_required(cell)  # before it runs: it may apply
+        assert run.is_required(cell, "PASS")
+        assert not run.is_required(cell, "NOT_APPLICABLE")
+
+    def test_the_policy_still_requires_what_it_names(self, tmp_path: Path) -> None:
+        """A policy-required cell stays required even when it comes out NOT_APPLICABLE."""
+        run = session(tmp_path, ["bubblewrap"], set())
+        cell = next(c for c in run.cells() if c.cell_id == "bubblewrap-net_denied_host")
+        assert ("bubblewrap", "net_denied_host") in run.required
+        assert run.is_required(cell, "NOT_APPLICABLE")
+
+
 class TestClaims:
     def test_a_leg_that_claims_less_than_required_fails_the_run_gate(self, tmp_path: Path) -> None:
         """Bubblewrap held to a seccomp cut it does not claim: the run's gate says so, as verify."""
