@@ -90,9 +90,17 @@ class TestRun:
         required = {cid: c["verdict"] for cid, c in cells.items() if c["required"]}
         assert CORE[0] in {c["probe"] for c in cells.values() if c["required"]}
         assert set(required.values()) == {"PASS"}, required
+        # Every cell ran but the ones the backend's claims make NOT_APPLICABLE before they run
+        # (neither sandbox claims protected paths inside the workspace).
+        skipped = {c["cell_id"] for c in evidence["cells"] if c["verdict"] == "NOT_APPLICABLE"}
+        assert skipped == {f"{b}-fs_protected_in_workspace" for b in ("bubblewrap", "docker")}
         for cell in evidence["cells"]:
-            assert cell["run"]["started"] is True
             assert cell["reason"]
+            if cell["cell_id"] in skipped:
+                assert "run" not in cell
+                assert cell["required"] is False
+            else:
+                assert cell["run"]["started"] is True
         for name in ("junit.xml", "attestation.intoto.jsonl", "report.html", "summary.md"):
             assert (out / name).is_file(), name
         assert any((out / "allure-results").glob("*-result.json"))
