@@ -366,9 +366,15 @@ def _baseline_control(ctx: CellContext, targets: dict[str, Any]) -> dict[str, An
         control["baseline"] = None
         return control
     inside = _attempts(baseline, "control")
-    control = _control(
-        nonce, [_check("host baseline ran", _all_succeeded(inside), _summary(inside))]
+    # With no control attempt the baseline broke before its controls: say what it did report
+    # (a crash is its `probe` error attempt), so the cause is in the evidence, not guessed.
+    detail = (
+        _summary(inside)
+        if inside
+        else "no control attempt; it reported: "
+        + (_summary(list(baseline.get("attempts") or [])) or "nothing")
     )
+    control = _control(nonce, [_check("host baseline ran", _all_succeeded(inside), detail)])
     control["baseline"] = baseline
     return control
 
