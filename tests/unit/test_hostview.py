@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -48,8 +49,8 @@ def launcher(tmp_path: Path) -> Path:
 
 @contextlib.contextmanager
 def started(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
-    """Start `argv`, yield it once its cmdline is visible, kill it afterwards."""
-    proc = subprocess.Popen(argv)
+    """Start `argv`, yield it once its cmdline is visible, kill its whole group afterwards."""
+    proc = subprocess.Popen(argv, start_new_session=True)  # a wrapper's child goes with it
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -58,7 +59,8 @@ def started(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
             time.sleep(0.01)
         yield proc
     finally:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -141,6 +143,7 @@ def sandboxed(extra: list[str], code: str = SLEEPER) -> Iterator[int]:
     read_end, write_end = os.pipe()
     argv = [
         "bwrap",
+        "--die-with-parent",  # the sleeper goes when bwrap is killed, as a test leaves nothing
         "--ro-bind",
         "/",
         "/",
