@@ -55,6 +55,8 @@ from harness.catalog.base import (
     _wait_for,
     _with_nonce,
     attempts_of,
+    host_can_look,
+    host_processes,
 )
 from harness.catalog.canary import (
     dir_entries,
@@ -251,7 +253,17 @@ class IpcUnixSocketEscape(_Spec):
             escape = "escaped"
         controls = _attempts(report, "control")
         inside_ok = _all_succeeded(controls)
-        if not inside_ok and escape != "escaped" and _af_unix_refused_outright(controls, escapes):
+        # The excuse needs witnesses that could have heard, and (where the host can look) a
+        # payload the host saw run: an all-EPERM report alone is the payload's word.
+        witnessed = bool(heard["evidence"].get("planted")) and (
+            not host_can_look(ctx) or bool(host_processes(ctx))
+        )
+        if (
+            not inside_ok
+            and escape != "escaped"
+            and witnessed
+            and _af_unix_refused_outright(controls, escapes)
+        ):
             # The control shows unix sockets work inside so that refusals mean something. A
             # filter that refuses socket(AF_UNIX) itself (Codex's seccomp) leaves no unix
             # socket to escape with: the refusal is the claim holding, and the host's

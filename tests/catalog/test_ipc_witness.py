@@ -22,6 +22,7 @@ import pytest
 
 from harness import sweep
 from harness.catalog import PROBES
+from harness.catalog.base import _save_state
 from harness.catalog.ipc import IpcUnixSocketEscape
 from harness.catalog.socket_witness import (
     WitnessSockets,
@@ -291,6 +292,16 @@ class TestClassReading:
     def test_a_filter_refusing_af_unix_outright_holds_the_claim(self, tmp_path: Path) -> None:
         """The socketpair and every escape got EPERM at socket(), no witness heard: PASS."""
         ctx = make_ctx(tmp_path, "ipc_unix_socket_escape", CONFINED)
+        spec = PROBES[ctx.probe]
+        assert isinstance(spec, IpcUnixSocketEscape)
+        site = tmp_path / "run-like"
+        site.mkdir()
+        witnesses = WitnessSockets(ctx.nonce, [site], abstract=False)
+        witnesses.plant()
+        witnesses.start()
+        spec._witnesses[ctx.nonce] = witnesses
+        _save_state(ctx, {"planted": sorted(witnesses.planted), "not_planted": []})  # as prepare
+        ctx.host_view.update({"seen": True, "pid": os.getpid()})  # the host saw it run
         report = {
             "attempts": [
                 att("socketpair", "error", "control", errno="EPERM"),
@@ -302,6 +313,20 @@ class TestClassReading:
         decision = decide("denied", PROBES[ctx.probe].assess(ctx, report, Records(), OK_CONTROL))
         assert decision.verdict is Verdict.PASS, decision.reason
         assert "refuses AF_UNIX sockets outright" in decision.reason
+
+    def test_without_witnesses_an_all_eperm_report_proves_nothing(self, tmp_path: Path) -> None:
+        """The same all-EPERM report with no witness planted stays INCONCLUSIVE."""
+        ctx = make_ctx(tmp_path, "ipc_unix_socket_escape", CONFINED)
+        report = {
+            "attempts": [
+                att("socketpair", "error", "control", errno="EPERM"),
+                att("daemon-unix", "refused", errno="EPERM"),
+                att("daemon-abstract", "refused", errno="EPERM"),
+            ],
+            "facts": {"netns": "net:[1]", "mntns": "mnt:[1]"},
+        }
+        decision = decide("denied", PROBES[ctx.probe].assess(ctx, report, Records(), OK_CONTROL))
+        assert decision.verdict is Verdict.INCONCLUSIVE, decision.reason
 
     def test_a_refused_socketpair_beside_an_open_escape_stays_undecided(
         self, tmp_path: Path
