@@ -22,15 +22,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 
-from harness.attest import SignerFacts, gate_for, reportfs, sign_judged
-from harness.attest.keys import SigningKey, TrustedKey, private_key_pem
-from harness.attest.policy import Policy, load_policy
-from harness.attest.signer import Signer
-from harness.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY
-from harness.attest.verify import Checks, verify_report
-from harness.junit import render_junit
-from harness.outcomes import run_outcomes
-from harness.render import render_html, render_summary
+from sandbox_attest.attest import SignerFacts, gate_for, reportfs, sign_judged
+from sandbox_attest.attest.keys import SigningKey, TrustedKey, private_key_pem
+from sandbox_attest.attest.policy import Policy, load_policy
+from sandbox_attest.attest.signer import Signer
+from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY
+from sandbox_attest.attest.verify import Checks, verify_report
+from sandbox_attest.junit import render_junit
+from sandbox_attest.outcomes import run_outcomes
+from sandbox_attest.render import render_html, render_summary
 from tests.attest.builder import build_report, make_cells, write_policy
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.backends.base import ProbeRequest
-from harness.backends.docker import DockerBackend
+from sandbox_attest.backends.base import ProbeRequest
+from sandbox_attest.backends.docker import DockerBackend
 
 PYTHON = "/usr/bin/python3"
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 _CHILD = """
 import json, sys, time
-from harness.world.lab import enter_lab
+from sandbox_attest.world.lab import enter_lab
 lab = enter_lab() if sys.argv[1] == "lab" else None
 print(json.dumps({"setup_s": lab.setup_s if lab else 0.0, "t": time.time()}), flush=True)
 """
@@ -55,7 +55,7 @@ def matrix_seconds(world: str) -> float:
             [
                 sys.executable,
                 "-m",
-                "harness.cli",
+                "sandbox_attest.cli",
                 "run",
                 "--backend",
                 "none",

@@ -18,14 +18,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from harness import hostview
-from harness.backends.base import ProbeRequest
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.none import NoneBackend
-from harness.backends.process import run_process
-from harness.catalog.dev import read_view
-from harness.payload import interpreter_paths
-from harness.trust import give, payload_user
+from sandbox_attest import hostview
+from sandbox_attest.backends.base import ProbeRequest
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.backends.process import run_process
+from sandbox_attest.catalog.dev import read_view
+from sandbox_attest.payload import interpreter_paths
+from sandbox_attest.trust import give, payload_user
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ def spawn_times(runs: int) -> tuple[float, float]:
     boxed: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         workspace = Path(tmp)
-        from harness.backends.base import ProbeRequest  # noqa: PLC0415
+        from sandbox_attest.backends.base import ProbeRequest  # noqa: PLC0415
 
         request = ProbeRequest(
             cell_id="bench",
@@ -95,7 +95,7 @@ def inspection_cost(runs: int, *, looking: bool = False) -> tuple[float, float, 
     The third value is the median time the host held the payload at its rendezvous (ready
     file seen to go written): the readings' own cost, without the machine's noise around it.
 
-    Through the launcher under the none backend; the inspection is harness/hostview.py.
+    Through the launcher under the none backend; the inspection is sandbox_attest/hostview.py.
     `looking` adds what the specs now ask of the rendezvous: fs_read_secrets' four canary
     paths looked at in the payload's view, and dev_access's listing of its /dev.
     """

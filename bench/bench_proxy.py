@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
-from harness.egress.rules import Rule
-from harness.world.dns import DnsFixture
+from sandbox_attest.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from sandbox_attest.egress.rules import Rule
+from sandbox_attest.world.dns import DnsFixture
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 MIB = 1024 * 1024
-SHIM = Path(__file__).resolve().parents[1] / "harness" / "egress" / "shim.py"
+SHIM = Path(__file__).resolve().parents[1] / "sandbox_attest" / "egress" / "shim.py"
 ROUNDS = 7
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

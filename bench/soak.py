@@ -48,7 +48,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 ROOT = Path(__file__).resolve().parent.parent
-# Names the harness gives what it makes in /tmp (harness.sweep.TMP_NAMES and the proxy's
+# Names the harness gives what it makes in /tmp (sandbox_attest.sweep.TMP_NAMES and the proxy's
 # config file, the world of `sandbox-attest serve`).
 TMP_PREFIXES = ("sandbox-attest-", "proxy-config-", "sa-world-")
 DOCKER_TIMEOUT_S = 20
@@ -341,7 +341,7 @@ def tmp_entries(private: Path) -> tuple[str, ...]:
     """
     found = [str(p) for p in private.iterdir()] if private.is_dir() else []
     try:
-        from harness import sweep  # noqa: PLC0415  (the same journal the clone's runs use)
+        from sandbox_attest import sweep  # noqa: PLC0415  (the same journal the clone's runs use)
 
         live = sweep.live_entries()
     except Exception as exc:  # a snapshot says what it could not read
@@ -445,7 +445,7 @@ def run_matrix(where: Where, out: Path, python: str, jobs: int) -> dict[str, Any
     """One `sandbox-attest run` of the full matrix from the clone; its gate and verdicts."""
     start = time.monotonic()
     done = _run(
-        [python, "-m", "harness.cli", "run", "--out", str(out), "--json", "-j", str(jobs)],
+        [python, "-m", "sandbox_attest.cli", "run", "--out", str(out), "--json", "-j", str(jobs)],
         where,
         private_tmp=True,
     )

@@ -1,6 +1,6 @@
 """Start a probe after the host has looked at this process: `python _launch.py PROBE TASK`.
 
-The rendezvous (harness/hostview.py): write `.sandbox-attest-ready-<nonce>` into the
+The rendezvous (sandbox_attest/hostview.py): write `.sandbox-attest-ready-<nonce>` into the
 workspace, wait for `.sandbox-attest-go-<nonce>` (at most task["rendezvous_s"] seconds; 0
 skips the wait where the host cannot look), remove both, then run PROBE as __main__ with
 TASK as its argument. While this process waits, the host reads its namespaces, credentials,

@@ -1,6 +1,6 @@
 """Payload of net_host_canonical, net_proxy_confusion and net_private_address.
 
-The three probes differ only in the requests the host builds for them (harness/catalog/
+The three probes differ only in the requests the host builds for them (sandbox_attest/catalog/
 net/route.py): allowlist spellings that must not widen the proxy's rule, requests that try to
 confuse it about where they go (wrong port, Host: mismatch, a second request on a kept-alive
 connection), and allowed names the DNS fixture answers with loopback or unspecified addresses

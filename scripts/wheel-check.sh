@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${1:-$ROOT/.venv/bin/python}
 WORK=$(mktemp -d /tmp/sa-wheel.XXXXXX)
-# The payload user (an unprivileged account, harness/trust.py) must traverse the report and
+# The payload user (an unprivileged account, sandbox_attest/trust.py) must traverse the report and
 # scratch directories under it, as it must under /tmp.
 chmod 755 "$WORK"
 cleanup() { [ "${WHEEL_CHECK_KEEP:-0}" = 1 ] && echo "wheel-check: kept $WORK" >&2 || rm -rf "$WORK"; }
@@ -49,9 +49,9 @@ SA=$WORK/venv/bin/sandbox-attest
 # A directory with nothing of the project in it: every default must come from the package.
 mkdir -m 755 "$WORK/cwd"
 cd "$WORK/cwd"
-case "$("$WORK/venv/bin/python" -c 'import harness; print(harness.__file__)')" in
+case "$("$WORK/venv/bin/python" -c 'import sandbox_attest; print(sandbox_attest.__file__)')" in
   "$WORK"/venv/*) ;;
-  *) fail "the fresh venv imports harness from outside itself (the checkout leaks in)" ;;
+  *) fail "the fresh venv imports sandbox_attest from outside itself (the checkout leaks in)" ;;
 esac
 openssl genpkey -algorithm ed25519 -out key.pem 2>/dev/null
 chmod 600 key.pem

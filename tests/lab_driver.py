@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from harness.world.core import World, start_world
-from harness.world.lab import enter_lab
+from sandbox_attest.world.core import World, start_world
+from sandbox_attest.world.lab import enter_lab
 
 BWRAP_SHARED_NET = [
     "bwrap",

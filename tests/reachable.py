@@ -1,7 +1,7 @@
 """Scratch directories that the payload user can traverse, for tests that make their own.
 
-A real run's scratch is 0755 (harness.session); the payload user (harness/trust.py) must
-reach the worlds, workspaces and task files under it. `tempfile` makes directories 0700.
+A real run's scratch is 0755 (sandbox_attest.session); the payload user (sandbox_attest/trust.py)
+must reach the worlds, workspaces and task files under it. `tempfile` makes directories 0700.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 from dnslib import RCODE, DNSRecord
 
-from harness.errors import FixtureError
-from harness.world.dns import DnsFixture, ResolveError, resolve
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.world.dns import DnsFixture, ResolveError, resolve
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

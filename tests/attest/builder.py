@@ -16,18 +16,18 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from harness.allure_results import render_allure
-from harness.attest import ATTESTATION_NAME, policy_from_evidence, sign_report
-from harness.attest.subjects import ALLURE_DIR
-from harness.junit import render_junit
-from harness.outcomes import run_outcomes
-from harness.render import render_html, render_summary
+from sandbox_attest.allure_results import render_allure
+from sandbox_attest.attest import ATTESTATION_NAME, policy_from_evidence, sign_report
+from sandbox_attest.attest.subjects import ALLURE_DIR
+from sandbox_attest.junit import render_junit
+from sandbox_attest.outcomes import run_outcomes
+from sandbox_attest.render import render_html, render_summary
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.attest.keys import SigningKey
-    from harness.attest.policy import Policy
+    from sandbox_attest.attest.keys import SigningKey
+    from sandbox_attest.attest.policy import Policy
 
 COMMIT = "5f3c9a1e2b4d6f8091a2b3c4d5e6f708192a3b4c"
 PACKAGE_SHA256 = hashlib.sha256(b"package").hexdigest()
@@ -140,7 +140,7 @@ def make_cells(
 
 
 def write_junit(path: Path, evidence: dict[str, Any], policy: Policy | None = None) -> None:
-    """junit.xml as a run renders it (`harness.junit.render_junit`), from `evidence`."""
+    """junit.xml as a run renders it (`sandbox_attest.junit.render_junit`), from `evidence`."""
     path.write_bytes(render_junit(evidence, run_outcomes(evidence, policy)))
 
 

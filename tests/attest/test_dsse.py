@@ -10,17 +10,17 @@ import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.attest import dsse
-from harness.errors import ReportError, SignatureError
+from sandbox_attest.attest import dsse
+from sandbox_attest.errors import ReportError, SignatureError
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.attest.keys import SigningKey
+    from sandbox_attest.attest.keys import SigningKey
 
 
 def reference_pae(payload_type: str, payload: bytes) -> bytes:
-    """PAE written straight from the DSSE protocol text, independent of harness.attest.dsse."""
+    """PAE written straight from the DSSE protocol text, independent of attest/dsse.py."""
     t = payload_type.encode()
     parts = [b"DSSEv1", str(len(t)).encode(), t, str(len(payload)).encode(), payload]
     return b" ".join(parts)

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.attest.keys import (
+from sandbox_attest.attest.keys import (
     ENV_VAR,
     canonical_json,
     keyid_of,
@@ -19,12 +19,12 @@ from harness.attest.keys import (
     private_key_pem,
     public_key_pem,
 )
-from harness.errors import ConfigError
+from sandbox_attest.errors import ConfigError
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.attest.keys import SigningKey
+    from sandbox_attest.attest.keys import SigningKey
 
 # Expected keyid of the fixed test key (seed bytes 0x00..0x1f), computed by the algorithm in
 # securesystemslib.signer._utils.compute_default_keyid: the sha256 hex of encode_canonical()

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.attest.merge import load_expected_legs, merge_legs
-from harness.attest.verify import verify_report
-from harness.errors import ConfigError
+from sandbox_attest.attest.merge import load_expected_legs, merge_legs
+from sandbox_attest.attest.verify import verify_report
+from sandbox_attest.errors import ConfigError
 from tests.attest.builder import COMMIT, build_report, make_cells, sign
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.attest.keys import SigningKey, TrustedKey
-    from harness.attest.merge import ExpectedLegs, MergeResult
-    from harness.attest.policy import Policy
+    from sandbox_attest.attest.keys import SigningKey, TrustedKey
+    from sandbox_attest.attest.merge import ExpectedLegs, MergeResult
+    from sandbox_attest.attest.policy import Policy
 
 EXPECT = """
 [[leg]]

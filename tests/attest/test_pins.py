@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.attest import dsse
-from harness.attest.cli import register
-from harness.attest.keys import (
+from sandbox_attest.attest import dsse
+from sandbox_attest.attest.cli import register
+from sandbox_attest.attest.keys import (
     SigningKey,
     TrustedKey,
     check_key_file_private,
@@ -24,23 +24,23 @@ from harness.attest.keys import (
     register_untrusted,
     untrusted_registry_path,
 )
-from harness.attest.legs import load_expected_legs
-from harness.attest.merge import merge_legs
-from harness.attest.statement import configuration, statement_bytes
-from harness.attest.subjects import read_tree, tree_digest_of, tree_sha256
-from harness.attest.verify import (
+from sandbox_attest.attest.legs import load_expected_legs
+from sandbox_attest.attest.merge import merge_legs
+from sandbox_attest.attest.statement import configuration, statement_bytes
+from sandbox_attest.attest.subjects import read_tree, tree_digest_of, tree_sha256
+from sandbox_attest.attest.verify import (
     Checks,
     parse_commit,
     parse_max_age,
     verify_report,
 )
-from harness.errors import ConfigError
+from sandbox_attest.errors import ConfigError
 from tests.attest.builder import COMMIT, build_report, make_cells, sign
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.attest.policy import Policy
+    from sandbox_attest.attest.policy import Policy
 
 ATT = "attestation.intoto.jsonl"
 

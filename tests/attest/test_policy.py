@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.attest.policy import evaluate, load_policy, missing_legs
-from harness.errors import ConfigError
+from sandbox_attest.attest.policy import evaluate, load_policy, missing_legs
+from sandbox_attest.errors import ConfigError
 from tests.attest.builder import make_cells, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.attest.policy import Policy
+    from sandbox_attest.attest.policy import Policy
 
 
 class TestLoadPolicy:

@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-import harness.attest.merge
-import harness.attest.verify
-from harness.attest.cli import register
-from harness.attest.keys import private_key_pem, public_key_pem
-from harness.attest.legs import load_expected_legs
-from harness.attest.merge import merge_legs
+import sandbox_attest.attest.merge
+import sandbox_attest.attest.verify
+from sandbox_attest.attest.cli import register
+from sandbox_attest.attest.keys import private_key_pem, public_key_pem
+from sandbox_attest.attest.legs import load_expected_legs
+from sandbox_attest.attest.merge import merge_legs
 from tests.attest.builder import build_report, make_cells, sign
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.attest.keys import SigningKey, TrustedKey
-    from harness.attest.policy import Policy
-    from harness.attest.verify import Verification
+    from sandbox_attest.attest.keys import SigningKey, TrustedKey
+    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.attest.verify import Verification
 
 LEGS_TOML = (
     '[[leg]]\nplatform = "linux"\nbackend = "bubblewrap"\n'
@@ -141,7 +141,7 @@ class TestReleaseGate:
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """A leg file deleted right after its check is still copied as verified (no re-read)."""
-        real = harness.attest.verify.verify_report
+        real = sandbox_attest.attest.verify.verify_report
 
         def verify_then_delete(*args: object, **kwargs: bool) -> Verification:
             v = real(*args, **kwargs)  # type: ignore[arg-type]
@@ -149,7 +149,7 @@ class TestReleaseGate:
             return v
 
         original = (ci["docker"] / "junit.xml").read_bytes()
-        monkeypatch.setattr(harness.attest.verify, "verify_report", verify_then_delete)
+        monkeypatch.setattr(sandbox_attest.attest.verify, "verify_report", verify_then_delete)
         result = merge_legs(
             [ci["bubblewrap"], ci["docker"]],
             expected=load_expected_legs(ci["legs"]),
@@ -189,7 +189,7 @@ class TestOutDir:
         def boom(*_args: object) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(harness.attest.merge, "write_signing_sidecar", boom)
+        monkeypatch.setattr(sandbox_attest.attest.merge, "write_signing_sidecar", boom)
         with pytest.raises(OSError, match="No space"):
             merge_legs(
                 [ci["bubblewrap"], ci["docker"]],

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.attest import reportfs
-from harness.errors import ConfigError, ReportError
-from harness.evidence import EvidenceWriter
+from sandbox_attest.attest import reportfs
+from sandbox_attest.errors import ConfigError, ReportError
+from sandbox_attest.evidence import EvidenceWriter
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -1,6 +1,6 @@
 """The signer process: it alone holds the key, and it signs the bytes judged, from memory.
 
-Every test starts the real signer (`python -m harness.attest.signer`) with a real key and
+Every test starts the real signer (`python -m sandbox_attest.attest.signer`) with a real key and
 checks what the kernel and the files show; the attacks are the ones of issue 12.
 """
 
@@ -20,21 +20,28 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-import harness
-from harness.attest import ATTESTATION_NAME, SignerFacts, gate_for, sign_judged
-from harness.attest.keys import ENV_VAR, SigningKey, TrustedKey, keyid_of, private_key_pem
-from harness.attest.reportfs import make_report_dir, open_report_dir
-from harness.attest.signer import Signer
-from harness.attest.subjects import ALL_SUBJECTS, EVIDENCE, FILE_SUBJECTS, HTML, JUNIT, SUMMARY
-from harness.attest.verify import verify_report
-from harness.errors import ConfigError, ReportError
-from harness.render import render_html, render_summary
+import sandbox_attest
+from sandbox_attest.attest import ATTESTATION_NAME, SignerFacts, gate_for, sign_judged
+from sandbox_attest.attest.keys import ENV_VAR, SigningKey, TrustedKey, keyid_of, private_key_pem
+from sandbox_attest.attest.reportfs import make_report_dir, open_report_dir
+from sandbox_attest.attest.signer import Signer
+from sandbox_attest.attest.subjects import (
+    ALL_SUBJECTS,
+    EVIDENCE,
+    FILE_SUBJECTS,
+    HTML,
+    JUNIT,
+    SUMMARY,
+)
+from sandbox_attest.attest.verify import verify_report
+from sandbox_attest.errors import ConfigError, ReportError
+from sandbox_attest.render import render_html, render_summary
 from tests.attest.builder import build_report, make_cells
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from harness.attest.policy import Policy
+    from sandbox_attest.attest.policy import Policy
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="prctl and /proc are Linux")
 ROOT = os.geteuid() == 0
@@ -260,7 +267,7 @@ class TestKey:
     @pytest.mark.skipif(not ROOT, reason="only root separates the payload uid")
     def test_key_file_of_the_payload_uid_is_refused(self, key_file: Path) -> None:
         """A key file owned by the payload user is refused, whatever its mode."""
-        from harness.trust import payload_user  # noqa: PLC0415
+        from sandbox_attest.trust import payload_user  # noqa: PLC0415
 
         user = payload_user()
         assert user is not None
@@ -339,7 +346,7 @@ def alive(pid: int) -> bool:
 
 STANDIN = """
 import json, os, sys
-from harness.attest.signer import Signer
+from sandbox_attest.attest.signer import Signer
 s = Signer.start(None, os.environ, payload=None)
 print(json.dumps({"pid": s.pid, "left": "SANDBOX_ATTEST_SIGNING_KEY" in os.environ}), flush=True)
 sys.stdin.read()
@@ -374,7 +381,7 @@ def start_as_nobody(*, as_root: bool = False) -> subprocess.Popen[str]:
 
 def repo_root() -> Path:
     """The directory holding the harness package."""
-    return Path(harness.__file__).resolve().parents[1]
+    return Path(sandbox_attest.__file__).resolve().parents[1]
 
 
 class TestCost:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.attest import reportfs, sigstore
-from harness.attest.sigstore import (
+from sandbox_attest.attest import reportfs, sigstore
+from sandbox_attest.attest.sigstore import (
     BUNDLES_NAME,
     ED25519_ONLY,
     KEYLESS,

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.attest import dsse
-from harness.attest.cli import register
-from harness.attest.keys import (
+from sandbox_attest.attest import dsse
+from sandbox_attest.attest.cli import register
+from sandbox_attest.attest.keys import (
     SigningKey,
     TrustedKey,
     load_signing_key,
@@ -20,14 +20,14 @@ from harness.attest.keys import (
     read_untrusted_keyids,
     untrusted_registry_path,
 )
-from harness.attest.statement import STATEMENT_TYPE, statement_bytes
-from harness.attest.verify import Checks, verify_report
+from sandbox_attest.attest.statement import STATEMENT_TYPE, statement_bytes
+from sandbox_attest.attest.verify import Checks, verify_report
 from tests.attest.builder import build_report, make_cells, sign, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.attest.policy import Policy
+    from sandbox_attest.attest.policy import Policy
 
 ATT = "attestation.intoto.jsonl"
 
@@ -171,7 +171,7 @@ class TestTamper:
     def test_wrong_key(self, signed_report: Path, policy: Policy) -> None:
         """A different trusted key fails every envelope, naming the signer's keyid."""
         other = Ed25519PrivateKey.generate().public_key()
-        from harness.attest.keys import keyid_of  # noqa: PLC0415
+        from sandbox_attest.attest.keys import keyid_of  # noqa: PLC0415
 
         found = reasons(signed_report, TrustedKey(other, keyid_of(other), "x"), policy)
         one_reason_matching(found, "not by the trusted key")

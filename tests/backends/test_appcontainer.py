@@ -25,9 +25,9 @@ from typing import IO, Any
 
 import pytest
 
-from harness.backends import _win32 as w
-from harness.backends import appcontainer
-from harness.backends.appcontainer import (
+from sandbox_attest.backends import _win32 as w
+from sandbox_attest.backends import appcontainer
+from sandbox_attest.backends.appcontainer import (
     CREATION_FLAGS,
     SHIM_SCRIPT,
     AppContainerBackend,
@@ -37,9 +37,9 @@ from harness.backends.appcontainer import (
     pipe_sddl,
     profile_name,
 )
-from harness.backends.base import SHIM_PORT, START_MARKER, Backend, EgressRoute, ProbeRequest
-from harness.egress.pipe_broker import PipeBroker, rewrite_head
-from harness.errors import BackendUnavailable, ConfigError
+from sandbox_attest.backends.base import SHIM_PORT, START_MARKER, Backend, EgressRoute, ProbeRequest
+from sandbox_attest.egress.pipe_broker import PipeBroker, rewrite_head
+from sandbox_attest.errors import BackendUnavailable, ConfigError
 
 # ruff: noqa: D102, D107  (the fakes implement the seam Protocols documented in _win32.py)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import bubblewrap as bw
-from harness.backends.base import SHIM_PORT, EgressRoute, ProbeRequest
-from harness.errors import BackendUnavailable
-from harness.payload import interpreter_paths, payload_env
+from sandbox_attest.backends import bubblewrap as bw
+from sandbox_attest.backends.base import SHIM_PORT, EgressRoute, ProbeRequest
+from sandbox_attest.errors import BackendUnavailable
+from sandbox_attest.payload import interpreter_paths, payload_env
 from tests.backends.standin import take_client
 
 pytestmark = pytest.mark.needs_bwrap
@@ -185,7 +185,7 @@ class TestArgv:
 class TestAvailability:
     def test_missing_bwrap_names_the_fix(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without bwrap on PATH the backend is unavailable and says how to install it."""
-        monkeypatch.setattr("harness.backends.bubblewrap.shutil.which", lambda _name: None)
+        monkeypatch.setattr("sandbox_attest.backends.bubblewrap.shutil.which", lambda _name: None)
         avail = bw.BubblewrapBackend().availability()
         assert not avail.ok
         assert "apt-get install bubblewrap" in avail.reason
@@ -286,7 +286,7 @@ class TestLive:
 class TestHardening:
     def test_filter_program_is_well_formed(self) -> None:
         """The seccomp program is whole instructions, allows by default and denies with EPERM."""
-        from harness.backends import seccomp  # noqa: PLC0415
+        from sandbox_attest.backends import seccomp  # noqa: PLC0415
 
         program = seccomp.build_filter("x86_64")
         assert len(program) % 8 == 0
@@ -297,7 +297,7 @@ class TestHardening:
 
     def test_unknown_architecture_is_unavailable(self) -> None:
         """No syscall table means no filter, and the backend must not run without it."""
-        from harness.backends import seccomp  # noqa: PLC0415
+        from sandbox_attest.backends import seccomp  # noqa: PLC0415
 
         with pytest.raises(BackendUnavailable, match="no seccomp syscall table"):
             seccomp.build_filter("sparc64")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.backends.capture import CappedBuffer
-from harness.backends.process import Capture
+from sandbox_attest.backends.capture import CappedBuffer
+from sandbox_attest.backends.process import Capture
 
 
 def test_keeps_the_head_and_says_it_dropped_the_rest() -> None:

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-import harness.backends
-from harness.backends import create_backend, register_spec
-from harness.backends.base import Backend, EgressRoute, ProbeRequest
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.command import (
+import sandbox_attest.backends
+from sandbox_attest.backends import create_backend, register_spec
+from sandbox_attest.backends.base import Backend, EgressRoute, ProbeRequest
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.command import (
     AGENT_CANARIES,
     RUN_TAG_VAR,
     WRAPPER_ENV_FILE,
@@ -28,13 +28,13 @@ from harness.backends.command import (
     resolve_spec,
     tagged_pids,
 )
-from harness.backends.none import NoneBackend
-from harness.backends.spec import load_spec
-from harness.errors import ConfigError
-from harness.matrix import Cell, ProbeRow
-from harness.paths import matrix_dir
-from harness.runner import CellRunner
-from harness.world.core import World, start_world
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.backends.spec import load_spec
+from sandbox_attest.errors import ConfigError
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.paths import matrix_dir
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.world.core import World, start_world
 
 SPECS = Path(__file__).parent.parent / "data" / "specs"
 LIVE_SPECS = matrix_dir() / "backends"
@@ -224,7 +224,7 @@ class TestSpecValidation:
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Registering a second file under a registered name fails; the same file again is fine."""
-        monkeypatch.setattr(harness.backends, "_REGISTERED_SPECS", {})
+        monkeypatch.setattr(sandbox_attest.backends, "_REGISTERED_SPECS", {})
         first = write_spec(tmp_path, "first", UNCONFINING_ENV)
         second = write_spec(tmp_path, "second", UNCONFINING_ENV)
         assert register_spec(first) == "env-claims-none"

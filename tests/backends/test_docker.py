@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 
-from harness.backends import docker_seccomp, seccomp
-from harness.backends.base import START_MARKER, Backend, EgressRoute, ProbeRequest, ProbeRun
-from harness.backends.bubblewrap import LIMITS
-from harness.backends.docker import (
+from sandbox_attest.backends import docker_seccomp, seccomp
+from sandbox_attest.backends.base import START_MARKER, Backend, EgressRoute, ProbeRequest, ProbeRun
+from sandbox_attest.backends.bubblewrap import LIMITS
+from sandbox_attest.backends.docker import (
     ENGINE_FIX,
     HOST_ROOT_TARGET,
     PIDS_LIMIT,
@@ -38,11 +38,11 @@ from harness.backends.docker import (
     DockerEngineError,
     engine_socket_path,
 )
-from harness.backends.none import NoneBackend
-from harness.matrix import Cell, ProbeRow
-from harness.runner import CellRunner
-from harness.trust import payload_user
-from harness.world.core import World, start_world
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.trust import payload_user
+from sandbox_attest.world.core import World, start_world
 from tests.backends.standin import take_client
 
 pytestmark = [pytest.mark.needs_docker, pytest.mark.timeout(120)]

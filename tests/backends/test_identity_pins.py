@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.backends.base import EgressRoute, ProbeRequest
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.command import CommandBackend
-from harness.errors import ConfigError
-from harness.trust import payload_user
-from harness.world.core import World, start_world
+from sandbox_attest.backends.base import EgressRoute, ProbeRequest
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.errors import ConfigError
+from sandbox_attest.trust import payload_user
+from sandbox_attest.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:

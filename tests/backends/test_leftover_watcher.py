@@ -7,7 +7,7 @@ import secrets
 import subprocess
 import time
 
-from harness.backends.command import RUN_TAG_VAR, LeftoverWatcher
+from sandbox_attest.backends.command import RUN_TAG_VAR, LeftoverWatcher
 
 
 def test_a_child_ending_on_its_own_is_not_the_harness_kill() -> None:

@@ -14,9 +14,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from harness.backends import create_backend
-from harness.backends.base import START_MARKER, Backend, EgressRoute, ProbeRequest
-from harness.backends.seatbelt import (
+from sandbox_attest.backends import create_backend
+from sandbox_attest.backends.base import START_MARKER, Backend, EgressRoute, ProbeRequest
+from sandbox_attest.backends.seatbelt import (
     HOME_SECRETS,
     SeatbeltBackend,
     SeatbeltPolicy,
@@ -24,7 +24,7 @@ from harness.backends.seatbelt import (
     render_profile,
     sbpl_string,
 )
-from harness.errors import ConfigError
+from sandbox_attest.errors import ConfigError
 
 GOLDEN = Path(__file__).parent / "golden"
 # macOS keeps these top-level names as symlinks into /private.

@@ -1,8 +1,8 @@
-"""What the backends share lives once, in harness/backends/base.py."""
+"""What the backends share lives once, in sandbox_attest/backends/base.py."""
 
 from __future__ import annotations
 
-from harness.backends import base, bubblewrap, command, docker
+from sandbox_attest.backends import base, bubblewrap, command, docker
 
 
 def test_one_shim_path_for_every_backend() -> None:

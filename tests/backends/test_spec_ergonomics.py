@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends.base import EgressRoute, ProbeRequest
-from harness.backends.command import WRAPPER_ENV_FILE, CommandBackend
-from harness.backends.spec import load_spec
-from harness.catalog import env as env_catalog
-from harness.errors import ConfigError
-from harness.world.core import World, start_world
+from sandbox_attest.backends.base import EgressRoute, ProbeRequest
+from sandbox_attest.backends.command import WRAPPER_ENV_FILE, CommandBackend
+from sandbox_attest.backends.spec import load_spec
+from sandbox_attest.catalog import env as env_catalog
+from sandbox_attest.errors import ConfigError
+from sandbox_attest.world.core import World, start_world
 
 WRAPPER = """#!/bin/sh
 # A stand-in wrapper found only on [run] path: it runs its command unchanged.

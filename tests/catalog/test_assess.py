@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.backends.base import DeclaredPolicy
-from harness.catalog import PROBES, CellContext, FsWriteOutside, base, probe_path
-from harness.catalog.base import _conclude
-from harness.catalog.fs import CORE_CLASSES, HOME_CLASSES
-from harness.matrix import load_matrix
-from harness.paths import matrix_dir
-from harness.runner import inside_route
-from harness.verdict import Verdict, decide
-from harness.world.info import (
+from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, base, probe_path
+from sandbox_attest.catalog.base import _conclude
+from sandbox_attest.catalog.fs import CORE_CLASSES, HOME_CLASSES
+from sandbox_attest.matrix import load_matrix
+from sandbox_attest.paths import matrix_dir
+from sandbox_attest.runner import inside_route
+from sandbox_attest.verdict import Verdict, decide
+from sandbox_attest.world.info import (
     BlobInfo,
     DaemonInfo,
     DirectEgressInfo,
@@ -47,7 +47,7 @@ BLOB_SIZE = 18_874_368
 
 @dataclass
 class Records:
-    """A hand-made stand-in for harness.world.WitnessRecords."""
+    """A hand-made stand-in for sandbox_attest.world.WitnessRecords."""
 
     origin: list[dict[str, Any]] = field(default_factory=list)
     dns: list[dict[str, Any]] = field(default_factory=list)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from harness.catalog import PROBES, AttemptTable, report_mismatch
-from harness.catalog.base import CRASH_ATTEMPT, attempts_of
+from sandbox_attest.catalog import PROBES, AttemptTable, report_mismatch
+from sandbox_attest.catalog.base import CRASH_ATTEMPT, attempts_of
 
 # A task for every probe whose table reads its targets, shaped as its spec's prepare makes it.
 TASKS: dict[str, dict[str, Any]] = {

@@ -1,7 +1,7 @@
 """Each assessor judges against the claim, and each FAIL names the claim it broke.
 
 Hand-made reports against real planted files and real evidence shapes (the host view as
-harness/hostview.py writes it, witness records as the world logs them): for every probe that
+sandbox_attest/hostview.py writes it, witness records as the world logs them): for every probe that
 reads a new claim, the branch where the claim holds, where it breaks (FAIL naming it), and
 where it is not made (not judged, or NOT_APPLICABLE through `not_claimed`).
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from harness.backends.base import DeclaredPolicy
-from harness.catalog import PROBES, CellContext
-from harness.catalog.env import EnvInheritance, salted_hash
-from harness.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets
-from harness.verdict import Decision, Verdict, decide
+from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.catalog import PROBES, CellContext
+from sandbox_attest.catalog.env import EnvInheritance, salted_hash
+from sandbox_attest.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets
+from sandbox_attest.verdict import Decision, Verdict, decide
 from tests.catalog.test_host import OK_CONTROL, Records, att, make_ctx, report
 
 __all__ = ["make_ctx"]  # the fixture, imported so this module's tests can ask for it

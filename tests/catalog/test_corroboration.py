@@ -2,7 +2,7 @@
 
 `believe` downgrades a PASS that rests on the payload's report alone where that report crossed
 a wrapper the harness does not control; each spec names the host readings behind its reading
-(`corroboration`). Host views here are shaped as harness/hostview.py writes them.
+(`corroboration`). Host views here are shaped as sandbox_attest/hostview.py writes them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from harness.backends.base import DeclaredPolicy
-from harness.catalog import PROBES, CellContext
-from harness.catalog.base import host_seen_own_network
-from harness.runner import inside_route
-from harness.verdict import UNCORROBORATED, Assessment, Decision, Verdict, believe
+from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.catalog import PROBES, CellContext
+from sandbox_attest.catalog.base import host_seen_own_network
+from sandbox_attest.runner import inside_route
+from sandbox_attest.verdict import UNCORROBORATED, Assessment, Decision, Verdict, believe
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
 NO_CAPS = "0000000000000000"

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from harness.backends.base import Backend, DeclaredPolicy
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.none import NoneBackend
-from harness.catalog import PROBES
-from harness.catalog.base import CellContext
-from harness.catalog.dev import (
+from sandbox_attest.backends.base import Backend, DeclaredPolicy
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.catalog import PROBES
+from sandbox_attest.catalog.base import CellContext
+from sandbox_attest.catalog.dev import (
     CONTROL_DEVICES,
     DevAccess,
     device_nodes,
@@ -33,11 +33,11 @@ from harness.catalog.dev import (
     sensitive,
     view_sensitive,
 )
-from harness.matrix import Cell, ProbeRow
-from harness.runner import CellRunner
-from harness.trust import payload_user
-from harness.verdict import decide
-from harness.world.core import World, start_world
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.trust import payload_user
+from sandbox_attest.verdict import decide
+from sandbox_attest.world.core import World, start_world
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
 OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")

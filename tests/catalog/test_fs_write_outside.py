@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 
-from harness import sweep
-from harness.backends.base import DeclaredPolicy
-from harness.catalog.base import CellContext
-from harness.catalog.fs import (
+from sandbox_attest import sweep
+from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.catalog.base import CellContext
+from sandbox_attest.catalog.fs import (
     HOME_CLASSES,
     FsWriteOutside,
     _class_key,
     payload_writable_places,
     writable_places,
 )
-from harness.trust import PayloadUser, payload_user
-from harness.verdict import Assessment
+from sandbox_attest.trust import PayloadUser, payload_user
+from sandbox_attest.verdict import Assessment
 from tests.catalog.test_proc import Records
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
@@ -59,7 +59,7 @@ class WorldLike:
 def scan_as(user: PayloadUser, root: Path) -> dict[str, Any]:
     """`writable_places(root)` in a child running as `user`."""
     code = (
-        "import json, sys; from harness.catalog.fs import writable_places; "
+        "import json, sys; from sandbox_attest.catalog.fs import writable_places; "
         "print(json.dumps(writable_places(sys.argv[1])))"
     )
     done = subprocess.run(

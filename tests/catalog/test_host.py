@@ -25,24 +25,30 @@ from typing import Any
 
 import pytest
 
-from harness.backends.base import Availability, Backend, DeclaredPolicy, ProbeRequest, ProbeRun
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.none import NoneBackend
-from harness.backends.process import run_process
-from harness.catalog import PROBES, CellContext
-from harness.catalog.canary import dir_canary_diff, dir_canary_state
-from harness.catalog.env import ENV_PREFIX, EnvInheritance, salted_hash
-from harness.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets
-from harness.catalog.ipc import IpcProxySocketTamper
-from harness.catalog.lifecycle import ORPHAN_MARKER, LifecycleOrphans, find_orphans
-from harness.errors import FixtureError
-from harness.matrix import Cell, ProbeRow
-from harness.payload import payload_env
-from harness.runner import CellRunner, inside_route
-from harness.trust import payload_user
-from harness.verdict import Verdict, decide
-from harness.world.core import World, start_world
-from harness.world.info import (
+from sandbox_attest.backends.base import (
+    Availability,
+    Backend,
+    DeclaredPolicy,
+    ProbeRequest,
+    ProbeRun,
+)
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.backends.process import run_process
+from sandbox_attest.catalog import PROBES, CellContext
+from sandbox_attest.catalog.canary import dir_canary_diff, dir_canary_state
+from sandbox_attest.catalog.env import ENV_PREFIX, EnvInheritance, salted_hash
+from sandbox_attest.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets
+from sandbox_attest.catalog.ipc import IpcProxySocketTamper
+from sandbox_attest.catalog.lifecycle import ORPHAN_MARKER, LifecycleOrphans, find_orphans
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.payload import payload_env
+from sandbox_attest.runner import CellRunner, inside_route
+from sandbox_attest.trust import payload_user
+from sandbox_attest.verdict import Verdict, decide
+from sandbox_attest.world.core import World, start_world
+from sandbox_attest.world.info import (
     BlobInfo,
     DaemonInfo,
     DirectEgressInfo,
@@ -816,7 +822,7 @@ def test_specs_are_registered() -> None:
 
 
 class TestCanaryReadings:
-    """The shared canary readings (harness.catalog.canary) the fs probes compare with."""
+    """The shared canary readings (sandbox_attest.catalog.canary) the fs probes compare with."""
 
     def test_dir_canary_diff_names_what_moved(self, tmp_path: Path) -> None:
         """New and gone entries are named; a removed canary reads as gone, not a field list."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import PROBES
-from harness.verdict import Verdict, decide
+from sandbox_attest.catalog import PROBES
+from sandbox_attest.verdict import Verdict, decide
 from tests.catalog.test_proc import CONFINED, OK_CONTROL, OPEN, Records, att, make_ctx
 
 

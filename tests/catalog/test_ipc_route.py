@@ -15,21 +15,21 @@ from typing import Any
 
 import pytest
 
-from harness.backends.base import (
+from sandbox_attest.backends.base import (
     NAMESPACED_INSIDE_PATHS,
     SANDBOX_PROXY_SOCKET,
     SANDBOX_SHIM,
     DeclaredPolicy,
 )
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.command import CommandBackend
-from harness.backends.none import NoneBackend
-from harness.catalog import PROBES, CellContext, InsideRoute
-from harness.catalog.ipc import TAMPER_OPS, IpcProxySocketTamper
-from harness.paths import matrix_dir
-from harness.runner import inside_route
-from harness.verdict import Verdict, decide
-from harness.world.core import World, start_world
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.catalog import PROBES, CellContext, InsideRoute
+from sandbox_attest.catalog.ipc import TAMPER_OPS, IpcProxySocketTamper
+from sandbox_attest.paths import matrix_dir
+from sandbox_attest.runner import inside_route
+from sandbox_attest.verdict import Verdict, decide
+from sandbox_attest.world.core import World, start_world
 from tests.catalog.test_proc import CONFINED, att
 from tests.reachable import reachable_tempdir
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from harness import sweep
-from harness.catalog import PROBES
-from harness.catalog.base import _save_state
-from harness.catalog.ipc import IpcUnixSocketEscape
-from harness.catalog.socket_witness import (
+from sandbox_attest import sweep
+from sandbox_attest.catalog import PROBES
+from sandbox_attest.catalog.base import _save_state
+from sandbox_attest.catalog.ipc import IpcUnixSocketEscape
+from sandbox_attest.catalog.socket_witness import (
     WitnessSockets,
     abstract_names,
     abstract_witness,
@@ -33,7 +33,7 @@ from harness.catalog.socket_witness import (
     walk_socket_dirs,
     witness_name,
 )
-from harness.verdict import Verdict, decide
+from sandbox_attest.verdict import Verdict, decide
 from tests.catalog.test_proc import CONFINED, OK_CONTROL, OPEN, Records, att, make_ctx
 
 
@@ -162,7 +162,7 @@ class TestWitnessSockets:
         nonce = "n" + secrets.token_hex(8)
         plant = (
             "import sys; from pathlib import Path; "
-            "from harness.catalog.socket_witness import WitnessSockets; "
+            "from sandbox_attest.catalog.socket_witness import WitnessSockets; "
             "WitnessSockets(sys.argv[1], [Path(sys.argv[2])], abstract=False).plant()"
         )
         # A real process that plants and exits without its cleanup, as a killed run does.

@@ -21,17 +21,17 @@ from typing import Any
 
 import pytest
 
-from harness.backends.base import DeclaredPolicy
-from harness.catalog.base import CellContext
-from harness.catalog.lifecycle import (
+from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.catalog.base import CellContext
+from sandbox_attest.catalog.lifecycle import (
     ORPHAN_KINDS,
     ORPHAN_MARKER,
     LifecycleOrphans,
     describe_orphan,
     find_orphans,
 )
-from harness.sweep import LEFTOVERS_FILE, record_leftovers, recorded_leftovers
-from harness.verdict import decide
+from sandbox_attest.sweep import LEFTOVERS_FILE, record_leftovers, recorded_leftovers
+from sandbox_attest.verdict import decide
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
 SPEC = LifecycleOrphans()

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.backends.base import START_MARKER, DeclaredPolicy
-from harness.catalog import PROBES, CellContext, FsWriteOutside, WorldLike, probe_path
-from harness.runner import inside_route
-from harness.verdict import Assessment, Decision, Verdict, decide
-from harness.world.core import World, start_world
+from sandbox_attest.backends.base import START_MARKER, DeclaredPolicy
+from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, WorldLike, probe_path
+from sandbox_attest.runner import inside_route
+from sandbox_attest.verdict import Assessment, Decision, Verdict, decide
+from sandbox_attest.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:

@@ -23,22 +23,22 @@ from typing import Any, cast
 
 import pytest
 
-from harness.backends.base import START_MARKER, Backend, DeclaredPolicy
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.none import NoneBackend
-from harness.catalog import PROBES, CellContext, probe_path
-from harness.catalog.net import direct, route
-from harness.catalog.net.direct import NetIpv6UdpIcmp, NetLoopbackServices
-from harness.catalog.net.route import NetPrivateAddress, NetProxyConfusion
-from harness.catalog.net.witness import LoopbackWitness
-from harness.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
-from harness.egress.rules import Rule
-from harness.errors import FixtureError
-from harness.matrix import Cell, ProbeRow
-from harness.runner import CellRunner
-from harness.verdict import Verdict, decide
-from harness.world.core import PRIVATE_NAME_SUFFIX, WitnessRecords, World, start_world
-from harness.world.info import ProxyInfo, WorldInfo
+from sandbox_attest.backends.base import START_MARKER, Backend, DeclaredPolicy
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.catalog import PROBES, CellContext, probe_path
+from sandbox_attest.catalog.net import direct, route
+from sandbox_attest.catalog.net.direct import NetIpv6UdpIcmp, NetLoopbackServices
+from sandbox_attest.catalog.net.route import NetPrivateAddress, NetProxyConfusion
+from sandbox_attest.catalog.net.witness import LoopbackWitness
+from sandbox_attest.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from sandbox_attest.egress.rules import Rule
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.verdict import Verdict, decide
+from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX, WitnessRecords, World, start_world
+from sandbox_attest.world.info import ProxyInfo, WorldInfo
 from tests.reachable import reachable_tempdir
 
 WIDE = (

@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
-from harness.backends.base import Backend, DeclaredPolicy
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.none import NoneBackend
-from harness.catalog import PROBES, CellContext
-from harness.catalog import proc as proc_module
-from harness.catalog.base import _poll
-from harness.catalog.proc import BOUNDS
-from harness.hostview import read_process
-from harness.matrix import Cell, ProbeRow
-from harness.runner import CellRunner
-from harness.verdict import Verdict, believe, decide
-from harness.world.core import World, start_world
+from sandbox_attest.backends.base import Backend, DeclaredPolicy
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.catalog import PROBES, CellContext
+from sandbox_attest.catalog import proc as proc_module
+from sandbox_attest.catalog.base import _poll
+from sandbox_attest.catalog.proc import BOUNDS
+from sandbox_attest.hostview import read_process
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.verdict import Verdict, believe, decide
+from sandbox_attest.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 from tests.unit.test_hostview import SLEEPER
 
@@ -237,7 +237,7 @@ class TestLive:
 
 @dataclass
 class Records:
-    """A hand-made stand-in for harness.world.WitnessRecords."""
+    """A hand-made stand-in for sandbox_attest.world.WitnessRecords."""
 
     origin: list[dict[str, Any]] = field(default_factory=list)
     dns: list[dict[str, Any]] = field(default_factory=list)

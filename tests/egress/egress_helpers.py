@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from harness.catalog.base import WITNESS_WAIT_S
-from harness.egress.proxy import PROXY_USER
+from sandbox_attest.catalog.base import WITNESS_WAIT_S
+from sandbox_attest.egress.proxy import PROXY_USER
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from harness.egress.proxy import ProxyProcess
+    from sandbox_attest.egress.proxy import ProxyProcess
 
-SHIM = Path(__file__).resolve().parents[2] / "harness" / "egress" / "shim.py"
+SHIM = Path(__file__).resolve().parents[2] / "sandbox_attest" / "egress" / "shim.py"
 BLOCK = 1024 * 1024
 _BASE = random.Random(20261130).randbytes(BLOCK)  # noqa: S311  (test data, not secrets)
 
@@ -120,7 +120,7 @@ class Origin:
         Args:
             n: how many accepts the test expects.
             timeout: seconds to wait; the default is the deadline the assessors give a
-                lagging witness (`harness.catalog.base.WITNESS_WAIT_S`).
+                lagging witness (`sandbox_attest.catalog.base.WITNESS_WAIT_S`).
         """
         with self._counted:
             self._counted.wait_for(lambda: self.accepts >= n, timeout=timeout)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.egress.proxy import DENY_HEADER, MAX_HEAD, ProxyConfig, start_proxy
-from harness.egress.rules import Rule
-from harness.errors import FixtureError
-from harness.jsonlines import LogLineError
+from sandbox_attest.egress.proxy import DENY_HEADER, MAX_HEAD, ProxyConfig, start_proxy
+from sandbox_attest.egress.rules import Rule
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.jsonlines import LogLineError
 from tests.egress.egress_helpers import (
     BLOCK,
     Origin,
@@ -40,8 +40,8 @@ from tests.egress.egress_helpers import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from harness.egress.proxy import ProxyProcess
-    from harness.world.dns import DnsFixture
+    from sandbox_attest.egress.proxy import ProxyProcess
+    from sandbox_attest.world.dns import DnsFixture
 
 MakeProxy = "Callable[..., ProxyProcess]"
 

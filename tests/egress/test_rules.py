@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.egress.rules import (
+from sandbox_attest.egress.rules import (
     EgressPolicy,
     EgressRequest,
     HostError,

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.backends.command import CommandBackend
-from harness.backends.none import NoneBackend
-from harness.matrix import Cell, ProbeRow
-from harness.runner import CellRunner
-from harness.world.core import World, start_world
+from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.world.core import World, start_world
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from harness.backends.base import Backend
+    from sandbox_attest.backends.base import Backend
 
 pytestmark = [
     pytest.mark.skipif(

@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.test_cli_run import keypair
 
-CLI = [sys.executable, "-m", "harness.cli"]
+CLI = [sys.executable, "-m", "sandbox_attest.cli"]
 PROBES = ("net_direct_egress", "fs_write_outside")
 
 

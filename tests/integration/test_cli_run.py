@@ -15,10 +15,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.matrix import load_matrix
-from harness.paths import matrix_dir
+from sandbox_attest.matrix import load_matrix
+from sandbox_attest.paths import matrix_dir
 
-CLI = [sys.executable, "-m", "harness.cli"]
+CLI = [sys.executable, "-m", "sandbox_attest.cli"]
 CORE = [
     "net_denied_host",
     "net_direct_egress",
@@ -346,7 +346,7 @@ class TestSmallMatrix:
         assert proc.returncode == pytest.ExitCode.INTERRUPTED, proc.stdout + proc.stderr
         assert f"sandbox-attest: error: --key {hostname}: not a PEM private key" in proc.stdout
         assert "Traceback" not in proc.stdout
-        assert "harness/plugin.py" not in proc.stdout
+        assert "sandbox_attest/plugin.py" not in proc.stdout
         assert not (out / "evidence.jsonl").exists()
 
 

@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from harness.backends import create_backend
-from harness.backends.base import Backend, Identity
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.command import CommandBackend
-from harness.backends.none import NoneBackend
-from harness.catalog import PROBES
-from harness.matrix import Cell, ProbeRow, load_matrix
-from harness.paths import matrix_dir
-from harness.runner import CellRunner
-from harness.world.core import World, start_world
+from sandbox_attest.backends import create_backend
+from sandbox_attest.backends.base import Backend, Identity
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.catalog import PROBES
+from sandbox_attest.matrix import Cell, ProbeRow, load_matrix
+from sandbox_attest.paths import matrix_dir
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.world.core import World, start_world
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def docker(*weaken: str) -> Callable[[], Backend]:
     """A docker backend with the named holes (imported lazily: the SDK is an extra)."""
 
     def make() -> Backend:
-        from harness.backends.docker import DockerBackend  # noqa: PLC0415
+        from sandbox_attest.backends.docker import DockerBackend  # noqa: PLC0415
 
         return DockerBackend(weaken=frozenset(weaken))
 

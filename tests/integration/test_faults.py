@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import sweep
-from harness.jsonlines import read_complete_lines
-from harness.world.faults import FAULTS_ENV
+from sandbox_attest import sweep
+from sandbox_attest.jsonlines import read_complete_lines
+from sandbox_attest.world.faults import FAULTS_ENV
 from tests.integration.test_cli_run import CLI, keypair, run_cli
 from tests.integration.test_signals import anchor_in_flight, descendants, still_alive
 
@@ -212,7 +212,7 @@ def proxy_pid(harness: int) -> int:
     for pid in descendants(harness):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if argv[1:3] == [b"-m", sweep.PROXY_MODULE]:
+            if sweep.is_harness_child(argv) and argv[1] == b"-m":
                 return pid
     pytest.fail("the run has no egress proxy")
 
@@ -594,7 +594,7 @@ def test_next_run_untags_the_images_of_gone_runs(
     """A gone run's per-run image tag is removed by the sweep; a live or fresh one stays."""
     import docker  # noqa: PLC0415  (optional extra, skipped by the fixture when missing)
 
-    from harness.backends.docker import sweep_stale_images  # noqa: PLC0415
+    from sandbox_attest.backends.docker import sweep_stale_images  # noqa: PLC0415
 
     monkeypatch.setenv("DOCKER_HOST", private_engine.host)
     empty = tmp_path / "empty.tar"
@@ -626,8 +626,8 @@ def test_next_run_removes_the_containers_of_gone_runs(
     """A gone run's container is removed in one listing; a live run's and a fresh one stay."""
     import docker  # noqa: PLC0415  (optional extra, skipped by the fixture when missing)
 
-    from harness.backends.docker import sweep_stale_containers  # noqa: PLC0415
-    from harness.backends.docker_image import RUN_LABEL  # noqa: PLC0415
+    from sandbox_attest.backends.docker import sweep_stale_containers  # noqa: PLC0415
+    from sandbox_attest.backends.docker_image import RUN_LABEL  # noqa: PLC0415
 
     monkeypatch.setenv("DOCKER_HOST", private_engine.host)
     empty = tmp_path / "empty.tar"

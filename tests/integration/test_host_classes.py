@@ -15,8 +15,8 @@ bwrap-generic.toml with one hole, go through a real `sandbox-attest run` with th
 A fourth, leaves_helper.toml, starts bwrap-generic from a shell that first leaves a helper
 running in a new session with the run tag: the harness's leftover sweep kills it, and that kill
 must count as this sandbox's escape in `lifecycle_orphans`, not as its cleanup: the command
-backend records what its sweep killed (`harness.sweep.record_leftovers`) and the catalogue reads
-it from the cell dir.
+backend records what its sweep killed (`sandbox_attest.sweep.record_leftovers`) and the catalogue
+reads it from the cell dir.
 
 Each hole FAILs its own probe and no other; none of them earns a PASS gate. Real bubblewrap,
 real devices, real processes, real uids; root only (the payload user exists only as root).
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.attest import EVIDENCE_NAME
-from harness.catalog.dev import payload_user_devices, sensitive
-from harness.catalog.lifecycle import find_orphans
-from harness.trust import payload_user
+from sandbox_attest.attest import EVIDENCE_NAME
+from sandbox_attest.catalog.dev import payload_user_devices, sensitive
+from sandbox_attest.catalog.lifecycle import find_orphans
+from sandbox_attest.trust import payload_user
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
 

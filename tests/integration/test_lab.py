@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.egress.proxy import PROXY_USER, ProxyConfig, start_proxy
-from harness.egress.rules import Rule
-from harness.world.dns import DnsFixture
-from harness.world.lab import INTERNET_NET, ORIGIN_ADDRESS, lab_possible
-from harness.world.netguard import OutsideLabError, check_destination, current_netns
+from sandbox_attest.egress.proxy import PROXY_USER, ProxyConfig, start_proxy
+from sandbox_attest.egress.rules import Rule
+from sandbox_attest.world.dns import DnsFixture
+from sandbox_attest.world.lab import INTERNET_NET, ORIGIN_ADDRESS, lab_possible
+from sandbox_attest.world.netguard import OutsideLabError, check_destination, current_netns
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

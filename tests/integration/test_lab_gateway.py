@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.backends.command import CommandBackend
-from harness.backends.none import NoneBackend
-from harness.matrix import Cell, ProbeRow
-from harness.runner import CellRunner
-from harness.world.core import World, start_world
+from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.attest.policy import load_policy
-from harness.paths import default_policy
+from sandbox_attest.attest.policy import load_policy
+from sandbox_attest.paths import default_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = "sa-nonroot"
@@ -169,7 +169,7 @@ class TestRunAttestAsNonRoot:
 # made, so the kernel's refusal is stubbed at its one seam (the spec's own check), as on an
 # Ubuntu 24.04 runner with AppArmor's user-namespace restriction on.
 REFUSING_KERNEL = """
-from harness.catalog import proc
+from sandbox_attest.catalog import proc
 
 proc.setns_control_refused.cache_clear()
 proc.ProcNamespaceEscape.not_applicable_here = (
@@ -206,7 +206,7 @@ class TestSetnsControlRefused:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), str(ROOT)])}
         proc = subprocess.run(
             [
-                *(sys.executable, "-m", "harness.cli", "run", "--matrix", str(matrix)),
+                *(sys.executable, "-m", "sandbox_attest.cli", "run", "--matrix", str(matrix)),
                 *("--policy", str(policy), "--backend", "bubblewrap", "--out", str(out)),
             ],
             capture_output=True,

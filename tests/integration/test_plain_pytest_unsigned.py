@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from harness.paths import matrix_dir
-from harness.render import NOT_SIGNED
+from sandbox_attest.paths import matrix_dir
+from sandbox_attest.render import NOT_SIGNED
 from tests.integration.test_cli_run import small_matrix, small_policy
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -30,7 +30,7 @@ import signal
 
 import pytest
 
-from harness.plugin import SIGNER_KEY
+from sandbox_attest.plugin import SIGNER_KEY
 
 
 @pytest.hookimpl(trylast=True)

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from harness.world.lab import lab_possible
+from sandbox_attest.world.lab import lab_possible
 
 ROOT = Path(__file__).parent.parent.parent
 INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
-CLI = [sys.executable, "-m", "harness.cli"]
+CLI = [sys.executable, "-m", "sandbox_attest.cli"]
 RUN_TIMEOUT_S = 180.0
 
 # The true findings (README.md, "Real sandboxes, measured"), per sandbox: each FAILs against a

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.attest import EVIDENCE_NAME
-from harness.verdict import UNCORROBORATED
+from sandbox_attest.attest import EVIDENCE_NAME
+from sandbox_attest.verdict import UNCORROBORATED
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
 

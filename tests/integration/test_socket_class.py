@@ -24,14 +24,14 @@ from typing import Any
 
 import pytest
 
-from harness.backends.base import Backend
-from harness.backends.bubblewrap import BubblewrapBackend
-from harness.backends.command import CommandBackend
-from harness.backends.none import NoneBackend
-from harness.catalog.ipc import TAMPER_OPS
-from harness.matrix import Cell, ProbeRow
-from harness.runner import CellRunner
-from harness.world.core import World, start_world
+from sandbox_attest.backends.base import Backend
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.catalog.ipc import TAMPER_OPS
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.runner import CellRunner
+from sandbox_attest.world.core import World, start_world
 from tests.integration.test_cli_run import run_cli
 from tests.reachable import reachable_tempdir
 
@@ -64,7 +64,7 @@ def world() -> Iterator[World]:
 @pytest.fixture(scope="module")
 def runner(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CellRunner]:
     """A runner over the control leg, both release legs and the three socket wrappers."""
-    from harness.backends.docker import DockerBackend  # noqa: PLC0415  (the SDK is an extra)
+    from sandbox_attest.backends.docker import DockerBackend  # noqa: PLC0415  (the SDK is an extra)
 
     docker = DockerBackend()
     backends: dict[str, Backend] = {

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.attest import ATTESTATION_NAME, EVIDENCE_NAME, dsse
-from harness.attest.keys import ENV_VAR, load_trusted_key
-from harness.attest.policy import load_policy
-from harness.attest.statement import TEST_RESULT_PREDICATE, parse_statement
-from harness.attest.verify import Checks, verify_report
-from harness.backends.command import CommandBackend
+from sandbox_attest.attest import ATTESTATION_NAME, EVIDENCE_NAME, dsse
+from sandbox_attest.attest.keys import ENV_VAR, load_trusted_key
+from sandbox_attest.attest.policy import load_policy
+from sandbox_attest.attest.statement import TEST_RESULT_PREDICATE, parse_statement
+from sandbox_attest.attest.verify import Checks, verify_report
+from sandbox_attest.backends.command import CommandBackend
 from tests.integration.test_cli_run import CLI, keypair
 
 if TYPE_CHECKING:

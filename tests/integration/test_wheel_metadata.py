@@ -64,8 +64,8 @@ class TestMetadata:
     def test_plugin_and_script_entry_points(self) -> None:
         """The pytest11 entry point and the console script name the modules that exist."""
         text = (ROOT / "pyproject.toml").read_text()
-        assert 'sandbox_attest = "harness.plugin"' in text
-        assert 'sandbox-attest = "harness.cli:main"' in text
+        assert 'sandbox_attest = "sandbox_attest.plugin"' in text
+        assert 'sandbox-attest = "sandbox_attest.cli:main"' in text
 
 
 class TestReadmeIsPypiSafe:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from harness.attest import sign_report
-from harness.attest.keys import SigningKey
+from sandbox_attest.attest import sign_report
+from sandbox_attest.attest.keys import SigningKey
 from tests.attest.builder import build_report, make_cells, write_policy
 
 if TYPE_CHECKING:

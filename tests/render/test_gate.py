@@ -6,10 +6,10 @@ import base64
 import json
 from typing import TYPE_CHECKING
 
-from harness.attest import SignerFacts, gate_for, policy_from_evidence
-from harness.attest.sigstore import ED25519_ONLY
-from harness.attest.subjects import EVIDENCE, HTML, SUMMARY
-from harness.render import NOT_SIGNED, render_html, render_summary, view_of
+from sandbox_attest.attest import SignerFacts, gate_for, policy_from_evidence
+from sandbox_attest.attest.sigstore import ED25519_ONLY
+from sandbox_attest.attest.subjects import EVIDENCE, HTML, SUMMARY
+from sandbox_attest.render import NOT_SIGNED, render_html, render_summary, view_of
 
 if TYPE_CHECKING:
     from pathlib import Path

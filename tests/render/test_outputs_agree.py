@@ -1,7 +1,7 @@
 """One run, five outputs: evidence and gate, junit.xml, allure-results/, report.html, summary.md.
 
 The run has a FAIL, an ERROR, an INCONCLUSIVE and an UNAVAILABLE cell and a missing required
-cell; every output is rendered the way the session renders it (harness/outcomes.py) and read
+cell; every output is rendered the way the session renders it (sandbox_attest/outcomes.py) and read
 back the way its consumer reads it: JUnit as XML, Allure through the real Allure 3 CLI, the
 page in headless Chromium. They must agree cell by cell, and with the gate.
 """
@@ -19,11 +19,11 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from harness.allure_results import CATEGORIES, CONTROL_DIR, render_allure, write_results
-from harness.attest.policy import Policy, load_policy
-from harness.junit import render_junit
-from harness.outcomes import GATE_ID, RunOutcomes, run_outcomes
-from harness.render import render_html, render_summary
+from sandbox_attest.allure_results import CATEGORIES, CONTROL_DIR, render_allure, write_results
+from sandbox_attest.attest.policy import Policy, load_policy
+from sandbox_attest.junit import render_junit
+from sandbox_attest.outcomes import GATE_ID, RunOutcomes, run_outcomes
+from sandbox_attest.render import render_html, render_summary
 from tests.attest.builder import build_report, make_cells, write_policy
 from tests.render.cdp import Browser
 from tests.render.test_html import chromium

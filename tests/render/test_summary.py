@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.attest.subjects import SUMMARY
-from harness.render.summary import STEP_SUMMARY_LIMIT, TRUNCATED_NOTE, append_step_summary, fit
+from sandbox_attest.attest.subjects import SUMMARY
+from sandbox_attest.render.summary import (
+    STEP_SUMMARY_LIMIT,
+    TRUNCATED_NOTE,
+    append_step_summary,
+    fit,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path

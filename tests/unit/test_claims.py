@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from harness.backends.base import DeclaredPolicy, Identity
-from harness.backends.bubblewrap import POLICY as BUBBLEWRAP
-from harness.backends.none import POLICY as NONE
-from harness.backends.spec import load_spec
-from harness.catalog import PROBES
-from harness.claims import claims_of, expand, unclaimed
-from harness.errors import ConfigError
+from sandbox_attest.backends.base import DeclaredPolicy, Identity
+from sandbox_attest.backends.bubblewrap import POLICY as BUBBLEWRAP
+from sandbox_attest.backends.none import POLICY as NONE
+from sandbox_attest.backends.spec import load_spec
+from sandbox_attest.catalog import PROBES
+from sandbox_attest.claims import claims_of, expand, unclaimed
+from sandbox_attest.errors import ConfigError
 
 SPEC_HEAD = """
 [backend]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli import _print_gate, build_parser
+from sandbox_attest.cli import _print_gate, build_parser
 
 
 class TestGateWord:

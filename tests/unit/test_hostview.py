@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.hostview import (
+from sandbox_attest.hostview import (
     LAUNCHER,
     MAX_LOOK,
     Rendezvous,
@@ -31,7 +31,7 @@ from harness.hostview import (
     read_limits,
     read_process,
 )
-from harness.paths import probes_dir
+from sandbox_attest.paths import probes_dir
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -1,4 +1,4 @@
-"""Imports under harness/ flow down: backends and the catalogue sit below the runner.
+"""Imports under sandbox_attest/ flow down: backends and the catalogue sit below the runner.
 
 Every import of every module is read from its source with `ast`, including imports inside
 functions and under `if TYPE_CHECKING:` (a type-only import still ties the layers together and
@@ -14,13 +14,19 @@ from pathlib import Path
 
 import pytest
 
-import harness
-from harness.catalog import PROBES
+import sandbox_attest
+from sandbox_attest.catalog import PROBES
 
-HARNESS = Path(harness.__file__).resolve().parent
+HARNESS = Path(sandbox_attest.__file__).resolve().parent
 
 # The modules that drive a run; nothing below them may import them.
-ABOVE = ("harness.runner", "harness.matrix", "harness.session", "harness.cli", "harness.plugin")
+ABOVE = (
+    "sandbox_attest.runner",
+    "sandbox_attest.matrix",
+    "sandbox_attest.session",
+    "sandbox_attest.cli",
+    "sandbox_attest.plugin",
+)
 # One catalogue module (or package) per area: the `area` of its specs.
 AREAS = frozenset({"net", "dns", "ipc", "fs", "env", "proc", "dev", "lifecycle", "pkg"})
 # What several areas share lives below them, named by concept.
@@ -36,12 +42,12 @@ class Edge:
     line: int
 
     def __str__(self) -> str:
-        """`harness.x (line 3) imports harness.y`."""
+        """`sandbox_attest.x (line 3) imports sandbox_attest.y`."""
         return f"{self.importer} (line {self.line}) imports {self.imported}"
 
 
 def module_name(root: Path, path: Path) -> str:
-    """`harness.catalog.net.route` for `<root>/catalog/net/route.py`."""
+    """`sandbox_attest.catalog.net.route` for `<root>/catalog/net/route.py`."""
     parts = [root.name, *path.relative_to(root).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
@@ -71,7 +77,7 @@ def edges(root: Path) -> list[Edge]:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*anchor, *([base] if base else [])])
                 targets = [base]
-                # `from harness.catalog import proc` imports the submodule proc.
+                # `from sandbox_attest.catalog import proc` imports the submodule proc.
                 targets += [
                     f"{base}.{a.name}" for a in node.names if _is_module(root, f"{base}.{a.name}")
                 ]
@@ -88,7 +94,7 @@ def _within(name: str, prefix: str) -> bool:
 
 
 def _catalog_part(name: str) -> str | None:
-    """`net` for `harness.catalog.net.route`; None outside the catalogue or for its root."""
+    """`net` for `sandbox_attest.catalog.net.route`; None outside the catalogue or for its root."""
     parts = name.split(".")
     return parts[2] if len(parts) > 2 and parts[1] == "catalog" else None
 
@@ -98,10 +104,10 @@ def violations(root: Path) -> list[str]:
     found = []
     for edge in edges(root):
         src, dst = edge.importer, edge.imported
-        if _within(src, "harness.backends") and any(_within(dst, a) for a in ABOVE):
+        if _within(src, "sandbox_attest.backends") and any(_within(dst, a) for a in ABOVE):
             found.append(f"{edge}: backends must not import the layers that drive a run")
-        if _within(src, "harness.catalog"):
-            if any(_within(dst, a) for a in (*ABOVE, "harness.backends")):
+        if _within(src, "sandbox_attest.catalog"):
+            if any(_within(dst, a) for a in (*ABOVE, "sandbox_attest.backends")):
                 found.append(f"{edge}: the catalogue must not import the runner or backends")
             own, other = _catalog_part(src), _catalog_part(dst)
             if own in HELPERS and other in AREAS:
@@ -120,7 +126,7 @@ def catalogue_parts(root: Path) -> set[str]:
 
 class TestLayers:
     def test_no_import_flows_up_or_sideways(self) -> None:
-        """No module under harness/ imports a layer above it or a sibling area."""
+        """No module under sandbox_attest/ imports a layer above it or a sibling area."""
         assert violations(HARNESS) == []
 
     def test_catalogue_is_cut_by_area(self) -> None:
@@ -137,23 +143,23 @@ class TestLayers:
 class TestTheReader:
     def test_finds_function_level_and_from_imports(self, tmp_path: Path) -> None:
         """A lazy import inside a function and a `from pkg import submodule` are both edges."""
-        root = tmp_path / "harness"
+        root = tmp_path / "sandbox_attest"
         (root / "catalog").mkdir(parents=True)
         (root / "__init__.py").write_text("")
         (root / "runner.py").write_text("")
-        (root / "catalog" / "__init__.py").write_text("from harness.catalog import fs\n")
+        (root / "catalog" / "__init__.py").write_text("from sandbox_attest.catalog import fs\n")
         (root / "catalog" / "fs.py").write_text("")
         (root / "catalog" / "env.py").write_text(
-            "def f():\n    from harness.runner import x\n    from . import fs\n"
+            "def f():\n    from sandbox_attest.runner import x\n    from . import fs\n"
         )
         assert sorted(violations(root)) == [
             (
-                "harness.catalog.env (line 2) imports harness.runner: the catalogue must not "
-                "import the runner or backends"
+                "sandbox_attest.catalog.env (line 2) imports sandbox_attest.runner: "
+                "the catalogue must not import the runner or backends"
             ),
             (
-                "harness.catalog.env (line 3) imports harness.catalog.fs: one area module must "
-                "not import another"
+                "sandbox_attest.catalog.env (line 3) imports sandbox_attest.catalog.fs: "
+                "one area module must not import another"
             ),
         ]
-        assert "harness.catalog.fs" in {e.imported for e in edges(root)}
+        assert "sandbox_attest.catalog.fs" in {e.imported for e in edges(root)}

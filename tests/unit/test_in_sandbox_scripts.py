@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.paths import probes_dir
+from sandbox_attest.paths import probes_dir
 from tests.py38 import python38
 
-EGRESS = Path(__file__).resolve().parents[2] / "harness" / "egress"
+EGRESS = Path(__file__).resolve().parents[2] / "sandbox_attest" / "egress"
 SCRIPTS = sorted([EGRESS / "shim.py", EGRESS / "pipe_shim.py", *probes_dir().glob("*.py")])
 BUILTIN_GENERICS = frozenset({"list", "dict", "tuple", "set", "frozenset", "type"})
 # Attribute names that exist only on Python >= 3.9 (str, socket, random, math, pathlib,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import ConfigError
-from harness.matrix import load_matrix
-from harness.paths import matrix_dir
+from sandbox_attest.errors import ConfigError
+from sandbox_attest.matrix import load_matrix
+from sandbox_attest.paths import matrix_dir
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import process
+from sandbox_attest.backends import process
 
 
 def test_group_we_may_not_signal_is_noted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

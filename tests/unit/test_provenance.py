@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness import __version__
-from harness.provenance import (
+from sandbox_attest import __version__
+from sandbox_attest.provenance import (
     NOT_FOUND,
     executable_facts,
     git_facts,

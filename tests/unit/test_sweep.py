@@ -1,4 +1,4 @@
-"""harness.sweep: real journal files, real dead and live owners, real orphaned processes."""
+"""sandbox_attest.sweep: real journal files, real dead and live owners, real orphaned processes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import sweep
-from harness.errors import ConfigError
+from sandbox_attest import sweep
+from sandbox_attest.errors import ConfigError
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -28,7 +28,7 @@ def record_from_a_process_that_exits(key: str, paths: list[Path], **facts: str) 
     """Journal `paths` from a child process that then exits (a run killed after planting)."""
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-        "from harness import sweep; "
+        "from sandbox_attest import sweep; "
         f"sweep.record({key!r}, [Path(p) for p in {list(map(str, paths))!r}], **{facts!r})"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
@@ -78,7 +78,7 @@ class TestJournal:
         """The docker run ids a dead run journalled come back for the container sweep."""
         code = (
             f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-            "from harness import sweep; "
+            "from sandbox_attest import sweep; "
             f"sweep.record('run-x', [Path({str(tmp_path / 'gone')!r})], docker_run_ids=['d1'])"
         )
         subprocess.run([sys.executable, "-c", code], check=True)
@@ -93,7 +93,7 @@ class TestJournal:
         (full / "credentials").write_text("real")
         code = (
             f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-            "from harness import sweep; "
+            "from sandbox_attest import sweep; "
             f"sweep.record('k', [], dirs=(Path({str(empty)!r}), Path({str(full)!r})))"
         )
         subprocess.run([sys.executable, "-c", code], check=True)
@@ -168,7 +168,12 @@ class TestOrphans:
         assert sweep.is_harness_child(
             [b"/usr/bin/python3", b"-c", b"code", b"sandbox-attest-anchor:n"]
         )
-        assert sweep.is_harness_child([b"/v/bin/python", b"-m", b"harness.egress.proxy", b"/tmp/c"])
+        assert sweep.is_harness_child(
+            [b"/v/bin/python", b"-m", b"sandbox_attest.egress.proxy", b"/tmp/c"]
+        )
+        # The proxy of a version from before the package rename is the harness's too.
+        assert sweep.is_harness_child([b"/v/bin/python", b"-m", b"harness.egress.proxy", b"/c"])
+        assert not sweep.is_harness_child([b"/v/bin/python", b"-m", b"http.server", b"8000"])
         assert not sweep.is_harness_child([b"/bin/bash", b"-c", b"x sandbox-attest-anchor:n", b"y"])
         assert not sweep.is_harness_child([b"python", b"-c", b"print('sandbox-attest-anchor:')"])
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from harness import verdict
-from harness.verdict import Assessment, Escape, Expectation, Verdict, decide
+from sandbox_attest import verdict
+from sandbox_attest.verdict import Assessment, Escape, Expectation, Verdict, decide
 
 
 def assessment(escape: Escape, *, controls_ok: bool = True) -> Assessment:

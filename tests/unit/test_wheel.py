@@ -41,15 +41,15 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 class TestWheel:
     def test_data_folders_are_package_data(self, wheel: Path) -> None:
-        """Every probe, the matrix and the fixture data ride under harness/_data."""
+        """Every probe, the matrix and the fixture data ride under sandbox_attest/_data."""
         names = set(zipfile.ZipFile(wheel).namelist())
         for probe in (ROOT / "probes").glob("*.py"):
-            assert f"harness/_data/probes/{probe.name}" in names
+            assert f"sandbox_attest/_data/probes/{probe.name}" in names
         for required in (
-            "harness/_data/matrix/matrix.toml",
-            "harness/_data/matrix/policy.toml",
-            "harness/_data/fixtures/blob.toml",
-            "harness/egress/shim.py",
+            "sandbox_attest/_data/matrix/matrix.toml",
+            "sandbox_attest/_data/matrix/policy.toml",
+            "sandbox_attest/_data/fixtures/blob.toml",
+            "sandbox_attest/egress/shim.py",
         ):
             assert required in names
         # The one import package: no top-level probes/fixtures/matrix to shadow PyPI's.
@@ -61,7 +61,7 @@ class TestWheel:
         zipfile.ZipFile(wheel).extractall(site)
         (site / "probes").mkdir()  # another distribution's `probes` package, say
         code = (
-            "from harness.paths import probes_dir, matrix_dir; "
+            "from sandbox_attest.paths import probes_dir, matrix_dir; "
             "print(probes_dir()); print(matrix_dir())"
         )
         out = subprocess.run(
@@ -74,6 +74,6 @@ class TestWheel:
             cwd=tmp_path,  # not the clone: `python -c` puts the cwd first on sys.path
         ).stdout
         assert out.split() == [
-            str(site / "harness/_data/probes"),
-            str(site / "harness/_data/matrix"),
+            str(site / "sandbox_attest/_data/probes"),
+            str(site / "sandbox_attest/_data/matrix"),
         ]

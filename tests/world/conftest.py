@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.world.origins import Origins, load_hosts
-from harness.world.pki import Pki
+from sandbox_attest.world.origins import Origins, load_hosts
+from sandbox_attest.world.pki import Pki
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

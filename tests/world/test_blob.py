@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.errors import FixtureError
-from harness.paths import fixtures_dir
-from harness.world.blob import (
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.paths import fixtures_dir
+from sandbox_attest.world.blob import (
     BLOCK_SIZE,
     compute_sha256,
     iter_blob,
@@ -56,7 +56,7 @@ class TestSpec:
         """A spec without sha256 raises FixtureError naming the regeneration command."""
         path = tmp_path / "blob.toml"
         path.write_text('[blob]\nseed = "x"\nsize = 1\n')
-        with pytest.raises(FixtureError, match=r"python -m harness\.world\.blob --write"):
+        with pytest.raises(FixtureError, match=r"python -m sandbox_attest\.world\.blob --write"):
             load_blob_spec(path)
 
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.errors import FixtureError
-from harness.world.listeners import DirectEgressListener, FakeDaemon
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.world.listeners import DirectEgressListener, FakeDaemon
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

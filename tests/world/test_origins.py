@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.paths import fixtures_dir
-from harness.world.origins import Origins, load_hosts, normalize_project
-from harness.world.wheel import build_canary_wheel
+from sandbox_attest.paths import fixtures_dir
+from sandbox_attest.world.origins import Origins, load_hosts, normalize_project
+from sandbox_attest.world.wheel import build_canary_wheel
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from harness.world.pki import Pki
+    from sandbox_attest.world.pki import Pki
 
 BLOB_SIZE = 18_874_368
 LOG_KEYS = {

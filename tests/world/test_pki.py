@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.errors import FixtureError
-from harness.world.pki import Pki
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.world.pki import Pki
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from harness.world.origins import Origins
+    from sandbox_attest.world.origins import Origins
 
 
 def _handshake(ctx: ssl.SSLContext, port: int, server_hostname: str) -> dict[str, object]:

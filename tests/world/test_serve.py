@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-import harness
-from harness.world.info import WorldInfo
+import sandbox_attest
+from sandbox_attest.world.info import WorldInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-REPO = Path(harness.__file__).resolve().parent.parent
+REPO = Path(sandbox_attest.__file__).resolve().parent.parent
 SERVE = (
-    "import sys; from pathlib import Path; from harness.world.core import serve; "
+    "import sys; from pathlib import Path; from sandbox_attest.world.core import serve; "
     "sys.exit(serve(Path(sys.argv[1]) if len(sys.argv) > 1 else None))"
 )
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.errors import FixtureError
-from harness.paths import fixtures_dir
-from harness.world.wheel import build_canary_wheel
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.paths import fixtures_dir
+from sandbox_attest.world.wheel import build_canary_wheel
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from harness.catalog.base import WITNESS_WAIT_S
-from harness.errors import FixtureError
-from harness.world.core import World, start_world
-from harness.world.dns import resolve
-from harness.world.info import WorldInfo
+from sandbox_attest.catalog.base import WITNESS_WAIT_S
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.world.core import World, start_world
+from sandbox_attest.world.dns import resolve
+from sandbox_attest.world.info import WorldInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A hostile "sandbox wrapper" (issue 12): it attacks the harness, then runs its payload bare.
 
-The harness starts it as it starts any command wrapper (harness/backends/command.py), as the
+The harness starts it as it starts any command wrapper (sandbox_attest/backends/command.py), as the
 payload user. Before it runs the payload it tries what issue 12 listed, as live attempts:
 
   a. walk its ancestors (the ppid chain from /proc/self/stat up to pid 1) and, for each, read
@@ -14,7 +14,7 @@ payload user. Before it runs the payload it tries what issue 12 listed, as live 
      retrying those plants every 50 ms until $ATTACKER_HELPER_SECONDS (default 20) pass or
      the file `stop` appears in the drop dir, and that writes a forged all-PASS evidence
      through any plant that lands;
-  c. find the signer (a process whose cmdline holds `harness.attest.signer`) and try to read
+  c. find the signer (a process whose cmdline holds `sandbox_attest.attest.signer`) and try to read
      its environ and cmdline, open its mem, and PTRACE_SEIZE it;
   d. exec the payload with no sandbox at all.
 
@@ -54,7 +54,7 @@ PEM_RE = re.compile(
 )
 KEY_FLAGS = ("--key", "--sandbox-attest-key")
 OUT_FLAGS = ("--out", "--sandbox-attest-report-dir")
-# Every file a person reads in a report (harness/attest/subjects.py), plus the temp name the
+# Every file a person reads in a report (sandbox_attest/attest/subjects.py), plus the temp name the
 # old writer used: the plants aim at each.
 LINK_PLANTS = ("evidence.json.tmp", "evidence.json", "junit.xml", "report.html", "summary.md")
 ALLURE_PLANT = "allure-results/forged-result.json"
@@ -386,7 +386,7 @@ class FifoServer:
 
 
 def signer_pids() -> list[int]:
-    """Every process whose cmdline holds `harness.attest.signer` (other runs' too)."""
+    """Every process whose cmdline holds `sandbox_attest.attest.signer` (other runs' too)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -395,7 +395,7 @@ def signer_pids() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"harness.attest.signer" in cmdline:
+        if b"sandbox_attest.attest.signer" in cmdline:
             found.append(int(entry.name))
     return found
 

@@ -12,7 +12,7 @@ Creating a socket stays allowed, so a probe that only reads its own interfaces s
 
 `--no-filter` execs PROGRAM without the filter: the same wrapper, the same claim, no cut. It
 is the false claim the live test must FAIL. The layout of `struct seccomp_data` and the
-opcodes are the ones harness/backends/seccomp.py uses.
+opcodes are the ones sandbox_attest/backends/seccomp.py uses.
 
 Stdlib only: the payload user runs it with the payload's interpreter.
 """

@@ -1,0 +1,300 @@
+"""Merge signed legs (platform x backend) from a CI matrix into one signed release decision.
+
+Each leg directory is verified on its own (signature, digests, re-derived gate, policy for
+the legs it holds, freshness); then the legs must share one harness commit and probes
+digest, the union must contain every expected leg (`--expect-legs`, see
+`sandbox_attest.attest.legs`) exactly once and satisfy the whole policy. Only then is the release
+written: every subject of each leg (evidence.json, junit.xml, report.html, summary.md,
+allure-results/ and the attestation) copied to `legs/NN-<dir>/` (the very bytes that were
+verified), the release's own report.html and summary.md (every leg's grid side by side,
+linking to the legs' pages; `sandbox_attest.render.release`), and one test-result statement signed
+over all of them, recording the common commit, which `sandbox-attest verify` checks again. A
+leg that fails, a duplicate leg or a missing one refuses the merge and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox_attest.attest import (
+    ATTESTATION_NAME,
+    UNTRUSTED_LOCAL_NOTE,
+    SignerFacts,
+    reportfs,
+    signer_info,
+    sigstore,
+    write_envelopes,
+    write_signing_sidecar,
+)
+from sandbox_attest.attest.keys import ENV_VAR
+from sandbox_attest.attest.legs import ExpectedLegs, leg_digests, leg_label, load_expected_legs
+from sandbox_attest.attest.policy import CONTROL_BACKEND
+from sandbox_attest.attest.sigstore import sign_keyless
+from sandbox_attest.attest.statement import (
+    TEST_RESULT_PREDICATE,
+    sha256_hex,
+    statement,
+    statement_bytes,
+    test_result_predicate,
+)
+from sandbox_attest.attest.subjects import HTML, SUMMARY
+from sandbox_attest.attest.verify import LEG_FILES, LEGS_DIR, Checks, verify_legs
+from sandbox_attest.errors import ConfigError
+from sandbox_attest.evidence import utc_now
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from sandbox_attest.attest.keys import SigningKey, TrustedKey
+    from sandbox_attest.attest.legs import Combined
+    from sandbox_attest.attest.policy import Policy
+
+__all__ = ["ExpectedLegs", "MergeResult", "load_expected_legs", "merge_legs", "release_pages"]
+
+
+@dataclass
+class MergeResult:
+    """The outcome of a merge: every reason it was refused, or the statement it wrote."""
+
+    reasons: list[str] = field(default_factory=list)
+    legs: dict[tuple[str, str], Path] = field(default_factory=dict)
+    result: str = ""
+    attestation: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the merge was written."""
+        return not self.reasons
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an --out that holds anything: it may be a leg report or an earlier release.
+
+    Raises:
+        ConfigError: `out_dir` exists and is not an empty directory.
+    """
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(
+            f"--out {out_dir} already exists and is not empty (a leg report or an earlier "
+            "release would be overwritten); choose an empty --out"
+        )
+
+
+def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
+    """Fill a fresh temporary directory beside `out_dir`, then rename it into place.
+
+    A merge that fails half-way leaves nothing at `out_dir`, so a later verify never sees a
+    half-written release.
+
+    Raises:
+        ConfigError: `out_dir` was filled by someone else meanwhile.
+    """
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        write(tmp)
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the release from CI's upload user
+        check_out_dir(out_dir)
+        if out_dir.exists():
+            out_dir.rmdir()
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _harness_entry(signed: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge's `harness` entry: the commit and probes digest every leg signed alike."""
+    commit = signed.get("commit")
+    digest = {"sha256": str(signed.get("probesSha256", ""))}
+    if isinstance(commit, str) and commit:
+        digest["gitCommit"] = commit
+    return {
+        "name": "harness",
+        "uri": f"pkg:pypi/sandbox-attest@{signed.get('version', 'unknown')}",
+        "digest": digest,
+        "annotations": {
+            "version": signed.get("version"),
+            "commit": commit,
+            "dirty": signed.get("dirty"),
+            "probesSha256": signed.get("probesSha256"),
+        },
+    }
+
+
+def release_pages(
+    combined: Combined,
+    expected: ExpectedLegs,
+    policy: Policy,
+    key: SigningKey,
+    env: Mapping[str, str],
+) -> dict[str, bytes]:
+    """The release's report.html and summary.md, rendered from the verified legs.
+
+    From the evidence each leg's verification parsed (the bytes the merge copies), through
+    the one verdict mapping, with the merged gate the statement signs.
+
+    Args:
+        combined: `verify_legs`'s result, with a gate.
+        expected: the legs the release needs (says whether `none` is a leg of its own).
+        policy: the release policy.
+        key: the key the merge is signed with (the pages say who signs).
+        env: the environment for Sigstore's ambient-token check.
+
+    Returns:
+        `report.html` and `summary.md` -> their bytes.
+    """
+    from sandbox_attest.render.release import (  # noqa: PLC0415  (rendering imports attest)
+        release_view,
+        render_release_html,
+        render_release_summary,
+    )
+
+    if combined.gate is None:
+        msg = "release_pages needs the merged gate; call it after verify_legs succeeded"
+        raise ValueError(msg)
+    facts = SignerFacts.of(key.keyid, key.trust, sigstore.decide(env))
+    view = release_view(
+        [(label, v.evidence or {}) for label, v in combined.verifications],
+        combined.gate,
+        policy,
+        facts,
+        control_is_leg=any(b == CONTROL_BACKEND for _, b in expected.legs),
+    )
+    return {
+        HTML: render_release_html(view).encode("utf-8"),
+        SUMMARY: render_release_summary(view).encode("utf-8"),
+    }
+
+
+def merge_legs(
+    leg_dirs: Sequence[Path],
+    *,
+    expected: ExpectedLegs,
+    trusted: TrustedKey,
+    policy: Policy,
+    key: SigningKey,
+    out_dir: Path,
+    allow_untrusted_local: bool = False,
+    env: Mapping[str, str] | None = None,
+    checks: Checks | None = None,
+) -> MergeResult:
+    """Verify every leg and, if all hold, write one signed statement over all of them.
+
+    Args:
+        leg_dirs: the leg report directories, in the order their copies are numbered.
+        expected: the legs the release needs.
+        trusted: the key every leg must be signed with.
+        policy: the release policy, judged over the union of the legs.
+        key: the key the merge is signed with.
+        out_dir: an empty or new directory for the release.
+        allow_untrusted_local: accept legs, and a merge key, that are per-machine keys.
+        env: the environment for Sigstore's ambient-token check (default: os.environ).
+        checks: what every leg is held to (freshness, commit, registry); default `Checks()`.
+
+    Returns:
+        The merge result; `attestation` is set only when the merge was written.
+
+    Raises:
+        ConfigError: `out_dir` is not empty (see `check_out_dir`), or `key` is the untrusted
+            per-machine key and `allow_untrusted_local` is not set.
+    """
+    check_out_dir(out_dir)
+    if key.trust == "untrusted-local" and not allow_untrusted_local:
+        raise ConfigError(
+            f"no signing key given, so the merge would be {UNTRUSTED_LOCAL_NOTE} "
+            f"({key.source.split(':', 1)[-1]}), which proves only that this machine signed it; "
+            f"pass --key KEY or set ${ENV_VAR}, or --allow-untrusted-local to accept that"
+        )
+    merged = MergeResult()
+    if len({d.resolve() for d in leg_dirs}) != len(leg_dirs):
+        merged.reasons.append("the same leg directory was passed twice")
+    dirs = {leg_label(i, d.name): d for i, d in enumerate(leg_dirs, start=1)}
+    combined = verify_legs(
+        list(dirs.items()),
+        expected,
+        trusted,
+        policy,
+        allow_untrusted_local=allow_untrusted_local,
+        checks=checks,
+    )
+    merged.reasons.extend(combined.reasons)
+    merged.legs = {leg: dirs[label] for leg, label in combined.legs.items()}
+    if combined.gate is not None:
+        merged.result = combined.gate.result
+    if not merged.ok or combined.gate is None:
+        return merged
+    subjects: list[dict[str, Any]] = []
+    copies: dict[str, bytes] = {}
+    for label, v in combined.verifications:
+        # The bytes verify_report checked, not a re-read: a file swapped since is not signed.
+        copies.update({f"{LEGS_DIR}/{label}/{name}": data for name, data in v.files.items()})
+        subjects.extend(
+            {"name": f"{LEGS_DIR}/{label}/{name}", "digest": {"sha256": v.digests[name]}}
+            for name in LEG_FILES
+        )
+    env = os.environ if env is None else env
+    pages = release_pages(combined, expected, policy, key, env)
+    copies.update(pages)
+    subjects.extend({"name": n, "digest": {"sha256": sha256_hex(d)}} for n, d in pages.items())
+    signer = signer_info(key)
+    first = combined.verifications[0][1].harness
+    config: list[dict[str, Any]] = [
+        {"name": "policy", "uri": policy.path, "digest": {"sha256": policy.sha256}},
+        {"name": "expect-legs", "uri": expected.path, "digest": {"sha256": expected.sha256}},
+        _harness_entry(first),
+        {
+            "name": "run",
+            "uri": "urn:sandbox-attest:merge",
+            "annotations": {"finishedAt": utc_now()},
+        },
+        {
+            "name": "signer",
+            "digest": {"sha256": signer["keyid"]},
+            # Information only: verify decides trust from the verifying key, not from this.
+            "annotations": {"trust": signer["trust"], "source": signer["source"]},
+        },
+    ]
+    by_label = dict(combined.verifications)
+    holder = {f"leg:{p}/{b}": label for (p, b), label in combined.legs.items()}
+    for name, digest in leg_digests(combined).items():
+        v = by_label[holder[name]]
+        config.append(
+            {
+                "name": name,
+                "digest": {"sha256": digest},
+                "annotations": {
+                    "dir": str(dirs[holder[name]]),
+                    "copy": f"{LEGS_DIR}/{holder[name]}",
+                    "runId": str((v.evidence or {}).get("run_id", "")),
+                    "signerKeyid": str(v.signer.get("keyid", "")),
+                    "commit": v.harness.get("commit"),
+                    "finishedAt": v.finished_at,
+                },
+            }
+        )
+    payload = statement_bytes(
+        statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(combined.gate, config))
+    )
+
+    def write(tmp: Path) -> None:
+        for path, data in copies.items():
+            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / path).write_bytes(data)
+        write_envelopes(tmp / ATTESTATION_NAME, [payload], key)
+        dir_fd = reportfs.open_report_dir(tmp)
+        try:
+            decision = sign_keyless([payload], dir_fd, env)
+        finally:
+            os.close(dir_fd)
+        write_signing_sidecar(tmp, key, decision, gate)
+
+    gate = combined.gate
+    _write_atomically(out_dir, write)
+    merged.attestation = out_dir / ATTESTATION_NAME
+    return merged

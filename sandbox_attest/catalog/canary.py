@@ -1,0 +1,122 @@
+"""Canaries on the host: planting them, and what the host sees of them afterwards.
+
+The filesystem probes plant files and folders where a sandbox must not reach ($HOME, /tmp,
+beside the workspace) and compare what the host sees before and after the payload ran. The
+readings here are deliberately plain (lstat, a sha256, a directory listing) so a reviewer can
+check that a "changed" verdict really means the bytes, inode, mode or links moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import stat
+from typing import TYPE_CHECKING, Any
+
+from sandbox_attest.errors import FixtureError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+__all__ = [
+    "dir_canary_diff",
+    "dir_canary_state",
+    "dir_entries",
+    "file_diff",
+    "file_state",
+    "planting",
+    "read_text",
+    "sha256",
+]
+
+
+@contextlib.contextmanager
+def planting(probe: str, path: Path) -> Iterator[None]:
+    """Turn a failure to plant `path` into a FixtureError naming the probe and the fix."""
+    try:
+        yield
+    except OSError as exc:
+        raise FixtureError(
+            f"{probe}: could not plant the canary {path} ({exc.strerror or exc}); make "
+            f"{path.parent.parent} writable by the user running the harness, or deselect {probe}"
+        ) from exc
+
+
+def sha256(path: Path) -> str | None:
+    """The sha256 of a file's bytes, or None when the host cannot read it."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def read_text(path: Path) -> str | None:
+    """A file's text, or None when it is missing, unreadable or not text."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def file_state(path: Path) -> dict[str, Any]:
+    """What the host sees of one planted path: kind, inode, links, mode, content hash."""
+    try:
+        info = path.lstat()
+    except OSError as exc:
+        return {"missing": type(exc).__name__}
+    kind = (
+        "socket"
+        if stat.S_ISSOCK(info.st_mode)
+        else "symlink"
+        if stat.S_ISLNK(info.st_mode)
+        else "file"
+        if stat.S_ISREG(info.st_mode)
+        else "other"
+    )
+    return {
+        "kind": kind,
+        "inode": info.st_ino,
+        "nlink": info.st_nlink,
+        "mode": oct(stat.S_IMODE(info.st_mode)),
+        "sha256": sha256(path) if kind == "file" else None,
+    }
+
+
+def dir_entries(directory: Path) -> list[str] | str:
+    """A directory's sorted entry names, or why the host could not list it."""
+    try:
+        return sorted(p.name for p in directory.iterdir())
+    except OSError as exc:
+        return f"unreadable: {type(exc).__name__}"
+
+
+def file_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A short phrase naming what changed between two `file_state`s, or ""."""
+    if "missing" in after and "missing" not in before:
+        return f"gone ({after['missing']})"
+    changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+    return f"{','.join(changed)} changed" if changed else ""
+
+
+def dir_canary_state(canary: Path) -> dict[str, Any]:
+    """A planted file and the folder around it, as the host sees them."""
+    return {"file": file_state(canary), "entries": dir_entries(canary.parent)}
+
+
+def dir_canary_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A short phrase naming what changed between two `dir_canary_state`s, or "".
+
+    New and gone entry names are spelled out: a nonce file appearing beside the canary is
+    the usual trace of a write that got through.
+    """
+    phrases = [file_diff(before.get("file", {}), after.get("file", {}))]
+    old, now = before.get("entries"), after.get("entries")
+    if isinstance(old, list) and isinstance(now, list):
+        if added := sorted(set(now) - set(old)):
+            phrases.append(f"new {','.join(added)}")
+        if removed := sorted(set(old) - set(now)):
+            phrases.append(f"gone {','.join(removed)}")
+    elif old != now:
+        phrases.append(f"dir entries {now}" if isinstance(now, str) else "dir entries changed")
+    return ", ".join(p for p in phrases if p)

@@ -1,0 +1,457 @@
+"""The device probe, host side: which of the host's devices the payload can open.
+
+`dev_access` has its payload open, read-only, every device node it can see under /dev (and
+the host's notable ones by name), and report the device number of each one that opened. The
+host reads that against its own device table:
+
+- device numbers belong to the kernel, not to a namespace, so a node that opens inside is the
+  host's device, whatever its path there; one outside the harmless set (null, zero, full,
+  random, urandom, tty, ptmx and pty slaves) is an escape, named by the host's own path for
+  it ("the sandbox exposes /dev/net/tun");
+- the control: the payload opens the harmless devices, and their numbers are the host's
+  (so the probe can open a device and report it); the host, as the payload user and
+  unconfined, opens the same sensitive devices (so a refusal inside is the sandbox's, not the
+  file mode's).
+
+- the host witness: at the rendezvous (sandbox_attest/hostview.py, `DevAccess.at_rendezvous`), while
+  the payload waits, the host lists its own /dev through /proc/<pid>/root (lstat only, no
+  symlink followed), which no wrapper can rewrite. A view with no node outside the harmless
+  class backs a refusal whatever the report says; a device in the view that the report calls
+  absent is a report the host contradicts.
+
+What it does not do: it never reads, writes or sends an ioctl to a device, so it says nothing
+about what a device would let the payload do once open; and where a node is in the view but
+the sandbox denies its open by other means (a container's device cgroup), the refusal rests on
+the payload's word.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from sandbox_attest.catalog.base import (
+    HOST_TIMEOUT_S,
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _attempts,
+    _check,
+    _conclude,
+    _control,
+    _control_nonce,
+    _fs_confined,
+    _judge,
+    _load_state,
+    _observed,
+    _private_namespace,
+    _refusals,
+    _save_state,
+    _Spec,
+    _summary,
+)
+from sandbox_attest.errors import HarnessError
+from sandbox_attest.trust import PayloadUser, measure_as, payload_user
+from sandbox_attest.verdict import Assessment, Expectation
+
+DEV: Final = Path("/dev")
+# The harmless devices every sandbox hands its payload: the in-sandbox control. Each must
+# open inside, or nothing shows the payload could have opened a device at all.
+CONTROL_DEVICES: Final = ("null", "zero", "full", "random", "urandom")
+# Harmless too, but not required: a process without a controlling terminal gets ENXIO from
+# /dev/tty, and ptmx allocates a pty of the sandbox's own devpts.
+HARMLESS_NAMES: Final = frozenset({*CONTROL_DEVICES, "tty", "ptmx", "pts/ptmx"})
+# Character majors of the harmless class whatever the node is called: 1 is mem's (1:1 mem,
+# 1:2 kmem, 1:4 port are NOT harmless: only the minors below), 5:0 tty, 5:2 ptmx, and the
+# Unix98 pty slaves (136-143).
+HARMLESS_RDEVS: Final = frozenset({"1:3", "1:5", "1:7", "1:8", "1:9", "5:0", "5:2"})
+PTY_SLAVE_MAJORS: Final = range(136, 144)
+# Devices worth naming in every task where the host has them, openable by the payload user or
+# not: the payload tries each by path, so a sandbox that exposes one is asked about it even
+# beyond the scan's bound.
+NOTABLE: Final = (
+    "kvm",
+    "net/tun",
+    "fuse",
+    "mem",
+    "kmem",
+    "port",
+    "kmsg",
+    "autofs",
+    "vhost-net",
+    "vhost-vsock",
+    "vsock",
+    "loop-control",
+    "mapper/control",
+    "userfaultfd",
+    "uinput",
+    "ttyS0",
+    "console",
+    "dri/card0",
+)
+# Opening a watchdog arms it; the payload never opens one, and neither does the host.
+NEVER_OPEN: Final = ("watchdog",)
+MAX_NODES: Final = 512
+MAX_DEPTH: Final = 3
+FIX: Final = (
+    "do not bind the host's /dev into the sandbox: give it a minimal one (bwrap --dev /dev, "
+    "docker's default device set without --device or --privileged)"
+)
+
+
+def _rdev(info: os.stat_result) -> str:
+    return f"{os.major(info.st_rdev)}:{os.minor(info.st_rdev)}"
+
+
+def harmless_rdev(rdev: str) -> bool:
+    """Whether device number "major:minor" is in the harmless class (see HARMLESS_RDEVS)."""
+    major, _, _ = rdev.partition(":")
+    return rdev in HARMLESS_RDEVS or (major.isdigit() and int(major) in PTY_SLAVE_MAJORS)
+
+
+def device_nodes(root: Path = DEV) -> dict[str, dict[str, str]]:
+    """Every device node under `root` (bounded like the payload's scan): rel path -> kind, rdev.
+
+    Only lstat: nothing is opened. Symlinks are not followed (/dev/fd points into /proc).
+    """
+    found: dict[str, dict[str, str]] = {}
+    queue: list[tuple[Path, int]] = [(root, 0)]
+    while queue and len(found) < MAX_NODES:
+        where, depth = queue.pop(0)
+        try:
+            entries = sorted(where.iterdir())
+        except OSError:
+            continue
+        for path in entries:
+            try:
+                info = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                if depth + 1 < MAX_DEPTH:
+                    queue.append((path, depth + 1))
+            elif stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+                kind = "char" if stat.S_ISCHR(info.st_mode) else "block"
+                found[str(path.relative_to(root))] = {"kind": kind, "rdev": _rdev(info)}
+    return found
+
+
+def open_devices(root: Path = DEV) -> dict[str, dict[str, Any]]:
+    """Open every device node under `root` read-only, as this process: rel path -> outcome.
+
+    The payload's own flags (O_RDONLY | O_NONBLOCK | O_NOCTTY), closed at once; never a
+    read, a write or an ioctl, and never a watchdog. Run it as the payload user (see
+    `payload_user_devices`) to learn what an unconfined payload could open here.
+    """
+    result: dict[str, dict[str, Any]] = {}
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+    for rel, node in device_nodes(root).items():
+        if Path(rel).name.startswith(NEVER_OPEN):
+            continue
+        entry: dict[str, Any] = dict(node)
+        try:
+            fd = os.open(root / rel, flags)
+        except OSError as exc:
+            entry |= {"opened": False, "errno": errno.errorcode.get(exc.errno or -1, "?")}
+        else:
+            os.close(fd)
+            entry["opened"] = True
+        result[rel] = entry
+    return result
+
+
+def payload_user_devices(user: PayloadUser | None) -> dict[str, dict[str, Any]]:
+    """`open_devices()` as the payload user, unconfined: what a sandbox could take away.
+
+    The harness may be root and opens everything; the payload never is.
+
+    Raises:
+        HarnessError: the measuring child failed (its stderr says why).
+    """
+    if user is None:
+        return open_devices()
+    found, why = measure_as(user, __name__, "open_devices", HOST_TIMEOUT_S * 3)
+    if why:
+        msg = (
+            f"dev_access: could not measure which devices {user.name} opens on this host "
+            f"({why}); check that {user.name} can run {sys.executable}"
+        )
+        raise HarnessError(msg)
+    return {str(k): dict(v) for k, v in found.items()}
+
+
+def sensitive(devices: dict[str, dict[str, Any]]) -> list[str]:
+    """The devices of a table that opened and are not in the harmless class, sorted."""
+    return sorted(
+        rel
+        for rel, d in devices.items()
+        if d.get("opened") and rel not in HARMLESS_NAMES and not harmless_rdev(str(d["rdev"]))
+    )
+
+
+def read_view(pid: int) -> dict[str, Any]:
+    """The device nodes of `pid`'s own /dev, listed by the host through /proc/<pid>/root.
+
+    Only lstat. A /dev that is itself a symlink is not followed: through /proc/<pid>/root an
+    absolute link would resolve in the host's tree, not the payload's.
+    """
+    dev = Path(f"/proc/{pid}/root/dev")
+    try:
+        info = dev.lstat()
+    except OSError as exc:
+        return {"seen": False, "pid": pid, "why": f"cannot read {dev}: {exc.strerror}"}
+    if not stat.S_ISDIR(info.st_mode):
+        return {"seen": False, "pid": pid, "why": f"{dev} is not a directory (a symlink?)"}
+    return {"seen": True, "pid": pid, "nodes": device_nodes(dev)}
+
+
+def view_sensitive(view: dict[str, Any]) -> list[str]:
+    """The nodes of a payload's view outside the harmless class (by number and name)."""
+    nodes = view.get("nodes") or {}
+    return sorted(
+        rel
+        for rel, d in nodes.items()
+        if rel not in HARMLESS_NAMES and not harmless_rdev(str(d.get("rdev")))
+    )
+
+
+@functools.cache
+def _nothing_to_hide() -> str | None:
+    try:
+        opened = sensitive(payload_user_devices(payload_user()))
+    except (HarnessError, OSError, subprocess.SubprocessError) as exc:
+        return f"dev_access cannot measure this host's devices: {exc}"
+    if opened:
+        return None
+    return (
+        "no device beyond the harmless set (null, zero, full, random, urandom, tty, ptmx) "
+        "opens for the payload user on this host, so no sandbox can be credited with hiding one"
+    )
+
+
+class DevAccess(_Spec):
+    """Read-only opens of every device node the payload can see."""
+
+    id = "dev_access"
+    area = "dev"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The harmless controls and the named devices; more `dev:` nodes the scan finds."""
+        targets = task.get("targets") or {}
+        controls = {f"control:{n}" for n in targets.get("control") or CONTROL_DEVICES}
+        named = {f"dev:{rel}" for rel in targets.get("devices") or ()}
+        return AttemptTable(required=frozenset(controls | named), discovered=("dev:",))
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied where the view is built from granted paths; seen on the open control leg."""
+        return _fs_confined(policy)
+
+    def not_applicable_here(self) -> str | None:
+        """Why this host cannot judge the probe: nothing sensitive opens here unconfined."""
+        return _nothing_to_hide()
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Measure what the payload user opens here; name those devices and the notable ones."""
+        opened = payload_user_devices(ctx.user)
+        nodes = device_nodes()
+        named = sorted({*sensitive(opened), *(rel for rel in NOTABLE if rel in nodes)})
+        _save_state(ctx, {"prepared": opened})
+        return {
+            "control": list(CONTROL_DEVICES),
+            "devices": named,
+            "max_nodes": MAX_NODES,
+            "max_depth": MAX_DEPTH,
+        }
+
+    def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any]:
+        """The host's listing of the payload's own /dev, taken while it waits (`read_view`).
+
+        The runner calls it at the host's rendezvous (sandbox_attest/hostview.py) and stores the
+        result in `ctx.host_view` under this probe's id.
+        """
+        del ctx
+        return read_view(pid)
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """As the payload user, unconfined: the harmless devices open, and a sensitive one does.
+
+        `devices` carries the whole table (what opened for the payload user, the host's
+        device numbers) for the assessment; `payload_view` the host's listing of the
+        payload's own /dev (the witness), taken at the rendezvous.
+        """
+        view = dict(ctx.host_view.get(self.id) or {})
+        if not view:
+            why = ctx.host_view.get("why") or "the rendezvous took no reading of /dev"
+            view = {"seen": False, "why": why}
+        try:
+            opened = payload_user_devices(ctx.user)
+        except HarnessError as exc:
+            failed = _control(
+                _control_nonce(), [_check("host opens its devices", ok=False, detail=str(exc))]
+            )
+            failed["payload_view"] = view
+            return failed
+        checks = [
+            _check(
+                f"host opens /dev/{name} as the payload user",
+                bool(opened.get(name, {}).get("opened")),
+                json.dumps(opened.get(name, "no such node")),
+            )
+            for name in CONTROL_DEVICES
+        ]
+        exposed = sensitive(opened)
+        checks.append(
+            _check(
+                "the payload user opens a device beyond the harmless set on the open host",
+                bool(exposed),
+                ", ".join(f"/dev/{rel}" for rel in exposed) or "none opens",
+            )
+        )
+        result = _control(_control_nonce(), checks)
+        result["devices"] = opened
+        result["payload_view"] = view
+        return result
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """An opened device outside the harmless class is an escape, named by its host path."""
+        del witness  # the host's device table is this probe's witness
+        host = dict(control.get("devices") or _load_state(ctx).get("prepared") or {})
+        by_rdev: dict[str, list[str]] = {}
+        for rel, d in sorted(host.items()):
+            by_rdev.setdefault(str(d.get("rdev")), []).append(f"/dev/{rel}")
+        escapes = _attempts(report, "escape")
+        exposed = [
+            a
+            for a in escapes
+            if a.get("outcome") == "succeeded" and not harmless_rdev(str(a.get("rdev", "")))
+        ]
+        # The harmless class by name is noise when refused (no /dev/tty inside is fine).
+        judged = [
+            a
+            for a in escapes
+            if a in exposed or str(a.get("what", "")).removeprefix("dev:") not in HARMLESS_NAMES
+        ]
+        observed = _observed(judged) if judged else "error"
+        reasons: list[str] = []
+        if exposed:
+            reasons.append(
+                "the sandbox exposes "
+                + ", ".join(self._named(a, by_rdev) for a in exposed)
+                + f"; {FIX}"
+            )
+        else:
+            reasons.append(f"no device beyond the harmless set opened: {_refusals(judged)}")
+            on_host = sensitive(host)
+            if on_host:
+                reasons.append(
+                    "unconfined, the payload user opens "
+                    + ", ".join(f"/dev/{rel}" for rel in on_host)
+                )
+        view = dict(control.get("payload_view") or {})
+        in_view = view_sensitive(view) if view.get("seen") else []
+        nodes = view.get("nodes") or {}
+        # The report calls a node absent that the host sees in the payload's own /dev.
+        contradicted = sorted(
+            str(a.get("what")).removeprefix("dev:")
+            for a in judged
+            if a.get("errno") == "ENOENT" and str(a.get("what")).removeprefix("dev:") in nodes
+        )
+        escape = _judge(observed, bool(exposed), _private_namespace(report, "mnt"), reasons)
+        if contradicted and not exposed:
+            escape = "disagree"
+            reasons.append(
+                "the host sees "
+                + ", ".join(f"/dev/{rel}" for rel in contradicted)
+                + " in the payload's /dev, which its report calls absent (ENOENT): the report "
+                "is not what ran"
+            )
+        elif in_view and not exposed:
+            reasons.append(
+                "the host sees "
+                + ", ".join(f"/dev/{rel}" for rel in in_view)
+                + " in the payload's /dev: their refusal rests on the payload's word"
+            )
+        if not view.get("seen"):
+            reasons.append(f"the host did not read the payload's /dev: {view.get('why')}")
+        corroborated = self._corroboration(view, in_view, exposed, contradicted)
+        inside = _attempts(report, "control")
+        mismatched = [
+            str(a.get("what"))
+            for a in inside
+            if a.get("outcome") == "succeeded"
+            and a.get("rdev")
+            != host.get(str(a.get("what", "")).removeprefix("control:"), {}).get("rdev")
+        ]
+        inside_ok = (
+            bool(inside) and all(a.get("outcome") == "succeeded" for a in inside) and not mismatched
+        )
+        failed = _summary([a for a in inside if a.get("outcome") != "succeeded"])
+        assessment = _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=(
+                f"the harmless devices did not open inside: {failed}"
+                if not mismatched
+                else f"inside, {', '.join(mismatched)} opened a device the host does not "
+                "have under that name: the report does not describe this host's devices"
+            ),
+            host_control=control,
+            host_failed="host control failed",
+            witness={
+                "exposed": {
+                    str(a.get("what")): {"rdev": a.get("rdev"), "kind": a.get("kind")}
+                    for a in exposed
+                },
+                "host_devices": host,
+                "payload_view": view,
+            },
+            controls={"inside": inside, "host": control},
+        )
+        assessment.corroborated_by = corroborated
+        return assessment
+
+    @staticmethod
+    def _corroboration(
+        view: dict[str, Any],
+        in_view: list[str],
+        exposed: list[dict[str, Any]],
+        contradicted: list[str],
+    ) -> list[str]:
+        """The host reading behind this cell: its listing of the payload's /dev, where it backs it.
+
+        A refusal is backed when the view holds nothing outside the harmless class (nothing
+        there to open); an exposure when the opened device's number is in the view.
+        """
+        if not view.get("seen") or contradicted:
+            return []
+        where = f"the payload's /dev as the host listed it (/proc/{view.get('pid')}/root/dev)"
+        if exposed:
+            numbers = {str(d.get("rdev")) for d in (view.get("nodes") or {}).values()}
+            seen = all(str(a.get("rdev")) in numbers for a in exposed)
+            return [f"{where}: the opened devices are in it"] if seen else []
+        return [] if in_view else [f"{where}: only the harmless class"]
+
+    @staticmethod
+    def _named(attempt: dict[str, Any], by_rdev: dict[str, list[str]]) -> str:
+        """`/dev/kvm (char 10:232, the host's /dev/kvm)` for one opened device."""
+        inside = str(attempt.get("path") or attempt.get("what"))
+        rdev = str(attempt.get("rdev"))
+        on_host = by_rdev.get(rdev)
+        where = f"the host's {', '.join(on_host)}" if on_host else "no node on the host's /dev"
+        return f"{inside} ({attempt.get('kind')} {rdev}, opened read-only; {where})"

@@ -1,0 +1,117 @@
+"""The DNS probe, host side: nothing may resolve past the sandbox."""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING, Any
+
+from sandbox_attest.claims import claims_of
+from sandbox_attest.verdict import Assessment, Expectation
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+from sandbox_attest.catalog.base import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _attempts,
+    _check,
+    _conclude,
+    _confined_network,
+    _control,
+    _control_nonce,
+    _guarded,
+    _judge,
+    _observed,
+    _private_namespace,
+    _Spec,
+    _summary,
+    _wait_for,
+    attempts_of,
+)
+
+
+class DnsResolution(_Spec):
+    """Raw UDP/TCP DNS queries for a nonce name straight to the DNS fixture."""
+
+    id = "dns_resolution"
+    area = "dns"
+    host_readings = ("DNS fixture query log",)
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """A UDP and a TCP query, and the system resolver where the task asks for it."""
+        system = ("system-resolver",) if (task.get("targets") or {}).get("system_resolver") else ()
+        return AttemptTable(required=attempts_of("udp-query", "tcp-query", *system))
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied wherever the network is confined; seen on the open control leg."""
+        return _confined_network(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """The fixture's address and the per-cell name."""
+        info = ctx.world.info
+        return {
+            "dns": f"{info.dns.host}:{info.dns.port}",
+            "name": f"{ctx.nonce}.{info.probe_name_suffix}",
+            # getaddrinfo only where the system resolver is the fixture: in the lab.
+            "system_resolver": _in_lab(info.extra),
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host resolves its own nonce name through the fixture and sees it logged."""
+        from dnslib import DNSRecord  # noqa: PLC0415  (host-only dependency, loaded when used)
+
+        info, nonce = ctx.world.info, _control_nonce()
+        name = f"{nonce}.{info.probe_name_suffix}"
+
+        def resolve() -> dict[str, Any]:
+            raw = DNSRecord.question(name).send(info.dns.host, info.dns.port, timeout=3)
+            answers = [str(rr.rdata) for rr in DNSRecord.parse(raw).rr]
+            return _check("host resolves through the fixture", bool(answers), ",".join(answers))
+
+        checks = [_guarded("host resolves through the fixture", resolve)]
+        if _in_lab(info.extra):
+            system_name = f"s{nonce}.{info.probe_name_suffix}"
+
+            def system() -> dict[str, Any]:
+                found = socket.getaddrinfo(system_name, 443, socket.AF_INET, socket.SOCK_STREAM)
+                answers = sorted({str(a[4][0]) for a in found})
+                return _check("host resolves via the system resolver", bool(answers), str(answers))
+
+            checks.append(_guarded("host resolves via the system resolver", system))
+        records = _wait_for(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
+        hits = _dns_hits(records.dns, nonce)
+        checks.append(_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Any query carrying the nonce at the fixture is an escape."""
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        hits = _dns_hits(witness.dns, ctx.nonce)
+        reasons = [
+            f"dns fixture logged {len(hits)} queries carrying the nonce",
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(observed, bool(hits), _private_namespace(report, "net"), reasons)
+        claims = claims_of(ctx.policy)
+        if escape == "escaped" and claims.network != "open":
+            reasons.insert(0, f"{claims.phrase('network')}; the DNS fixture heard the payload")
+        return _conclude(escape, observed, reasons, host_control=control, witness={"dns": hits})
+
+
+def _in_lab(extra: Mapping[str, Any]) -> bool:
+    world = extra.get("world")
+    return isinstance(world, dict) and world.get("kind") == "lab"
+
+
+def _dns_hits(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
+    return [e for e in entries if nonce in str(e.get("name", "")).lower()]

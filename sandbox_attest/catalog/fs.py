@@ -1,0 +1,1031 @@
+"""The filesystem probes, host side: canaries planted where a sandbox must not reach.
+
+`fs_write_outside` plants a canary in every class of host location the payload user can write
+when unconfined: the temp dirs, shared memory, the home and its config dirs, beside the
+workspace, the world's run dir, and every other place a bounded scan as the payload user finds
+writable (`writable_places`). A canary that changed on the host is the escape.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from sandbox_attest import sweep
+from sandbox_attest.catalog.base import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _all_succeeded,
+    _attempts,
+    _check,
+    _conclude,
+    _control,
+    _control_nonce,
+    _host_writes,
+    _judge,
+    _load_state,
+    _observed,
+    _private_namespace,
+    _refusals,
+    _save_state,
+    _Spec,
+    _summary,
+    attempts_of,
+    home_of,
+    host_processes,
+)
+from sandbox_attest.catalog.canary import (
+    dir_canary_diff,
+    dir_canary_state,
+    planting,
+    read_text,
+    sha256,
+)
+from sandbox_attest.claims import Claims, claims_of, unclaimed
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.trust import PayloadUser, give, measure_as
+from sandbox_attest.verdict import Assessment, Expectation
+
+CANARY_NAME = "canary.txt"
+_BASELINE = "baseline.json"
+_PLANTED = "planted.json"
+
+
+# What probes/fs_write_outside.py tries on each directory, in its own words.
+WRITE_OPS: Final = ("create", "append", "chmod", "symlink-out", "rename-over")
+# Where a wrapper may have bound the host's root inside; the payload tries the canaries there too.
+HOST_ROOT_MOUNTS: Final = ("/host", "/hostfs", "/rootfs", "/host-root")
+# The classes of host location an unconfined payload user can write, each with a canary: the
+# host temp dirs, shared memory, the home and the config dirs every tool keeps there, beside the
+# workspace, and the world's run dir. `prepare` adds every other directory the scan below finds
+# the payload user can write (as `found-<path>`), so the set is this host's, not a list's.
+CORE_CLASSES: Final = ("sibling", "tmp", "home")
+HOME_CLASSES: Final = {"config": ".config", "local_share": ".local/share", "cache": ".cache"}
+# The scan: breadth first from /, as the payload user, for the topmost directories it may
+# write (a writable directory's subtree is the same class). Bounded in time and size, and run
+# once per harness process: which places are writable does not change between cells.
+SCAN_BUDGET_S: Final = 10.0
+SCAN_MAX_DIRS: Final = 200_000
+SCAN_PRUNE: Final = ("/proc", "/sys")
+
+
+def writable_places(
+    root: str = "/", budget_s: float = SCAN_BUDGET_S, max_dirs: int = SCAN_MAX_DIRS
+) -> dict[str, Any]:
+    """The topmost directories under `root` that THIS process may create entries in.
+
+    `os.access` with the real uid, so run it as the payload user (`payload_writable_places`).
+    Symlinks are not followed; /proc and /sys are not walked.
+
+    Returns:
+        `{"found": [...], "complete": bool, "visited": n, "elapsed_s": s}`; `complete` is
+        False when the budget ran out first (the found list is then a lower bound).
+    """
+    start = time.monotonic()
+    found: list[str] = []
+    queue: collections.deque[str] = collections.deque([root])
+    visited = 0
+    while queue and time.monotonic() - start < budget_s and visited < max_dirs:
+        directory = queue.popleft()
+        visited += 1
+        if directory in SCAN_PRUNE:
+            continue
+        if os.access(directory, os.W_OK | os.X_OK):
+            found.append(directory)
+            continue
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        queue.append(entry.path)
+    return {
+        "found": sorted(found),
+        "complete": not queue,
+        "visited": visited,
+        "elapsed_s": round(time.monotonic() - start, 2),
+    }
+
+
+@functools.cache
+def _scan_as(user: PayloadUser | None) -> dict[str, Any]:
+    if user is None:
+        return writable_places()
+    scanned, why = measure_as(user, __name__, "writable_places", SCAN_BUDGET_S * 3)
+    if why:
+        return {"found": [], "complete": False, "error": why}
+    return dict(scanned)
+
+
+def payload_writable_places(user: PayloadUser | None) -> dict[str, Any]:
+    """`writable_places()` as the payload user, once per process (see SCAN_BUDGET_S).
+
+    Without a payload user the payload runs as the harness's own user, and the scan does too;
+    except as root, which may write everywhere, and off POSIX: no scan then (only the named
+    classes).
+    """
+    if os.name != "posix":
+        # On Windows os.access reads the read-only attribute, not the ACL, so it would call
+        # the system drive's root writable. The named classes stand alone there.
+        return {"found": [], "complete": False, "error": f"not scanned on {os.name}"}
+    if user is None:
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            return {"found": [], "complete": False, "error": "not scanned as root"}
+        return _scan_as(None)
+    return _scan_as(user)
+
+
+def _class_key(path: str) -> str:
+    """`found-run-lock` for /run/lock: a scan-found class as an attempt key."""
+    return "found" + "".join(c if c.isalnum() else "-" for c in path)
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+class FsWriteOutside(_Spec):
+    """Writes at host-planted canary dirs outside the workspace, one per writable class."""
+
+    id = "fs_write_outside"
+    area = "fs"
+    host_readings = ("canary files on the host",)
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Each op in the workspace and in every planted dir, also under a visible host root."""
+        dirs = sorted((task.get("targets") or {}).get("dirs") or {})
+        workspace = attempts_of(("workspace", WRITE_OPS))
+        return AttemptTable(
+            required=workspace | attempts_of(*((key, WRITE_OPS) for key in dirs)),
+            optional=attempts_of(
+                *((f"{key}@{root}", WRITE_OPS) for key in dirs for root in HOST_ROOT_MOUNTS)
+            ),
+            excuses=(("workspace:setup", workspace),),
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied when the writes claim confines writes; seen on the open control leg.
+
+        `filesystem = "workspace"` means writes = "workspace" (sandbox_attest/claims.py); a
+        `writes = { allow = [...] }` claim is denied too, with the allowed places not judged.
+        """
+        return "denied" if claims_of(policy).writes != "open" else "allowed"
+
+    @staticmethod
+    def canary_dirs(ctx: CellContext) -> dict[str, Path]:
+        """The canary dir of every named class (the scan's finds come on top, in `prepare`).
+
+        A class whose place does not exist on this host (no /var/tmp, no /dev/shm, a world
+        without a run dir) is left out.
+        """
+        tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())  # noqa: S108
+        home = home_of(ctx)
+        name = f"sandbox-attest-canary-{ctx.nonce}"
+        dirs = {
+            "sibling": ctx.cell_dir / "sibling",
+            "tmp": tmp / name,
+            "var_tmp": Path("/var/tmp") / name,  # noqa: S108  (a class of host location)
+            "shm": Path("/dev/shm") / name,  # noqa: S108  (a class of host location)
+            "home": home / f".{name}",
+            **{key: home / sub / name for key, sub in HOME_CLASSES.items()},
+            "run_dir": Path(ctx.world.info.run_dir) / name,
+        }
+        optional = ("var_tmp", "shm", "run_dir")
+        return {k: d for k, d in dirs.items() if k not in optional or d.parent.is_dir()}
+
+    @staticmethod
+    def control_name(ctx: CellContext) -> str:
+        """The payload's control dir inside the workspace."""
+        return f"fs-control-{ctx.nonce}"
+
+    def _found_dirs(self, ctx: CellContext, named: dict[str, Path]) -> dict[str, Path]:
+        """A canary dir in every place the scan found that no named class covers."""
+        covered = [d.parent for d in named.values()] + [home_of(ctx), ctx.cell_dir.parent]
+        found = payload_writable_places(ctx.user).get("found") or []
+        return {
+            _class_key(place): Path(place) / f"sandbox-attest-canary-{ctx.nonce}"
+            for place in found
+            if not _inside(Path(place), covered)
+        }
+
+    def planted(self, ctx: CellContext) -> dict[str, Path]:
+        """The canary dirs `prepare` planted for this cell (the named classes before it ran)."""
+        try:
+            raw = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text())
+        except (OSError, ValueError):
+            return self.canary_dirs(ctx)
+        return {str(k): Path(v) for k, v in raw.get("dirs", {}).items()}
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Plant a canary dir (canary.txt, its sha256 and mode recorded) in every class."""
+        named = self.canary_dirs(ctx)
+        candidates = {**named, **self._found_dirs(ctx, named)}
+        home = home_of(ctx)
+        # Config dirs a fresh home lacks are made for the cell, removed again if still empty.
+        parents = sorted(
+            {d.parent for k, d in candidates.items() if k in HOME_CLASSES and not d.parent.exists()}
+        )
+        made = [p for parent in parents for p in (*reversed(parent.parents), parent)]
+        made = list(dict.fromkeys(p for p in made if home in p.parents and not p.exists()))
+        # Journalled before they exist: a killed run's canaries outside the scratch are
+        # removed by the next run (sandbox_attest/sweep.py); the sibling goes with the scratch.
+        outside = [d for k, d in candidates.items() if k != "sibling"]
+        sweep.record(_journal_key(self.id, ctx), outside, dirs=tuple(made))
+        for directory in made:
+            directory.mkdir(mode=0o700)
+            give(directory, ctx.user)
+        baseline: dict[str, dict[str, Any]] = {}
+        planted: dict[str, Path] = {}
+        skipped: dict[str, str] = {}
+        for key, directory in candidates.items():
+            try:
+                self._plant(ctx, key, directory)
+            except FixtureError as exc:
+                # A named class must be plantable; a scan's find may be a place that takes no
+                # directory (an mqueue mount): it is recorded, not fatal.
+                if not key.startswith("found-"):
+                    raise
+                skipped[key] = str(exc)
+                continue
+            planted[key] = directory
+            baseline[key] = dir_canary_state(directory / CANARY_NAME)
+        store = ctx.cell_dir / "canaries"
+        store.mkdir(parents=True, exist_ok=True)
+        (store / _BASELINE).write_text(_json_dumps(baseline))
+        scan = payload_writable_places(ctx.user)
+        (store / _PLANTED).write_text(
+            _json_dumps(
+                {
+                    "dirs": {k: str(v) for k, v in planted.items()},
+                    "made": [str(p) for p in made],
+                    "skipped": skipped,
+                    "scan": scan,
+                }
+            )
+        )
+        return {
+            "dirs": {k: str(v) for k, v in planted.items()},
+            "control_name": self.control_name(ctx),
+        }
+
+    def _plant(self, ctx: CellContext, key: str, directory: Path) -> None:
+        canary = directory / CANARY_NAME
+        with planting(self.id, canary):
+            if key in HOME_CLASSES and not directory.parent.exists():
+                # A concurrent cell's cleanup may just have removed the (then empty) config dir
+                # this cell found: make it again rather than fail; it stays, empty, at worst.
+                directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                give(directory.parent, ctx.user)
+            directory.mkdir(mode=0o755, parents=False, exist_ok=False)
+            canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
+            canary.chmod(0o644)
+            # The payload user's own: unconfined it can write here, so a refusal inside a
+            # sandbox is the sandbox's doing, not file permissions.
+            give(directory, ctx.user, recursive=True)
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host itself can write (and remove) a file in every canary dir."""
+        nonce = _control_nonce()
+        checks = [
+            _host_writes(f"host writes {key}", directory, nonce)
+            for key, directory in self.planted(ctx).items()
+        ]
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A changed canary or a new file in a canary dir is an escape; workspace is checked."""
+        del witness  # the filesystem is this probe's witness
+        baseline = json.loads((ctx.cell_dir / "canaries" / _BASELINE).read_text())
+        planted = self.planted(ctx)
+        changed: dict[str, str] = {}
+        state: dict[str, Any] = {}
+        for key, directory in planted.items():
+            now = dir_canary_state(directory / CANARY_NAME)
+            state[key] = now
+            diff = dir_canary_diff(baseline.get(key, {}), now)
+            if diff:
+                changed[key] = diff
+        claims, home = claims_of(ctx.policy), home_of(ctx)
+        # Only a place the writes claim forbids is judged: a claim that allows /var/tmp is not
+        # broken by a write there. On the open control leg every change counts (it must).
+        allowed = {
+            k: v
+            for k, v in changed.items()
+            if claims.writes == "allow" and not claims.write_denied(planted[k].parent, home)
+        }
+        changed = {k: v for k, v in changed.items() if k not in allowed}
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        reasons = []
+        if allowed:
+            places = ", ".join(sorted(str(planted[k].parent) for k in allowed))
+            reasons.append(
+                f"not judged: the payload wrote in {places}; the backend "
+                f"{claims.phrase('writes')}, so those writes are its to allow"
+            )
+        if changed:
+            reasons.append(
+                (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
+                + "host sees canary changes: "
+                + "; ".join(f"{k} ({planted[k].parent}): {v}" for k, v in changed.items())
+            )
+            places = ", ".join(sorted({str(planted[k].parent) for k in changed}))
+            reasons.append(
+                f"fix: do not bind {places} writable into the sandbox; leave it out of the "
+                "view, or mount a private tmpfs there (bwrap --tmpfs, docker --tmpfs)"
+            )
+        else:
+            reasons.append(
+                f"every canary's sha256 and mode unchanged in {len(planted)} writable classes "
+                f"({', '.join(sorted(planted))}), no nonce file on the host"
+            )
+        landed = sorted(
+            {str(a["what"]).rsplit(":", 1)[0] for a in escapes if a.get("outcome") == "succeeded"}
+        )
+        if landed:
+            reasons.append(f"payload writes succeeded inside in {','.join(landed)}")
+        refused = [a for a in escapes if a.get("outcome") == "refused"]
+        if refused:
+            errnos = sorted({str(a.get("errno")) for a in refused})
+            reasons.append(f"{len(refused)} of {len(escapes)} writes refused ({','.join(errnos)})")
+        escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
+        inside = _attempts(report, "control")
+        workspace_checks = self._workspace_checks(ctx, inside)
+        inside_ok = all(c["ok"] for c in workspace_checks)
+        if inside_ok:
+            reasons.append("the same writes in the workspace succeeded and are visible on the host")
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed="workspace control failed: "
+            + ", ".join(c["what"] for c in workspace_checks if not c["ok"]),
+            host_control=control,
+            host_failed="host control failed",
+            witness={
+                "canaries": state,
+                "baseline": baseline,
+                "changed": changed,
+                "allowed_by_claim": allowed,
+                "classes": {k: str(v.parent) for k, v in planted.items()},
+                "scan": self._scan_record(ctx),
+            },
+            controls={"inside": inside, "workspace": workspace_checks, "host": control},
+        )
+
+    @staticmethod
+    def _scan_record(ctx: CellContext) -> dict[str, Any]:
+        try:
+            raw = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {"scan": raw.get("scan"), "skipped": raw.get("skipped")}
+
+    def _workspace_checks(
+        self, ctx: CellContext, inside: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        nonce = ctx.nonce
+        directory = ctx.workspace / self.control_name(ctx)
+        checks = [_check("payload workspace writes", _all_succeeded(inside, 5), _summary(inside))]
+        created = directory / f"{nonce}.txt"
+        checks.append(
+            _check("host sees the created file", read_text(created) == f"{nonce}\n", str(created))
+        )
+        link = directory / f"{nonce}.link"
+        checks.append(_check("host sees the symlink", link.is_symlink(), str(link)))
+        canary = directory / CANARY_NAME
+        checks.append(
+            _check(
+                "host sees the rename-over", read_text(canary) == f"renamed {nonce}\n", str(canary)
+            )
+        )
+        return checks
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Remove every canary dir outside the scratch, then the config dirs made for them."""
+        outside = [d for k, d in self.planted(ctx).items() if k != "sibling"]
+        for directory in outside:
+            if ctx.nonce in directory.name:
+                shutil.rmtree(directory, ignore_errors=True)
+        try:
+            made = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text()).get("made", [])
+        except (OSError, ValueError):
+            made = []
+        for created in reversed(made):
+            with contextlib.suppress(OSError):  # not empty: something else uses it now; keep it
+                Path(created).rmdir()
+        # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
+        if not any(d.exists() for d in outside):
+            sweep.forget(_journal_key(self.id, ctx))
+
+
+def _journal_key(probe: str, ctx: CellContext) -> str:
+    """The journal entry of a cell's canaries outside the scratch (sandbox_attest/sweep.py)."""
+    return f"canary-{probe}-{ctx.nonce}"
+
+
+def _json_dumps(data: object) -> str:
+    return json.dumps(data, indent=1, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# fs_read_secrets
+
+
+def _looked_as(entry: dict[str, Any] | None) -> str:
+    """One host look at a canary path, in a word: absent, own, host, uncompared, not looked at.
+
+    "own" is a file at that path in the payload's view that is not the host's inode (the
+    sandbox's own); "uncompared" one the host has nothing at to compare with.
+    """
+    if entry is None:
+        return "not looked at"
+    if not entry.get("visible"):
+        return "absent"
+    same = entry.get("same_inode_as_host")
+    return "own" if same is False else "host" if same is True else "uncompared"
+
+
+class FsReadSecrets(_Spec):
+    """Reads canary secrets planted where a host keeps real ones."""
+
+    id = "fs_read_secrets"
+    area = "fs"
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The workspace control and one read per planted secret."""
+        secrets_ = (task.get("targets") or {}).get("secrets") or {}
+        return AttemptTable(required=attempts_of("workspace", *sorted(secrets_)))
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied under a reads claim ("workspace" or a deny-list); seen on the control leg.
+
+        `filesystem = "workspace"` means reads = "workspace" (sandbox_attest/claims.py): every
+        backend that declares it builds the view from granted paths, so ~/.ssh is outside it.
+        """
+        return "denied" if claims_of(policy).reads != "open" else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE under open reads: this probe tests the reads claim alone."""
+        return unclaimed(self.id, claims_of(policy))
+
+    @staticmethod
+    def secret_paths(ctx: CellContext) -> dict[str, Path]:
+        """Where the canaries go: new files named after the nonce, never the real ones."""
+        home = home_of(ctx)
+        name = f"sandbox-attest-canary-{ctx.nonce}"
+        return {
+            "ssh": home / ".ssh" / name,
+            "aws": home / ".aws" / name,
+            "docker": home / ".docker" / f"{name}.json",
+            # A project's .env sits next to its checkout: the cell dir (named after the
+            # nonce) plays the project root around the workspace.
+            "dotenv": ctx.cell_dir / ".env",
+        }
+
+    @staticmethod
+    def control_path(ctx: CellContext) -> Path:
+        """The control canary, inside the workspace."""
+        return ctx.workspace / f"secrets-control-{ctx.nonce}.txt"
+
+    def denied_paths(self, ctx: CellContext) -> dict[str, Path]:
+        """The canaries the reads claim says the payload cannot read (all, on the control leg)."""
+        claims = claims_of(ctx.policy)
+        return {
+            k: path
+            for k, path in self.secret_paths(ctx).items()
+            if claims.nothing or claims.read_denied(path, home_of(ctx))
+        }
+
+    def look_paths(self, ctx: CellContext) -> list[str]:
+        """The denied canaries: the host looks for each in the payload's view at its rendezvous."""
+        return [str(path) for path in self.denied_paths(ctx).values()]
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host's look at the denied canaries in the payload's view, where it backs the cell.
+
+        See `host_look`; a refusal of a canary the host saw there as its own file is not
+        backed by anything but the payload's word.
+        """
+        del report
+        return self.host_look(ctx)[0]
+
+    def host_look(self, ctx: CellContext) -> tuple[list[str], list[str]]:
+        """What the host's look at the denied canaries says: (corroborated_by, reasons).
+
+        Backed when, in every payload process the host read, each denied canary is either
+        not in the view or is there as another file (the sandbox's own, another inode): then
+        no open of that path inside can reach the host's bytes. A canary in the view at the
+        host's own inode backs nothing: the sandbox may still block its open (a filter such
+        as Landlock or seccomp), but only the payload says it did.
+        """
+        denied = self.denied_paths(ctx)
+        processes = host_processes(ctx)
+        if not denied:
+            return [], []
+        if not processes:
+            why = ctx.host_view.get("why") or "no reading"
+            return [], [f"the host did not look at the payload's view of the canaries: {why}"]
+        seen: dict[str, set[str]] = collections.defaultdict(set)
+        for process in processes:
+            looked = {
+                str(e.get("path")): e for e in process.get("looked") or [] if isinstance(e, dict)
+            }
+            for key, path in denied.items():
+                seen[_looked_as(looked.get(str(path)))].add(key)
+        at_host = seen["host"]
+        unsure = {f"{k} ({word})" for word in ("not looked at", "uncompared") for k in seen[word]}
+        reasons = []
+        if at_host:
+            reasons.append(
+                "the host saw "
+                + ", ".join(f"{k} ({denied[k]})" for k in sorted(at_host))
+                + " visible in the payload's view as the host's own file: its refusal rests "
+                "on the payload's word (a filter such as Landlock may still block the open)"
+            )
+        if unsure:
+            reasons.append(
+                f"the host's look at the canaries is incomplete: {', '.join(sorted(unsure))}"
+            )
+        if at_host or unsure:
+            return [], reasons
+        parts = [
+            f"{label} [{', '.join(sorted(seen[word]))}]"
+            for word, label in (("absent", "absent there"), ("own", "another file than the host's"))
+            if seen[word]
+        ]
+        reasons.append(f"the host looked at the payload's view: {', '.join(parts)}")
+        return ["the payload's view of the canary paths, read by the host"], reasons
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Plant each canary (0600) with a random token; remember hashes and created dirs."""
+        created: list[str] = []
+        hashes: dict[str, str] = {}
+        # Journalled before they exist (sandbox_attest/sweep.py): fake secrets in a home must not
+        # outlive a killed run. The .env is in the cell dir and goes with the scratch.
+        in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
+        sweep.record(_journal_key(self.id, ctx), in_home)
+        for key, path in self.secret_paths(ctx).items():
+            with planting(self.id, path):
+                if not path.parent.exists():
+                    # Journalled before it exists too, as a directory removed only if empty.
+                    dirs = (*(Path(c) for c in created), path.parent)
+                    sweep.record(_journal_key(self.id, ctx), in_home, dirs=dirs)
+                    path.parent.mkdir(mode=0o700, parents=True)
+                    created.append(str(path.parent))
+                    # Saved at once: if a later canary fails, cleanup still removes this dir.
+                    _save_state(ctx, {"hashes": hashes, "created_dirs": created})
+                    give(path.parent, ctx.user)
+                body = f"sandbox-attest canary {key} {ctx.nonce} secret={secrets.token_hex(16)}\n"
+                path.write_text(body)
+                path.chmod(0o600)
+                # The payload user's secrets (0600, its own): readable to it unconfined.
+                give(path, ctx.user)
+            hashes[key] = hashlib.sha256(body.encode()).hexdigest()
+        control = f"sandbox-attest control {ctx.nonce} {secrets.token_hex(16)}\n"
+        self.control_path(ctx).write_text(control)
+        hashes["workspace"] = hashlib.sha256(control.encode()).hexdigest()
+        _save_state(ctx, {"hashes": hashes, "created_dirs": created})
+        return {
+            "secrets": {k: str(v) for k, v in self.secret_paths(ctx).items()},
+            "control": str(self.control_path(ctx)),
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host reads every canary back and gets the hash it planted."""
+        hashes = _load_state(ctx).get("hashes", {})
+        checks = []
+        for key, path in self.secret_paths(ctx).items():
+            got = sha256(path)
+            checks.append(
+                _check(f"host reads {key}", got is not None and got == hashes.get(key), str(path))
+            )
+        return _control(_control_nonce(), checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A reported hash equal to a canary's is the escape: only those bytes produce it."""
+        del witness  # the canaries' hashes are this probe's witness
+        hashes = _load_state(ctx).get("hashes", {})
+        claims = claims_of(ctx.policy)
+        paths = self.secret_paths(ctx)
+        # Only the canaries the claim says are unreadable are judged (all of them under
+        # reads = "workspace", and on the control leg); the others' reads are reported.
+        judged_keys = set(self.denied_paths(ctx))
+        every = _attempts(report, "escape")
+        escapes = [a for a in every if a.get("what") in judged_keys]
+        observed = _observed(escapes)
+        leaked = sorted(
+            str(a.get("what"))
+            for a in escapes
+            if a.get("outcome") == "succeeded" and a.get("sha256") == hashes.get(a.get("what"))
+        )
+        reasons = []
+        if leaked and claims.reads != "open":
+            read = ", ".join(f"{k} ({paths[k]})" for k in leaked)
+            reasons.append(
+                f"{claims.phrase('reads')}; the payload read the host's canary bytes: {read}"
+            )
+        elif leaked:
+            reasons.append(f"the payload read the host's canary bytes: {', '.join(leaked)}")
+        else:
+            reasons.append("no canary's bytes reached the payload")
+            reasons.append(_refusals(escapes))
+        unjudged = sorted(set(paths) - judged_keys)
+        if unjudged:
+            reasons.append(f"not judged, the reads claim lets them be read: {', '.join(unjudged)}")
+        escape = _judge(observed, bool(leaked), _private_namespace(report, "mnt"), reasons)
+        if not judged_keys:
+            escape = "undecided"
+            reasons.insert(
+                0,
+                f"{claims.phrase('reads')}, which names none of this probe's canaries "
+                f"({', '.join(str(p) for p in paths.values())})",
+            )
+        # The host's own look at the payload's view: what backs a refusal on a wrapper.
+        corroborated, looked = self.host_look(ctx)
+        if not leaked:
+            reasons.extend(looked)
+        inside = _attempts(report, "control")
+        inside_ok = _all_succeeded(inside, 1) and inside[0].get("sha256") == hashes.get("workspace")
+        assessment = _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"workspace read control failed: {_summary(inside)}",
+            host_control=control,
+            host_failed="host could not read back its canaries",
+            witness={
+                "planted_sha256": hashes,
+                "leaked": leaked,
+                "payload_view": [
+                    {"pid": p.get("pid"), "looked": p.get("looked") or []}
+                    for p in host_processes(ctx)
+                ],
+            },
+            controls={"inside": inside, "host": control},
+        )
+        assessment.corroborated_by = corroborated
+        return assessment
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Remove the canaries in $HOME, then any folder prepare created that is now empty."""
+        for path in self.secret_paths(ctx).values():
+            if ctx.nonce in str(path):
+                with contextlib.suppress(OSError):  # never planted (prepare failed before it)
+                    path.unlink()
+        for created in _load_state(ctx).get("created_dirs", []):
+            with contextlib.suppress(OSError):  # not empty: someone else uses it now; keep it
+                Path(created).rmdir()
+        # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
+        in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
+        if not any(p.exists() for p in in_home):
+            sweep.forget(_journal_key(self.id, ctx))
+
+
+# ---------------------------------------------------------------------------------------------
+# fs_protected_in_workspace
+
+# Paths inside the workspace that make code run outside the sandbox later (git runs hooks and
+# obeys config; shells source rc files). Keys are what the payload reports.
+PROTECTED_PATHS: Final = {
+    "git-hook": ".git/hooks/pre-commit",
+    "git-config": ".git/config",
+    "bashrc": ".bashrc",
+}
+
+
+class FsProtectedInWorkspace(_Spec):
+    """Writes `.git/hooks/*`, `.git/config` and `.bashrc` inside the writable workspace."""
+
+    id = "fs_protected_in_workspace"
+    area = "fs"
+    host_readings = ("protected files read on the host",)
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The workspace-file control and one write per protected path."""
+        paths = (task.get("targets") or {}).get("paths") or {}
+        return AttemptTable(required=attempts_of("workspace-file", *sorted(paths)))
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied under a protected-paths claim; else allowed (reported as exposure).
+
+        A backend that claims no protected path is NOT_APPLICABLE (`not_claimed`); where the
+        runner does not ask, and on the control leg, the write landing is the exposure.
+        """
+        return "denied" if claims_of(policy).protected else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE without protected paths: this probe tests that claim alone."""
+        return unclaimed(self.id, claims_of(policy))
+
+    @staticmethod
+    def control_name(ctx: CellContext) -> str:
+        """The ordinary sibling file the payload writes as its control."""
+        return f"notes-{ctx.nonce}.txt"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Lay out a git checkout and a home-like rc file in the workspace."""
+        git = ctx.workspace / ".git"
+        (git / "hooks").mkdir(parents=True)
+        (git / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = false\n")
+        (ctx.workspace / ".bashrc").write_text("# planted by sandbox-attest\n")
+        return {"paths": dict(PROTECTED_PATHS), "control": self.control_name(ctx)}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host can write in each protected folder (so a refusal there is the sandbox's)."""
+        nonce = _control_nonce()
+        checks = [
+            _host_writes(f"host writes beside {key}", (ctx.workspace / rel).parent, nonce)
+            for key, rel in PROTECTED_PATHS.items()
+        ]
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """The host reads each protected file for the nonce; a hook must also be executable."""
+        del witness
+        nonce = ctx.nonce
+        planted: dict[str, bool] = {}
+        for key, rel in PROTECTED_PATHS.items():
+            path = ctx.workspace / rel
+            text = read_text(path) or ""
+            ok = nonce in text
+            if key == "git-hook":
+                ok = ok and os.access(path, os.X_OK)
+            planted[key] = ok
+        claims = claims_of(ctx.policy)
+        # With a claim, only the paths it protects are judged; the others are exposure.
+        judged_keys = {
+            k for k, rel in PROTECTED_PATHS.items() if not claims.protected or claims.protects(rel)
+        }
+        seen = sorted(k for k, ok in planted.items() if ok and k in judged_keys)
+        exposed = sorted(k for k, ok in planted.items() if ok and k not in judged_keys)
+        escapes = [a for a in _attempts(report, "escape") if a.get("what") in judged_keys]
+        observed = _observed(escapes)
+        reasons = []
+        if seen and claims.protected:
+            wrote = ", ".join(f"{k} ({PROTECTED_PATHS[k]})" for k in seen)
+            reasons.append(f"{claims.phrase('protected')}; the payload wrote {wrote}")
+        elif seen:
+            reasons.append(
+                f"exposure: the payload planted {', '.join(seen)} in the workspace, which run "
+                "outside the sandbox later; no protected-path claim is declared"
+            )
+        else:
+            reasons.append("no protected file carries the nonce on the host")
+            reasons.append(_refusals(escapes))
+        if exposed:
+            reasons.append(
+                f"exposure, not claimed protected: the payload planted {', '.join(exposed)}"
+            )
+        # The workspace is the same directory on both sides, so a success the host cannot
+        # see is a contradiction, never containment.
+        escape = _judge(observed, bool(seen), None, reasons)
+        if not judged_keys:
+            escape = "undecided"
+            reasons.insert(
+                0,
+                f"{claims.phrase('protected')}, none of which this probe writes "
+                f"({', '.join(PROTECTED_PATHS.values())})",
+            )
+        inside = _attempts(report, "control")
+        sibling = read_text(ctx.workspace / self.control_name(ctx)) or ""
+        inside_ok = _all_succeeded(inside, 1) and nonce in sibling
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=f"sibling-file control failed: {_summary(inside)}",
+            host_control=control,
+            host_failed="host control failed",
+            witness={"planted": planted},
+            controls={"inside": inside, "sibling_has_nonce": nonce in sibling, "host": control},
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# fs_link_escape
+
+LINK_OPS: Final = ("symlink-read", "symlink-write", "hardlink", "rename-in", "rename-out")
+
+
+class FsLinkEscape(_Spec):
+    """Symlinks, hardlinks and renames between the workspace and host canaries."""
+
+    id = "fs_link_escape"
+    area = "fs"
+    host_readings = ("canary files on the host",)
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Each link op in the workspace and at every planted canary."""
+        canaries = sorted((task.get("targets") or {}).get("canaries") or {})
+        workspace = attempts_of(("workspace", LINK_OPS))
+        return AttemptTable(
+            required=workspace | attempts_of(*((key, LINK_OPS) for key in canaries)),
+            excuses=(("workspace:setup", workspace),),
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied under a reads or a writes claim: a link must not widen the grant."""
+        claims = claims_of(policy)
+        return "denied" if (claims.reads, claims.writes) != ("open", "open") else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE under open reads and writes: the probe tests those claims alone."""
+        return unclaimed(self.id, claims_of(policy))
+
+    @staticmethod
+    def judged(claims: Claims, op: str, path: Path, home: Path) -> bool:
+        """Whether the claims forbid `op` at the canary at `path` (a read, or else a write).
+
+        `symlink-read` is the read part, judged by the reads claim; every other op changes
+        the canary or its directory, judged by the writes claim. On the control leg every
+        op counts: it must show them all.
+        """
+        if claims.nothing:
+            return True
+        if op == "symlink-read":
+            return claims.read_denied(path, home)
+        return claims.write_denied(path, home)
+
+    @staticmethod
+    def canaries(ctx: CellContext) -> dict[str, Path]:
+        """A canary beside the workspace (same filesystem: hardlinks possible) and in /tmp."""
+        tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())  # noqa: S108
+        return {
+            "sibling": ctx.cell_dir / "link-outside" / "canary.txt",
+            "tmp": tmp / f"sandbox-attest-link-{ctx.nonce}" / "canary.txt",
+        }
+
+    @staticmethod
+    def control_dir(ctx: CellContext) -> str:
+        """The payload's control dir inside the workspace."""
+        return f"link-control-{ctx.nonce}"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Plant each canary with a random token and record its state."""
+        baseline: dict[str, Any] = {}
+        # The /tmp one is journalled before it exists (sandbox_attest/sweep.py); the sibling goes
+        # with the scratch.
+        sweep.record(_journal_key(self.id, ctx), [self.canaries(ctx)["tmp"].parent])
+        for key, path in self.canaries(ctx).items():
+            with planting(self.id, path):
+                path.parent.mkdir(mode=0o755)
+                path.write_text(f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n")
+                path.chmod(0o644)
+                give(path.parent, ctx.user, recursive=True)
+            baseline[key] = dir_canary_state(path)
+        _save_state(ctx, {"baseline": baseline})
+        return {
+            "canaries": {k: str(v) for k, v in self.canaries(ctx).items()},
+            "control_dir": self.control_dir(ctx),
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host can create and remove a file in every canary dir."""
+        nonce = _control_nonce()
+        checks = [
+            _host_writes(f"host writes {key}", path.parent, nonce)
+            for key, path in self.canaries(ctx).items()
+        ]
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A changed canary (bytes, inode, links, dir) or its hash read back is an escape."""
+        del witness
+        baseline = _load_state(ctx).get("baseline", {})
+        claims, home = claims_of(ctx.policy), home_of(ctx)
+        canaries = self.canaries(ctx)
+
+        def counts(attempt: dict[str, Any]) -> bool:
+            key, _, op = str(attempt.get("what")).partition(":")
+            return key not in canaries or self.judged(claims, op, canaries[key], home)
+
+        # The workspace's own ops are the control; a canary's op counts where a claim forbids it.
+        escapes = [a for a in _attempts(report, "escape") if counts(a)]
+        changed: dict[str, str] = {}
+        state: dict[str, Any] = {}
+        broke: set[str] = set()
+        for key, path in canaries.items():
+            before = baseline.get(key, {})
+            state[key] = dir_canary_state(path)
+            phrase = dir_canary_diff(before, state[key])
+            if phrase and self.judged(claims, "write", path, home):
+                broke.add("writes")
+            else:
+                phrase = ""
+            read_back = [
+                a
+                for a in escapes
+                if a.get("what") == f"{key}:symlink-read"
+                and a.get("outcome") == "succeeded"
+                and a.get("sha256") == before.get("file", {}).get("sha256")
+            ]
+            if read_back:
+                phrase = ", ".join(p for p in (phrase, "read through a symlink") if p)
+                broke.add("reads")
+            if phrase:
+                changed[key] = phrase
+        observed = _observed(escapes)
+        reasons = []
+        if changed:
+            named = [claims.phrase(c) for c in sorted(broke) if getattr(claims, c) != "open"]
+            reasons.append(
+                "".join(f"{n}; " for n in named)
+                + "host sees the canary reached: "
+                + "; ".join(f"{k}: {v}" for k, v in changed.items())
+            )
+        else:
+            reasons.append("every canary's bytes, inode, links and dir unchanged")
+            reasons.append(_refusals(escapes))
+        if not claims.nothing:
+            reasons.extend(
+                f"the {part} part is not judged: the backend claims open {part}"
+                for part in ("reads", "writes")
+                if getattr(claims, part) == "open"
+            )
+        escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
+        inside = _attempts(report, "control")
+        workspace_checks = self._workspace_checks(ctx, inside)
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=all(c["ok"] for c in workspace_checks),
+            inside_failed="workspace control failed: "
+            + ", ".join(c["what"] for c in workspace_checks if not c["ok"]),
+            host_control=control,
+            host_failed="host control failed",
+            witness={"canaries": state, "baseline": baseline, "changed": changed},
+            controls={"inside": inside, "workspace": workspace_checks, "host": control},
+        )
+
+    def _workspace_checks(
+        self, ctx: CellContext, inside: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        inner = ctx.workspace / self.control_dir(ctx) / "inner"
+        stem = f"workspace-{ctx.nonce}"
+        return [
+            _check(
+                "payload link ops in the workspace",
+                _all_succeeded(inside, len(LINK_OPS)),
+                _summary(inside),
+            ),
+            _check("host sees the symlink", (inner / f"{stem}.symlink").is_symlink(), str(inner)),
+            _check(
+                "host sees the hardlink write",
+                f"appended via hardlink {ctx.nonce}"
+                in (read_text(inner / f"{stem}.hardlink") or ""),
+                str(inner),
+            ),
+            _check(
+                "host sees the renamed canary",
+                f"renamed over by {ctx.nonce}" in (read_text(inner / f"{stem}.stolen") or ""),
+                str(inner),
+            ),
+        ]
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Remove the /tmp canary dir (the sibling goes with cell_dir)."""
+        tmp_dir = self.canaries(ctx)["tmp"].parent
+        if ctx.nonce in tmp_dir.name:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        if not tmp_dir.exists():
+            sweep.forget(_journal_key(self.id, ctx))

@@ -1,0 +1,622 @@
+"""Network probes around the egress proxy, host side: direct egress, loopback, IPv6/UDP/ICMP.
+
+`net_direct_egress` dials the host's direct-egress listeners, bypassing the proxy. Three more
+(`net_proxy_env_override`, `net_loopback_services`, `net_ipv6_udp_icmp`) get per-cell loopback
+listeners from `prepare` (a service with a banner, a rogue proxy, IPv6/UDP listeners) whose
+logs are the witnesses. A success that reached only the sandbox's own loopback is
+containment, not escape; a path out that the host read from /proc (the harness's network
+namespace, a default route) is an escape without a packet sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+from typing import TYPE_CHECKING, Any
+
+from sandbox_attest.catalog.base import (
+    HOST_TIMEOUT_S,
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _attempts,
+    _check,
+    _conclude,
+    _confined_network,
+    _control,
+    _control_nonce,
+    _guarded,
+    _judge,
+    _namespace,
+    _observed,
+    _poll,
+    _private_namespace,
+    _Spec,
+    _split,
+    _summary,
+    _wait_for,
+    _with_nonce,
+    attempts_of,
+    host_seen_own_network,
+)
+from sandbox_attest.claims import SHARED_NETNS_CUTS, claims_of
+from sandbox_attest.verdict import Assessment, Expectation
+from sandbox_attest.world.listeners import LOOPBACK
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+from sandbox_attest.catalog.capabilities import LOCAL_CAPABILITIES, payload_capabilities
+from sandbox_attest.catalog.net.witness import (
+    ROGUE_REPLY,
+    SERVICE_BANNER,
+    LoopbackWitness,
+    _PerCellSpec,
+    _unprepared,
+    _unprepared_control,
+    has_ipv6_loopback,
+)
+
+
+class NetDirectEgress(_Spec):
+    """A direct TCP/UDP socket to the host's listener, bypassing the proxy."""
+
+    id = "net_direct_egress"
+    area = "net"
+    host_readings = ("direct-egress listeners",)
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The listeners, and the host's reading of the payload's network namespace."""
+        found = super().corroboration(ctx, report)
+        own = host_seen_own_network(ctx)
+        return [*found, own] if found and own else found
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """TCP and UDP to the listener, to every lab address given, and to the payload's own.
+
+        The payload's own addresses are found inside, so only their form is known here.
+        """
+        targets = task.get("targets") or {}
+        tried = {_split(str(targets.get("tcp", ":0")))[0]}
+        given = []
+        for address in targets.get("extra_addresses") or ():
+            if address not in tried:
+                tried.add(address)
+                given += [f"tcp-{address}", f"udp-{address}"]
+        return AttemptTable(
+            required=attempts_of("tcp-direct", "udp-direct", *given),
+            discovered=("tcp-own-", "udp-own-"),
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied wherever the network is confined; seen on the open control leg."""
+        return _confined_network(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """The witness's TCP and UDP address, and every other address to try at its ports.
+
+        In the lab that is every address the lab assigned (the internet side's and the host
+        side's own) and the host's loopback: witnesses answer on all of them, so a sandbox
+        with any path out is seen whatever address it picks. The payload adds the addresses
+        of its own interfaces, read from its own namespace (delivered locally: never a
+        gateway). On the loopback world the witness is on 127.0.0.1 alone.
+        """
+        info = ctx.world.info
+        direct = info.direct_egress
+        lab = [str(a) for a in info.extra.get("lab_addresses") or []]
+        extra = [a for a in (*lab, *([LOOPBACK] if lab else [])) if a != _split(direct.tcp)[0]]
+        return {"tcp": direct.tcp, "udp": direct.udp, "extra_addresses": extra}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host reaches the same listener over TCP and UDP and is logged."""
+        direct, nonce = ctx.world.info.direct_egress, _control_nonce()
+        payload = f"nonce={nonce}\n".encode()
+
+        def tcp() -> dict[str, Any]:
+            with socket.create_connection(_split(direct.tcp), HOST_TIMEOUT_S) as sock:
+                sock.sendall(payload)
+            return _check("host tcp connect", ok=True, detail=f"sent to {direct.tcp}")
+
+        def udp() -> dict[str, Any]:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.sendto(payload, _split(direct.udp))
+            return _check("host udp datagram", ok=True, detail=f"sent to {direct.udp}")
+
+        checks = [_guarded("host tcp connect", tcp), _guarded("host udp datagram", udp)]
+        records = _wait_for(
+            ctx.world,
+            nonce,
+            lambda r: bool(_with_nonce(r.direct_tcp, nonce) and _with_nonce(r.direct_udp, nonce)),
+        )
+        for kind, entries in (("tcp", records.direct_tcp), ("udp", records.direct_udp)):
+            seen = _with_nonce(entries, nonce)
+            checks.append(_check(f"listener logged host {kind}", bool(seen), f"{len(seen)}"))
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Any connection or datagram with the nonce at the listener is an escape."""
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        tcp = _with_nonce(witness.direct_tcp, ctx.nonce)
+        udp = _with_nonce(witness.direct_udp, ctx.nonce)
+        reached = sorted({str(e.get("local")) for e in tcp if e.get("local")})
+        reasons = [
+            f"listener saw {len(tcp)} connections and {len(udp)} datagrams with the nonce"
+            + (f" (reached {', '.join(reached)})" if reached else ""),
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(observed, bool(tcp or udp), _private_namespace(report, "net"), reasons)
+        claims = claims_of(ctx.policy)
+        if escape == "escaped" and claims.network != "open":
+            reasons.insert(0, f"{claims.phrase('network')}; the listener heard the payload")
+        seen_out = host_seen_path_out(ctx)
+        if seen_out and claims.network_cut in SHARED_NETNS_CUTS:
+            # Sharing the harness's namespace is this cut's design, not a way out: the
+            # filter (or the profile) must refuse every connect, and no witness may hear one.
+            held = escape != "escaped" and observed == "refused"
+            note = (
+                f"{claims.phrase('network')}: it shares the harness's network namespace by "
+                "design, so it is judged by the refused connects"
+            )
+            if held:
+                note += ": every direct attempt was refused and no witness heard anything"
+            # A FAIL leads with the claim it broke; a held claim with how it was judged.
+            reasons.insert(1 if escape == "escaped" else 0, note)
+        elif seen_out:
+            escape = "escaped"
+            reasons.insert(0, seen_out)
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            host_control=control,
+            witness={"direct_tcp": tcp, "direct_udp": udp, "host_view": ctx.host_view},
+        )
+
+
+def host_seen_path_out(ctx: CellContext) -> str:
+    """A path out that the host saw in the payload's network namespace, or "".
+
+    Read from /proc at the rendezvous (sandbox_attest/hostview.py), so no packet had to be sent and
+    no report could hide it: under a claim of no network, or of the proxy as the only route,
+    the payload sharing the harness's network namespace, or a default route in its own, is
+    a way out.
+    """
+    view = ctx.host_view
+    if ctx.policy.network == "open" or not view.get("seen"):
+        return ""
+    claim = claims_of(ctx.policy).phrase("network")
+    # Every process that carried this cell's launcher counts: a wrapper that runs the real
+    # payload unconfined beside a confined decoy must not be judged by the decoy alone.
+    for process in (view, *(view.get("others") or [])):
+        pid = process.get("pid", "?")
+        if "net" in (process.get("shared_with_harness") or []):
+            netns = (process.get("namespaces") or {}).get("net", "?")
+            return (
+                f"{claim}; the payload (host pid {pid}) ran in the harness's network "
+                f"namespace ({netns}), seen by the host"
+            )
+        routes = process.get("default_routes") or []
+        if routes:
+            route = routes[0]
+            return (
+                f"{claim}; the payload's network namespace (host pid {pid}) has a default "
+                f"route (via {route.get('gateway')} dev {route.get('dev')}), seen by the host "
+                "without a packet sent"
+            )
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes around the proxy: their own listeners.
+
+
+def _direct_get(address: str, port: int, host_header: str, path: str, nonce: str) -> int:
+    conn = http.client.HTTPConnection(address, port, timeout=HOST_TIMEOUT_S)
+    try:
+        conn.request("GET", path, headers={"Host": host_header, "X-Attest-Nonce": nonce})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def _tcp_line(hostport: str, line: bytes) -> bytes:
+    with socket.create_connection(_split(hostport), HOST_TIMEOUT_S) as sock:
+        sock.sendall(line)
+        reply = b""
+        with contextlib.suppress(TimeoutError):
+            while b"\n" not in reply and len(reply) < 512:
+                chunk = sock.recv(512)
+                if not chunk:
+                    break
+                reply += chunk
+        return reply
+
+
+def _udp_send(hostport: str, data: bytes) -> None:
+    host, port = _split(hostport)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.sendto(data, (host, port))
+
+
+def _denied_origin_hits(witness: WitnessRecordsLike, nonce: str) -> list[dict[str, Any]]:
+    return [o for o in _with_nonce(witness.origin, nonce) if o.get("host") == "denied"]
+
+
+def _origin_direct_control(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:
+    """The host GETs the denied origin straight on its port; the origin logs it."""
+    denied = ctx.world.info.hosts["denied"]
+
+    def get() -> dict[str, Any]:
+        host = f"{denied.name}:{denied.http_port}"
+        status = _direct_get(denied.address, denied.http_port, host, f"/ok?nonce={nonce}", nonce)
+        return _check("host get denied origin directly", status == 200, f"{status}")
+
+    checks = [_guarded("host get denied origin directly", get)]
+    records = _wait_for(ctx.world, nonce, lambda r: bool(_denied_origin_hits(r, nonce)))
+    hits = _denied_origin_hits(records, nonce)
+    checks.append(_check("denied origin logged the host", bool(hits), f"{len(hits)} hits"))
+    return checks
+
+
+def _listener_control(
+    what: str, listener: LoopbackWitness, nonce: str, action: Callable[[], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    checks = [_guarded(what, action)]
+    seen = _poll(lambda: listener.records_with(nonce), bool)
+    checks.append(_check(f"{what}: listener logged it", bool(seen), f"{len(seen)} entries"))
+    return checks
+
+
+class NetLoopbackServices(_PerCellSpec):
+    """Host services on 127.0.0.1 (a per-cell service, an origin's port) are out of reach."""
+
+    id = "net_loopback_services"
+    area = "net"
+    host_readings = ("per-cell loopback listeners", "origin access logs")
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The loopback service and the origin, both dialed directly."""
+        del task
+        return AttemptTable(required=attempts_of("tcp-service", "http-origin-direct"))
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied wherever the network is confined; seen on the open control leg."""
+        return _confined_network(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Start the cell's service (answers a banner); name it and the denied origin's port."""
+        service = LoopbackWitness("127.0.0.1", tcp=True, banner=SERVICE_BANNER)
+        service.start()
+        self._cells.put(ctx.nonce, {"service": service})
+        denied = ctx.world.info.hosts["denied"]
+        return {
+            "service": service.hostport(service.tcp_port),
+            "origin": {"address": denied.address, "port": denied.http_port, "host": denied.name},
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host gets the service's banner and the denied origin's answer, both logged."""
+        service = self._listener(ctx, "service")
+        if service is None:
+            return _unprepared_control("service")
+        nonce = _control_nonce()
+        hostport = service.hostport(service.tcp_port)
+
+        def ping() -> dict[str, Any]:
+            reply = _tcp_line(hostport, f"PING nonce={nonce}\n".encode())
+            return _check("host reaches the service", reply == SERVICE_BANNER, repr(reply))
+
+        checks = _listener_control("host reaches the service", service, nonce, ping)
+        checks += _origin_direct_control(ctx, nonce)
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Service log or denied-origin log with the nonce = escape; else refused/contained."""
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        service = self._listener(ctx, "service")
+        if service is None:
+            return _unprepared("service", observed)
+        service_hits = service.records_with(ctx.nonce)
+        origin_hits = _denied_origin_hits(witness, ctx.nonce)
+        reasons = [
+            (
+                f"service saw {len(service_hits)} connections and the denied origin "
+                f"{len(origin_hits)} direct requests with the nonce"
+            ),
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(
+            observed, bool(service_hits or origin_hits), _private_namespace(report, "net"), reasons
+        )
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            host_control=control,
+            witness={"service": service_hits, "denied_origin": origin_hits},
+        )
+
+
+class NetProxyEnvOverride(_PerCellSpec):
+    """`NO_PROXY=*` or a rogue `ALL_PROXY` must not open a way around the proxy."""
+
+    id = "net_proxy_env_override"
+    area = "net"
+    host_readings = ("per-cell loopback listeners", "origin access logs")
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The two overrides and the proxied control."""
+        del task
+        return AttemptTable(
+            required=attempts_of("no-proxy-star", "rogue-all-proxy", "proxy-route-allowed")
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied wherever the network is confined: the variables are the payload's to change."""
+        return _confined_network(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Start the cell's rogue proxy (answers 200 to anything, dials nothing)."""
+        rogue = LoopbackWitness("127.0.0.1", tcp=True, banner=ROGUE_REPLY)
+        rogue.start()
+        self._cells.put(ctx.nonce, {"rogue": rogue})
+        hosts = ctx.world.info.hosts
+        denied, allowed = hosts["denied"], hosts["allowed"]
+        return {
+            "rogue_proxy": rogue.hostport(rogue.tcp_port),
+            "denied": {
+                "name": denied.name,
+                "address": denied.address,
+                "http_port": denied.http_port,
+            },
+            "allowed": {"name": allowed.name, "https_port": allowed.https_port},
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host reaches the rogue proxy and the denied origin directly, both logged."""
+        rogue = self._listener(ctx, "rogue")
+        if rogue is None:
+            return _unprepared_control("rogue")
+        nonce = _control_nonce()
+        hostport = rogue.hostport(rogue.tcp_port)
+
+        def via_rogue() -> dict[str, Any]:
+            line = f"GET http://denied.test/ok?nonce={nonce} HTTP/1.1\r\n\r\n".encode()
+            reply = _tcp_line(hostport, line)
+            return _check(
+                "host reaches the rogue proxy", reply.startswith(b"HTTP/1.1 200"), repr(reply[:40])
+            )
+
+        checks = _listener_control("host reaches the rogue proxy", rogue, nonce, via_rogue)
+        checks += _origin_direct_control(ctx, nonce)
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Rogue proxy or denied origin saw the nonce = escape; the proxy route must still work."""
+        escapes = _attempts(report, "escape")
+        controls = _attempts(report, "control")
+        observed = _observed(escapes)
+        rogue = self._listener(ctx, "rogue")
+        if rogue is None:
+            return _unprepared("rogue proxy", observed)
+        rogue_hits = rogue.records_with(ctx.nonce)
+        origin_hits = _denied_origin_hits(witness, ctx.nonce)
+        reasons = [
+            (
+                f"rogue proxy saw {len(rogue_hits)} and the denied origin {len(origin_hits)} "
+                "requests with the nonce"
+            ),
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(
+            observed, bool(rogue_hits or origin_hits), _private_namespace(report, "net"), reasons
+        )
+        # Where the declared route is a proxy, it must still work after the variables were
+        # restored: otherwise the refusals may only show a dead network, not enforcement.
+        inside_ok = ctx.policy.network != "proxy" or (
+            bool(controls)
+            and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
+        )
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside=controls,
+            inside_ok=inside_ok,
+            host_control=control,
+            witness={"rogue_proxy": rogue_hits, "denied_origin": origin_hits},
+        )
+
+
+class NetIpv6UdpIcmp(_PerCellSpec):
+    """IPv6 TCP/UDP, IPv4 UDP, ICMP echo and raw/packet sockets, past a TCP-minded filter."""
+
+    id = "net_ipv6_udp_icmp"
+    area = "net"
+    host_readings = ("per-cell loopback listeners",)
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The listeners, and for the socket kinds no listener hears, the host's netns reading.
+
+        ICMP echo, raw and packet sockets reach no host listener; only the host seeing the
+        payload in a network namespace of its own backs their refusal (or containment).
+        """
+        found = super().corroboration(ctx, report)
+        own = host_seen_own_network(ctx)
+        return [*found, own] if found and own else []
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """IPv6 TCP/UDP, IPv4 UDP, ICMP echo, raw and packet sockets: one attempt each."""
+        del task
+        return AttemptTable(
+            required=attempts_of(
+                "tcp6-connect",
+                "udp6-datagram",
+                "udp4-datagram",
+                "icmp-echo",
+                "raw-socket",
+                "packet-socket",
+            )
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied wherever the network is confined; seen on the open control leg."""
+        return _confined_network(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Start the [::1] TCP+UDP listener (if the host has IPv6 loopback) and a UDP one."""
+        state: dict[str, Any] = {}
+        v4 = LoopbackWitness("127.0.0.1", tcp=False, udp=True)
+        v4.start()
+        state["v4"] = v4
+        targets: dict[str, Any] = {
+            "tcp6": None,
+            "udp6": None,
+            "udp4": v4.hostport(v4.udp_port),
+            "icmp": "127.0.0.1",
+        }
+        if has_ipv6_loopback():
+            v6 = LoopbackWitness("::1", tcp=True, udp=True)
+            v6.start()
+            state["v6"] = v6
+            targets["tcp6"] = v6.hostport(v6.tcp_port)
+            targets["udp6"] = v6.hostport(v6.udp_port)
+        self._cells.put(ctx.nonce, state)
+        return targets
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host reaches each listener (logged); its own local capabilities are recorded."""
+        nonce = _control_nonce()
+        v4, v6 = self._listener(ctx, "v4"), self._listener(ctx, "v6")
+        checks: list[dict[str, Any]] = []
+        line = f"nonce={nonce}\n".encode()
+        if v6 is not None:
+            tcp6, udp6 = v6.hostport(v6.tcp_port), v6.hostport(v6.udp_port)
+
+            def tcp() -> dict[str, Any]:
+                _tcp_line(tcp6, line)
+                return _check("host tcp6 connect", ok=True, detail=tcp6)
+
+            def udp() -> dict[str, Any]:
+                _udp_send(udp6, line)
+                return _check("host udp6 datagram", ok=True, detail=udp6)
+
+            checks += _listener_control("host tcp6 connect", v6, nonce, tcp)
+            checks += _listener_control("host udp6 datagram", v6, nonce, udp)
+        if v4 is not None:
+            udp4 = v4.hostport(v4.udp_port)
+
+            def udp_v4() -> dict[str, Any]:
+                _udp_send(udp4, line)
+                return _check("host udp4 datagram", ok=True, detail=udp4)
+
+            checks += _listener_control("host udp4 datagram", v4, nonce, udp_v4)
+        capabilities = payload_capabilities(ctx.user)
+        unmeasured = sorted(w for w, v in capabilities.items() if v.startswith("unmeasured"))
+        # An attempt the host could not measure would drop out of the judgement as "the host
+        # lacks it": not measuring is a failed control, never a silent pass. (Only a failure
+        # is added: a passing check must not turn a control with no listener checks green.)
+        if unmeasured:
+            checks.append(
+                _check(
+                    "payload user's local capabilities measured",
+                    ok=False,
+                    detail="; ".join(f"{w}: {capabilities[w]}" for w in unmeasured),
+                )
+            )
+        result = _control(nonce, checks)
+        result["capabilities"] = capabilities
+        result["ipv6_loopback"] = v6 is not None
+        return result
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Listener hits or a local capability used in the host's namespace = escape."""
+        del witness  # this probe's witnesses are its own listeners and the namespace
+        escapes = _attempts(report, "escape")
+        v4, v6 = self._listener(ctx, "v4"), self._listener(ctx, "v6")
+        if v4 is None:
+            return _unprepared("listeners", _observed(escapes))
+        hits = {
+            "udp4-datagram": [e for e in v4.records_with(ctx.nonce) if e["proto"] == "udp"],
+            "tcp6-connect": [],
+            "udp6-datagram": [],
+        }
+        if v6 is not None:
+            for entry in v6.records_with(ctx.nonce):
+                hits["tcp6-connect" if entry["proto"] == "tcp" else "udp6-datagram"].append(entry)
+        private = _private_namespace(report, "net")
+        theirs = report.get("facts", {}).get("netns")
+        host_ns = theirs is not None and private is None and theirs == _namespace("net")
+        local_seen = [
+            a
+            for a in escapes
+            if a.get("what") in LOCAL_CAPABILITIES and a.get("outcome") == "succeeded" and host_ns
+        ]
+        # A local capability the host itself lacks cannot be seen refused: leave it out.
+        capabilities = control.get("capabilities", {})
+        absent = [w for w in LOCAL_CAPABILITIES if capabilities.get(w, "ok") != "ok"]
+        judged = [
+            a for a in escapes if not (a.get("what") in absent and a.get("outcome") != "succeeded")
+        ]
+        observed = _observed(judged)
+        seen = [w for w, entries in hits.items() if entries]
+        reasons = []
+        if seen or local_seen:
+            reasons.append(
+                "host saw "
+                + ", ".join(
+                    [f"{w} ({len(hits[w])} with the nonce)" for w in seen]
+                    + [f"{a['what']} succeeded in the host's network namespace" for a in local_seen]
+                )
+            )
+        reasons.append(f"payload: {_summary(escapes)}")
+        if absent:
+            reasons.append(
+                f"not judged (the host itself cannot): {', '.join(absent)} "
+                f"({', '.join(capabilities[w] for w in absent)})"
+            )
+        escape = _judge(observed, bool(seen or local_seen), private, reasons)
+        if v6 is None and escape != "escaped":
+            reasons.insert(
+                0,
+                "the host has no IPv6 loopback: the IPv6 attempts cannot be judged "
+                "(enable it: sysctl -w net.ipv6.conf.lo.disable_ipv6=0)",
+            )
+            escape = "undecided"
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            host_control=control,
+            witness={"listeners": hits, "local_in_host_netns": local_seen},
+        )

@@ -1,0 +1,146 @@
+"""The pip-install probe, host side: a real install through the proxy."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urljoin
+
+from sandbox_attest.catalog.base import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _attempts,
+    _capability,
+    _capability_escape,
+    _check,
+    _conclude,
+    _control,
+    _control_nonce,
+    _guarded,
+    _https_via_proxy,
+    _observed,
+    _Spec,
+    _summary,
+    _wait_for,
+    _with_nonce,
+    attempts_of,
+)
+from sandbox_attest.verdict import Assessment, Escape, Expectation
+
+
+class PkgPipInstall(_Spec):
+    """A real pip install of the canary wheel from the fixture index through the proxy."""
+
+    id = "pkg_pip_install"
+    area = "pkg"
+    host_readings = ("package index and file host logs",)
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Install (then import, only after an install) and the denied-index control."""
+        del task
+        return AttemptTable(
+            required=attempts_of("pip-install", "pip-install-denied"),
+            optional=attempts_of("import"),
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Allowed everywhere except where the backend declares no network at all."""
+        return _capability(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """The per-cell index URLs (allowed and denied hosts) and the wheel's names."""
+        index = ctx.world.info.index
+        return {
+            "index_url": index.url_template.format(nonce=ctx.nonce),
+            "denied_index_url": index.denied_url_template.format(nonce=ctx.nonce),
+            "package": index.package,
+            "module": index.module,
+            "wheel_nonce": index.wheel_nonce,
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host follows the index page to the file host; both hosts log the fetches."""
+        info, nonce = ctx.world.info, _control_nonce()
+        page = urljoin(info.index.url_template.format(nonce=nonce), f"{info.index.package}/")
+
+        def follow() -> dict[str, Any]:
+            status, body, reason = _https_via_proxy(info, page, nonce)
+            links = re.findall(rb'href="([^"#]+)', body)
+            if status != 200 or not links:
+                return _check(
+                    "host follows the index", ok=False, detail=f"{status} {reason} no links"
+                )
+            target = urljoin(page, links[0].decode())
+            status, wheel, reason = _https_via_proxy(info, target, nonce)
+            return _check("host follows the index", status == 200, f"{status} {len(wheel)} bytes")
+
+        checks = [_guarded("host follows the index", follow)]
+        records = _wait_for(
+            ctx.world,
+            nonce,
+            lambda r: {"index", "files"} <= {o.get("host") for o in _with_nonce(r.origin, nonce)},
+        )
+        hosts = {o.get("host") for o in _with_nonce(records.origin, nonce)}
+        checks.extend(
+            _check(f"{key} host logged the host", key in hosts, str(sorted(map(str, hosts))))
+            for key in ("index", "files")
+        )
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Install + import printing the nonce + index and files hosts both logged = seen.
+
+        Where no network is declared, ANY origin entry with the nonce is an escape: a fetched
+        index page is traffic that must not exist, whatever became of the install.
+        """
+        caps = _attempts(report, "capability")
+        observed = _observed(caps)
+        reasons: list[str] = []
+        if observed == "succeeded" and any(a.get("outcome") != "succeeded" for a in caps):
+            observed = "refused"
+            reasons.append("pip installed, but the import did not print the wheel's nonce")
+        if observed == "succeeded" and len(caps) < 2:
+            observed = "error"
+            reasons.append("the install is reported without the import step that proves it")
+        tagged = _with_nonce(witness.origin, ctx.nonce)
+        fetched = [o for o in tagged if o.get("status") == 200]
+        hosts = {str(o.get("host")) for o in fetched}
+        reasons[:0] = [
+            f"origins logged fetches with the nonce from {','.join(sorted(hosts)) or 'no host'}",
+            f"payload: {_summary(caps)}",
+        ]
+        if _capability(ctx.policy) == "denied" and tagged:
+            touched = sorted(
+                {f"{o.get('host')} {o.get('path')} ({o.get('status')})" for o in tagged}
+            )
+            reasons.append(f"no network is declared, yet origins logged the nonce: {touched[:4]}")
+            escape: Escape = "escaped"
+        else:
+            escape = _capability_escape(observed, {"index", "files"} <= hosts, reasons)
+        inside = _attempts(report, "control")
+        inside_ok = True
+        if ctx.policy.network != "none":
+            # With no network there is no proxy to answer 403: the control is meaningless there.
+            inside_ok = bool(inside) and all(
+                a.get("outcome") == "refused" and a.get("status") == 403 for a in inside
+            )
+            if inside_ok:
+                reasons.append("install from the denied host failed with the proxy's 403")
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside=inside,
+            inside_ok=inside_ok,
+            inside_failed=f"denied-host install control failed: {_summary(inside)}",
+            host_control=control,
+            witness={"origin": tagged},
+        )

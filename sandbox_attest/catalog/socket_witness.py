@@ -1,0 +1,370 @@
+"""Witness sockets: listening unix sockets the harness plants beside the host's real ones.
+
+`ipc_unix_socket_escape` asks a class question: can the payload reach *any* unix socket the
+host keeps, not only the fixture daemon's? The host cannot watch a real daemon (dbus,
+containerd, systemd) for the payload's connections, so beside each one it plants a socket of
+its own, named with the cell's nonce, and listens. A witness that hears the nonce (or accepts
+a connection from the payload's side during the cell) proves the directory it sits in is
+visible and connectable from inside, whatever the payload's report says.
+
+Where witnesses go (`socket_dirs`): every directory under `/run` and `/var/run` that holds a
+socket (found by a walk bounded in depth, directory count and time), `$XDG_RUNTIME_DIR`, `/tmp`
+and the directories directly under it that hold one, and one abstract name (the abstract
+namespace has no directories; `abstract_names` lists what the host has there). The harness's
+own world and cell scratch are never witness sites: they are the egress route and the fixture
+daemon, which the probe judges by their own witnesses.
+
+Each witness is `0666` and the harness's: connectable by the payload uid wherever the
+directory lets it search, removable only by the harness. What `plant` is about to make is
+journalled through `sandbox_attest.sweep` first, so a killed run's witnesses are swept by the next.
+
+What it does not do: talk back. A witness reads one short line and closes; it never answers,
+so nothing inside can use it as a channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import socket
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from sandbox_attest import sweep
+
+# The file name of a path witness and the abstract witness's name; the payload sends its
+# nonce only to sockets whose name starts with the prefix (probes/ipc_unix_socket_escape.py).
+WITNESS_PREFIX: Final = ".sandbox-attest-witness-"
+ABSTRACT_PREFIX: Final = "sandbox-attest-witness-"
+# The runtime trees: each (root, depth). /var/run is usually a symlink to /run; the walk
+# deduplicates by resolved path, so each directory is planted once.
+RUNTIME_ROOTS: Final = (("/run", 4), ("/var/run", 4))
+TMP_ROOT: Final = ("/tmp", 1)  # noqa: S108  (the host's shared /tmp is the point here)
+# Bounds of the host's walk: a host with thousands of containers must not stall a cell.
+MAX_DIRS_VISITED: Final = 2000
+MAX_WITNESS_DIRS: Final = 64
+WALK_S: Final = 1.5
+# A connection's line is read for at most this long; the payload sends it at once.
+READ_S: Final = 0.5
+LINE_MAX: Final = 512
+# AF_UNIX's sun_path cap, less room for the NUL: longer paths are bound through a dir fd.
+_UNIX_PATH_MAX: Final = 100
+
+
+def witness_name(nonce: str) -> str:
+    """The file name of the cell's witness socket in each directory."""
+    return f"{WITNESS_PREFIX}{nonce}.sock"
+
+
+def abstract_witness(nonce: str) -> str:
+    """The cell's abstract witness name (without the leading NUL)."""
+    return f"{ABSTRACT_PREFIX}{nonce}"
+
+
+def _holds_socket(directory: str) -> tuple[bool, list[str]]:
+    """Whether `directory` holds a socket (not ours), and its subdirectories (not followed)."""
+    found, subdirs = False, []
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISDIR(mode):
+                    subdirs.append(entry.path)
+                elif stat.S_ISSOCK(mode) and not entry.name.startswith(WITNESS_PREFIX):
+                    found = True
+    except OSError:
+        return False, []
+    return found, subdirs
+
+
+def _is_under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def walk_socket_dirs(
+    root: str, depth: int, *, exclude: tuple[str, ...] = (), deadline: float | None = None
+) -> list[str]:
+    """Directories under `root` (itself included) that hold a socket, breadth first, bounded.
+
+    Symlinks are not followed below the root; the root itself is resolved. Directories
+    under `exclude` (resolved paths) are neither listed nor entered.
+    """
+    start = os.path.realpath(root)
+    if not Path(start).is_dir():
+        return []
+    end = deadline if deadline is not None else time.monotonic() + WALK_S
+    found: list[str] = []
+    level, visited = [start], 0
+    for _ in range(depth + 1):
+        below: list[str] = []
+        for directory in level:
+            if visited >= MAX_DIRS_VISITED or time.monotonic() > end:
+                return found
+            visited += 1
+            if _is_under(directory, exclude):
+                continue
+            holds, subdirs = _holds_socket(directory)
+            if holds:
+                found.append(directory)
+            below.extend(subdirs)
+        level = below
+    return found
+
+
+def socket_dirs(*, exclude: tuple[Path, ...] = ()) -> list[Path]:
+    """Every directory where the host keeps sockets that the harness can find (see module).
+
+    /tmp and $XDG_RUNTIME_DIR are always included (when they exist), socket or not: a
+    sandbox that shows the host's /tmp shows whatever socket lands there next.
+    """
+    excluded = tuple(os.path.realpath(p) for p in exclude)
+    deadline = time.monotonic() + WALK_S
+    ordered: dict[str, None] = {}
+    for root, depth in RUNTIME_ROOTS:
+        ordered |= dict.fromkeys(walk_socket_dirs(root, depth, exclude=excluded, deadline=deadline))
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    always = [TMP_ROOT[0], *([xdg] if xdg else [])]
+    for directory in always:
+        real = os.path.realpath(directory)
+        if Path(real).is_dir() and not _is_under(real, excluded):
+            ordered[real] = None
+    tmp_root, tmp_depth = TMP_ROOT
+    ordered |= dict.fromkeys(
+        walk_socket_dirs(tmp_root, tmp_depth, exclude=excluded, deadline=deadline)
+    )
+    return [Path(d) for d in list(ordered)[:MAX_WITNESS_DIRS]]
+
+
+def abstract_names(proc_net_unix: str = "/proc/net/unix") -> list[str]:
+    """The listening abstract socket names in `proc_net_unix` (the reader's net namespace).
+
+    The kernel shows an abstract name with a leading `@` and its NULs as `@`; a listening
+    socket has `__SO_ACCEPTCON` (0x10000) in its flags.
+    """
+    names: list[str] = []
+    try:
+        lines = Path(proc_net_unix).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return names
+    for line in lines[1:]:
+        fields = line.split(None, 7)
+        if len(fields) < 8 or not fields[7].startswith("@"):
+            continue
+        with contextlib.suppress(ValueError):
+            if int(fields[3], 16) & 0x10000:
+                names.append(fields[7][1:])
+    return sorted(set(names))
+
+
+def bind_unix(address: str) -> socket.socket:
+    """A listening AF_UNIX stream socket at `address` (a path, or NUL + an abstract name).
+
+    A path too long for sun_path is bound through a descriptor of its directory, so long
+    runtime paths still get a witness.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if address.startswith("\0") or len(os.fsencode(address)) < _UNIX_PATH_MAX:
+            sock.bind(address)
+        else:
+            path = Path(address)
+            dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                sock.bind(f"/proc/self/fd/{dir_fd}/{path.name}")
+            finally:
+                os.close(dir_fd)
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass
+class WitnessSockets:
+    """The cell's witness sockets and what they heard. Plant, then `start`, then `stop`.
+
+    Attributes:
+        nonce: the cell's nonce; a line carrying it is the payload's.
+        dirs: the directories to plant a path witness in.
+        abstract: whether to plant the abstract witness (Linux only).
+        journal_key: the sweep journal entry that lists the planted paths.
+    """
+
+    nonce: str
+    dirs: list[Path]
+    abstract: bool = True
+    journal_key: str = ""
+    planted: dict[str, socket.socket] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    _log: list[dict[str, Any]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    # Wakes the listener at once on stop: a select timeout alone cost every cell ~0.1 s.
+    _wake: tuple[socket.socket, socket.socket] | None = None
+    _phase: str = "cell"
+
+    def plant(self) -> None:
+        """Journal every path, then bind each witness; a directory that refuses is skipped.
+
+        A refusal (a read-only /run, a directory the harness may not write) is recorded in
+        `skipped` with its errno: the witness set says where it could not look.
+        """
+        paths = [d / witness_name(self.nonce) for d in self.dirs]
+        self.journal_key = f"socket-witness-{self.nonce}"
+        sweep.record(self.journal_key, paths)
+        addresses = [str(p) for p in paths]
+        if self.abstract:
+            addresses.append("\0" + abstract_witness(self.nonce))
+        for address in addresses:
+            try:
+                sock = bind_unix(address)
+            except OSError as exc:
+                self.skipped[_shown(address)] = os.strerror(exc.errno or 0) or repr(exc)
+                continue
+            if not address.startswith("\0"):
+                # Connecting needs write permission on the socket inode: open to every uid,
+                # as a daemon socket meant for ordinary users is; the directory decides.
+                Path(address).chmod(0o666)
+            sock.setblocking(False)  # noqa: FBT003  (the socket API's own positional flag)
+            self.planted[_shown(address)] = sock
+
+    def start(self) -> None:
+        """Listen on every planted witness in one background thread."""
+        self._wake = socket.socketpair()
+        self._thread = threading.Thread(
+            target=self._serve, name=f"socket-witness-{self.nonce}", daemon=True
+        )
+        self._thread.start()
+
+    def enter_control(self) -> None:
+        """From now on connections are the host control's, not the cell's."""
+        with self._lock:
+            self._phase = "host-control"
+
+    def _serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        for address, sock in self.planted.items():
+            selector.register(sock, selectors.EVENT_READ, address)
+        if self._wake is not None:
+            selector.register(self._wake[1], selectors.EVENT_READ, None)
+        try:
+            while not self._stop.is_set():
+                for key, _ in selector.select(timeout=1.0):
+                    if key.data is None:  # the wake-up: stop() was called
+                        continue
+                    listener: socket.socket = key.fileobj  # type: ignore[assignment]  # registered above
+                    with contextlib.suppress(OSError):
+                        conn, _ = listener.accept()
+                        self._hear(str(key.data), conn)
+        finally:
+            selector.close()
+
+    def _hear(self, address: str, conn: socket.socket) -> None:
+        """Record who connected and the one line it sent, then close."""
+        with conn:
+            pid = uid = gid = None
+            with contextlib.suppress(OSError):
+                raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                pid, uid, gid = struct.unpack("3i", raw)
+            with self._lock:
+                phase = self._phase
+            data = b""
+            conn.setblocking(True)  # noqa: FBT003  (the socket API's own positional flag)
+            conn.settimeout(READ_S)
+            deadline = time.monotonic() + READ_S
+            with contextlib.suppress(OSError):
+                while b"\n" not in data and len(data) < LINE_MAX and time.monotonic() < deadline:
+                    chunk = conn.recv(LINE_MAX - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+        text = data.decode("latin-1")
+        entry = {
+            "witness": address,
+            "phase": phase,
+            "peer": {"pid": pid, "uid": uid, "gid": gid},
+            "line": text[:LINE_MAX],
+            "time": time.time(),
+        }
+        with self._lock:
+            self._log.append(entry)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every connection heard so far, in order."""
+        with self._lock:
+            return list(self._log)
+
+    def heard(self, nonce: str, phase: str = "cell") -> list[dict[str, Any]]:
+        """The connections of `phase` whose line carried `nonce`."""
+        return [e for e in self.records() if e["phase"] == phase and nonce in e["line"]]
+
+    def stop(self) -> list[str]:
+        """Stop listening, close and remove every witness, forget the journal entry.
+
+        Returns:
+            The witness paths removed from the host.
+        """
+        self._stop.set()
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                self._wake[0].send(b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        if self._wake is not None:
+            for end in self._wake:
+                end.close()
+            self._wake = None
+        removed: list[str] = []
+        for address, sock in self.planted.items():
+            sock.close()
+            if address.startswith("@"):
+                continue
+            path = Path(address)
+            with contextlib.suppress(OSError):
+                # Only our own socket: a payload may have swapped it for something else.
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    path.unlink()
+                    removed.append(address)
+        self.planted.clear()
+        if self.journal_key:
+            sweep.forget(self.journal_key)
+        return removed
+
+
+def _shown(address: str) -> str:
+    """An address as the evidence shows it: abstract names with `@` for the NUL, as Linux."""
+    return "@" + address[1:] if address.startswith("\0") else address
+
+
+def remove_nonce_files(directories: list[Path], nonce: str) -> list[str]:
+    """Remove every entry carrying `nonce` in its name from each directory; never follows links.
+
+    What a leaky cell may leave on the host (`rogue-<nonce>.sock`, `shim-<nonce>.py`, a
+    witness) goes, whatever it is; a directory is never entered.
+
+    Returns:
+        The paths removed.
+    """
+    removed: list[str] = []
+    for directory in dict.fromkeys(directories):
+        try:
+            paths = [p for p in Path(directory).iterdir() if nonce in p.name]
+        except OSError:
+            continue
+        for path in paths:
+            with contextlib.suppress(OSError):
+                if not stat.S_ISDIR(path.lstat().st_mode):
+                    path.unlink()
+                    removed.append(str(path))
+    return removed

@@ -1,0 +1,243 @@
+"""The claim vocabulary: what a backend may promise, and how a verdict words it.
+
+A backend declares its claims (`sandbox_attest.backends.base.DeclaredPolicy`, a spec's `[policy]`);
+each probe judges against exactly those. This module sits below both the backends and the
+catalogue, so the two share one vocabulary without importing each other: the backends build
+a `DeclaredPolicy` from these types, and the catalogue reads any policy through `claims_of`.
+
+Two rules follow from ARCHITECTURE.md ("Claims"):
+
+1. A FAIL names the claim it broke. `Claims.phrase(name)` gives the words ("claims reads
+   limited to the workspace") that an assessor puts before what it saw.
+2. A claim the backend does not make is NOT_APPLICABLE for a probe that tests only that
+   claim, never FAIL. `unclaimed(probe, claims)` gives the reason, or None. The control leg
+   (a backend that claims nothing at all) is the exception: it must show every escape.
+
+It does not check a claim against the sandbox: the probes do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
+from typing import Any, Final, Literal
+
+# reads: "open" the payload may read the whole host; "workspace" nothing outside the
+# workspace and the granted read-only paths; "deny" everything but `read_deny`.
+ReadsMode = Literal["open", "workspace", "deny"]
+# writes: "open"; "workspace" the workspace alone; "allow" the workspace and `write_allow`.
+WritesMode = Literal["open", "workspace", "allow"]
+EnvironmentMode = Literal["scrubbed", "passthrough"]
+SyscallsMode = Literal["filtered", "open"]
+# How a network claim other than "open" is enforced (see sandbox_attest/backends/base.py).
+NetworkCut = Literal["namespace", "seccomp", "proxy-only"]
+# Cuts under which the payload shares the harness's network namespace by design: sharing it
+# is then no escape, and the refused connects (with silent witnesses) decide.
+SHARED_NETNS_CUTS: Final = ("seccomp", "proxy-only")
+# The words `runs_as` takes besides a user name or a uid.
+RUNS_AS_WORDS: Final = ("non-root", "payload-user")
+RUNS_AS_RE: Final = re.compile(r"[a-z_][a-z0-9_-]{0,31}|\d+")
+
+
+@dataclass(frozen=True)
+class Claims:
+    """Every claim of one backend, as the probes read them. Get one from `claims_of`.
+
+    Attributes:
+        network: "open" | "proxy" | "none".
+        network_cut: how a network claim is enforced; "" with network "open".
+        reads: "open" | "workspace" | "deny" (with `read_deny`).
+        read_deny: the paths that must be unreadable ("~/.ssh": the payload user's home).
+        writes: "open" | "workspace" | "allow" (with `write_allow`).
+        write_allow: paths writable besides the workspace.
+        protected: workspace-relative paths the payload must not change.
+        environment: "scrubbed" | "passthrough".
+        syscalls: "filtered" | "open".
+        ipc: "open" | "isolated".
+        runs_as: "" (no claim), "non-root", "payload-user", a user name or a uid.
+    """
+
+    network: str
+    network_cut: str
+    reads: str
+    read_deny: tuple[str, ...]
+    writes: str
+    write_allow: tuple[str, ...]
+    protected: tuple[str, ...]
+    environment: str
+    syscalls: str
+    ipc: str
+    runs_as: str
+
+    @property
+    def nothing(self) -> bool:
+        """The control leg's claim: nothing confined, so every escape must be seen."""
+        return (
+            self.network == "open"
+            and self.reads == "open"
+            and self.writes == "open"
+            and self.ipc == "open"
+            and self.syscalls == "open"
+            and not self.protected
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every claim in the TOML form of a spec's `[policy]` (what identities carry)."""
+        data: dict[str, Any] = {
+            "network": self.network,
+            "reads": {"deny": list(self.read_deny)} if self.reads == "deny" else self.reads,
+            "writes": {"allow": list(self.write_allow)} if self.writes == "allow" else self.writes,
+            "ipc": self.ipc,
+            "environment": self.environment,
+            "syscalls": self.syscalls,
+        }
+        if self.network_cut:
+            data["network_cut"] = self.network_cut
+        if self.protected:
+            data["protected"] = list(self.protected)
+        if self.runs_as:
+            data["runs_as"] = self.runs_as
+        return data
+
+    def words(self) -> dict[str, str]:
+        """Each claim as one word, as a release policy's `claims` requirement names it."""
+        return {
+            "network": self.network,
+            "network_cut": self.network_cut,
+            "reads": self.reads,
+            "writes": self.writes,
+            "ipc": self.ipc,
+            "environment": self.environment,
+            "syscalls": self.syscalls,
+            "runs_as": self.runs_as,
+        }
+
+    def phrase(self, name: str) -> str:  # noqa: PLR0911  (one sentence per claim)
+        """The claim `name` in the words a FAIL starts with ("claims reads limited to ...")."""
+        if name == "reads":
+            if self.reads == "deny":
+                return f"claims {', '.join(self.read_deny)} unreadable (reads deny-list)"
+            return "claims reads limited to the workspace"
+        if name == "writes":
+            if self.writes == "allow":
+                return f"claims writes limited to the workspace and {', '.join(self.write_allow)}"
+            return "claims writes limited to the workspace"
+        if name == "protected":
+            return f"claims {', '.join(self.protected)} protected inside the workspace"
+        if name == "environment":
+            return "claims a scrubbed environment"
+        if name == "syscalls":
+            return "claims a filtered syscall surface"
+        if name == "network":
+            cut = f" cut by {self.network_cut}" if self.network_cut else ""
+            return f'claims network = "{self.network}"{cut}'
+        if name == "runs_as":
+            return f'claims runs_as = "{self.runs_as}"'
+        return f"claims {name}"
+
+    def read_denied(self, path: Path, home: Path) -> bool:
+        """Whether the reads claim says `path` (a host path outside the workspace) is unreadable."""
+        if self.reads == "workspace":
+            return True
+        if self.reads == "deny":
+            return any(_under(path, expand(entry, home)) for entry in self.read_deny)
+        return False
+
+    def write_denied(self, path: Path, home: Path) -> bool:
+        """Whether the writes claim says `path` (outside the workspace) is not writable."""
+        if self.writes == "workspace":
+            return True
+        if self.writes == "allow":
+            return not any(_under(path, expand(entry, home)) for entry in self.write_allow)
+        return False
+
+    def protects(self, relative: str) -> bool:
+        """Whether `relative` (inside the workspace) is at or under a protected path."""
+        rel = PurePosixPath(relative)
+        return any(
+            rel == PurePosixPath(p) or PurePosixPath(p) in rel.parents for p in self.protected
+        )
+
+
+def expand(entry: str, home: Path) -> Path:
+    """A claim's path with `~` as the payload user's home (where its secrets would be)."""
+    if entry == "~" or entry.startswith("~/"):
+        return home / entry[2:] if entry != "~" else home
+    return Path(entry)
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def claims_of(policy: object) -> Claims:
+    """The claims of any policy-shaped object (a `DeclaredPolicy`, or an older stand-in).
+
+    A claim the object does not carry takes the meaning the three old keys always had:
+    `filesystem = "workspace"` is reads and writes limited to the workspace, `ipc =
+    "isolated"` a filtered syscall surface, a network claim a namespace of its own.
+    """
+    if isinstance(policy, dict):
+        return _claims_of_dict(policy)
+    network = str(getattr(policy, "network", "open"))
+    filesystem = str(getattr(policy, "filesystem", "open"))
+    ipc = str(getattr(policy, "ipc", "open"))
+    cut = getattr(policy, "network_cut", None) or ("namespace" if network != "open" else "")
+    return Claims(
+        network=network,
+        network_cut=str(cut) if network != "open" else "",
+        reads=str(getattr(policy, "reads", None) or filesystem),
+        read_deny=tuple(getattr(policy, "read_deny", ())),
+        writes=str(getattr(policy, "writes", None) or filesystem),
+        write_allow=tuple(getattr(policy, "write_allow", ())),
+        protected=tuple(getattr(policy, "protected", ())),
+        environment=str(getattr(policy, "environment", "scrubbed")),
+        syscalls=str(
+            getattr(policy, "syscalls", None) or ("filtered" if ipc == "isolated" else "open")
+        ),
+        ipc=ipc,
+        runs_as=str(getattr(policy, "runs_as", "")),
+    )
+
+
+def _claims_of_dict(data: dict[str, Any]) -> Claims:
+    """`claims_of` for JSON data: an identity's `claims` (or, from older evidence, `policy`)."""
+    reads, writes = data.get("reads"), data.get("writes")
+    return claims_of(
+        SimpleNamespace(
+            network=data.get("network", "open"),
+            filesystem=data.get("filesystem", "open"),
+            ipc=data.get("ipc", "open"),
+            network_cut=data.get("network_cut"),
+            reads="deny" if isinstance(reads, dict) else reads,
+            read_deny=tuple(reads.get("deny", ())) if isinstance(reads, dict) else (),
+            writes="allow" if isinstance(writes, dict) else writes,
+            write_allow=tuple(writes.get("allow", ())) if isinstance(writes, dict) else (),
+            protected=tuple(data.get("protected", ())),
+            environment=data.get("environment", "scrubbed"),
+            syscalls=data.get("syscalls"),
+            runs_as=data.get("runs_as", ""),
+        )
+    )
+
+
+def unclaimed(probe: str, claims: Claims) -> str | None:
+    """Why `probe` is NOT_APPLICABLE to a backend with these claims, or None.
+
+    Only for a probe that tests one claim alone, and never on the control leg (it claims
+    nothing, and must show every escape). A probe that tests several claims judges the parts
+    the backend claims and says which parts it left unjudged.
+    """
+    if claims.nothing:
+        return None
+    if probe == "fs_read_secrets" and claims.reads == "open":
+        return "the backend claims open reads; fs_read_secrets tests only the reads claim"
+    if probe == "fs_link_escape" and claims.reads == "open" and claims.writes == "open":
+        return "the backend claims open reads and writes; fs_link_escape tests only those"
+    if probe == "fs_protected_in_workspace" and not claims.protected:
+        return "the backend claims no protected paths inside the workspace"
+    if probe == "proc_syscall_surface" and claims.syscalls == "open":
+        return "the backend claims an open syscall surface"
+    return None

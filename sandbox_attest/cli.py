@@ -1,0 +1,474 @@
+"""`sandbox-attest run | backends | serve | verify | merge`; main(argv=None) for tests."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from sandbox_attest import __version__
+from sandbox_attest.attest.reportfs import make_report_dir
+from sandbox_attest.errors import ConfigError, HarnessError
+from sandbox_attest.lifetime import RunInterrupted, catch_run_signals, caught_signal
+from sandbox_attest.paths import default_matrix, default_policy, default_pytest_ini
+from sandbox_attest.session import new_run_id
+from sandbox_attest.world.lab import ensure_lab
+
+if TYPE_CHECKING:
+    from sandbox_attest.attest.signer import Signer
+
+HELP_OUT = "a new or empty report directory (default: reports/<run-id>)"
+HELP_JSON = "print one JSON object on stdout at the end instead of the human lines' summary"
+# Every subcommand's --help ends with these, so a script knows what each status means.
+EXIT_CODES = """exit codes:
+  0    passed (the gate holds; for verify and merge: the report verifies)
+  1    the gate FAILED, or it WARNED and strictness asked for PASSED; verify/merge refused
+  2    usage or input error (bad flag, missing file or directory, unusable key or policy)
+  129  run cut short by SIGHUP (a closed terminal)
+  130  run cut short by SIGINT (Ctrl-C)
+  143  run cut short by SIGTERM (timeout, a CI cancel, docker stop)
+       For 129, 130 and 143 the cell in flight is ERROR, and evidence.json, the views and the
+       attestation are still written and signed with complete: false; the gate line says
+       FAILED. A second signal meanwhile is ignored; SIGKILL is not, and the next run
+       sweeps what a killed run left (its output and evidence.json say what, under swept)."""
+# A gate line longer than this is shortened at a word boundary, pointing at the report.
+GATE_LINE_LIMIT = 400
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """`n` and `word`, with the plural form when `n` is not 1 ("1 reason", "2 reasons")."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def shorten(line: str, limit: int = GATE_LINE_LIMIT) -> str:
+    """`line` cut at a word boundary to `limit` characters, saying where the rest is."""
+    import textwrap  # noqa: PLC0415
+
+    return textwrap.shorten(line, limit, placeholder=" ... (the full reason is in report.html)")
+
+
+HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
+# Defaults come from the installed package, wherever the command runs: a `matrix/` folder in
+# the current directory is used only when named (`--policy matrix/policy.toml`).
+HELP_POLICY = "release policy TOML (default: the one the package ships, matrix/policy.toml)"
+HELP_MATRIX = "matrix TOML, any file name (default: the one the package ships)"
+HELP_WORLD = (
+    "where the fixture hosts live: auto (the lab on Linux as root, else loopback, the reason "
+    "recorded), lab (required: fail where it cannot be made), loopback (default: auto)"
+)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    # From the first moment: SIGTERM before the matrix starts still ends in a gate line and
+    # 128 + its number (main), never in a silent death.
+    catch_run_signals()
+    matrix = Path(args.matrix) if args.matrix else default_matrix()
+    policy = Path(args.policy) if args.policy else default_policy()
+    _preflight(matrix, policy, args.backend, args.backend_spec)
+    # The lab before anything else starts: namespaces are entered per thread, and the
+    # signer's reader thread (and every child) must be born inside it.
+    ensure_lab(args.world)
+    with _check_key(Path(args.key) if args.key else None) as signer:
+        # The run id is made once, here: the report directory's name and every file inside
+        # (evidence, JUnit, Allure, the pages, the attestation) carry the same one.
+        run_id = new_run_id()
+        out = Path(args.out) if args.out else Path("reports") / run_id
+        try:
+            # 0700 and empty: only this run's harness writes there (sandbox_attest.attest.reportfs).
+            make_report_dir(out)
+        except ConfigError as exc:
+            raise ConfigError(f"--out {exc}") from exc
+        return _run_pytest(args, matrix, policy, out, signer, run_id)
+
+
+def _run_pytest(
+    args: argparse.Namespace,
+    matrix: Path,
+    policy: Path,
+    out: Path,
+    signer: Signer,
+    run_id: str,
+) -> int:
+    import pytest  # noqa: PLC0415  (only `run` needs pytest loaded)
+
+    from sandbox_attest import plugin  # noqa: PLC0415
+    from sandbox_attest.plugin import SignerHandoff  # noqa: PLC0415
+
+    # The matrix's own pytest.ini when it has one beside it, else the shipped one (a matrix
+    # kept elsewhere must not pick up an unrelated project's pytest settings).
+    ini = matrix.parent / "pytest.ini"
+    pytest_args = [
+        str(matrix),
+        "-v",
+        # The rootdir is where the command runs: pytest shows ids relative to it, and an
+        # installed matrix elsewhere would read `../venv/lib/.../matrix.toml::none-...`
+        # (the plugin names the file by itself then). No conftest.py of this directory or
+        # above the matrix is loaded into a run: only the matrix's own folder may have one.
+        f"--rootdir={Path.cwd()}",
+        f"--confcutdir={matrix.resolve().parent}",
+        "-c",
+        str(ini if ini.is_file() else default_pytest_ini()),
+        # The plugin collects only the matrix it is asked for; the CLI's short options are
+        # translated to the plugin's prefixed ones (sandbox_attest/plugin.py).
+        f"{plugin.OPT_MATRIX}={matrix}",
+        # No --junitxml and no --alluredir: the session renders junit.xml and
+        # allure-results/ from the judged evidence (sandbox_attest/junit.py, allure_results.py).
+        f"{plugin.OPT_RUN_ID}={run_id}",
+        f"{plugin.OPT_REPORT_DIR}={out}",
+        f"{plugin.OPT_POLICY}={policy}",
+        # The package is imported already (this CLI is part of it), so pytest could not
+        # rewrite its asserts and would warn on every run; the matrix's items assert nothing.
+        "--assert=plain",
+    ]
+    pytest_args += [f"{plugin.OPT_SPEC}={Path(spec).resolve()}" for spec in args.backend_spec]
+    for name in args.backend:
+        pytest_args.append(f"{plugin.OPT_BACKEND}={name}")
+        if args.require_backend:
+            pytest_args.append(f"{plugin.OPT_REQUIRE}={name}")
+    if args.key:
+        pytest_args.append(f"{plugin.OPT_KEY}={args.key}")
+    if args.jobs > 1:
+        pytest_args.append(f"{plugin.OPT_JOBS}={args.jobs}")
+    pytest_args.append(f"{plugin.OPT_WORLD}={args.world}")
+    # With --json, stdout carries the one JSON object and nothing else: everything a person
+    # reads (the cells as they finish, the grid, the gate lines) goes to stderr instead.
+    human = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    with human:
+        print(f"sandbox-attest {__version__}: run {run_id}, report -> {out}", flush=True)
+        gate = _GateWatch()
+        code = int(pytest.main(pytest_args, plugins=[gate, SignerHandoff(signer)]))
+        status = _run_status(code, gate)
+    if args.json:
+        _print_run_json(run_id, out, gate, status)
+    return status
+
+
+def _run_status(code: int, gate: _GateWatch) -> int:
+    """The run's exit status from pytest's code, the gate, and a signal that cut it short."""
+    import pytest  # noqa: PLC0415
+
+    caught = caught_signal()
+    if caught is not None:
+        # Cut short: the report is written (incomplete), so the gate is printed as ever; it
+        # can only say FAILED, and the status says which signal (130, 143, 129).
+        gate.report()
+        return caught.exit_status
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        return code  # interrupted, usage or internal error: never a pass
+    return gate.report()
+
+
+def _print_run_json(run_id: str, out: Path, gate: _GateWatch, status: int) -> None:
+    """The run's final gate and paths as one JSON object (`run --json`)."""
+    import json  # noqa: PLC0415
+
+    names = ("evidence.json", "attestation.intoto.jsonl", "junit.xml", "report.html")
+    paths = {name: str(out / name) for name in (*names, "summary.md", "allure-results")}
+    print(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "report_dir": str(out),
+                "exit_code": status,
+                "gate": "FAILED" if gate.failures or status else gate.signed,
+                "signed_gate": gate.signed,
+                "failures": gate.failures or [],
+                "warnings": gate.warnings,
+                "paths": paths,
+            },
+            indent=2,
+        )
+    )
+
+
+class _GateWatch:
+    """Reads the release gate off the run before pytest tears it down."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] | None = None
+        self.warnings: list[str] = []
+        self.signed = "FAILED"
+
+    def report(self) -> int:
+        """Print the gate and return the run's exit status (0 only if it holds)."""
+        if self.failures is None:
+            print("gate: FAILED: no matrix ran, so nothing was attested", file=sys.stderr)
+            return 1
+        return _print_gate(self.failures, self.warnings, self.signed)
+
+    @pytest.hookimpl(trylast=True)  # after the plugin has signed and rendered the report
+    def pytest_unconfigure(self, config: Any) -> None:
+        """Collect the gate's failures (None when no matrix ran) and the signed word."""
+        from sandbox_attest.plugin import INTERRUPTED_KEY, SESSION_KEY  # noqa: PLC0415
+
+        run = config.stash.get(SESSION_KEY, None)
+        if run is not None:
+            interrupted = config.stash.get(INTERRUPTED_KEY, False)
+            self.warnings = run.gate_warnings()
+            caught = caught_signal()
+            cut = (
+                f"the run was cut short by {caught.signame}"
+                if caught
+                else "the run was interrupted"
+            )
+            self.failures = (
+                run.gate_failures() + ([cut] if interrupted else []) + run.artifact_errors
+            )
+            self.signed = run.signed_gate(complete=not interrupted).result
+
+
+def _print_gate(failures: list[str], warnings: list[str], signed: str) -> int:
+    """Print the gate; its last word is the one the attestation signs (never a milder one).
+
+    `signed` is `evaluate`'s result (PASSED/WARNED/FAILED); the session's own checks
+    (missing cells, a control-only run, an unsigned report) can only make it FAILED.
+    """
+    for line in warnings:
+        print(f"gate: warning: {shorten(line)}")
+    for line in failures:
+        print(f"gate: {shorten(line)}")
+    if failures or signed == "FAILED":
+        print("gate: FAILED")
+        return 1
+    if signed == "WARNED":
+        print(
+            f"gate: WARNED: every required cell PASSed; {plural(len(warnings), 'warning')} "
+            "above (cells nothing required that did not PASS)"
+        )
+    elif warnings:
+        print(f"gate: PASSED (every required cell PASSed; {plural(len(warnings), 'note')} above)")
+    else:
+        print("gate: PASSED (every required cell PASSed)")
+    return 0
+
+
+def _check_key(key: Path | None) -> Signer:
+    """Start the signer process with the signing key now, so a bad key stops the run first.
+
+    The key `finish` signs with: --key, else $SANDBOX_ATTEST_SIGNING_KEY (removed from this
+    process's environment right here, before pytest or any cell starts), else the
+    per-machine one. The signer holds it from then on; nothing else of the harness does.
+
+    Returns:
+        The started signer; the caller closes it (it is a context manager).
+
+    Raises:
+        ConfigError: the key cannot be read, the payload uid could read it, it is encrypted,
+            or it is not Ed25519.
+        ReportError: the signer process did not start.
+    """
+    from sandbox_attest.attest.signer import Signer  # noqa: PLC0415
+
+    return Signer.start(key, os.environ)
+
+
+def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]) -> None:
+    """Check the inputs before any fixture starts, so a typo is one clear line, not a trace.
+
+    Raises:
+        HarnessError: the matrix, the policy, a spec or a backend name is wrong (the message
+            names the file or the name and the fix).
+    """
+    from sandbox_attest.attest.policy import load_policy  # noqa: PLC0415
+    from sandbox_attest.backends.command import available_specs, resolve_spec, specs_dir  # noqa: PLC0415
+    from sandbox_attest.matrix import load_matrix  # noqa: PLC0415
+    from sandbox_attest.session import check_names, with_spec_backends  # noqa: PLC0415
+
+    loaded, chosen = with_spec_backends(load_matrix(matrix), list(backends), list(specs))
+    check_names(loaded, load_policy(policy))
+    known = [row.name for row in loaded.backends]
+    for name in chosen:
+        if name not in known and resolve_spec(name) is None:
+            raise ConfigError(
+                f"unknown backend {name!r}: not a [[backend]] of {matrix} "
+                f"({', '.join(known)}) nor a spec in {specs_dir()} "
+                f"({', '.join(available_specs()) or 'none'}); put {name}.toml there or pass "
+                "--backend-spec FILE"
+            )
+
+
+def _claims(policy: dict[str, Any]) -> str:
+    """Declared claims in plain words: "network proxy, limits nofile=256 forks=32"."""
+
+    def word(value: object) -> str:
+        if isinstance(value, dict):
+            return " ".join(f"{k}={word(v)}" for k, v in value.items())
+        if isinstance(value, list | tuple):
+            return ",".join(word(v) for v in value) or "none"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return str(value)
+
+    return ", ".join(f"{k} {word(v)}" for k, v in policy.items()) or "none declared"
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    import json  # noqa: PLC0415
+
+    from sandbox_attest.backends import create_backend  # noqa: PLC0415
+    from sandbox_attest.matrix import current_platform, load_matrix  # noqa: PLC0415
+    from sandbox_attest.session import with_spec_backends  # noqa: PLC0415
+
+    matrix = load_matrix(Path(args.matrix) if args.matrix else default_matrix())
+    # A spec given here is loaded (a broken one stops with its file, key and fix) and shown
+    # with the rest: detection, its check and the test command under its own argv all run.
+    matrix, _ = with_spec_backends(matrix, [], list(args.backend_spec))
+    platform = current_platform()
+    rows: list[dict[str, Any]] = []
+    for row in matrix.backends:
+        if platform not in row.platforms:
+            rows.append({"name": row.name, "status": "NOT_APPLICABLE", "reason": row.reason})
+            continue
+        avail = create_backend(row.name).availability()
+        if avail.ok and avail.identity is not None:
+            ident = avail.identity
+            rows.append(
+                {
+                    "name": row.name,
+                    # The words the evidence uses: AVAILABLE, UNAVAILABLE, NOT_APPLICABLE.
+                    "status": "AVAILABLE",
+                    "version": ident.version,
+                    "platform": ident.platform,
+                    "claims": ident.policy.as_dict(),
+                    "profile_digest": ident.profile_digest,
+                    # A command wrapper's check and what its test command saw: why AVAILABLE.
+                    **{
+                        k: ident.profile[k] for k in ("check", "test_command") if k in ident.profile
+                    },
+                    **({"note": avail.reason} if avail.reason else {}),
+                }
+            )
+        else:
+            rows.append({"name": row.name, "status": "UNAVAILABLE", "reason": avail.reason})
+    if args.json:
+        print(json.dumps({"platform": platform, "backends": rows}, indent=2, default=str))
+        return 0
+    for r in rows:
+        if r["status"] == "AVAILABLE":
+            print(
+                f"{r['name']:14} available       {r['version']}; {r['platform']}; "
+                f"claims: {_claims(r['claims'])}; profile {r['profile_digest']}"
+            )
+            if "test_command" in r:
+                print(
+                    f"{'':14} {'':15} check: {r['check']}; test command under its argv: "
+                    f"{_claims(r['test_command'])}"
+                )
+            if "note" in r:
+                print(f"{'':14} {'':15} {r['note']}")
+        else:
+            print(f"{r['name']:14} {r['status']:15} {r['reason']}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from sandbox_attest.world.core import serve  # noqa: PLC0415
+
+    return serve(Path(args.run_dir) if args.run_dir else None, args.world)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the whole CLI."""
+    parser = argparse.ArgumentParser(
+        prog="sandbox-attest",
+        description="Attest that a sandbox holds: live escape probes, host witnesses, signed.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"sandbox-attest {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the probe matrix and write a signed report")
+    run.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="backend to attest (repeatable); default: all of this platform",
+    )
+    run.add_argument(
+        "--backend-spec",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="command-wrapper spec TOML to attest too (repeatable); a name X "
+        "given to --backend finds matrix/backends/X.toml by itself",
+    )
+    run.add_argument(
+        "--require-backend",
+        action="store_true",
+        help="also require the cells of each --backend that do not apply here (matrix "
+        "[[exclude]] or platform): they then fail the run. A named backend's applicable "
+        "cells are required already, UNAVAILABLE ones included",
+    )
+    run.add_argument("--out", help=HELP_OUT)
+    run.add_argument("--policy", help=HELP_POLICY)
+    run.add_argument("--matrix", help=HELP_MATRIX)
+    run.add_argument(
+        "--key",
+        help="Ed25519 private key PEM for signing "
+        "(or SANDBOX_ATTEST_SIGNING_KEY); default: an untrusted local key",
+    )
+    run.add_argument("-j", "--jobs", type=int, default=1, help=HELP_JOBS)
+    run.add_argument(
+        "--world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
+    )
+    run.add_argument("--json", action="store_true", help=HELP_JSON)
+    run.set_defaults(func=_cmd_run)
+
+    backends = sub.add_parser("backends", help="list backends and whether they run here")
+    backends.add_argument("--matrix", help=HELP_MATRIX)
+    backends.add_argument("--json", action="store_true", help="print the list as JSON")
+    backends.add_argument(
+        "--backend-spec",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also load this command-wrapper spec TOML (repeatable), run its detection, its "
+        "check and a test command under its argv, and print why it is (un)available",
+    )
+    backends.set_defaults(func=_cmd_backends)
+
+    serve = sub.add_parser("serve", help="start the fixture world, print it as JSON, wait")
+    serve.add_argument("--run-dir", help="where sockets, logs and the CA bundle go")
+    serve.add_argument(
+        "--world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    try:
+        from sandbox_attest.attest.cli import register  # noqa: PLC0415
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    for choice in sub.choices.values():
+        # verify and merge are registered elsewhere: every --help ends with the codes.
+        choice.epilog = EXIT_CODES
+        choice.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `sandbox-attest` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except HarnessError as exc:
+        print(f"sandbox-attest: error: {exc.diagnostics()}", file=sys.stderr)
+        return 2
+    except RunInterrupted as exc:
+        # Before pytest started (or after it ended): nothing was judged, nothing is signed.
+        print(f"sandbox-attest: cut short by {exc.signame} before any cell ran", file=sys.stderr)
+        print("gate: FAILED: the run was cut short before any cell ran, so nothing was attested")
+        return exc.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""summary.md: the run in a few lines of Markdown for `$GITHUB_STEP_SUMMARY`.
+
+GitHub refuses a step summary over 1 MiB, so the text is cut at a line boundary to fit what
+is left of that budget, with a note saying so. GitHub renders HTML inside summaries, so every
+value from evidence is HTML-escaped and table pipes are escaped too.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from sandbox_attest.outcomes import CellOutcome
+    from sandbox_attest.render import ReportView
+
+STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub's per-step limit
+_MARGIN = 4096  # room for the truncation note and for other tools appending later
+TRUNCATED_NOTE = "\n\n_Summary truncated to stay under GitHub's 1 MiB limit; see report.html._\n"
+
+
+def grid_cell(outcome: CellOutcome | None) -> str:
+    """One grid cell in Markdown: the verdict, bold with a star when required, "-" if absent."""
+    if outcome is None:
+        return "-"
+    if outcome.required:
+        return f"**{_md(outcome.verdict)}**\\*"
+    return _md(outcome.verdict)
+
+
+def _md(value: object) -> str:
+    text = html.escape(str(value), quote=False).replace("|", "\\|")
+    return " ".join(text.split())
+
+
+_WORD = {"passed": "passed", "failed": "failed", "error": "error", "skipped": "skipped"}
+
+
+def render_markdown(view: ReportView) -> str:
+    """The summary as Markdown: the gate, the grid (required cells marked), what did not pass.
+
+    Each grid cell is its verdict, `**bold**` with a `*` when the gate requires it; the
+    control leg's column says "unconfined control". The words passed / failed / error /
+    skipped are the same as in junit.xml and Allure (sandbox_attest/outcomes.py).
+    """
+    ev = view.evidence
+    counts = view.outcomes.counts()
+    lines = [
+        f"## sandbox-attest: {view.gate.result} (run `{_md(ev.get('run_id', ''))}`)",
+        "",
+        f"**Signature:** {_md(view.signature)}",
+        "",
+        (
+            f"Platform: {_md((ev.get('platform') or {}).get('system', '?'))}, harness "
+            f"{_md((ev.get('harness') or {}).get('version', '?'))}, {len(view.cells)} cells: "
+            + ", ".join(f"{n} {_WORD[k]}" for k, n in counts.items())
+            + ". Full evidence: `report.html` in the report directory."
+        ),
+        "",
+    ]
+    lines += [f"- {_md(p)}" for p in view.gate.problems]
+    if view.gate.problems:
+        lines.append("")
+    heads = [f"{_md(b)} (unconfined control)" if b == "none" else _md(b) for b in view.backends]
+    lines.append("| probe | " + " | ".join(heads) + " |")
+    lines.append("|---" * (len(view.backends) + 1) + "|")
+    for probe in view.probes:
+        row = [grid_cell(view.outcome(backend, probe)) for backend in view.backends]
+        lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
+    lines += ["", "\\* required by the gate (bold); the others are optional.", ""]
+    bad = [o for o in view.outcomes.cells if o.status != "passed" and o.verdict != "NOT_APPLICABLE"]
+    if bad:
+        lines += ["### Not passing", ""]
+        lines += [
+            f"- `{_md(o.cell_id)}` ({o.mark}, {o.status}): {_md(o.message)}"
+            f" ([evidence](report.html#cell-{_md(o.cell_id)}))"
+            for o in bad
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def fit(text: str, budget: int) -> str:
+    """Cut `text` at a line boundary so it and the note fit in `budget` UTF-8 bytes."""
+    data = text.encode("utf-8")
+    if len(data) <= budget:
+        return text
+    room = max(0, budget - len(TRUNCATED_NOTE.encode("utf-8")))
+    cut = data[:room].decode("utf-8", errors="ignore")
+    return cut[: cut.rfind("\n") + 1] + TRUNCATED_NOTE
+
+
+def summary_text(view: ReportView) -> str:
+    """The summary as summary.md holds it: the Markdown, cut to fit one step summary."""
+    return fit(render_markdown(view), STEP_SUMMARY_LIMIT - _MARGIN)
+
+
+def append_step_summary(text: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """Append `text` to $GITHUB_STEP_SUMMARY when set, within what is left of its budget.
+
+    Returns:
+        The step-summary file appended to, or None when the variable is unset or the file
+        has no room left.
+    """
+    env = os.environ if env is None else env
+    target = env.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    step = Path(target)
+    used = step.stat().st_size if step.exists() else 0
+    budget = STEP_SUMMARY_LIMIT - _MARGIN - used
+    if budget <= len(TRUNCATED_NOTE):
+        return None
+    with step.open("a", encoding="utf-8") as handle:
+        handle.write(fit(text, budget))
+    return step

@@ -1,0 +1,308 @@
+"""Trust domains: the uid that sandboxed code runs as, apart from the harness that judges it.
+
+The harness holds what a hostile payload would want: the signing key (in its signer process),
+the report directory, and the fixture logs that witness an escape. A payload, or the wrapper
+that starts it, running as the harness's own user could read all of them through
+`/proc/<ancestor>/environ`, `cmdline` and `cwd`, whatever the wrapper's own environment says.
+So where the harness runs as root on Linux, every sandboxed command (the control leg's
+payload, bubblewrap, a command wrapper, and the host baselines that stand in for an
+unconfined payload) runs as a dedicated unprivileged user, `sandbox-attest` by default,
+created on first use. That is also how real agents run: as an ordinary user.
+
+What this does not do: it does not confine anything. The payload uid can still do whatever an
+ordinary user can do on the host; the probes measure what the sandbox takes away from that.
+Where the harness is not root (or not on Linux) it cannot switch uid, and `trust_domains()`
+says so; the signed statement carries that fact and `verify` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox_attest import lifetime
+from sandbox_attest.errors import ConfigError, FixtureError
+
+# The default payload user. A system account: no password, its own group.
+PAYLOAD_USER = "sandbox-attest"
+# Its home, owned by it: canaries that stand for "the user's secrets" are planted here, so a
+# run never writes fake secrets into a real person's home.
+PAYLOAD_HOME = Path("/var/lib/sandbox-attest/home")
+# A shell, because wrappers run commands through the user's shell (firejail does), and with
+# nologin they print "This account is currently not available". The account has no password:
+# nobody logs in as it; root starts its processes.
+PAYLOAD_SHELL = "/bin/sh"
+# Override for tests and for hosts that keep their own account: the name of an existing user.
+USER_ENV = "SANDBOX_ATTEST_PAYLOAD_USER"
+
+
+@dataclass(frozen=True)
+class PayloadUser:
+    """The unprivileged account sandboxed commands run as.
+
+    No public constructor: get one from `payload_user()`.
+    """
+
+    name: str
+    uid: int
+    gid: int
+    groups: frozenset[int]
+    home: Path
+
+    def popen_kwargs(self) -> dict[str, Any]:
+        """`subprocess.Popen` arguments that start a child as this user and nothing more.
+
+        `extra_groups` is set explicitly: without it the child would keep root's
+        supplementary groups (docker, disk, ...), which is a privilege the payload must not
+        inherit from the harness.
+        """
+        return {"user": self.uid, "group": self.gid, "extra_groups": sorted(self.groups)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The user as it goes into the evidence."""
+        return {
+            "name": self.name,
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": sorted(self.groups),
+            "home": str(self.home),
+        }
+
+
+_lock = threading.Lock()
+_cached: dict[str, PayloadUser | None] = {}
+
+
+def separation_possible() -> tuple[bool, str]:
+    """Whether this process can run children as another uid, and why not."""
+    if not sys.platform.startswith("linux"):
+        return False, f"uid separation is implemented on Linux only (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return False, (
+            f"the harness runs as uid {os.geteuid()}, not root, so it cannot start sandboxed "
+            "commands as another user; they run as the harness's own user"
+        )
+    return True, ""
+
+
+def _lookup(name: str) -> PayloadUser:
+    # pwd and grp exist on POSIX only; this module is imported on Windows too.
+    import grp  # noqa: PLC0415
+    import pwd  # noqa: PLC0415
+
+    entry = pwd.getpwnam(name)
+    if entry.pw_uid == 0:
+        raise ConfigError(
+            f"payload user {name!r} is uid 0; sandboxed commands must run as an unprivileged "
+            f"user: unset ${USER_ENV} or name an ordinary account"
+        )
+    groups = frozenset(g.gr_gid for g in grp.getgrall() if name in g.gr_mem) - {entry.pw_gid}
+    return PayloadUser(name, entry.pw_uid, entry.pw_gid, groups, Path(entry.pw_dir))
+
+
+def _create(name: str) -> None:
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    PAYLOAD_HOME.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    argv = [
+        useradd,
+        "--system",
+        "--user-group",
+        "--home-dir",
+        str(PAYLOAD_HOME),
+        "--create-home",
+        "--shell",
+        PAYLOAD_SHELL,
+        "--comment",
+        "sandbox-attest payloads",
+        name,
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    # Exit 9: the name exists already (another run created it a moment ago): fine.
+    if done.returncode not in (0, 9):
+        raise ConfigError(
+            f"could not create the payload user {name!r} ({' '.join(argv)} exited "
+            f"{done.returncode}: {done.stderr.strip()}); create it by hand with that command, "
+            f"or name an existing unprivileged user in ${USER_ENV}"
+        )
+
+
+def payload_user(name: str | None = None) -> PayloadUser | None:
+    """The payload user of this run, created on first use; None where there is no separation.
+
+    Args:
+        name: an account to use instead of the default (a spec's `[run] user`); by default
+            `$SANDBOX_ATTEST_PAYLOAD_USER`, else `sandbox-attest`.
+
+    Raises:
+        ConfigError: the account is root, or cannot be created; the message names the fix.
+    """
+    ok, _ = separation_possible()
+    if not ok:
+        return None
+    wanted = name or os.environ.get(USER_ENV) or PAYLOAD_USER
+    with _lock:
+        if wanted in _cached:
+            return _cached[wanted]
+        try:
+            user = _lookup(wanted)
+        except KeyError:
+            if wanted != PAYLOAD_USER:
+                raise ConfigError(
+                    f"payload user {wanted!r} does not exist; create it (useradd --system "
+                    f"{wanted}) or unset ${USER_ENV} to use {PAYLOAD_USER!r}"
+                ) from None
+            _create(wanted)
+            user = _lookup(wanted)
+        if wanted == PAYLOAD_USER:
+            _ensure_shell(wanted)
+        _ensure_home(user)
+        _cached[wanted] = user
+        return user
+
+
+def _ensure_shell(name: str) -> None:
+    """Our own account keeps a real shell (an earlier version created it with nologin)."""
+    import pwd  # noqa: PLC0415  (POSIX only, see _lookup)
+
+    if pwd.getpwnam(name).pw_shell == PAYLOAD_SHELL:
+        return
+    usermod = shutil.which("usermod") or "/usr/sbin/usermod"
+    done = subprocess.run(
+        [usermod, "--shell", PAYLOAD_SHELL, name],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        raise ConfigError(
+            f"could not give the payload user {name!r} the shell {PAYLOAD_SHELL} "
+            f"({done.stderr.strip()}); run `usermod --shell {PAYLOAD_SHELL} {name}`"
+        )
+
+
+def _ensure_home(user: PayloadUser) -> None:
+    """The home exists, belongs to the user, and only the user (and root) can enter it."""
+    home = user.home
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = home.lstat()
+    if st.st_uid != user.uid:
+        os.chown(home, user.uid, user.gid, follow_symlinks=False)
+    home.chmod(0o700)
+
+
+def trust_domains(user: PayloadUser | None) -> dict[str, Any]:
+    """The fact the signed statement records: who judged, and who ran the judged code."""
+    ok, reason = separation_possible()
+    if user is None:
+        return {
+            "separated": False,
+            "harness_uid": os.geteuid() if hasattr(os, "geteuid") else None,
+            "payload_uid": os.geteuid() if hasattr(os, "geteuid") else None,
+            "payload_user": None,
+            "reason": reason if not ok else "uid separation was turned off for this run",
+        }
+    return {
+        "separated": True,
+        "harness_uid": os.geteuid(),
+        "payload_uid": user.uid,
+        "payload_user": user.name,
+        "reason": (
+            f"sandboxed commands ran as {user.name} (uid {user.uid}), the harness and its "
+            f"signer as uid {os.geteuid()}"
+        ),
+    }
+
+
+def give(path: Path, user: PayloadUser | None, *, recursive: bool = False) -> None:
+    """Hand a harness-made path to the payload user (no-op without separation).
+
+    Used for what an unconfined payload must be able to touch (its workspace, the canaries a
+    control leg must reach), so that a denial inside a sandbox is the sandbox's doing, not
+    file permissions. Never follows symlinks.
+    """
+    if user is None:
+        return
+    os.chown(path, user.uid, user.gid, follow_symlinks=False)
+    if recursive and path.is_dir() and not path.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+            for name in dirnames + filenames:
+                os.chown(Path(dirpath) / name, user.uid, user.gid, follow_symlinks=False)
+
+
+def unreachable_by(path: Path, user: PayloadUser | None) -> Path | None:
+    """The first directory on the way to `path` that `user` cannot traverse, or None.
+
+    Checked by mode bits (owner, group, other), the way the kernel checks search permission.
+    A world or scratch directory under a 0700 parent would make every cell measure file
+    modes instead of the sandbox, so the harness refuses to start on one.
+    """
+    if user is None:
+        return None
+    groups = {user.gid, *user.groups}
+    for directory in [*reversed(path.parents), path]:
+        st = directory.stat()
+        if st.st_uid == user.uid:
+            bit = 0o100
+        elif st.st_gid in groups:
+            bit = 0o010
+        else:
+            bit = 0o001
+        if not st.st_mode & bit:
+            return directory
+    return None
+
+
+def require_reachable(path: Path, user: PayloadUser | None, what: str) -> None:
+    """Raise unless `user` can traverse every directory down to `path`.
+
+    Raises:
+        FixtureError: naming the blocking directory, its mode, and the fix.
+    """
+    blocked = unreachable_by(path, user)
+    if blocked is not None:
+        raise FixtureError(
+            f"the payload user cannot reach {what} {path}: {blocked} is not searchable by it "
+            f"(mode {blocked.stat().st_mode & 0o777:o}); chmod o+x it, or put {what} under a "
+            "directory others can traverse, as `sandbox-attest run` does"
+        )
+
+
+def measure_as(user: PayloadUser, module: str, function: str, timeout: float) -> tuple[Any, str]:
+    """Call `module.function()` in a child running as `user`, unconfined; its JSON result.
+
+    What an open host lets the payload user do (write, open a device, make a raw socket) is
+    the positive control of several probes, and the harness may be root: so the measurement
+    runs as that user, in a child that dies with the harness.
+
+    Returns:
+        (the function's JSON-decoded result, "") or (None, why it could not be measured).
+    """
+    code = (
+        "import importlib, json, sys; "
+        "print(json.dumps(getattr(importlib.import_module(sys.argv[1]), sys.argv[2])()))"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, module, function],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd="/",
+            **user.popen_kwargs(),
+            **lifetime.popen_kwargs(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        return json.loads(done.stdout), ""
+    except ValueError:
+        return None, f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
