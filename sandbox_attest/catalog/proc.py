@@ -92,7 +92,8 @@ ANCHOR_LIFETIME_S: Final = 300
 # forge): "ready [PORT]" once, "tracer PID" for each new tracer (it polls its own TracerPid;
 # the payload holds its seize for 0.3 s), and with a listener "conn LINE" for each line a
 # connection sent. With "listen" it first brings up `lo` of its own network namespace (it is
-# root there, in a user namespace the payload user owns) and checks its listener once.
+# root there, in a user namespace the payload user owns) and checks its listener once, before
+# "ready".
 _ANCHOR_CODE: Final = """
 import fcntl, socket, struct, sys, time
 marker, lifetime, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
@@ -105,9 +106,16 @@ if mode == "listen":
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
-    server.settimeout(0.02)
+    server.settimeout(2)
+    # The self-test is heard and reported before "ready": whoever waited for "ready" already
+    # holds its "conn self-test" line (no window in which the listener looks deaf).
     with socket.create_connection(server.getsockname(), 2) as own:
         own.sendall(b"self-test\\n")
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(1)
+            print("conn", conn.recv(512).decode("utf-8", "replace").strip(), flush=True)
+    server.settimeout(0.02)
     print("ready", server.getsockname()[1], flush=True)
 else:
     print("ready", flush=True)
