@@ -5,15 +5,34 @@ way a real run does. pytest makes its temporary directories 0700 for the user ru
 suite, so a wrapper script, a workspace or a world under `tmp_path` would be out of that
 user's reach, and tests would measure file modes instead of sandboxes. A real run's scratch
 directory is traversable (0755) for the same reason; these fixtures give tests the same.
+
+The suite's temporary directories live under a root of its own, not pytest's shared
+`pytest-of-<user>`: every pytest that starts as the same user (a nested `pytest matrix/` in a
+test, an xdist sibling, a developer's second run) tightens `pytest-of-<user>` back to 0700, and
+for that moment the payload user cannot reach anything under it. A host baseline that started
+then could not read its task (the soak's one docker `proc_privileges` INCONCLUSIVE).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Where this suite's runs keep their temporary directories (one subdirectory per run).
+TEMP_ROOT_PREFIX = "attest-tests-"
+# A run directory older than this belongs to no live run (the suite takes minutes); a failed
+# run's directory is kept that long for a person to look at.
+STALE_RUN_S = 24 * 3600.0
+# The base temp directory this process chose (absent where it was given or inherited).
+_CHOSEN_BASETEMP = pytest.StashKey[Path]()
 
 
 def _reachable(path: Path, top: Path) -> None:
@@ -30,6 +49,61 @@ def _reachable(path: Path, top: Path) -> None:
         if ancestor == system_tmp or system_tmp not in ancestor.parents:
             break
         ancestor.chmod(ancestor.stat().st_mode | 0o711)
+
+
+def _own_temp_root() -> Path:
+    """`<tmp>/attest-tests-<uid>`: made 0711 by this user, refused if anyone else owns it."""
+    root = Path(tempfile.gettempdir()) / f"{TEMP_ROOT_PREFIX}{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o711)
+    st = root.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise pytest.UsageError(
+            f"{root} is not a directory of uid {os.geteuid()} (a link, or someone else's); "
+            "remove it, or pass --basetemp=DIR"
+        )
+    root.chmod(0o711)  # others traverse to what the tests give them; nobody lists runs
+    return root
+
+
+def _prune_stale_runs(root: Path) -> None:
+    """Remove run directories that no live run can own (older than STALE_RUN_S)."""
+    cutoff = time.time() - STALE_RUN_S
+    for entry in root.iterdir():
+        with contextlib.suppress(OSError):
+            if entry.lstat().st_mtime < cutoff:
+                shutil.rmtree(entry)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own tmpdir plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this run a base temp directory of its own unless one was given (or inherited).
+
+    xdist workers inherit theirs from the controller (`<base>/popen-gwN`), so only the
+    process that chose it sets it, and removes it at the end when the run passed.
+    """
+    if config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    root = _own_temp_root()
+    _prune_stale_runs(root)
+    base = Path(tempfile.mkdtemp(prefix="run", dir=root))
+    config.option.basetemp = str(base)
+    config.stash[_CHOSEN_BASETEMP] = base
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A passing run leaves nothing; a failing one keeps its directory and says where."""
+    base = session.config.stash.get(_CHOSEN_BASETEMP, None)
+    if base is None:
+        return
+    if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        shutil.rmtree(base, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another run may be using the root: then it stays
+            base.parent.rmdir()
+    else:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"temporary directories of this run kept in {base}")
 
 
 class _PayloadReachableFactory:
