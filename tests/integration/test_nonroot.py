@@ -58,11 +58,7 @@ def ensure_user() -> pwd.struct_passwd:
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory the user owns with `run`, `scripts/` and this checkout's venv linked in."""
     user = ensure_user()
-    base = tmp_path_factory.mktemp("nonroot")
-    for parent in (base, *base.parents):
-        if parent == Path("/tmp"):
-            break
-        parent.chmod(0o755)
+    base = tmp_path_factory.mktemp("nonroot")  # traversable by others (tests/conftest.py)
     copy = base / "checkout"
     copy.mkdir()
     shutil.copy2(ROOT / "run", copy / "run")

@@ -121,13 +121,9 @@ def vendor_pytest(
 @pytest.fixture
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty project directory outside this checkout, traversable by the payload user."""
-    path = tmp_path_factory.mktemp("vendor")
-    # The payload user runs the cells: it must reach the directory the world's files are in.
-    for parent in (path, *path.parents):
-        if parent == Path("/tmp"):
-            break
-        parent.chmod(0o755)
-    return path
+    # The payload user runs the cells: it must reach the directory the world's files are in,
+    # which the suite's tmp_path_factory sees to (tests/conftest.py).
+    return tmp_path_factory.mktemp("vendor")
 
 
 class TestVendorFixtures:
