@@ -1,6 +1,6 @@
 """Where the data folders (`probes/`, `fixtures/`, `matrix/`) live, in a clone or a wheel.
 
-In a clone they sit next to the `harness` package; an installed wheel carries them as package
+In a clone they sit next to the `sandbox_attest` package; an installed wheel carries them as package
 data under `sandbox_attest/_data/<name>` (pyproject's `force-include`). The wheel's copy wins when
 it exists: installed, the folder beside the package is site-packages, where a folder named `probes`
 or `matrix` may belong to another distribution entirely. A clone (or an editable install) has no

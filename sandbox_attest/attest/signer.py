@@ -94,7 +94,7 @@ _DEFAULT_PAYLOAD: Any = (
 
 
 def _package_root() -> Path:
-    """The directory holding the `harness` package (a clone's root, or site-packages)."""
+    """The directory holding the `sandbox_attest` package (a clone's root, or site-packages)."""
     return Path(__file__).resolve().parents[2]
 
 
