@@ -42,8 +42,8 @@ def _reachable(path: Path, top: Path) -> None:
         current.chmod(0o755)
         current = current.parent
     top.chmod(0o755)
-    # pytest-of-<user>, pytest-N (and xdist's popen-gwN): traversable only, up to the
-    # system temp dir; other runs' directories stay unlisted.
+    # The suite's root, this run's directory (and xdist's popen-gwN): traversable only, up
+    # to the system temp dir; other runs' directories stay unlisted.
     system_tmp = Path(tempfile.gettempdir())
     for ancestor in top.parents:
         if ancestor == system_tmp or system_tmp not in ancestor.parents:
@@ -75,6 +75,17 @@ def _prune_stale_runs(root: Path) -> None:
                 shutil.rmtree(entry)
 
 
+def _new_run_dir() -> Path:
+    """A fresh `run*` directory under the suite's root."""
+    for _ in range(2):
+        root = _own_temp_root()
+        _prune_stale_runs(root)
+        with contextlib.suppress(FileNotFoundError):
+            # (a run that just passed may remove the then empty root between the two steps)
+            return Path(tempfile.mkdtemp(prefix="run", dir=root))
+    return Path(tempfile.mkdtemp(prefix="run", dir=_own_temp_root()))
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own tmpdir plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
     """Give this run a base temp directory of its own unless one was given (or inherited).
@@ -84,9 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if config.option.basetemp or hasattr(config, "workerinput"):
         return
-    root = _own_temp_root()
-    _prune_stale_runs(root)
-    base = Path(tempfile.mkdtemp(prefix="run", dir=root))
+    base = _new_run_dir()
     config.option.basetemp = str(base)
     config.stash[_CHOSEN_BASETEMP] = base
 
