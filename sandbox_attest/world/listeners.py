@@ -30,7 +30,7 @@ from sandbox_attest.errors import FixtureError
 from sandbox_attest.world.info import NONCE_HEADER
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -58,6 +58,20 @@ class ConnectionTrackingMixIn(socketserver.ThreadingMixIn, socketserver.BaseServ
         """Set up the bookkeeping; call from the server's `__init__` before serving."""
         self._track_lock = threading.Lock()
         self._tracked = {}
+
+    def server_activate(self) -> None:
+        """Listen on a non-blocking socket, so the serving loop can always see shutdown().
+
+        `serve_forever` polls, then accepts. accept(2) says why that is not enough: the
+        connection poll saw "might have been removed by an asynchronous network error ...
+        before accept() is called", and then a blocking accept waits for the next client,
+        deaf to shutdown() (a soak run hung for good in an origin's stop). Non-blocking, such
+        an accept fails with EAGAIN, which socketserver drops, and the loop polls again.
+        """
+        super().server_activate()
+        # (the TCPServer or UnixStreamServer this mixes into made `socket`; BaseServer has none)
+        listener: socket.socket = self.socket  # type: ignore[attr-defined]
+        listener.setblocking(False)  # noqa: FBT003  (the socket API's own positional flag)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Serve `request` in a new daemon thread that is remembered until it ends."""
@@ -110,6 +124,25 @@ class ConnectionTrackingMixIn(socketserver.ThreadingMixIn, socketserver.BaseServ
                 dup.shutdown(socket.SHUT_RDWR)
         for thread, _ in tracked:
             thread.join(timeout)
+
+
+def shut_down(servers: Mapping[str, socketserver.BaseServer], timeout: float) -> list[str]:
+    """Ask every serving loop to end, all at once; the names of any still running after it.
+
+    Each loop ends within one poll interval. `socketserver.shutdown` itself would wait for
+    ever on a wedged loop, so each runs in a thread of its own, waited on up to `timeout`:
+    stopping a fixture never hangs a run (or the test suite) in its teardown.
+    """
+    stoppers = {
+        name: threading.Thread(target=server.shutdown, daemon=True, name=f"stop-{name}")
+        for name, server in servers.items()
+    }
+    for stopper in stoppers.values():
+        stopper.start()
+    deadline = time.monotonic() + timeout
+    for stopper in stoppers.values():
+        stopper.join(max(0.0, deadline - time.monotonic()))
+    return [name for name, stopper in stoppers.items() if stopper.is_alive()]
 
 
 def _now() -> float:
@@ -492,8 +525,8 @@ class FakeDaemon:
     def stop(self) -> None:
         """Stop serving, end open connections, remove the socket file; safe to call twice."""
         server, self._server = self._server, None
+        stuck = shut_down({self.kind: server}, 5.0) if server is not None else []
         if server is not None:
-            server.shutdown()
             server.server_close()
             server.close_connections()
         if self._thread is not None:
@@ -502,6 +535,8 @@ class FakeDaemon:
         if self.path is not None and server is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+        if stuck:
+            raise FixtureError(f"the fake {self.kind} daemon's serving loop did not stop")
 
     def records(self, nonce: str | None = None) -> list[dict[str, Any]]:
         """Copies of the request log, oldest first; only `nonce`'s requests if given."""

@@ -37,7 +37,7 @@ from sandbox_attest.errors import FixtureError
 from sandbox_attest.paths import fixtures_dir
 from sandbox_attest.world.blob import DEFAULT_CHUNK, BlobSpec, iter_blob, load_blob_spec
 from sandbox_attest.world.info import FIXTURE_HOST_KEYS, NONCE_HEADER, FixtureHostKey, HostInfo
-from sandbox_attest.world.listeners import LOOPBACK, ConnectionTrackingMixIn
+from sandbox_attest.world.listeners import LOOPBACK, ConnectionTrackingMixIn, shut_down
 
 if TYPE_CHECKING:
     import ssl
@@ -53,6 +53,8 @@ _SCHEMES: tuple[Scheme, ...] = ("https", "http")
 # leaks a request to it makes the install *succeed* and the leak cannot go unnoticed.
 _INDEX_HOSTS: frozenset[str] = frozenset({"index", "denied"})
 _FILES_HOSTS: frozenset[str] = frozenset({"files"})
+# How long stopping waits for the serving loops (each ends within one 0.05 s poll).
+_STOP_S = 5.0
 _NONCE_PREFIX = re.compile(r"^/c/(?P<nonce>[^/]+)(?P<rest>/.*)?$")
 
 
@@ -225,6 +227,10 @@ class _OriginHandler(BaseHTTPRequestHandler):
         """Silence the stderr log; the access log is `Origins.access_log()`."""
 
 
+def _named(servers: dict[tuple[str, Scheme], _OriginServer]) -> dict[str, _OriginServer]:
+    return {f"{key}/{scheme}": server for (key, scheme), server in servers.items()}
+
+
 class Origins:
     """All fixture origins, started and stopped as one unit.
 
@@ -303,14 +309,11 @@ class Origins:
         What an origin that crashed looks like to a client: connect refused. `stop` still
         ends the open connections and joins the threads afterwards.
         """
-        # All at once: each shutdown waits up to one poll_interval for its serving loop.
-        stoppers = [threading.Thread(target=s.shutdown) for s in self._servers.values()]
-        for stopper in stoppers:
-            stopper.start()
-        for stopper in stoppers:
-            stopper.join()
+        stuck = shut_down(_named(self._servers), _STOP_S)
         for server in self._servers.values():
             server.server_close()
+        if stuck:
+            raise FixtureError(f"origin serving loops did not stop: {', '.join(stuck)}")
 
     def stop_answering(self) -> None:
         """Accept every connection and never answer it: a fault the tests inject."""
@@ -341,17 +344,21 @@ class Origins:
     def stop(self) -> None:
         """Stop every listener, end open connections and join all threads; idempotent."""
         self.released.set()
-        servers = list(self._servers.values())
+        servers = dict(self._servers)
         self._servers.clear()
-        if self._threads:
-            for server in servers:
-                server.shutdown()  # returns within one poll_interval
+        stuck = shut_down(_named(servers), _STOP_S) if self._threads else []
         for thread in self._threads:
-            thread.join(5.0)
+            thread.join(_STOP_S)
         self._threads.clear()
-        for server in servers:
+        for server in servers.values():
             server.server_close()
             server.close_connections()
+        if stuck:
+            # Everything else is closed; a loop that never ended is a fixture bug to report,
+            # not a reason to hang the run (or the test suite) in teardown.
+            raise FixtureError(
+                f"origin serving loops did not stop within {_STOP_S:.0f} s: {', '.join(stuck)}"
+            )
 
     def _server(self, key: str, scheme: Scheme) -> _OriginServer:
         try:

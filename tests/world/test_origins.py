@@ -8,12 +8,15 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from sandbox_attest.errors import FixtureError
 from sandbox_attest.paths import fixtures_dir
+from sandbox_attest.world import origins as origins_module
 from sandbox_attest.world.origins import Origins, load_hosts, normalize_project
 from sandbox_attest.world.wheel import build_canary_wheel
 
@@ -243,3 +246,55 @@ def test_real_pip_install_from_index(
     assert ("index", "/c/pip-1/simple/sandbox-attest-canary/") in fetched
     assert ("files", "/c/pip-1/files/WHEEL") in fetched
     assert all(e["status"] == 200 for e in log)
+
+
+class TestStopping:
+    """Stopping the origins never hangs, whatever state a serving loop is in."""
+
+    def test_an_accept_with_nothing_pending_returns(self, pki: Pki) -> None:
+        """The loop's accept step when poll was wrong (the client gone first) does not block.
+
+        accept(2): a connection poll reported may be removed before accept() is called, and
+        a blocking accept then waits for the next client, deaf to shutdown(). Calling the
+        step with an empty queue is that moment, made deterministic.
+        """
+        with Origins(pki) as origins:
+            server = origins._servers["denied", "http"]
+            # (socketserver's own step after poll said "readable"; private, so not in typeshed)
+            accept_step = server._handle_request_noblock  # type: ignore[attr-defined]
+            step = threading.Thread(target=accept_step, daemon=True)
+            step.start()
+            step.join(2.0)
+            assert not step.is_alive(), "accept blocked with no connection pending"
+            # And the origin still serves afterwards.
+            assert get(pki, origins, "denied", "/c/after-step/ok", scheme="http")[0] == 200
+
+    def test_a_wedged_loop_is_named_and_the_rest_is_closed(
+        self, pki: Pki, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A loop that never ends makes stop() raise within its bound, not wait for ever."""
+        monkeypatch.setattr(origins_module, "_STOP_S", 0.5)
+        release = threading.Event()
+        origins = Origins(pki)
+        origins.start()
+        wedged = origins._servers["index", "https"]
+
+        def never_done() -> None:  # serve_forever calls it on every pass of its loop
+            release.wait(30)
+
+        wedged.service_actions = never_done  # type: ignore[method-assign]
+        others = [s for k, s in origins._servers.items() if k != ("index", "https")]
+        loops = list(origins._threads)
+        time.sleep(0.2)  # the loop reaches service_actions and stays there
+        start = time.monotonic()
+        try:
+            with pytest.raises(FixtureError, match=r"did not stop within 0 s: index/https"):
+                origins.stop()
+            assert time.monotonic() - start < 5.0
+            assert all(s.socket.fileno() == -1 for s in others)  # every listener closed
+        finally:
+            release.set()
+        # Released, the wedged loop finds its listener closed and ends too: no thread is left.
+        for loop in loops:
+            loop.join(5.0)
+        assert not [loop.name for loop in loops if loop.is_alive()]
