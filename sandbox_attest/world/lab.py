@@ -202,7 +202,26 @@ def _setns(fd: int, kind: int) -> None:
 
 
 def lab_possible() -> tuple[bool, str]:
-    """Whether `enter_lab` can work here, and the reason when it cannot."""
+    """Whether `enter_lab` can work in this process now, and the reason when it cannot."""
+    ok, why = lab_supported()
+    if not ok:
+        return ok, why
+    if threading.active_count() != 1:
+        others = sorted(
+            t.name for t in threading.enumerate() if t is not threading.current_thread()
+        )
+        return False, (
+            "other threads are running, and namespaces are entered per thread "
+            f"({len(others)}: {', '.join(others[:5])}{', ...' if len(others) > 5 else ''})"
+        )
+    return True, ""
+
+
+def lab_supported() -> tuple[bool, str]:
+    """Whether a new harness process could make the lab on this machine (root, Linux, tools).
+
+    What a caller that starts a run in a subprocess asks: its own threads do not matter.
+    """
     if not sys.platform.startswith("linux"):
         return False, f"network namespaces are Linux's; this is {sys.platform}"
     if os.geteuid() != 0:
@@ -212,8 +231,6 @@ def lab_possible() -> tuple[bool, str]:
         )
     if shutil.which("ip") is None or shutil.which("nsenter") is None:
         return False, "ip (iproute2) and nsenter (util-linux) are needed: apt-get install iproute2"
-    if threading.active_count() != 1:
-        return False, "other threads are running, and namespaces are entered per thread"
     return True, ""
 
 

@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ import pytest
 from sandbox_attest.egress.proxy import PROXY_USER, ProxyConfig, start_proxy
 from sandbox_attest.egress.rules import Rule
 from sandbox_attest.world.dns import DnsFixture
-from sandbox_attest.world.lab import INTERNET_NET, ORIGIN_ADDRESS, lab_possible
+from sandbox_attest.world.lab import INTERNET_NET, ORIGIN_ADDRESS, lab_possible, lab_supported
 from sandbox_attest.world.netguard import OutsideLabError, check_destination, current_netns
 
 if TYPE_CHECKING:
@@ -167,3 +168,21 @@ def test_lab_refused_to_a_non_root_harness_says_why(monkeypatch: pytest.MonkeyPa
     assert not ok
     assert "uid 1000" in why
     assert "sudo" in why
+
+
+@pytest.mark.skipif(not lab_supported()[0], reason=lab_supported()[1])
+def test_threads_stop_this_process_entering_but_not_a_new_run() -> None:
+    """A thread here (a fixture's server) keeps this process out, by name; a subprocess may go."""
+    stop = threading.Event()
+    server = threading.Thread(target=stop.wait, name="a-fixture-server", daemon=True)
+    server.start()
+    try:
+        ok, why = lab_possible()
+        assert not ok
+        assert "other threads are running" in why
+        assert "a-fixture-server" in why
+        # What a caller that starts `sandbox-attest run --world lab` in a subprocess asks.
+        assert lab_supported() == (True, "")
+    finally:
+        stop.set()
+        server.join(5.0)

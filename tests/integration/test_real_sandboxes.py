@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.world.lab import lab_possible
+from sandbox_attest.world.lab import lab_supported
 
 ROOT = Path(__file__).parent.parent.parent
 INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
@@ -85,8 +85,11 @@ def grid(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, dict[str, dict[str, Any]]]:
     """One full-matrix run per real sandbox (skipped, naming the fix, where it cannot run)."""
-    if os.geteuid() != 0 or not lab_possible()[0]:
-        pytest.skip(f"the lab world needs root and network namespaces: {lab_possible()[1]}")
+    # The run is a subprocess of its own: whether *it* can make the lab is the question, not
+    # whether this pytest process (xdist's threads, a fixture's server) could enter one.
+    supported, why_not = lab_supported()
+    if not supported:
+        pytest.skip(f"the lab world needs root and network namespaces: {why_not}")
     why = _installed()
     if why is not None:
         pytest.skip(why)
