@@ -154,7 +154,15 @@ def junit_failures(xml: bytes) -> dict[str, Any]:
         for case in suite.iter("testcase")
         if case.find("failure") is not None or case.find("error") is not None
     ]
-    return {**counts, "failed": failed}
+    # Skips are listed with their reasons: a test that silently stops running (a guard that
+    # trips on the wrong thing) is a lost check, and a count alone does not show which.
+    skipped = {
+        f"{case.get('classname', '')}::{case.get('name', '')}": skip.get("message") or ""
+        for suite in suites
+        for case in suite.iter("testcase")
+        if (skip := case.find("skipped")) is not None
+    }
+    return {**counts, "failed": failed, "skipped_tests": skipped}
 
 
 def docker_run_ids(argv: Sequence[object]) -> set[str]:
@@ -481,7 +489,14 @@ def run_tests(where: Where, junit: Path, python: str) -> dict[str, Any]:
         where,
         private_tmp=False,
     )
-    found: dict[str, Any] = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "failed": []}
+    found: dict[str, Any] = {
+        "tests": 0,
+        "failures": 0,
+        "errors": 0,
+        "skipped": 0,
+        "failed": [],
+        "skipped_tests": {},
+    }
     if junit.is_file():
         found = junit_failures(junit.read_bytes())
     return {
@@ -528,8 +543,14 @@ def table(report: dict[str, Any]) -> list[str]:
     for index, run in enumerate(report["test_runs"], 1):
         lines.append(
             f"  test run {index}: exit {run['exit_code']}, {run['tests']} tests, "
-            f"{run['failures']} failures, {run['errors']} errors, {run['duration_s']} s"
+            f"{run['failures']} failures, {run['errors']} errors, {run['skipped']} skipped, "
+            f"{run['duration_s']} s"
         )
+    reasons: dict[str, int] = {}
+    for run in report["test_runs"]:
+        for reason in (run.get("skipped_tests") or {}).values():
+            reasons[reason] = reasons.get(reason, 0) + 1
+    lines.extend(f"  skipped {n}x: {reason[:150]}" for reason, n in sorted(reasons.items()))
     return lines
 
 

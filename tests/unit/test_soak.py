@@ -147,6 +147,10 @@ class TestTestFailures:
             "test_bad",
             "test_err",
         ]
+        # The skip is named with its reason, so a test that stops running shows which.
+        [(skipped, reason)] = found["skipped_tests"].items()
+        assert skipped.endswith("::test_skip")
+        assert reason == "no"
 
     def test_a_crashed_run_counts_as_a_failure(self) -> None:
         """A run that exited 2 with no counts is one failure; exit 5 (no tests) is none."""
