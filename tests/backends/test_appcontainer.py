@@ -40,6 +40,7 @@ from sandbox_attest.backends.appcontainer import (
 from sandbox_attest.backends.base import SHIM_PORT, START_MARKER, Backend, EgressRoute, ProbeRequest
 from sandbox_attest.egress.pipe_broker import PipeBroker, rewrite_head
 from sandbox_attest.errors import BackendUnavailable, ConfigError
+from tests.listening import stop_accept_loop
 
 # ruff: noqa: D102, D107  (the fakes implement the seam Protocols documented in _win32.py)
 
@@ -655,7 +656,7 @@ class FakeProxy:
                 )
 
     def close(self) -> None:
-        self.sock.close()
+        stop_accept_loop(self.sock, self.thread)
 
 
 @pytest.fixture

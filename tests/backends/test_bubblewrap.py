@@ -19,6 +19,7 @@ from sandbox_attest.backends.base import SHIM_PORT, EgressRoute, ProbeRequest
 from sandbox_attest.errors import BackendUnavailable
 from sandbox_attest.payload import interpreter_paths, payload_env
 from tests.backends.standin import take_client
+from tests.listening import stop_accept_loop
 
 pytestmark = pytest.mark.needs_bwrap
 
@@ -93,9 +94,10 @@ def echo_socket(tmp_path: Path) -> Iterator[EchoProxy]:
                         data += chunk
                     client.sendall(b"echo:" + data)
 
-    threading.Thread(target=serve, daemon=True).start()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
     yield stand_in
-    server.close()
+    stop_accept_loop(server, thread)
 
 
 def make_request(

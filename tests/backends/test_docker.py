@@ -44,6 +44,7 @@ from sandbox_attest.runner import CellRunner
 from sandbox_attest.trust import payload_user
 from sandbox_attest.world.core import World, start_world
 from tests.backends.standin import take_client
+from tests.listening import stop_accept_loop
 
 pytestmark = [pytest.mark.needs_docker, pytest.mark.timeout(120)]
 
@@ -268,7 +269,7 @@ class _UnixHttpProxy:
         )
 
     def close(self) -> None:
-        self.sock.close()
+        stop_accept_loop(self.sock, self.thread)
 
 
 class _Listener:
@@ -293,7 +294,7 @@ class _Listener:
                     self.received.append(conn.recv(4096))
 
     def close(self) -> None:
-        self.sock.close()
+        stop_accept_loop(self.sock, self.thread)
 
 
 class TestConfinement:
