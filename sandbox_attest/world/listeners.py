@@ -63,10 +63,11 @@ class ConnectionTrackingMixIn(socketserver.ThreadingMixIn, socketserver.BaseServ
         """Listen on a non-blocking socket, so the serving loop can always see shutdown().
 
         `serve_forever` polls, then accepts. accept(2) says why that is not enough: the
-        connection poll saw "might have been removed by an asynchronous network error ...
-        before accept() is called", and then a blocking accept waits for the next client,
-        deaf to shutdown() (a soak run hung for good in an origin's stop). Non-blocking, such
-        an accept fails with EAGAIN, which socketserver drops, and the loop polls again.
+        connection that poll reported "might have been removed by an asynchronous network
+        error or another thread before accept() is called", and a blocking accept then waits
+        for the next client, deaf to shutdown() (a soak run hung for good in an origin's
+        stop). Non-blocking, that accept fails with EAGAIN, which socketserver drops, and
+        the loop polls again.
         """
         super().server_activate()
         # (the TCPServer or UnixStreamServer this mixes into made `socket`; BaseServer has none)
@@ -131,7 +132,8 @@ def shut_down(servers: Mapping[str, socketserver.BaseServer], timeout: float) ->
 
     Each loop ends within one poll interval. `socketserver.shutdown` itself would wait for
     ever on a wedged loop, so each runs in a thread of its own, waited on up to `timeout`:
-    stopping a fixture never hangs a run (or the test suite) in its teardown.
+    stopping a fixture never hangs a run (or the test suite) in its teardown. A wedged loop's
+    stopper is left behind with it (a daemon thread); the caller reports the loop by name.
     """
     stoppers = {
         name: threading.Thread(target=server.shutdown, daemon=True, name=f"stop-{name}")
