@@ -162,14 +162,23 @@ class RunSignals:
         self.caught: RunInterrupted | None = None
         self.later: list[str] = []
         self._previous: dict[int, Any] = {}
+        self._holding = False
 
     def _handle(self, signum: int, frame: object) -> None:
         del frame  # the signal API's argument; where the run was cut is in the traceback
-        if self.caught is not None:
+        if self.caught is not None or self._holding:
             self.later.append(signal.Signals(signum).name)
             return
         self.caught = RunInterrupted(signum)
         raise self.caught
+
+    def hold(self) -> None:
+        """From now on record signals, never raise: every cell ran, the report is being written.
+
+        A first signal that raised inside the writing (stopping the world, signing) would
+        abandon the report of a run that had finished judging; it is recorded in `later`.
+        """
+        self._holding = True
 
     def install(self) -> None:
         """Install the handlers (main thread only; elsewhere Python refuses, so do nothing)."""
@@ -177,6 +186,7 @@ class RunSignals:
 
         if self._previous or threading.current_thread() is not threading.main_thread():
             return
+        self._holding = False  # a new run in this process raises again until it holds
         for signum in RUN_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
 
@@ -198,6 +208,11 @@ def catch_run_signals() -> RunSignals:
     """
     _RUN_SIGNALS.install()
     return _RUN_SIGNALS
+
+
+def hold_run_signals() -> None:
+    """Every cell ran: record run signals from now on instead of raising (`RunSignals.hold`)."""
+    _RUN_SIGNALS.hold()
 
 
 def caught_signal() -> RunInterrupted | None:

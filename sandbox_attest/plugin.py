@@ -457,7 +457,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         from sandbox_attest.lifetime import catch_run_signals  # noqa: PLC0415
 
         # Only now: a signal during finish() must not abandon the report it is writing.
-        catch_run_signals().restore()
+        signals = catch_run_signals()
+        signals.restore()
+        if signals.later:
+            print(
+                f"sandbox-attest: {', '.join(signals.later)} arrived while the report was "
+                "being written; it was finished first"
+            )
     session = config.stash.get(PYTEST_SESSION_KEY, None)
     if run.artifact_errors and session is not None and session.exitstatus == 0:
         for line in run.artifact_errors:
@@ -483,4 +489,9 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
         raise
     if session.shouldstop or session.shouldfail:
         session.config.stash[INTERRUPTED_KEY] = True
+    if session.config.stash.get(SESSION_KEY, None) is not None:
+        from sandbox_attest.lifetime import hold_run_signals  # noqa: PLC0415
+
+        # Every cell ran: a signal from here on is recorded, and the report is finished first.
+        hold_run_signals()
     return result
