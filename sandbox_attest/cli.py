@@ -13,6 +13,7 @@ import pytest
 
 from sandbox_attest import __version__
 from sandbox_attest.attest.reportfs import make_report_dir
+from sandbox_attest.console import readers_may_leave
 from sandbox_attest.errors import ConfigError, HarnessError
 from sandbox_attest.lifetime import RunInterrupted, catch_run_signals, caught_signal
 from sandbox_attest.paths import default_matrix, default_policy, default_pytest_ini
@@ -67,6 +68,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # From the first moment: SIGTERM before the matrix starts still ends in a gate line and
     # 128 + its number (main), never in a silent death.
     catch_run_signals()
+    # A reader that goes away (`run | head`) must not take the report with it.
+    with readers_may_leave():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     matrix = Path(args.matrix) if args.matrix else default_matrix()
     policy = Path(args.policy) if args.policy else default_policy()
     _preflight(matrix, policy, args.backend, args.backend_spec)

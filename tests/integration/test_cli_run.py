@@ -221,6 +221,29 @@ class TestSmallMatrix:
             "bubblewrap-fs_write_outside": "PASS",
         }
 
+    def test_a_reader_that_goes_away_does_not_take_the_report(self, tmp_path: Path) -> None:
+        """`run | head -1`: the pipe closes after one line, and the run still writes it all."""
+        out = tmp_path / "r"
+        argv = [*CLI, "run", "--matrix", str(small_matrix(tmp_path)), "--policy"]
+        argv += [str(small_policy(tmp_path)), "--backend", "bubblewrap", "--out", str(out)]
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=Path(__file__).parent.parent.parent,
+        )
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # what head does after its line: the next write meets EPIPE
+        assert proc.wait(timeout=300) == 0
+        assert first.startswith("sandbox-attest ")
+        evidence = json.loads((out / "evidence.json").read_text())
+        assert evidence["complete"] is True
+        assert {c["verdict"] for c in evidence["cells"]} == {"PASS"}
+        assert (out / "attestation.intoto.jsonl").is_file()
+        assert (out / "report.html").is_file()
+
     def test_named_backend_of_another_platform_fails_the_gate(self, tmp_path: Path) -> None:
         """--backend seatbelt on Linux attests nothing: exit 1, saying where it runs."""
         out = tmp_path / "r"
