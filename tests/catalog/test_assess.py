@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import importlib.util
 import secrets
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,6 +95,18 @@ class FakeWorld:
         """The hand-made records (already 'filtered')."""
         del nonce
         return self.witness
+
+
+@dataclass
+class LateWorld(FakeWorld):
+    """A world whose witness hears the payload only from `due` on (a relay's late dial)."""
+
+    due: float = 0.0
+
+    def records(self, nonce: str) -> Records:
+        """Nothing before `due`, the hand-made records after."""
+        del nonce
+        return self.witness if time.monotonic() >= self.due else Records()
 
 
 def _ctx(probe: str, policy: DeclaredPolicy, base: Path) -> CellContext:
@@ -254,6 +268,15 @@ class TestNetDirectEgress:
         ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
         report = self.report("succeeded", "net:[4026530000]")
         assert _verdict(ctx, report, Records(), OK_CONTROL) == ("contained", Verdict.PASS)
+
+    def test_a_relayed_connection_logged_late_is_still_fail(self, tmp_path: Path) -> None:
+        """A gateway's relay reaches the listener after the cell: waited for, and FAIL."""
+        ctx = _ctx("net_direct_egress", CONFINED, tmp_path)
+        heard = Records(direct_tcp=[{"nonce": ctx.nonce, "local": "127.0.0.1:9"}])
+        ctx = dataclasses.replace(ctx, world=LateWorld(witness=heard, due=time.monotonic() + 0.5))
+        report = self.report("succeeded", "net:[4026530000]")
+        # What the runner read right after the run: nothing yet.
+        assert _verdict(ctx, report, Records(), OK_CONTROL) == ("escaped", Verdict.FAIL)
 
     def test_host_sees_the_payload_in_its_network_namespace_is_fail(self, tmp_path: Path) -> None:
         """The host read the payload in the harness's netns: FAIL, whatever it reported."""

@@ -146,6 +146,19 @@ class NetDirectEgress(_Spec):
         observed = _observed(escapes)
         tcp = _with_nonce(witness.direct_tcp, ctx.nonce)
         udp = _with_nonce(witness.direct_udp, ctx.nonce)
+        if not (tcp or udp) and any(a.get("outcome") == "succeeded" for a in escapes):
+            # A success the listener has not heard (yet) may be in flight through a relay: a
+            # slirp-style gateway answers the connect itself and dials the host afterwards,
+            # late under load. It is waited for as long as any witness, never judged early.
+            late = _wait_for(
+                ctx.world,
+                ctx.nonce,
+                lambda r: bool(
+                    _with_nonce(r.direct_tcp, ctx.nonce) or _with_nonce(r.direct_udp, ctx.nonce)
+                ),
+            )
+            tcp = _with_nonce(late.direct_tcp, ctx.nonce)
+            udp = _with_nonce(late.direct_udp, ctx.nonce)
         reached = sorted({str(e.get("local")) for e in tcp if e.get("local")})
         reasons = [
             f"listener saw {len(tcp)} connections and {len(udp)} datagrams with the nonce"
