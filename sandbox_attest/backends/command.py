@@ -821,6 +821,13 @@ class LeftoverWatcher(threading.Thread):
                 return
             self._kill_outliving(pids)
             time.sleep(self.POLL_S)
+        # A killed process drops its tag (its environ) as it starts to exit, before it is
+        # gone: wait until each is gone or a zombie, so "killed" means dead when run returns.
+        while dying := [p for p in self.killed if _running(p)]:
+            if time.monotonic() > deadline:
+                self.surviving = [_describe(p) for p in dying]
+                return
+            time.sleep(self.POLL_S)
 
     def _kill_outliving(self, pids: list[int]) -> None:
         """Kill (and record) the leftovers that have outlived the wrapper by GRACE_S."""
@@ -832,6 +839,15 @@ class LeftoverWatcher(threading.Thread):
             self.killed.setdefault(pid, _describe(pid))
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still exists and is not a zombie (it may still be exiting)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _ppid(pid: int) -> int | None:
