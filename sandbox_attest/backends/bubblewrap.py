@@ -97,6 +97,23 @@ WEAKENINGS: Final = frozenset(
 )
 
 
+# Where the "host-root-rw" weakening shows the egress route: inside the sandbox's private /tmp.
+# With the host's / bound at /, every other mount point bwrap would need for the route (its
+# usual SANDBOX_RUN_DIR included) is a directory on the host, which bwrap must create through
+# the writable bind as the payload user: refused in the host's /run ("Can't mkdir
+# /run/sandbox-attest: Permission denied"), and a leftover on the host where it succeeds. A
+# host that already had the directory made the weakening work, so the tests' verdicts rested
+# on what an earlier run left behind. The private /tmp is a tmpfs bwrap itself made, so the
+# mount points are always creatable and vanish with the sandbox, and the rest of the host's
+# root (its /run with every daemon socket) stays in view, as the weakening promises.
+HOST_ROOT_RUN_DIR: Final = "/tmp/sandbox-attest"  # noqa: S108  (the sandbox's own tmpfs)
+# The same names as in SANDBOX_RUN_DIR, in this directory.
+HOST_ROOT_INSIDE_PATHS: Final = InsidePaths(
+    SANDBOX_PROXY_SOCKET.replace(SANDBOX_RUN_DIR, HOST_ROOT_RUN_DIR, 1),
+    SANDBOX_SHIM.replace(SANDBOX_RUN_DIR, HOST_ROOT_RUN_DIR, 1),
+)
+
+
 INSTALL_FIX: Final = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 USERNS_FIX: Final = (
     "allow unprivileged user namespaces: sysctl -w kernel.unprivileged_userns_clone=1 "
@@ -171,10 +188,15 @@ class BubblewrapBackend:
 
         The mounts put the proxy socket and the shim there whatever this run's scratch is,
         so `ipc_proxy_socket_tamper` attacks these paths
-        (sandbox_attest.backends.base.inside_paths_of).
+        (sandbox_attest.backends.base.inside_paths_of). The "host-root-rw" weakening puts
+        them in the private /tmp instead (HOST_ROOT_RUN_DIR says why).
         """
         del world, cell_dir
-        return NAMESPACED_INSIDE_PATHS
+        return self._route_paths()
+
+    def _route_paths(self) -> InsidePaths:
+        """The inside paths of the proxy socket and shim for this configuration."""
+        return HOST_ROOT_INSIDE_PATHS if "host-root-rw" in self.weaken else NAMESPACED_INSIDE_PATHS
 
     # -- availability ------------------------------------------------------------------
 
@@ -283,10 +305,8 @@ class BubblewrapBackend:
     def mount_args(self) -> list[str]:
         """System roots read-only, or (weakened) the whole host root writable."""
         if "host-root-rw" in self.weaken:
-            # The route's mount points go in a private tmpfs: bwrap would otherwise create
-            # them through the writable bind, in the host's own /run, where the payload user
-            # may not create files (and where they would outlive the cell).
-            return ["--bind", "/", "/", "--tmpfs", SANDBOX_RUN_DIR]
+            # Nothing else: the route goes in the private /tmp (HOST_ROOT_RUN_DIR says why).
+            return ["--bind", "/", "/"]
         return system_root_args()
 
     def limit_args(self) -> list[str]:
@@ -319,21 +339,22 @@ class BubblewrapBackend:
         argv += ["--bind", str(request.workspace), str(request.workspace)]
         payload = list(request.argv)
         if request.egress is not None and self.egress_mode == "shim":
+            route = self._route_paths()
             argv += [
                 "--ro-bind",
                 str(request.egress.unix_socket),
-                SANDBOX_PROXY_SOCKET,
+                route.proxy_socket,
                 "--ro-bind",
                 str(shim_path()),
-                SANDBOX_SHIM,
+                route.shim,
             ]
             # The shim binds its port before it starts the payload, so the payload never races
             # it; it runs under the payload's own interpreter (already bound above).
             payload = [
                 payload[0],
-                SANDBOX_SHIM,
+                route.shim,
                 "--unix",
-                SANDBOX_PROXY_SOCKET,
+                route.proxy_socket,
                 "--port",
                 str(SHIM_PORT),
                 "--",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest.backends import bubblewrap as bw
-from sandbox_attest.backends.base import SHIM_PORT, EgressRoute, ProbeRequest
+from sandbox_attest.backends.base import SANDBOX_RUN_DIR, SHIM_PORT, EgressRoute, ProbeRequest
 from sandbox_attest.errors import BackendUnavailable
 from sandbox_attest.payload import interpreter_paths, payload_env
 from tests.backends.standin import take_client
@@ -271,6 +271,33 @@ class TestLive:
             if str(request.workspace).encode() in cmdline:
                 survivors.append(proc_dir.name)
         assert survivors == []
+
+    def test_weakened_host_root_routes_through_its_own_tmpfs(
+        self, tmp_path: Path, payload: Path, echo_socket: EchoProxy
+    ) -> None:
+        """host-root-rw mounts the route under the private /tmp and leaves the host's /run alone.
+
+        With the host's / bound writable, a mount point outside a tmpfs bwrap made is created
+        on the host: refused for the payload user in /run, and a leftover where it succeeds
+        (as root), which a later run then silently relied on.
+        """
+        weak = bw.BubblewrapBackend(weaken=frozenset({"host-root-rw"}))
+        request = make_request(
+            tmp_path, payload, "proxy", str(SHIM_PORT), socket_path=echo_socket.path
+        )
+        argv = weak.build_argv(request)
+        tmpfs_at = argv.index("--tmpfs")
+        assert argv[tmpfs_at + 1] == "/tmp"
+        route = weak.inside_paths(None, tmp_path)  # type: ignore[arg-type]  # unused by bwrap
+        for inside in (route.proxy_socket, route.shim):
+            assert Path(inside).is_relative_to("/tmp"), inside
+            assert argv.index(inside) > tmpfs_at, argv  # mounted after the tmpfs exists
+        host_run_dir = Path(SANDBOX_RUN_DIR)
+        existed = host_run_dir.exists()
+        run = weak.run(request)
+        assert run.started, run.stderr
+        assert facts_of(run.stdout)["echo"] == "echo:ping through shim"
+        assert host_run_dir.exists() == existed  # nothing made on the host's /run
 
     def test_weakened_share_net_sees_host_interfaces(self, tmp_path: Path, payload: Path) -> None:
         """Control for the weakening: sharing the network shows the host's devices."""
