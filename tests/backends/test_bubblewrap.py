@@ -259,7 +259,8 @@ class TestLive:
         start = time.monotonic()
         run = bw.BubblewrapBackend().run(request)
         assert run.timed_out
-        assert time.monotonic() - start < 15
+        # Not a speed budget: a payload that was not killed would sleep its full 60 s.
+        assert time.monotonic() - start < 60, "the payload ran to its end: never killed"
         survivors = []
         for proc_dir in Path("/proc").iterdir():
             if not proc_dir.name.isdigit():

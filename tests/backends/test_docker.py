@@ -396,7 +396,8 @@ class TestConfinement:
         run = backend.run(request)
         assert run.timed_out is True
         assert run.started is True  # the marker came before the sleep
-        assert run.duration_s < 15
+        # Not a speed budget: a payload that was not killed would sleep its full 60 s.
+        assert run.duration_s < 60, "the payload ran to its end: never killed"
         assert any("container killed" in note for note in run.notes)
         assert backend.leftovers()["containers"] == []
 
