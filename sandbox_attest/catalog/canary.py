@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
+import json
+import os
 import stat
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
+from sandbox_attest import lifetime
 from sandbox_attest.errors import FixtureError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    from sandbox_attest.safefs import SafeDir
+    from sandbox_attest.trust import PayloadUser
+
 __all__ = [
+    "call_as",
     "dir_canary_diff",
     "dir_canary_state",
     "dir_entries",
@@ -28,6 +38,7 @@ __all__ = [
     "planting",
     "read_text",
     "sha256",
+    "site_moved",
 ]
 
 
@@ -120,3 +131,65 @@ def dir_canary_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
     elif old != now:
         phrases.append(f"dir entries {now}" if isinstance(now, str) else "dir entries changed")
     return ", ".join(p for p in phrases if p)
+
+
+def site_moved(site: SafeDir) -> str:
+    """Why `site.path` no longer names the directory held since plant time, or "".
+
+    The harness opened the directory it planted in (a canary's place, a witness's directory)
+    when it planted, and holds that descriptor until the cell is judged: while it is open the
+    inode cannot be freed and reused, so "the same (device, inode) at the same path" really
+    is the same directory. A directory its owner removed (nlink 0 on the held descriptor) or
+    replaced (the path names another inode now) is the owner's doing, not the sandbox's: a
+    payload user could not have removed it unconfined either.
+    """
+    try:
+        held = os.fstat(site.fd)
+    except OSError as exc:
+        return f"{site.shown} could not be looked at ({exc.strerror})"
+    if held.st_nlink == 0:
+        return f"{site.shown} was removed by its owner during the cell"
+    return site.still_same()
+
+
+def call_as(
+    user: PayloadUser | None, module: str, function: str, argument: object, timeout: float
+) -> tuple[Any, str]:
+    """`module.function(argument)` as the payload user, unconfined; its JSON result.
+
+    The positive control of a planted site must be the payload user's own reach (a root
+    harness reaches every directory, another program's private one too), so it runs in a
+    child as that user, with the argument as JSON on stdin. Without a payload user the
+    payload runs as the harness's own user, and so does the call (in this process).
+
+    Returns:
+        (the JSON-decoded result, "") or (None, why the call could not be made).
+    """
+    if user is None:
+        try:
+            result = getattr(importlib.import_module(module), function)(argument)
+        except (OSError, ValueError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        return json.loads(json.dumps(result)), ""
+    code = (
+        "import importlib, json, sys; f = getattr(importlib.import_module(sys.argv[1]), "
+        "sys.argv[2]); print(json.dumps(f(json.load(sys.stdin))))"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, module, function],
+            input=json.dumps(argument),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd="/",
+            **user.popen_kwargs(),
+            **lifetime.popen_kwargs(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        return json.loads(done.stdout), ""
+    except ValueError:
+        return None, f"exit {done.returncode}: {done.stderr.strip()[-300:]}"

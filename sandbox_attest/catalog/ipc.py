@@ -59,6 +59,7 @@ from sandbox_attest.catalog.base import (
     host_processes,
 )
 from sandbox_attest.catalog.canary import (
+    call_as,
     dir_entries,
     file_diff,
     file_state,
@@ -69,12 +70,15 @@ from sandbox_attest.catalog.socket_witness import (
     TMP_ROOT,
     WITNESS_PREFIX,
     WitnessSockets,
+    connect_each,
+    reachable_dirs,
     remove_nonce_files,
     socket_dirs,
+    witness_name,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError, HarnessError
-from sandbox_attest.trust import give
+from sandbox_attest.trust import PayloadUser, give
 from sandbox_attest.verdict import Assessment, Expectation
 
 # The names probes/ipc_proxy_socket_tamper.py gives what it plants beside the route's files.
@@ -148,17 +152,21 @@ class IpcUnixSocketEscape(_Spec):
         The world's run dir and the run's scratch are no witness sites: they hold the egress
         route and the fixture daemon, judged by their own witnesses. The route's socket is
         handed to the payload as one to skip: it is the backend's grant, not a host daemon.
+        A directory the payload user cannot search unconfined (another program's private
+        one) gets no witness: listed in `not_planted` with the reason.
         """
         info = ctx.world.info
         daemon = info.daemon
         scratch = ctx.cell_dir.parent.parent
-        witnesses = WitnessSockets(
-            ctx.nonce,
-            socket_dirs(exclude=(Path(info.run_dir), scratch)),
-            abstract=sys.platform.startswith("linux"),
+        dirs, unreachable = reachable_dirs(
+            socket_dirs(exclude=(Path(info.run_dir), scratch)), ctx.user
         )
+        witnesses = WitnessSockets(ctx.nonce, dirs, abstract=sys.platform.startswith("linux"))
         self._witnesses[ctx.nonce] = witnesses
         witnesses.plant()
+        witnesses.skipped |= {
+            str(Path(d) / witness_name(ctx.nonce)): why for d, why in unreachable.items()
+        }
         witnesses.start()
         _save_state(
             ctx,
@@ -201,7 +209,7 @@ class IpcUnixSocketEscape(_Spec):
         )
         witnesses = self._witnesses.get(ctx.nonce)
         if witnesses is not None:
-            checks.append(_witnesses_hear_host(witnesses, nonce))
+            checks.append(_witnesses_hear_host(witnesses, nonce, ctx.user))
         return _control(nonce, checks)
 
     def assess(
@@ -326,9 +334,15 @@ class IpcUnixSocketEscape(_Spec):
             reasons = [_witness_reason(site) for site in sites[:REASON_NAMES]]
         if len(sites) > REASON_NAMES:
             reasons.append(f"and {len(sites) - REASON_NAMES} more witness sockets heard it")
+        if witnesses.dropped:
+            # Said in the verdict, so a reviewer sees where this cell did not look and why.
+            reasons.append(_dropped_reason(witnesses.dropped))
         evidence = {
             "planted": state.get("planted", []),
             "not_planted": state.get("not_planted", {}),
+            # Sites the host control dropped: the owner moved the directory, or the payload
+            # user could not reach the witness unconfined. A nonce heard there still counts.
+            "dropped": dict(witnesses.dropped),
             "heard": heard,
             "removed": removed,
         }
@@ -429,37 +443,71 @@ def _class_summary(escapes: list[dict[str, Any]]) -> str:
     )
 
 
-def _witnesses_hear_host(witnesses: WitnessSockets, nonce: str) -> dict[str, Any]:
-    """Host control: the harness connects to every witness with its own nonce; each logs it."""
+# A connect the payload user's own permissions refused: the witness is out of its reach
+# unconfined (a directory's owner tightened it during the cell), so it cannot vouch for a
+# refusal inside. Any other failure at a witness planted and still in place is the control's.
+_OUT_OF_REACH = frozenset({"EACCES", "EPERM"})
+
+
+def _witnesses_hear_host(
+    witnesses: WitnessSockets, nonce: str, user: PayloadUser | None
+) -> dict[str, Any]:
+    """Host control: the payload user, unconfined, connects to every witness; each logs it.
+
+    The connects are the payload user's (`call_as`), not the harness's: a root harness
+    reaches every directory, so only the payload user's own connect shows that a witness
+    could have heard an unconfined payload. A silent witness is dropped from the cell, with
+    its reason, when its directory is no longer the one planted in (its owner removed or
+    replaced it) or the payload user's connect was refused by permissions; any other silent
+    witness fails the control.
+    """
     witnesses.enter_control()
-    line = f"SANDBOX-ATTEST-WITNESS {nonce}\n".encode()
-    for address in witnesses.planted:
-        with contextlib.suppress(OSError):
-            if address.startswith("@"):
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(HOST_TIMEOUT_S)
-                try:
-                    sock.connect("\0" + address[1:])
-                except OSError:
-                    sock.close()
-                    raise
-            else:
-                sock = _connect_unix(address)  # through a dir fd where the path is long
-            with sock:
-                sock.sendall(line)
-    want = set(witnesses.planted)
+    want = list(witnesses.planted)
+    request = {"addresses": want, "line": f"SANDBOX-ATTEST-WITNESS {nonce}\n"}
+    reach, why = call_as(user, connect_each.__module__, "connect_each", request, HOST_TIMEOUT_S)
+    if why:
+        return _check("witness sockets hear the payload user", ok=False, detail=why)
     deadline = time.monotonic() + 3.0
     got: set[str] = set()
+    tried = {a for a in want if reach.get(a) == ""}
     while time.monotonic() < deadline:
         got = {e["witness"] for e in witnesses.heard(nonce, phase="host-control")}
-        if got >= want:
+        if got >= tried:
             break
         time.sleep(0.002)
-    missing = sorted(want - got)
-    detail = f"{len(got & want)} of {len(want)} witnesses heard the host" + (
-        f"; silent: {', '.join(missing[:REASON_NAMES])}" if missing else ""
+    for address in want:
+        if address in got:
+            continue
+        moved = witnesses.moved(address)
+        if moved:
+            witnesses.dropped[address] = f"its owner changed the directory: {moved}"
+        elif reach.get(address) in _OUT_OF_REACH:
+            witnesses.dropped[address] = (
+                f"the payload user cannot reach it unconfined ({reach[address]})"
+            )
+    missing = sorted(set(want) - got - set(witnesses.dropped))
+    kept = len(want) - len(witnesses.dropped)
+    detail = (
+        f"{len(got)} of {kept} witnesses heard the payload user"
+        + (f" ({len(witnesses.dropped)} sites dropped)" if witnesses.dropped else "")
+        + (
+            "; silent: "
+            + ", ".join(
+                f"{a} ({reach.get(a) or witnesses.replaced(a) or 'connected, not heard'})"
+                for a in missing[:REASON_NAMES]
+            )
+            if missing
+            else ""
+        )
     )
-    return _check("witness sockets hear the host", bool(want) and not missing, detail)
+    return _check("witness sockets hear the payload user", bool(got) and not missing, detail)
+
+
+def _dropped_reason(dropped: dict[str, str]) -> str:
+    """The verdict's phrase for the witness sites dropped from the cell, a few named."""
+    named = "; ".join(f"{site}: {why}" for site, why in list(dropped.items())[:REASON_NAMES])
+    more = f"; and {len(dropped) - REASON_NAMES} more" if len(dropped) > REASON_NAMES else ""
+    return f"{len(dropped)} witness sites dropped from the cell ({named}{more})"
 
 
 def _host_ping(kind: str, address: str, nonce: str) -> dict[str, Any]:

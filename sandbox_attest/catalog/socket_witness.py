@@ -18,6 +18,13 @@ Each witness is `0666` and the harness's: connectable by the payload uid whereve
 directory lets it search, removable only by the harness. What `plant` is about to make is
 journalled through `sandbox_attest.sweep` first, so a killed run's witnesses are swept by the next.
 
+A busy host (issue 24, part 3): directories under /tmp and /run come and go, and many are
+private to another program. A witness goes only where the payload user can search
+(`reachable_dirs`, asked as that user), and each directory is held by the harness's own
+descriptor from plant time, so a directory its owner removed or replaced during the cell is
+told apart from one the sandbox touched (`WitnessSockets.moved`): such a site is dropped from
+the cell and listed, never a silent witness that fails the control.
+
 What it does not do: talk back. A witness reads one short line and closes; it never answers,
 so nothing inside can use it as a channel.
 """
@@ -25,6 +32,7 @@ so nothing inside can use it as a channel.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import selectors
 import socket
@@ -34,9 +42,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest import sweep
+from sandbox_attest.catalog.canary import call_as, site_moved
+from sandbox_attest.safefs import Identity, SafeDir, UnsafePathError, open_dir
 
 # The file name of a path witness and the abstract witness's name; the payload sends its
 # nonce only to sockets whose name starts with the prefix (probes/ipc_unix_socket_escape.py).
@@ -55,6 +65,11 @@ READ_S: Final = 0.5
 LINE_MAX: Final = 512
 # AF_UNIX's sun_path cap, less room for the NUL: longer paths are bound through a dir fd.
 _UNIX_PATH_MAX: Final = 100
+# How long the payload user's reach (a search, a connect per witness) may take: one child.
+REACH_S: Final = 15.0
+
+if TYPE_CHECKING:
+    from sandbox_attest.trust import PayloadUser
 
 
 def witness_name(nonce: str) -> str:
@@ -144,6 +159,67 @@ def socket_dirs(*, exclude: tuple[Path, ...] = ()) -> list[Path]:
     return [Path(d) for d in list(ordered)[:MAX_WITNESS_DIRS]]
 
 
+def searchable(paths: list[str]) -> dict[str, str]:
+    """Run as the payload user: each directory, "" where this process may search it, else why.
+
+    `os.access` with the real uid checks search permission on every component of the path,
+    which is what a connect to a socket in it needs first.
+    """
+    return {p: "" if os.access(p, os.X_OK) else "EACCES" for p in paths}
+
+
+def reachable_dirs(dirs: list[Path], user: PayloadUser | None) -> tuple[list[Path], dict[str, str]]:
+    """The directories the payload user can search unconfined, and why each other one is not.
+
+    A witness in another program's private directory (a browser's 0700 one in /tmp) could
+    never hear an unconfined payload, so a refusal there proves nothing: it is not planted.
+    Asked as the payload user itself (`call_as`), never computed from mode bits.
+
+    Returns:
+        (the reachable directories in order, {witness path: reason} for the others).
+    """
+    answer, why = call_as(user, __name__, "searchable", [str(d) for d in dirs], REACH_S)
+    if why:
+        # Unknown reach plants everywhere: the host control then drops what it cannot reach.
+        return list(dirs), {}
+    kept = [d for d in dirs if not answer.get(str(d))]
+    skipped = {
+        str(d): f"the payload user cannot search it unconfined ({answer[str(d)]})"
+        for d in dirs
+        if answer.get(str(d))
+    }
+    return kept, skipped
+
+
+def connect_each(request: dict[str, Any]) -> dict[str, str]:
+    """Run as the payload user: connect to each witness and send `line`; "" or the errno name.
+
+    `request` is `{"addresses": [...], "line": str}`; an address starting with `@` is
+    abstract. A long path goes through a descriptor of its directory, as `bind_unix` does.
+    """
+    line = str(request["line"]).encode()
+    result: dict[str, str] = {}
+    for address in request["addresses"]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dir_fd = None
+        try:
+            sock.settimeout(READ_S * 4)
+            target = "\0" + address[1:] if address.startswith("@") else address
+            if not address.startswith("@") and len(os.fsencode(address)) >= _UNIX_PATH_MAX:
+                dir_fd = os.open(Path(address).parent, os.O_RDONLY | os.O_DIRECTORY)
+                target = f"/proc/self/fd/{dir_fd}/{Path(address).name}"
+            sock.connect(target)
+            sock.sendall(line)
+            result[address] = ""
+        except OSError as exc:
+            result[address] = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+        finally:
+            sock.close()
+            if dir_fd is not None:
+                os.close(dir_fd)
+    return result
+
+
 def abstract_names(proc_net_unix: str = "/proc/net/unix") -> list[str]:
     """The listening abstract socket names in `proc_net_unix` (the reader's net namespace).
 
@@ -206,6 +282,11 @@ class WitnessSockets:
     journal_key: str = ""
     planted: dict[str, socket.socket] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    # Witness sites the host control dropped: {witness: why} (its owner moved the directory,
+    # or the payload user cannot reach it unconfined). Judged by nothing but a nonce heard.
+    dropped: dict[str, str] = field(default_factory=dict)
+    # Each path witness's directory, held open from plant time, and the witness's identity.
+    _sites: dict[str, tuple[SafeDir, Identity]] = field(default_factory=dict)
     _log: list[dict[str, Any]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -218,26 +299,71 @@ class WitnessSockets:
         """Journal every path, then bind each witness; a directory that refuses is skipped.
 
         A refusal (a read-only /run, a directory the harness may not write) is recorded in
-        `skipped` with its errno: the witness set says where it could not look.
+        `skipped` with its errno: the witness set says where it could not look. Each path
+        witness is bound through a descriptor of its directory, opened without following a
+        symlink and held until `stop`: `moved` compares it with what the path names later.
         """
         paths = [d / witness_name(self.nonce) for d in self.dirs]
         self.journal_key = f"socket-witness-{self.nonce}"
         sweep.record(self.journal_key, paths)
-        addresses = [str(p) for p in paths]
+        for path in paths:
+            try:
+                self._plant_at(path)
+            except (OSError, UnsafePathError) as exc:
+                why = os.strerror(exc.errno or 0) if isinstance(exc, OSError) else ""
+                self.skipped[str(path)] = why or str(exc)
         if self.abstract:
-            addresses.append("\0" + abstract_witness(self.nonce))
-        for address in addresses:
+            address = "\0" + abstract_witness(self.nonce)
             try:
                 sock = bind_unix(address)
             except OSError as exc:
                 self.skipped[_shown(address)] = os.strerror(exc.errno or 0) or repr(exc)
-                continue
-            if not address.startswith("\0"):
-                # Connecting needs write permission on the socket inode: open to every uid,
-                # as a daemon socket meant for ordinary users is; the directory decides.
-                Path(address).chmod(0o666)
-            sock.setblocking(False)  # noqa: FBT003  (the socket API's own positional flag)
-            self.planted[_shown(address)] = sock
+            else:
+                sock.setblocking(False)  # noqa: FBT003  (the socket API's own positional flag)
+                self.planted[_shown(address)] = sock
+
+    def _plant_at(self, path: Path) -> None:
+        """Bind one path witness through its directory's descriptor; keep both."""
+        site = open_dir(path.parent)
+        sock: socket.socket | None = None
+        try:
+            sock = bind_unix(f"/proc/self/fd/{site.fd}/{path.name}")
+            ident = _socket_identity(site, path.name)
+            # Connecting needs write permission on the socket inode: open to every uid, as a
+            # daemon socket meant for ordinary users is; the directory decides. `expect`
+            # refuses anything but the socket just bound.
+            site.chmod(path.name, 0o666, expect=ident)
+        except (OSError, UnsafePathError):
+            if sock is not None:
+                sock.close()
+            site.close()
+            raise
+        sock.setblocking(False)  # noqa: FBT003  (the socket API's own positional flag)
+        self.planted[str(path)] = sock
+        self._sites[str(path)] = (site, ident)
+
+    def moved(self, address: str) -> str:
+        """Why the directory of a path witness is no longer the one planted in, or "".
+
+        Its owner removed it, or replaced it (renamed away, or removed and made again under
+        the same name): the host's change, never the sandbox's. An abstract witness has no
+        directory.
+        """
+        held = self._sites.get(address)
+        return site_moved(held[0]) if held is not None else ""
+
+    def replaced(self, address: str) -> str:
+        """Why a path witness is not the socket planted, in a directory that stayed, or ""."""
+        held = self._sites.get(address)
+        if held is None:
+            return ""
+        site, ident = held
+        now = site.entry(Path(address).name)
+        if now is None:
+            return f"{address} is gone from its directory"
+        if (now.st_dev, now.st_ino) != ident:
+            return f"{address} is another object now (inode {now.st_ino})"
+        return ""
 
     def start(self) -> None:
         """Listen on every planted witness in one background thread."""
@@ -328,18 +454,29 @@ class WitnessSockets:
         removed: list[str] = []
         for address, sock in self.planted.items():
             sock.close()
-            if address.startswith("@"):
+            held = self._sites.pop(address, None)
+            if held is None:
                 continue
-            path = Path(address)
-            with contextlib.suppress(OSError):
-                # Only our own socket: a payload may have swapped it for something else.
-                if stat.S_ISSOCK(path.lstat().st_mode):
-                    path.unlink()
+            site, ident = held
+            # Only our own socket, by identity, through the directory held since plant time:
+            # a payload or the directory's owner may have put something else at the name.
+            with contextlib.suppress(OSError, UnsafePathError):
+                if site.unlink(Path(address).name, expect=ident):
                     removed.append(address)
+            site.close()
         self.planted.clear()
         if self.journal_key:
             sweep.forget(self.journal_key)
         return removed
+
+
+def _socket_identity(site: SafeDir, name: str) -> Identity:
+    """The identity of the socket at `name` in `site`, or UnsafePathError naming what is there."""
+    made = site.entry(name)
+    if made is None or not stat.S_ISSOCK(made.st_mode):
+        msg = f"{site.shown}/{name} is not the socket just bound there"
+        raise UnsafePathError(msg)
+    return (made.st_dev, made.st_ino)
 
 
 def _shown(address: str) -> str:
