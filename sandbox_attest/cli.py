@@ -29,7 +29,9 @@ HELP_JSON = "print one JSON object on stdout at the end instead of the human lin
 EXIT_CODES = """exit codes:
   0    passed (the gate holds; for verify and merge: the report verifies)
   1    the gate FAILED, or it WARNED and strictness asked for PASSED; verify/merge refused
-  2    usage or input error (bad flag, missing file or directory, unusable key or policy)
+  2    usage or input error (bad flag, missing file or directory, unusable key or policy);
+       for run also: --key was given but the run's trust domains were not separated, so
+       the report was written and signed with the per-machine key instead (no release)
   129  run cut short by SIGHUP (a closed terminal)
   130  run cut short by SIGINT (Ctrl-C)
   143  run cut short by SIGTERM (timeout, a CI cancel, docker stop)
@@ -37,6 +39,8 @@ EXIT_CODES = """exit codes:
        attestation are still written and signed with complete: false; the gate line says
        FAILED. A second signal meanwhile is ignored; SIGKILL is not, and the next run
        sweeps what a killed run left (its output and evidence.json say what, under swept)."""
+# `run --key K` whose trust domains were not separated: signed with the per-machine key.
+EXIT_KEY_REFUSED = 2
 # A gate line longer than this is shortened at a word boundary, pointing at the report.
 GATE_LINE_LIMIT = 400
 
@@ -53,6 +57,13 @@ def shorten(line: str, limit: int = GATE_LINE_LIMIT) -> str:
     return textwrap.shorten(line, limit, placeholder=" ... (the full reason is in report.html)")
 
 
+HELP_KEY = (
+    "Ed25519 private key PEM for signing (or SANDBOX_ATTEST_SIGNING_KEY); default: an "
+    "untrusted per-machine key. A release key signs only a run whose trust domains were "
+    "separated (every sandboxed process measured as neither root nor the harness's uid); "
+    "otherwise the run signs with the per-machine key and says why: with --key it then exits "
+    "2 (you insisted on the release key), with the variable it prints a warning line only"
+)
 HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
 # Defaults come from the installed package, wherever the command runs: a `matrix/` folder in
 # the current directory is used only when named (`--policy matrix/policy.toml`).
@@ -167,7 +178,10 @@ def _run_status(code: int, gate: _GateWatch) -> int:
         return caught.exit_status
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         return code  # interrupted, usage or internal error: never a pass
-    return gate.report()
+    status = gate.report()
+    # --key insisted on the release key, and the run could not earn it: the report is
+    # signed with the per-machine key, and the status says the key was not usable (issue 23).
+    return EXIT_KEY_REFUSED if gate.key_insisted else status
 
 
 def _print_run_json(run_id: str, out: Path, gate: _GateWatch, status: int) -> None:
@@ -200,6 +214,8 @@ class _GateWatch:
         self.failures: list[str] | None = None
         self.warnings: list[str] = []
         self.signed = "FAILED"
+        self.key_refused = ""
+        self.key_insisted = False
 
     def report(self) -> int:
         """Print the gate and return the run's exit status (0 only if it holds)."""
@@ -227,6 +243,8 @@ class _GateWatch:
                 run.gate_failures() + ([cut] if interrupted else []) + run.artifact_errors
             )
             self.signed = run.signed_gate(complete=not interrupted).result
+            self.key_refused = run.release_key_refused
+            self.key_insisted = run.release_key_insisted
 
 
 def _print_gate(failures: list[str], warnings: list[str], signed: str) -> int:
@@ -418,8 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix", help=HELP_MATRIX)
     run.add_argument(
         "--key",
-        help="Ed25519 private key PEM for signing "
-        "(or SANDBOX_ATTEST_SIGNING_KEY); default: an untrusted local key",
+        help=HELP_KEY,
     )
     run.add_argument("-j", "--jobs", type=int, default=1, help=HELP_JOBS)
     run.add_argument(

@@ -176,6 +176,10 @@ class RunSession:
     # is incomplete and the gate fails (a filter must not be a way to drop a failing cell).
     deselected: list[str] = field(default_factory=list)
     futures: dict[str, Future[dict[str, Any]]] = field(default_factory=dict)
+    # Set at signing when the run was not separated and a release key was given: the line
+    # that says so, and whether --key insisted on it (the run then exits 2; cli.py).
+    release_key_refused: str = ""
+    release_key_insisted: bool = False
 
     def __post_init__(self) -> None:
         """Ask every backend whether it can run here, before any cell starts."""
@@ -554,6 +558,11 @@ class RunSession:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self._unjournal_scratch()
+        # Measured now that every cell is judged: who each backend's processes ran as
+        # (sandbox_attest/separation.py). The signer refuses a release key for a run that is
+        # not separated (`_sign_and_render`).
+        self.trust_domains = trust_domains(self.user, self.backends, self.writer.cells)
+        self.writer.run_facts["trust_domains"] = self.trust_domains
         try:
             evidence = self.writer.write(complete=complete and not self.deselected)
         except HarnessError as exc:
@@ -718,6 +727,11 @@ class RunSession:
         views: dict[str, bytes] = {}
         try:
             signer = self.use_signer()
+            if self.trust_domains.get("separated") is not True:
+                # Before rendering: the views name the key that signs (issue 23).
+                refusal = signer.refuse_release(str(self.trust_domains.get("reason", "")))
+                if refusal:
+                    lines.append(refusal)
             rendered = self._render_views(evidence, signer.facts)
             views = rendered.files
             write_results(self.report_dir / ALLURE_DIR, rendered.allure)
@@ -729,6 +743,10 @@ class RunSession:
                 gate=gate,
             )
             lines.append(f"attestation: {reply.attestation}")
+            if signer.refusal and signer.refusal not in lines:
+                lines.append(signer.refusal)
+            self.release_key_refused = signer.refusal
+            self.release_key_insisted = bool(signer.refusal) and signer.requested == "--key"
         except (HarnessError, OSError) as exc:
             self.artifact_errors.append(f"the attestation was not written: {exc}")
             lines.append(f"attestation NOT written: {exc}")

@@ -25,10 +25,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox_attest import lifetime
 from sandbox_attest.errors import ConfigError, FixtureError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 # The default payload user. A system account: no password, its own group.
 PAYLOAD_USER = "sandbox-attest"
@@ -198,27 +201,41 @@ def _ensure_home(user: PayloadUser) -> None:
     home.chmod(0o700)
 
 
-def trust_domains(user: PayloadUser | None) -> dict[str, Any]:
-    """The fact the signed statement records: who judged, and who ran the judged code."""
+def trust_domains(
+    user: PayloadUser | None,
+    backends: Mapping[str, object] | None = None,
+    cells: Iterable[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The fact the signed statement records: who judged, and who ran the judged code.
+
+    Measured, not declared (issue 23): with the run's `backends` and judged `cells`, every
+    uid and gid the host read of each backend's processes, and the uid the harness started
+    its commands with, decide (`sandbox_attest.separation.measure`). Without them (the run
+    has not judged anything yet) the fact says "not measured" and is never separated.
+
+    Args:
+        user: the run's payload user (None: the harness cannot switch users).
+        backends: name -> backend object, every backend the run selected.
+        cells: the run's evidence cells, each with its `host_view`.
+    """
+    from sandbox_attest import separation  # noqa: PLC0415  (only a finished run measures)
+
     ok, reason = separation_possible()
-    if user is None:
+    unsupported = "" if ok else reason
+    if ok and user is None:
+        unsupported = "uid separation was turned off for this run"
+    if backends is None or cells is None:
+        uid, _ = separation.harness_ids()
         return {
             "separated": False,
-            "harness_uid": os.geteuid() if hasattr(os, "geteuid") else None,
-            "payload_uid": os.geteuid() if hasattr(os, "geteuid") else None,
-            "payload_user": None,
-            "reason": reason if not ok else "uid separation was turned off for this run",
+            "measured": False,
+            "harness_uid": uid,
+            "payload_uid": user.uid if user is not None else uid,
+            "payload_user": user.name if user is not None else None,
+            "reason": "not measured yet: the run has judged no cell"
+            + (f" ({unsupported})" if unsupported else ""),
         }
-    return {
-        "separated": True,
-        "harness_uid": os.geteuid(),
-        "payload_uid": user.uid,
-        "payload_user": user.name,
-        "reason": (
-            f"sandboxed commands ran as {user.name} (uid {user.uid}), the harness and its "
-            f"signer as uid {os.geteuid()}"
-        ),
-    }
+    return separation.measure(user, backends, cells, unsupported=unsupported)
 
 
 def give(path: Path, user: PayloadUser | None, *, recursive: bool = False) -> None:

@@ -48,6 +48,11 @@ HELP_ALLOW_LOCAL = (
     "accept a report signed by a per-machine (untrusted) local key; that key must also be "
     "the --trusted-key"
 )
+HELP_ALLOW_SHARED = (
+    "accept a run whose trust domains were not separated (a sandboxed process ran as root or "
+    "as the harness's uid, measured and signed) or not measured (a report from before issue "
+    "23); such code could read the signing key, so this is never a release"
+)
 HELP_MAX_AGE = (
     "refuse a report whose signed finishedAt is older than this (e.g. 30d, 12h, 90m; "
     f"default {format_duration(DEFAULT_MAX_AGE)}); `none` or 0 skips the check"
@@ -79,13 +84,33 @@ def _domains_line(domains: dict[str, Any]) -> str:
     if not domains:
         return "trust domains: not recorded"
     reason = domains.get("reason") or ""
+    measured = "" if domains.get("measured") is True else " (declared, not measured)"
     if domains.get("separated"):
         user = domains.get("payload_user") or domains.get("payload_uid")
         return (
-            f"trust domains: separated (payloads ran as {user}, uid "
+            f"trust domains: separated{measured} (payloads ran as {user}, uid "
             f"{domains.get('payload_uid')}; harness uid {domains.get('harness_uid')}) {reason}"
         ).rstrip()
-    return f"trust domains: NOT separated: {reason or 'no reason recorded'}"
+    return f"trust domains: NOT separated{measured}: {reason or 'no reason recorded'}"
+
+
+def _domains_json(domains: dict[str, Any]) -> dict[str, Any]:
+    """The signed trust-domains fact for `verify --json`: the run's word and each backend's."""
+    backends = domains.get("backends")
+    return {
+        "separated": domains.get("separated") is True,
+        "measured": domains.get("measured") is True,
+        "harness_uid": domains.get("harness_uid"),
+        "reason": str(domains.get("reason") or ""),
+        "backends": {
+            str(name): {
+                key: fact.get(key)
+                for key in ("status", "separated", "uids", "gids", "launched_as", "reason")
+            }
+            for name, fact in (backends.items() if isinstance(backends, dict) else [])
+            if isinstance(fact, dict)
+        },
+    }
 
 
 def _harness_line(harness: dict[str, Any]) -> str:
@@ -153,6 +178,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         allow_untrusted_local=args.allow_untrusted_local,
         require_all_legs=not args.partial,
         checks=checks,
+        allow_shared_trust_domain=args.allow_shared_trust_domain,
     )
     gate = result.gate.result if result.gate else "unknown"
     if args.json:
@@ -173,6 +199,16 @@ def _run_verify(args: argparse.Namespace) -> int:
                         if result.leg_results
                         else result.claims
                     ),
+                    # The signed trust-domains fact; per leg label for a merged release.
+                    "trust_domains": (
+                        {
+                            label: _domains_json(leg.trust_domains)
+                            for label, leg in result.leg_results
+                        }
+                        if result.leg_results
+                        else _domains_json(result.trust_domains)
+                    ),
+                    "notes": list(result.notes),
                     "exit_code": EXIT_OK if result.ok else EXIT_REFUSED,
                 },
                 indent=2,
@@ -209,6 +245,7 @@ def _run_merge(args: argparse.Namespace) -> int:
             out_dir=args.out,
             allow_untrusted_local=args.allow_untrusted_local,
             checks=checks,
+            allow_shared_trust_domain=args.allow_shared_trust_domain,
         )
     except HarnessError as exc:
         print(f"error: {exc.diagnostics()}", file=sys.stderr)
@@ -242,6 +279,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     verify.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help=HELP_POLICY)
     verify.add_argument("--allow-untrusted-local", action="store_true", help=HELP_ALLOW_LOCAL)
+    verify.add_argument("--allow-shared-trust-domain", action="store_true", help=HELP_ALLOW_SHARED)
     verify.add_argument("--partial", action="store_true", help=HELP_PARTIAL)
     verify.add_argument(
         "--json", action="store_true", help="print the result as one JSON object on stdout"
@@ -291,6 +329,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help=HELP_ALLOW_LOCAL + "; also lets the merge itself be signed by it",
     )
+    merge.add_argument("--allow-shared-trust-domain", action="store_true", help=HELP_ALLOW_SHARED)
     _add_pins(merge)
     merge.set_defaults(func=_run_merge)
 

@@ -183,6 +183,7 @@ def merge_legs(
     allow_untrusted_local: bool = False,
     env: Mapping[str, str] | None = None,
     checks: Checks | None = None,
+    allow_shared_trust_domain: bool = False,
 ) -> MergeResult:
     """Verify every leg and, if all hold, write one signed statement over all of them.
 
@@ -196,6 +197,7 @@ def merge_legs(
         allow_untrusted_local: accept legs, and a merge key, that are per-machine keys.
         env: the environment for Sigstore's ambient-token check (default: os.environ).
         checks: what every leg is held to (freshness, commit, registry); default `Checks()`.
+        allow_shared_trust_domain: accept legs whose trust domains were not separated.
 
     Returns:
         The merge result; `attestation` is set only when the merge was written.
@@ -222,6 +224,7 @@ def merge_legs(
         policy,
         allow_untrusted_local=allow_untrusted_local,
         checks=checks,
+        allow_shared_trust_domain=allow_shared_trust_domain,
     )
     merged.reasons.extend(combined.reasons)
     merged.legs = {leg: dirs[label] for leg, label in combined.legs.items()}

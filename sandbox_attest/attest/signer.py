@@ -21,11 +21,22 @@ JSON, requests on the child's stdin and replies on its stdout; bytes travel base
     -> {"op": "init", "key": {"kind": "path"|"env-path"|"pem"|"local", ...},
         "payload": {"uid": int|null, "gids": [int]}, "sigstore_env": {...}}
     <- {"ok": true, "keyid", "trust", "source", "public_key_pem", "hardening", "sigstore"}
+    -> {"op": "refuse-release", "reason"}     (the run's trust domains were not separated)
+    <- {"ok": true, "refused": {"keyid", "reason"}|null, "keyid", "trust", "source",
+        "public_key_pem"}
     -> {"op": "sign", "report_dir", "files": {name: b64}, "policy": b64|null,
         "policy_path", "gate"}
-    <- {"ok": true, "attestation", "gate", "sigstore": {"status", "reason"}}
+    <- {"ok": true, "attestation", "gate", "sigstore": {"status", "reason"},
+        "refused": {"keyid", "reason"}|null}
     -> {"op": "close"}            (or EOF: the signer exits)
     <- {"ok": false, "error": "config"|"report", "message"} for any refused request
+
+Issue 23: a release key signs only a run whose trust domains were separated, as measured
+(`sandbox_attest.separation`): where any sandboxed process ran as root or as the harness's
+uid, that code could read the key (`/proc/<harness>/cmdline`, `environ`, the key file), and
+could forge what is signed. The signer then swaps the provided key for the per-machine one
+before signing (`refuse-release`, and again in `sign` from the evidence it signs, so a
+session that forgot to ask cannot get a release signature over such a run).
 
 What this does not do: Python cannot wipe a string, so the PEM text stays in this process's
 heap until it is reused; non-dumpable keeps other uids (and core dumps) away from it, root can
@@ -53,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
-from sandbox_attest.attest import SignerFacts, sign_judged
+from sandbox_attest.attest import EVIDENCE_NAME, SignerFacts, sign_judged
 from sandbox_attest.attest.keys import (
     ENV_VAR,
     SigningKey,
@@ -192,6 +203,24 @@ def _load_key(spec: Mapping[str, Any], payload: Mapping[str, Any]) -> SigningKey
     raise ConfigError(f"signer protocol: unknown key source {kind!r}")
 
 
+def evidence_separated(evidence_bytes: bytes | None) -> tuple[bool, str]:
+    """Whether the evidence about to be signed says its trust domains were separated.
+
+    Anything else (no fact, a declared one from before issue 23, unparsable bytes) is not
+    separated: a release key is kept for runs that proved it.
+    """
+    try:
+        evidence = json.loads(evidence_bytes or b"")
+    except (ValueError, UnicodeDecodeError):
+        return False, "the evidence handed to the signer is not JSON"
+    domains = evidence.get("trust_domains") if isinstance(evidence, dict) else None
+    if not isinstance(domains, dict) or domains.get("measured") is not True:
+        return False, "the evidence records no measured trust domains"
+    if domains.get("separated") is not True:
+        return False, str(domains.get("reason") or "the trust domains were not separated")
+    return True, ""
+
+
 @dataclass
 class _Server:
     """The signer's state: the key (after init) and the keyless-signing environment."""
@@ -199,38 +228,65 @@ class _Server:
     key: SigningKey | None = None
     sigstore_env: dict[str, str] = dataclasses.field(default_factory=dict)
     hardening: dict[str, str] = dataclasses.field(default_factory=dict)
+    # HOME / XDG_CONFIG_HOME: where the per-machine key lives, for `refuse-release`.
+    local_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    refused: dict[str, str] | None = None
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         op = message.get("op")
         if op == "init":
             return self._init(message)
+        if op == "refuse-release":
+            self._refuse_release(str(message.get("reason") or "not separated"))
+            return {"ok": True, "refused": self.refused, **self._key_facts()}
         if op == "sign":
             return self._sign(message)
         raise ConfigError(f"signer protocol: unknown op {op!r}")
+
+    def _key_facts(self) -> dict[str, Any]:
+        assert self.key is not None  # noqa: S101  (callers check init first)
+        return {
+            "keyid": self.key.keyid,
+            "trust": self.key.trust,
+            "source": self.key.source,
+            "public_key_pem": public_key_pem(self.key.public_key).decode("ascii"),
+        }
 
     def _init(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.key is not None:
             raise ConfigError("signer protocol: the key was loaded already")
         self.sigstore_env = {k: str(v) for k, v in (message.get("sigstore_env") or {}).items()}
+        self.local_env = {k: str(v) for k, v in (message.get("local_env") or {}).items() if v}
         spec = message.pop("key", None) or {}
         self.key = _load_key(spec, message.get("payload") or {})
         del spec  # the PEM text, if any: drop the last reference the protocol held
         decision = decide(self.sigstore_env)
         return {
             "ok": True,
-            "keyid": self.key.keyid,
-            "trust": self.key.trust,
-            "source": self.key.source,
-            "public_key_pem": public_key_pem(self.key.public_key).decode("ascii"),
+            **self._key_facts(),
             "hardening": self.hardening,
             "sigstore": {"status": decision.status, "reason": decision.reason},
         }
+
+    def _refuse_release(self, reason: str) -> None:
+        """Swap a provided (release) key for the per-machine key; a local key stays."""
+        if self.key is None:
+            raise ConfigError("signer protocol: refuse-release before init")
+        if self.key.trust != "provided":
+            return
+        released = self.key.keyid
+        # The release key is dropped: nothing of this run may be signed with it any more.
+        self.key = load_signing_key(None, self.local_env)
+        self.refused = {"keyid": released, "reason": reason}
 
     def _sign(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.key is None:
             raise ConfigError("signer protocol: sign before init")
         report_dir = Path(str(message["report_dir"]))
         files = {str(n): base64.b64decode(v) for n, v in (message.get("files") or {}).items()}
+        separated, why = evidence_separated(files.get(EVIDENCE_NAME))
+        if not separated:
+            self._refuse_release(why)
         raw_policy = message.get("policy")
         policy_path = str(message.get("policy_path") or "policy.toml")
         policy = (
@@ -254,6 +310,8 @@ class _Server:
             "attestation": str(signed.attestation),
             "gate": signed.gate.result,
             "sigstore": {"status": signed.sigstore.status, "reason": signed.sigstore.reason},
+            "refused": self.refused,
+            **self._key_facts(),
         }
 
 
@@ -312,6 +370,13 @@ class SignReply:
     sigstore: SigstoreDecision
 
 
+def _local_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Where the per-machine key lives (HOME, XDG_CONFIG_HOME), as the signer needs it."""
+    return {name: env.get(name, "") for name in ("HOME", "XDG_CONFIG_HOME")} | (
+        {} if env.get("HOME") else {"HOME": str(Path.home())}
+    )
+
+
 def _key_spec(key_path: Path | None, value: str, env: Mapping[str, str]) -> dict[str, Any]:
     if key_path is not None:
         return {"kind": "path", "path": str(key_path.absolute())}
@@ -320,11 +385,7 @@ def _key_spec(key_path: Path | None, value: str, env: Mapping[str, str]) -> dict
         return {"kind": "pem", "pem": value}
     if value:
         return {"kind": "env-path", "path": str(Path(value).absolute())}
-    return {
-        "kind": "local",
-        "env": {name: env.get(name, "") for name in ("HOME", "XDG_CONFIG_HOME")}
-        | ({} if env.get("HOME") else {"HOME": str(Path.home())}),
-    }
+    return {"kind": "local", "env": _local_env(env)}
 
 
 def _scrubbed_env() -> dict[str, str]:
@@ -362,6 +423,11 @@ class Signer:
         self.public_key_pem = b""
         self.hardening: dict[str, str] = {}
         self.sigstore = SigstoreDecision(attempt=False, status="", reason="")
+        # How the key was asked for: "--key", "$SANDBOX_ATTEST_SIGNING_KEY", or "" (the
+        # per-machine key). `--key` insists: a run that cannot use it exits 2 (cli.py).
+        self.requested = ""
+        # Set when the release key was refused for this run (`refuse_release`): one line.
+        self.refusal = ""
 
     @property
     def pid(self) -> int:
@@ -405,6 +471,7 @@ class Signer:
         """
         value = env.pop(ENV_VAR, "")
         spec = _key_spec(key_path, value, env)
+        requested = "--key" if key_path is not None else f"${ENV_VAR}" if value.strip() else ""
         del value
         if payload is _DEFAULT_PAYLOAD:
             from sandbox_attest.trust import payload_user  # noqa: PLC0415  (pwd/grp: POSIX only)
@@ -445,6 +512,7 @@ class Signer:
                     "key": spec,
                     "payload": {"uid": payload.uid if payload else None, "gids": groups},
                     "sigstore_env": {k: env[k] for k in SIGSTORE_VARS if k in env},
+                    "local_env": _local_env(env),
                 },
                 timeout,
             )
@@ -453,10 +521,8 @@ class Signer:
             raise
         finally:
             spec.clear()
-        signer.keyid = str(reply["keyid"])
-        signer.trust = str(reply["trust"])
-        signer.source = str(reply["source"])
-        signer.public_key_pem = str(reply["public_key_pem"]).encode("ascii")
+        signer.requested = requested
+        signer._take_key_facts(reply)
         signer.hardening = {str(k): str(v) for k, v in reply["hardening"].items()}
         facts = reply["sigstore"]
         status = str(facts["status"])
@@ -464,6 +530,48 @@ class Signer:
             attempt=status != "ed25519 only", status=status, reason=str(facts["reason"])
         )
         return signer
+
+    def _take_key_facts(self, reply: Mapping[str, Any]) -> None:
+        self.keyid = str(reply["keyid"])
+        self.trust = str(reply["trust"])
+        self.source = str(reply["source"])
+        self.public_key_pem = str(reply["public_key_pem"]).encode("ascii")
+
+    def _refusal_line(self, refused: Mapping[str, Any]) -> str:
+        """The one line a run prints when its release key was refused."""
+        asked = self.requested or "the provided key"
+        insisted = (
+            "; the run exits 2 because --key insists on the release key"
+            if self.requested == "--key"
+            else ""
+        )
+        return (
+            f"signing: the release key {refused.get('keyid', '?')} ({asked}) was NOT used: "
+            f"the trust domains were not separated ({refused.get('reason', '')}), so the code "
+            "under test could read that key; signed with the per-machine key "
+            f"{self.keyid} instead, which is no release{insisted}. Run as root without "
+            '[run] user = "root" for a release, and rotate the key if that code was hostile'
+        )
+
+    def refuse_release(self, reason: str) -> str:
+        """Have the signer drop a provided key for the per-machine key; the line to print.
+
+        Call it when the run's trust domains were not separated, before rendering the views
+        (they name the signing key). Idempotent; a per-machine key is kept as it is.
+
+        Returns:
+            The one line saying what was refused and why ("" when nothing was refused).
+
+        Raises:
+            ConfigError: the per-machine key cannot be loaded or made.
+            ReportError: the signer died.
+        """
+        reply = self._request({"op": "refuse-release", "reason": reason}, SIGN_TIMEOUT)
+        self._take_key_facts(reply)
+        refused = reply.get("refused")
+        if isinstance(refused, dict) and not self.refusal:
+            self.refusal = self._refusal_line(refused)
+        return self.refusal
 
     def sign_report(
         self,
@@ -505,6 +613,11 @@ class Signer:
             },
             timeout,
         )
+        refused = reply.get("refused")
+        if isinstance(refused, dict) and not self.refusal:
+            # The session did not ask first; the signer refused on its own from the evidence.
+            self._take_key_facts(reply)
+            self.refusal = self._refusal_line(refused)
         facts = reply["sigstore"]
         status = str(facts["status"])
         return SignReply(

@@ -16,7 +16,11 @@ sees the whole picture in one go. It passes only if every check holds:
      untrusted-keys registry), unless explicitly allowed; the signed `signer.trust` field
      is never read for this, since whoever holds a local key can sign any payload;
   7. the signed run finished no longer ago than `max_age` and not in the future;
-  8. with `expect_commit`, the signed harness commit matches and the checkout was clean.
+  8. with `expect_commit`, the signed harness commit matches and the checkout was clean;
+  9. the signed trust-domains fact is measured (per backend, `sandbox_attest.separation`),
+     follows from the signed cells, and says separated, unless explicitly allowed
+     (`allow_shared_trust_domain`): a run in which sandboxed code ran as root or as the
+     harness's uid could read the key and forge what was signed.
 
 A merged release directory (written by `merge`: one test-result statement whose configuration
 names an `expect-legs` file, every subject of each leg copied under `legs/NN-<dir>/`, and the
@@ -463,6 +467,46 @@ def _check_commit(harness: dict[str, Any], checks: Checks, v: Verification, what
         )
 
 
+SHARED_FLAG = "--allow-shared-trust-domain"
+
+
+def _check_trust_domains(v: Verification, allow_shared: bool) -> None:
+    """Step 9: the signed trust-domains fact was measured, holds, and says separated.
+
+    Read from the signed test-result statement (`v.trust_domains`), never from
+    evidence.json's copy; re-derived from the signed cells (`separation.recheck`).
+    """
+    from sandbox_attest import separation  # noqa: PLC0415  (only verify re-derives it)
+
+    domains = v.trust_domains
+    if v.evidence is not None and domains.get("measured") is True:
+        v.reasons.extend(separation.recheck(domains, v.evidence.get("cells") or []))
+    if domains.get("measured") is not True or not isinstance(domains.get("backends"), dict):
+        problem = (
+            "the report's trust domains were declared, not measured (it was signed by a "
+            "sandbox-attest from before issue 23, which never read who its sandboxed processes "
+            "ran as)"
+        )
+    else:
+        h_uid, h_gid = domains.get("harness_uid"), domains.get("harness_gid")
+        ids = (h_uid, h_gid) if isinstance(h_uid, int) and isinstance(h_gid, int) else None
+        separated, why = separation.decide(domains["backends"], ids)
+        if separated and domains.get("separated") is True:
+            return
+        problem = (
+            "the run's trust domains were NOT separated: "
+            f"{why or domains.get('reason') or 'no reason recorded'}; code under test could "
+            "read the signing key and forge what was signed"
+        )
+    if allow_shared:
+        v.notes.append(f"{problem} (accepted with {SHARED_FLAG})")
+        return
+    v.reasons.append(
+        f"{problem}; a release comes from a run as root with a payload user (no spec with "
+        f'[run] user = "root"); re-run so, or pass {SHARED_FLAG} to accept it'
+    )
+
+
 def _record_pins(stmt: dict[str, Any], checks: Checks, v: Verification, what: str) -> None:
     """Read the signed harness, run time, trust domains and world; check time and commit."""
     v.harness = _annotations(stmt, "harness")
@@ -479,6 +523,8 @@ def _verify_single(
     require_all_legs: bool,
     checks: Checks,
     v: Verification,
+    *,
+    allow_shared_trust_domain: bool = False,
 ) -> None:
     """Steps 2-8 for one run's report: every subject beside the envelopes."""
     _check_counts(statements, (TEST_RESULT_PREDICATE, EVIDENCE_PREDICATE), v)
@@ -503,6 +549,8 @@ def _verify_single(
         v.reasons.extend(claim_problems(policy, v.claims, v.legs))
         for stmt in statements.get(EVIDENCE_PREDICATE, [])[:1]:
             _check_evidence_statement(stmt, v.evidence, v)
+    if results:
+        _check_trust_domains(v, allow_shared_trust_domain)
         if require_all_legs:
             v.reasons.extend(
                 f"missing leg {leg}: the policy requires it, but the report has no cells for it"
@@ -519,6 +567,7 @@ def verify_report(
     require_all_legs: bool = True,
     accept_merged: bool = True,
     checks: Checks | None = None,
+    allow_shared_trust_domain: bool = False,
 ) -> Verification:
     """Verify one report directory, or a merged release (see the module docstring).
 
@@ -534,6 +583,8 @@ def verify_report(
         accept_merged: False when verifying one leg of a merge: a merged directory is no leg.
         checks: freshness, expected commit and the untrusted-key registry (default:
             `Checks()`, i.e. 30 days, any commit, this user's registry).
+        allow_shared_trust_domain: accept a run whose trust domains were not separated (or
+            not measured); a note says so.
 
     Returns:
         The verification; `ok` is True only if every check held.
@@ -556,7 +607,16 @@ def verify_report(
     if merged is not None:
         if accept_merged:
             _check_key_trust(trusted, checks, allow_untrusted_local, v, "the merge is")
-            _verify_merged(merged, statements, trusted, policy, allow_untrusted_local, checks, v)
+            _verify_merged(
+                merged,
+                statements,
+                trusted,
+                policy,
+                allow_untrusted_local,
+                checks,
+                v,
+                allow_shared_trust_domain=allow_shared_trust_domain,
+            )
         else:
             v.reasons.append(
                 "this is a merged release, not one leg's report; pass the leg directories "
@@ -564,7 +624,14 @@ def verify_report(
             )
         return v
     _check_key_trust(trusted, checks, allow_untrusted_local, v, "the report is")
-    _verify_single(statements, policy, require_all_legs, checks, v)
+    _verify_single(
+        statements,
+        policy,
+        require_all_legs,
+        checks,
+        v,
+        allow_shared_trust_domain=allow_shared_trust_domain,
+    )
     return v
 
 
@@ -576,6 +643,7 @@ def verify_legs(
     *,
     allow_untrusted_local: bool,
     checks: Checks | None = None,
+    allow_shared_trust_domain: bool = False,
 ) -> Combined:
     """Verify each leg on its own, then combine them (see `sandbox_attest.attest.legs.combine`).
 
@@ -589,6 +657,7 @@ def verify_legs(
         policy: the release policy.
         allow_untrusted_local: accept legs signed by a per-machine key.
         checks: held by every leg (freshness, commit, registry).
+        allow_shared_trust_domain: accept legs whose trust domains were not separated.
     """
     labelled = [
         (
@@ -601,6 +670,7 @@ def verify_legs(
                 require_all_legs=False,
                 accept_merged=False,
                 checks=checks,
+                allow_shared_trust_domain=allow_shared_trust_domain,
             ),
         )
         for label, d in labelled_dirs
@@ -721,6 +791,8 @@ def _verify_merged(
     allow_untrusted_local: bool,
     checks: Checks,
     v: Verification,
+    *,
+    allow_shared_trust_domain: bool = False,
 ) -> None:
     """Verify a merged release directory: copies, each leg, and the re-derived combined gate."""
     _check_counts(statements, (TEST_RESULT_PREDICATE,), v)
@@ -740,6 +812,7 @@ def _verify_merged(
         policy,
         allow_untrusted_local=allow_untrusted_local,
         checks=checks,
+        allow_shared_trust_domain=allow_shared_trust_domain,
     )
     v.leg_results = list(combined.verifications)
     # The digests each leg's verification computed from the bytes it read are the ones

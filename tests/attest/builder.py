@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.allure_results import render_allure
@@ -22,14 +23,17 @@ from sandbox_attest.attest.subjects import ALLURE_DIR
 from sandbox_attest.junit import render_junit
 from sandbox_attest.outcomes import run_outcomes
 from sandbox_attest.render import render_html, render_summary
+from sandbox_attest.separation import Launch, backend_fact, summarize
+from sandbox_attest.trust import PayloadUser
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from sandbox_attest.attest.keys import SigningKey
     from sandbox_attest.attest.policy import Policy
 
 COMMIT = "5f3c9a1e2b4d6f8091a2b3c4d5e6f708192a3b4c"
+# The payload user of a built run (nobody), as the host reads it: real, effective, saved, fs.
+PAYLOAD_UID = 65534
+PAYLOAD_IDS = " ".join([str(PAYLOAD_UID)] * 4)
 PACKAGE_SHA256 = hashlib.sha256(b"package").hexdigest()
 PROBES_SHA256 = hashlib.sha256(b"probes").hexdigest()
 
@@ -111,7 +115,31 @@ def make_cell(
             "helper_stderr": "",
         },
         "notes": [],
+        # The host's reading of the payload at its rendezvous: it ran as the payload user.
+        "host_view": {
+            "seen": True,
+            "pid": 4242,
+            "status": {"Uid": PAYLOAD_IDS, "Gid": PAYLOAD_IDS},
+        },
     }
+
+
+def measured_domains(
+    cells: list[dict[str, Any]], launched_uid: int = PAYLOAD_UID
+) -> dict[str, Any]:
+    """The trust-domains fact a root run measures over `cells` (sandbox_attest/separation.py).
+
+    Every backend's commands were started as `launched_uid` (the payload user `nobody` by
+    default); the harness is uid 0.
+    """
+    backends = sorted({str(c["backend"]) for c in cells})
+    launch = Launch(launched_uid, PAYLOAD_UID, "the run's payload user nobody")
+    facts = {
+        b: backend_fact(b, [c for c in cells if c["backend"] == b], launch, (0, 0))
+        for b in backends
+    }
+    user = PayloadUser("nobody", PAYLOAD_UID, PAYLOAD_UID, frozenset(), Path("/nonexistent"))
+    return summarize(facts, (0, 0), user)
 
 
 def make_cells(
@@ -212,13 +240,7 @@ def build_report(
             "package_sha256": PACKAGE_SHA256,
             "probes_sha256": probes_sha256,
         },
-        "trust_domains": {
-            "separated": True,
-            "harness_uid": 0,
-            "payload_uid": 65534,
-            "payload_user": "nobody",
-            "reason": "payloads run as nobody",
-        },
+        "trust_domains": measured_domains(cells),
         "platform": {
             "system": platform,
             "release": "6.1.0",
