@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Run a command the way a fresh machine shows the harness its own host state:
+#
+#   scripts/fresh-state.sh CMD [ARGS...]     (as root; .ci/run uses it for `./run test`)
+#
+# The command runs in a private mount namespace (unshare --mount --propagation private) where
+# every place the harness and its tests keep state between runs starts as on a machine that
+# never ran them, and everything written there vanishes with the namespace:
+#   /tmp                          a fresh, empty tmpfs (the suite's temp root
+#                                 /tmp/attest-tests-<uid>, worlds, sockets, canaries)
+#   /run, /var/lib, /var/tmp,     a fresh tmpfs in which every entry of the host's is bound
+#   /dev/shm                      again except the harness's own (FRESH below): those are
+#                                 absent, as on a fresh machine, not empty
+#   /opt/sandbox-attest/srt-tmp   an empty sticky tmpfs (srt's tmpdir; made empty by
+#                                 scripts/real-sandboxes.sh on a fresh machine)
+# Why absent and not an empty directory over each: an empty /run/sandbox-attest left by an
+# earlier run is exactly what hid bubblewrap's failure to make its own mount point (issue 24).
+# A place is hidden by covering its parent, because a mount needs an existing mount point
+# and making one would itself leave the directory on the host.
+#
+# Not hidden, on purpose: Docker's state (/var/lib/docker, /run/docker*, the engine's socket:
+# `./run test` uses or starts an engine), installed tools (/opt/sandbox-attest/npm, the venv,
+# Debian packages) and accounts (the payload user, once made by useradd, stays in /etc/passwd:
+# /etc cannot be covered without breaking useradd's rename of /etc/passwd).
+#
+# Host processes started before the command keep their view; entries the host adds under a
+# covered parent after the start are not seen inside. Nothing here changes the host's own view.
+set -euo pipefail
+set -f  # the globs below are matched against names, never expanded against files
+
+say() { printf '==> %s\n' "$*" >&2; }
+die() {
+  printf 'fresh-state.sh: %s\n' "$*" >&2
+  exit 1
+}
+
+# PARENT and the names (globs) of the harness's own state in it. "*" hides every entry.
+# /run goes first: libmount keeps its table of this namespace's mounts in /run/mount, which
+# must be the namespace's own (the first mount makes it in the fresh /run, never the host's).
+FRESH=(
+  # SANDBOX_RUN_DIR's host copy, test_faults' exec roots, sweep.RUN_DIR_NAMES, mktemp's
+  # default names (the busy-host noise of tests/noise.py); libmount's table
+  "/run|sandbox-attest sa-* rogue-n*.sock shim-n*.py .sandbox-attest-* tmp.* mount"
+  "/tmp|*"
+  # the journal and the payload user's home (sweep.ROOT_STATE_DIR, trust.PAYLOAD_HOME)
+  "/var/lib|sandbox-attest sandbox-attest-*"
+  # the fs_write_outside canary classes (catalog/fs.py), tests' scratch outside /tmp
+  "/var/tmp|sandbox-attest* .sandbox-attest* sa-*"
+  "/dev/shm|sandbox-attest* .sandbox-attest* sa-*"
+  "/opt/sandbox-attest/srt-tmp|*"
+)
+
+# True when NAME matches one of the globs in the space-separated list.
+hidden() {
+  local name=$1 glob
+  for glob in $2; do
+    # shellcheck disable=SC2053  # the glob is meant to match
+    [[ "$name" == $glob ]] && return 0
+  done
+  return 1
+}
+
+# Cover PARENT with a tmpfs of its mode and owner and bind every entry back that is not hidden.
+# The host's entries are reached through a descriptor opened on PARENT before it is covered;
+# mount's --no-canonicalize hands the kernel that /proc/self/fd path as it is (canonicalized,
+# it would name the covered path again, i.e. the fresh tmpfs).
+cover() {
+  local parent=$1 globs=$2 fd kind name src dst kept=0 dropped=0
+  [[ -d "$parent" && ! -L "$parent" ]] || return 0
+  exec {fd}<"$parent"
+  local mode uid gid
+  read -r mode uid gid < <(stat -c '%a %u %g' "$parent")
+  mount -n -t tmpfs -o "mode=$mode,uid=$uid,gid=$gid,nosuid,nodev" fresh-state "$parent"
+  while IFS=$'\t' read -r -d '' kind name; do
+    if hidden "$name" "$globs"; then
+      dropped=$((dropped + 1))
+      continue
+    fi
+    src="/proc/self/fd/$fd/$name"
+    dst="$parent/$name"
+    case "$kind" in
+      l) ln -s "$(readlink "$src")" "$dst" ;;
+      d)
+        mkdir "$dst"
+        mount -n --no-canonicalize --rbind "$src" "$dst"
+        ;;
+      *)
+        : >"$dst"
+        mount -n --no-canonicalize --bind "$src" "$dst"
+        ;;
+    esac
+    kept=$((kept + 1))
+  done < <(find "/proc/self/fd/$fd/" -mindepth 1 -maxdepth 1 -printf '%y\t%f\0')
+  exec {fd}<&-
+  say "fresh $parent (tmpfs): $kept host entries bound back, $dropped of the harness's hidden"
+}
+
+if [[ "${1:-}" == --inside ]]; then
+  shift
+  for spec in "${FRESH[@]}"; do
+    cover "${spec%%|*}" "${spec#*|}"
+  done
+  exec "$@"
+fi
+
+[[ $# -gt 0 ]] || die "usage: scripts/fresh-state.sh CMD [ARGS...]"
+[[ "$(id -u)" == 0 ]] || die "a private mount namespace needs root; run as root (sudo $0 $*), or run the command directly"
+command -v unshare >/dev/null || die "unshare not found; install util-linux"
+exec unshare --mount --propagation private -- "$0" --inside "$@"

@@ -1,0 +1,77 @@
+"""scripts/fresh-state.sh: a command sees the harness's host state as a fresh machine has it.
+
+.ci/run runs `./run test` through it, so that a leftover of an earlier run (an
+/run/sandbox-attest, a payload home, a temp root) cannot stand in for a step the code forgot.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fresh-state.sh"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a private mount namespace needs root and util-linux's unshare",
+)
+
+
+def inside(script: str) -> subprocess.CompletedProcess[str]:
+    """Run a shell script in the fresh-state namespace; its output."""
+    return subprocess.run(
+        [str(SCRIPT), "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_harness_state_is_absent_and_the_rest_stays() -> None:
+    """The harness's own entries are hidden, another program's and Docker's socket are not."""
+    tag = secrets.token_hex(6)
+    harness_own = Path("/var/tmp") / f".sandbox-attest-fresh-{tag}"
+    someone_elses = Path("/var/tmp") / f"fresh-state-test-{tag}"
+    harness_own.mkdir()
+    someone_elses.mkdir()
+    try:
+        done = inside(
+            f"test ! -e {harness_own} && echo own-absent; "
+            f"test -d {someone_elses} && echo other-present; "
+            "test -e /run/docker.sock && echo docker-socket; "
+            "test -e /run/sandbox-attest || echo run-dir-absent; "
+            'test -z "$(ls -A /tmp)" && echo tmp-empty'
+        )
+    finally:
+        harness_own.rmdir()
+        someone_elses.rmdir()
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.split()
+    assert "own-absent" in said
+    assert "other-present" in said
+    assert "run-dir-absent" in said
+    assert "tmp-empty" in said
+    assert ("docker-socket" in said) == Path("/run/docker.sock").exists()
+
+
+def test_what_the_command_writes_there_never_reaches_the_host() -> None:
+    """A run dir and a state dir made inside are gone with the namespace; the host's unchanged."""
+    tag = secrets.token_hex(6)
+    places = [Path("/run/sandbox-attest") / tag, Path("/var/lib/sandbox-attest") / tag]
+    before = {p.parent: p.parent.exists() for p in places}
+    done = inside(" && ".join(f"mkdir -p {p} && test -d {p}" for p in places) + " && echo made")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["made"]
+    assert not any(p.exists() for p in places)
+    assert {p.parent: p.parent.exists() for p in places} == before
+
+
+def test_a_command_that_fails_fails_the_wrapper() -> None:
+    """The command's exit status is the wrapper's: CI sees a failing suite as failing."""
+    assert inside("exit 3").returncode == 3
