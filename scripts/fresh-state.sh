@@ -42,8 +42,9 @@ FRESH=(
   # default names (the busy-host noise of tests/noise.py); libmount's table
   "/run|sandbox-attest sa-* rogue-n*.sock shim-n*.py .sandbox-attest-* tmp.* mount"
   "/tmp|*"
-  # the journal and the payload user's home (sweep.ROOT_STATE_DIR, trust.PAYLOAD_HOME)
-  "/var/lib|sandbox-attest sandbox-attest-*"
+  # the journal (sweep.ROOT_STATE_DIR), the payload user's home (trust.PAYLOAD_HOME: agent/,
+  # sandbox-attest/ before), the tests' accounts' homes and data roots (sa-nonroot, sa-faults-*)
+  "/var/lib|sandbox-attest sandbox-attest-* agent sa-*"
   # the fs_write_outside canary classes (catalog/fs.py), tests' scratch outside /tmp
   "/var/tmp|sandbox-attest* .sandbox-attest* sa-*"
   "/dev/shm|sandbox-attest* .sandbox-attest* sa-*"

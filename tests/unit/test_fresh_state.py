@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -70,6 +71,38 @@ def test_what_the_command_writes_there_never_reaches_the_host() -> None:
     assert done.stdout.split() == ["made"]
     assert not any(p.exists() for p in places)
     assert {p.parent: p.parent.exists() for p in places} == before
+
+
+def state_tops() -> list[Path]:
+    """The host directories the harness keeps state in between runs, named by its own code."""
+    from sandbox_attest import sweep, trust  # noqa: PLC0415  (the code's own constants)
+    from sandbox_attest.backends.base import SANDBOX_RUN_DIR  # noqa: PLC0415
+
+    home = trust.PAYLOAD_HOME
+    # The home's top directory under /var/lib: what a fresh machine lacks until useradd.
+    home_top = Path("/var/lib") / home.relative_to("/var/lib").parts[0]
+    return [Path(SANDBOX_RUN_DIR), sweep.ROOT_STATE_DIR, home_top]
+
+
+def test_every_state_place_the_code_names_is_hidden() -> None:
+    """The run dir, the journal and the payload home are absent inside, present or not outside.
+
+    Each is made on the host for the test where absent (and removed after), so the test
+    shows the hiding whatever an earlier run left.
+    """
+    made = []
+    for top in state_tops():
+        if not top.exists():
+            top.mkdir(mode=0o755)
+            made.append(top)
+    try:
+        done = inside("; ".join(f"test -e {top} && echo {top}" for top in state_tops()) + "; :")
+    finally:
+        for top in made:
+            with contextlib.suppress(OSError):  # a concurrent run may have used it meanwhile
+                top.rmdir()
+    assert done.returncode == 0, done.stderr
+    assert not done.stdout.split(), f"visible inside the namespace: {done.stdout.split()}"
 
 
 def test_a_command_that_fails_fails_the_wrapper() -> None:
