@@ -17,7 +17,10 @@ from sandbox_attest.console import readers_may_leave
 from sandbox_attest.errors import ConfigError, HarnessError
 from sandbox_attest.lifetime import RunInterrupted, catch_run_signals, caught_signal
 from sandbox_attest.paths import default_matrix, default_policy, default_pytest_ini
+from sandbox_attest.plugin import HELP_PAYLOAD_USER
+from sandbox_attest.proctitle import harness_title, set_title
 from sandbox_attest.session import new_run_id
+from sandbox_attest.trust import USER_ENV
 from sandbox_attest.world.lab import ensure_lab
 
 if TYPE_CHECKING:
@@ -88,6 +91,10 @@ def _run(args: argparse.Namespace) -> int:
     matrix = Path(args.matrix) if args.matrix else default_matrix()
     policy = Path(args.policy) if args.policy else default_policy()
     _preflight(matrix, policy, args.backend, args.backend_spec)
+    if args.payload_user:
+        # Before the signer starts (it checks that this user cannot read the key) and before
+        # pytest runs in this process: sandbox_attest/trust.py reads the variable on each lookup.
+        os.environ[USER_ENV] = args.payload_user
     # The lab before anything else starts: namespaces are entered per thread, and the
     # signer's reader thread (and every child) must be born inside it.
     ensure_lab(args.world)
@@ -443,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
     )
     run.add_argument("--json", action="store_true", help=HELP_JSON)
+    run.add_argument("--payload-user", metavar="NAME", help=HELP_PAYLOAD_USER)
     run.set_defaults(func=_cmd_run)
 
     backends = sub.add_parser("backends", help="list backends and whether they run here")
@@ -480,6 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sandbox-attest` console script."""
+    if argv is None:
+        # Run as a program (not called by a test): every wrapper is this process's child and
+        # reads its command line, so it shows a neutral one from here on (issue 23).
+        set_title(harness_title())
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -60,7 +60,7 @@ STATUS_FIELDS: Final = (
     "Seccomp",
     "Seccomp_filters",
 )
-LAUNCHER: Final = "_launch.py"
+LAUNCHER: Final = "main.py"  # probes/_launch.py as staged (sandbox_attest.payload.STAGED_LAUNCHER)
 # How long the runner looks for the payload once its ready file appears.
 FIND_S: Final = 2.0
 # The payload waits at most this long for the go file (probes/_launch.py reads it from the

@@ -16,6 +16,7 @@ evidence.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -50,6 +51,11 @@ HELP_JOBS = "cells to run at once in a pool (control leg first, then the rest)"
 HELP_SPEC = "command-wrapper backend spec TOML to attest as well (repeatable)"
 HELP_RUN_ID = "the run id (default: a new one); the default report directory is reports/<run id>"
 HELP_WORLD = "auto (the lab where it can be made), lab (required) or loopback (default: auto)"
+HELP_PAYLOAD_USER = (
+    "the account sandboxed commands run as, when the harness runs as root (default: agent, "
+    "created on first use; also $SANDBOX_ATTEST_PAYLOAD_USER). A wrapper can read its name: "
+    "pick one that does not say it is a test"
+)
 
 # Every option of the plugin carries this prefix: it is loaded into every pytest run of a
 # machine that has the package, so a short name (--backend-spec) could clash with another
@@ -65,6 +71,7 @@ OPT_JOBS = f"{PREFIX}-jobs"
 OPT_SPEC = f"{PREFIX}-backend-spec"
 OPT_RUN_ID = f"{PREFIX}-run-id"
 OPT_WORLD = f"{PREFIX}-world"
+OPT_PAYLOAD_USER = f"{PREFIX}-payload-user"
 INI_MATRIX = "sandbox_attest_matrix"
 # The value of a bare `--sandbox-attest`: the installed package's own matrix.
 DEFAULT_MATRIX = "<default>"
@@ -106,6 +113,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(OPT_SPEC, action="append", default=[], metavar="FILE", help=HELP_SPEC)
     group.addoption(OPT_RUN_ID, default=None, metavar="ID", help=HELP_RUN_ID)
     group.addoption(OPT_WORLD, choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD)
+    group.addoption(OPT_PAYLOAD_USER, default=None, metavar="NAME", help=HELP_PAYLOAD_USER)
     parser.addini(INI_MATRIX, HELP_INI_MATRIX, default="")
 
 
@@ -161,6 +169,23 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return MatrixFile.from_parent(parent, path=file_path, nodeid=nodeid)
 
 
+def _hide_the_harness(config: pytest.Config) -> None:
+    """Before any payload user is looked up or wrapper started: what a wrapper may see.
+
+    The payload user named by the option goes where sandbox_attest/trust.py reads it, and
+    this process (every wrapper's parent) shows a neutral title, unless the CLI set one
+    already (sandbox_attest/proctitle.py, issue 23).
+    """
+    from sandbox_attest.proctitle import harness_title, retitled, set_title  # noqa: PLC0415
+    from sandbox_attest.trust import USER_ENV  # noqa: PLC0415
+
+    user = config.getoption(OPT_PAYLOAD_USER)
+    if user:
+        os.environ[USER_ENV] = user
+    if not retitled():
+        set_title(harness_title())
+
+
 def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
     if SESSION_KEY not in config.stash:
         from sandbox_attest.lifetime import catch_run_signals  # noqa: PLC0415
@@ -170,6 +195,7 @@ def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
         # in flight becomes ERROR and the report is still written and signed, as incomplete.
         # Installed here, not in pytest_configure: the self-tests keep pytest's own handling.
         catch_run_signals()
+        _hide_the_harness(config)
         from sandbox_attest.paths import default_policy  # noqa: PLC0415
         from sandbox_attest.session import RunSession, new_run_id, with_spec_backends  # noqa: PLC0415
 

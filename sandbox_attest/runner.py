@@ -36,7 +36,7 @@ from sandbox_attest.catalog import PROBES, CellContext, InsideRoute, probe_path,
 from sandbox_attest.errors import HarnessError, ProbeOutputError
 from sandbox_attest.matrix import Cell
 from sandbox_attest.paths import probes_dir
-from sandbox_attest.payload import interpreter_paths, payload_env
+from sandbox_attest.payload import LAUNCHER_SOURCE, interpreter_paths, payload_env, stage_payload
 from sandbox_attest.trust import PayloadUser, give, payload_user, require_reachable
 from sandbox_attest.verdict import Assessment, Decision, Verdict, believe, decide
 from sandbox_attest.world.core import World
@@ -276,7 +276,10 @@ class CellRunner:
         identity = self.availability[cell.backend].identity
         assert identity is not None  # noqa: S101  (available backends always carry one)
         nonce = "n" + secrets.token_hex(8)
-        cell_dir = self.scratch / "cells" / f"{cell.cell_id}-{nonce}"
+        # Named by the nonce alone: the cell dir is the parent of the workspace (the payload's
+        # cwd and HOME) and of its inputs, so a wrapper sees its name; the cell id would tell
+        # it the escape being tried (issue 23). The evidence keys cells by id, not by this dir.
+        cell_dir = self.scratch / "cells" / nonce
         workspace = cell_dir / "workspace"
         inputs = cell_dir / "input"
         # Modes set explicitly, never left to the umask: the payload user must traverse the
@@ -328,24 +331,25 @@ class CellRunner:
                 # The launcher waits this long for the host to look (0: it cannot here).
                 "rendezvous_s": hostview.RENDEZVOUS_S if hostview.supported() else 0,
             }
-            task_path = inputs / "task.json"
-            task_path.write_text(json.dumps(task, indent=1))
-            task_path.chmod(0o644)
-            # The launcher lives with the shipped probes, wherever this probe's file is.
-            launcher = probes_dir() / hostview.LAUNCHER
+            # The launcher and the probe are copied beside the task under neutral names
+            # (`python .../input/main.py .../input/job.py .../input/config.json`): the
+            # repository's paths would tell a wrapper it is under test (issue 23).
+            staged = stage_payload(
+                inputs, probes_dir() / LAUNCHER_SOURCE, probe_path(cell.probe.id), task
+            )
+            task_path = staged.task
             read_only = (
                 *interpreter_paths(),
-                *dict.fromkeys((probe_path(cell.probe.id).parent, launcher.parent)),
-                inputs,
+                inputs,  # the staged launcher, probe and task: nothing of probes/ itself
                 Path(info.ca_bundle),
             )
             request = ProbeRequest(
                 cell_id=cell.cell_id,
                 argv=(
                     sys.executable,
-                    str(launcher),
-                    str(probe_path(cell.probe.id)),
-                    str(task_path),
+                    str(staged.launcher),
+                    str(staged.program),
+                    str(staged.task),
                 ),
                 env=payload_env(None if proxy_url == PROXY_FROM_ENV else proxy_url, workspace),
                 workspace=workspace,

@@ -35,6 +35,7 @@ from sandbox_attest.errors import ConfigError, FixtureError, HarnessError
 from sandbox_attest.evidence import EvidenceWriter
 from sandbox_attest.lifetime import RunInterrupted, caught_signal
 from sandbox_attest.matrix import BackendRow, Cell, Matrix, current_platform
+from sandbox_attest.payload import SCRATCH_PREFIX
 from sandbox_attest.provenance import file_sha256
 from sandbox_attest.runner import CellRunner
 from sandbox_attest.trust import payload_user, trust_domains
@@ -244,7 +245,8 @@ class RunSession:
         if self.runner is not None or self.world_error is not None:
             return self.runner
         self._sweep_leftovers()
-        self.scratch = Path(tempfile.mkdtemp(prefix="sandbox-attest-"))
+        # A neutral name: every workspace lives under it, so a wrapper sees it (issue 23).
+        self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
         self._journal_scratch()
         # The scratch holds workspaces that non-root sandbox users must traverse.
         self.scratch.chmod(0o755)

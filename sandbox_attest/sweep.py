@@ -75,6 +75,10 @@ ANCHOR_MARKER: Final = b"sandbox-attest-anchor:"
 # The package was called `harness` before it was `sandbox_attest`: a proxy orphaned by a run of
 # that version is still the harness's, and the first run after an upgrade sweeps it too.
 PROXY_MODULES: Final = (b"sandbox_attest.egress.proxy", b"harness.egress.proxy")
+# Once up, the proxy shows `python -m relay <tmp>/proxy-config-*.json` instead (a neutral
+# title: sandbox_attest/proctitle.py, issue 23); the config's name tells it from another relay.
+PROXY_TITLE_MODULE: Final = b"relay"
+PROXY_CONFIG_PREFIX: Final = b"proxy-config-"
 
 
 def is_harness_child(argv: list[bytes]) -> bool:
@@ -82,7 +86,9 @@ def is_harness_child(argv: list[bytes]) -> bool:
     if len(argv) < 4 or b"python" not in Path(os.fsdecode(argv[0])).name.encode():
         return False
     anchor = argv[1] == b"-c" and argv[3].startswith(ANCHOR_MARKER)
-    proxy = argv[1] == b"-m" and argv[2] in PROXY_MODULES
+    config = Path(os.fsdecode(argv[3])).name.encode()
+    titled = argv[2] == PROXY_TITLE_MODULE and config.startswith(PROXY_CONFIG_PREFIX)
+    proxy = argv[1] == b"-m" and (argv[2] in PROXY_MODULES or titled)
     return anchor or proxy
 
 

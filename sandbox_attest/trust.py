@@ -6,7 +6,7 @@ that starts it, running as the harness's own user could read all of them through
 `/proc/<ancestor>/environ`, `cmdline` and `cwd`, whatever the wrapper's own environment says.
 So where the harness runs as root on Linux, every sandboxed command (the control leg's
 payload, bubblewrap, a command wrapper, and the host baselines that stand in for an
-unconfined payload) runs as a dedicated unprivileged user, `sandbox-attest` by default,
+unconfined payload) runs as a dedicated unprivileged user, `agent` by default,
 created on first use. That is also how real agents run: as an ordinary user.
 
 What this does not do: it does not confine anything. The payload uid can still do whatever an
@@ -33,11 +33,20 @@ from sandbox_attest.errors import ConfigError, FixtureError
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-# The default payload user. A system account: no password, its own group.
-PAYLOAD_USER = "sandbox-attest"
+# The default payload user. A system account: no password, its own group. A neutral name,
+# as an agent's own account would have: a wrapper reads it (`id`, /etc/passwd), and one named
+# for the harness tells the wrapper it is under test (issue 23). "agent" is no account that
+# Debian, Ubuntu, Fedora or the common CI images create; one that exists as a person's account
+# (uid FIRST_PERSON_UID or above) is refused, never taken over (`payload_user`). An account
+# `sandbox-attest` left by earlier versions is no longer used: pass --payload-user
+# sandbox-attest to keep it, or remove it (`userdel -r sandbox-attest`).
+PAYLOAD_USER = "agent"
+# Below this uid an account is a system account (useradd --system; login.defs SYS_UID_MAX).
+FIRST_PERSON_UID = 1000
 # Its home, owned by it: canaries that stand for "the user's secrets" are planted here, so a
 # run never writes fake secrets into a real person's home.
-PAYLOAD_HOME = Path("/var/lib/sandbox-attest/home")
+# Neutral too: /etc/passwd shows it to every user (issue 23).
+PAYLOAD_HOME = Path("/var/lib/agent/home")
 # A shell, because wrappers run commands through the user's shell (firejail does), and with
 # nologin they print "This account is currently not available". The account has no password:
 # nobody logs in as it; root starts its processes.
@@ -123,7 +132,7 @@ def _create(name: str) -> None:
         "--shell",
         PAYLOAD_SHELL,
         "--comment",
-        "sandbox-attest payloads",
+        "agent",  # the GECOS field is world-readable: nothing that names the harness
         name,
     ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
@@ -141,7 +150,7 @@ def payload_user(name: str | None = None) -> PayloadUser | None:
 
     Args:
         name: an account to use instead of the default (a spec's `[run] user`); by default
-            `$SANDBOX_ATTEST_PAYLOAD_USER`, else `sandbox-attest`.
+            `$SANDBOX_ATTEST_PAYLOAD_USER` (which `run --payload-user` sets), else `agent`.
 
     Raises:
         ConfigError: the account is root, or cannot be created; the message names the fix.
@@ -164,6 +173,14 @@ def payload_user(name: str | None = None) -> PayloadUser | None:
             _create(wanted)
             user = _lookup(wanted)
         if wanted == PAYLOAD_USER:
+            if user.uid >= FIRST_PERSON_UID:
+                # A neutral name may be a person's: their home would get our canaries and
+                # their shell our setting. Only a system account is taken as ours.
+                raise ConfigError(
+                    f"an account named {wanted!r} exists with uid {user.uid}, a person's "
+                    f"account, not the system account the harness creates; name another "
+                    f"payload user with --payload-user NAME (or ${USER_ENV})"
+                )
             _ensure_shell(wanted)
         _ensure_home(user)
         _cached[wanted] = user

@@ -76,6 +76,7 @@ from sandbox_attest.attest.policy import Policy, parse_policy
 from sandbox_attest.attest.reportfs import open_report_dir
 from sandbox_attest.attest.sigstore import OPT_OUT_VAR, SigstoreDecision, decide
 from sandbox_attest.errors import ConfigError, HarnessError, ReportError
+from sandbox_attest.proctitle import set_title, signer_title
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, MutableMapping
@@ -345,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m sandbox_attest.attest.signer --parent PID`."""
     args = sys.argv[1:] if argv is None else argv
     facts = harden()  # first, before anything secret can arrive
+    # Its command line is world-readable in /proc, the payload user's too (issue 23).
+    set_title(signer_title())
     if len(args) == 2 and args[0] == "--parent" and os.getppid() != int(args[1]):
         return 3  # the harness died before PDEATHSIG was armed: nobody to sign for
     # The protocol owns the original stdin/stdout; anything printed by accident (a library's

@@ -331,7 +331,8 @@ class CommandBackend:
                     f"{exe} not found on {where} {path} (needed by the {spec.name} spec "
                     f"{spec.source}); {fix}",
                 )
-        with tempfile.TemporaryDirectory(prefix="sandbox-attest-check-") as tmp:
+        # A neutral name: the test command's workspace is the wrapper's to see (issue 23).
+        with tempfile.TemporaryDirectory(prefix="agent-check-") as tmp:
             ctx, run_dir, cwd = self._check_context(Path(tmp))
             env = self.wrapper_env(self._check_payload_env(ctx), ctx, secrets.token_hex(12), {})
             version = "unknown"

@@ -4,12 +4,21 @@
 when unconfined: the temp dirs, shared memory, the home and its config dirs, beside the
 workspace, the world's run dir, and every other place a bounded scan as the payload user finds
 writable (`writable_places`). A canary that changed on the host is the escape.
+
+On a busy host those places come and go: a writable directory another program made is found
+by the scan, planted in, and removed by its owner while the cell runs. So each canary's place
+is held by the harness's own descriptor from plant time (`canary.site_moved`), the host control
+writes as the payload user, and a site whose place its owner removed or replaced, or that the
+payload user cannot write unconfined, is dropped from the cell and listed, never an escape and
+never a failed control. An escape needs the sandbox to have done it: the cell's nonce in the
+place, or the harness's own canary changed while the place is the same directory.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -23,6 +32,7 @@ from typing import Any, Final
 
 from sandbox_attest import sweep
 from sandbox_attest.catalog.base import (
+    HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
     PolicyLike,
@@ -47,14 +57,17 @@ from sandbox_attest.catalog.base import (
     host_processes,
 )
 from sandbox_attest.catalog.canary import (
+    call_as,
     dir_canary_diff,
     dir_canary_state,
     planting,
     read_text,
     sha256,
+    site_moved,
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.safefs import Identity, SafeDir, UnsafePathError, open_dir
 from sandbox_attest.trust import PayloadUser, give, measure_as
 from sandbox_attest.verdict import Assessment, Expectation
 
@@ -79,6 +92,37 @@ HOME_CLASSES: Final = {"config": ".config", "local_share": ".local/share", "cach
 SCAN_BUDGET_S: Final = 10.0
 SCAN_MAX_DIRS: Final = 200_000
 SCAN_PRUNE: Final = ("/proc", "/sys")
+# How long a seen change waits before its place is looked at again: an owner removing its
+# directory tree (rm -rf) takes our canary first and the place a moment later, and in between
+# the place still looks the same. Bounded and paid only by a cell that saw a change.
+SETTLE_S: Final = 0.2
+# A write the payload user's own permissions refused: the place is out of its reach unconfined.
+_OUT_OF_REACH: Final = frozenset({"EACCES", "EPERM", "EROFS"})
+
+
+def write_each(request: dict[str, Any]) -> dict[str, str]:
+    """Run as the payload user: create, read back and remove a nonce file in each directory.
+
+    `request` is `{"dirs": {key: path}, "nonce": str}`. Never follows a symlink at the name.
+
+    Returns:
+        {key: ""} where it worked, else {key: the errno name (or what went wrong)}.
+    """
+    nonce = str(request["nonce"])
+    name = f"host-control-{nonce}.txt"
+    result: dict[str, str] = {}
+    for key, directory in dict(request["dirs"]).items():
+        path = Path(directory) / name
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(nonce)
+            same = path.read_text() == nonce
+            path.unlink()
+            result[key] = "" if same else "read back other bytes"
+        except OSError as exc:
+            result[key] = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+    return result
 
 
 def writable_places(
@@ -161,6 +205,10 @@ class FsWriteOutside(_Spec):
     id = "fs_write_outside"
     area = "fs"
     host_readings = ("canary files on the host",)
+
+    def __init__(self) -> None:
+        """Each cell's canary places, held open from prepare to cleanup, by nonce then key."""
+        self._sites: dict[str, dict[str, tuple[SafeDir, Identity]]] = {}
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Each op in the workspace and in every planted dir, also under a visible host root."""
@@ -251,9 +299,11 @@ class FsWriteOutside(_Spec):
         for key, directory in candidates.items():
             try:
                 self._plant(ctx, key, directory)
+                self._hold(ctx, key, directory)
             except FixtureError as exc:
                 # A named class must be plantable; a scan's find may be a place that takes no
-                # directory (an mqueue mount): it is recorded, not fatal.
+                # directory (an mqueue mount), or one its owner removed since the scan: it is
+                # recorded, not fatal.
                 if not key.startswith("found-"):
                     raise
                 skipped[key] = str(exc)
@@ -294,14 +344,64 @@ class FsWriteOutside(_Spec):
             # sandbox is the sandbox's doing, not file permissions.
             give(directory, ctx.user, recursive=True)
 
+    def _hold(self, ctx: CellContext, key: str, directory: Path) -> None:
+        """Open the canary's place (no symlink on the way) and keep it until cleanup.
+
+        The canary dir must be the one `_plant` just made, seen through that descriptor: a
+        place swapped between the two is refused here (FixtureError), not judged later.
+        """
+        with planting(self.id, directory / CANARY_NAME):
+            # The place's resolved path: a home whose ~/.config is a link is planted where
+            # the link led, and that directory is the one held (and compared) from now on.
+            site = open_dir(Path(os.path.realpath(directory.parent)))
+            try:
+                made = site.entry(directory.name)
+                now = directory.lstat()
+                if made is None or (made.st_dev, made.st_ino) != (now.st_dev, now.st_ino):
+                    msg = f"{directory.parent} changed while the canary was planted in it"
+                    raise UnsafePathError(msg)  # noqa: TRY301  (closed below, then re-raised)
+            except (OSError, UnsafePathError):
+                site.close()
+                raise
+            self._sites.setdefault(ctx.nonce, {})[key] = (site, (made.st_dev, made.st_ino))
+
+    def _moved(self, ctx: CellContext, key: str) -> str:
+        """Why the place of `key`'s canary is not the directory planted in any more, or ""."""
+        held = self._sites.get(ctx.nonce, {}).get(key)
+        return site_moved(held[0]) if held is not None else ""
+
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
-        """The host itself can write (and remove) a file in every canary dir."""
+        """The payload user, unconfined, can write (and remove) a file in every canary dir.
+
+        As the payload user (`call_as`), so a refusal inside means the sandbox, not the file
+        modes. A site whose place its owner removed or replaced, or that the payload user
+        cannot write (a scan's find whose owner tightened it) is dropped from the cell and
+        listed under `dropped`, not a failed check; the named classes (the temp dir, the home,
+        beside the workspace) must hold, so their refusal fails the control.
+        """
         nonce = _control_nonce()
-        checks = [
-            _host_writes(f"host writes {key}", directory, nonce)
-            for key, directory in self.planted(ctx).items()
-        ]
-        return _control(nonce, checks)
+        planted = self.planted(ctx)
+        dropped = {key: why for key in planted if (why := self._moved(ctx, key))}
+        live = {key: str(d) for key, d in planted.items() if key not in dropped}
+        wrote, why = call_as(
+            ctx.user, __name__, "write_each", {"dirs": live, "nonce": nonce}, HOST_TIMEOUT_S
+        )
+        if why:
+            checks = [_check("payload user writes in the canary dirs", ok=False, detail=why)]
+            return _control(nonce, checks) | {"dropped": dropped}
+        checks = []
+        for key, directory in live.items():
+            failed = str(wrote.get(key, "not tried"))
+            if failed and (moved := self._moved(ctx, key)):
+                dropped[key] = moved
+            elif failed in _OUT_OF_REACH and key not in CORE_CLASSES:
+                dropped[key] = f"the payload user cannot write there unconfined ({failed})"
+            else:
+                checks.append(
+                    _check(f"payload user writes {key}", not failed, failed or directory)
+                    | {"site": key}
+                )
+        return _control(nonce, checks) | {"dropped": dropped}
 
     def assess(
         self,
@@ -310,19 +410,18 @@ class FsWriteOutside(_Spec):
         witness: WitnessRecordsLike,
         control: dict[str, Any],
     ) -> Assessment:
-        """A changed canary or a new file in a canary dir is an escape; workspace is checked."""
+        """A changed canary or a new file in a canary dir is an escape; workspace is checked.
+
+        Only where the place is still the directory planted in: a place its owner removed or
+        replaced is dropped (listed in the witness), whatever became of the canary in it.
+        """
         del witness  # the filesystem is this probe's witness
         baseline = json.loads((ctx.cell_dir / "canaries" / _BASELINE).read_text())
         planted = self.planted(ctx)
-        changed: dict[str, str] = {}
-        state: dict[str, Any] = {}
-        for key, directory in planted.items():
-            now = dir_canary_state(directory / CANARY_NAME)
-            state[key] = now
-            diff = dir_canary_diff(baseline.get(key, {}), now)
-            if diff:
-                changed[key] = diff
+        dropped: dict[str, str] = dict(control.get("dropped") or {})
+        changed, state = self._changes(ctx, planted, baseline, dropped)
         claims, home = claims_of(ctx.policy), home_of(ctx)
+        signed = {k for k in changed if _carries_nonce(baseline.get(k, {}), state[k], ctx.nonce)}
         # Only a place the writes claim forbids is judged: a claim that allows /var/tmp is not
         # broken by a write there. On the open control leg every change counts (it must).
         allowed = {
@@ -352,9 +451,10 @@ class FsWriteOutside(_Spec):
                 "view, or mount a private tmpfs there (bwrap --tmpfs, docker --tmpfs)"
             )
         else:
+            kept = sorted(k for k in planted if k not in dropped)
             reasons.append(
-                f"every canary's sha256 and mode unchanged in {len(planted)} writable classes "
-                f"({', '.join(sorted(planted))}), no nonce file on the host"
+                f"every canary's sha256 and mode unchanged in {len(kept)} writable classes "
+                f"({', '.join(kept)}), no nonce file on the host"
             )
         landed = sorted(
             {str(a["what"]).rsplit(":", 1)[0] for a in escapes if a.get("outcome") == "succeeded"}
@@ -365,7 +465,21 @@ class FsWriteOutside(_Spec):
         if refused:
             errnos = sorted({str(a.get("errno")) for a in refused})
             reasons.append(f"{len(refused)} of {len(escapes)} writes refused ({','.join(errnos)})")
+        if dropped:
+            reasons.append(_dropped_reason(dropped, planted))
         escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
+        unproven = _unproven_changes(changed, signed, control)
+        if escape == "escaped" and unproven:
+            # decide() reads "escaped" as FAIL before it looks at the controls. A change at a
+            # site whose own control failed, without the nonce, is no proof that the sandbox
+            # made it (the host itself could not write there either): not an escape.
+            escape = "undecided"
+            reasons.append(
+                "not an escape: the canary changes at "
+                + ", ".join(sorted(unproven))
+                + " carry no nonce and the host control failed there, so nothing shows the "
+                "sandbox made them"
+            )
         inside = _attempts(report, "control")
         workspace_checks = self._workspace_checks(ctx, inside)
         inside_ok = all(c["ok"] for c in workspace_checks)
@@ -384,12 +498,45 @@ class FsWriteOutside(_Spec):
                 "canaries": state,
                 "baseline": baseline,
                 "changed": changed,
+                "dropped": dropped,
                 "allowed_by_claim": allowed,
                 "classes": {k: str(v.parent) for k, v in planted.items()},
                 "scan": self._scan_record(ctx),
             },
             controls={"inside": inside, "workspace": workspace_checks, "host": control},
         )
+
+    def _changes(
+        self,
+        ctx: CellContext,
+        planted: dict[str, Path],
+        baseline: dict[str, Any],
+        dropped: dict[str, str],
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        """Each kept site's change and state; sites whose place moved go into `dropped`.
+
+        A change seen while the place looks the same is looked at again after SETTLE_S: an
+        owner's rm -rf takes the canary a moment before the place.
+        """
+        changed: dict[str, str] = {}
+        state: dict[str, Any] = {}
+        for key, directory in planted.items():
+            if key in dropped:
+                continue
+            if moved := self._moved(ctx, key):
+                dropped[key] = moved
+                continue
+            now = dir_canary_state(directory / CANARY_NAME)
+            diff = dir_canary_diff(baseline.get(key, {}), now)
+            if diff and not _carries_nonce(baseline.get(key, {}), now, ctx.nonce):
+                time.sleep(SETTLE_S)
+                if moved := self._moved(ctx, key):
+                    dropped[key] = moved
+                    continue
+            state[key] = now
+            if diff:
+                changed[key] = diff
+        return changed, state
 
     @staticmethod
     def _scan_record(ctx: CellContext) -> dict[str, Any]:
@@ -421,6 +568,8 @@ class FsWriteOutside(_Spec):
 
     def cleanup(self, ctx: CellContext) -> None:
         """Remove every canary dir outside the scratch, then the config dirs made for them."""
+        for site, _ in self._sites.pop(ctx.nonce, {}).values():
+            site.close()
         outside = [d for k, d in self.planted(ctx).items() if k != "sibling"]
         for directory in outside:
             if ctx.nonce in directory.name:
@@ -435,6 +584,40 @@ class FsWriteOutside(_Spec):
         # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
         if not any(d.exists() for d in outside):
             sweep.forget(_journal_key(self.id, ctx))
+
+
+def _carries_nonce(before: dict[str, Any], after: dict[str, Any], nonce: str) -> bool:
+    """Whether a canary dir gained an entry named with the cell's nonce (the payload's trace)."""
+    old, now = before.get("entries"), after.get("entries")
+    if not isinstance(now, list):
+        return False
+    return any(nonce in name for name in set(now) - set(old if isinstance(old, list) else []))
+
+
+def _unproven_changes(
+    changed: dict[str, str], signed: set[str], control: dict[str, Any]
+) -> set[str]:
+    """The changed sites that prove nothing, if every change is one: empty otherwise.
+
+    A change proves the sandbox's doing when it carries the nonce, or when the site's own
+    host control held (the place was the same, writable directory before and after). Where
+    the host control failed at a site, or failed as a whole, an unsigned change there does
+    not; one proven change anywhere keeps the escape.
+    """
+    if not changed or control.get("ok"):
+        return set()
+    failed = {
+        c.get("site") for c in control.get("checks") or [] if not c.get("ok") and c.get("site")
+    }
+    whole = any(not c.get("ok") and not c.get("site") for c in control.get("checks") or [])
+    unproven = {k for k in changed if k not in signed and (whole or k in failed)}
+    return unproven if unproven == set(changed) else set()
+
+
+def _dropped_reason(dropped: dict[str, str], planted: dict[str, Path]) -> str:
+    """The verdict's phrase for canary sites dropped from the cell, each with its place."""
+    named = "; ".join(f"{k} ({planted[k].parent}): {why}" for k, why in sorted(dropped.items()))
+    return f"{len(dropped)} canary sites dropped from the cell: {named}"
 
 
 def _journal_key(probe: str, ctx: CellContext) -> str:

@@ -64,6 +64,7 @@ from sandbox_attest.egress.rules import (
 )
 from sandbox_attest.errors import ConfigError, FixtureError
 from sandbox_attest.jsonlines import read_complete_lines
+from sandbox_attest.proctitle import proxy_title, set_title
 from sandbox_attest.world.dns import ResolveError, resolve
 from sandbox_attest.world.netguard import (
     OutsideLabError,
@@ -1366,6 +1367,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    # Every wrapper can read this process's command line in /proc: a neutral one, in the
+    # shape the sweep finds an orphaned proxy by (sandbox_attest/proctitle.py, issue 23).
+    set_title(proxy_title(args[0]))
     config = ProxyConfig.from_json(json.loads(Path(args[0]).read_text(encoding="utf-8")))
     register_lab_namespaces(*config.lab_namespaces)
     secret = sys.stdin.readline().strip()

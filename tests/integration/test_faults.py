@@ -24,6 +24,7 @@ import pytest
 
 from sandbox_attest import sweep
 from sandbox_attest.jsonlines import read_complete_lines
+from sandbox_attest.payload import SCRATCH_PREFIX
 from sandbox_attest.world.faults import FAULTS_ENV
 from tests.integration.test_cli_run import CLI, keypair, run_cli
 from tests.integration.test_signals import anchor_in_flight, descendants, still_alive
@@ -75,10 +76,12 @@ def mounts() -> set[str]:
 
 
 def ours_in_tmp() -> set[str]:
-    """The /tmp entries a run names as its own (`sandbox-attest-*`, the proxy's config)."""
+    """The /tmp entries a run names as its own (its scratch, `sandbox-attest-*`, proxy config)."""
     tmp = Path("/tmp")
     return {
-        p.name for p in tmp.iterdir() if p.name.startswith(("sandbox-attest-", "proxy-config-"))
+        p.name
+        for p in tmp.iterdir()
+        if p.name.startswith((SCRATCH_PREFIX, "sandbox-attest-", "proxy-config-"))
     }
 
 

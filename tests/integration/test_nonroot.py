@@ -51,7 +51,15 @@ def ensure_user() -> pwd.struct_passwd:
         timeout=30,
     )
     assert done.returncode in (0, 9), done.stderr  # 9: it exists already
-    return pwd.getpwnam(USER)
+    user = pwd.getpwnam(USER)
+    # An account that exists already may have lost its home (removed by hand, or made inside
+    # .ci/run's fresh namespace, whose /var/lib is gone with it): useradd makes it only with
+    # the account, so the test makes it here, as the user's own.
+    home = Path(user.pw_dir)
+    if not home.is_dir():
+        home.mkdir(mode=0o700)
+        os.chown(home, user.pw_uid, user.pw_gid)
+    return user
 
 
 @pytest.fixture

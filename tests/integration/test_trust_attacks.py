@@ -40,6 +40,7 @@ from sandbox_attest.attest.policy import load_policy
 from sandbox_attest.attest.statement import TEST_RESULT_PREDICATE, parse_statement
 from sandbox_attest.attest.verify import Checks, verify_report
 from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.hostview import LAUNCHER
 from tests.integration.test_cli_run import CLI, keypair
 
 if TYPE_CHECKING:
@@ -281,7 +282,7 @@ class TestAttacksFail:
     def test_the_wrapper_attacked_this_run(self, run: AttackRun) -> None:
         """The wrapper ran in every attacker cell and once for availability, and found its dir."""
         execs = run.records("exec")
-        cells = [e for e in execs if any(arg.endswith("_launch.py") for arg in e["argv"])]
+        cells = [e for e in execs if any(arg.endswith(f"/{LAUNCHER}") for arg in e["argv"])]
         assert len(cells) == len(PROBES)
         # The availability test command runs under the wrapper too: one more chance to attack.
         assert len(execs) == len(PROBES) + 1

@@ -32,6 +32,7 @@ from sandbox_attest.hostview import (
     read_process,
 )
 from sandbox_attest.paths import probes_dir
+from sandbox_attest.payload import LAUNCHER_SOURCE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -357,6 +358,7 @@ class TestRendezvous:
         )
         looked = tmp_path / "looked"
         looked.write_text("x")
+        launcher_source, staged = probes_dir() / LAUNCHER_SOURCE, tmp_path / LAUNCHER
 
         def broken(pid: int) -> dict[str, Any]:
             msg = f"no reading of {pid}"
