@@ -1,4 +1,8 @@
-"""Start a probe after the host has looked at this process: `python _launch.py PROBE TASK`.
+"""Start a probe after the host has looked at this process: `python main.py PROBE TASK`.
+
+The runner stages this file as `main.py`, the probe as `job.py` and the task as `config.json`
+in the cell's input directory (sandbox_attest/payload.py), so nothing a wrapper sees in this
+command line says it is under test; the host finds the payload by that shape.
 
 The rendezvous (sandbox_attest/hostview.py): write `.sandbox-attest-ready-<nonce>` into the
 workspace, wait for `.sandbox-attest-go-<nonce>` (at most task["rendezvous_s"] seconds; 0
