@@ -91,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
     matrix = Path(args.matrix) if args.matrix else default_matrix()
     policy = Path(args.policy) if args.policy else default_policy()
     _preflight(matrix, policy, args.backend, args.backend_spec)
+    _preflight_payload_user()
     if args.payload_user:
         # Before the signer starts (it checks that this user cannot read the key) and before
         # pytest runs in this process: sandbox_attest/trust.py reads the variable on each lookup.
@@ -322,6 +323,21 @@ def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]
                 f"({', '.join(available_specs()) or 'none'}); put {name}.toml there or pass "
                 "--backend-spec FILE"
             )
+
+
+def _preflight_payload_user() -> None:
+    """Check that the payload user reaches what every backend runs and binds, before any cell.
+
+    One line and exit 2 here (the path, why, the fix), never an ERROR in every cell; the
+    session asks again and gets this same answer (sandbox_attest/reach.py).
+
+    Raises:
+        ConfigError: no interpreter the payload user can run, or a directory it cannot enter.
+    """
+    from sandbox_attest.reach import preflight  # noqa: PLC0415
+    from sandbox_attest.trust import payload_user  # noqa: PLC0415
+
+    preflight(payload_user())
 
 
 def _claims(policy: dict[str, Any]) -> str:

@@ -33,8 +33,26 @@ def _data_dir(name: str) -> Path:
     )
 
 
+# A readable copy of the payload files, where the installed ones are out of the payload
+# user's reach (sandbox_attest/reach.py makes it in the run's scratch); None: the installed.
+_payload_copy: Path | None = None
+
+
+def use_payload_copy(root: Path | None) -> None:
+    """Make `probes_dir()` and the egress shim name the copy under `root` (None: the install)."""
+    global _payload_copy  # noqa: PLW0603  (one run per process; every reader must follow it)
+    _payload_copy = root
+
+
+def payload_copy() -> Path | None:
+    """The root of the run's copy of the payload files, or None when the installed ones serve."""
+    return _payload_copy
+
+
 def probes_dir() -> Path:
-    """The folder of probe payloads (`probes/<id>.py`)."""
+    """The folder of probe payloads (`probes/<id>.py`): the run's copy when it made one."""
+    if _payload_copy is not None:
+        return _payload_copy / "probes"
     return _data_dir("probes")
 
 

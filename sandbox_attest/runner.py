@@ -12,7 +12,6 @@ import functools
 import json
 import secrets
 import shutil
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +33,10 @@ from sandbox_attest.backends.base import (
 )
 from sandbox_attest.catalog import PROBES, CellContext, InsideRoute, probe_path, report_mismatch
 from sandbox_attest.errors import HarnessError, ProbeOutputError
+from sandbox_attest.interpreter import payload_interpreter
 from sandbox_attest.matrix import Cell
 from sandbox_attest.paths import probes_dir
-from sandbox_attest.payload import LAUNCHER_SOURCE, interpreter_paths, payload_env, stage_payload
+from sandbox_attest.payload import LAUNCHER_SOURCE, payload_env, stage_payload
 from sandbox_attest.trust import PayloadUser, give, payload_user, require_reachable
 from sandbox_attest.verdict import Assessment, Decision, Verdict, believe, decide
 from sandbox_attest.world.core import World
@@ -339,14 +339,16 @@ class CellRunner:
             )
             task_path = staged.task
             read_only = (
-                *interpreter_paths(),
+                # The interpreter the payload user can run (the harness's own, or the system's
+                # where the harness is installed out of its reach: sandbox_attest/interpreter.py).
+                *payload_interpreter(self.user).bind_paths(),
                 inputs,  # the staged launcher, probe and task: nothing of probes/ itself
                 Path(info.ca_bundle),
             )
             request = ProbeRequest(
                 cell_id=cell.cell_id,
                 argv=(
-                    sys.executable,
+                    payload_interpreter(self.user).path,
                     str(staged.launcher),
                     str(staged.program),
                     str(staged.task),

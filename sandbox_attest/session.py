@@ -37,6 +37,7 @@ from sandbox_attest.lifetime import RunInterrupted, caught_signal
 from sandbox_attest.matrix import BackendRow, Cell, Matrix, current_platform
 from sandbox_attest.payload import SCRATCH_PREFIX
 from sandbox_attest.provenance import file_sha256
+from sandbox_attest.reach import Preflight, preflight, stage_payload_files, unstage
 from sandbox_attest.runner import CellRunner
 from sandbox_attest.trust import payload_user, trust_domains
 from sandbox_attest.verdict import Verdict
@@ -193,6 +194,9 @@ class RunSession:
         if self.user is not None:
             os.umask(0o022)
         self.trust_domains = trust_domains(self.user)
+        # Before any backend is asked: the payload user must reach the interpreter and what
+        # the backends bind, or every cell measures file modes (sandbox_attest/reach.py).
+        self.reach: Preflight = preflight(self.user)
         self.backends: dict[str, Backend] = {}
         self.availability: dict[str, Availability] = {}
         names = [self.matrix.control, *[n for n in self.backend_names if n != self.matrix.control]]
@@ -212,6 +216,8 @@ class RunSession:
             matrix_path=self.matrix.path,
             run_facts={"trust_domains": self.trust_domains, "world": world_fact()},
         )
+        # Which Python ran the payloads, and why that one (sandbox_attest/interpreter.py).
+        self.writer.run_facts["payload_interpreter"] = self.reach.python.as_dict()
 
     def _backend_record(self, name: str) -> dict[str, Any]:
         avail = self.availability[name]
@@ -250,6 +256,8 @@ class RunSession:
         self._journal_scratch()
         # The scratch holds workspaces that non-root sandbox users must traverse.
         self.scratch.chmod(0o755)
+        if not self._stage_payload_files(self.scratch):
+            return None
         try:
             self.world = start_world(self.scratch / "world", lab=current_lab())
         except (HarnessError, OSError) as exc:
@@ -265,6 +273,26 @@ class RunSession:
             user=self.user,
         )
         return self.runner
+
+    def _stage_payload_files(self, scratch: Path) -> bool:
+        """Copy the payload files into `scratch` if the payload user cannot read the installed.
+
+        Returns:
+            False when the copy failed (the reason is the run's world error: every cell is
+            ERROR with it, since no payload could start).
+        """
+        try:
+            copy = stage_payload_files(scratch, self.reach)
+        except OSError as exc:
+            self.world_error = f"the payload files could not be copied into {scratch}: {exc}"
+            return False
+        if copy is not None:
+            self.writer.run_facts["payload_files"] = {
+                "copied_to": str(copy),
+                # Only a separated run copies: a payload user exists whenever this runs.
+                "because": [p.line(self.user) for p in self.reach.copy_needed if self.user],
+            }
+        return True
 
     def _judge(self, cell: Cell) -> dict[str, Any]:
         runner = self._ensure_world()
@@ -560,6 +588,7 @@ class RunSession:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self._unjournal_scratch()
+            unstage()  # the copy of the payload files went with the scratch
         # Measured now that every cell is judged: who each backend's processes ran as
         # (sandbox_attest/separation.py). The signer refuses a release key for a run that is
         # not separated (`_sign_and_render`).

@@ -309,6 +309,25 @@ def require_reachable(path: Path, user: PayloadUser | None, what: str) -> None:
         )
 
 
+# The measuring child of `measure_as`. It imports the measured module while it is still
+# root, then takes the payload user's ids for good (groups, gid, uid: saved ids too, so there
+# is no way back) before it calls the function; the credential change clears the parent-death
+# signal, so it is armed again (PR_SET_PDEATHSIG = 1), and a parent already gone ends it.
+_MEASURE_CODE = """
+import ctypes, importlib, json, os, signal, sys
+module, function, uid, gid, groups, parent, orphaned = sys.argv[1:8]
+measure = getattr(importlib.import_module(module), function)
+os.setgroups([int(g) for g in groups.split(",") if g])
+os.setresgid(int(gid), int(gid), int(gid))
+os.setresuid(int(uid), int(uid), int(uid))
+if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:
+    sys.exit("prctl(PR_SET_PDEATHSIG) failed after the switch to the payload user")
+if os.getppid() != int(parent):
+    os._exit(int(orphaned))
+print(json.dumps(measure()))
+"""
+
+
 def measure_as(user: PayloadUser, module: str, function: str, timeout: float) -> tuple[Any, str]:
     """Call `module.function()` in a child running as `user`, unconfined; its JSON result.
 
@@ -316,22 +335,30 @@ def measure_as(user: PayloadUser, module: str, function: str, timeout: float) ->
     the positive control of several probes, and the harness may be root: so the measurement
     runs as that user, in a child that dies with the harness.
 
+    The child starts as root with the harness's own interpreter and switches to `user` only
+    after the import (`_MEASURE_CODE`). Started as `user` it could not run where root
+    installed the harness (pipx under /root/.local, a venv in a 0700 directory), and the
+    interpreter the payloads use instead (sandbox_attest/interpreter.py) cannot import the
+    measured modules: they import the harness and its compiled dependencies. What is measured
+    is the user's rights, and those are the user's alone once the function runs: its uid and
+    gids, no capabilities (a switch away from uid 0 clears them all). The switch also makes
+    the child non-dumpable, which hides it from the payload user's ptrace: no measured
+    function reads its own /proc entry.
+
     Returns:
         (the function's JSON-decoded result, "") or (None, why it could not be measured).
     """
-    code = (
-        "import importlib, json, sys; "
-        "print(json.dumps(getattr(importlib.import_module(sys.argv[1]), sys.argv[2])()))"
-    )
+    groups = ",".join(str(g) for g in sorted(user.groups))
+    argv = [sys.executable, "-c", _MEASURE_CODE, module, function]
+    argv += [str(user.uid), str(user.gid), groups, str(os.getpid()), str(lifetime.ORPHANED_EXIT)]
     try:
         done = subprocess.run(
-            [sys.executable, "-c", code, module, function],
+            argv,
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
             cwd="/",
-            **user.popen_kwargs(),
             **lifetime.popen_kwargs(),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
@@ -24,6 +23,9 @@ from sandbox_attest.claims import (
     WritesMode,
     claims_of,
 )
+from sandbox_attest.errors import ConfigError
+from sandbox_attest.interpreter import run_interpreter
+from sandbox_attest.paths import payload_copy
 from sandbox_attest.provenance import executable_facts
 from sandbox_attest.trust import PayloadUser, payload_user
 from sandbox_attest.world.info import WorldInfo
@@ -103,7 +105,14 @@ def inside_paths_of(backend: object, world: WorldInfo, cell_dir: Path) -> Inside
 
 
 def shim_path() -> Path:
-    """The stdlib-only shim script that bridges loopback to the proxy socket inside."""
+    """The stdlib-only shim script that bridges loopback to the proxy socket inside.
+
+    The run's readable copy where the installed one is out of the payload user's reach
+    (sandbox_attest/reach.py).
+    """
+    copy = payload_copy()
+    if copy is not None:
+        return copy / "shim.py"
     return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
 
 
@@ -318,11 +327,17 @@ def program_facts(*programs: str) -> dict[str, Any]:
     """Identity `executables` for programs a built-in backend starts, and the interpreter.
 
     Each is resolved on the harness's PATH (where the backend finds it), followed through
-    symlinks and hashed; `{python}` is the interpreter every payload runs with.
+    symlinks and hashed; `{python}` is the interpreter every payload runs with, which is the
+    harness's own only where the payload user can run it (sandbox_attest/interpreter.py).
     """
     path = os.environ.get("PATH", os.defpath)
     facts = {program: executable_facts(program, path) for program in programs}
-    facts["{python}"] = executable_facts(sys.executable, path)
+    try:
+        facts["{python}"] = executable_facts(run_interpreter().path, path)
+    except ConfigError as exc:
+        # No interpreter the payload user can run: the run's preflight stops on this same
+        # error before any cell; the identity names it rather than a program never run.
+        facts["{python}"] = {"argv0": "{python}", "error": exc.diagnostics()}
     return facts
 
 

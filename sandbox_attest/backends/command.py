@@ -46,7 +46,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -82,8 +81,9 @@ from sandbox_attest.backends.spec import (
 )
 from sandbox_attest.errors import BackendError
 from sandbox_attest.host_os import current_platform
+from sandbox_attest.interpreter import run_interpreter
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.payload import interpreter_paths, payload_env
+from sandbox_attest.payload import payload_env
 from sandbox_attest.provenance import executable_facts
 from sandbox_attest.sweep import record_leftovers
 from sandbox_attest.trust import PayloadUser, give, payload_user
@@ -391,7 +391,7 @@ class CommandBackend:
             if first not in names:
                 names.append(first)
         facts = {name: executable_facts(name, path) for name in names}
-        facts["{python}"] = executable_facts(sys.executable, path)
+        facts["{python}"] = executable_facts(run_interpreter().path, path)
         return facts
 
     def _check(self, env: dict[str, str]) -> str:
@@ -509,9 +509,11 @@ class CommandBackend:
         workspace.mkdir()
         run_dir.mkdir()
         socket.touch()  # wrappers bind it in; nothing connects during the check
-        payload = [sys.executable, "-c", CONFINEMENT_PROBE]
+        # The interpreter every cell's payload gets (sandbox_attest/interpreter.py).
+        python = run_interpreter()
+        payload = [python.path, "-c", CONFINEMENT_PROBE]
         sample = sample_context()
-        read_only = [str(p) for p in interpreter_paths()]
+        read_only = [str(p) for p in python.bind_paths()]
         env = [f"{k}={v}" for k, v in payload_env(None, workspace).items()]
         # No fixture world at availability time: the host lists are empty (no network), the
         # value a wrapper's settings file can always take.
@@ -530,7 +532,7 @@ class CommandBackend:
                 "workspace": str(workspace),
                 "run_dir": str(run_dir),
                 "cell_id": f"{spec.name}-availability",
-                "python": sys.executable,
+                "python": python.path,
                 "probe_argv": shell_join(payload),
                 "payload_shell": shell_join(payload),
                 "proxy_socket": str(socket),

@@ -63,6 +63,7 @@ from sandbox_attest.catalog.base import (
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.interpreter import payload_interpreter
 from sandbox_attest.trust import give
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
@@ -230,7 +231,8 @@ class _AnchoredSpec(_Spec):
         marker = f"sandbox-attest-anchor:{ctx.nonce}"
         env = {"PATH": "/usr/bin:/bin", SECRET_VAR: secrets.token_hex(16)}
         mode = "listen" if own_namespaces else "plain"
-        argv = [sys.executable, "-c", _ANCHOR_CODE, marker, str(ANCHOR_LIFETIME_S), mode]
+        python = payload_interpreter(ctx.user).path  # one the payload user can run
+        argv = [python, "-c", _ANCHOR_CODE, marker, str(ANCHOR_LIFETIME_S), mode]
         if own_namespaces:
             argv = [*_ANCHOR_NAMESPACES, *argv]
         try:
@@ -337,7 +339,7 @@ def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
     task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": targets}
     task_path = directory / "task.json"
     task_path.write_text(json.dumps(task))
-    argv = [sys.executable, str(probe_path(ctx.probe)), str(task_path)]
+    argv = [payload_interpreter(ctx.user).path, str(probe_path(ctx.probe)), str(task_path)]
     done = subprocess.run(
         argv,
         capture_output=True,
@@ -733,7 +735,7 @@ def setns_control_refused() -> str | None:
     anchor_code = "import sys, time; print('ready', flush=True); time.sleep(30)"
     try:
         anchor = subprocess.Popen(
-            [*_ANCHOR_NAMESPACES, sys.executable, "-c", anchor_code],
+            [*_ANCHOR_NAMESPACES, payload_interpreter(user).path, "-c", anchor_code],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -749,7 +751,7 @@ def setns_control_refused() -> str | None:
             said = anchor.stderr.read(400).decode(errors="replace").strip()
             return f"{NEEDS_ROOT} (here an unprivileged user namespace could not be made: {said})"
         check = subprocess.run(
-            [sys.executable, "-c", _SETNS_CHECK, str(anchor.pid)],
+            [payload_interpreter(user).path, "-c", _SETNS_CHECK, str(anchor.pid)],
             capture_output=True,
             text=True,
             timeout=30,
