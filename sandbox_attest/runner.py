@@ -37,7 +37,13 @@ from sandbox_attest.interpreter import payload_interpreter
 from sandbox_attest.matrix import Cell
 from sandbox_attest.paths import probes_dir
 from sandbox_attest.payload import LAUNCHER_SOURCE, payload_env, stage_payload
-from sandbox_attest.trust import PayloadUser, give, payload_user, require_reachable
+from sandbox_attest.trust import (
+    PayloadUser,
+    give,
+    home_identity,
+    payload_user,
+    require_reachable,
+)
 from sandbox_attest.verdict import Assessment, Decision, Verdict, believe, decide
 from sandbox_attest.world.core import World
 from sandbox_attest.world.info import WorldInfo
@@ -156,6 +162,30 @@ def run_failure(run: ProbeRun) -> Decision | None:
             f"(exit {run.exit_code}; {err}){helper}",
         )
     return None
+
+
+def _unless_home_moved(decision: Decision, home_moved: str) -> Decision:
+    """A PASS becomes INCONCLUSIVE when the payload home moved: its canaries judge nothing."""
+    if home_moved and decision.verdict == Verdict.PASS:
+        return Decision(Verdict.INCONCLUSIVE, f"{home_moved}; was: {decision.reason}")
+    return decision
+
+
+def _home_moved(user: PayloadUser | None, before: tuple[int, int] | None, why_before: str) -> str:
+    """Why the payload home is not the directory it was when the cell started, or "".
+
+    The home's parent is root's (sandbox_attest/trust.py), so this should never fire; if it
+    does, the canaries planted there were planted somewhere the payload user chose.
+    """
+    after, why = home_identity(user)
+    if before is None or after is None:
+        return f"the payload home could not be opened safely: {why_before or why}"
+    if after != before:
+        return (
+            f"the payload home changed during the cell (inode {before[1]} -> {after[1]}): its "
+            "canaries judge nothing"
+        )
+    return ""
 
 
 def run_watched(
@@ -289,10 +319,13 @@ class CellRunner:
         for directory in (self.scratch / "cells", cell_dir, workspace, inputs):
             directory.mkdir(exist_ok=directory == self.scratch / "cells")
             directory.chmod(0o755)
-        # The payload owns its workspace (the one writable grant). The cell dir stays the
-        # harness's: host-side baselines and witnesses of the cell live there, and a payload
-        # that could rename them could rewrite what it is judged by.
-        give(workspace, self.user)
+        # The payload owns its workspace (the one writable grant), but only once `prepare` has
+        # planted in it (below): while root writes there, a payload user's leftover helper
+        # must not be able to swap a name in it for a symlink (issue 23). The cell dir stays
+        # the harness's: host-side baselines and witnesses of the cell live there, and a
+        # payload that could rename them could rewrite what it is judged by.
+        # The payload home's identity, before and after the cell: a changed one is named.
+        home_before, home_why = home_identity(self.user)
         ctx = CellContext(
             probe=cell.probe.id,
             backend=cell.backend,
@@ -369,6 +402,7 @@ class CellRunner:
             control = spec.host_control(ctx)
             witness = self.world.records(nonce)
             facts: dict[str, Any] = {
+                "home_changed": (home_moved := _home_moved(self.user, home_before, home_why)),
                 "nonce": nonce,
                 "expected": expected,
                 "run": run_facts(run),
@@ -410,10 +444,13 @@ class CellRunner:
                 assessment.corroborated_by = spec.corroboration(ctx, report)
             # The report crossed a wrapper the harness does not control (a command wrapper,
             # the only kind with a spec file): there only a host reading makes a PASS.
-            decision = believe(
-                decide(expected, assessment),
-                assessment,
-                crossed_wrapper=bool(identity.spec_sha256),
+            decision = _unless_home_moved(
+                believe(
+                    decide(expected, assessment),
+                    assessment,
+                    crossed_wrapper=bool(identity.spec_sha256),
+                ),
+                home_moved,
             )
             return facts | {
                 "verdict": decision.verdict.value,

@@ -168,9 +168,9 @@ def describe(dir_fd: int, name: str, shown: str) -> str:
 
 def _refusal(dir_fd: int, name: str, shown: str, wanted: str) -> UnsafePathError:
     return UnsafePathError(
-        f"{describe(dir_fd, name, shown)}, not {wanted}; refusing to follow it (the payload "
-        "user can change this path: remove what is there, or run on a host where nothing "
-        "else writes it)"
+        f"{describe(dir_fd, name, shown)}, not {wanted}; refusing to follow it (whoever "
+        "can write the directory above it, the payload user included, can plant such a link "
+        "to turn the harness's root writes elsewhere: remove it, and find out who made it)"
     )
 
 

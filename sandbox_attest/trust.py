@@ -315,8 +315,9 @@ def require_reachable(path: Path, user: PayloadUser | None, what: str) -> None:
 # signal, so it is armed again (PR_SET_PDEATHSIG = 1), and a parent already gone ends it.
 _MEASURE_CODE = """
 import ctypes, importlib, json, os, signal, sys
-module, function, uid, gid, groups, parent, orphaned = sys.argv[1:8]
+module, function, uid, gid, groups, parent, orphaned, given = sys.argv[1:9]
 measure = getattr(importlib.import_module(module), function)
+arguments = [json.load(sys.stdin)] if given == "argument" else []
 os.setgroups([int(g) for g in groups.split(",") if g])
 os.setresgid(int(gid), int(gid), int(gid))
 os.setresuid(int(uid), int(uid), int(uid))
@@ -324,11 +325,20 @@ if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0
     sys.exit("prctl(PR_SET_PDEATHSIG) failed after the switch to the payload user")
 if os.getppid() != int(parent):
     os._exit(int(orphaned))
-print(json.dumps(measure()))
+print(json.dumps(measure(*arguments)))
 """
+# `measure_as`'s default: call the function with no argument at all (None is an argument).
+_NO_ARGUMENT: Any = object()
 
 
-def measure_as(user: PayloadUser, module: str, function: str, timeout: float) -> tuple[Any, str]:
+def measure_as(
+    user: PayloadUser,
+    module: str,
+    function: str,
+    timeout: float,
+    *,
+    argument: object = _NO_ARGUMENT,
+) -> tuple[Any, str]:
     """Call `module.function()` in a child running as `user`, unconfined; its JSON result.
 
     What an open host lets the payload user do (write, open a device, make a raw socket) is
@@ -345,15 +355,24 @@ def measure_as(user: PayloadUser, module: str, function: str, timeout: float) ->
     the child non-dumpable, which hides it from the payload user's ptrace: no measured
     function reads its own /proc entry.
 
+    Args:
+        user: who the function runs as.
+        module: the module to import (by the child, as root).
+        function: its function to call (as `user`).
+        timeout: seconds the child may take.
+        argument: passed to the function as JSON on stdin, when given.
+
     Returns:
         (the function's JSON-decoded result, "") or (None, why it could not be measured).
     """
     groups = ",".join(str(g) for g in sorted(user.groups))
+    given = "none" if argument is _NO_ARGUMENT else "argument"
     argv = [sys.executable, "-c", _MEASURE_CODE, module, function]
     argv += [str(user.uid), str(user.gid), groups, str(os.getpid()), str(lifetime.ORPHANED_EXIT)]
     try:
         done = subprocess.run(
-            argv,
+            [*argv, given],
+            input="" if given == "none" else json.dumps(argument),
             capture_output=True,
             text=True,
             timeout=timeout,

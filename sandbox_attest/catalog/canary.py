@@ -14,12 +14,10 @@ import importlib
 import json
 import os
 import stat
-import subprocess
-import sys
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest import lifetime
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.trust import measure_as
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -171,25 +169,5 @@ def call_as(
         except (OSError, ValueError) as exc:
             return None, f"{type(exc).__name__}: {exc}"
         return json.loads(json.dumps(result)), ""
-    code = (
-        "import importlib, json, sys; f = getattr(importlib.import_module(sys.argv[1]), "
-        "sys.argv[2]); print(json.dumps(f(json.load(sys.stdin))))"
-    )
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", code, module, function],
-            input=json.dumps(argument),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            cwd="/",
-            **user.popen_kwargs(),
-            **lifetime.popen_kwargs(),
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    try:
-        return json.loads(done.stdout), ""
-    except ValueError:
-        return None, f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+    # Through measure_as: it works wherever root installed the harness (pipx under /root too).
+    return measure_as(user, module, function, timeout, argument=argument)

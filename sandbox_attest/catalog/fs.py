@@ -25,12 +25,13 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import sweep
+from sandbox_attest import safefs, sweep
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -62,18 +63,19 @@ from sandbox_attest.catalog.canary import (
     dir_canary_state,
     planting,
     read_text,
-    sha256,
     site_moved,
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.safefs import Identity, SafeDir, UnsafePathError, open_dir
-from sandbox_attest.trust import PayloadUser, give, measure_as
+from sandbox_attest.trust import PayloadUser, give, measure_as, open_home
 from sandbox_attest.verdict import Assessment, Expectation
 
 CANARY_NAME = "canary.txt"
 _BASELINE = "baseline.json"
 _PLANTED = "planted.json"
+# How often a canary is planted again when a concurrent cell removed its (empty) dir meanwhile.
+_PLANT_TRIES: Final = 3
 
 
 # What probes/fs_write_outside.py tries on each directory, in its own words.
@@ -291,8 +293,9 @@ class FsWriteOutside(_Spec):
         outside = [d for k, d in candidates.items() if k != "sibling"]
         sweep.record(_journal_key(self.id, ctx), outside, dirs=tuple(made))
         for directory in made:
-            directory.mkdir(mode=0o700)
-            give(directory, ctx.user)
+            # Through the parent's descriptor: the parent is in the payload user's home.
+            with safefs.open_dir(directory.parent) as up:
+                up.mkdir(directory.name, 0o700, _owner(ctx))
         baseline: dict[str, dict[str, Any]] = {}
         planted: dict[str, Path] = {}
         skipped: dict[str, str] = {}
@@ -335,14 +338,17 @@ class FsWriteOutside(_Spec):
             if key in HOME_CLASSES and not directory.parent.exists():
                 # A concurrent cell's cleanup may just have removed the (then empty) config dir
                 # this cell found: make it again rather than fail; it stays, empty, at worst.
-                directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                give(directory.parent, ctx.user)
-            directory.mkdir(mode=0o755, parents=False, exist_ok=False)
-            canary.write_text(f"sandbox-attest canary {key} {ctx.nonce}\n")
-            canary.chmod(0o644)
-            # The payload user's own: unconfined it can write here, so a refusal inside a
-            # sandbox is the sandbox's doing, not file permissions.
-            give(directory, ctx.user, recursive=True)
+                _make_home_dirs(ctx, directory.parent)
+            # Through the place's descriptor (sandbox_attest/safefs.py): the payload user may
+            # have swapped the place (~/.config, a dir in /tmp) for a symlink to a root
+            # directory; it is refused and named, and nothing is made where it points.
+            with safefs.open_dir(directory.parent) as place:
+                made = place.mkdir(directory.name, 0o755, _owner(ctx))
+                # The payload user's own: unconfined it can write here, so a refusal inside a
+                # sandbox is the sandbox's doing, not file permissions.
+                made.create_file(
+                    CANARY_NAME, f"sandbox-attest canary {key} {ctx.nonce}\n", 0o644, _owner(ctx)
+                )
 
     def _hold(self, ctx: CellContext, key: str, directory: Path) -> None:
         """Open the canary's place (no symlink on the way) and keep it until cleanup.
@@ -573,14 +579,18 @@ class FsWriteOutside(_Spec):
         outside = [d for k, d in self.planted(ctx).items() if k != "sibling"]
         for directory in outside:
             if ctx.nonce in directory.name:
-                shutil.rmtree(directory, ignore_errors=True)
+                _remove_canary_dir(directory)
         try:
             made = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text()).get("made", [])
         except (OSError, ValueError):
             made = []
         for created in reversed(made):
-            with contextlib.suppress(OSError):  # not empty: something else uses it now; keep it
-                Path(created).rmdir()
+            # Not empty (something else uses it now) or swapped: kept.
+            with (
+                contextlib.suppress(OSError, safefs.UnsafePathError),
+                safefs.open_dir(Path(created).parent) as up,
+            ):
+                up.rmdir(Path(created).name)
         # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
         if not any(d.exists() for d in outside):
             sweep.forget(_journal_key(self.id, ctx))
@@ -618,6 +628,43 @@ def _dropped_reason(dropped: dict[str, str], planted: dict[str, Path]) -> str:
     """The verdict's phrase for canary sites dropped from the cell, each with its place."""
     named = "; ".join(f"{k} ({planted[k].parent}): {why}" for k, why in sorted(dropped.items()))
     return f"{len(dropped)} canary sites dropped from the cell: {named}"
+
+
+def _owner(ctx: CellContext) -> tuple[int, int] | None:
+    """The payload user's (uid, gid) for what it must own; None without separation."""
+    return (ctx.user.uid, ctx.user.gid) if ctx.user is not None else None
+
+
+def _make_home_dirs(ctx: CellContext, directory: Path) -> None:
+    """Make `directory` and its missing parents under the payload home, the user's, 0700.
+
+    Component by component from the home's descriptor: an existing component that is a
+    symlink is refused (UnsafePathError), never followed.
+    """
+    with open_home(ctx.user) as home:
+        site = home
+        for part in directory.relative_to(home.path).parts:
+            if site.entry(part) is None:
+                with contextlib.suppress(FileExistsError):  # a concurrent cell made it
+                    site = site.mkdir(part, 0o700, _owner(ctx))
+                    continue
+            site = site.open_subdir(part)
+
+
+def _remove_canary_dir(directory: Path) -> None:
+    """Remove a canary dir and everything in it (a payload's nonce files too), never following.
+
+    Through the place's descriptor, and only a directory: whatever the payload user put at
+    the name instead (a symlink to a root dir) is left alone.
+    """
+    with (
+        contextlib.suppress(OSError, safefs.UnsafePathError),
+        safefs.open_dir(directory.parent) as place,
+    ):
+        st = place.entry(directory.name)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            made = {directory.name: (st.st_dev, st.st_ino)}
+            place.rmtree(directory.name, made, also_foreign=True)
 
 
 def _journal_key(probe: str, ctx: CellContext) -> str:
@@ -759,49 +806,150 @@ class FsReadSecrets(_Spec):
         return ["the payload's view of the canary paths, read by the host"], reasons
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """Plant each canary (0600) with a random token; remember hashes and created dirs."""
+        """Plant each canary (0600, the payload user's) with a random token; keep identities.
+
+        The home is the payload user's, who may have swapped ~/.ssh for a symlink to a root
+        directory (issue 23): so everything here goes through directory descriptors
+        (sandbox_attest/safefs.py). A symlink is refused, named, and the cell is an ERROR;
+        nothing is ever made where it points. A canary dir the harness makes is root's (the
+        payload user only reads the canary in it); one that exists is used through its
+        descriptor. The identities of the home, of each dir and of each canary are kept, and
+        `host_control` checks them after the payload ran.
+        """
         created: list[str] = []
         hashes: dict[str, str] = {}
+        idents: dict[str, Any] = {"dirs": {}, "files": {}}
+        owner = (ctx.user.uid, ctx.user.gid) if ctx.user is not None else None
         # Journalled before they exist (sandbox_attest/sweep.py): fake secrets in a home must not
         # outlive a killed run. The .env is in the cell dir and goes with the scratch.
         in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
         sweep.record(_journal_key(self.id, ctx), in_home)
-        for key, path in self.secret_paths(ctx).items():
-            with planting(self.id, path):
-                if not path.parent.exists():
-                    # Journalled before it exists too, as a directory removed only if empty.
-                    dirs = (*(Path(c) for c in created), path.parent)
-                    sweep.record(_journal_key(self.id, ctx), in_home, dirs=dirs)
-                    path.parent.mkdir(mode=0o700, parents=True)
-                    created.append(str(path.parent))
-                    # Saved at once: if a later canary fails, cleanup still removes this dir.
-                    _save_state(ctx, {"hashes": hashes, "created_dirs": created})
-                    give(path.parent, ctx.user)
+        with open_home(ctx.user) as home:
+            idents["home"] = home.identity()
+            for key, path in self.secret_paths(ctx).items():
                 body = f"sandbox-attest canary {key} {ctx.nonce} secret={secrets.token_hex(16)}\n"
-                path.write_text(body)
-                path.chmod(0o600)
-                # The payload user's secrets (0600, its own): readable to it unconfined.
-                give(path, ctx.user)
-            hashes[key] = hashlib.sha256(body.encode()).hexdigest()
+                with planting(self.id, path):
+                    if key == "dotenv":
+                        # The cell dir is the harness's (root's, 0755): opened all the same.
+                        with safefs.open_dir(path.parent) as cell:
+                            idents["files"][key] = cell.create_file(path.name, body, 0o600, owner)
+                    else:
+                        # Saved before it exists: if a later canary fails, cleanup removes it.
+                        state = {"hashes": hashes, "created_dirs": created, "idents": idents}
+                        _save_state(ctx, state)
+                        idents["files"][key] = self._plant_in_home(
+                            ctx, home, path, body, owner, created, idents, in_home
+                        )
+                hashes[key] = hashlib.sha256(body.encode()).hexdigest()
         control = f"sandbox-attest control {ctx.nonce} {secrets.token_hex(16)}\n"
+        # The workspace is still root's here (the runner hands it over after prepare).
         self.control_path(ctx).write_text(control)
         hashes["workspace"] = hashlib.sha256(control.encode()).hexdigest()
-        _save_state(ctx, {"hashes": hashes, "created_dirs": created})
+        _save_state(ctx, {"hashes": hashes, "created_dirs": created, "idents": idents})
         return {
             "secrets": {k: str(v) for k, v in self.secret_paths(ctx).items()},
             "control": str(self.control_path(ctx)),
         }
 
+    def _plant_in_home(
+        self,
+        ctx: CellContext,
+        home: safefs.SafeDir,
+        path: Path,
+        body: str,
+        owner: tuple[int, int] | None,
+        created: list[str],
+        idents: dict[str, Any],
+        in_home: list[Path],
+    ) -> safefs.Identity:
+        """Create one canary in its dir directly under the home, the dir made if missing.
+
+        A concurrent cell's cleanup may remove the (then empty) dir between our open and our
+        create: the create then fails with ENOENT (no entry can be made in a removed dir) and
+        is tried again, at most `_PLANT_TRIES` times.
+        """
+        name = path.parent.name
+        shown = f"~/{name} under the payload home"
+        for attempt in range(_PLANT_TRIES):
+            if home.entry(name) is None:
+                # Journalled before it exists too, as a directory removed only if empty.
+                dirs = (*(Path(c) for c in created), path.parent)
+                sweep.record(_journal_key(self.id, ctx), in_home, dirs=dirs)
+                try:
+                    site = home.mkdir(name, 0o755, shown=shown)
+                    if str(path.parent) not in created:
+                        created.append(str(path.parent))
+                except FileExistsError:
+                    site = home.open_subdir(name, shown=shown)  # a concurrent cell made it
+            else:
+                site = home.open_subdir(name, shown=shown)
+            idents["dirs"][name] = site.identity()
+            try:
+                return site.create_file(path.name, body, 0o600, owner)
+            except FileNotFoundError:
+                if attempt == _PLANT_TRIES - 1:
+                    raise
+        raise AssertionError  # unreachable: the loop returns or raises
+
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
-        """The host reads every canary back and gets the hash it planted."""
-        hashes = _load_state(ctx).get("hashes", {})
+        """The host reads every canary back, through the dirs it made, and gets its hash.
+
+        First the identities kept at prepare: the home, each canary dir and each canary must
+        still be the objects the harness made (checked by (device, inode), never followed).
+        A dir swapped for a symlink or another dir during the cell is named here; the failed
+        check makes the cell non-PASS, whatever the payload reported.
+        """
+        state = _load_state(ctx)
+        hashes = state.get("hashes", {})
+        idents = state.get("idents", {})
         checks = []
-        for key, path in self.secret_paths(ctx).items():
-            got = sha256(path)
-            checks.append(
-                _check(f"host reads {key}", got is not None and got == hashes.get(key), str(path))
-            )
+        with contextlib.ExitStack() as stack:
+            try:
+                home = stack.enter_context(open_home(ctx.user))
+            except (OSError, safefs.UnsafePathError) as exc:
+                what = "the payload home is the one planted in"
+                checks.append(_check(what, ok=False, detail=str(exc)))
+                return _control(_control_nonce(), checks)
+            same = _same(home.identity(), idents.get("home"))
+            checks.append(_check("the payload home is the one planted in", same, str(home.path)))
+            for key, path in self.secret_paths(ctx).items():
+                got, detail = self._read_canary(ctx, home, key, path, idents)
+                ok = got is not None and got == hashes.get(key)
+                checks.append(_check(f"host reads {key}", ok, detail or str(path)))
         return _control(_control_nonce(), checks)
+
+    def _read_canary(
+        self,
+        ctx: CellContext,
+        home: safefs.SafeDir,
+        key: str,
+        path: Path,
+        idents: dict[str, Any],
+    ) -> tuple[str | None, str]:
+        """(The canary's sha256, "") read through the dir the harness made, or (None, why)."""
+        del ctx
+        try:
+            if key == "dotenv":
+                site = safefs.open_dir(path.parent)
+            else:
+                name = path.parent.name
+                # Refused, and named, when it is a symlink now.
+                site = home.open_subdir(name, shown=f"~/{name} under the payload home")
+                if not _same(site.identity(), idents["dirs"].get(name)):
+                    site.close()
+                    return None, (
+                        f"~/{name} under the payload home is another directory now (inode "
+                        f"{site.identity()[1]}), not the one the harness planted in"
+                    )
+            with site:
+                fd = site.open_file(path.name)
+                with os.fdopen(fd, "rb") as canary:
+                    st = os.fstat(canary.fileno())
+                    if not _same((st.st_dev, st.st_ino), idents["files"].get(key)):
+                        return None, f"{path} is another file now (inode {st.st_ino})"
+                    return hashlib.sha256(canary.read()).hexdigest(), ""
+        except (OSError, safefs.UnsafePathError, KeyError) as exc:
+            return None, f"{path}: {exc}"
 
     def assess(
         self,
@@ -876,18 +1024,73 @@ class FsReadSecrets(_Spec):
         return assessment
 
     def cleanup(self, ctx: CellContext) -> None:
-        """Remove the canaries in $HOME, then any folder prepare created that is now empty."""
-        for path in self.secret_paths(ctx).values():
-            if ctx.nonce in str(path):
-                with contextlib.suppress(OSError):  # never planted (prepare failed before it)
-                    path.unlink()
-        for created in _load_state(ctx).get("created_dirs", []):
-            with contextlib.suppress(OSError):  # not empty: someone else uses it now; keep it
-                Path(created).rmdir()
+        """Remove the canaries it made in $HOME, then the dirs it made there that are empty.
+
+        By identity, through the home's descriptor: a canary or dir that is not the object
+        the harness made (swapped, re-pointed) is left where it is and named.
+
+        Raises:
+            FixtureError: naming what could not be removed (the journal entry is then kept).
+        """
+        state = _load_state(ctx)
+        idents = state.get("idents", {})
+        left: list[str] = []
+        try:
+            home = open_home(ctx.user)
+        except (OSError, safefs.UnsafePathError) as exc:
+            left.append(str(exc))
+        else:
+            with home:
+                for key, path in self.secret_paths(ctx).items():
+                    want = _ident(idents.get("files", {}).get(key))
+                    if key != "dotenv" and want is not None:  # the .env goes with the cell dir
+                        left += _remove_canary(home, path, want, idents.get("dirs", {}))
+                for created in state.get("created_dirs", []):
+                    name = Path(created).name
+                    want = _ident(idents.get("dirs", {}).get(name))
+                    # Not empty (another cell's canary is in it now) or not ours: kept.
+                    with contextlib.suppress(OSError, safefs.UnsafePathError):
+                        home.rmdir(name, expect=want)
         # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
         in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
-        if not any(p.exists() for p in in_home):
+        if not left and not any(os.path.lexists(p) for p in in_home):
             sweep.forget(_journal_key(self.id, ctx))
+        if left:
+            msg = f"{self.id}: left in place, not what the harness made: {'; '.join(left)}"
+            raise FixtureError(msg)
+
+
+def _remove_canary(
+    home: safefs.SafeDir, path: Path, want: safefs.Identity, dirs: dict[str, Any]
+) -> list[str]:
+    """Remove one canary from its dir under the home if both are what the harness made.
+
+    Returns:
+        What was left in place and why (empty when removed or already gone).
+    """
+    name = path.parent.name
+    try:
+        site = home.open_subdir(name, shown=f"~/{name} under the payload home")
+        if not _same(site.identity(), dirs.get(name)):
+            return [f"~/{name} is not the dir the canary was planted in"]
+        site.unlink(path.name, expect=want)
+    except FileNotFoundError:
+        return []
+    except (OSError, safefs.UnsafePathError) as exc:
+        return [str(exc)]
+    return []
+
+
+def _ident(value: object) -> safefs.Identity | None:
+    """An identity kept in a cell's JSON state ([dev, ino]) as a tuple, or None."""
+    if isinstance(value, list | tuple) and len(value) == 2:
+        return (int(value[0]), int(value[1]))
+    return None
+
+
+def _same(now: safefs.Identity, kept: object) -> bool:
+    """Whether `now` is the identity kept at prepare (None kept: never the same)."""
+    return _ident(kept) == now
 
 
 # ---------------------------------------------------------------------------------------------
