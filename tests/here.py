@@ -1,0 +1,32 @@
+"""What this machine lets a probe judge: the tests ask it the way a real run does.
+
+A real run marks a cell NOT_APPLICABLE where its probe's spec says this host cannot judge it
+(`not_applicable_here`, applied by `sandbox_attest.plugin.applicable_here`): dev_access where
+no device beyond the harmless set opens for the payload user (a machine without udev's 0666
+/dev/fuse and /dev/net/tun), proc_namespace_escape where setns is refused. Tests that drive the
+runner directly build their cells through `cell_here`, so they hold the harness to what it
+does on this machine instead of to what an earlier machine happened to offer.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from sandbox_attest.catalog import PROBES
+from sandbox_attest.matrix import Cell, ProbeRow
+
+
+@functools.cache
+def not_judgeable_here(probe: str) -> str | None:
+    """Why this host cannot judge `probe` (its spec's own words), or None where it can.
+
+    Cached: dev_access measures the payload user's devices with a child process each time.
+    """
+    check = getattr(PROBES[probe], "not_applicable_here", None)
+    reason = check() if callable(check) else None
+    return None if reason is None else str(reason)
+
+
+def cell_here(backend: str, probe: str, timeout: float) -> Cell:
+    """A matrix cell as a run on this host makes it: NOT_APPLICABLE where it cannot judge."""
+    return Cell(backend, ProbeRow(probe, timeout), not_judgeable_here(probe))
