@@ -42,6 +42,16 @@ def expected_legs() -> set[tuple[str, str]]:
 
 
 ALL = sorted(p.name for p in WORKFLOWS.glob("*.yml"))
+# A leg's run command, whether started directly or through sudo.
+RUN_COMMAND = re.compile(
+    r'sandbox-attest\)?"? run --backend "\$BACKEND" --require-backend --out "\$LEG_DIR"'
+)
+# The guard of each leg step that runs the matrix -> whether it runs the harness as root.
+RUN_GUARDS = {
+    "github.event_name == 'push' && matrix.platform == 'linux'": True,
+    "github.event_name != 'push' && matrix.platform == 'linux'": True,
+    "matrix.platform != 'linux'": False,
+}
 RELEASE_KEY_REF = "secrets.SANDBOX_ATTEST_SIGNING_KEY"  # an expression, not a secret
 
 
@@ -113,13 +123,81 @@ class TestAttest:
         assert wf["jobs"]["leg"]["strategy"]["fail-fast"] is False
 
     def test_every_leg_requires_its_backend_and_writes_its_dir(self, wf: dict[str, Any]) -> None:
-        """The leg runs `sandbox-attest run --backend X --require-backend --out reports/leg-..`."""
+        """Every run step is `sandbox-attest run --backend X --require-backend --out reports/..`."""
         leg = wf["jobs"]["leg"]
-        script = run_text(leg)
-        assert re.search(
-            r'sandbox-attest run --backend "\$BACKEND" --require-backend --out "\$LEG_DIR"', script
-        )
+        runs = [s for s in steps(leg) if "sandbox-attest" in str(s.get("run"))]
+        assert len(runs) == len(RUN_GUARDS)
+        for step in runs:
+            assert RUN_COMMAND.search(str(step["run"])), step["name"]
         assert leg["env"]["LEG_DIR"] == "reports/leg-${{ matrix.platform }}-${{ matrix.backend }}"
+
+    def test_linux_legs_run_the_harness_as_root(self, wf: dict[str, Any]) -> None:
+        """On Linux the harness runs under sudo, so wrappers run as the separate payload user.
+
+        Values reach root by name (`--preserve-env=NAME,...`), never in an argv; the report
+        root wrote is handed back to the runner user before the upload, whatever happened.
+        """
+        leg = wf["jobs"]["leg"]
+        guards = {str(s.get("if")): s for s in steps(leg) if "sandbox-attest" in str(s.get("run"))}
+        assert set(guards) == set(RUN_GUARDS)
+        for guard, step in guards.items():
+            script = str(step["run"])
+            if RUN_GUARDS[guard]:
+                assert re.search(r"sudo --preserve-env=[\w,]+,\$\{\{ env\.ROOT_ENV \}\}", script)
+                assert '"$(command -v sandbox-attest)" run' in script
+            else:
+                assert "sudo" not in script
+        for name in ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "GITHUB_STEP_SUMMARY"):
+            assert name in leg["env"]["ROOT_ENV"].split(",")
+        (handback,) = [s for s in steps(leg) if 'chown -R "$(id -u)' in str(s.get("run"))]
+        assert handback["if"] == "always() && matrix.platform == 'linux'"
+        upload = next(
+            i for i, s in enumerate(steps(leg)) if "upload-artifact" in str(s.get("uses"))
+        )
+        assert steps(leg).index(handback) < upload
+
+    def test_only_linux_legs_ever_hold_the_release_key(self, wf: dict[str, Any]) -> None:
+        """The release key reaches a leg only on a push and only on Linux (where it separates)."""
+        holders = [s for s in steps(wf["jobs"]["leg"]) if RELEASE_KEY_REF in yaml.safe_dump(s)]
+        assert [s["if"] for s in holders] == [
+            "github.event_name == 'push' && matrix.platform == 'linux'"
+        ]
+
+    def test_a_leg_that_cannot_separate_says_it_is_not_a_release(self, wf: dict[str, Any]) -> None:
+        """macOS/Windows legs sign with the per-run key, pushes too, and their summary says so."""
+        leg = wf["jobs"]["leg"]
+        (step,) = [s for s in steps(leg) if s.get("if") == "matrix.platform != 'linux'"]
+        script = str(step["run"])
+        assert "not a release" in script
+        assert "$GITHUB_STEP_SUMMARY" in script
+        assert script.index("$GITHUB_STEP_SUMMARY") < script.index("sandbox-attest run")
+        assert "XDG_CONFIG_HOME" in step["env"]
+        fetch = [s for s in steps(leg) if s.get("with", {}).get("name") == "ephemeral-signing-key"]
+        assert [s["if"] for s in fetch] == [
+            "github.event_name != 'push' || matrix.platform != 'linux'"
+        ]
+        # The key job makes the per-run key on every event, pushes included.
+        for key_step in steps(wf["jobs"]["keys"]):
+            assert "if" not in key_step, key_step.get("name")
+
+    def test_only_the_non_release_gate_accepts_shared_trust_domains(
+        self, wf: dict[str, Any]
+    ) -> None:
+        """The release merge and verify never pass --allow-shared-trust-domain; the PR path does."""
+        gate = wf["jobs"]["gate"]
+        for step in steps(gate):
+            script = str(step.get("run", ""))
+            if "sandbox-attest" not in script:
+                continue
+            commands = re.findall(r"sandbox-attest (?:merge|verify)(?:[^\n]*\\\n)*[^\n]*", script)
+            assert len(commands) == 2, step.get("name")
+            for command in commands:
+                allowed = "--allow-shared-trust-domain" in command
+                assert allowed == (step["if"] == "github.event_name != 'push'"), command
+        (why,) = [
+            s for s in steps(gate) if s.get("if") == "failure() && github.event_name == 'push'"
+        ]
+        assert "Not a release" in str(why["run"])
 
     def test_every_leg_uploads_its_report_even_on_failure(self, wf: dict[str, Any]) -> None:
         """The leg uploads its report dir under a per-leg name, also when the run failed."""
@@ -206,8 +284,8 @@ class TestAttest:
         leg_runs = [
             s
             for s in steps(wf["jobs"]["leg"])
-            if "sandbox-attest run" in str(s.get("run"))
-            and s.get("if") != "github.event_name == 'push'"
+            if RUN_COMMAND.search(str(s.get("run")))
+            and "github.event_name == 'push'" not in str(s.get("if"))
         ]
         assert leg_runs
         for step in leg_runs:
