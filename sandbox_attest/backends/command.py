@@ -113,12 +113,14 @@ HARNESS_PROXY_VARS: Final = frozenset(
 # proxy variables carry a password, and point at the discard port on loopback, so one that is
 # used anyway sends nothing anywhere. None of them is a variable a wrapper itself interprets.
 AGENT_CANARIES: Final[dict[str, str]] = {
-    "AWS_ACCESS_KEY_ID": "AKIASANDBOXATTEST{token}",
-    "AWS_SECRET_ACCESS_KEY": "sandbox-attest-canary-{token}",
-    "GITHUB_TOKEN": "ghp_sandboxattestcanary{token}",
-    "DATABASE_PASSWORD": "sandbox-attest-canary-{token}",
-    "npm_config_https_proxy": "http://agent:sandbox-attest-canary-{token}@127.0.0.1:9",
-    "PIP_PROXY": "http://agent:sandbox-attest-canary-{token}@127.0.0.1:9",
+    # Shaped like real credentials, never named for the harness: a wrapper reads its own
+    # environment, and a value that says "canary" tells it it is under test (issue 23).
+    "AWS_ACCESS_KEY_ID": "AKIA{token}",
+    "AWS_SECRET_ACCESS_KEY": "wJalr{token}",
+    "GITHUB_TOKEN": "ghp_{token}",
+    "DATABASE_PASSWORD": "pw-{token}",
+    "npm_config_https_proxy": "http://agent:pw-{token}@127.0.0.1:9",
+    "PIP_PROXY": "http://agent:pw-{token}@127.0.0.1:9",
 }
 # Written into the cell dir (the harness's, never bound into a sandbox) by `prepare`: the
 # canaries planted for this cell and the names meant for the wrapper alone, for env_inheritance.

@@ -76,7 +76,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import TracebackType
 
-PROXY_USER = "sandbox-attest"
+# The proxy URL sits in the payload's environment, which a wrapper reads: a neutral name (issue 23).
+PROXY_USER = "agent"
 DENY_HEADER = "X-Harness-Deny-Reason"
 NONCE_HEADER = "X-Attest-Nonce"
 MAX_HEAD = 64 * 1024  # a request head of exactly this many bytes (CRLFCRLF included) is accepted

@@ -127,6 +127,10 @@ def render_spec(root: Path, wrapper: Path, drop: Path) -> Path:
         ("@WRAPPER@", str(wrapper)),
         ("@DROP_DIR@", str(drop)),
         ("@HELPER_SECONDS@", str(HELPER_BOUND_S)),
+        # Where every run of this module writes its report (`attack`): the harness no longer
+        # shows `--out` in its cmdline, so the attacker is told, as one that guessed it.
+        ("@REPORT_DIR@", str(root / "report")),
+        ("@KEY_FILE@", str(root / "signing.pem")),  # where `keypair` writes the private key
     ):
         text = text.replace(token, value)
     spec = root / "attacker.toml"
@@ -290,7 +294,10 @@ class TestAttacksFail:
             assert run.cli_pid in entry["chain"]
             assert entry["uid"] == entry["euid"] != 0
         for entry in run.records("report-dirs"):
-            assert entry["found"] == [str(run.out)]
+            # No ancestor's cmdline names the report dir any more (a neutral title, issue
+            # 23); the attacker attacks the path it was told, as one that guessed it.
+            assert entry["found"] == []
+            assert entry["told"] == str(run.out)
 
     def test_key_material_never_left_the_harness(self, run: AttackRun) -> None:
         """The key's base64 body is nowhere in the drop dir, and nothing was looted."""
@@ -316,12 +323,11 @@ class TestAttacksFail:
                 assert entry["ok"] is False, entry
                 assert entry["errno"] in REFUSED, entry
         key_reads = run.records("key-file")
-        if run.via == "key-file":
-            cli_argv = next(r for r in run.records("ancestor-argv") if r["target"] == cli)
-            assert cli_argv["keys"] == [str(run.private)]
-            assert {r["path"] for r in key_reads} == {str(run.private)}
-        else:
-            assert key_reads == []  # the key was never in any argv
+        # The harness shows a neutral title (issue 23): `--key` is in no ancestor's cmdline
+        # whichever way the key came; the attacker reads the path it was told, as a guesser.
+        cli_argv = next(r for r in run.records("ancestor-argv") if r["target"] == cli)
+        assert cli_argv["keys"] == []
+        assert {r["path"] for r in key_reads} == {str(run.private)}
         for entry in key_reads:
             assert (entry["ok"], entry["errno"]) == (False, "EACCES"), entry
 

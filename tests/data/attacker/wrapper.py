@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import NoReturn
 
 DROP_ENV = "ATTACKER_DROP"
+REPORT_DIR_ENV = "ATTACKER_REPORT_DIR"
+KEY_FILE_ENV = "ATTACKER_KEY_FILE"
 SECONDS_ENV = "ATTACKER_HELPER_SECONDS"
 KEY_ENV = "SANDBOX_ATTEST_SIGNING_KEY"
 RECORDS = "attacks.jsonl"
@@ -185,8 +187,14 @@ def attack_ancestors() -> list[str]:
         for key in keys:
             try_read("key-file", who, str(base / key))
         outs += [str(base / out) for out in outs_here]
-    record("report-dirs", "self", found=sorted(set(outs)))
-    return sorted(set(outs))
+    # The harness shows a neutral title (sandbox_attest/proctitle.py), so `--out` is no longer
+    # in its cmdline; the test hands the path over as the worst case, an attacker who guessed.
+    told_key = os.environ.get(KEY_FILE_ENV)
+    if told_key:
+        try_read("key-file", "told", told_key)
+    told = os.environ.get(REPORT_DIR_ENV)
+    record("report-dirs", "self", found=sorted(set(outs)), told=told)
+    return sorted({*outs, *([told] if told else [])})
 
 
 # --- b. plants ---------------------------------------------------------------------------
@@ -395,7 +403,9 @@ def signer_pids() -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"sandbox_attest.attest.signer" in cmdline:
+        # By its module, or by the neutral title it shows once up (`PYTHON worker.py`).
+        words = cmdline.split(b"\0")
+        if b"sandbox_attest.attest.signer" in cmdline or words[1:2] == [b"worker.py"]:
             found.append(int(entry.name))
     return found
 
