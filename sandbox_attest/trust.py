@@ -17,9 +17,11 @@ says so; the signed statement carries that fact and `verify` prints it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest import lifetime
+from sandbox_attest import lifetime, safefs
 from sandbox_attest.errors import ConfigError, FixtureError
 
 if TYPE_CHECKING:
@@ -45,6 +47,17 @@ PAYLOAD_USER = "agent"
 FIRST_PERSON_UID = 1000
 # Its home, owned by it: canaries that stand for "the user's secrets" are planted here, so a
 # run never writes fake secrets into a real person's home.
+#
+# The home is the user's to write (tools keep their caches there), so everything in it may be
+# swapped for a symlink at any moment (issue 23). What keeps the harness safe there:
+#   - the home's parent is root's and not writable by anyone else (`_ensure_home` refuses to
+#     run otherwise), so the home itself cannot be swapped; it is opened with no symlink on
+#     the way (`open_home`) and its identity is checked before and after every cell;
+#   - the canary dirs in it (~/.ssh, ~/.aws, ~/.docker) are made fresh per cell by the harness,
+#     root-owned (the payload user only has to read the canaries in them), and every
+#     operation inside goes through sandbox_attest/safefs.py, never by path.
+# The home is not replaced per run, on purpose: concurrent runs on one machine share the
+# account, and a rename under a running run would pull its canaries away mid-cell.
 # Neutral too: /etc/passwd shows it to every user (issue 23).
 PAYLOAD_HOME = Path("/var/lib/agent/home")
 # A shell, because wrappers run commands through the user's shell (firejail does), and with
@@ -209,13 +222,56 @@ def _ensure_shell(name: str) -> None:
 
 
 def _ensure_home(user: PayloadUser) -> None:
-    """The home exists, belongs to the user, and only the user (and root) can enter it."""
+    """The home exists, belongs to the user, and only the user (and root) can enter it.
+
+    Its parent must be root's and writable by nobody else: a parent the payload user (or
+    anyone) could write would let them swap the home itself, and with it every directory the
+    harness opens there. The parent is made (root's, 0755) when it does not exist.
+
+    Raises:
+        ConfigError: the parent is not root's, or others may write it; the message names it.
+        UnsafePathError: the home, or a directory above it, is a symlink.
+    """
     home = user.home
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = home.lstat()
-    if st.st_uid != user.uid:
-        os.chown(home, user.uid, user.gid, follow_symlinks=False)
-    home.chmod(0o700)
+    # Root-only path: /var/lib (or wherever the account's home lives) is root's to write.
+    home.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with safefs.open_dir(home.parent, shown=f"the payload home's parent {home.parent}") as up:
+        st = os.fstat(up.fd)
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            raise ConfigError(
+                f"the payload home's parent {home.parent} is owned by uid {st.st_uid} with mode "
+                f"{stat.S_IMODE(st.st_mode):o}; it must be root's and writable by nobody else, "
+                f"or the home could be swapped under the harness: chown root {home.parent} && "
+                f"chmod go-w {home.parent}, or give the account a home under such a directory"
+            )
+        if up.entry(home.name) is None:
+            up.mkdir(home.name, 0o700, (user.uid, user.gid), shown="the payload home")
+            return
+        made = up.open_subdir(home.name, shown=f"the payload home {home}")
+        if os.fstat(made.fd).st_uid != user.uid:
+            os.fchown(made.fd, user.uid, user.gid)
+        os.fchmod(made.fd, 0o700)
+
+
+def open_home(user: PayloadUser | None) -> safefs.SafeDir:
+    """The payload home, opened with no symlink on the way (the caller closes it).
+
+    Without separation that is the harness user's own home, where no other user acts.
+
+    Raises:
+        UnsafePathError: the home or a directory above it is a symlink (named).
+    """
+    home = user.home if user is not None else Path.home()
+    return safefs.open_dir(home, shown=f"the payload home {home}")
+
+
+def home_identity(user: PayloadUser | None) -> tuple[safefs.Identity | None, str]:
+    """(The payload home's (device, inode), "") or (None, why it could not be opened safely)."""
+    try:
+        with open_home(user) as home:
+            return home.identity(), ""
+    except (OSError, safefs.UnsafePathError) as exc:
+        return None, str(exc)
 
 
 def trust_domains(
@@ -260,15 +316,33 @@ def give(path: Path, user: PayloadUser | None, *, recursive: bool = False) -> No
 
     Used for what an unconfined payload must be able to touch (its workspace, the canaries a
     control leg must reach), so that a denial inside a sandbox is the sandbox's doing, not
-    file permissions. Never follows symlinks.
+    file permissions.
+
+    Through descriptors (sandbox_attest/safefs.py), because the payload user may be changing
+    the tree while root walks it: no component of `path` may be a symlink, nothing below it
+    is followed, and a recursive give changes only what the harness itself owns (never a
+    hard link nor an object of another user that the payload put there).
+
+    Raises:
+        UnsafePathError: a component of `path` is a symlink (named, with its target).
+        FileNotFoundError: nothing is at `path`.
     """
     if user is None:
         return
-    os.chown(path, user.uid, user.gid, follow_symlinks=False)
-    if recursive and path.is_dir() and not path.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
-            for name in dirnames + filenames:
-                os.chown(Path(dirpath) / name, user.uid, user.gid, follow_symlinks=False)
+    owner = (user.uid, user.gid)
+    with safefs.open_dir(path.parent) as parent:
+        st = parent.entry(path.name)
+        if st is None:
+            raise FileNotFoundError(errno.ENOENT, "nothing to give to the payload user", str(path))
+        if not stat.S_ISDIR(st.st_mode):
+            parent.chown(path.name, owner, expect=(st.st_dev, st.st_ino))
+            return
+        top = parent.open_subdir(path.name)
+        if top.identity() != (st.st_dev, st.st_ino):
+            raise safefs.UnsafePathError(f"{path} was swapped while the harness gave it")
+        os.fchown(top.fd, *owner)
+        if recursive:
+            safefs.chown_tree(top, owner, only_uid=os.geteuid())
 
 
 def unreachable_by(path: Path, user: PayloadUser | None) -> Path | None:
