@@ -98,8 +98,8 @@ SCAN_PRUNE: Final = ("/proc", "/sys")
 # directory tree (rm -rf) takes our canary first and the place a moment later, and in between
 # the place still looks the same. Bounded and paid only by a cell that saw a change.
 SETTLE_S: Final = 0.2
-# A write the payload user's own permissions refused: the place is out of its reach unconfined.
-_OUT_OF_REACH: Final = frozenset({"EACCES", "EPERM", "EROFS"})
+# A place the payload user's own permissions close to it: out of its reach unconfined.
+_OUT_OF_REACH: Final = frozenset({"place:EACCES", "place:EPERM", "place:EROFS"})
 
 
 def write_each(request: dict[str, Any]) -> dict[str, str]:
@@ -123,7 +123,11 @@ def write_each(request: dict[str, Any]) -> dict[str, str]:
             path.unlink()
             result[key] = "" if same else "read back other bytes"
         except OSError as exc:
-            result[key] = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+            failed = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+            # Whose refusal: the place's (its owner closed it to this user: "place:EACCES")
+            # or the canary dir's, which is the harness's planted object in a place still open.
+            place = Path(directory).parent
+            result[key] = failed if os.access(place, os.W_OK | os.X_OK) else f"place:{failed}"
     return result
 
 
@@ -380,10 +384,12 @@ class FsWriteOutside(_Spec):
         """The payload user, unconfined, can write (and remove) a file in every canary dir.
 
         As the payload user (`call_as`), so a refusal inside means the sandbox, not the file
-        modes. A site whose place its owner removed or replaced, or that the payload user
-        cannot write (a scan's find whose owner tightened it) is dropped from the cell and
-        listed under `dropped`, not a failed check; the named classes (the temp dir, the home,
-        beside the workspace) must hold, so their refusal fails the control.
+        modes. A site whose place its owner removed or replaced, or whose place the payload
+        user cannot write (a scan's find whose owner tightened it) is dropped from the control
+        and listed under `dropped`, not a failed check; the named classes (the temp dir, the
+        home, beside the workspace) must hold, so their refusal fails the control. A refusal
+        by the canary dir itself (the harness's object, in a place still open) is a failed
+        check: something changed what the harness planted.
         """
         nonce = _control_nonce()
         planted = self.planted(ctx)
@@ -527,8 +533,8 @@ class FsWriteOutside(_Spec):
         changed: dict[str, str] = {}
         state: dict[str, Any] = {}
         for key, directory in planted.items():
-            if key in dropped:
-                continue
+            # Asked again, not taken from the control's drops: a place out of the payload
+            # user's reach is still judged (a sandbox running as root may have written there).
             if moved := self._moved(ctx, key):
                 dropped[key] = moved
                 continue
