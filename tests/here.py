@@ -11,9 +11,17 @@ does on this machine instead of to what an earlier machine happened to offer.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
+import pytest
+
+from sandbox_attest.attest.policy import load_policy
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.matrix import Cell, ProbeRow
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
 
 
 @functools.cache
@@ -30,3 +38,22 @@ def not_judgeable_here(probe: str) -> str | None:
 def cell_here(backend: str, probe: str, timeout: float) -> Cell:
     """A matrix cell as a run on this host makes it: NOT_APPLICABLE where it cannot judge."""
     return Cell(backend, ProbeRow(probe, timeout), not_judgeable_here(probe))
+
+
+def skip_unless_policy_judged_here(policy: Path, platform: str, backends: Iterable[str]) -> None:
+    """Skip, naming the probe and why, where `policy` requires a probe this host cannot judge.
+
+    Its cells are NOT_APPLICABLE here on every leg, so no run here can meet such a policy: a
+    test that expects the gate PASSED asks the machine for something it does not have.
+    """
+    legs = set(backends)
+    for requirement in load_policy(policy).requirements:
+        if requirement.platform != platform or requirement.backend not in legs:
+            continue
+        for probe in requirement.probes:
+            reason = not_judgeable_here(probe)
+            if reason is not None:
+                pytest.skip(
+                    f"{policy.name} requires {probe} on {platform}/{requirement.backend}, "
+                    f"which this machine cannot judge: {reason}"
+                )

@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sandbox_attest.matrix import load_matrix
-from sandbox_attest.paths import matrix_dir
+from sandbox_attest.paths import default_policy, matrix_dir
+from tests.here import skip_unless_policy_judged_here
 
 CLI = [sys.executable, "-m", "sandbox_attest.cli"]
 CORE = [
@@ -70,6 +71,7 @@ class TestRun:
         private, public = keypair(tmp_path)
         out = tmp_path / "report"
         legs = ("none", "bubblewrap", "docker")
+        skip_unless_policy_judged_here(default_policy(), "linux", legs)
         proc = run_cli(
             "run",
             *(f"--backend={b}" for b in legs),
