@@ -66,12 +66,13 @@ hidden() {
 # mount's --no-canonicalize hands the kernel that /proc/self/fd path as it is (canonicalized,
 # it would name the covered path again, i.e. the fresh tmpfs).
 cover() {
-  local parent=$1 globs=$2 fd kind name src dst kept=0 dropped=0
+  local parent=$1 globs=$2 fd kind name src dst kept=0 dropped=0 gone=0
   [[ -d "$parent" && ! -L "$parent" ]] || return 0
   exec {fd}<"$parent"
   local mode uid gid
   read -r mode uid gid < <(stat -c '%a %u %g' "$parent")
-  mount -n -t tmpfs -o "mode=$mode,uid=$uid,gid=$gid,nosuid,nodev" fresh-state "$parent"
+  # No nosuid/nodev/noexec: nothing the host does not restrict is restricted here.
+  mount -n -t tmpfs -o "mode=$mode,uid=$uid,gid=$gid" fresh-state "$parent"
   while IFS=$'\t' read -r -d '' kind name; do
     if hidden "$name" "$globs"; then
       dropped=$((dropped + 1))
@@ -81,23 +82,34 @@ cover() {
     dst="$parent/$name"
     case "$kind" in
       l) ln -s "$(readlink "$src")" "$dst" ;;
-      d)
-        mkdir "$dst"
-        mount -n --no-canonicalize --rbind "$src" "$dst"
-        ;;
-      *)
-        : >"$dst"
-        mount -n --no-canonicalize --bind "$src" "$dst"
-        ;;
+      d) mkdir "$dst" ;;
+      *) : >"$dst" ;;
     esac
+    if [[ "$kind" != l ]] && ! mount -n --no-canonicalize --rbind "$src" "$dst" 2>/dev/null; then
+      # Another program's entry may go between the listing and the bind (a busy /run): then
+      # it is gone on the host too. Any other failure stops here: a half-made view would
+      # not be the host's.
+      [[ ! -e "$src" && ! -L "$src" ]] || die "could not bind $parent/$name back into the fresh $parent"
+      rm -d "$dst"
+      gone=$((gone + 1))
+      continue
+    fi
     kept=$((kept + 1))
   done < <(find "/proc/self/fd/$fd/" -mindepth 1 -maxdepth 1 -printf '%y\t%f\0')
   exec {fd}<&-
-  say "fresh $parent (tmpfs): $kept host entries bound back, $dropped of the harness's hidden"
+  local meanwhile=""
+  ((gone == 0)) || meanwhile=", $gone gone meanwhile"
+  say "fresh $parent (tmpfs): $kept host entries bound back, $dropped of the harness's hidden$meanwhile"
 }
 
 if [[ "${1:-}" == --inside ]]; then
   shift
+  # Only in the namespace the step below made: run in the host's own, it would cover the
+  # host's /run and /tmp for every process there.
+  here=$(readlink /proc/self/ns/mnt)
+  [[ -n "${FRESH_STATE_OUTER_NS:-}" && "$here" != "$FRESH_STATE_OUTER_NS" ]] ||
+    die "--inside is this script's own step, run only in the mount namespace it makes"
+  unset FRESH_STATE_OUTER_NS
   for spec in "${FRESH[@]}"; do
     cover "${spec%%|*}" "${spec#*|}"
   done
@@ -107,4 +119,6 @@ fi
 [[ $# -gt 0 ]] || die "usage: scripts/fresh-state.sh CMD [ARGS...]"
 [[ "$(id -u)" == 0 ]] || die "a private mount namespace needs root; run as root (sudo $0 $*), or run the command directly"
 command -v unshare >/dev/null || die "unshare not found; install util-linux"
+FRESH_STATE_OUTER_NS=$(readlink /proc/self/ns/mnt)
+export FRESH_STATE_OUTER_NS
 exec unshare --mount --propagation private -- "$0" --inside "$@"

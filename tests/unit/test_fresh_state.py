@@ -108,3 +108,13 @@ def test_every_state_place_the_code_names_is_hidden() -> None:
 def test_a_command_that_fails_fails_the_wrapper() -> None:
     """The command's exit status is the wrapper's: CI sees a failing suite as failing."""
     assert inside("exit 3").returncode == 3
+
+
+def test_its_inner_step_refuses_the_hosts_own_namespace() -> None:
+    """`--inside` run directly would cover the host's /run and /tmp: it refuses, naming why."""
+    done = subprocess.run(
+        [str(SCRIPT), "--inside", "true"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1
+    assert "run only in the mount namespace it makes" in done.stderr
+    assert " fresh-state " not in Path("/proc/self/mountinfo").read_text()  # nothing covered
