@@ -69,6 +69,7 @@ class Noise:
         created: how many transient directories it made.
         removed: how many it removed (its owner's removal, during the run).
         replaced: how many of those it made again under the same name at once.
+        paths: every transient directory it made, so a test can tell that its cell met them.
     """
 
     roots: tuple[Path, ...]
@@ -77,6 +78,7 @@ class Noise:
     removed: int = 0
     replaced: int = 0
     errors: list[str] = field(default_factory=list)
+    paths: set[Path] = field(default_factory=set)
 
     def summary(self) -> str:
         """One line: what the busy host did, for an assertion's message."""
@@ -177,10 +179,12 @@ def _churn(
             if sum(1 for m in live if m.path.parent == root) >= LIVE_MAX:
                 continue
             try:
-                live.append(_make(root, rng, lifetime_s))
+                made = _make(root, rng, lifetime_s)
             except OSError as exc:
                 noise.errors.append(f"{root}: {exc}")
                 continue
+            live.append(made)
+            noise.paths.add(made.path)
             noise.created += 1
 
 

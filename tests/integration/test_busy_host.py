@@ -158,6 +158,9 @@ def test_strong_bubblewrap_passes_under_noise(
         verdicts(entries),
         noise.summary(),
     )
+    # The noise reached the cell: witnesses went into its transient directories too.
+    sites = entries["ipc_unix_socket_escape"]["witness"]["witness_sockets"]["planted"]
+    assert {Path(s).parent for s in sites} & noise.paths, (sites, noise.summary())
 
 
 @pytest.mark.usefixtures("control")
