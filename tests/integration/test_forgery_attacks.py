@@ -4,9 +4,11 @@ Two set-ups the harness supports hand the release key to the code under test:
 
 (a) a non-root harness: every wrapper runs as the harness's own uid, so it reads `--key PATH`
     in an ancestor's `/proc/<pid>/cmdline` and then the key file itself;
-(b) a spec with `[run] user = "root"`: the wrapper runs as root and reads anything, the key
-    file and `/proc/<harness>/environ` (which still shows `$SANDBOX_ATTEST_SIGNING_KEY` after
-    the harness deleted it from its own `os.environ`).
+(b) a spec with `[run] user = "root"`: the wrapper runs as root and reads anything: the key
+    file named in the cmdline of whatever started the harness (`sudo sandbox-attest run --key
+    K` leaves sudo above the harness, its cmdline world-readable, whatever title the harness
+    shows itself), and `/proc/<harness>/environ`, which still shows
+    `$SANDBOX_ATTEST_SIGNING_KEY` after the harness deleted it from its own `os.environ`.
 
 The wrapper (tests/data/forger/wrapper.py) steals the key and keeps it; the test then forges
 with that loot as the attacker would: the run's report with every verdict turned PASS and the
@@ -195,9 +197,12 @@ def root_wrapper_run(root: Path, via: str) -> ForgeryRun:
         argv += ["--key", str(private)]
     else:
         env[ENV_VAR] = private.read_text()
+    # A parent that stays above the harness with the argv it was given, as sudo does (this
+    # machine may have no sudo; a shell that waits for its child is the same to the wrapper).
+    parent = ["sh", "-c", '"$@"; exit $?', "sh"]
     done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, env=env,
-        cwd=REPO,
+        [*parent, *argv], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
+        env=env, cwd=REPO,
     )  # fmt: skip
     return ForgeryRun(
         root, drop, out, private, public, policy, config, done.returncode, done.stdout, done.stderr
