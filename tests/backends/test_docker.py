@@ -392,12 +392,13 @@ class TestConfinement:
         self, backend: DockerBackend, tmp_path: Path, payload_dir: Path
     ) -> None:
         """A payload past its deadline is killed, its container removed, the run marked."""
-        request, _ = make_request(tmp_path, payload_dir, "sleep=60", timeout=2.0)
+        sleep_s = 60  # how long the payload lives unless killed
+        request, _ = make_request(tmp_path, payload_dir, f"sleep={sleep_s}", timeout=2.0)
         run = backend.run(request)
         assert run.timed_out is True
         assert run.started is True  # the marker came before the sleep
-        # Not a speed budget: a payload that was not killed would sleep its full 60 s.
-        assert run.duration_s < 60, "the payload ran to its end: never killed"
+        # Not a speed budget: a payload that was not killed would sleep its full sleep_s.
+        assert run.duration_s < sleep_s, "the payload ran to its end: never killed"
         assert any("container killed" in note for note in run.notes)
         assert backend.leftovers()["containers"] == []
 
