@@ -20,16 +20,20 @@ from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
+    "INPUT_DIR",
     "LAUNCHER_SOURCE",
     "SCRATCH_PREFIX",
     "STAGED_LAUNCHER",
     "STAGED_PROGRAM",
+    "STAGED_SHIM",
     "STAGED_TASK",
     "TELLTALE_WORDS",
     "StagedPayload",
     "interpreter_paths",
     "payload_env",
     "stage_payload",
+    "stage_shim",
+    "staged_shim_path",
 ]
 
 # The launcher as the repository keeps it (probes/_launch.py: the underscore keeps it out of
@@ -40,6 +44,10 @@ LAUNCHER_SOURCE: Final = "_launch.py"
 STAGED_LAUNCHER: Final = "main.py"
 STAGED_PROGRAM: Final = "job.py"
 STAGED_TASK: Final = "config.json"
+# The egress shim (sandbox_attest/egress/shim.py), staged beside them for command wrappers.
+STAGED_SHIM: Final = "bridge.py"
+# The cell dir's subdirectory they are staged in (read-only for the payload).
+INPUT_DIR: Final = "input"
 # The prefix of a run's scratch directory (under the temp dir), which holds every workspace:
 # the payload's cwd and HOME, so a wrapper sees it. Fixed, so a test can count leftovers.
 SCRATCH_PREFIX: Final = "agent-"
@@ -125,3 +133,21 @@ def stage_payload(
     for path in (staged.launcher, staged.program, staged.task):
         path.chmod(0o644)
     return staged
+
+
+def staged_shim_path(cell_dir: Path) -> Path:
+    """Where a cell's staged shim is (`stage_shim` into the cell's `INPUT_DIR`)."""
+    return cell_dir / INPUT_DIR / STAGED_SHIM
+
+
+def stage_shim(cell_dir: Path, shim: Path) -> Path:
+    """Copy the egress shim into the cell's input directory as `STAGED_SHIM` (0644).
+
+    A command wrapper runs it by this path, in the payload's argv; the installed one's path
+    (`.../sandbox_attest/egress/shim.py`) would name the harness. Staged before the probe
+    prepares the cell, so a probe that watches the shim watches the copy really run.
+    """
+    target = staged_shim_path(cell_dir)
+    shutil.copyfile(shim, target)
+    target.chmod(0o644)
+    return target

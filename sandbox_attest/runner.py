@@ -36,7 +36,14 @@ from sandbox_attest.errors import HarnessError, ProbeOutputError
 from sandbox_attest.interpreter import payload_interpreter
 from sandbox_attest.matrix import Cell
 from sandbox_attest.paths import probes_dir
-from sandbox_attest.payload import LAUNCHER_SOURCE, payload_env, stage_payload
+from sandbox_attest.payload import (
+    INPUT_DIR,
+    LAUNCHER_SOURCE,
+    payload_env,
+    stage_payload,
+    stage_shim,
+    staged_shim_path,
+)
 from sandbox_attest.trust import (
     PayloadUser,
     give,
@@ -76,7 +83,11 @@ def inside_route(
     )
     if paths is None:
         return None
-    return InsideRoute(paths.proxy_socket, paths.shim, SHIM_PORT, shim_path())
+    # A command wrapper runs the cell's staged copy (its `{shim}`, issue 23): that copy is the
+    # route's shim on the host. The namespaced built-ins mount the installed one.
+    staged = getattr(backend, "runs_staged_shim", False) and cell_dir is not None
+    source = staged_shim_path(cell_dir) if staged and cell_dir is not None else shim_path()
+    return InsideRoute(paths.proxy_socket, paths.shim, SHIM_PORT, source)
 
 
 def parse_report(run: ProbeRun) -> dict[str, Any]:
@@ -311,7 +322,7 @@ class CellRunner:
         # it the escape being tried (issue 23). The evidence keys cells by id, not by this dir.
         cell_dir = self.scratch / "cells" / nonce
         workspace = cell_dir / "workspace"
-        inputs = cell_dir / "input"
+        inputs = cell_dir / INPUT_DIR
         # Modes set explicitly, never left to the umask: the payload user must traverse the
         # cell dir and read its inputs, whatever umask this process (or a thread of a library
         # that changes it for a moment) has. A 0700 directory here makes a cell fail on file
@@ -319,6 +330,9 @@ class CellRunner:
         for directory in (self.scratch / "cells", cell_dir, workspace, inputs):
             directory.mkdir(exist_ok=directory == self.scratch / "cells")
             directory.chmod(0o755)
+        # The shim a command wrapper's payload runs, under a neutral name (issue 23); before
+        # the probe prepares, so a probe that watches the route watches this copy.
+        stage_shim(cell_dir, shim_path())
         # The payload owns its workspace (the one writable grant), but only once `prepare` has
         # planted in it (below): while root writes there, a payload user's leftover helper
         # must not be able to swap a name in it for a symlink (issue 23). The cell dir stays
@@ -394,6 +408,7 @@ class CellRunner:
                 cell_dir=cell_dir,
                 world=info,
                 user=self.user,
+                shim=staged_shim_path(cell_dir),
             )
             run = run_watched(backend, request, ctx, task_path)
             # A fixture that died during the cell is named before the host control trips on

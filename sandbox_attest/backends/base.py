@@ -255,6 +255,11 @@ class ProbeRequest:
     # The unprivileged user every sandboxed command runs as (sandbox_attest/trust.py); None where
     # the harness cannot separate trust domains, and the command then runs as the harness's user.
     user: PayloadUser | None = None
+    # The egress shim as staged for this cell, under a neutral name beside the payload
+    # (sandbox_attest/payload.py): a command wrapper sees its path in the payload's argv, and
+    # the installed one's (`.../sandbox_attest/egress/shim.py`) names the harness. None: the
+    # installed `shim_path()` (built-in backends mount it at a fixed inside path anyway).
+    shim: Path | None = None
 
 
 @dataclass

@@ -83,7 +83,7 @@ from sandbox_attest.errors import BackendError
 from sandbox_attest.host_os import current_platform
 from sandbox_attest.interpreter import run_interpreter
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.payload import payload_env
+from sandbox_attest.payload import STAGED_SHIM, payload_env, staged_shim_path
 from sandbox_attest.provenance import executable_facts
 from sandbox_attest.sweep import record_leftovers
 from sandbox_attest.trust import PayloadUser, give, payload_user
@@ -146,12 +146,17 @@ def harness_env() -> dict[str, str]:
 
     Nothing secret is meant to be in it (the signing key never is: sandbox_attest/trust.py), but a
     CI runner's own GITHUB_TOKEN or a developer's AWS key might be: every secret-looking name,
-    every `SANDBOX_ATTEST_*` and the harness's proxy settings are dropped.
+    every `SANDBOX_ATTEST_*` and the harness's proxy settings are dropped. So is every
+    `PYTEST_*`: the matrix runs under pytest in this process, and its PYTEST_CURRENT_TEST names
+    the cell (`matrix.toml::firejail-fs_read_secrets`), telling a wrapper it is under test and
+    what is being tried (issue 23).
     """
     return {
         k: v
         for k, v in os.environ.items()
-        if not SECRET_ENV.search(k) and k.lower() not in HARNESS_PROXY_VARS
+        if not SECRET_ENV.search(k)
+        and k.lower() not in HARNESS_PROXY_VARS
+        and not k.startswith("PYTEST_")
     }
 
 
@@ -214,6 +219,10 @@ def _describe(pid: int) -> str:
 class CommandBackend:
     """A third-party sandbox CLI driven by a spec file."""
 
+    # `{shim}` is the cell's staged copy (ProbeRequest.shim), wherever a spec shows it inside:
+    # the runner watches that copy as the route's shim (sandbox_attest/runner.py inside_route).
+    runs_staged_shim = True
+
     def __init__(self, spec: CommandSpec) -> None:
         """Wrap a validated spec (see `from_path`)."""
         self.spec = spec
@@ -237,7 +246,8 @@ class CommandBackend:
         sample = sample_context()
         scalars = sample.scalars | {
             "proxy_socket": world.proxy.socket,
-            "shim": str(shim_path()),
+            # The copy the cell stages under a neutral name (`context`), the one really run.
+            "shim": str(staged_shim_path(cell_dir)),
             "shim_port": str(SHIM_PORT),
             "world_dir": world.run_dir,
             "ca_bundle": world.ca_bundle,
@@ -511,6 +521,10 @@ class CommandBackend:
         workspace.mkdir()
         run_dir.mkdir()
         socket.touch()  # wrappers bind it in; nothing connects during the check
+        # A spec may bind {shim}: a copy under the cells' neutral name (issue 23).
+        shim = root / STAGED_SHIM
+        shutil.copyfile(shim_path(), shim)
+        shim.chmod(0o644)
         # The interpreter every cell's payload gets (sandbox_attest/interpreter.py).
         python = run_interpreter()
         payload = [python.path, "-c", CONFINEMENT_PROBE]
@@ -538,7 +552,7 @@ class CommandBackend:
                 "probe_argv": shell_join(payload),
                 "payload_shell": shell_join(payload),
                 "proxy_socket": str(socket),
-                "shim": str(shim_path()),
+                "shim": str(shim),
                 "world_dir": str(root),
                 "read_only_json": json_list(read_only),
                 "read_only_csv": ",".join(read_only),
@@ -624,7 +638,8 @@ class CommandBackend:
             "proxy_user": unquote(proxy.username or ""),
             "proxy_secret": unquote(proxy.password or ""),
             "proxy_socket": world.proxy.socket,
-            "shim": str(shim_path()),
+            # The cell's staged copy: the installed path names the harness (issue 23).
+            "shim": str(request.shim or shim_path()),
             "shim_port": str(SHIM_PORT),
             "ca_bundle": world.ca_bundle,
             "dns_host": world.dns.host,

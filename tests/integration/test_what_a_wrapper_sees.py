@@ -4,7 +4,7 @@ A wrapper that confines only when it detects the harness would earn every PASS. 
 here (tests/data/lookout/wrapper.py) records what such a wrapper would look at: its argv,
 its environment (names and values), its cwd, and the cmdline and comm of every ancestor it
 can read. A real `sandbox-attest run` starts it, and none of that may carry a telltale word
-(`sandbox_attest.payload.TELLTALE_WORDS`).
+(`sandbox_attest.payload.TELLTALE_WORDS`), the word `pytest` or a probe's id.
 
 The exceptions, each with its reason:
 - the interpreter's own path (`sys.prefix`): the user installed the harness there; a venv
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from sandbox_attest.catalog import PROBES
 from sandbox_attest.hostview import LAUNCHER
 from sandbox_attest.payload import TELLTALE_WORDS
 
@@ -46,13 +47,16 @@ REPO = Path(__file__).resolve().parents[2]
 LOOKOUT = REPO / "tests" / "data" / "lookout"
 PROBE = "env_inheritance"  # quick, and it needs nothing of the world but the workspace
 RUN_TIMEOUT_S = 180
+# Beyond the words that name the harness: the test runner it runs under, and every probe id
+# (a wrapper that saw one would know the escape being tried).
+LOUD = (*TELLTALE_WORDS, "pytest", *PROBES)
 
 
 def telltales(text: str) -> list[str]:
-    """The telltale words in `text` once the interpreter's own prefix is taken out."""
+    """The loud words in `text` once the interpreter's own prefix is taken out."""
     for prefix in {sys.prefix, sys.base_prefix, str(Path(sys.executable).parent)}:
         text = text.replace(prefix, "<python>")
-    return [word for word in TELLTALE_WORDS if word in text.lower()]
+    return [word for word in LOUD if word in text.lower()]
 
 
 @pytest.fixture(scope="module")
@@ -108,24 +112,24 @@ def seen() -> Iterator[tuple[list[dict[str, Any]], int, str]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def cell_records(seen: tuple[list[dict[str, Any]], int, str]) -> list[dict[str, Any]]:
-    """The records of wrapper starts that ran a payload (not the availability check)."""
+def starts(seen: tuple[list[dict[str, Any]], int, str]) -> list[dict[str, Any]]:
+    """Every start of the wrapper (the availability check's too); fails if none ran a payload."""
     records, _, output = seen
     cells = [r for r in records if any(a.endswith(f"/{LAUNCHER}") for a in r["argv"])]
     assert cells, f"the wrapper never ran a payload: {len(records)} records; run said {output}"
-    return cells
+    return records
 
 
 def test_the_wrapper_argv_and_cwd_are_neutral(seen: tuple[list[dict[str, Any]], int, str]) -> None:
-    """The payload's command line and the wrapper's cwd name no harness, probe or canary."""
-    for record in cell_records(seen):
+    """The payload's command line and the wrapper's cwd name no harness, test or probe."""
+    for record in starts(seen):
         shown = " ".join([*record["argv"], record["cwd"]])
         assert telltales(shown) == [], shown
 
 
 def test_the_wrapper_environment_is_neutral(seen: tuple[list[dict[str, Any]], int, str]) -> None:
     """No variable name or value the wrapper gets carries a telltale word."""
-    for record in cell_records(seen):
+    for record in starts(seen):
         loud = {k: v for k, v in record["environ"].items() if telltales(f"{k}={v}")}
         assert loud == {}
 
@@ -135,7 +139,7 @@ def test_the_harness_and_the_ancestors_below_it_are_neutral(
 ) -> None:
     """Every ancestor up to the harness process shows a neutral cmdline and comm."""
     _, harness_pid, _ = seen
-    for record in cell_records(seen):
+    for record in starts(seen):
         chain = record["ancestors"]
         pids = [a["pid"] for a in chain]
         assert harness_pid in pids, f"the harness {harness_pid} is not an ancestor: {pids}"

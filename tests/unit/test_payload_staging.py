@@ -6,16 +6,20 @@ import stat
 from typing import TYPE_CHECKING
 
 from sandbox_attest import hostview, proctitle, sweep
+from sandbox_attest.backends.base import shim_path
 from sandbox_attest.catalog import probe_path
 from sandbox_attest.paths import probes_dir
 from sandbox_attest.payload import (
+    INPUT_DIR,
     LAUNCHER_SOURCE,
     SCRATCH_PREFIX,
     STAGED_LAUNCHER,
     STAGED_PROGRAM,
+    STAGED_SHIM,
     STAGED_TASK,
     TELLTALE_WORDS,
     stage_payload,
+    stage_shim,
 )
 
 if TYPE_CHECKING:
@@ -35,22 +39,25 @@ def test_the_host_finds_the_payload_by_the_staged_launcher_name() -> None:
 
 def test_every_name_a_wrapper_sees_is_neutral() -> None:
     """The staged file names, the scratch prefix and the proxy's title carry no telltale word."""
-    names = [STAGED_LAUNCHER, STAGED_PROGRAM, STAGED_TASK, SCRATCH_PREFIX]
+    names = [STAGED_LAUNCHER, STAGED_PROGRAM, STAGED_TASK, STAGED_SHIM, INPUT_DIR, SCRATCH_PREFIX]
     names += [*proctitle.harness_title(), *proctitle.signer_title()]
     names += proctitle.proxy_title("/tmp/proxy-config-x.json")
     assert [n for n in names if telltales(n)] == []
 
 
 def test_stage_payload_copies_the_files_read_only_for_the_payload(tmp_path: Path) -> None:
-    """The launcher and probe are byte-identical 0644 copies; the task is the JSON given."""
+    """Launcher, probe and shim are byte-identical 0644 copies; the task is the JSON given."""
     directory = tmp_path / "input"
     directory.mkdir(mode=0o755)
     program = probe_path("net_direct_egress")
-    staged = stage_payload(directory, probes_dir() / LAUNCHER_SOURCE, program, {"nonce": "n1"})
-    assert staged.launcher.read_bytes() == (probes_dir() / LAUNCHER_SOURCE).read_bytes()
+    launcher = probes_dir() / LAUNCHER_SOURCE
+    shim = stage_shim(tmp_path, shim_path())
+    staged = stage_payload(directory, launcher, program, {"nonce": "n1"})
+    assert staged.launcher.read_bytes() == launcher.read_bytes()
     assert staged.program.read_bytes() == program.read_bytes()
+    assert shim.read_bytes() == shim_path().read_bytes()
     assert staged.task.read_text() == '{\n "nonce": "n1"\n}'
-    for path in (staged.launcher, staged.program, staged.task):
+    for path in (staged.launcher, staged.program, staged.task, shim):
         assert path.parent == directory
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
         assert telltales(path.name) == []
