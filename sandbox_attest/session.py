@@ -289,8 +289,9 @@ class RunSession:
         if copy is not None:
             self.writer.run_facts["payload_files"] = {
                 "copied_to": str(copy),
-                # Only a separated run copies: a payload user exists whenever this runs.
-                "because": [p.line(self.user) for p in self.reach.copy_needed if self.user],
+                # The first refusal says why and what would fix it; the rest share its cause.
+                "because": next(p.line(self.user) for p in self.reach.copy_needed if self.user),
+                "unreadable": len(self.reach.copy_needed),
             }
         return True
 

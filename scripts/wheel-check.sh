@@ -15,7 +15,12 @@
 #     site-packages path), no PytestAssertRewriteWarning and no mention of scripts/;
 #   - `verify --partial` of that report with the package's default policy holds;
 #   - a second run with a local matrix/ named by flag (two probes, one leg, its own policy),
-#     `merge` of that leg with its legs file, and `verify` of the release hold.
+#     `merge` of that leg with its legs file, and `verify` of the release hold;
+#   - as root: `pipx install` of the wheel into a directory only root can enter (PIPX_HOME and
+#     PIPX_BIN_DIR under a 0700 mktemp dir, as pipx under /root/.local is), then `run --backend
+#     none --backend bubblewrap` and `verify --partial` from an empty directory: the gate
+#     PASSES, on an interpreter the payload user can run (the evidence says which) with the
+#     payload files copied where it can read them.
 # Everything it makes lives under the mktemp directory, removed at the end (kept with
 # WHEEL_CHECK_KEEP=1). Exit 0 only if every step held.
 set -euo pipefail
@@ -129,5 +134,44 @@ grep -q '^matrix/matrix.toml::bubblewrap-fs_write_outside PASS' run-local.log \
 "$SA" verify release --trusted-key key.pub --policy matrix/policy.toml >verify-release.log 2>&1 \
   || { cat verify-release.log >&2; fail "verify of the merged release refused"; }
 ! grep -n 'scripts/' ./*.log || fail "a message names scripts/, which the wheel does not carry"
+
+# Root installs Python tools where only root can enter: pipx under /root/.local, a venv in a
+# mktemp -d directory. The payload user (sandbox_attest/trust.py) can then neither start the
+# harness's interpreter nor read its probes; the run must still work (sandbox_attest/reach.py).
+if [ "$(id -u)" -eq 0 ]; then
+  command -v pipx >/dev/null \
+    || fail "pipx not found; install it (Debian: apt-get install pipx; ./run test does)"
+  PIPX_ROOT=$(mktemp -d "$WORK/pipx.XXXXXX")  # 0700, root's: the payload user cannot enter
+  [ "$(stat -c %a "$PIPX_ROOT")" = 700 ] || fail "$PIPX_ROOT is not mode 700"
+  say "pipx install $(basename "$wheel") under $PIPX_ROOT (0700, root's)"
+  PIPX_HOME=$PIPX_ROOT/home PIPX_BIN_DIR=$PIPX_ROOT/bin PIPX_MAN_DIR=$PIPX_ROOT/man \
+    pipx install --python "$base" "$wheel" >"$WORK/pipx.log" 2>&1 \
+    || { tail -20 "$WORK/pipx.log" >&2; fail "pipx install of the wheel failed (log above)"; }
+  mkdir -m 755 "$WORK/cwd-pipx"
+  cd "$WORK/cwd-pipx"
+  say "root-only pipx install: run --backend none --backend bubblewrap (from $WORK/cwd-pipx)"
+  set +e
+  "$PIPX_ROOT/bin/sandbox-attest" run --backend none --backend bubblewrap \
+    --key "$WORK/cwd/key.pem" --out leg >run.log 2>&1
+  code=$?
+  set -e
+  grep '^gate:' run.log >&2 || true
+  [ "$code" -eq 0 ] || { tail -40 run.log >&2; fail "run from the root-only pipx install exited $code"; }
+  grep -q '^gate: PASSED' run.log || fail "the root-only pipx install's run did not pass its gate"
+  # The evidence names the interpreter the payloads ran on and where their files were copied.
+  "$base" - "$PIPX_ROOT" leg/evidence.json <<'PY' || fail "the evidence does not record the choice"
+import json, sys
+root, evidence = sys.argv[1], json.load(open(sys.argv[2]))
+chosen, copied = evidence["payload_interpreter"], evidence.get("payload_files") or {}
+print("wheel-check: payloads ran on", chosen["path"], "-", chosen["reason"], file=sys.stderr)
+assert not chosen["path"].startswith(root), chosen
+assert chosen["harness_executable"].startswith(root), chosen
+assert copied.get("copied_to") and not copied["copied_to"].startswith(root), copied
+PY
+  "$PIPX_ROOT/bin/sandbox-attest" verify leg --trusted-key "$WORK/cwd/key.pub" --partial \
+    >verify.log 2>&1 || { cat verify.log >&2; fail "verify of the root-only pipx leg refused"; }
+else
+  say "skipped the root-only pipx install: not root, so there is no separate payload user"
+fi
 
 say "OK in $((SECONDS - t0)) s: built, installed outside the checkout, run + verify + merge hold"
