@@ -147,3 +147,21 @@ def test_the_harness_and_the_ancestors_below_it_are_neutral(
             assert ancestor["unread"] == "", ancestor
             shown = " ".join([*ancestor["cmdline"], ancestor["comm"]])
             assert telltales(shown) == [], ancestor
+
+
+def test_the_harness_children_show_neutral_titles(
+    seen: tuple[list[dict[str, Any]], int, str],
+) -> None:
+    """The harness's other children (its egress proxy and signer) show neutral titles too."""
+    _, harness_pid, _ = seen
+    siblings = [
+        s for r in starts(seen) if r["ancestors"][0]["pid"] == harness_pid for s in r["siblings"]
+    ]
+    titles = [s["cmdline"] for s in siblings]
+    # The signer runs from before the first wrapper starts, the proxy from the first cell on
+    # (the availability check comes before the world): each was seen at least once.
+    assert any(t[1:3] == ["-m", "relay"] for t in titles), titles
+    assert any(t[1:2] == ["worker.py"] for t in titles), titles
+    for sibling in siblings:
+        shown = " ".join([*sibling["cmdline"], sibling["comm"]])
+        assert telltales(shown) == [], sibling

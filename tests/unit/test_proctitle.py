@@ -73,3 +73,37 @@ def test_a_word_with_a_nul_is_refused() -> None:
 
     with pytest.raises(ValueError, match="without NUL"):
         set_title(["py\0thon"])
+
+
+# The plugin's step before a matrix session, run in a child (it retitles its own process):
+# a stand-in config that names a payload user, then what the child now shows and holds.
+PLUGIN_CHILD = """
+import json, os, sys
+from pathlib import Path
+from sandbox_attest import plugin
+from sandbox_attest.trust import USER_ENV
+
+class Config:
+    def getoption(self, name):
+        return "someone" if name == plugin.OPT_PAYLOAD_USER else None
+
+plugin._hide_the_harness(Config())
+words = [w.decode() for w in Path("/proc/self/cmdline").read_bytes().split(b"\\0") if w]
+print(json.dumps({"user": os.environ.get(USER_ENV), "cmdline": words}))
+"""
+
+
+def test_a_pytest_matrix_run_hides_the_harness_too() -> None:
+    """With `pytest --sandbox-attest`, the payload user option is set and the title is neutral."""
+    env = {k: v for k, v in os.environ.items() if k != "SANDBOX_ATTEST_PAYLOAD_USER"}
+    done = subprocess.run(
+        [sys.executable, "-c", PLUGIN_CHILD, "--sandbox-attest-report-dir=/srv/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
+    )
+    said = json.loads(done.stdout)
+    assert said["user"] == "someone"
+    assert said["cmdline"][1:] == ["app.py"]

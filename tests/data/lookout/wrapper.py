@@ -3,8 +3,9 @@
 
 tests/integration/test_what_a_wrapper_sees.py names it in a spec. Before it runs its payload
 (unconfined: it is no sandbox) it writes one JSON file into $SEEN_DIR: its argv, its whole
-environment, its cwd, and for every ancestor up to pid 1 the pid, cmdline words and comm it
-could read (or the errno name). A wrapper that confines only when it detects a test would look
+environment, its cwd, and for every ancestor up to pid 1 and every other child of its parent
+(the harness's proxy and signer among them) the pid, cmdline words and comm it could read
+(or the errno name). A wrapper that confines only when it detects a test would look
 exactly here. Stdlib only.
 """
 
@@ -43,6 +44,21 @@ def ancestors():
     return chain
 
 
+def siblings():
+    """Every other child of our parent (the harness): its proxy, its signer, other cells."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        if parent_of(int(entry)) != os.getppid():
+            continue
+        cmdline, why = read("/proc/%s/cmdline" % entry, binary=True)
+        comm, _ = read("/proc/%s/comm" % entry)
+        words = [w.decode("utf-8", "replace") for w in (cmdline or b"").split(b"\0") if w]
+        found.append({"pid": int(entry), "cmdline": words, "comm": (comm or "").strip(), "unread": why})
+    return found
+
+
 def main():
     seen = {
         "pid": os.getpid(),
@@ -51,6 +67,7 @@ def main():
         "environ": dict(os.environ),
         "cwd": os.getcwd(),
         "ancestors": ancestors(),
+        "siblings": siblings(),
     }
     target = os.path.join(os.environ["SEEN_DIR"], "seen-%d.json" % os.getpid())
     with open(target, "w") as fh:
