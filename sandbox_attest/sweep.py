@@ -36,7 +36,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import stat
 import sys
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.safefs import UnsafePathError, open_dir
 
 STATE_ENV: Final = "SANDBOX_ATTEST_STATE_DIR"
 ROOT_STATE_DIR: Final = Path("/var/lib/sandbox-attest")
@@ -273,16 +273,26 @@ def _remove_path(path: Path, why: str) -> Swept | None:
         return None
     except OSError as exc:
         return Swept("path", str(path), f"{why}; {exc}", removed=False)
-    # A parent swapped for a symlink since it was journalled points somewhere else: refuse.
-    if os.path.realpath(path.parent) != str(path.parent):
-        return Swept("path", str(path), f"{why}; its parent is now a symlink", removed=False)
+    # Through the parent's descriptor, opened with no symlink on the way (sandbox_attest/
+    # safefs.py): a journalled canary may sit in the payload user's home, and a parent swapped
+    # for a symlink since then (even between a check and the removal) is refused, never
+    # followed.
     try:
-        if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree(path)  # fd-based: never follows a symlink inside the tree
-        else:
-            path.unlink()
-    except OSError as exc:
+        with open_dir(path.parent) as parent:
+            now = parent.entry(path.name)
+            if now is None:
+                return None
+            ident = (now.st_dev, now.st_ino)
+            if stat.S_ISDIR(now.st_mode):
+                left = parent.rmtree(path.name, {path.name: ident}, also_foreign=True)
+                if parent.entry(path.name) is not None:
+                    kept = "; ".join(left) or "still there"
+                    return Swept("path", str(path), f"{why}; not removed: {kept}", removed=False)
+            else:
+                parent.unlink(path.name, expect=ident)
+    except (OSError, UnsafePathError) as exc:
         return Swept("path", str(path), f"{why}; {exc}", removed=False)
+    del info  # looked at first only to tell "gone" from "unreadable"
     return Swept("path", str(path), why)
 
 

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
+from sandbox_attest import safefs
 from sandbox_attest.backends import docker_seccomp
 from sandbox_attest.backends.base import (
     NAMESPACED_INSIDE_PATHS,
@@ -704,16 +705,16 @@ class DockerBackend:
         if os.geteuid() != 0:
             return lambda: None
         owner = workspace.stat()
-        for path in [workspace, *workspace.rglob("*")]:
-            os.chown(path, self.uid, self.gid, follow_symlinks=False)
+        # Through descriptors (sandbox_attest/safefs.py): the workspace is the payload user's,
+        # and a path-based walk follows a directory swapped for a symlink mid-walk.
+        with safefs.open_dir(workspace) as top:
+            safefs.chown_tree(top, (self.uid, self.gid))
 
         def restore() -> None:
             # Only what the sandbox uid owns, never through a symlink: a payload may plant
             # links to host files in the workspace, and chown must not follow them out.
-            for path in [workspace, *workspace.rglob("*")]:
-                with contextlib.suppress(FileNotFoundError):
-                    if path.lstat().st_uid == self.uid:
-                        os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+            with safefs.open_dir(workspace) as top:
+                safefs.chown_tree(top, (owner.st_uid, owner.st_gid), only_uid=self.uid)
 
         return restore
 

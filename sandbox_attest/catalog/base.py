@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from sandbox_attest import safefs
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.paths import probes_dir
 from sandbox_attest.trust import PayloadUser
@@ -413,10 +414,16 @@ def _host_writes(what: str, directory: Path, nonce: str) -> dict[str, Any]:
     """
 
     def write() -> dict[str, Any]:
-        probe = directory / f"host-control-{nonce}.txt"
-        probe.write_text(nonce)
-        ok = probe.read_text() == nonce
-        probe.unlink()
+        # Through the directory's descriptor (sandbox_attest/safefs.py): the payload user may
+        # have made `directory` (or a dir above it) a symlink by now; root never writes there.
+        name = f"host-control-{nonce}.txt"
+        try:
+            with safefs.open_dir(directory) as place:
+                place.create_file(name, nonce, 0o600)
+                ok = place.read_bytes(name) == nonce.encode()
+                place.unlink(name)
+        except safefs.UnsafePathError as exc:
+            return _check(what, ok=False, detail=str(exc))
         return _check(what, ok, str(directory))
 
     return _guarded(what, write)

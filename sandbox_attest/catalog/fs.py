@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import stat
 import tempfile
 import time
@@ -68,7 +67,7 @@ from sandbox_attest.catalog.canary import (
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.safefs import Identity, SafeDir, UnsafePathError, open_dir
-from sandbox_attest.trust import PayloadUser, give, measure_as, open_home
+from sandbox_attest.trust import PayloadUser, measure_as, open_home
 from sandbox_attest.verdict import Assessment, Expectation
 
 CANARY_NAME = "canary.txt"
@@ -1292,11 +1291,11 @@ class FsLinkEscape(_Spec):
         # with the scratch.
         sweep.record(_journal_key(self.id, ctx), [self.canaries(ctx)["tmp"].parent])
         for key, path in self.canaries(ctx).items():
-            with planting(self.id, path):
-                path.parent.mkdir(mode=0o755)
-                path.write_text(f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n")
-                path.chmod(0o644)
-                give(path.parent, ctx.user, recursive=True)
+            # Through the place's descriptor: /tmp is everyone's (sandbox_attest/safefs.py).
+            with planting(self.id, path), safefs.open_dir(path.parent.parent) as place:
+                made = place.mkdir(path.parent.name, 0o755, _owner(ctx))
+                text = f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n"
+                made.create_file(path.name, text, 0o644, _owner(ctx))
             baseline[key] = dir_canary_state(path)
         _save_state(ctx, {"baseline": baseline})
         return {
@@ -1418,6 +1417,6 @@ class FsLinkEscape(_Spec):
         """Remove the /tmp canary dir (the sibling goes with cell_dir)."""
         tmp_dir = self.canaries(ctx)["tmp"].parent
         if ctx.nonce in tmp_dir.name:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+            _remove_canary_dir(tmp_dir)
         if not tmp_dir.exists():
             sweep.forget(_journal_key(self.id, ctx))

@@ -495,13 +495,18 @@ def remove_nonce_files(directories: list[Path], nonce: str) -> list[str]:
     """
     removed: list[str] = []
     for directory in dict.fromkeys(directories):
+        # Through the directory's descriptor (sandbox_attest/safefs.py): /tmp and /run dirs
+        # are other users' to change, and a directory swapped for a symlink is not entered.
         try:
-            paths = [p for p in Path(directory).iterdir() if nonce in p.name]
-        except OSError:
+            place = open_dir(Path(directory))
+        except (OSError, UnsafePathError):
             continue
-        for path in paths:
-            with contextlib.suppress(OSError):
-                if not stat.S_ISDIR(path.lstat().st_mode):
-                    path.unlink()
-                    removed.append(str(path))
+        with place:
+            names = [n for n in os.listdir(place.fd) if nonce in n]  # noqa: PTH208  (an fd)
+            for name in names:
+                with contextlib.suppress(OSError, UnsafePathError):
+                    now = place.entry(name)
+                    if now is not None and not stat.S_ISDIR(now.st_mode):
+                        place.unlink(name, expect=(now.st_dev, now.st_ino))
+                        removed.append(str(Path(directory) / name))
     return removed
