@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from sandbox_attest import cellgroup
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
@@ -61,6 +63,8 @@ STATUS_FIELDS: Final = (
     "Seccomp_filters",
 )
 LAUNCHER: Final = "main.py"  # probes/_launch.py as staged (sandbox_attest.payload.STAGED_LAUNCHER)
+# How often the host looks for processes that join the cell after the rendezvous.
+LATER_POLL_S: Final = 0.02
 # How long the runner looks for the payload once its ready file appears.
 FIND_S: Final = 2.0
 # The payload waits at most this long for the go file (probes/_launch.py reads it from the
@@ -402,12 +406,133 @@ def _link(path: Path) -> str:
         return ""
 
 
+def is_launcher(pid: int, task_path: Path) -> bool:
+    """Whether `pid`'s command line is the launcher's for this task (`find_payloads`' test)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    wanted = str(task_path).encode()
+    return len(argv) >= 4 and argv[1].endswith(LAUNCHER.encode()) and argv[3] == wanted
+
+
+def _ids(text: str) -> list[int]:
+    return [int(x) for x in text.split() if x.isdigit()]
+
+
+def summarize(reading: dict[str, Any], role: str, when: str) -> dict[str, Any]:
+    """One `processes` entry from a reading: who it is and what the kernel says it holds.
+
+    `uids` and `gids` are (real, effective, saved, fs) as /proc/<pid>/status lists them;
+    `namespaces` the kinds it shares with the harness; `role` "payload" (judged) or
+    "supervisor" (one of the wrapper's own executables); `when` "rendezvous" or "later".
+    """
+    status = reading.get("status") or {}
+    entry: dict[str, Any] = {
+        "pid": reading.get("pid"),
+        "comm": reading.get("comm", ""),
+        "role": role,
+        "when": when,
+        "launcher": bool(reading.get("launcher")),
+    }
+    if reading.get("unread"):
+        entry["unread"] = reading["unread"]
+        return entry
+    entry |= {
+        "uids": _ids(str(status.get("Uid", ""))),
+        "gids": _ids(str(status.get("Gid", ""))),
+        "cap_eff": status.get("CapEff", ""),
+        "cap_prm": status.get("CapPrm", ""),
+        "no_new_privs": status.get("NoNewPrivs", ""),
+        "seccomp": status.get("Seccomp", ""),
+        "seccomp_filters": status.get("Seccomp_filters", ""),
+        "namespaces": list(reading.get("shared_with_harness") or []),
+    }
+    if "fds" in reading:
+        entry["fds"] = len(reading["fds"]) if isinstance(reading["fds"], dict) else 0
+    return entry
+
+
+def read_brief(pid: int, *, environ: bool = False) -> dict[str, Any]:
+    """Status and namespaces only; with `environ`, also its variable names and descriptors.
+
+    A supervisor's reading (it runs none of the payload), and that of a process that joins
+    the cell after the rendezvous (read while it runs, so only what can decide a verdict on
+    its own: credentials, filters, namespaces, and what env_inheritance looks for).
+    """
+    proc = Path(f"/proc/{pid}")
+    ours = {kind: _link(Path(f"/proc/self/ns/{kind}")) for kind in NAMESPACES}
+    theirs = {kind: _link(proc / "ns" / kind) for kind in NAMESPACES}
+    status = {}
+    for line in _read(proc / "status").splitlines():
+        key, _, value = line.partition(":")
+        if key in STATUS_FIELDS:
+            status[key] = " ".join(value.split())
+    brief: dict[str, Any] = {
+        "pid": pid,
+        "namespaces": theirs,
+        "shared_with_harness": sorted(k for k in NAMESPACES if theirs[k] and theirs[k] == ours[k]),
+        "status": status,
+    }
+    if environ:
+        brief["env_names"] = _env_names(proc)
+        brief["fds"] = _fds(proc)
+    return brief
+
+
+def _env_names(proc: Path) -> list[str]:
+    try:
+        raw = (proc / "environ").read_bytes()
+    except OSError as exc:
+        return [f"unreadable: {exc.strerror}"]
+    return sorted({i.split(b"=", 1)[0].decode(errors="replace") for i in raw.split(b"\0") if i})
+
+
+def _fds(proc: Path) -> dict[str, str]:
+    try:
+        return {
+            fd.name: _link(fd) for fd in sorted((proc / "fd").iterdir(), key=lambda p: int(p.name))
+        }
+    except OSError as exc:
+        return {"error": exc.strerror or "unreadable"}
+
+
+def _unread(pid: int) -> str:
+    """Why `pid`'s status cannot be read ("" when it can): gone, or refused, by errno name."""
+    try:
+        Path(f"/proc/{pid}/status").read_bytes()
+    except FileNotFoundError:
+        return "exited before the host read it"
+    except ProcessLookupError:
+        return "exited before the host read it"
+    except OSError as exc:
+        return f"unreadable: {_errno_name(exc)}"
+    return ""
+
+
+def _comm(pid: int) -> str:
+    return _read(Path(f"/proc/{pid}/comm")).strip()
+
+
 @dataclass
 class Rendezvous:
-    """Watches one cell's workspace for the launcher, reads the payload, lets it go.
+    """Watches one cell's workspace for the launcher, reads every process of the cell, lets it go.
 
     Start it before the backend runs, `finish()` after; `view` holds the readings, and
     `held_ms` how long the payload waited for them once the host saw its ready file.
+
+    Which processes: `start` opens the cell's group (sandbox_attest/cellgroup.py) and makes it
+    this thread's current one, so the backend starts its wrapper inside it. At the rendezvous
+    the host reads every member, and keeps reading each new member until `finish`: a wrapper
+    may start the real payload after a decoy took the rendezvous. A member running one of the
+    wrapper's own executables (`CellGroup.supervisors`: bwrap, a spec's wrapper) is recorded
+    as a supervisor; every other member is judged, and the worst decides: the top of the view
+    is the launcher's reading, `others` holds every other judged member (the assessors' loop,
+    `catalog.base.host_processes`), and `processes` one summary per member (`summarize`), a
+    member the host could not read named with why. Where the group holds no member at all
+    (a backend whose payload the harness does not start, such as docker's daemon-made
+    containers), the launcher's command line is the only way to find it, and `mechanism` says
+    so.
 
     Attributes:
         look: host paths the cell's spec asks about in the payload's view (`look_at`).
@@ -422,22 +547,45 @@ class Rendezvous:
     look: Sequence[str] = ()
     hooks: Mapping[str, Callable[[int], dict[str, Any]]] = field(default_factory=dict)
     view: dict[str, Any] = field(default_factory=dict)
+    group: cellgroup.CellGroup | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _ready_at: float = 0.0
+    _previous: cellgroup.CellGroup | None = None
+    _read: dict[int, int | None] = field(default_factory=dict)
+    _later: list[dict[str, Any]] = field(default_factory=list)
+    _later_summaries: list[dict[str, Any]] = field(default_factory=list)
 
     def start(self) -> None:
-        """Begin watching in a background thread."""
+        """Open the cell's group, then begin watching in a background thread."""
+        if self.group is None:
+            self.group = cellgroup.new_cell()
+        self._previous = cellgroup.enter(self.group)
         self._thread = threading.Thread(target=self._watch, name="rendezvous", daemon=True)
         self._thread.start()
 
     def finish(self) -> dict[str, Any]:
-        """Stop watching; the view, or why there is none."""
+        """Stop watching, close the group; the view, or why there is none."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(FIND_S + 1.0)
+        cellgroup.leave(self._previous)
         if not self.view:
             self.view = {"seen": False, "why": "the payload never reached the rendezvous"}
+        if self.group is not None:
+            self.view.setdefault("mechanism", self.group.mechanism)
+            self.view.setdefault("group", self.group.describe())
+            if self.group.why:
+                self.view.setdefault("group_why", self.group.why)
+            if self._later_summaries:
+                self.view.setdefault("processes", []).extend(self._later_summaries)
+                if self.view.get("seen"):
+                    self.view.setdefault("others", []).extend(self._later)
+            # Members left now are the backend's to judge as leftovers (command wrappers sweep
+            # their own); the group goes at the run's end if it cannot go now.
+            self.view.setdefault("notes", []).extend(self.group.close(kill=False))
+            if not self.view["notes"]:
+                del self.view["notes"]
         return self.view
 
     def _release(self) -> None:
@@ -459,7 +607,111 @@ class Rendezvous:
                 break
             time.sleep(0.005)
         else:
+            self._watch_later()
             return
+        members = self.group.pids() if self.group is not None else []
+        if members:
+            self._read_group(members)
+        else:
+            self._read_by_command_line()
+        self._release()
+        self._watch_later()
+
+    def _classify(self, pid: int) -> str:
+        group = self.group
+        return "supervisor" if group is not None and group.is_supervisor(pid) else "payload"
+
+    def _read_one(self, pid: int, role: str, *, later: bool = False) -> dict[str, Any]:
+        """One member's reading, or a named reason it has none.
+
+        Full for a judged member at the rendezvous; brief for a supervisor, and for a member
+        that joins later (`read_brief`: it runs meanwhile, and may be one of many a probe
+        forks; its credentials, filters, namespaces and environ are what can decide).
+        """
+        self._read[pid] = cellgroup.start_ticks(pid)
+        comm = _comm(pid)
+        if role != "payload":
+            reading = read_brief(pid)
+        elif later:
+            reading = read_brief(pid, environ=True)
+        else:
+            reading = read_process(pid)
+        reading["comm"] = comm
+        reading["role"] = role
+        if not reading.get("status"):
+            reading["unread"] = _unread(pid) or "its status listed nothing the host reads"
+        return reading
+
+    def _read_group(self, members: list[int]) -> None:
+        """Read every member at the rendezvous; the worst of the judged ones will decide."""
+        readings = []
+        for pid in members:
+            role = self._classify(pid)
+            reading = self._read_one(pid, role)
+            reading["launcher"] = is_launcher(pid, self.task_path)
+            readings.append(reading)
+        summaries = [summarize(r, str(r["role"]), "rendezvous") for r in readings]
+        judged = [r for r in readings if r["role"] == "payload"]
+        # Exited members are recorded in `processes` and nowhere else: a process gone before
+        # the rendezvous took its reading holds nothing at it. Refused readings stay judged
+        # with an empty status, which no assessor reads as confined.
+        judged = [r for r in judged if not str(r.get("unread", "")).startswith("exited")]
+        if not judged:
+            self.view = {
+                "seen": False,
+                "why": "every process of the cell's group at the rendezvous is the wrapper's "
+                "own or gone: the payload ran somewhere the host cannot read",
+                "processes": summaries,
+            }
+            return
+        launchers = [r for r in judged if r.get("launcher")]
+        primary = launchers[0] if launchers else judged[0]
+        # The primary's look paths (the payload's view of the filesystem) are read once, for
+        # the launcher's process: they cost the most, and every member shares them unless it
+        # has a mount namespace of its own, which `processes` shows.
+        if self.look:
+            primary |= _looked(int(primary["pid"]), self.look)
+        self.view = {"seen": True, **primary}
+        self.view |= self._run_hooks(int(primary["pid"]))
+        self.view["others"] = [r for r in judged if r is not primary]
+        self.view["processes"] = summaries
+        self.view["mechanism"] = self.group.mechanism if self.group is not None else ""
+        if not launchers:
+            self.view.setdefault("notes", []).append(
+                "no process of the cell's group carries the launcher's command line: the "
+                "wrapper ran the payload another way"
+            )
+        elif len(launchers) > 1:
+            self.view.setdefault("notes", []).append(
+                f"{len(launchers)} processes carry this cell's launcher and task: "
+                "a wrapper may be running decoys"
+            )
+
+    def _watch_later(self) -> None:
+        """Until `finish`, read each member that joins after the rendezvous, once.
+
+        A wrapper may hand the rendezvous to a decoy and start the real payload after it;
+        that one is still a member of the cell, and is read (and judged) when it appears. A
+        member that lives less than one poll is missed: the rendezvous, not this, is where
+        the payload waits to be read.
+        """
+        if self.group is None:
+            return
+        while not self._stop.wait(LATER_POLL_S):
+            for pid in self.group.pids():
+                if pid in self._read and self._read[pid] == cellgroup.start_ticks(pid):
+                    continue
+                role = self._classify(pid)
+                reading = self._read_one(pid, role, later=True)
+                summary = summarize(reading, role, "later")
+                if str(reading.get("unread", "")).startswith("exited"):
+                    continue
+                self._later_summaries.append(summary)
+                if role == "payload":
+                    self._later.append(reading)
+
+    def _read_by_command_line(self) -> None:
+        """The fallback: find the payload by the launcher's command line (see the class doc)."""
         pids: list[int] = []
         deadline = time.monotonic() + FIND_S
         while not pids and time.monotonic() < deadline:
@@ -472,22 +724,21 @@ class Rendezvous:
                 "why": "the payload reached the rendezvous, but no host process with its "
                 "command line is visible (another pid namespace the host cannot map?)",
             }
-        else:
-            # A process gone before it was read shows nothing; it is no reading at all.
-            views = [v for v in (read_process(pid, self.look) for pid in pids) if v["status"]]
-            if not views:
-                self.view = {"seen": False, "why": "the payload exited before the host read it"}
-                self._release()
-                return
-            self.view = {"seen": True, **views[0]}
-            self.view |= self._run_hooks(int(views[0]["pid"]))
-            if len(views) > 1:
-                self.view["others"] = views[1:]
-                self.view.setdefault("notes", []).append(
-                    f"{len(views)} processes carry this cell's launcher and task: "
-                    "a wrapper may be running decoys"
-                )
-        self._release()
+            return
+        # A process gone before it was read shows nothing; it is no reading at all.
+        views = [v for v in (read_process(pid, self.look) for pid in pids) if v["status"]]
+        if not views:
+            self.view = {"seen": False, "why": "the payload exited before the host read it"}
+            return
+        self.view = {"seen": True, **views[0], "mechanism": "launcher command line"}
+        self.view |= self._run_hooks(int(views[0]["pid"]))
+        self.view["processes"] = [summarize(v, "payload", "rendezvous") for v in views]
+        if len(views) > 1:
+            self.view["others"] = views[1:]
+            self.view.setdefault("notes", []).append(
+                f"{len(views)} processes carry this cell's launcher and task: "
+                "a wrapper may be running decoys"
+            )
 
     def _run_hooks(self, pid: int) -> dict[str, Any]:
         results: dict[str, Any] = {}

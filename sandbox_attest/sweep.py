@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from sandbox_attest import cgroupfs
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.safefs import UnsafePathError, open_dir
 
@@ -75,6 +76,9 @@ ANCHOR_MARKER: Final = b"sandbox-attest-anchor:"
 # The package was called `harness` before it was `sandbox_attest`: a proxy orphaned by a run of
 # that version is still the harness's, and the first run after an upgrade sweeps it too.
 PROXY_MODULES: Final = (b"sandbox_attest.egress.proxy", b"harness.egress.proxy")
+# A run's cgroup (sandbox_attest/cellgroup.py RUN_PREFIX): the only kind of directory the sweep
+# kills in and removes from a journal entry's `cgroup`.
+RUN_CGROUP_PREFIX: Final = "sandbox-attest-run-"
 # Once up, the proxy shows `python -m relay <tmp>/proxy-config-*.json` instead (a neutral
 # title: sandbox_attest/proctitle.py, issue 23); the config's name tells it from another relay.
 PROXY_TITLE_MODULE: Final = b"relay"
@@ -254,7 +258,7 @@ def recorded_leftovers(cell_dir: Path) -> list[str]:
 class Swept:
     """One thing a sweep removed (or could not), as the evidence lists it under `swept`."""
 
-    what: str  # "path", "process", "container", "image", "journal"
+    what: str  # "path", "process", "cgroup", "container", "image", "journal"
     target: str
     why: str
     removed: bool = True
@@ -364,8 +368,29 @@ def sweep_journal() -> tuple[list[Swept], set[str]]:
                 Path(str(raw)).rmdir()
                 swept.append(Swept("path", str(raw), f"{why}; an empty directory it made"))
         dead_docker.update(str(r) for r in (data or {}).get("docker_run_ids", []))
+        if cgroup := (data or {}).get("cgroup"):
+            done = _remove_run_cgroup(Path(str(cgroup)), why)
+            swept.append(done)
+            if not done.removed:
+                continue  # keep the entry: the next sweep tries again
         entry.unlink(missing_ok=True)
     return swept, dead_docker
+
+
+def _remove_run_cgroup(path: Path, why: str) -> Swept:
+    """Kill what a dead run left in its cgroup (sandbox_attest/cellgroup.py), remove the groups.
+
+    Only a directory that is a run's cgroup by name, on a cgroup2 mount, is touched: the
+    journal is the harness's alone, but a path that is anything else is refused, not acted on.
+    """
+    if not path.name.startswith(RUN_CGROUP_PREFIX) or not cgroupfs.on_cgroup2(path):
+        return Swept("cgroup", str(path), f"{why}; not a run's cgroup on cgroup2", removed=False)
+    members = cgroupfs.cgroup_members(path)
+    notes = cgroupfs.remove_cgroup_tree(path)
+    if notes:
+        return Swept("cgroup", str(path), f"{why}; {'; '.join(notes)}", removed=False)
+    killed = f"; killed {len(members)} process(es) left in it: {members}" if members else ""
+    return Swept("cgroup", str(path), f"{why}{killed}")
 
 
 def _claimed(live: list[dict[str, Any]]) -> set[str]:

@@ -10,13 +10,13 @@ real wrappers demand:
 * the wrapper in its own session, the whole group SIGKILLed at the deadline (some wrappers exit
   0 on SIGTERM, and a timeout is recorded by us, never inferred from their exit status);
 * after every run, a sweep for anything the run started that is still alive, including
-  children that left the process group with setsid(): every process of the run carries a
-  per-run tag in its environment, and whatever still carries it afterwards is killed and named
-  in the run's notes. The sweep is best effort, not a boundary: a process that both leaves the
-  group and drops the tag (`setsid env -i CMD`, or any exec with a fresh environment) is
-  invisible to it and survives the run, as is one whose /proc environ we may not read (a
-  setuid wrapper's children). Only the wrapper's own confinement (a pid namespace that dies
-  with it, such as bwrap's --die-with-parent) removes those.
+  children that left the process group with setsid() or double-forked away with a fresh
+  environment: the wrapper starts inside the cell's group (sandbox_attest/cellgroup.py: a
+  cgroup the payload user cannot leave, or where none can be made the harness's process
+  subtree), and whatever is still in the group once the wrapper has exited is killed and named
+  in the run's notes. Nothing in any environment marks the run (a wrapper that could see a run
+  tag could confine only when tested). In the subtree fallback the sweep is weaker: a process
+  whose parent exits before the harness first sees it is nobody's member and survives.
 
 The wrapper starts with an environment like an agent's, never one the harness scrubbed for
 it: the harness's own variables minus anything secret-looking (`spec.SECRET_ENV`) and minus
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
-from sandbox_attest import lifetime
+from sandbox_attest import cellgroup, lifetime
 from sandbox_attest.backends.base import (
     SHIM_PORT,
     Availability,
@@ -90,10 +90,12 @@ from sandbox_attest.trust import PayloadUser, give, payload_user
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
 from sandbox_attest.world.info import WorldInfo
 
-# Every process of one run carries this variable (value: a per-run random tag), so that the
-# sweep after the run finds children that left the wrapper's process group.
+# The variable that once carried a per-run tag into every wrapper's environment, so that the
+# sweep found leftovers by it. No environment carries it any more (a wrapper that sees it can
+# confine only when tested); leftovers are found through the cell's group. Kept by name so a
+# test can show it is absent.
 RUN_TAG_VAR: Final = "SANDBOX_ATTEST_RUN_TAG"
-# How long the final sweep keeps killing tagged processes (a forking daemon may respawn).
+# How long the final sweep keeps killing the group's members (a forking daemon may respawn).
 SWEEP_SECONDS: Final = 3.0
 DETECT_TIMEOUT_S: Final = 30.0
 EGRESS_MODES: Final[dict[SpecEgress, EgressMode]] = {
@@ -188,7 +190,10 @@ def _first_line(text: str) -> str:
 
 
 def tagged_pids(tag: str) -> list[int]:
-    """Processes whose environment carries `RUN_TAG_VAR=tag` (unreadable ones are skipped)."""
+    """Processes whose environment carries `RUN_TAG_VAR=tag` (unreadable ones are skipped).
+
+    Nothing the harness starts carries one any more; kept to show that (tests).
+    """
     needle = f"{RUN_TAG_VAR}={tag}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -346,7 +351,7 @@ class CommandBackend:
         # A neutral name: the test command's workspace is the wrapper's to see (issue 23).
         with tempfile.TemporaryDirectory(prefix="agent-check-") as tmp:
             ctx, run_dir, cwd = self._check_context(Path(tmp))
-            env = self.wrapper_env(self._check_payload_env(ctx), ctx, secrets.token_hex(12), {})
+            env = self.wrapper_env(self._check_payload_env(ctx), ctx, {})
             version = "unknown"
             if spec.version_argv:
                 result = self._detect(spec.version_argv, env)
@@ -449,17 +454,23 @@ class CommandBackend:
         return seen
 
     def _run_test_command(self, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[str, str]:
-        """Run the test command as a cell runs: own session, tagged, swept afterwards.
+        """Run the test command as a cell runs: own session, own group, swept afterwards.
 
         It returns soon after the one-liner reported: a wrapper that lingers (a helper left
-        running, a `wait` on a daemon) gets TEST_GRACE_S to exit, then its group is killed
-        and everything carrying its tag swept, so availability never waits on a leftover.
+        running, a `wait` on a daemon) gets TEST_GRACE_S to exit, then its process group is
+        killed and everything left in its cell group swept, so availability never waits on
+        a leftover.
 
         Returns:
             (what happened in words, the stdout read).
         """
-        tag = env[RUN_TAG_VAR]
-        watcher = LeftoverWatcher(tag)
+        with cellgroup.open_cell() as group:
+            return self._run_test_command_in(group, argv, env, cwd)
+
+    def _run_test_command_in(
+        self, group: cellgroup.CellGroup, argv: list[str], env: dict[str, str], cwd: Path
+    ) -> tuple[str, str]:
+        watcher = LeftoverWatcher(group)
         watcher.start()
         out: list[bytes] = []
         err: list[bytes] = []
@@ -473,11 +484,14 @@ class CommandBackend:
                 cwd=cwd,
                 start_new_session=True,
                 **self._user_kwargs(),
-                **lifetime.popen_kwargs(),  # a killed harness takes the wrapper with it
+                # In the group, and a killed harness takes the wrapper with it.
+                **cellgroup.spawn_kwargs(argv, env),
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
+            cellgroup.spawn_failed()
             watcher.finish()
             return f"{type(exc).__name__}: {exc}", ""
+        cellgroup.started(proc.pid)
         readers = [
             threading.Thread(target=_read_all, args=(stream, sink), daemon=True)
             for stream, sink in ((proc.stdout, out), (proc.stderr, err))
@@ -704,15 +718,17 @@ class CommandBackend:
         self,
         payload: dict[str, str],
         ctx: RenderContext,
-        tag: str,
         canaries: dict[str, str],
     ) -> dict[str, str]:
         """The wrapper's environment: an agent's, as the module docstring lists it.
 
+        Nothing in it tells the wrapper it is under test: no run tag (leftovers are found
+        through the cell's group), and the harness's own `SANDBOX_ATTEST_*` names are dropped
+        with the secrets (`harness_env`).
+
         Args:
             payload: the payload's own variables (its PATH is replaced by `run_path`).
             ctx: the cell's render context, for `[env] set` and `[env] wrapper` templates.
-            tag: the run tag every process of this run carries.
             canaries: the credentials planted for this cell (`plant_canaries`).
         """
         spec = self.spec
@@ -727,10 +743,9 @@ class CommandBackend:
                 env[name] = ctx.render(wrapper_template, f"{spec.source}: [env] wrapper.{name}")
             elif name in os.environ:
                 env[name] = os.environ[name]
-        env[RUN_TAG_VAR] = tag
         return env
 
-    def build_env(self, request: ProbeRequest, ctx: RenderContext, tag: str) -> dict[str, str]:
+    def build_env(self, request: ProbeRequest, ctx: RenderContext) -> dict[str, str]:
         """The wrapper's environment for one cell, its canaries recorded in the cell dir."""
         canaries = plant_canaries()
         record = {"canaries": canaries, "wrapper_only": sorted(self.spec.env_wrapper)}
@@ -739,10 +754,14 @@ class CommandBackend:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             json.dump(record, out)
-        return self.wrapper_env(dict(request.env), ctx, tag, canaries)
+        return self.wrapper_env(dict(request.env), ctx, canaries)
 
     def prepare(self, request: ProbeRequest) -> tuple[list[str], dict[str, str], Path, str]:
-        """Make the cell's run dir, render its files; return (argv, env, cwd, tag)."""
+        """Make the cell's run dir, render its files; return (argv, env, cwd, token).
+
+        The token is a per-cell random name (the leftover watcher's thread is named by it);
+        it is in no environment.
+        """
         run_dir = request.cell_dir / f"run-{self.name}"
         run_dir.mkdir(parents=True)  # fresh per cell: an existing one is a harness bug
         ctx = self.context(request, run_dir)
@@ -750,7 +769,7 @@ class CommandBackend:
         # The wrapper runs as the payload user: its cwd and the files rendered for it are its.
         give(run_dir, self.user(request), recursive=True)
         tag = secrets.token_hex(12)
-        env = self.build_env(request, ctx, tag)
+        env = self.build_env(request, ctx)
         return ctx.render_argv(self.spec), env, self._cwd(ctx), tag
 
     def render_files(self, ctx: RenderContext, run_dir: Path) -> None:
@@ -769,16 +788,19 @@ class CommandBackend:
     def run(self, request: ProbeRequest) -> ProbeRun:
         """Run the payload under the wrapper; kill its group at the deadline, then sweep."""
         argv, env, cwd, tag = self.prepare(request)
-        # The watcher must run *during* the run: a leftover that holds our stdout/stderr pipes
-        # open would otherwise keep the output readers (and so the run) from ever finishing.
-        watcher = LeftoverWatcher(tag)
-        watcher.start()
-        try:
-            run = run_process(
-                request.cell_id, argv, env, cwd, request.timeout, user=self.user(request)
-            )
-        finally:
-            watcher.finish()
+        # The cell's group: the rendezvous's where the runner opened one (the host reads the
+        # same members), else one of its own for this run.
+        with cellgroup.open_cell() as group:
+            # The watcher must run *during* the run: a leftover that holds our stdout/stderr
+            # pipes open would otherwise keep the output readers (and the run) from finishing.
+            watcher = LeftoverWatcher(group, tag)
+            watcher.start()
+            try:
+                run = run_process(
+                    request.cell_id, argv, env, cwd, request.timeout, user=self.user(request)
+                )
+            finally:
+                watcher.finish()
         # What the sweep had to kill is the sandbox's escape, not its credit: lifecycle_orphans
         # reads it from the cell dir (sandbox_attest/sweep.py).
         record_leftovers(request.cell_dir, watcher.killed)
@@ -795,12 +817,10 @@ class CommandBackend:
 class LeftoverWatcher(threading.Thread):
     """Kills what a run leaves behind as soon as the wrapper itself has exited.
 
-    The wrapper is the only tagged process whose parent is this process (the tag appears at
-    exec, so there is no window where a forked harness child carries it). Once no tagged
-    process is our child, the wrapper is gone (or a zombie awaiting reaping, whose environ
-    reads empty), and everything still tagged is a leftover: killed at once, whatever session
-    or process group it moved to. Found by the tag only: a process that drops it (`setsid env
-    -i ...`) escapes the watcher, as the module docstring says.
+    Members of the cell's group (sandbox_attest/cellgroup.py) are the wrapper and everything
+    it started, wherever they moved: another session or process group, a fresh environment,
+    a double fork. Once no wrapper the group started is still running, every member left is
+    a leftover: killed once it has outlived the wrapper by GRACE_S, and named.
     """
 
     POLL_S: Final = 0.05
@@ -811,38 +831,46 @@ class LeftoverWatcher(threading.Thread):
     # lifecycle_orphans FAIL that a slower machine makes and a faster one does not.
     GRACE_S: Final = 0.5
 
-    def __init__(self, tag: str) -> None:
-        """Watch the processes carrying `tag`."""
-        super().__init__(name=f"leftovers-{tag[:6]}", daemon=True)
-        self.tag = tag
+    def __init__(self, group: cellgroup.CellGroup, name: str = "") -> None:
+        """Watch the members of `group` (`name` only names the thread)."""
+        super().__init__(name=f"leftovers-{name[:6]}", daemon=True)
+        self.group = group
         self.killed: dict[int, str] = {}
         self.surviving: list[str] = []
         self._done = threading.Event()
         self._enabled = Path("/proc/self/stat").exists()  # no procfs (macOS): group kill only
         self._first_seen: dict[int, float] = {}
 
+    def _wrapper_running(self) -> bool:
+        # Before the wrapper started there is nothing to call left behind.
+        roots = list(self.group.roots)
+        return not roots or any(_running(p) for p in roots)
+
     def run(self) -> None:
         """Poll until `finish`; kill leftovers whenever the wrapper is no longer running."""
         while self._enabled and not self._done.wait(self.POLL_S):
-            pids = [p for p in tagged_pids(self.tag) if p != os.getpid()]
-            if pids and not any(_ppid(p) == os.getpid() for p in pids):
-                self._kill_outliving(pids)
+            # Read every poll, the wrapper running or not: in the subtree fallback a member is
+            # remembered only once seen, so a child must be seen before its parent exits.
+            members = self.group.pids()
+            if not self._wrapper_running():
+                pids = [p for p in members if p not in self.group.roots]
+                if pids:
+                    self._kill_outliving(pids)
 
     def finish(self) -> None:
-        """Stop watching, then sweep until nothing tagged is left (or give up and say so)."""
+        """Stop watching, then sweep until the group is empty (or give up and say so)."""
         self._done.set()
         self.join()
         if not self._enabled:
             return
         deadline = time.monotonic() + SWEEP_SECONDS
-        while pids := [p for p in tagged_pids(self.tag) if p != os.getpid()]:
+        while pids := [p for p in self.group.pids() if p not in self.group.roots or _running(p)]:
             if time.monotonic() > deadline:
                 self.surviving = [_describe(p) for p in pids]
                 return
             self._kill_outliving(pids)
             time.sleep(self.POLL_S)
-        # A killed process drops its tag (its environ) as it starts to exit, before it is
-        # gone: wait until each is gone or a zombie, so "killed" means dead when run returns.
+        # Wait until each killed one is gone or a zombie, so "killed" means dead on return.
         while dying := [p for p in self.killed if _running(p)]:
             if time.monotonic() > deadline:
                 self.surviving = [_describe(p) for p in dying]
@@ -852,13 +880,15 @@ class LeftoverWatcher(threading.Thread):
     def _kill_outliving(self, pids: list[int]) -> None:
         """Kill (and record) the leftovers that have outlived the wrapper by GRACE_S."""
         now = time.monotonic()
+        ripe = []
         for pid in pids:
             seen = self._first_seen.setdefault(pid, now)
             if now - seen < self.GRACE_S and pid not in self.killed:
                 continue
             self.killed.setdefault(pid, _describe(pid))
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            ripe.append(pid)
+        if ripe:
+            self.group.kill(ripe)
 
 
 def _running(pid: int) -> bool:
@@ -868,15 +898,6 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 NAMESPACES: Final = ("net", "mnt", "pid", "user", "ipc", "uts")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from sandbox_attest import lifetime
+from sandbox_attest import cellgroup
 from sandbox_attest.backends.base import START_MARKER, ProbeRun
 from sandbox_attest.trust import PayloadUser
 
@@ -139,9 +139,12 @@ def run_process(
             **(user.popen_kwargs() if user is not None else {}),
             # The wrapper dies with the harness even under SIGKILL (its group is killed on
             # timeout by us; after our death only the kernel can): sandbox_attest/lifetime.py.
-            **lifetime.popen_kwargs(),
+            # It starts inside the cell's group, where the host finds every process it makes
+            # (sandbox_attest/cellgroup.py).
+            **cellgroup.spawn_kwargs(argv, env),
         )
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
+        cellgroup.spawn_failed()
         return ProbeRun(
             cell_id=cell_id,
             started=False,
@@ -152,6 +155,7 @@ def run_process(
             duration_s=time.monotonic() - start,
             argv=argv,
         )
+    cellgroup.started(proc.pid)
     assert proc.stdout is not None  # noqa: S101  (PIPE was requested just above)
     assert proc.stderr is not None  # noqa: S101
     out: list[Capture] = []

@@ -214,7 +214,12 @@ class EnvInheritance(_Spec):
     def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
         """The host's own read of the payload's environ and descriptors, where it made one."""
         del report
-        if not host_processes(ctx) or _host_view_hits(ctx, self.names(ctx)):
+        processes = host_processes(ctx)
+        # Every judged process of the cell must have been read: one whose environ the host
+        # could not read (sandbox_attest/hostview.py `unread`) backs nothing.
+        if not processes or any(p.get("unread") for p in processes):
+            return []
+        if _host_view_hits(ctx, self.names(ctx)):
             return []
         return ["host view: environment names", "host view: open descriptors"]
 

@@ -484,13 +484,28 @@ class ProcVisibility(_AnchoredSpec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(tracers or secret_read or pid_found), None, reasons)
+        shared = _sharing(host_processes(ctx), "pid")
+        if shared and self.expectation(ctx.policy) == "denied":
+            # The host's own reading: a process of the cell in the harness's pid namespace
+            # sees every host process, whatever its report says it found.
+            escape = "escaped"
+            reasons.insert(
+                0,
+                f"{claims_of(ctx.policy).phrase('ipc')}; the host sees {shared} in the "
+                "harness's pid namespace (shared_with_harness: ['pid'])",
+            )
         return _assessed(
             escape,
             observed,
             reasons,
             report,
             control,
-            {"tracers": tracers, "secret_echoed": secret_read, "pid_found": pid_found},
+            {
+                "tracers": tracers,
+                "secret_echoed": secret_read,
+                "pid_found": pid_found,
+                "pid_namespace_shared": shared,
+            },
         )
 
 
@@ -511,6 +526,26 @@ class _BaselineSpec(_Spec):
         return _baseline_control(ctx, {})
 
 
+def _named(process: dict[str, Any]) -> str:
+    """A host reading's process in words: "host pid 123 (python3)"."""
+    comm = process.get("comm")
+    return f"host pid {process.get('pid', '?')}" + (f" ({comm})" if comm else "")
+
+
+def _sharing(processes: list[dict[str, Any]], kind: str) -> str:
+    """The judged processes the host saw in the harness's own `kind` namespace, or ""."""
+    return ", ".join(_named(p) for p in processes if kind in (p.get("shared_with_harness") or []))
+
+
+def _without_no_new_privs(processes: list[dict[str, Any]]) -> str:
+    """The judged processes whose status the host read with NoNewPrivs unset, or ""."""
+    return ", ".join(
+        f"{_named(p)} NoNewPrivs={(p.get('status') or {}).get('NoNewPrivs')}"
+        for p in processes
+        if (p.get("status") or {}) and (p.get("status") or {}).get("NoNewPrivs") != "1"
+    )
+
+
 def _with_capabilities(processes: list[dict[str, Any]]) -> str:
     """The payload processes the host saw holding effective capabilities, in words; or ""."""
     held = []
@@ -518,7 +553,7 @@ def _with_capabilities(processes: list[dict[str, Any]]) -> str:
         cap_eff = str((process.get("status") or {}).get("CapEff", ""))
         with contextlib.suppress(ValueError):
             if int(cap_eff, 16):
-                held.append(f"host pid {process.get('pid', '?')} CapEff={cap_eff}")
+                held.append(f"{_named(process)} CapEff={cap_eff}")
     return ", ".join(held)
 
 
@@ -625,10 +660,22 @@ class ProcPrivileges(_BaselineSpec):
             ),
         ]
         escape = _self_reported(observed, reasons)
+        # Every judged process of the cell (sandbox_attest/hostview.py), not only the one
+        # carrying the launcher's name: the worst one decides.
         held = _with_capabilities(host_processes(ctx))
         if held:
             escape = "escaped"
             reasons.insert(0, f"the host sees effective capabilities on the payload: {held}")
+        unset = _without_no_new_privs(host_processes(ctx))
+        if unset and str(status.get("NoNewPrivs")) == "1":
+            # The report speaks for one process; the kernel shows another of the cell free to
+            # gain privileges through a setuid program: the report is not the cell's state.
+            escape = "escaped"
+            reasons.insert(
+                0,
+                f"the report says NoNewPrivs 1, but the host sees a process of the cell "
+                f"without it: {unset}",
+            )
         claims = claims_of(ctx.policy)
         if claims.runs_as:
             broke, seen = _runs_as_reading(ctx, claims)

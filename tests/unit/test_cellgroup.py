@@ -1,0 +1,208 @@
+"""Cell groups: every process a wrapper starts is found, and the payload user cannot leave.
+
+Real processes, real cgroups where the harness can make them (root with a cgroup2 mount),
+and the subtree fallback forced where a test says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from sandbox_attest import cellgroup, cgroupfs, sweep
+from sandbox_attest.trust import payload_user
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+HYBRID_MOUNTINFO = (
+    "25 1 0:23 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+    "41 25 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+    "42 25 0:39 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+)
+
+
+def cgroup_possible() -> bool:
+    """Whether this host lets the harness make the cgroups (root, cgroup2, kernel >= 5.16)."""
+    return cellgroup.run_cgroup()[0] is not None
+
+
+needs_cgroup = pytest.mark.skipif(
+    not cgroup_possible(), reason="needs root, a cgroup2 mount and Linux >= 5.16"
+)
+
+
+def spawn(cell: cellgroup.CellGroup, argv: list[str], **kwargs: object) -> subprocess.Popen[str]:
+    """Start `argv` in `cell` as a backend does (through the thread's current group)."""
+    previous = cellgroup.enter(cell)
+    try:
+        proc: subprocess.Popen[str] = subprocess.Popen(  # type: ignore[call-overload]
+            argv, stdout=subprocess.PIPE, text=True, **kwargs, **cellgroup.spawn_kwargs(argv)
+        )
+        cellgroup.started(proc.pid)
+    finally:
+        cellgroup.leave(previous)
+    return proc
+
+
+def wait_for(predicate: object, what: str) -> None:
+    """Poll `predicate` (a callable) for at most 10 s; fail naming `what`."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    pytest.fail(f"never happened: {what}")
+
+
+class TestFindingTheHierarchy:
+    def test_hybrid_layout_finds_the_unified_mount(self, tmp_path: Path) -> None:
+        """On a hybrid host the v2 hierarchy is the cgroup2 mount, wherever it is mounted."""
+        mounts = cgroupfs._mountinfo_v2(HYBRID_MOUNTINFO)
+        assert mounts == [("/", Path("/sys/fs/cgroup/unified"))]
+
+    def test_own_group_under_a_namespaced_root(self, tmp_path: Path) -> None:
+        """A group below the mount's root is joined to the mount point; one outside is None."""
+        (tmp_path / "run" / "x").mkdir(parents=True)
+        mountinfo = f"41 25 0:38 /box {tmp_path} rw - cgroup2 cgroup2 rw\n"
+        assert cgroupfs.own_v2_dir(mountinfo, "0::/box/run/x\n") == tmp_path / "run" / "x"
+        assert cgroupfs.own_v2_dir(mountinfo, "0::/elsewhere\n") is None
+        assert cgroupfs.own_v2_dir(mountinfo, "1:pids:/\n") is None
+
+
+@needs_cgroup
+class TestCgroup:
+    def test_a_double_forked_setsid_child_stays_in_the_group(self) -> None:
+        """A child that double-forks into a new session with a fresh environment is a member."""
+        group = cellgroup.new_cell()
+        assert group.mechanism == cellgroup.CGROUP, group.why
+        try:
+            proc = spawn(
+                group,
+                ["/bin/sh", "-c", "(setsid env -i /bin/sleep 30 >/dev/null 2>&1 &) ; echo started"],
+            )
+            proc.communicate(timeout=10)
+            # Listed alone once the subshell and setsid have exec'd or exited.
+            wait_for(
+                lambda: (
+                    [Path(f"/proc/{p}/cmdline").read_bytes()[:10] for p in group.pids()]
+                    == [b"/bin/sleep"]
+                ),
+                "the orphan alone in the group",
+            )
+        finally:
+            notes = group.close(kill=True)
+        assert notes == []
+        assert group.path is not None
+        assert not group.path.exists()
+
+    def test_the_payload_user_cannot_leave_its_group(self) -> None:
+        """The payload user writing its pid into the run's parent group is refused: EACCES."""
+        user = payload_user()
+        if user is None:
+            pytest.skip("no payload user to switch to on this host")
+        group = cellgroup.new_cell()
+        run, _ = cellgroup.run_cgroup()
+        assert run is not None
+        code = (
+            "import os, sys\n"
+            "try:\n"
+            "    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+            "except OSError as e:\n"
+            "    print('refused', e.errno)\n"
+            "else:\n"
+            "    print('moved')\n"
+        )
+        try:
+            proc = spawn(
+                group,
+                [sys.executable, "-c", code, str(run / "cgroup.procs")],
+                **user.popen_kwargs(),
+            )
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            group.close(kill=True)
+        assert out.split() == ["refused", "13"], out
+
+    def test_a_dead_runs_cgroup_is_swept_from_its_journal(self) -> None:
+        """A journal entry whose owner is gone names a run cgroup: its members die, it goes."""
+        base = cgroupfs.own_v2_dir()
+        assert base is not None
+        path = base / f"{sweep.RUN_CGROUP_PREFIX}test-{os.getpid()}"
+        (path / "cell-1").mkdir(parents=True)
+        sleeper = subprocess.Popen(["sleep", "30"])
+        (path / "cell-1" / "cgroup.procs").write_text(str(sleeper.pid))
+        key = f"cgroup-test-{os.getpid()}"
+        entry = sweep.record(key, [], cgroup=str(path))
+        # Owned by a process that is gone: pid 0 never matches a live start time.
+        data = entry.read_text().replace(f'"pid": {os.getpid()}', '"pid": 999999999')
+        entry.write_text(data)
+        swept, _ = sweep.sweep_journal()
+        assert sleeper.wait(timeout=10) == -9
+        cgroups = [s for s in swept if s.what == "cgroup"]
+        assert [(s.target, s.removed) for s in cgroups] == [(str(path), True)]
+        assert "killed 1 process(es)" in cgroups[0].why
+        assert not path.exists()
+        assert not entry.exists()
+
+    def test_a_path_that_is_no_run_cgroup_is_refused(self, tmp_path: Path) -> None:
+        """A journal's cgroup that is not a run's group on cgroup2 is left alone, and said so."""
+        done = sweep._remove_run_cgroup(tmp_path / f"{sweep.RUN_CGROUP_PREFIX}x", "test")
+        assert not done.removed
+        assert "not a run's cgroup" in done.why
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """This process as a child subreaper for one test, and not after it.
+
+    Left set, every orphan of a later test would be reparented to pytest itself (the sweep's
+    own tests tell an orphan by its parent no longer being a Python process).
+    """
+    assert cellgroup._become_subreaper() == ""
+    try:
+        yield
+    finally:
+        ctypes.CDLL(None, use_errno=True).prctl(cellgroup.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        cellgroup._SUBREAPER_SET = False
+
+
+class TestSubtree:
+    @pytest.mark.usefixtures("subreaper")
+    def test_members_are_the_wrapper_and_its_reparented_orphans(self) -> None:
+        """Without a cgroup, a child seen once stays a member after it is reparented to us.
+
+        (One that is orphaned before the harness ever saw it is not: the module's docstring
+        names that weakness of the fallback.)
+        """
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="forced by the test")
+        # The wrapper waits for a line before it exits, so the orphan is seen with a parent.
+        proc = spawn(
+            group,
+            ["/bin/sh", "-c", "setsid /bin/sleep 30 >/dev/null 2>&1 & echo started; read _"],
+            stdin=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "started\n"
+        wait_for(lambda: len(group.pids()) == 2, "the wrapper and its child listed")
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+        members = group.pids()
+        try:
+            assert len(members) == 1, members
+            # Reparented to the harness (a subreaper), not to init.
+            stat = Path(f"/proc/{members[0]}/stat").read_text()
+            assert int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()
+        finally:
+            group.close(kill=True)
+        wait_for(lambda: not Path(f"/proc/{members[0]}").exists(), "the orphan killed and reaped")
