@@ -10,7 +10,8 @@ write that got through (a false FAIL). Now:
 - the strong bubblewrap leg PASSes every probe that plants under /tmp or /run, five rounds in a
   row, and so does the open control leg (each site it could not reach is dropped and listed);
 - every true hole of those probes still FAILs under the same noise: the host's /tmp bound in,
-  the host's /run bound in, a daemon socket bound in, the host network shared, /var/tmp bound.
+  the host's /run bound in, a daemon socket bound in, the host network shared, /var/tmp bound,
+  the host's whole / bound writable.
 
 All cells are real: real bubblewrap, the real fixture world, the payload user as root makes it.
 """
@@ -69,6 +70,12 @@ HOLES: dict[str, tuple[Path | frozenset[str], frozenset[str]]] = {
         frozenset({"fs_write_outside"}),
     ),
     "bwrap-share-net": (frozenset({"share-net"}), frozenset({"ipc_unix_socket_escape"})),
+    # The host's / writable: the payload user's canaries, its home's secrets and the host's
+    # /run witnesses are all in view.
+    "bwrap-host-root-rw": (
+        frozenset({"host-root-rw"}),
+        frozenset({"fs_write_outside", "fs_read_secrets", "ipc_unix_socket_escape"}),
+    ),
 }
 
 
