@@ -13,7 +13,7 @@ import pytest
 
 from sandbox_attest.backends.base import shim_path
 from sandbox_attest.interpreter import payload_interpreter
-from sandbox_attest.paths import payload_copy, probes_dir
+from sandbox_attest.paths import matrix_dir, payload_copy, probes_dir
 from sandbox_attest.reach import (
     Need,
     Preflight,
@@ -104,6 +104,44 @@ def test_the_run_stops_with_one_line_and_exit_2(root_only_dir: Path, tmp_path: P
     assert f"{root_only_dir} is mode 700, owner root:root" in lines[0]
     assert f"chmod o+x {root_only_dir}" in lines[0]
     assert not (tmp_path / "r").exists()  # stopped before the report directory was made
+
+
+def test_plain_pytest_stops_with_the_same_line_and_exit_2(
+    root_only_dir: Path, tmp_path: Path
+) -> None:
+    """`pytest --sandbox-attest M` (the plugin, no CLI) stops at collection with that line."""
+    tmpdir = root_only_dir / "tmp"
+    tmpdir.mkdir()
+    tmpdir.chmod(0o1777)
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(
+        '[matrix]\ncontrol = "none"\n\n[[probe]]\nid = "net_denied_host"\ntimeout = 60\n\n'
+        '[[backend]]\nname = "none"\nplatforms = ["linux"]\n'
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(matrix),
+            f"--sandbox-attest={matrix}",
+            f"--rootdir={tmp_path}",
+            "-c",
+            str(matrix_dir() / "pytest.ini"),
+            f"--sandbox-attest-report-dir={tmp_path / 'r'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-2000:]
+    said = [line for line in done.stdout.splitlines() if "sandbox-attest: error:" in line]
+    assert said, done.stdout[-3000:]
+    assert f"cannot enter the temp directory (the run's scratch) {tmpdir}" in said[0]
+    assert f"chmod o+x {root_only_dir}" in said[0]
 
 
 def test_unreadable_payload_files_are_copied_for_the_run(tmp_path: Path) -> None:
