@@ -12,13 +12,18 @@ So the fact is now measured, per backend, from two sources:
 - the uid and gid the harness itself started the backend's commands with (`launch_of`): the
   payload user's, a spec's `[run] user`, or the harness's own where it cannot switch users.
 
-A backend is separated only when it ran something, at least one of its processes was read,
-and no uid or gid of any of them (nor of its launch) is root's or the harness's. The run is
-separated only when every backend that ran anything is. What cannot be decided (no reading
-at all) is "unmeasured", never "separated".
+A backend is separated only when it ran something, at least one of its processes has a known
+uid (read by the host, or started by the harness itself with the uid it chose: `launches`),
+and no uid or gid of any of them is root's or the harness's. The run is separated only when
+every backend that ran anything is. What cannot be decided (no reading and no launch of known
+uid: a docker backend whose containers the host never saw) is "unmeasured", never
+"separated".
 
-What this does not see: processes the host cannot read (a VM's, or a cell whose payload left
-before the rendezvous). Those cells are counted (`cells_unread`); they rest on the launch uid.
+What this does not see: processes the host cannot read (a VM's, a payload that left before
+the rendezvous, or a wrapper that never ran the payload). Those cells are counted
+(`cells_unread`); they rest on the uid the harness started the wrapper with, which an
+unprivileged process keeps unless a setuid program on the host lifts it (the control leg's
+privilege probes measure whether one can).
 """
 
 from __future__ import annotations
@@ -176,6 +181,10 @@ def backend_fact(
         for proc in found:
             uids.update(proc["uids"])
             gids.update(proc["gids"])
+    known_launch = launch is not None and launch.uid is not None
+    # One command per cell that ran, started by the harness with this uid: the kernel set it
+    # at exec, so each is a process whose uid is known without a reading.
+    launches = len(ran) if known_launch else 0
     launched_uids = {launch.uid} if launch is not None and launch.uid is not None else set()
     launched_gids = {launch.gid} if launch is not None and launch.gid is not None else set()
     bad_uids = sorted((uids | launched_uids) & {0, h_uid})
@@ -184,6 +193,7 @@ def backend_fact(
         "uids": sorted(uids),
         "gids": sorted(gids),
         "processes_read": processes,
+        "launches": launches,
         "cells_ran": len(ran),
         "cells_read": read_cells,
         "cells_unread": len(ran) - read_cells,
@@ -202,17 +212,20 @@ def backend_fact(
             f"{name}'s processes ran as uid {_listed(bad_uids)} / gid {_listed(bad_gids)}, "
             f"which is root or the harness's own (uid {h_uid}, gid {h_gid}){launched}"
         )
-    elif processes == 0:
+    elif processes + launches == 0:
         status = UNMEASURED
         reason = (
             f"the host read none of {name}'s processes in {len(ran)} cells (see each cell's "
-            "host_view `why`), so who they ran as is unknown"
+            "host_view `why`), and the harness did not start them itself, so who they ran as "
+            "is unknown"
         )
     else:
         status = SEPARATED
+        ids = sorted(uids | launched_uids)
         reason = (
-            f"{name}: {processes} processes read in {read_cells} of {len(ran)} cells ran as "
-            f"uid {_listed(sorted(uids))}, gid {_listed(sorted(gids))}"
+            f"{name}: {processes} processes read in {read_cells} of {len(ran)} cells and "
+            f"{launches} started by the harness ran as uid {_listed(ids)}, gid "
+            f"{_listed(sorted(gids | launched_gids))}"
         )
     fact["status"] = status
     fact["separated"] = status == SEPARATED
@@ -333,9 +346,9 @@ def _contradiction(name: str, fact: Mapping[str, Any], harness: tuple[int, int])
             f"{sorted(gids)} include root's or the harness's (uid {harness[0]}, gid "
             f"{harness[1]})"
         )
-    processes = fact.get("processes_read")
-    if not isinstance(processes, int) or processes < 1:
-        return f"{name} is recorded as separated, but no process of it was read"
+    counts = [n for n in (fact.get("processes_read"), fact.get("launches")) if isinstance(n, int)]
+    if len(counts) != 2 or sum(counts) < 1:
+        return f"{name} is recorded as separated, but no process of it was read or started"
     return ""
 
 
@@ -371,7 +384,7 @@ def recheck(domains: Mapping[str, Any], cells: Iterable[Mapping[str, Any]]) -> l
         problems.extend(
             f"the trust-domains fact of {name} says {key} {fact.get(key)!r}, but its "
             f"signed cells give {again[key]!r}"
-            for key in ("status", "uids", "gids", "processes_read")
+            for key in ("status", "uids", "gids", "processes_read", "launches")
             if again[key] != fact.get(key)
         )
     return problems

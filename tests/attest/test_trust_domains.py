@@ -112,13 +112,23 @@ class TestBackendFact:
         assert fact["status"] == separation.SHARED
         assert '[run] user = "root"' in fact["reason"]
 
-    def test_nothing_read_is_unmeasured_not_separated(self) -> None:
-        """Cells that ran but whose processes the host never read leave the backend unmeasured."""
+    def test_nothing_read_nor_launched_is_unmeasured(self) -> None:
+        """Containers the host never read, started by the engine, leave the backend unmeasured."""
         gone = {"seen": False, "why": "the payload exited before the host read it"}
-        fact = separation.backend_fact("vm", [cell("vm", gone)] * 2, PAYLOAD, HARNESS)
+        fact = separation.backend_fact("docker", [cell("docker", gone)] * 2, None, HARNESS)
         assert fact["status"] == separation.UNMEASURED
         assert fact["separated"] is False
         assert fact["cells_unread"] == 2
+
+    def test_an_unread_wrapper_rests_on_its_launch(self) -> None:
+        """A wrapper that never ran its payload is judged by the uid the harness started it as."""
+        gone = {"seen": False, "why": "the payload never reached the rendezvous"}
+        fact = separation.backend_fact("w", [cell("w", gone)] * 2, PAYLOAD, HARNESS)
+        assert fact["status"] == separation.SEPARATED
+        assert (fact["processes_read"], fact["launches"], fact["cells_unread"]) == (0, 2, 2)
+        harness_launch = separation.Launch(1000, 1000, "the harness's own uid")
+        shared = separation.backend_fact("w", [cell("w", gone)], harness_launch, (1000, 1000))
+        assert shared["status"] == separation.SHARED
 
     def test_a_backend_that_ran_nothing_does_not_decide(self) -> None:
         """UNAVAILABLE cells (no host view) make `ran nothing`, which neither helps nor hurts."""
