@@ -78,11 +78,16 @@ class Problem:
         """The one line a run stops with."""
         return (
             f"the payload user {user.name} (uid {user.uid}) cannot {_VERB[self.need]} "
-            f"{self.what} {self.path} ({self.error}): {explain(self.path, user)}"
+            f"{self.what} {self.path} ({self.error}): "
+            + explain(self.path, user, self.need, _ELSEWHERE.get(self.need, ""))
         )
 
 
 _VERB: Final = {"exec": "run", "dir": "enter", "read": "read", "search": "enter"}
+# The permission bits `path` itself needs for each Need (every parent needs search: x).
+_BITS: Final = {"exec": "x", "read": "r", "dir": "rx", "search": "x"}
+# The fix besides chmod: only the temp directory ("search") is chosen by the environment.
+_ELSEWHERE: Final = {"search": "set TMPDIR to a directory others can enter"}
 
 
 def check_as(user: PayloadUser, python: str, items: list[tuple[Path, Need, str]]) -> list[Problem]:
@@ -119,34 +124,35 @@ def check_as(user: PayloadUser, python: str, items: list[tuple[Path, Need, str]]
     return [Problem(Path(p), what[p][0], error, what[p][1]) for p, _, error in found]
 
 
-def explain(path: Path, user: PayloadUser) -> str:
-    """Why `user` cannot get at `path`, read from modes and owners (root can stat them all)."""
+def explain(path: Path, user: PayloadUser, need: Need = "read", elsewhere: str = "") -> str:
+    """Why `user` cannot get at `path`, read from modes and owners (root can stat them all).
+
+    Args:
+        path: what the user was refused.
+        user: the payload user.
+        need: what the user must do with `path` itself (its parents must all be searchable).
+        elsewhere: the other fix, after "chmod": where to put it instead.
+    """
+    elsewhere = elsewhere or "install the harness where others can traverse (a venv under /opt)"
     groups = {user.gid, *user.groups}
     for directory in [*reversed(path.parents), path]:
         try:
             st = directory.stat()
         except OSError as exc:
             return f"{directory} cannot be examined ({exc.strerror}); check that it exists"
-        if st.st_uid == user.uid:
-            bits = (stat.S_IRUSR, stat.S_IXUSR)
-        elif st.st_gid in groups:
-            bits = (stat.S_IRGRP, stat.S_IXGRP)
-        else:
-            bits = (stat.S_IROTH, stat.S_IXOTH)
-        last = directory == path
-        need = bits[1] if not last or stat.S_ISDIR(st.st_mode) else bits[0]
-        if not st.st_mode & need:
-            return (
-                f"{directory} is mode {stat.S_IMODE(st.st_mode):o}, owner "
-                f"{_owner(st)}, which gives {user.name} no "
-                f"{'search' if need in (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH) else 'read'}"
-                f" permission; fix: chmod o+{'x' if need & 0o111 else 'r'} {directory}, or "
-                "install the harness where others can traverse (a venv under /opt), or name an "
-                "interpreter the payload user can run by putting it first on PATH"
-            )
+        shift = 6 if st.st_uid == user.uid else 3 if st.st_gid in groups else 0
+        who = "u" if shift == 6 else "g" if shift == 3 else "o"
+        for letter in "x" if directory != path else _BITS[need]:
+            bit = (4 if letter == "r" else 1) << shift
+            if not st.st_mode & bit:
+                return (
+                    f"{directory} is mode {stat.S_IMODE(st.st_mode):o}, owner {_owner(st)}, "
+                    f"which gives {user.name} no {'read' if letter == 'r' else 'search'} "
+                    f"permission; fix: chmod {who}+{letter} {directory}, or {elsewhere}"
+                )
     return (
         "its modes allow it, so an ACL, a mount option (noexec) or an LSM refuses it; "
-        "fix that, or install the harness where others can traverse (a venv under /opt)"
+        f"fix that, or {elsewhere}"
     )
 
 

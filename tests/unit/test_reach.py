@@ -103,6 +103,7 @@ def test_the_run_stops_with_one_line_and_exit_2(root_only_dir: Path, tmp_path: P
     assert f"cannot enter the temp directory (the run's scratch) {tmpdir}" in lines[0]
     assert f"{root_only_dir} is mode 700, owner root:root" in lines[0]
     assert f"chmod o+x {root_only_dir}" in lines[0]
+    assert lines[0].endswith("or set TMPDIR to a directory others can enter")
     assert not (tmp_path / "r").exists()  # stopped before the report directory was made
 
 
