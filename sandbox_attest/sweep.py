@@ -57,7 +57,9 @@ JOURNAL: Final = "journal"
 STALE_AGE_S: Final = 6 * 3600.0
 # Names the harness gives what it plants in /tmp and homes (sandbox_attest.session,
 # catalog.fs/host).
-TMP_NAMES: Final = re.compile(r"^sandbox-attest-(canary-|link-)?[A-Za-z0-9_]+$")
+# A command wrapper's availability check works in `agent-check-*` (a neutral name: the wrapper
+# sees it, issue 23), never journalled; a run's scratch (`agent-*`) is journalled instead.
+TMP_NAMES: Final = re.compile(r"^(sandbox-attest-(canary-|link-)?|agent-check-)[A-Za-z0-9_]+$")
 HOME_NAMES: Final = re.compile(r"^\.sandbox-attest-canary-[A-Za-z0-9_-]+$")
 SECRET_NAMES: Final = re.compile(r"^sandbox-attest-canary-[A-Za-z0-9_-]+(\.json)?$")
 # What a cell's payload leaves beside the egress route when a sandbox shows the host's run dir

@@ -68,3 +68,9 @@ def test_the_sweep_still_finds_a_retitled_proxy_and_only_ours() -> None:
     ours = [w.encode() for w in proctitle.proxy_title("/tmp/proxy-config-ab12.json")]
     assert sweep.is_harness_child(ours)
     assert not sweep.is_harness_child([b"/usr/bin/python3", b"-m", b"relay", b"/etc/relay.conf"])
+
+
+def test_the_sweep_knows_the_neutral_check_dirs() -> None:
+    """A killed availability check's `agent-check-*` dir is the sweep's; a bare `agent-*` is not."""
+    assert sweep.TMP_NAMES.match("agent-check-k2j3h4l5")
+    assert not sweep.TMP_NAMES.match(f"{SCRATCH_PREFIX}k2j3h4l5")
