@@ -13,20 +13,31 @@
 #                                 absent, as on a fresh machine, not empty
 #   /opt/sandbox-attest/srt-tmp   an empty sticky tmpfs (srt's tmpdir; made empty by
 #                                 scripts/real-sandboxes.sh on a fresh machine)
+#   .state/docker-engine          empty: scripts/docker-engine.sh's record of the engine it
+#                                 started is this namespace's own
 # Why absent and not an empty directory over each: an empty /run/sandbox-attest left by an
 # earlier run is exactly what hid bubblewrap's failure to make its own mount point (issue 24).
 # A place is hidden by covering its parent, because a mount needs an existing mount point
 # and making one would itself leave the directory on the host.
 #
-# Not hidden, on purpose: Docker's state (/var/lib/docker, /run/docker*, the engine's socket:
-# `./run test` uses or starts an engine), installed tools (/opt/sandbox-attest/npm, the venv,
-# Debian packages) and accounts (the payload user, once made by useradd, stays in /etc/passwd:
+# The Docker engine's state is hidden too (/run/docker*, /run/containerd, /var/lib/docker,
+# /var/lib/containerd), so `./run test` starts an engine of its own inside the namespace, on
+# fresh state, as on a fresh machine (scripts/docker-engine.sh; its skeleton image is built
+# locally, nothing is pulled). An engine started outside cannot serve the run: the daemon
+# resolves bind sources in its own mount namespace, where this namespace's /tmp does not
+# exist ("bind source path does not exist: /tmp/attest-tests-0/..."), and a container given
+# the host's / would see the host's files, not the canaries planted here. For the same
+# reason a DOCKER_HOST naming an engine outside is refused.
+#
+# Not hidden, on purpose: installed tools (/opt/sandbox-attest/npm, the venv, Debian packages,
+# dockerd itself) and accounts (the payload user, once made by useradd, stays in /etc/passwd:
 # /etc cannot be covered without breaking useradd's rename of /etc/passwd).
 #
 # Host processes started before the command keep their view; entries the host adds under a
 # covered parent after the start are not seen inside. Nothing here changes the host's own view.
 set -euo pipefail
 set -f  # the globs below are matched against names, never expanded against files
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 say() { printf '==> %s\n' "$*" >&2; }
 die() {
@@ -34,21 +45,23 @@ die() {
   exit 1
 }
 
-# PARENT and the names (globs) of the harness's own state in it. "*" hides every entry.
+# PARENT and the names (globs) of the state in it a fresh machine lacks. "*" hides every entry.
 # /run goes first: libmount keeps its table of this namespace's mounts in /run/mount, which
 # must be the namespace's own (the first mount makes it in the fresh /run, never the host's).
 FRESH=(
   # SANDBOX_RUN_DIR's host copy, test_faults' exec roots, sweep.RUN_DIR_NAMES, mktemp's
-  # default names (the busy-host noise of tests/noise.py); libmount's table
-  "/run|sandbox-attest sa-* rogue-n*.sock shim-n*.py .sandbox-attest-* tmp.* mount"
+  # default names (the busy-host noise of tests/noise.py); libmount's table; an outside
+  # engine's socket and runtime state
+  "/run|sandbox-attest sa-* rogue-n*.sock shim-n*.py .sandbox-attest-* tmp.* mount docker.sock docker.pid docker containerd"
   "/tmp|*"
   # the journal (sweep.ROOT_STATE_DIR), the payload user's home (trust.PAYLOAD_HOME: agent/,
   # sandbox-attest/ before), the tests' accounts' homes and data roots (sa-nonroot, sa-faults-*)
-  "/var/lib|sandbox-attest sandbox-attest-* agent sa-*"
+  "/var/lib|sandbox-attest sandbox-attest-* agent sa-* docker containerd"
   # the fs_write_outside canary classes (catalog/fs.py), tests' scratch outside /tmp
   "/var/tmp|sandbox-attest* .sandbox-attest* sa-*"
   "/dev/shm|sandbox-attest* .sandbox-attest* sa-*"
   "/opt/sandbox-attest/srt-tmp|*"
+  "$REPO/.state/docker-engine|*"
 )
 
 # True when NAME matches one of the globs in the space-separated list.
@@ -99,7 +112,7 @@ cover() {
   exec {fd}<&-
   local meanwhile=""
   ((gone == 0)) || meanwhile=", $gone gone meanwhile"
-  say "fresh $parent (tmpfs): $kept host entries bound back, $dropped of the harness's hidden$meanwhile"
+  say "fresh $parent (tmpfs): $kept host entries bound back, $dropped hidden$meanwhile"
 }
 
 if [[ "${1:-}" == --inside ]]; then
@@ -117,6 +130,8 @@ if [[ "${1:-}" == --inside ]]; then
 fi
 
 [[ $# -gt 0 ]] || die "usage: scripts/fresh-state.sh CMD [ARGS...]"
+[[ -z "${DOCKER_HOST:-}" ]] || die "DOCKER_HOST=$DOCKER_HOST names an engine outside the fresh namespace, whose containers would not see its files; unset it (the run starts its own engine)"
+mkdir -p "$REPO/.state/docker-engine"  # a mount point for its fresh record (gitignored state)
 [[ "$(id -u)" == 0 ]] || die "a private mount namespace needs root; run as root (sudo $0 $*), or run the command directly"
 command -v unshare >/dev/null || die "unshare not found; install util-linux"
 FRESH_STATE_OUTER_NS=$(readlink /proc/self/ns/mnt)
