@@ -157,6 +157,66 @@ def inspection_cost(runs: int, *, looking: bool = False) -> tuple[float, float, 
     return statistics.median(seen), statistics.median(unseen), statistics.median(held)
 
 
+def group_reading_cost(runs: int) -> dict[str, tuple[float, float]]:
+    """Per backend: median ms the host held the payload, and median processes it read.
+
+    The rendezvous reads every process of the cell's group (sandbox_attest/cellgroup.py)
+    before it lets the payload go, so `held_ms` is what reading all of them costs a cell:
+    under bubblewrap its two bwrap processes and the payload, under none the payload alone.
+    """
+    import shutil  # noqa: PLC0415
+
+    from sandbox_attest.payload import LAUNCHER_SOURCE  # noqa: PLC0415
+
+    results: dict[str, tuple[float, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="sa-bench-group-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)
+        probe = base / "probe.py"
+        probe.write_text("print('SANDBOX-ATTEST-START x')\n")
+        launcher = base / hostview.LAUNCHER  # staged under the name the host knows
+        shutil.copyfile(ROOT / "probes" / LAUNCHER_SOURCE, launcher)
+        for path in (probe, launcher):
+            path.chmod(0o644)
+        user = payload_user()
+        # The system interpreter: the one bubblewrap's default binds show the payload.
+        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+        for backend in (BubblewrapBackend(), NoneBackend()):
+            held: list[float] = []
+            read: list[int] = []
+            for i in range(runs):
+                workspace = base / f"ws-{backend.name}-{i}"
+                workspace.mkdir()
+                give(workspace, user)
+                task = base / f"task-{backend.name}-{i}.json"
+                nonce = f"g{i}"
+                task.write_text(
+                    json.dumps({"workspace": str(workspace), "nonce": nonce, "rendezvous_s": 5})
+                )
+                task.chmod(0o644)
+                request = ProbeRequest(
+                    cell_id="bench",
+                    argv=(python, str(launcher), str(probe), str(task)),
+                    env={"PATH": "/usr/bin:/bin"},
+                    workspace=workspace,
+                    read_only=(base,),
+                    egress=None,
+                    timeout=20,
+                    cell_dir=base,
+                    user=user,
+                )
+                watch = hostview.Rendezvous(workspace, task, nonce)
+                watch.start()
+                backend.run(request)
+                view = watch.finish()
+                if not view.get("seen"):
+                    sys.exit(f"{backend.name}: the host did not see the payload: {view}")
+                held.append(float(view["held_ms"]))
+                read.append(sum(1 for p in view["processes"] if p["when"] == "rendezvous"))
+            results[backend.name] = (statistics.median(held), statistics.median(read))
+    return results
+
+
 def main() -> None:
     """Print the measurements."""
     parser = argparse.ArgumentParser()
@@ -169,6 +229,11 @@ def main() -> None:
             f"inspection ({what}): payload with the host's rendezvous {seen * 1000:.1f} ms, "
             f"without {unseen * 1000:.1f} ms; cost per cell {(seen - unseen) * 1000:.1f} ms, "
             f"held at the rendezvous {held * 1000:.1f} ms (target < 20)"
+        )
+    for name, (held_ms, members) in group_reading_cost(args.runs).items():
+        print(
+            f"cell group reading ({name}): {members:.0f} process(es) read at the rendezvous, "
+            f"held {held_ms:.1f} ms median of {args.runs} (target < 20)"
         )
     bare, boxed = spawn_times(args.runs)
     print(
