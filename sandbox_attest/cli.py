@@ -100,6 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     # signer's reader thread (and every child) must be born inside it.
     ensure_lab(args.world)
     with _check_key(Path(args.key) if args.key else None) as signer:
+        _warn_unseparated(signer)
         # The run id is made once, here: the report directory's name and every file inside
         # (evidence, JUnit, Allure, the pages, the attestation) carry the same one.
         run_id = new_run_id()
@@ -278,6 +279,26 @@ def _print_gate(failures: list[str], warnings: list[str], signed: str) -> int:
     else:
         print("gate: PASSED (every required cell PASSed)")
     return 0
+
+
+def _warn_unseparated(signer: Signer) -> None:
+    """Say before any cell runs that a release key cannot sign a run that cannot separate.
+
+    The run still goes on (a developer's check is worth having), and at its end the signer
+    swaps the key for the per-machine one (issue 23); said first, a user can stop now, before
+    the code under test runs beside a key it can read.
+    """
+    from sandbox_attest.trust import separation_possible  # noqa: PLC0415
+
+    ok, why = separation_possible()
+    if signer.requested and not ok:
+        print(
+            f"sandbox-attest: warning: {why}; so the release key ({signer.requested}) will not "
+            "sign this run (the per-machine key will), and the code under test can read it: "
+            "stop now (Ctrl-C) and run as root to keep it out of reach",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _check_key(key: Path | None) -> Signer:

@@ -143,6 +143,10 @@ def _print_facts(result: Verification) -> None:
         prefix = f"leg {label}: " if label else ""
         print(f"{prefix}{_harness_line(leg.harness)}, finished {leg.finished_at or '?'}")
         print(f"{prefix}{_domains_line(leg.trust_domains)}")
+        backends = leg.trust_domains.get("backends")
+        for name, fact in sorted(backends.items() if isinstance(backends, dict) else []):
+            if isinstance(fact, dict) and fact.get("status") != "separated":
+                print(f"{prefix}trust domain of {name}: {fact.get('status')}: {fact.get('reason')}")
         if leg.world:
             print(f"{prefix}world: {leg.world.get('kind', '?')} {leg.world.get('reason', '')}")
         for backend, claims in sorted(leg.claims.items()):

@@ -314,6 +314,11 @@ class TestTheRunSaysNotSeparated:
         signing = json.loads((run.out / "signing.json").read_text())
         assert signing["trust"] == "untrusted-local"
 
+    def test_a_harness_that_cannot_separate_warns_before_any_cell(self, run: ForgeryRun) -> None:
+        """A non-root harness given a release key says so at start; a root one does not."""
+        warned = "will not sign this run" in run.stderr
+        assert warned == (run.private.stat().st_uid != 0), run.log()
+
     def test_the_report_does_not_verify_with_the_release_key(self, run: ForgeryRun) -> None:
         """The run did not sign with the release key: its public key finds no signature."""
         done = verify(run, run.out, run.public)
@@ -326,6 +331,7 @@ class TestTheRunSaysNotSeparated:
         done = verify(run, run.out, signer)
         assert done.returncode == 1, done.stdout + done.stderr
         assert NOT_SEPARATED in done.stderr
+        assert f"trust domain of {BACKEND}: shared: " in done.stdout
         allowed = verify(run, run.out, signer, "--allow-shared-trust-domain")
         assert NOT_SEPARATED not in allowed.stderr, allowed.stderr
         assert "accepted with --allow-shared-trust-domain" in allowed.stdout
