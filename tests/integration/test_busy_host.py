@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from sandbox_attest.backends import create_backend
 from sandbox_attest.backends.base import Backend
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command import CommandBackend
@@ -88,24 +89,37 @@ def make_hole(name: str) -> Backend:
 
 
 @pytest.fixture(scope="module")
-def noise() -> Iterator[Noise]:
-    """The busy host, running for every cell of the module (control leg included)."""
-    with busy_host() as running:
+def world() -> Iterator[World]:
+    """One real fixture world for the module, under a short /tmp path (unix socket limits)."""
+    with reachable_tempdir("sa-busy-") as base, start_world(base / "w") as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def world(noise: Noise) -> Iterator[World]:
-    """One real fixture world for the module, under a short /tmp path (unix socket limits)."""
-    del noise  # started first: the world's own directories are made on a busy host too
-    with reachable_tempdir("sa-busy-") as base, start_world(base / "w") as running:
+def still(runner: CellRunner) -> dict[str, str]:
+    """The command wrapper's verdicts before the noise starts: what a busy host must not change."""
+    for probe in PROBES:
+        run(runner, "none", probe)
+    return {probe: run(runner, "bwrap-generic", probe)["verdict"] for probe in PROBES}
+
+
+@pytest.fixture(scope="module")
+def noise(still: dict[str, str]) -> Iterator[Noise]:
+    """The busy host, running for every later cell of the module (control leg included)."""
+    del still  # taken first, on the still host
+    with busy_host() as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def runner(world: World, tmp_path_factory: pytest.TempPathFactory) -> CellRunner:
     """A runner over the control leg, the strong bubblewrap leg and every hole."""
-    backends: dict[str, Backend] = {"none": NoneBackend(), "bubblewrap": BubblewrapBackend()}
+    backends: dict[str, Backend] = {
+        "none": NoneBackend(),
+        "bubblewrap": BubblewrapBackend(),
+        # The third-party shape: the same sandbox through a spec file and the command backend.
+        "bwrap-generic": create_backend("bwrap-generic"),
+    }
     for name in HOLES:
         backends[name] = make_hole(name)
     availability = {name: b.availability() for name, b in backends.items()}
@@ -168,6 +182,21 @@ def test_strong_bubblewrap_passes_under_noise(
     # The noise reached the cell: witnesses went into its transient directories too.
     sites = entries["ipc_unix_socket_escape"]["witness"]["witness_sockets"]["planted"]
     assert {Path(s).parent for s in sites} & noise.paths, (sites, noise.summary())
+
+
+@pytest.mark.usefixtures("control")
+def test_command_wrapper_keeps_its_verdicts_under_noise(
+    runner: CellRunner, noise: Noise, still: dict[str, str]
+) -> None:
+    """The sandbox through a spec file (a third-party wrapper's shape) gives its still verdicts.
+
+    Its witness and canary probes PASS on a still host; fs_read_secrets is what the host's look
+    through a wrapper makes it there, and the noise must not change that either.
+    """
+    entries = {probe: run(runner, "bwrap-generic", probe) for probe in PROBES}
+    got = {p: e["verdict"] for p, e in entries.items()}
+    assert got == still, (verdicts(entries), noise.summary())
+    assert {got["ipc_unix_socket_escape"], got["fs_write_outside"]} == {"PASS"}
 
 
 @pytest.mark.usefixtures("control")
