@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sandbox_attest import lifetime
+from sandbox_attest import lifetime, safefs
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -891,10 +891,16 @@ class ProcNamespaceEscape(_AnchoredSpec):
             )
 
         def canary() -> dict[str, Any]:
-            probe = self.canary_dir(ctx) / f"{nonce}.host"
-            probe.write_text(nonce)
-            probe.unlink()
-            return _check("host writes the canary dir", ok=True, detail=str(probe.parent))
+            # Through the dir's descriptor (sandbox_attest/safefs.py): the payload user owns
+            # ns-canary and may have planted a link at any name in it.
+            name = f"{nonce}.host"
+            try:
+                with safefs.open_dir(self.canary_dir(ctx)) as directory:
+                    directory.create_file(name, nonce, 0o600)
+                    directory.unlink(name)
+            except safefs.UnsafePathError as exc:
+                return _check("host writes the canary dir", ok=False, detail=str(exc))
+            return _check("host writes the canary dir", ok=True, detail=str(self.canary_dir(ctx)))
 
         def listener() -> dict[str, Any]:
             heard = anchor.reported("conn") if anchor else []

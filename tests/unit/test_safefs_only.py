@@ -98,12 +98,8 @@ ROOT_ONLY_FUNCTIONS: Final = {
 }
 
 # Payload-reachable, not routed yet: each is a known gap, with what makes it narrow today.
-# Listed so that the gap is visible here and nothing new joins it silently.
-KNOWN_GAPS: Final = {
-    "catalog/proc.py:ProcNamespaceEscape.host_control.canary": "writes and removes a file by "
-    "path in ns-canary, which the payload user owns; its parent is root's and the name carries "
-    "a nonce made after the payload ran, but it should go through safefs (issue 23, part 2)",
-}
+# Listed so that a gap is visible here and nothing new joins it silently. None today.
+KNOWN_GAPS: Final[dict[str, str]] = {}
 
 
 @dataclass(frozen=True)
