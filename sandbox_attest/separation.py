@@ -137,15 +137,28 @@ def cell_processes(host_view: Mapping[str, Any]) -> list[dict[str, Any]]:
     Returns:
         `{pid, uids, gids}` per process read; empty when the host read none.
     """
-    if host_view.get("seen") is False:
-        return []
     listed = host_view.get("processes")
     if isinstance(listed, list):
+        # Every process of the cell, read even where the payload itself was not seen.
         views: Iterable[Any] = listed
+    elif host_view.get("seen") is False:
+        return []
     else:
         others = host_view.get("others")
         views = [host_view, *(others if isinstance(others, list) else [])]
     return [r for r in (_reading(v) for v in views if isinstance(v, dict)) if r is not None]
+
+
+def cell_refused(host_view: Mapping[str, Any]) -> list[str]:
+    """Processes of the cell the host was refused reading (not those that had exited): why."""
+    listed = host_view.get("processes")
+    return [
+        f"pid {p.get('pid')}: {p['unread']}"
+        for p in (listed if isinstance(listed, list) else [])
+        if isinstance(p, dict)
+        and isinstance(p.get("unread"), str)
+        and not p["unread"].startswith("exited")
+    ]
 
 
 def _ran(cell: Mapping[str, Any]) -> bool:
@@ -173,7 +186,9 @@ def backend_fact(
     gids: set[int] = set()
     processes = 0
     read_cells = 0
+    refused: list[str] = []
     for cell in ran:
+        refused += cell_refused(cell["host_view"])
         found = cell_processes(cell["host_view"])
         if found:
             read_cells += 1
@@ -193,6 +208,7 @@ def backend_fact(
         "uids": sorted(uids),
         "gids": sorted(gids),
         "processes_read": processes,
+        "processes_refused": len(refused),
         "launches": launches,
         "cells_ran": len(ran),
         "cells_read": read_cells,
@@ -211,6 +227,13 @@ def backend_fact(
         reason = (
             f"{name}'s processes ran as uid {_listed(bad_uids)} / gid {_listed(bad_gids)}, "
             f"which is root or the harness's own (uid {h_uid}, gid {h_gid}){launched}"
+        )
+    elif refused:
+        # A process the host could not read may have run as anyone: never separated.
+        status = UNMEASURED
+        reason = (
+            f"the host was refused reading {len(refused)} of {name}'s processes "
+            f"({'; '.join(refused[:3])}), so who they ran as is unknown"
         )
     elif processes + launches == 0:
         status = UNMEASURED
@@ -384,7 +407,7 @@ def recheck(domains: Mapping[str, Any], cells: Iterable[Mapping[str, Any]]) -> l
         problems.extend(
             f"the trust-domains fact of {name} says {key} {fact.get(key)!r}, but its "
             f"signed cells give {again[key]!r}"
-            for key in ("status", "uids", "gids", "processes_read", "launches")
+            for key in ("status", "uids", "gids", "processes_read", "processes_refused", "launches")
             if again[key] != fact.get(key)
         )
     return problems

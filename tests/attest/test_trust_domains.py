@@ -99,6 +99,26 @@ class TestBackendFact:
         assert fact["uids"] == [0, 990]
         assert fact["processes_read"] == 2
 
+    def test_processes_count_where_the_payload_was_not_seen(self) -> None:
+        """A cell whose payload missed the rendezvous is still judged by the processes read."""
+        view = {"seen": False, "why": "gone", "processes": [{"pid": 3, "uids": [0] * 4,
+                                                             "gids": [0] * 4}]}  # fmt: skip
+        fact = separation.backend_fact("w", [cell("w", view)], PAYLOAD, HARNESS)
+        assert fact["status"] == separation.SHARED
+        assert fact["processes_read"] == 1
+
+    def test_a_refused_reading_is_unmeasured_but_an_exited_one_is_not(self) -> None:
+        """A process the host was refused reading may be anyone's; one that exited is nothing."""
+        ok = {"pid": 1, "uids": [990] * 4, "gids": [990] * 4}
+        exited = {**seen(990), "processes": [ok, {"pid": 2, "unread": "exited before the host "
+                                                  "read it"}]}  # fmt: skip
+        refused = {**seen(990), "processes": [ok, {"pid": 3, "unread": "unreadable: EACCES"}]}
+        fact = separation.backend_fact("w", [cell("w", exited)], PAYLOAD, HARNESS)
+        assert fact["status"] == separation.SEPARATED
+        fact = separation.backend_fact("w", [cell("w", refused)], PAYLOAD, HARNESS)
+        assert fact["status"] == separation.UNMEASURED
+        assert "pid 3: unreadable: EACCES" in fact["reason"]
+
     def test_decoys_in_others_are_read_too(self) -> None:
         """Without `processes`, the payload's `others` (decoy launchers) are counted as well."""
         view = {**seen(990), "others": [seen(0)]}
