@@ -15,10 +15,13 @@
 # Environment:
 #   DOCKER_ENGINE_START_TIMEOUT  seconds to wait for a started dockerd to answer (default 60)
 #   DOCKER_ENGINE_STOP_TIMEOUT   seconds to wait for it to exit before SIGKILL (default 30)
+#   DOCKER_ENGINE_STATE_DIR      where the record of the started engine is kept (default
+#                                .state/docker-engine; scripts/fresh-state.sh gives its
+#                                namespace a record of its own)
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-state_dir="${repo_root}/.state/docker-engine"
+state_dir="${DOCKER_ENGINE_STATE_DIR:-${repo_root}/.state/docker-engine}"
 state_file="${state_dir}/state"
 log_file="${state_dir}/dockerd.log"
 apt_log="${state_dir}/apt.log"

@@ -11,14 +11,14 @@
 #   /run, /var/lib, /var/tmp,     a fresh tmpfs in which every entry of the host's is bound
 #   /dev/shm                      again except the harness's own (FRESH below): those are
 #                                 absent, as on a fresh machine, not empty
-#   /opt/sandbox-attest/srt-tmp   an empty sticky tmpfs (srt's tmpdir; made empty by
-#                                 scripts/real-sandboxes.sh on a fresh machine)
-#   .state/docker-engine          empty: scripts/docker-engine.sh's record of the engine it
-#                                 started is this namespace's own
+# and scripts/docker-engine.sh keeps its record of the engine it starts in the fresh /run
+# (DOCKER_ENGINE_STATE_DIR), not in the checkout's .state/ that runs outside share.
 # Why absent and not an empty directory over each: an empty /run/sandbox-attest left by an
 # earlier run is exactly what hid bubblewrap's failure to make its own mount point (issue 24).
 # A place is hidden by covering its parent, because a mount needs an existing mount point
-# and making one would itself leave the directory on the host.
+# and making one would itself leave the directory on the host. No mount is made under a path
+# naming the harness (the checkout, /opt/sandbox-attest): the suite checks that no mount of
+# its own leaked by looking for its name in /proc/self/mountinfo.
 #
 # The Docker engine's state is hidden too (/run/docker*, /run/containerd, /var/lib/docker,
 # /var/lib/containerd), so `./run test` starts an engine of its own inside the namespace, on
@@ -37,7 +37,6 @@
 # covered parent after the start are not seen inside. Nothing here changes the host's own view.
 set -euo pipefail
 set -f  # the globs below are matched against names, never expanded against files
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 say() { printf '==> %s\n' "$*" >&2; }
 die() {
@@ -60,8 +59,6 @@ FRESH=(
   # the fs_write_outside canary classes (catalog/fs.py), tests' scratch outside /tmp
   "/var/tmp|sandbox-attest* .sandbox-attest* sa-*"
   "/dev/shm|sandbox-attest* .sandbox-attest* sa-*"
-  "/opt/sandbox-attest/srt-tmp|*"
-  "$REPO/.state/docker-engine|*"
 )
 
 # True when NAME matches one of the globs in the space-separated list.
@@ -126,12 +123,13 @@ if [[ "${1:-}" == --inside ]]; then
   for spec in "${FRESH[@]}"; do
     cover "${spec%%|*}" "${spec#*|}"
   done
+  export DOCKER_ENGINE_STATE_DIR=/run/fresh-state/docker-engine
+  mkdir -p "$DOCKER_ENGINE_STATE_DIR"
   exec "$@"
 fi
 
 [[ $# -gt 0 ]] || die "usage: scripts/fresh-state.sh CMD [ARGS...]"
 [[ -z "${DOCKER_HOST:-}" ]] || die "DOCKER_HOST=$DOCKER_HOST names an engine outside the fresh namespace, whose containers would not see its files; unset it (the run starts its own engine)"
-mkdir -p "$REPO/.state/docker-engine"  # a mount point for its fresh record (gitignored state)
 [[ "$(id -u)" == 0 ]] || die "a private mount namespace needs root; run as root (sudo $0 $*), or run the command directly"
 command -v unshare >/dev/null || die "unshare not found; install util-linux"
 FRESH_STATE_OUTER_NS=$(readlink /proc/self/ns/mnt)

@@ -106,6 +106,33 @@ def test_every_state_place_the_code_names_is_hidden() -> None:
     assert not done.stdout.split(), f"visible inside the namespace: {done.stdout.split()}"
 
 
+def naming_the_harness(mountinfo: str) -> set[str]:
+    """The mount points in a mountinfo text whose path names the harness."""
+    return {line.split()[4] for line in mountinfo.splitlines() if "sandbox-attest" in line}
+
+
+def test_it_adds_no_mount_naming_the_harness() -> None:
+    """The suite's own leak check (no mount naming the harness) still holds inside.
+
+    tests/catalog/test_proc.py looks for "sandbox-attest" in /proc/self/mountinfo; a cover
+    under /opt/sandbox-attest or a checkout called sandbox-attest would trip it.
+    """
+    done = inside("cat /proc/self/mountinfo")
+    assert done.returncode == 0, done.stderr
+    host = naming_the_harness(Path("/proc/self/mountinfo").read_text())
+    assert naming_the_harness(done.stdout) <= host
+
+
+def test_the_docker_engine_record_is_the_namespaces_own() -> None:
+    """docker-engine.sh keeps its record in the fresh /run, never in the shared checkout."""
+    done = inside(
+        'echo "$DOCKER_ENGINE_STATE_DIR"; test -d "$DOCKER_ENGINE_STATE_DIR" && echo made'
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["/run/fresh-state/docker-engine", "made"]
+    assert not Path("/run/fresh-state").exists()  # the namespace's /run, not the host's
+
+
 def test_a_command_that_fails_fails_the_wrapper() -> None:
     """The command's exit status is the wrapper's: CI sees a failing suite as failing."""
     assert inside("exit 3").returncode == 3
