@@ -74,6 +74,32 @@ _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_PATH: an open that does not need read permission nor opens a FIFO or a device, so the
 # harness can look at (and chmod through /proc) whatever the payload left at a name.
 _O_PATH: Final = getattr(os, "O_PATH", 0)
+# How `_at` looks at an entry: O_PATH where there is one (Linux); elsewhere a non-blocking
+# read-only open, so a FIFO cannot hang the harness (a socket then cannot be opened at all).
+_LOOK_FLAGS: Final = (_O_PATH or os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW | os.O_CLOEXEC
+# Symlinks followed on the way to a directory (only trusted ones: `_trusted_link`), as the
+# kernel's own limit for one path (MAXSYMLINKS).
+_MAX_HOPS: Final = 40
+
+
+def _fchmod(fd: int, mode: int) -> None:
+    """Chmod the inode `fd` holds, never a path.
+
+    Through /proc/self/fd for an O_PATH descriptor (Linux: fchmod refuses those): the kernel
+    resolves that magic link to the descriptor's inode.
+    """
+    if _O_PATH:
+        os.chmod(f"/proc/self/fd/{fd}", mode)  # noqa: PTH101  (an fd's magic link, not a path)
+    else:
+        os.fchmod(fd, mode)
+
+
+def _fchown(fd: int, owner: tuple[int, int]) -> None:
+    """Chown the inode `fd` holds, never a path (see `_fchmod`)."""
+    if _O_PATH:
+        os.chown(f"/proc/self/fd/{fd}", *owner)
+    else:
+        os.fchown(fd, *owner)
 
 
 class UnsafePathError(FixtureError):
@@ -186,43 +212,120 @@ def _components(path: Path) -> list[str]:
     return parts
 
 
-def _open_dir_fd(path: Path) -> int:
-    """A descriptor of the directory `path`, reached from `/` with no symlink on the way."""
-    parts = _components(path)
-    root = os.open("/", _DIR_FLAGS)
-    if not parts:
-        return root
-    try:
-        if openat2_supported():
-            try:
-                return _openat2(
-                    root,
-                    "/".join(parts),
-                    _DIR_FLAGS,
-                    RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
-                )
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
-                    raise
-                # Walk again to name the component that was not a plain directory.
-        fd = os.dup(root)
-        shown = Path("/")
-        for part in parts:
-            shown = shown / part
-            try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    err = _refusal(fd, part, str(shown), "a directory")
-                    os.close(fd)
-                    raise err from exc
+def _trusted_link(dir_fd: int, link: os.stat_result) -> bool:
+    """Whether a symlink is one no other user can change, so following it is safe.
+
+    The link must be root's (or the harness's own) and sit in a directory of the same owners
+    that nobody else may write, or a sticky one (/tmp: only an entry's owner may replace it).
+    This is what lets `/var/run -> /run` or macOS's `/tmp -> private/tmp` be followed while a
+    link the payload user planted in its home or in /tmp never is.
+    """
+    mine = {0, os.geteuid()}
+    here = os.fstat(dir_fd)
+    if link.st_uid not in mine or here.st_uid not in mine:
+        return False
+    return not here.st_mode & 0o022 or bool(here.st_mode & stat.S_ISVTX)
+
+
+class _Walk:
+    """One walk's descriptors: the directory reached so far and those above it (for "..")."""
+
+    def __init__(self) -> None:
+        self.fd = os.open("/", _DIR_FLAGS)
+        self.above: list[int] = []
+
+    def close(self) -> None:
+        for fd in (*self.above, self.fd):
+            if fd >= 0:
                 os.close(fd)
+        self.above, self.fd = [], -1
+
+    def restart(self) -> None:
+        """Back to `/`, for an absolute link target."""
+        self.close()
+        self.fd = os.open("/", _DIR_FLAGS)
+
+    def up(self) -> None:
+        """A link target's "..": the directory above, never above `/`."""
+        if self.above:
+            os.close(self.fd)
+            self.fd = self.above.pop()
+
+    def step(self, part: str, shown: Path, hops: int) -> str | None:
+        """Enter `part`: None when entered, or the target of the trusted link it is.
+
+        Raises:
+            UnsafePathError: `part` is a link someone else could change, or not a directory.
+        """
+        try:
+            child = os.open(part, _DIR_FLAGS, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
-            os.close(fd)
-            fd = child
+            st = os.stat(part, dir_fd=self.fd, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode) or not _trusted_link(self.fd, st) or hops >= _MAX_HOPS:
+                raise _refusal(self.fd, part, str(shown / part), "a directory") from exc
+            return os.readlink(part, dir_fd=self.fd)
+        self.above.append(self.fd)
+        self.fd = child
+        return None
+
+    def take(self) -> int:
+        """The descriptor reached; everything else is closed."""
+        fd, self.fd = self.fd, -1
+        self.close()
         return fd
-    finally:
-        os.close(root)
+
+
+def _walk(parts: list[str]) -> int:
+    """One `openat(O_NOFOLLOW | O_DIRECTORY)` per component from `/`; trusted links followed."""
+    walk = _Walk()
+    pending, hops, shown = list(parts), 0, Path("/")
+    try:
+        while pending:
+            part = pending.pop(0)
+            if part == "..":
+                walk.up()
+                continue
+            if part in ("", "."):
+                continue
+            target = walk.step(part, shown, hops)
+            if target is None:
+                shown /= part
+                continue
+            hops += 1
+            if target.startswith("/"):
+                walk.restart()
+            pending = [p for p in target.split("/") if p] + pending
+    except BaseException:
+        walk.close()
+        raise
+    return walk.take()
+
+
+def _open_dir_fd(path: Path) -> int:
+    """A descriptor of the directory `path`, reached from `/` through no untrusted symlink.
+
+    `openat2(RESOLVE_NO_SYMLINKS)` first, where the kernel has it: one call, no link at all.
+    A path that holds a link (`/var/run/...`) is walked again one component at a time, and a
+    link is followed only when no other user can change it (`_trusted_link`).
+    """
+    parts = _components(path)
+    if parts and openat2_supported():
+        root = os.open("/", _DIR_FLAGS)
+        try:
+            return _openat2(
+                root,
+                "/".join(parts),
+                _DIR_FLAGS,
+                RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+            )
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
+                raise
+        finally:
+            os.close(root)
+    return _walk(parts)
 
 
 def open_dir(path: Path, *, shown: str | None = None) -> SafeDir:
@@ -442,7 +545,7 @@ class SafeDir:
     def _at(self, name: str, expect: Identity | None) -> Iterator[tuple[int, os.stat_result]]:
         """An O_PATH descriptor of the non-symlink `name` here (of identity `expect`)."""
         try:
-            fd = os.open(self._name(name), _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+            fd = os.open(self._name(name), _LOOK_FLAGS, dir_fd=self.fd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise _refusal(self.fd, name, self._shown(name), "what the harness made") from exc
@@ -468,12 +571,12 @@ class SafeDir:
         link to the inode the descriptor holds, which a later swap of `name` cannot change.
         """
         with self._at(name, expect) as (fd, _):
-            os.chmod(f"/proc/self/fd/{fd}", mode)  # noqa: PTH101  (an fd path, not a file)
+            _fchmod(fd, mode)
 
     def chown(self, name: str, owner: tuple[int, int], *, expect: Identity | None = None) -> None:
         """Set the owner of `name` here, never through a symlink (see `chmod`)."""
         with self._at(name, expect) as (fd, _):
-            os.chown(f"/proc/self/fd/{fd}", *owner)
+            _fchown(fd, owner)
 
     def unlink(self, name: str, *, expect: Identity | None = None) -> bool:
         """Remove the non-directory `name` here if it is (still) what the harness made.
@@ -634,7 +737,7 @@ def chown_tree(directory: SafeDir, owner: tuple[int, int], *, only_uid: int | No
                 elif entry.st_nlink > 1 or (only_uid is not None and entry.st_uid != only_uid):
                     continue
                 else:
-                    os.chown(f"/proc/self/fd/{fd}", *owner)
+                    _fchown(fd, owner)
                     count += 1
                     continue
         except (UnsafePathError, FileNotFoundError):

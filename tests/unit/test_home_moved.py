@@ -43,6 +43,7 @@ def test_a_home_replaced_during_the_cell_is_named(tmp_path: Path) -> None:
     assert _unless_home_moved(failed, moved) == failed
 
 
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0, reason="lchown needs root")
 def test_a_home_swapped_for_a_symlink_is_named(tmp_path: Path) -> None:
     """A home that became a symlink cannot be opened safely, and the reason names the link."""
     user = user_at(tmp_path / "home")
@@ -50,6 +51,9 @@ def test_a_home_swapped_for_a_symlink_is_named(tmp_path: Path) -> None:
     before, why = home_identity(user)
     (tmp_path / "home").rename(tmp_path / "moved")
     (tmp_path / "home").symlink_to(tmp_path / "moved")
+    # A link only root could change would be followed (safefs._trusted_link): this one is not
+    # root's, as one the payload user planted would not be.
+    os.lchown(tmp_path / "home", 65534, 65534)
     moved = _home_moved(user, before, why)
     assert "could not be opened safely" in moved
     assert "symlink" in moved

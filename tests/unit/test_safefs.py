@@ -31,6 +31,15 @@ def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     return str(request.param)
 
 
+def planted_link(link: Path, target: Path) -> None:
+    """A symlink as the payload user would plant it: owned by that user.
+
+    A root-owned link in a dir only root writes is trusted and followed (as /var/run -> /run).
+    """
+    link.symlink_to(target)
+    os.lchown(link, *OTHER)
+
+
 def tree(tmp_path: Path) -> tuple[Path, Path]:
     """A real a/b/c chain and a decoy directory standing for /etc/cron.hourly."""
     real = tmp_path / "a" / "b" / "c"
@@ -40,6 +49,7 @@ def tree(tmp_path: Path) -> tuple[Path, Path]:
     return real, decoy
 
 
+@needs_root
 @pytest.mark.parametrize("component", ["a", "b", "c"])
 def test_a_symlink_at_any_component_is_refused_and_named(
     tmp_path: Path, resolver: str, component: str
@@ -49,7 +59,7 @@ def test_a_symlink_at_any_component_is_refused_and_named(
     real, decoy = tree(tmp_path)
     swapped = {"a": tmp_path / "a", "b": tmp_path / "a" / "b", "c": real}[component]
     swapped.rename(swapped.with_name(swapped.name + ".moved"))
-    swapped.symlink_to(decoy)
+    planted_link(swapped, decoy)
     (decoy / "b" / "c").mkdir(parents=True)  # so a followed link would succeed
     with pytest.raises(UnsafePathError) as caught:
         open_dir(real, shown="~/.ssh").close()
@@ -67,6 +77,7 @@ def test_a_plain_directory_opens_and_keeps_its_identity(tmp_path: Path, resolver
         assert safe.still_same() == ""
 
 
+@needs_root
 def test_a_swap_between_open_and_use_is_not_followed(tmp_path: Path, resolver: str) -> None:
     """A dir swapped for a link after open: the file lands in the opened dir, never the decoy."""
     del resolver
@@ -74,7 +85,7 @@ def test_a_swap_between_open_and_use_is_not_followed(tmp_path: Path, resolver: s
     with open_dir(real, shown="~/.ssh") as safe:
         moved = real.with_name("c.moved")
         real.rename(moved)
-        real.symlink_to(decoy)
+        planted_link(real, decoy)
         safe.create_file("canary", "secret\n", 0o600)
         assert list(decoy.iterdir()) == []
         assert (moved / "canary").read_text() == "secret\n"
@@ -207,3 +218,27 @@ def test_open_file_refuses_a_fifo(tmp_path: Path) -> None:
     os.mkfifo(real / "canary")
     with open_dir(real) as safe, pytest.raises(UnsafePathError, match="fifo"):
         safe.read_bytes("canary")
+
+
+@needs_root
+def test_a_link_only_root_can_change_is_followed(tmp_path: Path, resolver: str) -> None:
+    """A root link in a dir only root writes (as /var/run -> /run) is followed, also via ".."."""
+    del resolver
+    real, _ = tree(tmp_path)
+    system = tmp_path / "system"
+    system.mkdir(mode=0o755)
+    (system / "run").symlink_to("../a/b")  # relative, with "..": resolved from system/
+    with open_dir(system / "run" / "c") as safe:
+        assert safe.identity() == (real.stat().st_dev, real.stat().st_ino)
+
+
+@needs_root
+def test_a_root_link_in_a_dir_others_may_write_is_refused(tmp_path: Path) -> None:
+    """A root-owned link in a dir others may write (not sticky) could be replaced: refused."""
+    real, _ = tree(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "run").symlink_to(real)
+    with pytest.raises(UnsafePathError, match="symlink"):
+        open_dir(shared / "run").close()

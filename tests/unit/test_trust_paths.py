@@ -53,6 +53,7 @@ def test_give_refuses_a_symlink_anywhere_on_the_path(tmp_path: Path) -> None:
     decoy.mkdir()
     (decoy / "canary").write_text("root's")
     (tmp_path / "home").symlink_to(decoy)
+    os.lchown(tmp_path / "home", NOBODY, NOBODY)  # the payload user's link, as it would plant it
     with pytest.raises(UnsafePathError, match="symlink"):
         give(tmp_path / "home" / "canary", someone(tmp_path))
     assert (decoy / "canary").stat().st_uid == 0
