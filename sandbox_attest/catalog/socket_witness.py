@@ -163,9 +163,13 @@ def searchable(paths: list[str]) -> dict[str, str]:
     """Run as the payload user: each directory, "" where this process may search it, else why.
 
     `os.access` with the real uid checks search permission on every component of the path,
-    which is what a connect to a socket in it needs first.
+    which is what a connect to a socket in it needs first. A directory gone since the walk
+    (its owner removed it) is "ENOENT", not a refusal.
     """
-    return {p: "" if os.access(p, os.X_OK) else "EACCES" for p in paths}
+    return {
+        p: "" if os.access(p, os.X_OK) else "EACCES" if os.path.lexists(p) else "ENOENT"
+        for p in paths
+    }
 
 
 def reachable_dirs(dirs: list[Path], user: PayloadUser | None) -> tuple[list[Path], dict[str, str]]:
@@ -184,7 +188,9 @@ def reachable_dirs(dirs: list[Path], user: PayloadUser | None) -> tuple[list[Pat
         return list(dirs), {}
     kept = [d for d in dirs if not answer.get(str(d))]
     skipped = {
-        str(d): f"the payload user cannot search it unconfined ({answer[str(d)]})"
+        str(d): "gone before the witness was planted (its owner removed it)"
+        if answer[str(d)] == "ENOENT"
+        else f"the payload user cannot search it unconfined ({answer[str(d)]})"
         for d in dirs
         if answer.get(str(d))
     }

@@ -184,12 +184,16 @@ class TestWitnessSites:
 
     @as_root
     def test_private_directories_get_no_witness(self, base: Path) -> None:
-        """Another program's 0700 directory is left out before planting, with the reason."""
+        """Another program's 0700 directory, or one gone since the walk, is left out and said."""
         open_, private = site(base / "open"), base / "private"
         private.mkdir(mode=0o700)
-        kept, skipped = reachable_dirs([open_, private], USER)
+        gone = base / "gone"
+        kept, skipped = reachable_dirs([open_, private, gone], USER)
         assert kept == [open_]
-        assert skipped == {str(private): "the payload user cannot search it unconfined (EACCES)"}
+        assert skipped == {
+            str(private): "the payload user cannot search it unconfined (EACCES)",
+            str(gone): "gone before the witness was planted (its owner removed it)",
+        }
 
 
 @pytest.fixture
