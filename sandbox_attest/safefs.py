@@ -9,9 +9,12 @@ turns a root write into a write wherever the link points (issue 23: `~/.ssh` re-
 `/etc/cron.hourly`, a canary created there and chowned to the payload user).
 
 So every such operation goes through directory descriptors here:
-  1. a directory is opened once, from `/`, with no symlink anywhere on the way
-     (`openat2(RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)` where the kernel has it, else one
-     `openat(O_NOFOLLOW | O_DIRECTORY)` per component), and its (device, inode) kept;
+  1. a directory is opened once, from `/`, with no symlink on the way that anyone but root
+     could change (`openat2(RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)` where the kernel has it;
+     a path through a link such as /var/run -> /run is walked again one
+     `openat(O_NOFOLLOW | O_DIRECTORY)` per component, following only root's links in
+     directories nobody else may write, or sticky ones: `_trusted_link`), and its
+     (device, inode) kept;
   2. everything below it is one path component relative to that descriptor, never followed:
      `mkdirat`, `openat(O_CREAT | O_EXCL | O_NOFOLLOW)`, `unlinkat`, and `fchown`/`fchmod`
      on the descriptor the harness itself opened (an `O_PATH` descriptor's
@@ -31,9 +34,10 @@ that only root can write need none of this, and are left path-based on purpose:
     over only after the harness has written into it: sandbox_attest/runner.py);
   - the world's run dir (sandbox_attest/world/core.py: root-owned 0711) and the sweep journal
     (root-owned 0700).
-`/var/lib/sandbox-attest` (the parent of the payload home) must be root-owned and not writable
-by others; `trust._ensure_home` checks it, because a home whose parent the user could write
-could itself be swapped.
+tests/unit/test_safefs_only.py lists every path-based call left in the package, each with the
+reason only root can write there. The payload home's parent (/var/lib/agent) must be root's
+and writable by nobody else; `trust._ensure_home` checks it, because a home whose parent the
+user could write could itself be swapped.
 """
 
 from __future__ import annotations
