@@ -360,8 +360,9 @@ class FsWriteOutside(_Spec):
         place swapped between the two is refused here (FixtureError), not judged later.
         """
         with planting(self.id, directory / CANARY_NAME):
-            # The place's resolved path: a home whose ~/.config is a link is planted where
-            # the link led, and that directory is the one held (and compared) from now on.
+            # Resolved once, here: a system whose /tmp itself is a link (macOS: /private/tmp)
+            # holds the real directory. `_plant` has already refused a link the payload user
+            # could have made; from now on the held directory is the one compared.
             site = open_dir(Path(os.path.realpath(directory.parent)))
             try:
                 made = site.entry(directory.name)
