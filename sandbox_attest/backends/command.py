@@ -98,6 +98,8 @@ RUN_TAG_VAR: Final = "SANDBOX_ATTEST_RUN_TAG"
 # How long the final sweep keeps killing the group's members (a forking daemon may respawn).
 SWEEP_SECONDS: Final = 3.0
 DETECT_TIMEOUT_S: Final = 30.0
+# How much of a leftover's command line names it in the notes (its head and its tail).
+DESCRIBE_CHARS: Final = 160
 EGRESS_MODES: Final[dict[SpecEgress, EgressMode]] = {
     "harness-unix": "shim",
     "harness-tcp": "direct-tcp",
@@ -218,7 +220,11 @@ def _describe(pid: int) -> str:
         )
     except OSError:
         cmd = "?"
-    return f"{pid} ({cmd.strip()[:120]})"
+    cmd = " ".join(cmd.split())
+    if len(cmd) > DESCRIBE_CHARS:
+        # Head and tail: a long `python -c CODE ARGS` names what it is by its last arguments.
+        cmd = cmd[: DESCRIBE_CHARS // 2] + " … " + cmd[-DESCRIBE_CHARS // 2 :]
+    return f"{pid} ({cmd})"
 
 
 class CommandBackend:

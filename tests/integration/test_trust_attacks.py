@@ -3,9 +3,9 @@
 The wrapper (tests/data/attacker/wrapper.py) claims a confining policy but runs its payload
 with no sandbox at all. Before that it tries to take the signing key (its ancestors' environ,
 cwd and `--key` files; the signer's environ, mem, maps and ptrace) and to plant links and a
-FIFO in the report directory, and it leaves a detached helper, outside the harness's leftover
-sweep, that keeps retrying the plants through the signing. Every result lands as an errno name
-in a drop directory the payload user can write.
+FIFO in the report directory, and it leaves a detached helper (new session, fresh environment)
+meant to keep retrying the plants through the signing; the cell's group ends it with its cell.
+Every result lands as an errno name in a drop directory the payload user can write.
 
 The issue's "done means": a wrapper that runs its payload with no sandbox at all cannot make
 `verify` accept anything it wrote; the best it can do is damage the run, and that must end in
@@ -356,16 +356,22 @@ class TestAttacksFail:
         for entry in run.records("report-list"):
             assert (entry["ok"], entry["errno"]) == (False, "EACCES"), entry
 
-    def test_detached_helper_kept_failing_through_the_signing(self, run: AttackRun) -> None:
-        """The helper outlived the run, retried every plant, and never landed one."""
-        start, done = run.one("helper-start"), run.one("helper-done")
+    def test_detached_helper_was_ended_with_its_cell(self, run: AttackRun) -> None:
+        """The helper left session and environment, not its cell's group: ended before signing.
+
+        It once outlived the run (no run tag followed it) and retried its plants through the
+        signing; now the harness's sweep kills every member of the cell's group once the
+        wrapper is gone (sandbox_attest/cellgroup.py), so it never reaches its own end.
+        """
+        start = run.one("helper-start")
         assert start["outs"] == [str(run.out)]
-        assert done["reason"] == "stop-file"  # alive until after the CLI exited
-        assert done["last"] >= run.ended_at
-        assert done["rounds"] >= 1
-        assert set(done["results"]) == PLANTS
-        for target, results in done["results"].items():
-            assert results == {"EACCES": done["rounds"]}, (target, results)
+        assert run.records("helper-done") == []  # killed, never stopped by itself
+        last = max(r["time"] for r in run.records() if r["pid"] == start["pid"])
+        assert last < run.ended_at
+        assert not Path(f"/proc/{start['pid']}").exists()
+        for progress in run.records("helper-progress"):
+            for target, results in progress["results"].items():
+                assert set(results) <= {"EACCES"}, (target, results)
         assert run.records("helper-plant-landed") == []
         assert run.records("helper-fifo-served") == []
         assert not (run.drop / "captured-through-fifo.bin").exists()
