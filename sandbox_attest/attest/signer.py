@@ -550,8 +550,8 @@ class Signer:
         )
         return (
             f"signing: the release key {refused.get('keyid', '?')} ({asked}) was NOT used: "
-            f"the trust domains were not separated ({refused.get('reason', '')}), so the code "
-            "under test could read that key; signed with the per-machine key "
+            f"the trust domains were not separated ({refused.get('reason', '')}), so code "
+            "under test may have read that key; signed with the per-machine key "
             f"{self.keyid} instead, which is no release{insisted}. Run as root without "
             '[run] user = "root" for a release, and rotate the key if that code was hostile'
         )
