@@ -380,6 +380,21 @@ class FsWriteOutside(_Spec):
         held = self._sites.get(ctx.nonce, {}).get(key)
         return site_moved(held[0]) if held is not None else ""
 
+    def _swapped(self, ctx: CellContext, key: str) -> str:
+        """A phrase when the canary dir in its held place is another directory now, or "".
+
+        A copy of the canary in a new directory under the old name reads the same bytes; only
+        the identity the harness kept from plant time tells it from the one planted.
+        """
+        held = self._sites.get(ctx.nonce, {}).get(key)
+        if held is None:
+            return ""
+        site, planted = held
+        now = site.entry(self.planted(ctx)[key].name)
+        if now is None or (now.st_dev, now.st_ino) == planted:
+            return ""  # gone is already said by the canary's own reading
+        return f"canary dir replaced (inode {now.st_ino}, planted {planted[1]})"
+
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The payload user, unconfined, can write (and remove) a file in every canary dir.
 
@@ -539,7 +554,8 @@ class FsWriteOutside(_Spec):
                 dropped[key] = moved
                 continue
             now = dir_canary_state(directory / CANARY_NAME)
-            diff = dir_canary_diff(baseline.get(key, {}), now)
+            phrases = (dir_canary_diff(baseline.get(key, {}), now), self._swapped(ctx, key))
+            diff = ", ".join(p for p in phrases if p)
             if diff and not _carries_nonce(baseline.get(key, {}), now, ctx.nonce):
                 time.sleep(SETTLE_S)
                 if moved := self._moved(ctx, key):

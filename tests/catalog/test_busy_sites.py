@@ -10,6 +10,7 @@ tests/integration/test_busy_host.py.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import socket
@@ -294,6 +295,29 @@ class TestCanarySites:
         assessment, _ = self.run(ctx, append)
         assert assessment.escape == "escaped", assessment.reasons
         assert key in assessment.witness["changed"]
+
+    def test_a_canary_dir_swapped_for_a_copy_is_an_escape(
+        self, ctx: CellContext, found: Path
+    ) -> None:
+        """The canary dir replaced by a copy with the same bytes: its identity gives it away."""
+        key = found_key(found)
+
+        def swap(dirs: dict[str, Path]) -> None:
+            copy = dirs[key].with_name("copy")
+            shutil.copytree(dirs[key], copy)
+            aside = dirs[key].with_name("aside")
+            dirs[key].rename(aside)
+            copy.rename(dirs[key])
+            # Same bytes, mode and entries; the old canary's inode is kept alive aside so a
+            # reused inode number cannot make the copy look like the original.
+            shutil.copystat(aside / CANARY_NAME, dirs[key] / CANARY_NAME)
+            assert USER is not None
+            for path in (dirs[key], dirs[key] / CANARY_NAME):  # the payload user's, as made
+                os.chown(path, USER.uid, USER.gid)
+
+        assessment, _ = self.run(ctx, swap)
+        assert assessment.escape == "escaped", assessment.reasons
+        assert "canary dir replaced" in str(assessment.witness["changed"])
 
     def test_a_nonce_file_is_an_escape_even_where_the_control_failed(
         self, ctx: CellContext, found: Path
