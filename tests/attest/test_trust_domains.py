@@ -28,6 +28,8 @@ from sandbox_attest.attest.keys import (
     private_key_pem,
     public_key_pem,
 )
+from sandbox_attest.attest.legs import load_expected_legs
+from sandbox_attest.attest.merge import MergeResult, merge_legs
 from sandbox_attest.attest.reportfs import make_report_dir
 from sandbox_attest.attest.signer import Signer
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="the signer process is Linux-only")
 HARNESS = (0, 0)
+NOT_SEPARATED = "trust domains were NOT separated"
 USER = PayloadUser("sa-test", 990, 990, frozenset(), Path("/nonexistent"))
 
 
@@ -312,6 +315,36 @@ class TestVerify:
         assert got["trust_domains"]["backends"]["bubblewrap"]["status"] == "shared"
         args = parser.parse_args([*base, "--allow-shared-trust-domain", "--json"])
         assert args.func(args) == 0
+
+
+class TestMerge:
+    def test_a_shared_leg_is_merged_only_when_allowed(
+        self, tmp_path: Path, policy_file: Path, policy: Policy, signing_key: SigningKey,
+        trusted: TrustedKey,
+    ) -> None:  # fmt: skip
+        """`merge` refuses a leg whose trust domains were shared; the flag merges it."""
+        legs = tmp_path / "legs.toml"
+        legs.write_text(
+            '[[leg]]\nplatform = "linux"\nbackend = "none"\n'
+            '[[leg]]\nplatform = "linux"\nbackend = "bubblewrap"\n'
+        )
+        report = shared_report(tmp_path, policy_file)
+        sign(report, signing_key)
+        expected = load_expected_legs(legs)
+        checks = Checks(untrusted_keyids=frozenset())
+
+        def merge(out: str, *, allow: bool) -> MergeResult:
+            return merge_legs(
+                [report], expected=expected, trusted=trusted, policy=policy, key=signing_key,
+                out_dir=tmp_path / out, env={}, checks=checks, allow_shared_trust_domain=allow,
+            )  # fmt: skip
+
+        refused = merge("no", allow=False)
+        assert any(NOT_SEPARATED in r for r in refused.reasons), refused.reasons
+        assert refused.attestation is None
+        merged = merge("yes", allow=True)
+        assert merged.reasons == []
+        assert merged.attestation is not None
 
 
 @linux
