@@ -9,30 +9,33 @@ environment, its cwd, and for every ancestor up to pid 1 and every other child o
 exactly here. Stdlib only.
 """
 
+from __future__ import annotations
+
 import errno
 import json
 import os
 import sys
+from typing import Any
 
 
-def read(path, binary=False):
+def read(path: str, binary: bool = False) -> tuple[Any, str]:
     try:
         with open(path, "rb" if binary else "r") as fh:
             return fh.read(), ""
     except OSError as exc:
-        return None, errno.errorcode.get(exc.errno, str(exc.errno))
+        return None, errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
 
-def parent_of(pid):
+def parent_of(pid: int) -> int | None:
     text, _ = read("/proc/%d/stat" % pid)
     if text is None:
         return None
     return int(text.rsplit(")", 1)[1].split()[1])
 
 
-def ancestors():
-    chain = []
-    pid = os.getppid()
+def ancestors() -> list[dict[str, Any]]:
+    chain: list[dict[str, Any]] = []
+    pid: int | None = os.getppid()
     while pid and pid > 0 and len(chain) < 64:
         cmdline, why = read("/proc/%d/cmdline" % pid, binary=True)
         comm, _ = read("/proc/%d/comm" % pid)
@@ -44,9 +47,9 @@ def ancestors():
     return chain
 
 
-def siblings():
+def siblings() -> list[dict[str, Any]]:
     """Every other child of our parent (the harness): its proxy, its signer, other cells."""
-    found = []
+    found: list[dict[str, Any]] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -59,7 +62,7 @@ def siblings():
     return found
 
 
-def main():
+def main() -> None:
     seen = {
         "pid": os.getpid(),
         "uid": os.getuid(),
