@@ -196,6 +196,7 @@ def sign_judged(
     policy: Policy | None,
     expected_gate: str | None,
     env: Mapping[str, str],
+    keyless_refused: str = "",
 ) -> SignedReport:
     """Sign the bytes that were judged, writing every file of the report from them.
 
@@ -219,6 +220,8 @@ def sign_judged(
         expected_gate: the gate result the session decided, or None to accept the derived one
             (re-signing a directory, where no session judged).
         env: the environment for Sigstore's ambient-token check.
+        keyless_refused: why keyless signing must not vouch for this run ("" to decide from
+            `env`): a run whose trust domains were not separated gets no identity either.
 
     Returns:
         The attestation's path, the signed gate and the Sigstore outcome.
@@ -262,7 +265,12 @@ def sign_judged(
         ),
     ]
     reportfs.write_new(dir_fd, ATTESTATION_NAME, envelope_lines(payloads, key))
-    decision = sigstore.sign_keyless(payloads, dir_fd, env)
+    if keyless_refused:
+        decision = sigstore.SigstoreDecision(
+            attempt=False, status=sigstore.ED25519_ONLY, reason=keyless_refused
+        )
+    else:
+        decision = sigstore.sign_keyless(payloads, dir_fd, env)
     reportfs.write_new(dir_fd, SIGNING_NAME, signing_sidecar(key, decision, gate))
     return SignedReport(report_dir / ATTESTATION_NAME, gate, decision)
 

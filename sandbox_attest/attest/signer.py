@@ -74,7 +74,7 @@ from sandbox_attest.attest.keys import (
 )
 from sandbox_attest.attest.policy import Policy, parse_policy
 from sandbox_attest.attest.reportfs import open_report_dir
-from sandbox_attest.attest.sigstore import OPT_OUT_VAR, SigstoreDecision, decide
+from sandbox_attest.attest.sigstore import ED25519_ONLY, OPT_OUT_VAR, SigstoreDecision, decide
 from sandbox_attest.errors import ConfigError, HarnessError, ReportError
 from sandbox_attest.proctitle import set_title, signer_title
 
@@ -232,6 +232,9 @@ class _Server:
     # HOME / XDG_CONFIG_HOME: where the per-machine key lives, for `refuse-release`.
     local_env: dict[str, str] = dataclasses.field(default_factory=dict)
     refused: dict[str, str] | None = None
+    # Why keyless signing is off for this run ("" when `decide` rules): its OIDC identity
+    # must not vouch for a run whose code could have used the same token.
+    keyless_refused: str = ""
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         op = message.get("op")
@@ -239,7 +242,13 @@ class _Server:
             return self._init(message)
         if op == "refuse-release":
             self._refuse_release(str(message.get("reason") or "not separated"))
-            return {"ok": True, "refused": self.refused, **self._key_facts()}
+            decision = self._decision()
+            return {
+                "ok": True,
+                "refused": self.refused,
+                **self._key_facts(),
+                "sigstore": {"status": decision.status, "reason": decision.reason},
+            }
         if op == "sign":
             return self._sign(message)
         raise ConfigError(f"signer protocol: unknown op {op!r}")
@@ -269,10 +278,18 @@ class _Server:
             "sigstore": {"status": decision.status, "reason": decision.reason},
         }
 
+    def _decision(self) -> SigstoreDecision:
+        if self.keyless_refused:
+            return SigstoreDecision(attempt=False, status=ED25519_ONLY, reason=self.keyless_refused)
+        return decide(self.sigstore_env)
+
     def _refuse_release(self, reason: str) -> None:
-        """Swap a provided (release) key for the per-machine key; a local key stays."""
+        """Swap a provided (release) key for the per-machine key and turn keyless off."""
         if self.key is None:
             raise ConfigError("signer protocol: refuse-release before init")
+        self.keyless_refused = (
+            f"keyless signing skipped: the trust domains were not separated ({reason})"
+        )
         if self.key.trust != "provided":
             return
         released = self.key.keyid
@@ -303,6 +320,7 @@ class _Server:
                 policy=policy,
                 expected_gate=str(message["gate"]),
                 env=self.sigstore_env,
+                keyless_refused=self.keyless_refused,
             )
         finally:
             os.close(dir_fd)
@@ -571,6 +589,9 @@ class Signer:
         """
         reply = self._request({"op": "refuse-release", "reason": reason}, SIGN_TIMEOUT)
         self._take_key_facts(reply)
+        facts = reply["sigstore"]
+        status = str(facts["status"])
+        self.sigstore = SigstoreDecision(status != ED25519_ONLY, status, str(facts["reason"]))
         refused = reply.get("refused")
         if isinstance(refused, dict) and not self.refusal:
             self.refusal = self._refusal_line(refused)

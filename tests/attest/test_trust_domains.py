@@ -416,6 +416,32 @@ class TestSignerRefusesTheReleaseKey:
             assert "exits 2" not in signer.refusal
         assert json.loads((out / "signing.json").read_text())["trust"] == "untrusted-local"
 
+    def test_no_keyless_identity_vouches_for_a_shared_run(
+        self, tmp_path: Path, policy_file: Path, policy: Policy
+    ) -> None:
+        """With an OIDC token at hand, a shared run still gets no keyless signature, and says why.
+
+        The token's request variables were readable by the same code that could read the key,
+        so the workflow's identity must not vouch for the run either. Nothing is sent: the
+        refusal comes before any keyless attempt.
+        """
+        env = {"HOME": str(tmp_path / "home"), "SIGSTORE_ID_TOKEN": "not-a-real-token"}
+        report = shared_report(tmp_path, policy_file)
+        with Signer.start(None, env, payload=None) as signer:
+            signer.refuse_release("bubblewrap's processes ran as uid 0")
+            assert signer.sigstore.attempt is False
+            assert signer.sigstore.reason.startswith("keyless signing skipped: the trust")
+            out = make_report_dir(tmp_path / "out")
+            (out / "allure-results").mkdir()
+            signer.sign_report(
+                out, self.files(report, signer, policy), policy_bytes=policy_file.read_bytes(),
+                policy_path=str(policy_file), gate="PASSED",
+            )  # fmt: skip
+        sidecar = json.loads((out / "signing.json").read_text())["sigstore"]
+        assert sidecar["status"] == "ed25519 only"
+        assert sidecar["reason"].startswith("keyless signing skipped")
+        assert not (out / "attestation.sigstore.jsonl").exists()
+
     def test_a_separated_run_keeps_the_release_key(
         self, tmp_path: Path, policy_file: Path, policy: Policy
     ) -> None:
