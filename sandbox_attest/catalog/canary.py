@@ -9,6 +9,7 @@ check that a "changed" verdict really means the bytes, inode, mode or links move
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib
 import json
@@ -17,6 +18,7 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.safefs import UnsafePathError
 from sandbox_attest.trust import measure_as
 
 if TYPE_CHECKING:
@@ -45,6 +47,9 @@ def planting(probe: str, path: Path) -> Iterator[None]:
     """Turn a failure to plant `path` into a FixtureError naming the probe and the fix."""
     try:
         yield
+    except UnsafePathError as exc:
+        # Someone else's link or object where the canary goes: named, never followed.
+        raise FixtureError(f"{probe}: could not plant the canary {path}: {exc}") from exc
     except OSError as exc:
         raise FixtureError(
             f"{probe}: could not plant the canary {path} ({exc.strerror or exc}); make "
@@ -52,18 +57,36 @@ def planting(probe: str, path: Path) -> Iterator[None]:
         ) from exc
 
 
+def _read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at `path`, never through a final symlink nor from a FIFO.
+
+    Canaries sit where the payload user can write: a FIFO planted at a canary's name would
+    block the harness's read for good, and a symlink would make it read (and hash) a file of
+    the payload's choosing. Opened non-blocking and checked to be a regular file first.
+
+    Raises:
+        OSError: missing, unreadable, a symlink (ELOOP), or not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return handle.read()
+
+
 def sha256(path: Path) -> str | None:
-    """The sha256 of a file's bytes, or None when the host cannot read it."""
+    """The sha256 of a regular file's bytes, or None when the host cannot read it as one."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(_read_regular(path)).hexdigest()
     except OSError:
         return None
 
 
 def read_text(path: Path) -> str | None:
-    """A file's text, or None when it is missing, unreadable or not text."""
+    """A regular file's text, or None when it is missing, unreadable, not one, or not text."""
     try:
-        return path.read_text()
+        return _read_regular(path).decode()
     except (OSError, UnicodeDecodeError):
         return None
 

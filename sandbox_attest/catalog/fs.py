@@ -1065,7 +1065,11 @@ class FsReadSecrets(_Spec):
             with home:
                 for key, path in self.secret_paths(ctx).items():
                     want = _ident(idents.get("files", {}).get(key))
-                    if key != "dotenv" and want is not None:  # the .env goes with the cell dir
+                    if want is None:
+                        continue  # never planted (prepare failed before it)
+                    if key == "dotenv":  # in the cell dir, the harness's own
+                        left += _remove_file(path, want)
+                    else:
                         left += _remove_canary(home, path, want, idents.get("dirs", {}))
                 for created in state.get("created_dirs", []):
                     name = Path(created).name
@@ -1096,6 +1100,22 @@ def _remove_canary(
         if not _same(site.identity(), dirs.get(name)):
             return [f"~/{name} is not the dir the canary was planted in"]
         site.unlink(path.name, expect=want)
+    except FileNotFoundError:
+        return []
+    except (OSError, safefs.UnsafePathError) as exc:
+        return [str(exc)]
+    return []
+
+
+def _remove_file(path: Path, want: safefs.Identity) -> list[str]:
+    """Remove the file the harness made at `path` (by identity, through its dir's descriptor).
+
+    Returns:
+        What was left in place and why (empty when removed or already gone).
+    """
+    try:
+        with safefs.open_dir(path.parent) as site:
+            site.unlink(path.name, expect=want)
     except FileNotFoundError:
         return []
     except (OSError, safefs.UnsafePathError) as exc:

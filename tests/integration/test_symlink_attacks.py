@@ -221,8 +221,9 @@ def test_the_wrapper_attacked_this_run(run: AttackRun) -> None:
         links = run.records("links")
         assert any(all(v == "ok" for v in r["results"].values()) for r in links), links
     else:
-        # Each cell's helper is killed with its cell group; one that swapped a canary raced.
-        assert run.records("canary-swapped"), "no helper found a canary to swap"
+        repointed = run.records("repointed")
+        assert repointed, "no wrapper re-pointed the dirs after the harness planted"
+        assert any(all(v == "ok" for v in r["results"].values()) for r in repointed), repointed
 
 
 def test_nothing_was_created_or_chowned_in_the_decoy(run: AttackRun) -> None:
@@ -237,7 +238,7 @@ def test_no_attacked_cell_passes_and_a_reason_names_the_symlink(run: AttackRun) 
     """No attacked cell passes, and each one's reason names the symlink into the decoy.
 
     Under the race only the symlinker's fs_read_secrets cell is attacked for certain: its own
-    helper swaps the canary (or re-points ~/.ssh) after the harness planted it.
+    wrapper re-points ~/.ssh after the harness planted in it.
     """
     cells = run.cells()
     if run.mode == "plant":
@@ -249,7 +250,16 @@ def test_no_attacked_cell_passes_and_a_reason_names_the_symlink(run: AttackRun) 
     for cell_id, cell in attacked.items():
         assert cell["verdict"] != "PASS", (cell_id, cell["reason"])
     reasons = {cell_id: str(cell["reason"]) for cell_id, cell in attacked.items()}
-    named = [c for c, r in reasons.items() if "symlink" in r and str(run.decoy) in r]
+    if run.mode == "plant":
+        named = [c for c, r in reasons.items() if "symlink" in r and str(run.decoy) in r]
+    else:
+        # Judged after its wrapper re-pointed ~/.ssh, and after its helper's last flip: the
+        # host finds the link to the decoy, or a fresh dir that is not the one it planted in.
+        named = [
+            c
+            for c, r in reasons.items()
+            if "~/.ssh" in r and (str(run.decoy) in r or "another directory now" in r)
+        ]
     assert sorted(named) == sorted(attacked), reasons
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import stat
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest import safefs
+from sandbox_attest.catalog.canary import read_text, sha256
 from sandbox_attest.safefs import UnsafePathError, chown_tree, open_dir
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="directory descriptors are POSIX")
@@ -242,3 +244,16 @@ def test_a_root_link_in_a_dir_others_may_write_is_refused(tmp_path: Path) -> Non
     (shared / "run").symlink_to(real)
     with pytest.raises(UnsafePathError, match="symlink"):
         open_dir(shared / "run").close()
+
+
+def test_canary_reads_refuse_a_fifo_and_a_final_symlink(tmp_path: Path) -> None:
+    """The host's canary reads return None for a planted FIFO or link instead of hanging."""
+    real, decoy = tree(tmp_path)
+    (decoy / "secret").write_text("not the canary")
+    os.mkfifo(real / "fifo")
+    (real / "link").symlink_to(decoy / "secret")
+    (real / "canary").write_text("ours\n")
+    assert (sha256(real / "fifo"), read_text(real / "fifo")) == (None, None)
+    assert (sha256(real / "link"), read_text(real / "link")) == (None, None)
+    assert read_text(real / "canary") == "ours\n"
+    assert sha256(real / "canary") == hashlib.sha256(b"ours\n").hexdigest()

@@ -13,11 +13,13 @@ its payload (bare: no sandbox at all) it:
      (its bytes replaced with a cron-style script) and the links are re-pointed elsewhere, so
      that a cleanup that follows the path again misses what it made.
 
-With $ATTACKER_MODE=race the wrapper plants nothing itself, so the harness's first look finds
-plain directories; each wrapper's helper instead flips each LINKED name between a real
-directory and the symlink to the decoy, every PERIOD_S, racing every check-then-use of the
-harness while its cell runs, and replaces any canary it finds in a real one with a symlink
-into the decoy (after the harness planted it: the swap its own check must catch).
+With $ATTACKER_MODE=race nothing is planted before the harness first looks, so its check at
+planting time finds plain directories. Then each wrapper that finds canaries in ~/.ssh (the
+harness planted its cell's a moment ago) swaps any canary it can for a symlink into the
+decoy, re-points each LINKED dir at the decoy (the harness's dir set aside), and leaves a
+helper that flips each LINKED name between a fresh real directory and the link every
+PERIOD_S while its cell runs, racing every check-then-use of the harness, its cleanup and
+the next cell's planting.
 
 Every step lands as one JSON line in $ATTACKER_DROP/attacks.jsonl. The wrapper never writes to
 stdout before the exec: the payload's start marker and JSON line reach the harness unchanged.
@@ -126,27 +128,31 @@ def swap(entry: Path) -> str:
 
 
 def to_real_dir(name: str) -> str:
-    """Make ~/name a real directory of ours again (the one set aside), replacing the link."""
-    link, aside = home() / name, home() / f"{name}.attacker-aside"
+    """Make ~/name a fresh real directory of ours, replacing the link (never the harness's)."""
+    link = home() / name
+    fresh = home() / f"{name}.attacker-fresh-{time.time_ns()}"
     try:
+        fresh.mkdir(mode=0o755)
         if link.is_symlink():
             link.unlink()
-        if not aside.is_dir():
-            aside.mkdir(mode=0o755)
-        aside.rename(link)
+        fresh.rename(link)  # fails when a real dir is there already: then it stays
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            fresh.rmdir()
         return type(exc).__name__
     return "ok"
 
 
 def to_link(name: str, target: str) -> str:
-    """Make ~/name the symlink again, setting the real directory aside (kept if not empty)."""
-    link, aside = home() / name, home() / f"{name}.attacker-aside"
+    """Make ~/name the symlink again; a real dir there is removed if ours and empty, else moved."""
+    link = home() / name
     try:
         if link.is_dir() and not link.is_symlink():
             try:
-                link.rename(aside)  # over an empty aside: replaces it
+                link.rmdir()  # our own empty fresh dir
             except OSError:
+                # The harness's dir (its canary in it): set aside, so the path no longer leads
+                # there, exactly the swap its check after the cell must catch.
                 link.rename(home() / f"{name}.attacker-moved-{time.time_ns()}")
         tmp = home() / f".{name.lstrip('.')}.attacker-{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
@@ -158,6 +164,15 @@ def to_link(name: str, target: str) -> str:
     return "ok"
 
 
+def planted() -> bool:
+    """Whether ~/.ssh is a real directory with something in it (the home starts clean)."""
+    ssh = home() / ".ssh"
+    try:
+        return ssh.is_dir() and not ssh.is_symlink() and any(ssh.iterdir())
+    except OSError:
+        return False
+
+
 def swap_canaries(decoy: Path) -> list[str]:
     """Replace each harness canary in our own dirs by a symlink into the decoy."""
     done = []
@@ -167,7 +182,7 @@ def swap_canaries(decoy: Path) -> list[str]:
             continue
         with contextlib.suppress(OSError):
             for entry in directory.iterdir():
-                if entry.name.startswith("sandbox-attest-canary-") and not entry.is_symlink():
+                if ".attacker" not in entry.name and not entry.is_symlink():
                     moved = directory / f"{entry.name}.attacker-original"
                     entry.rename(moved)
                     entry.symlink_to(decoy / entry.name)
@@ -279,10 +294,19 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: wrapper.py PAYLOAD_ARGV...\n")
         return 2
     try:
+        decoy = os.environ[DECOY_ENV]
         if os.environ.get(MODE_ENV) != "race":
-            decoy = os.environ[DECOY_ENV]
             record("links", str(home()), uid=os.getuid(), results=plant_links(decoy))
-        start_helper()
+            start_helper()
+        elif planted():
+            # The harness planted this cell's canaries a moment ago (its check passed): swap
+            # what can be swapped, re-point the dirs, and leave the helper flipping them while
+            # the cell runs. Where nothing is planted (the availability check) nothing is
+            # touched, so that the next cell's planting meets plain directories.
+            record("canaries-swapped", str(home()), swapped=swap_canaries(Path(decoy)))
+            results = {name: to_link(name, decoy) for name in LINKED}
+            record("repointed", str(home()), results=results)
+            start_helper()
     except Exception as exc:  # a surprise must not keep the payload from running
         record("error", "links", error=repr(exc))
     record("exec", "payload", argv=argv)
