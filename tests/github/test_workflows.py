@@ -46,12 +46,11 @@ ALL = sorted(p.name for p in WORKFLOWS.glob("*.yml"))
 RUN_COMMAND = re.compile(
     r'sandbox-attest\)?"? run --backend "\$BACKEND" --require-backend --out "\$LEG_DIR"'
 )
-# The guard of each leg step that runs the matrix -> whether it runs the harness as root.
-RUN_GUARDS = {
-    "github.event_name == 'push' && matrix.platform == 'linux'": True,
-    "github.event_name != 'push' && matrix.platform == 'linux'": True,
-    "matrix.platform != 'linux'": False,
-}
+# The jobs that run legs: `leg` (Linux, the harness as root: separated) and
+# `leg-unseparated` (where uid separation is impossible: never a release).
+LEG_JOBS = ("leg", "leg-unseparated")
+# The guard of each `leg` step that runs the matrix: the release key on pushes only.
+ROOT_RUN_GUARDS = ("github.event_name == 'push'", "github.event_name != 'push'")
 RELEASE_KEY_REF = "secrets.SANDBOX_ATTEST_SIGNING_KEY"  # an expression, not a secret
 
 
@@ -116,20 +115,25 @@ class TestAttest:
         return load("attest.yml")
 
     def test_legs_match_legs_toml(self, wf: dict[str, Any]) -> None:
-        """The leg matrix is exactly the set of legs the merge expects."""
-        include = wf["jobs"]["leg"]["strategy"]["matrix"]["include"]
+        """The two leg jobs' matrices together are exactly the legs the merge expects."""
+        include = [
+            leg for job in LEG_JOBS for leg in wf["jobs"][job]["strategy"]["matrix"]["include"]
+        ]
         assert {(leg["platform"], leg["backend"]) for leg in include} == expected_legs()
         assert len(include) == len(expected_legs())
-        assert wf["jobs"]["leg"]["strategy"]["fail-fast"] is False
+        for job in LEG_JOBS:
+            assert wf["jobs"][job]["strategy"]["fail-fast"] is False
 
     def test_every_leg_requires_its_backend_and_writes_its_dir(self, wf: dict[str, Any]) -> None:
         """Every run step is `sandbox-attest run --backend X --require-backend --out reports/..`."""
-        leg = wf["jobs"]["leg"]
-        runs = [s for s in steps(leg) if "sandbox-attest" in str(s.get("run"))]
-        assert len(runs) == len(RUN_GUARDS)
-        for step in runs:
-            assert RUN_COMMAND.search(str(step["run"])), step["name"]
-        assert leg["env"]["LEG_DIR"] == "reports/leg-${{ matrix.platform }}-${{ matrix.backend }}"
+        for job, count in zip(LEG_JOBS, (len(ROOT_RUN_GUARDS), 1), strict=True):
+            leg = wf["jobs"][job]
+            runs = [s for s in steps(leg) if "sandbox-attest" in str(s.get("run"))]
+            assert len(runs) == count, job
+            for step in runs:
+                assert RUN_COMMAND.search(str(step["run"])), step["name"]
+            want = "reports/leg-${{ matrix.platform }}-${{ matrix.backend }}"
+            assert leg["env"]["LEG_DIR"] == want
 
     def test_linux_legs_run_the_harness_as_root(self, wf: dict[str, Any]) -> None:
         """On Linux the harness runs under sudo, so wrappers run as the separate payload user.
@@ -138,19 +142,17 @@ class TestAttest:
         root wrote is handed back to the runner user before the upload, whatever happened.
         """
         leg = wf["jobs"]["leg"]
+        assert {row["platform"] for row in leg["strategy"]["matrix"]["include"]} == {"linux"}
         guards = {str(s.get("if")): s for s in steps(leg) if "sandbox-attest" in str(s.get("run"))}
-        assert set(guards) == set(RUN_GUARDS)
-        for guard, step in guards.items():
+        assert set(guards) == set(ROOT_RUN_GUARDS)
+        for step in guards.values():
             script = str(step["run"])
-            if RUN_GUARDS[guard]:
-                assert re.search(r"sudo --preserve-env=[\w,]+,\$\{\{ env\.ROOT_ENV \}\}", script)
-                assert '"$(command -v sandbox-attest)" run' in script
-            else:
-                assert "sudo" not in script
+            assert re.search(r"sudo --preserve-env=[\w,]+,\$\{\{ env\.ROOT_ENV \}\}", script)
+            assert '"$(command -v sandbox-attest)" run' in script
         for name in ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "GITHUB_STEP_SUMMARY"):
             assert name in leg["env"]["ROOT_ENV"].split(",")
         (handback,) = [s for s in steps(leg) if 'chown -R "$(id -u)' in str(s.get("run"))]
-        assert handback["if"] == "always() && matrix.platform == 'linux'"
+        assert handback["if"] == "always()"
         upload = next(
             i for i, s in enumerate(steps(leg)) if "upload-artifact" in str(s.get("uses"))
         )
@@ -159,23 +161,33 @@ class TestAttest:
     def test_only_linux_legs_ever_hold_the_release_key(self, wf: dict[str, Any]) -> None:
         """The release key reaches a leg only on a push and only on Linux (where it separates)."""
         holders = [s for s in steps(wf["jobs"]["leg"]) if RELEASE_KEY_REF in yaml.safe_dump(s)]
-        assert [s["if"] for s in holders] == [
-            "github.event_name == 'push' && matrix.platform == 'linux'"
-        ]
+        assert [s["if"] for s in holders] == ["github.event_name == 'push'"]
+        assert RELEASE_KEY_REF not in yaml.safe_dump(wf["jobs"]["leg-unseparated"])
 
     def test_a_leg_that_cannot_separate_says_it_is_not_a_release(self, wf: dict[str, Any]) -> None:
-        """macOS/Windows legs sign with the per-run key, pushes too, and their summary says so."""
-        leg = wf["jobs"]["leg"]
-        (step,) = [s for s in steps(leg) if s.get("if") == "matrix.platform != 'linux'"]
+        """macOS/Windows legs sign with the per-run key, pushes too, and their summary says so.
+
+        Their job holds no OIDC grant either: code sharing the harness's uid could request a
+        token and sign as this workflow.
+        """
+        leg = wf["jobs"]["leg-unseparated"]
+        assert {row["platform"] for row in leg["strategy"]["matrix"]["include"]} == {
+            "darwin",
+            "windows",
+        }
+        assert leg["permissions"] == {"contents": "read"}
+        assert "not a release" in leg["name"]
+        (step,) = [s for s in steps(leg) if "sandbox-attest run" in str(s.get("run"))]
         script = str(step["run"])
         assert "not a release" in script
         assert "$GITHUB_STEP_SUMMARY" in script
         assert script.index("$GITHUB_STEP_SUMMARY") < script.index("sandbox-attest run")
+        assert "sudo" not in script
+        assert "if" not in step
         assert "XDG_CONFIG_HOME" in step["env"]
         fetch = [s for s in steps(leg) if s.get("with", {}).get("name") == "ephemeral-signing-key"]
-        assert [s["if"] for s in fetch] == [
-            "github.event_name != 'push' || matrix.platform != 'linux'"
-        ]
+        assert len(fetch) == 1
+        assert "if" not in fetch[0]
         # The key job makes the per-run key on every event, pushes included.
         for key_step in steps(wf["jobs"]["keys"]):
             assert "if" not in key_step, key_step.get("name")
@@ -199,9 +211,12 @@ class TestAttest:
         ]
         assert "Not a release" in str(why["run"])
 
-    def test_every_leg_uploads_its_report_even_on_failure(self, wf: dict[str, Any]) -> None:
-        """The leg uploads its report dir under a per-leg name, also when the run failed."""
-        uploads = [s for s in steps(wf["jobs"]["leg"]) if "upload-artifact" in str(s.get("uses"))]
+    @pytest.mark.parametrize("job", LEG_JOBS)
+    def test_every_leg_uploads_its_report_even_on_failure(
+        self, wf: dict[str, Any], job: str
+    ) -> None:
+        """Each leg uploads its report dir under a per-leg name, also when the run failed."""
+        uploads = [s for s in steps(wf["jobs"][job]) if "upload-artifact" in str(s.get("uses"))]
         assert len(uploads) == 1
         upload = uploads[0]
         assert upload["if"] == "always()"
@@ -283,7 +298,8 @@ class TestAttest:
         assert RELEASE_KEY_REF not in yaml.safe_dump(pr_step)
         leg_runs = [
             s
-            for s in steps(wf["jobs"]["leg"])
+            for job in LEG_JOBS
+            for s in steps(wf["jobs"][job])
             if RUN_COMMAND.search(str(s.get("run")))
             and "github.event_name == 'push'" not in str(s.get("if"))
         ]
