@@ -366,9 +366,12 @@ def sweep_journal() -> tuple[list[Swept], set[str]]:
         removed = (_remove_path(Path(str(raw)), why) for raw in (data or {}).get("paths", []))
         swept.extend(done for done in removed if done is not None)
         for raw in (data or {}).get("dirs", []):
-            with contextlib.suppress(OSError):  # not empty: something else uses it; keep it
-                Path(str(raw)).rmdir()
-                swept.append(Swept("path", str(raw), f"{why}; an empty directory it made"))
+            made = Path(str(raw))
+            # Not empty (something else uses it) or not a plain dir under a safe path: kept.
+            # Through the parent's descriptor: these dirs may sit in the payload user's home.
+            with contextlib.suppress(OSError, UnsafePathError), open_dir(made.parent) as parent:
+                if parent.rmdir(made.name):
+                    swept.append(Swept("path", str(raw), f"{why}; an empty directory it made"))
         dead_docker.update(str(r) for r in (data or {}).get("docker_run_ids", []))
         if cgroup := (data or {}).get("cgroup"):
             done = _remove_run_cgroup(Path(str(cgroup)), why)

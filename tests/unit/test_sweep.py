@@ -214,3 +214,27 @@ class TestOrphans:
                 os.kill(orphan, 9)
             parented.kill()
             parented.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another uid needs root to plant")
+class TestSweepFollowsNoPayloadLink:
+    def test_a_reparented_canary_and_dir_are_not_followed(self, tmp_path: Path) -> None:
+        """A home dir re-pointed at a root dir after journalling: nothing there is removed."""
+        home, decoy = tmp_path / "home", tmp_path / "decoy"
+        (decoy / "share").mkdir(parents=True)  # empty, as a journalled dir would be
+        (decoy / "canary").write_text("root's, named like the canary")
+        home.mkdir()
+        # The payload user's link (its own, in its home): never trusted by safefs.
+        (home / ".ssh").symlink_to(decoy)
+        os.lchown(home / ".ssh", 65534, 65534)
+        code = (
+            f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
+            "from sandbox_attest import sweep; "
+            f"sweep.record('k', [Path({str(home / '.ssh' / 'canary')!r})], "
+            f"dirs=(Path({str(home / '.ssh' / 'share')!r}),))"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True)
+        swept, _ = sweep.sweep_journal()
+        assert (decoy / "canary").read_text() == "root's, named like the canary"
+        assert (decoy / "share").is_dir()
+        assert [(s.removed, "symlink" in s.why) for s in swept] == [(False, True)]
