@@ -19,7 +19,7 @@ It does not check a claim against the sandbox: the probes do.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 from typing import Any, Final, Literal
@@ -70,6 +70,12 @@ class Claims:
     syscalls: str
     ipc: str
     runs_as: str
+    # (claim, the key it follows from) for each claim the backend did not write itself.
+    implied: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    def implied_by(self, name: str) -> str:
+        """The key claim `name` follows from (`ipc = "isolated"`), or "" when written."""
+        return dict(self.implied).get(name, "")
 
     @property
     def nothing(self) -> bool:
@@ -114,8 +120,17 @@ class Claims:
             "runs_as": self.runs_as,
         }
 
-    def phrase(self, name: str) -> str:  # noqa: PLR0911  (one sentence per claim)
-        """The claim `name` in the words a FAIL starts with ("claims reads limited to ...")."""
+    def phrase(self, name: str) -> str:
+        """The claim `name` in the words a FAIL starts with ("claims reads limited to ...").
+
+        A claim the backend never wrote says what it follows from ("claims a filtered syscall
+        surface (implied by ipc = "isolated")"), so a vendor sees which line to change.
+        """
+        words = self._phrase(name)
+        cause = self.implied_by(name)
+        return f"{words} (implied by {cause})" if cause else words
+
+    def _phrase(self, name: str) -> str:  # noqa: PLR0911  (one sentence per claim)
         if name == "reads":
             if self.reads == "deny":
                 return f"claims {', '.join(self.read_deny)} unreadable (reads deny-list)"
@@ -184,6 +199,15 @@ def claims_of(policy: object) -> Claims:
     network = str(getattr(policy, "network", "open"))
     filesystem = str(getattr(policy, "filesystem", "open"))
     ipc = str(getattr(policy, "ipc", "open"))
+    implied = dict(getattr(policy, "implied", ()) or ())
+    # The old keys' meanings, filled here for a stand-in that left the newer claims out.
+    for claim, cause in (
+        ("reads", f'filesystem = "{filesystem}"'),
+        ("writes", f'filesystem = "{filesystem}"'),
+        ("syscalls", f'ipc = "{ipc}"'),
+    ):
+        if not getattr(policy, claim, None):
+            implied.setdefault(claim, cause)
     cut = getattr(policy, "network_cut", None) or ("namespace" if network != "open" else "")
     return Claims(
         network=network,
@@ -199,6 +223,7 @@ def claims_of(policy: object) -> Claims:
         ),
         ipc=ipc,
         runs_as=str(getattr(policy, "runs_as", "")),
+        implied=tuple(sorted(implied.items())),
     )
 
 

@@ -393,7 +393,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         if platform not in row.platforms:
             rows.append({"name": row.name, "status": "NOT_APPLICABLE", "reason": row.reason})
             continue
-        avail = create_backend(row.name).availability()
+        backend = create_backend(row.name)
+        avail = backend.availability()
         if avail.ok and avail.identity is not None:
             ident = avail.identity
             rows.append(
@@ -403,7 +404,9 @@ def _cmd_backends(args: argparse.Namespace) -> int:
                     "status": "AVAILABLE",
                     "version": ident.version,
                     "platform": ident.platform,
-                    "claims": ident.policy.as_dict(),
+                    # Every claim the probes judge, each with its source (issue 29).
+                    "claims": ident.policy.claims(),
+                    "claim_sources": _claim_rows(backend, ident.policy),
                     "profile_digest": ident.profile_digest,
                     # A command wrapper's check and what its test command saw: why AVAILABLE.
                     **{
@@ -430,9 +433,20 @@ def _cmd_backends(args: argparse.Namespace) -> int:
                 )
             if "note" in r:
                 print(f"{'':14} {'':15} {r['note']}")
+            for c in r["claim_sources"]:
+                print(f"{'':14} {'':15} {c['claim']} = {c['value']}  ({c['source']})")
         else:
             print(f"{r['name']:14} {r['status']:15} {r['reason']}")
     return 0
+
+
+def _claim_rows(backend: object, policy: Any) -> list[dict[str, str]]:
+    """The backend's claims with their sources (sandbox_attest/claimview.py)."""
+    from sandbox_attest.backends.spec import CommandSpec, claim_sources  # noqa: PLC0415
+    from sandbox_attest.claimview import claim_rows  # noqa: PLC0415
+
+    spec = getattr(backend, "spec", None)
+    return claim_rows(policy, claim_sources(spec) if isinstance(spec, CommandSpec) else None)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

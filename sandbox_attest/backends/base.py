@@ -156,6 +156,9 @@ class DeclaredPolicy:
     syscalls: SyscallsMode | None = None  # None: "filtered" where ipc is isolated
     network_cut: NetworkCut | None = None  # None: "namespace" where the network is claimed
     runs_as: str = ""
+    # Claims that follow from another key rather than being written, as (claim, the key it
+    # follows from): a FAIL must not say a vendor wrote what only their `ipc` implied.
+    implied: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         """Fill the derived claims from the old keys (frozen, hence object.__setattr__).
@@ -175,14 +178,20 @@ class DeclaredPolicy:
         if self.network_cut is not None and self.network == "open":
             msg = 'network_cut says how a network claim is enforced; network = "open" claims none'
             raise ValueError(msg)
+        implied = dict(self.implied)
         if self.reads is None:
             object.__setattr__(self, "reads", self.filesystem)
+            implied.setdefault("reads", f'filesystem = "{self.filesystem}"')
         if self.writes is None:
             object.__setattr__(self, "writes", self.filesystem)
+            implied.setdefault("writes", f'filesystem = "{self.filesystem}"')
         if self.syscalls is None:
             object.__setattr__(self, "syscalls", "filtered" if self.ipc == "isolated" else "open")
+            implied.setdefault("syscalls", f'ipc = "{self.ipc}"')
         if self.network_cut is None and self.network != "open":
             object.__setattr__(self, "network_cut", "namespace")
+            implied.setdefault("network_cut", f'network = "{self.network}"')
+        object.__setattr__(self, "implied", tuple(sorted(implied.items())))
 
     @property
     def claims_nothing(self) -> bool:

@@ -76,6 +76,7 @@ from sandbox_attest.backends.spec import (
     SpecEgress,
     json_list,
     load_spec,
+    payload_ids,
     sample_context,
     shell_join,
 )
@@ -579,6 +580,7 @@ class CommandBackend:
                 "payload_env_json": json_list(env),
                 "payload_env_csv": ",".join(env),
                 "wrapper_home": str(self.wrapper_home()),
+                **payload_ids(payload_user()),
                 **spec.static_scalars(),
             }
         )
@@ -666,6 +668,7 @@ class CommandBackend:
             "dns_port": str(world.dns.port),
             "world_dir": world.run_dir,
             "wrapper_home": str(self.wrapper_home(request)),
+            **payload_ids(request.user),
             **self.spec.static_scalars(),
         }
         for role in HOST_ROLES:

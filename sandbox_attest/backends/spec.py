@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 import shlex
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Final, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, cast, get_args
 
 from sandbox_attest.backends.base import DeclaredPolicy, FilesystemMode, IpcMode, NetworkMode
 from sandbox_attest.claims import (
@@ -47,9 +48,19 @@ from sandbox_attest.claims import (
 )
 from sandbox_attest.errors import ConfigError
 
+if TYPE_CHECKING:
+    from sandbox_attest.trust import PayloadUser
+
 SpecEgress = Literal["harness-unix", "harness-tcp", "own"]
 
 PAYLOAD: Final = "{payload}"
+PAYLOAD_SHELL: Final = "{payload_shell}"
+# The one rule for where the probe command goes, said the same way wherever it is broken.
+PAYLOAD_RULE: Final = (
+    'must contain the element "{payload}" (it expands to several arguments) or '
+    "{payload_shell} inside one string (the same command, shell-quoted): exactly one of "
+    "the two, once, since the probe runs once per cell"
+)
 # Lists an argv table can iterate over with `each`.
 LIST_NAMES: Final = (
     "read_only",
@@ -85,6 +96,10 @@ SCALARS: Final[dict[str, str]] = {
     "world_dir": "the fixture world's directory (sockets, CA bundle, logs)",
     "spec_dir": "the directory of the spec file itself (absolute)",
     "harness_home": "the home directory of the user the harness runs as",
+    # A root-run engine (`docker run --user ...`) must start the payload as the payload user
+    # without hard-coding its ids, which differ per machine (`useradd --system` picks them).
+    "payload_uid": "the payload user's numeric uid (the harness's own where it cannot switch)",
+    "payload_gid": "the payload user's numeric primary gid (likewise)",
     "wrapper_home": "the home directory of the user the wrapper runs as (the payload user's)",
 }
 # The placeholders known before any cell runs: `[detect]`, `[run] path` and argv[0] may use
@@ -410,12 +425,17 @@ def _argv(source: Path, value: object, list_names: tuple[str, ...]) -> tuple[Arg
             raise _fail(
                 source, key, f"must be a string or an {{each, args}} table, got {_shown(element)}"
             )
-    if items.count(PAYLOAD) != 1:
-        raise _fail(
-            source,
-            "[run] argv",
-            'must contain the element "{payload}" exactly once (where the probe command goes)',
-        )
+    # `{payload_shell}` is the same command as `{payload}`, quoted for a shell string: the
+    # probe runs once per cell, so the two together (or either twice) would start it twice.
+    shells = sum(
+        arg.count(PAYLOAD_SHELL)
+        for item in items
+        for arg in ((item,) if isinstance(item, str) else item[1])
+    )
+    placed = items.count(PAYLOAD) + shells
+    if placed != 1:
+        found = f"found {items.count(PAYLOAD)} {PAYLOAD} and {shells} {PAYLOAD_SHELL}"
+        raise _fail(source, "[run] argv", f"{PAYLOAD_RULE} ({found})")
     first = items[0]
     if not isinstance(first, str) or any(
         m.group(1) not in STATIC_SCALARS for m in PLACEHOLDER_RE.finditer(first) if m.group(1)
@@ -637,7 +657,65 @@ def _policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
             _choice(source, "[policy] network_cut", cut or "namespace", get_args(NetworkCut)),
         ),
         runs_as=_runs_as(source, table.get("runs_as", "")),
+        implied=_implied(table, network, filesystem, ipc),
     )
+
+
+def _implied(
+    table: dict[str, Any], network: str, filesystem: str, ipc: str
+) -> tuple[tuple[str, str], ...]:
+    """The claims this `[policy]` leaves to an old key, each with the key it follows from."""
+    implied = {
+        "reads": f'filesystem = "{filesystem}"',
+        "writes": f'filesystem = "{filesystem}"',
+        "syscalls": f'ipc = "{ipc}"',
+    }
+    if network != "open":
+        implied["network_cut"] = f'network = "{network}"'
+    return tuple(sorted((k, v) for k, v in implied.items() if k not in table))
+
+
+def claim_sources(spec: CommandSpec) -> dict[str, str]:
+    """Where each claim of `spec` comes from: its line, the key it follows from, or a default.
+
+    Returns:
+        claim name (as in `Claims.as_dict`) -> "FILE:LINE" for a written key, "implied by
+        ipc = "isolated"" for one that follows from another, "default (...)" otherwise.
+    """
+    lines = _policy_lines(spec.source)
+    implied = dict(spec.policy.implied)
+    defaults = {
+        "environment": 'default ("scrubbed": the payload sees only declared variables)',
+        "runs_as": "default (no claim on the payload's uid)",
+        "protected": "default (none)",
+    }
+    out: dict[str, str] = {}
+    for name in (
+        "network", "network_cut", "reads", "writes", "ipc", "environment", "syscalls",
+        "protected", "runs_as", "limits",
+    ):  # fmt: skip
+        if name in lines:
+            out[name] = f"{spec.source}:{lines[name]}"
+        elif name in implied:
+            out[name] = f"implied by {implied[name]}"
+        elif name in defaults:
+            out[name] = defaults[name]
+    return out
+
+
+def _policy_lines(path: Path) -> dict[str, int]:
+    """The line of each key written under `[policy]` in the spec file (1-based)."""
+    lines: dict[str, int] = {}
+    inside = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped.split("#")[0].strip() == "[policy]"
+            continue
+        key = re.match(r"([A-Za-z_][A-Za-z0-9_-]*)\s*=", stripped)
+        if inside and key is not None:
+            lines.setdefault(key.group(1), number)
+    return lines
 
 
 def _path_claim(source: Path, key: str, value: object, listed: str) -> tuple[str, tuple[str, ...]]:
@@ -696,6 +774,18 @@ def _runs_as(source: Path, value: object) -> str:
         f'is {_shown(value)}; write "non-root", "payload-user" (the harness\'s payload user), '
         "a user name, or a uid number",
     )
+
+
+def payload_ids(user: PayloadUser | None) -> dict[str, str]:
+    """`{payload_uid}` and `{payload_gid}` for the run's payload user.
+
+    Args:
+        user: the run's payload user (not a spec's `[run] user`: a root-run engine is told
+            whom to start the payload as); None where the harness cannot switch users, and
+            then the payload runs under the harness's own ids, which these name.
+    """
+    uid, gid = (user.uid, user.gid) if user is not None else (os.geteuid(), os.getegid())
+    return {"payload_uid": str(uid), "payload_gid": str(gid)}
 
 
 def sample_context() -> RenderContext:
