@@ -6,7 +6,9 @@ JavaScript (Allure 3) rejects. So the run renders the results itself, from the e
 signer signs, through the one verdict mapping (`sandbox_attest.outcomes`):
 
 - a result per cell (and per missing required cell), status `passed` / `failed` / `broken`
-  / `skipped` as `CellOutcome.allure_status` says, message the one-line reason;
+  / `skipped` as `CellOutcome.allure_status` says, message the one-line reason; an optional
+  cell that did not PASS is failed (broken for an ERROR), tagged `NOT_GATING`, not a grey
+  skipped (issue 29); start and stop are the cell's run in epoch milliseconds;
 - labels `parentSuite` = platform, `suite` = backend, `subSuite` = the probe's area (the
   prefix of its id, `net_...`), `severity` critical for a probe that attempts an escape and
   normal for one that checks an allowed capability;
@@ -36,10 +38,11 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from sandbox_attest.outcomes import GATE_ID, CellOutcome, RunOutcomes, one_line
+from sandbox_attest.outcomes import GATE_ID, CellOutcome, RunOutcomes, count_failures, one_line
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -83,6 +86,8 @@ CATEGORIES: list[Category] = [
     },
 ]
 CONTROL_SUITE = "unconfined control"
+# The label of an optional cell that did not PASS: red in Allure, but it does not gate.
+NOT_GATING = "optional: does not gate (gate WARNED, not FAILED, by this cell)"
 # The control leg's own results directory inside allure-results/ (see the module docstring).
 CONTROL_DIR = "control"
 _NAMESPACE = uuid.UUID("6f1f3c0e-5a57-4d8e-9a51-2f1f0c3d7b21")  # ours: stable result names
@@ -187,6 +192,8 @@ def _result(w: _Writer, o: CellOutcome, start: int, stop: int) -> dict[str, Any]
     ]
     if o.control:
         labels.append(("tag", CONTROL_SUITE))
+    if o.warned:
+        labels.append(("tag", NOT_GATING))
     result: dict[str, Any] = {
         "uuid": w.uid(o.cell_id),
         # The same cell in every run: Allure's history and retries key on it.
@@ -210,9 +217,42 @@ def _result(w: _Writer, o: CellOutcome, start: int, stop: int) -> dict[str, Any]
     }
     if o.message:
         result["statusDetails"] = {"message": o.message, "trace": o.detail}
+    if o.warned:
+        result["description"] = f"{NOT_GATING}: {o.message}"
     if o.cell is not None:
         result["attachments"].append(w.attach(o.cell_id, "evidence", dict(o.cell), _where(o)))
     return result
+
+
+def epoch_ms(stamp: object, default: int = 0) -> int:
+    """An RFC 3339 UTC stamp ("2026-11-30T05:01:02Z") as epoch milliseconds; else `default`."""
+    if not isinstance(stamp, str):
+        return default
+    try:
+        when = datetime.fromisoformat(stamp)  # Python 3.11+ reads the "Z"
+    except ValueError:
+        return default
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
+
+
+def cell_times(o: CellOutcome, run_start: int) -> tuple[int, int]:
+    """A cell's start and stop in epoch milliseconds, as Allure shows them.
+
+    The run records each cell's wall-clock start (`run.started_ms`); Allure read the old
+    renderer's offsets counted from 0 as dates in January 1970 (issue 29). A cell that
+    never ran (UNAVAILABLE, NOT_APPLICABLE, missing), or evidence from before the start was
+    recorded, takes the run's start: a real date, and a duration of 0.
+    """
+    run = (o.cell or {}).get("run") or {}
+    if not isinstance(run, dict):
+        return run_start, run_start
+    started = run.get("started_ms")
+    start = started if isinstance(started, int) and started > 0 else run_start
+    seconds = run.get("duration_s")
+    span = int(1000 * seconds) if isinstance(seconds, int | float) and seconds > 0 else 0
+    return start, start + span
 
 
 def _environment(evidence: Mapping[str, Any]) -> dict[str, str]:
@@ -246,14 +286,12 @@ def render_allure(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> dict[st
         and their bytes.
     """
     w = _Writer(str(evidence.get("run_id", "")))
-    start = 0
+    run_start = epoch_ms(evidence.get("started_at"))
+    run_stop = max(run_start, epoch_ms(evidence.get("finished_at"), run_start))
     for o in outcomes.cells:
-        run = (o.cell or {}).get("run") or {}
-        seconds = run.get("duration_s") if isinstance(run, dict) else None
-        stop = start + int(1000 * seconds) if isinstance(seconds, int | float) else start
+        start, stop = cell_times(o, run_start)
         result = _result(w, o, start, stop)
         w.files[f"{_where(o)}{result['uuid']}-result.json"] = _json_bytes(result)
-        start = stop
     gate = outcomes.gate
     gate_result: dict[str, Any] = {
         "uuid": w.uid(GATE_ID),
@@ -263,8 +301,8 @@ def render_allure(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> dict[st
         "fullName": f"sandbox-attest.{GATE_ID}",
         "status": outcomes.gate_status,
         "stage": "finished",
-        "start": 0,
-        "stop": start,
+        "start": run_start,
+        "stop": run_stop,
         "labels": [
             {"name": "parentSuite", "value": "release gate"},
             {"name": "severity", "value": "blocker"},
@@ -272,6 +310,7 @@ def render_allure(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> dict[st
         "steps": [],
         "attachments": [w.attach(GATE_ID, "gate problems", list(gate.problems))],
     }
+    gate_result["description"] = f"gate: {gate.result}; {count_failures(outcomes).line()}"
     if outcomes.gate_status == "failed":
         first = one_line(gate.problems[0]) if gate.problems else "a required cell did not PASS"
         gate_result["statusDetails"] = {

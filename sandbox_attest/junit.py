@@ -24,7 +24,7 @@ import json
 from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree as ET
 
-from sandbox_attest.outcomes import GATE_ID, CellOutcome, RunOutcomes, one_line
+from sandbox_attest.outcomes import GATE_ID, CellOutcome, RunOutcomes, count_failures, one_line
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -146,7 +146,21 @@ def render_junit(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> bytes:
         skipped="0",
         time="0.000",
     )
-    _props(gate_suite, [("run_id", run_id), ("gate", gate.result)])
+    # The one count (sandbox_attest/outcomes.py), as the terminal, the page and the summary
+    # print it: JUnit's own attributes cannot say "warned", so the numbers are properties.
+    count = count_failures(outcomes)
+    _props(
+        gate_suite,
+        [
+            ("run_id", run_id),
+            ("gate", gate.result),
+            ("cells", count.line()),
+            ("cells.failing_the_gate", str(len(count.gating))),
+            ("cells.warned", str(len(count.warned))),
+            ("cells.not_run", str(len(count.not_run))),
+            ("cells.passed", str(len(count.passed))),
+        ],
+    )
     case = ET.SubElement(gate_suite, "testcase", classname="sandbox-attest", name=GATE_ID)
     _props(case, [("gate", gate.result)])
     if outcomes.gate_status == "failed":
@@ -160,6 +174,8 @@ def render_junit(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> bytes:
             type="FAILED",
         )
         failure.text = "\n".join(f"- {p}" for p in problems)
+    # After any <failure>: the JUnit schema orders a testcase's children so.
+    ET.SubElement(case, "system-out").text = f"gate: {gate.result}; {count.line()}"
     totals = _counts(outcomes.cells)
     failures = int(totals["failures"]) + (outcomes.gate_status == "failed")
     root.attrib.update({**totals, "tests": str(len(outcomes.cells) + 1)})

@@ -9,9 +9,9 @@ The mapping (also in README.md, "Reading the results"):
 | verdict | required cell | optional cell |
 | --- | --- | --- |
 | PASS | passed | passed |
-| FAIL | failed | skipped, message "FAIL (optional, gate WARNED): ..." |
-| INCONCLUSIVE | failed | skipped, message "INCONCLUSIVE (optional, gate WARNED): ..." |
-| ERROR | error | skipped, message "ERROR (optional, gate WARNED): ..." |
+| FAIL | failed | skipped, message "FAIL (optional, gate WARNED): ..." (Allure: failed) |
+| INCONCLUSIVE | failed | skipped, message "INCONCLUSIVE (optional, ...): ..." (Allure: failed) |
+| ERROR | error | skipped, message "ERROR (optional, gate WARNED): ..." (Allure: broken) |
 | UNAVAILABLE | error | skipped with the reason |
 | NOT_APPLICABLE | error | skipped with the reason |
 | (missing) | error, message "MISSING: ..." | - |
@@ -23,6 +23,13 @@ found by its word (Allure's "Escapes" category matches it in either status), and
 marks the cell optional. Why a required INCONCLUSIVE is *failed* and not *error*: the harness
 worked and the evidence proves nothing, which the policy treats as not passing, exactly as
 it treats an escape; "error" is kept for cells the harness could not judge at all.
+Allure is the exception: it has no status that is both red and non-gating, and a grey
+"skipped" hid escapes on its dashboard (issue 29), so there a warned cell is failed (broken for
+an ERROR) and labelled "does not gate"; a CI check reads JUnit, not Allure.
+
+How many cells fail the gate, how many warn and how many were not run is counted once,
+`count_failures`, and every view prints its `FailureCounts.line()` word for word (issue 29: the
+terminal, JUnit, the page and the summary each counted on their own and disagreed).
 
 Run-level problems that no cell carries (an interrupted run, a control-only run, a filter
 that dropped cells) are one more outcome, the gate itself (`GATE_ID`), failed when the gate
@@ -46,8 +53,12 @@ __all__ = [
     "GATE_ID",
     "MISSING",
     "CellOutcome",
+    "FailureCounts",
     "RunOutcomes",
     "Status",
+    "count_failures",
+    "count_line_of",
+    "counted",
     "one_line",
     "run_outcomes",
 ]
@@ -105,8 +116,19 @@ class CellOutcome:
         return self.backend == CONTROL_BACKEND
 
     @property
+    def warned(self) -> bool:
+        """Whether the cell is optional and did not PASS in a way that WARNs the gate."""
+        return not self.required and self.verdict in _WARNED
+
+    @property
     def allure_status(self) -> str:
-        """The status in Allure's words (an error is "broken")."""
+        """The status in Allure's words (an error is "broken"); a warned cell is not skipped.
+
+        Allure greys out "skipped", so an optional escape is "failed" there (an optional
+        ERROR "broken"), labelled as not gating (`sandbox_attest/allure_results.py`).
+        """
+        if self.warned:
+            return "broken" if self.verdict == "ERROR" else "failed"
         return ALLURE_STATUS[self.status]
 
     @property
@@ -138,6 +160,97 @@ class RunOutcomes:
         for o in self.cells:
             out[o.status] += 1
         return out
+
+
+# The order problems are listed in, everywhere: escapes, then blind probes, then the rest.
+_VERDICT_ORDER = ("FAIL", "INCONCLUSIVE", "ERROR", MISSING, "UNAVAILABLE", "NOT_APPLICABLE")
+
+
+def _by_verdict(cells: tuple[CellOutcome, ...]) -> str:
+    """The verdicts of `cells` counted ("1 FAIL, 2 INCONCLUSIVE"), in listing order."""
+    seen: dict[str, int] = {}
+    for o in cells:
+        seen[o.verdict] = seen.get(o.verdict, 0) + 1
+    rank = {v: i for i, v in enumerate(_VERDICT_ORDER)}
+    return ", ".join(
+        f"{n} {v}" for v, n in sorted(seen.items(), key=lambda kv: (rank.get(kv[0], -1), kv[0]))
+    )
+
+
+@dataclass(frozen=True)
+class FailureCounts:
+    """A run's cells in four piles; get one from `count_failures`, never build one.
+
+    `gating` are the cells that make the gate FAILED (required and not PASS, missing ones
+    included: status failed or error); `warned` the optional FAIL, INCONCLUSIVE and ERROR
+    cells that make it WARNED; `not_run` the optional UNAVAILABLE and NOT_APPLICABLE ones;
+    `passed` the rest. Each pile is in listing order: FAIL, INCONCLUSIVE, ERROR, MISSING,
+    then the rest, each by cell id.
+    """
+
+    gating: tuple[CellOutcome, ...]
+    warned: tuple[CellOutcome, ...]
+    not_run: tuple[CellOutcome, ...]
+    passed: tuple[CellOutcome, ...]
+
+    @property
+    def attention(self) -> tuple[CellOutcome, ...]:
+        """The cells a reader must see first: every gating and every warned cell."""
+        return self.gating + self.warned
+
+    def line(self) -> str:
+        """The one sentence every view prints, e.g. "2 fail the gate (1 FAIL, 1 MISSING), ..."."""
+        parts = [
+            f"{len(self.gating)} failing the gate"
+            + (f" ({_by_verdict(self.gating)})" if self.gating else ""),
+            f"{len(self.warned)} warned (optional, not gating)"
+            + (f" ({_by_verdict(self.warned)})" if self.warned else ""),
+            f"{len(self.not_run)} not run"
+            + (f" ({_by_verdict(self.not_run)})" if self.not_run else ""),
+            f"{len(self.passed)} passed",
+        ]
+        return "cells: " + ", ".join(parts)
+
+
+def count_failures(outcomes: RunOutcomes) -> FailureCounts:
+    """Sort a run's outcomes into gating, warned, not run and passed: the one count.
+
+    Every view (terminal, summary.md, report.html, junit.xml, Allure) prints this and
+    nothing of its own, so they cannot disagree.
+    """
+    rank = {v: i for i, v in enumerate(_VERDICT_ORDER)}
+
+    def ordered(cells: list[CellOutcome]) -> tuple[CellOutcome, ...]:
+        return tuple(sorted(cells, key=lambda o: (rank.get(o.verdict, -1), o.control, o.cell_id)))
+
+    gating = [o for o in outcomes.cells if o.status in ("failed", "error")]
+    warned = [o for o in outcomes.cells if o.warned]
+    passed = [o for o in outcomes.cells if o.status == "passed"]
+    not_run = [o for o in outcomes.cells if o.status == "skipped" and not o.warned]
+    return FailureCounts(ordered(gating), ordered(warned), ordered(not_run), tuple(passed))
+
+
+def counted(
+    evidence: Mapping[str, Any], policy: Policy | None, *, also_missing: Iterable[str] = ()
+) -> FailureCounts:
+    """`count_failures` straight from evidence (for the terminal's count line)."""
+    return count_failures(run_outcomes(evidence, policy, also_missing=also_missing))
+
+
+def count_line_of(
+    cells: Iterable[Mapping[str, Any]],
+    platform: str,
+    policy: Policy | None,
+    *,
+    also_missing: Iterable[str] = (),
+) -> str:
+    """`FailureCounts.line()` of a run's judged cells, before evidence.json is written.
+
+    The terminal prints it under the grid (sandbox_attest/plugin.py); the outputs print the
+    same line from the evidence those cells are serialized into.
+    """
+    evidence = {"cells": list(cells), "platform": {"system": platform}}
+    return counted(evidence, policy, also_missing=also_missing).line()
 
 
 def _outcome(cell: Mapping[str, Any], platform: str, *, required: bool) -> CellOutcome:

@@ -12,6 +12,7 @@ import functools
 import json
 import secrets
 import shutil
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -410,6 +411,8 @@ class CellRunner:
                 user=self.user,
                 shim=staged_shim_path(cell_dir),
             )
+            # Wall clock, for the views (Allure's start and stop); durations stay monotonic.
+            started_ms = time.time_ns() // 1_000_000
             run = run_watched(backend, request, ctx, task_path)
             # A fixture that died during the cell is named before the host control trips on
             # it: the ERROR says which fixture and the fix, not the control's raw exception.
@@ -420,7 +423,7 @@ class CellRunner:
                 "home_changed": (home_moved := _home_moved(self.user, home_before, home_why)),
                 "nonce": nonce,
                 "expected": expected,
-                "run": run_facts(run),
+                "run": run_facts(run) | {"started_ms": started_ms},
                 "control": control,
                 "host_view": ctx.host_view,
             }

@@ -14,6 +14,8 @@ import json
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from sandbox_attest.outcomes import count_failures, one_line
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -49,6 +51,8 @@ summary{cursor:pointer;font-weight:600} pre{white-space:pre-wrap;word-break:brea
 max-height:24em;overflow:auto;background:#fafafa;border:1px solid #ddd;padding:.4em;font-size:12px}
 dl{margin:.3em 0} dt{font-weight:600;margin-top:.3em} dd{margin:0 0 0 1em}
 .small{font-size:12px;color:#555}
+#attention ul{padding-left:0;list-style:none;margin:.3em 0} #attention li{margin:.15em 0;
+padding:.15em .5em;border-radius:3px} #attention h2{margin-top:.6em} #attested{margin:.4em 0}
 """
 
 CSS = _CSS  # the release page (sandbox_attest/render/release.py) looks the same
@@ -160,7 +164,7 @@ def _cell_section(o: CellOutcome) -> str:
     cell = o.cell or {}
     run = cell.get("run") or {}
     verdict = o.verdict
-    opened = " open" if o.status in ("failed", "error") else ""
+    opened = " open" if o.status in ("failed", "error") or o.warned else ""
     control = " <span class='badge control'>unconfined control</span>" if o.control else ""
     head = (
         f"<h3><a href='#{_e(anchor(o.cell_id))}'>{_e(o.cell_id)}</a>: "
@@ -232,10 +236,46 @@ def _grid(view: ReportView) -> str:
 
 
 def _cells(view: ReportView) -> str:
-    """Every cell's evidence, failing ones first and open; the grid links here."""
-    order = {"failed": 0, "error": 1, "skipped": 2, "passed": 3}
-    outcomes = sorted(view.outcomes.cells, key=lambda o: (order[o.status], o.control))
+    """Every cell's evidence: failing the gate, then warned (both open), passed, not run."""
+    count = count_failures(view.outcomes)
+    passed = sorted(count.passed, key=lambda o: o.control)
+    outcomes = [*count.gating, *count.warned, *passed, *count.not_run]
     return "<section id=cells>" + "".join(_cell_section(o) for o in outcomes) + "</section>"
+
+
+def _attention_item(o: CellOutcome) -> str:
+    control = " <span class='badge control'>unconfined control</span>" if o.control else ""
+    return (
+        f"<li class='v-{_e(o.verdict)}' data-cell='{_e(o.cell_id)}' data-status='{o.status}'>"
+        f"<strong>{_e(o.verdict)}</strong> <a href='#{_e(anchor(o.cell_id))}'>{_e(o.cell_id)}</a>"
+        f" {_badge(o)}{control}: <span class=reason>{_e(one_line(o.detail or o.message))}</span>"
+        "</li>"
+    )
+
+
+def _attention(view: ReportView) -> str:
+    """The first screen's list: every cell failing the gate, then every warned one, open.
+
+    Issue 29: a WARNED page listed its one FAIL as the 29th collapsed cell, after the
+    UNAVAILABLE ones. Here each FAIL, INCONCLUSIVE, ERROR and MISSING cell, required or
+    not, is one line with its reason (which carries the fix), above everything else.
+    """
+    count = count_failures(view.outcomes)
+    parts = [f"<p id=count><strong>{_e(count.line())}</strong></p>"]
+    if count.gating:
+        parts.append(
+            f"<h2 id=gating-head>Failing the gate ({len(count.gating)})</h2><ul id=gating>"
+            + "".join(_attention_item(o) for o in count.gating)
+            + "</ul>"
+        )
+    if count.warned:
+        parts.append(
+            f"<h2 id=warned-head>Warned: optional, not gating ({len(count.warned)})</h2>"
+            "<ul id=warned>" + "".join(_attention_item(o) for o in count.warned) + "</ul>"
+        )
+    if not count.attention:
+        parts.append("<p>No cell failed or warned.</p>")
+    return "<section id=attention>" + "".join(parts) + "</section>"
 
 
 def _backends(view: ReportView) -> str:
@@ -312,11 +352,10 @@ def render_page(view: ReportView) -> str:
     platform = ev.get("platform") or {}
     policy = ev.get("policy") or {}
     gate = view.gate
-    problems = "".join(f"<li>{_e(p)}</li>" for p in gate.problems)
-    counts: dict[str, int] = {}
-    for o in view.outcomes.cells:
-        counts[o.verdict] = counts.get(o.verdict, 0) + 1
-    count_text = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "no cells"
+    # Only what no cell carries: each cell's problem is a line of the list below the banner.
+    problems = "".join(f"<li>{_e(p)}</li>" for p in view.outcomes.run_problems)
+    sandboxes = ", ".join(b for b in view.backends if b != "none") or "no sandbox"
+    control_leg = " and the unconfined control leg (none)" if "none" in view.backends else ""
     sig_class = "sig untrusted" if view.untrusted or not view.signed else "sig"
     where = " ".join(str(platform.get(k, "")) for k in ("system", "release", "machine"))
     harness_version = (ev.get("harness") or {}).get("version", "?")
@@ -331,9 +370,12 @@ def render_page(view: ReportView) -> str:
 <title>sandbox-attest report {_e(ev.get("run_id", ""))}</title>
 <style>{_CSS}</style></head><body>
 <h1>sandbox-attest report <code>{_e(ev.get("run_id", ""))}</code></h1>
-<div id=verdict class="banner g-{_e(gate.result)}">Overall: {_e(gate.result)} ({_e(count_text)})
+<div id=verdict class="banner g-{_e(gate.result)}">Overall: {_e(gate.result)}
 {f"<ul>{problems}</ul>" if problems else ""}</div>
 <div id=signature class="{sig_class}">Signature: {_e(view.signature)}</div>
+<p id=attested>Attested: {len(view.outcomes.cells)} cells, {len(view.probes)} probes on
+ {_e(sandboxes)}{control_leg}; {_e(where)}; policy {_e(policy.get("path", "?"))}.</p>
+{_attention(view)}
 <h2>Run</h2>
 <table id=run>
 <tr><th>platform</th><td>{_e(where)}
@@ -352,7 +394,8 @@ def render_page(view: ReportView) -> str:
 <h2>Probe &times; backend</h2>
 <p class=small>Each verdict links to its cell below, which opens and is highlighted:
 expected and observed, the attempts (errno and status), what the host witnessed, the control,
-timing and the raw evidence. Failed and erroring cells come first and are open already.</p>
+timing and the raw evidence. Cells failing the gate come first, then warned ones, both open
+already; cells not run come last.</p>
 {_grid(view)}
 <h2>Cells</h2>{_cells(view)}
 <h2>Control leg (<code>none</code>)</h2>{_control(view)}

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandbox_attest.outcomes import count_failures
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -37,33 +39,61 @@ def _md(value: object) -> str:
     return " ".join(text.split())
 
 
-_WORD = {"passed": "passed", "failed": "failed", "error": "error", "skipped": "skipped"}
+def _listed(o: CellOutcome) -> str:
+    """One list line: the cell, required or optional, its status, its one-line reason."""
+    return f"- `{_md(o.cell_id)}` ({o.mark}, {o.status}): {_md(o.message)}"
+
+
+def _attested(view: ReportView) -> str:
+    """What was attested, in one line: platform, harness, backends and policy."""
+    ev = view.evidence
+    policy = ev.get("policy") or {}
+    sandboxes = [b for b in view.backends if b != "none"]
+    control = " (with the unconfined control leg `none`)" if "none" in view.backends else ""
+    return (
+        f"**Attested:** {len(view.outcomes.cells)} cells, {len(view.probes)} probes on "
+        f"{_md(', '.join(sandboxes) or 'no sandbox')}{control}; platform "
+        f"{_md((ev.get('platform') or {}).get('system', '?'))}, harness "
+        f"{_md((ev.get('harness') or {}).get('version', '?'))}, policy "
+        f"`{_md(policy.get('path', '?'))}` (sha256 {_md(str(policy.get('sha256', '?'))[:16])}...)."
+    )
 
 
 def render_markdown(view: ReportView) -> str:
-    """The summary as Markdown: the gate, the grid (required cells marked), what did not pass.
+    """The summary as Markdown, what to act on first (issue 29).
 
-    Each grid cell is its verdict, `**bold**` with a `*` when the gate requires it; the
-    control leg's column says "unconfined control". The words passed / failed / error /
-    skipped are the same as in junit.xml and Allure (sandbox_attest/outcomes.py).
+    On top: the gate, who signed, what was attested, the one count line
+    (`sandbox_attest.outcomes.count_failures`, printed the same in every view), then every
+    cell failing the gate and every warned one (FAIL, INCONCLUSIVE, ERROR, required or not)
+    with its one-line reason, before the grid; cells not run (UNAVAILABLE, NOT_APPLICABLE)
+    come last, folded. No link points into report.html: a GitHub step summary is not next
+    to the report, so its anchors would lead nowhere. The words passed / failed / error /
+    skipped are the same as in junit.xml.
     """
     ev = view.evidence
-    counts = view.outcomes.counts()
+    count = count_failures(view.outcomes)
     lines = [
         f"## sandbox-attest: {view.gate.result} (run `{_md(ev.get('run_id', ''))}`)",
         "",
         f"**Signature:** {_md(view.signature)}",
         "",
-        (
-            f"Platform: {_md((ev.get('platform') or {}).get('system', '?'))}, harness "
-            f"{_md((ev.get('harness') or {}).get('version', '?'))}, {len(view.cells)} cells: "
-            + ", ".join(f"{n} {_WORD[k]}" for k, n in counts.items())
-            + ". Full evidence: `report.html` in the report directory."
-        ),
+        _attested(view),
+        "",
+        f"**{_md(count.line())}**",
         "",
     ]
-    lines += [f"- {_md(p)}" for p in view.gate.problems]
-    if view.gate.problems:
+    if count.gating:
+        lines += [f"### Failing the gate ({len(count.gating)})", ""]
+        lines += [_listed(o) for o in count.gating]
+        lines.append("")
+    if count.warned:
+        lines += [f"### Warned: optional, not gating ({len(count.warned)})", ""]
+        lines += [_listed(o) for o in count.warned]
+        lines.append("")
+    problems = view.outcomes.run_problems
+    if problems:
+        lines += ["### Run problems", ""]
+        lines += [f"- {_md(p)}" for p in problems]
         lines.append("")
     heads = [f"{_md(b)} (unconfined control)" if b == "none" else _md(b) for b in view.backends]
     lines.append("| probe | " + " | ".join(heads) + " |")
@@ -72,14 +102,19 @@ def render_markdown(view: ReportView) -> str:
         row = [grid_cell(view.outcome(backend, probe)) for backend in view.backends]
         lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
     lines += ["", "\\* required by the gate (bold); the others are optional.", ""]
-    bad = [o for o in view.outcomes.cells if o.status != "passed" and o.verdict != "NOT_APPLICABLE"]
-    if bad:
-        lines += ["### Not passing", ""]
+    if count.not_run:
         lines += [
-            f"- `{_md(o.cell_id)}` ({o.mark}, {o.status}): {_md(o.message)}"
-            f" ([evidence](report.html#cell-{_md(o.cell_id)}))"
-            for o in bad
+            (
+                f"<details><summary>Not run here ({len(count.not_run)}): these cells attest "
+                "nothing</summary>"
+            ),
+            "",
+            *(_listed(o) for o in count.not_run),
+            "",
+            "</details>",
+            "",
         ]
+    lines.append("Full evidence: `report.html` and `evidence.json` in the report directory.")
     return "\n".join(lines) + "\n"
 
 

@@ -26,10 +26,21 @@ class TestSummary:
         assert "| net_denied_host | **PASS**\\* | **PASS**\\* | PASS |" in text
         assert (
             "- `bubblewrap-fs_write_outside` (required, failed): FAIL: escape observed by the "
-            "host: canary ~/.bashrc changed "
-            "([evidence](report.html#cell-bubblewrap-fs_write_outside))"
+            "host: canary ~/.bashrc changed\n"
         ) in text
         assert "`docker-dns_resolution` (optional, skipped): UNAVAILABLE:" in text
+
+    def test_failures_on_top_and_no_dead_anchors(self, report: Path) -> None:
+        """Failing cells are listed above the grid, not-run ones below, with no link to anchors."""
+        text = (report / SUMMARY).read_text()
+        grid = text.index("| probe |")
+        assert text.index("### Failing the gate") < grid
+        assert text.index("`bubblewrap-fs_write_outside` (required, failed)") < grid
+        assert text.index("`docker-dns_resolution` (optional, skipped): UNAVAILABLE") > grid
+        assert "**Attested:**" in text[:grid]
+        assert "**cells: " in text[:grid]
+        assert "report.html#" not in text
+        assert "](#" not in text  # nor a same-page link: GitHub renames a summary's anchors
 
     def test_appends_to_step_summary(self, report: Path, tmp_path: Path) -> None:
         """With $GITHUB_STEP_SUMMARY set, the summary is appended after what is already there."""
