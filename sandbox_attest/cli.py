@@ -31,7 +31,8 @@ HELP_JSON = "print one JSON object on stdout at the end instead of the human lin
 # Every subcommand's --help ends with these, so a script knows what each status means.
 EXIT_CODES = """exit codes:
   0    passed (the gate holds; for verify and merge: the report verifies)
-  1    the gate FAILED, or it WARNED and strictness asked for PASSED; verify/merge refused
+  1    the gate FAILED, or it WARNED (a cell nothing required did not PASS: an escape in a
+       default-included backend, say) and --fail-on warned was given; verify/merge refused
   2    usage or input error (bad flag, missing file or directory, unusable key or policy);
        for run also: --key was given but the run's trust domains were not separated, so
        the report was written and signed with the per-machine key instead (no release)
@@ -44,6 +45,16 @@ EXIT_CODES = """exit codes:
        sweeps what a killed run left (its output and evidence.json say what, under swept)."""
 # `run --key K` whose trust domains were not separated: signed with the per-machine key.
 EXIT_KEY_REFUSED = 2
+# gate_failures' line for a required cell the run never produced (sandbox_attest/session.py).
+MISSING_PREFIX = "missing required cell "
+# --fail-on: which gate words exit 1. `failed` (default) lets a WARNED run exit 0, as a
+# developer's first run should; a CI that must not ship any escape it sees asks for `warned`.
+FAIL_ON = ("failed", "warned")
+HELP_FAIL_ON = (
+    "exit 1 when the gate is FAILED (default: failed), or when it is FAILED or WARNED "
+    "(warned: any cell nothing required that did not PASS, e.g. a FAIL in a backend the "
+    "default set included, fails the job)"
+)
 # A gate line longer than this is shortened at a word boundary, pointing at the report.
 GATE_LINE_LIMIT = 400
 
@@ -82,20 +93,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # From the first moment: SIGTERM before the matrix starts still ends in a gate line and
     # 128 + its number (main), never in a silent death.
     catch_run_signals()
-    # A reader that goes away (`run | head`) must not take the report with it.
-    with readers_may_leave():
-        return _run(args)
+    # A reader that goes away (`run | head`) must not take the report with it: main() keeps
+    # every subcommand's streams alive (sandbox_attest/console.py).
+    return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
     matrix = Path(args.matrix) if args.matrix else default_matrix()
     policy = Path(args.policy) if args.policy else default_policy()
     _preflight(matrix, policy, args.backend, args.backend_spec)
-    _preflight_payload_user()
     if args.payload_user:
         # Before the signer starts (it checks that this user cannot read the key) and before
         # pytest runs in this process: sandbox_attest/trust.py reads the variable on each lookup.
         os.environ[USER_ENV] = args.payload_user
+    _preflight_payload_user()
     # The lab before anything else starts: namespaces are entered per thread, and the
     # signer's reader thread (and every child) must be born inside it.
     ensure_lab(args.world)
@@ -162,6 +173,8 @@ def _run_pytest(
     if args.jobs > 1:
         pytest_args.append(f"{plugin.OPT_JOBS}={args.jobs}")
     pytest_args.append(f"{plugin.OPT_WORLD}={args.world}")
+    # The plugin then shows an unrequired non-PASS cell as failed too, as the gate will.
+    pytest_args.append(f"{plugin.OPT_FAIL_ON}={args.fail_on}")
     # With --json, stdout carries the one JSON object and nothing else: everything a person
     # reads (the cells as they finish, the grid, the gate lines) goes to stderr instead.
     human = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
@@ -169,13 +182,13 @@ def _run_pytest(
         print(f"sandbox-attest {__version__}: run {run_id}, report -> {out}", flush=True)
         gate = _GateWatch()
         code = int(pytest.main(pytest_args, plugins=[gate, SignerHandoff(signer)]))
-        status = _run_status(code, gate)
+        status = _run_status(code, gate, args.fail_on)
     if args.json:
-        _print_run_json(run_id, out, gate, status)
+        _print_run_json(run_id, out, gate, status, args.fail_on)
     return status
 
 
-def _run_status(code: int, gate: _GateWatch) -> int:
+def _run_status(code: int, gate: _GateWatch, fail_on: str = "failed") -> int:
     """The run's exit status from pytest's code, the gate, and a signal that cut it short."""
     import pytest  # noqa: PLC0415
 
@@ -187,13 +200,15 @@ def _run_status(code: int, gate: _GateWatch) -> int:
         return caught.exit_status
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         return code  # interrupted, usage or internal error: never a pass
-    status = gate.report()
+    status = gate.report(fail_on)
     # --key insisted on the release key, and the run could not earn it: the report is
     # signed with the per-machine key, and the status says the key was not usable (issue 23).
     return EXIT_KEY_REFUSED if gate.key_insisted else status
 
 
-def _print_run_json(run_id: str, out: Path, gate: _GateWatch, status: int) -> None:
+def _print_run_json(
+    run_id: str, out: Path, gate: _GateWatch, status: int, fail_on: str = "failed"
+) -> None:
     """The run's final gate and paths as one JSON object (`run --json`)."""
     import json  # noqa: PLC0415
 
@@ -205,7 +220,13 @@ def _print_run_json(run_id: str, out: Path, gate: _GateWatch, status: int) -> No
                 "run_id": run_id,
                 "report_dir": str(out),
                 "exit_code": status,
-                "gate": "FAILED" if gate.failures or status else gate.signed,
+                # --fail-on warned exits 1 on a WARNED gate: the gate word stays WARNED.
+                "gate": (
+                    "FAILED"
+                    if gate.failures or (status and gate.signed != "WARNED")
+                    else gate.signed
+                ),
+                "fail_on": fail_on,
                 "signed_gate": gate.signed,
                 "failures": gate.failures or [],
                 "warnings": gate.warnings,
@@ -226,12 +247,18 @@ class _GateWatch:
         self.key_refused = ""
         self.key_insisted = False
 
-    def report(self) -> int:
+    def report(self, fail_on: str = "failed") -> int:
         """Print the gate and return the run's exit status (0 only if it holds)."""
         if self.failures is None:
             print("gate: FAILED: no matrix ran, so nothing was attested", file=sys.stderr)
             return 1
-        return _print_gate(self.failures, self.warnings, self.signed)
+        return _print_gate(self.failures, self.warnings, self.signed, fail_on)
+
+    def pytest_configure(self, config: Any) -> None:
+        """Tell the plugin that this CLI prints the gate lines (so its summary does not)."""
+        from sandbox_attest.plugin import GATE_BY_CLI_KEY  # noqa: PLC0415
+
+        config.stash[GATE_BY_CLI_KEY] = True
 
     @pytest.hookimpl(trylast=True)  # after the plugin has signed and rendered the report
     def pytest_unconfigure(self, config: Any) -> None:
@@ -256,25 +283,44 @@ class _GateWatch:
             self.key_insisted = run.release_key_insisted
 
 
-def _print_gate(failures: list[str], warnings: list[str], signed: str) -> int:
+def _print_gate(
+    failures: list[str], warnings: list[str], signed: str, fail_on: str = "failed"
+) -> int:
     """Print the gate; its last word is the one the attestation signs (never a milder one).
 
     `signed` is `evaluate`'s result (PASSED/WARNED/FAILED); the session's own checks
     (missing cells, a control-only run, an unsigned report) can only make it FAILED.
+    `fail_on` "warned" makes a WARNED gate exit 1 too (--fail-on warned).
     """
     for line in warnings:
         print(f"gate: warning: {shorten(line)}")
+    missing = [line for line in failures if line.startswith(MISSING_PREFIX)]
     for line in failures:
-        print(f"gate: {shorten(line)}")
+        if line not in missing:
+            print(f"gate: {shorten(line)}")
+    if missing:
+        # The grid's summary listed each MISSING cell already (plugin.py); a cut-short run
+        # has dozens, and the same list twice buried the gate (issue 29).
+        print(
+            f"gate: {plural(len(missing), 'required cell')} never ran (each is listed as "
+            "MISSING above)"
+        )
     if failures or signed == "FAILED":
         print("gate: FAILED")
         return 1
     if signed == "WARNED":
+        strict = fail_on == "warned"
         print(
             f"gate: WARNED: every required cell PASSed; {plural(len(warnings), 'warning')} "
             "above (cells nothing required that did not PASS)"
+            + (
+                "; exit 1 (--fail-on warned)"
+                if strict
+                else "; exit 0 (--fail-on warned would fail it)"
+            )
         )
-    elif warnings:
+        return 1 if strict else 0
+    if warnings:
         print(f"gate: PASSED (every required cell PASSed; {plural(len(warnings), 'note')} above)")
     else:
         print("gate: PASSED (every required cell PASSed)")
@@ -501,6 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD
     )
     run.add_argument("--json", action="store_true", help=HELP_JSON)
+    run.add_argument("--fail-on", choices=FAIL_ON, default="failed", help=HELP_FAIL_ON)
     run.add_argument("--payload-user", metavar="NAME", help=HELP_PAYLOAD_USER)
     run.set_defaults(func=_cmd_run)
 
@@ -546,7 +593,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        # Every subcommand's output may be piped into a reader that stops early (`verify
+        # --json | head -1`): Python's recipe for SIGPIPE (docs: signal, "Note on SIGPIPE")
+        # points stdout at /dev/null once the reader is gone, and the command's own exit
+        # status stands. The final flush is inside, so the last buffered write is covered too.
+        with readers_may_leave():
+            try:
+                return int(args.func(args))
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
     except HarnessError as exc:
         print(f"sandbox-attest: error: {exc.diagnostics()}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from sandbox_attest.errors import ConfigError
 current_platform = host_os.current_platform
 
 PROBE_KEYS = {"id", "timeout", "platforms", "reason"}
-BACKEND_KEYS = {"name", "platforms", "reason"}
+BACKEND_KEYS = {"name", "platforms", "reason", "demonstration"}
 EXCLUDE_KEYS = {"backend", "probe", "reason"}
 TOP_KEYS = {"matrix", "probe", "backend", "exclude"}
 MATRIX_KEYS = {"control"}
@@ -40,6 +40,9 @@ class BackendRow:
     name: str
     platforms: tuple[str, ...]
     reason: str
+    # Why the backend is in the default set although it is expected not to PASS (it shows
+    # what a verdict looks like); the grid and the evidence print it beside its column.
+    demonstration: str = ""
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,14 @@ def _load_backends(path: Path, tables: list[dict[str, Any]]) -> list[BackendRow]
                 f"{path}, [[backend]] #{i + 1}: needs 'name' and 'platforms' "
                 f"from {sorted(KNOWN_PLATFORMS)} (got unknown {bad})"
             )
-        backends.append(BackendRow(str(row["name"]), platforms, str(row.get("reason", ""))))
+        backends.append(
+            BackendRow(
+                str(row["name"]),
+                platforms,
+                str(row.get("reason", "")),
+                " ".join(str(row.get("demonstration", "")).split()),
+            )
+        )
     return backends
 
 

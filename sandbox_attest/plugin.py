@@ -72,6 +72,11 @@ OPT_SPEC = f"{PREFIX}-backend-spec"
 OPT_RUN_ID = f"{PREFIX}-run-id"
 OPT_WORLD = f"{PREFIX}-world"
 OPT_PAYLOAD_USER = f"{PREFIX}-payload-user"
+OPT_FAIL_ON = f"{PREFIX}-fail-on"
+HELP_FAIL_ON = (
+    "failed (default): a cell nothing required that did not PASS is reported as 'warned' "
+    "and the run exits 0 if the gate holds; warned: such a cell fails like a required one"
+)
 INI_MATRIX = "sandbox_attest_matrix"
 # The value of a bare `--sandbox-attest`: the installed package's own matrix.
 DEFAULT_MATRIX = "<default>"
@@ -82,6 +87,12 @@ OWNS_SIGNER_KEY = pytest.StashKey[bool]()  # this plugin started the signer, so 
 INTERRUPTED_KEY = pytest.StashKey[bool]()
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 MATRIX_PATH_KEY = pytest.StashKey["Path | None"]()  # the matrix this run was asked to collect
+# Set by `sandbox-attest run`, which prints the gate lines itself: the summary then leaves
+# them out, so nothing is printed twice (issue 29).
+GATE_BY_CLI_KEY = pytest.StashKey[bool]()
+# pytest's stats key (and the word in its last line) for a cell nothing required that did
+# not PASS: "3 passed, 1 warned", never a red "1 failed" above `gate: WARNED` and exit 0.
+WARNED = "warned"
 
 
 class CellFailed(Exception):  # noqa: N818  (pytest shows the class name; this one reads well)
@@ -114,6 +125,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(OPT_RUN_ID, default=None, metavar="ID", help=HELP_RUN_ID)
     group.addoption(OPT_WORLD, choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD)
     group.addoption(OPT_PAYLOAD_USER, default=None, metavar="NAME", help=HELP_PAYLOAD_USER)
+    group.addoption(OPT_FAIL_ON, choices=("failed", "warned"), default="failed", help=HELP_FAIL_ON)
     parser.addini(INI_MATRIX, HELP_INI_MATRIX, default="")
 
 
@@ -348,6 +360,10 @@ class MatrixItem(pytest.Item):
             pytest.skip(f"NOT_APPLICABLE: {entry['reason']}")
         if verdict == Verdict.UNAVAILABLE.value and not entry["required"]:
             pytest.skip(f"UNAVAILABLE: {entry['reason']}")
+        if not entry["required"] and self.config.getoption(OPT_FAIL_ON) != "warned":
+            # The gate WARNs for it and the run exits 0: pytest must not call it failed.
+            self.user_properties.append((WARNED, True))
+            return
         raise CellFailed(entry)
 
     def repr_failure(  # type: ignore[override]  # pytest's signature has a style param we ignore
@@ -356,10 +372,13 @@ class MatrixItem(pytest.Item):
         """The verdict and its reason, not a traceback into the harness."""
         if isinstance(excinfo.value, CellFailed):
             entry = excinfo.value.entry
-            return (
-                f"{entry['cell_id']}: {entry['verdict']}\n  reason: {entry['reason']}\n"
-                f"  evidence: {json.dumps(entry.get('run', {}).get('stderr', ''))[:600]}"
-            )
+            text = f"{entry['cell_id']}: {entry['verdict']}\n  reason: {entry['reason']}"
+            stderr = str((entry.get("run") or {}).get("stderr") or "")
+            if stderr.strip():
+                # Only when the payload said something: `evidence: ""` under every failure
+                # was noise (issue 29); the full entry is in evidence.json either way.
+                text += f"\n  evidence: {json.dumps(stderr)[:600]}"
+            return text
         return str(super().repr_failure(excinfo))
 
     def reportinfo(self) -> tuple[Path, int, str]:
@@ -402,13 +421,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_report_teststatus(
     report: pytest.TestReport, config: pytest.Config
-) -> tuple[str, str, str] | None:
+) -> tuple[str, str, str | tuple[str, dict[str, bool]]] | None:
     """Show the verdict word (PASS/FAIL/INCONCLUSIVE/...) instead of PASSED/FAILED."""
     if report.when != "call" or SESSION_KEY not in config.stash:
         return None
-    verdict = dict(report.user_properties).get("verdict")
+    props = dict(report.user_properties)
+    verdict = props.get("verdict")
     if verdict is None:
         return None
+    if props.get(WARNED):
+        return WARNED, "W", (f"{verdict} (not required)", {"yellow": True})
     category = {"PASS": "passed", "NOT_APPLICABLE": "skipped"}.get(str(verdict), report.outcome)
     return category, str(verdict)[0], str(verdict)
 
@@ -418,11 +440,31 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if SESSION_KEY not in config.stash:
         return
     session = config.stash[SESSION_KEY]
+    import shutil  # noqa: PLC0415
+
     from sandbox_attest.grid import render_grid  # noqa: PLC0415
 
     terminalreporter.write_sep("=", "sandbox-attest verdicts")
-    for line in render_grid(session.writer.cells):
+    demos = {
+        row.name: row.demonstration
+        for row in session.matrix.backends
+        if row.demonstration and row.name in session.backends
+    }
+    # COLUMNS or the terminal's width; 80 where neither is known (a CI log, a pipe).
+    # pytest's own markup decision covers a terminal, NO_COLOR and --color.
+    lines = render_grid(
+        session.writer.cells,
+        width=shutil.get_terminal_size((80, 24)).columns,
+        colour=bool(getattr(terminalreporter, "hasmarkup", False)),
+        demonstrations=demos,
+    )
+    for line in lines:
         terminalreporter.write_line(line)
+    if not config.stash.get(GATE_BY_CLI_KEY, False):
+        # Plain `pytest --sandbox-attest`: the cells it did not fail are named here, since
+        # no gate line follows.
+        for line in session.gate_warnings():
+            terminalreporter.write_line(f"warned: {line}")
     for cell_id in session.missing_required():
         terminalreporter.write_line(f"MISSING required cell {cell_id}")
     from sandbox_attest.outcomes import count_line_of  # noqa: PLC0415  (the one count, issue 29)
@@ -467,6 +509,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # for SIGTERM): pytest would say 2 "interrupted", which a CI cannot tell from bad input.
         session.exitstatus = caught.exit_status
     elif exitstatus == 0 and run.gate_failures():
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif (
+        exitstatus == 0
+        and session.config.getoption(OPT_FAIL_ON) == "warned"
+        and run.signed_gate().result == "WARNED"
+    ):
+        # A WARNED gate with nothing failed in pytest's terms (an unrequired backend that
+        # could not run, say): --fail-on warned still asked for exit 1.
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

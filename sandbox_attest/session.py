@@ -226,7 +226,14 @@ class RunSession:
             "available": avail.ok,
             "reason": avail.reason,
             "identity": avail.identity.as_dict() if avail.identity else None,
+            # In the set to show a verdict (matrix.toml's `demonstration`): a reader must not
+            # take its FAIL for news about the sandbox (issue 29).
+            **({"demonstration": demo} if (demo := self._demonstration(name)) else {}),
         }
+
+    def _demonstration(self, name: str) -> str:
+        """Why `name` is in the matrix as a demonstration, or "" (also for a spec's backend)."""
+        return next((row.demonstration for row in self.matrix.backends if row.name == name), "")
 
     def cells(self) -> list[Cell]:
         """The cells of this run, control leg first."""
@@ -494,7 +501,12 @@ class RunSession:
                     f"{hint}): {reason} [{', '.join(ids)}]"
                 )
         skipped: dict[str, list[dict[str, Any]]] = {}
+        # A backend with a required UNAVAILABLE cell is a gate failure (`gate_failures` says
+        # it once, counting all its cells); a warning here too would contradict it (issue 29).
+        failing = set(self._unavailable_required())
         for c in self.writer.cells:
+            if c["backend"] in failing:
+                continue
             if not c.get("required") and c["verdict"] == Verdict.UNAVAILABLE.value:
                 skipped.setdefault(str(c["backend"]), []).append(c)
         for backend, cells in skipped.items():
@@ -503,6 +515,39 @@ class RunSession:
                 f"backend {backend} is UNAVAILABLE, so its {n} {'cell' if n == 1 else 'cells'} "
                 f"attest{'s' if n == 1 else ''} nothing (not required: name --backend {backend} "
                 f"to require it): {cells[0]['reason']}"
+            )
+        return lines
+
+    def _unavailable_required(self) -> dict[str, str]:
+        """Backends that could not run although some of their cells are required: one line each.
+
+        The line counts every cell of the backend and says who requires them, so the
+        warning list (which skips these backends) and the gate never disagree on either.
+        """
+        lines: dict[str, str] = {}
+        for backend in dict.fromkeys(str(c["backend"]) for c in self.writer.cells):
+            cells = [c for c in self.writer.cells if c["backend"] == backend]
+            required = [
+                c for c in cells if c.get("required") and c["verdict"] == Verdict.UNAVAILABLE.value
+            ]
+            if not required:
+                continue
+            if backend in self.named_backends | self.required_backends:
+                who = "you named it"
+                fix = "make it available here, or leave it out of --backend"
+            else:
+                who = f"the release policy {self.policy_path} requires them"
+                others = [b for b in self.backends if b not in (backend, self.matrix.control)]
+                fix = (
+                    "make it available here, or attest the others without it ("
+                    + " ".join(f"--backend {b}" for b in others[:3])
+                    + f"; a release then needs a {backend} leg from elsewhere)"
+                )
+            lines[backend] = (
+                f"backend {backend} is UNAVAILABLE and {len(required)} of its "
+                f"{len(cells)} {'cell' if len(cells) == 1 else 'cells'} "
+                f"{'is' if len(required) == 1 else 'are'} required "
+                f"({who}): {required[0]['reason']}; {fix}"
             )
         return lines
 
@@ -544,11 +589,15 @@ class RunSession:
                 f"(selected: {selected})"
             )
         failures += [f"missing required cell {cell_id}" for cell_id in self.missing_required()]
+        unavailable = self._unavailable_required()
         failures += [
             f"required cell {c['cell_id']} is {c['verdict']}: {c['reason']}"
             for c in self.writer.cells
-            if c.get("required") and c["verdict"] != "PASS"
+            if c.get("required")
+            and c["verdict"] != "PASS"
+            and not (c["verdict"] == Verdict.UNAVAILABLE.value and c["backend"] in unavailable)
         ]
+        failures += list(unavailable.values())
         # The claims the policy requires of a leg: `verify` holds the signed identities to
         # them, and the run's own exit status must say the same.
         claims = {

@@ -185,6 +185,9 @@ def _run_verify(args: argparse.Namespace) -> int:
         allow_shared_trust_domain=args.allow_shared_trust_domain,
     )
     gate = result.gate.result if result.gate else "unknown"
+    # --fail-on warned (issue 29): a report that verifies but whose gate is WARNED is refused.
+    strict = args.fail_on == "warned" and result.ok and gate == "WARNED"
+    code = EXIT_REFUSED if strict or not result.ok else EXIT_OK
     if args.json:
         import json  # noqa: PLC0415
 
@@ -193,7 +196,10 @@ def _run_verify(args: argparse.Namespace) -> int:
                 {
                     "report_dir": str(args.report_dir),
                     "ok": result.ok,
-                    "gate": gate,
+                    # Only a verified gate is reported: a tampered report's own word is not
+                    # one a script may act on (issue 29).
+                    "gate": gate if result.ok else None,
+                    "fail_on": args.fail_on,
                     "keyid": trusted.keyid,
                     "partial": bool(args.partial),
                     "reasons": list(result.reasons),
@@ -213,13 +219,20 @@ def _run_verify(args: argparse.Namespace) -> int:
                         else _domains_json(result.trust_domains)
                     ),
                     "notes": list(result.notes),
-                    "exit_code": EXIT_OK if result.ok else EXIT_REFUSED,
+                    "exit_code": code,
                 },
                 indent=2,
             )
         )
-        return EXIT_OK if result.ok else EXIT_REFUSED
+        return code
     _print_facts(result)
+    if strict:
+        print(
+            f"REFUSED: {args.report_dir} verifies with key {trusted.keyid}, but its gate is "
+            "WARNED and --fail-on warned was given (a cell nothing required did not PASS)",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
     if result.ok:
         scope = " (partial: only the legs this report holds)" if args.partial else ""
         print(f"OK: {args.report_dir} verifies with key {trusted.keyid} (gate {gate}){scope}")
@@ -286,7 +299,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify.add_argument("--allow-shared-trust-domain", action="store_true", help=HELP_ALLOW_SHARED)
     verify.add_argument("--partial", action="store_true", help=HELP_PARTIAL)
     verify.add_argument(
-        "--json", action="store_true", help="print the result as one JSON object on stdout"
+        "--json",
+        action="store_true",
+        help="print the result as one JSON object on stdout; its gate is null unless the "
+        "report verifies",
+    )
+    verify.add_argument(
+        "--fail-on",
+        choices=("failed", "warned"),
+        default="failed",
+        help="refuse (exit 1) a report whose signed gate is FAILED (default: failed), or "
+        "FAILED or WARNED (warned)",
     )
     _add_pins(verify)
     verify.set_defaults(func=_run_verify)
