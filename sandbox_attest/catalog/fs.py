@@ -408,15 +408,24 @@ class FsWriteOutside(_Spec):
         """
         nonce = _control_nonce()
         planted = self.planted(ctx)
-        dropped = {key: why for key in planted if (why := self._moved(ctx, key))}
-        live = {key: str(d) for key, d in planted.items() if key not in dropped}
+        places = {key: why for key in planted if (why := self._moved(ctx, key))}
+        # In the payload home only the payload user (or root) can move a place: that is the
+        # swap of issue 23 (a dir re-pointed at a root dir), never another program's
+        # housekeeping, so it fails the control instead of leaving the cell.
+        swapped = {k: w for k, w in places.items() if k == "home" or k in HOME_CLASSES}
+        dropped = {k: w for k, w in places.items() if k not in swapped}
+        live = {key: str(d) for key, d in planted.items() if key not in places}
+        checks = [
+            _check(f"the canary place of {key} is the one planted in", ok=False, detail=why)
+            | {"site": key}
+            for key, why in swapped.items()
+        ]
         wrote, why = call_as(
             ctx.user, __name__, "write_each", {"dirs": live, "nonce": nonce}, HOST_TIMEOUT_S
         )
         if why:
-            checks = [_check("payload user writes in the canary dirs", ok=False, detail=why)]
+            checks.append(_check("payload user writes in the canary dirs", ok=False, detail=why))
             return _control(nonce, checks) | {"dropped": dropped}
-        checks = []
         for key, directory in live.items():
             failed = str(wrote.get(key, "not tried"))
             if failed and (moved := self._moved(ctx, key)):
