@@ -83,6 +83,11 @@ HELP_JOBS = "cells to run at once (default 1); the control leg still runs first"
 # the current directory is used only when named (`--policy matrix/policy.toml`).
 HELP_POLICY = "release policy TOML (default: the one the package ships, matrix/policy.toml)"
 HELP_MATRIX = "matrix TOML, any file name (default: the one the package ships)"
+HELP_PROBE = (
+    "run only this probe (repeatable) on the named backends (--backend, --backend-spec) and "
+    "the control leg, judged by a policy derived for it (each named cell must PASS; the "
+    "policy's exclusions still hold): no matrix or policy to write"
+)
 HELP_WORLD = (
     "where the fixture hosts live: auto (the lab on Linux as root, else loopback, the reason "
     "recorded), lab (required: fail where it cannot be made), loopback (default: auto)"
@@ -99,8 +104,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from sandbox_attest.focus import focused  # noqa: PLC0415
+
     matrix = Path(args.matrix) if args.matrix else default_matrix()
     policy = Path(args.policy) if args.policy else default_policy()
+    # `--probe`: a matrix and policy of just those cells, derived for this run (focus.py).
+    with focused(args.probe, matrix, policy, args.backend, args.backend_spec) as inputs:
+        return _run_with(args, *inputs)
+
+
+def _run_with(args: argparse.Namespace, matrix: Path, policy: Path) -> int:
     _preflight(matrix, policy, args.backend, args.backend_spec)
     if args.payload_user:
         # Before the signer starts (it checks that this user cannot read the key) and before
@@ -535,6 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
         "[[exclude]] or platform): they then fail the run. A named backend's applicable "
         "cells are required already, UNAVAILABLE ones included",
     )
+    run.add_argument(
+        "--probe",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=HELP_PROBE,
+    )
     run.add_argument("--out", help=HELP_OUT)
     run.add_argument("--policy", help=HELP_POLICY)
     run.add_argument("--matrix", help=HELP_MATRIX)
@@ -590,19 +610,22 @@ def main(argv: list[str] | None = None) -> int:
         # Run as a program (not called by a test): every wrapper is this process's child and
         # reads its command line, so it shows a neutral one from here on (issue 23).
         set_title(harness_title())
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # Every subcommand's output (and --help's) may be piped into a reader that stops early
+    # (`verify --json | head -1`): Python's recipe for SIGPIPE (docs: signal, "Note on
+    # SIGPIPE") points stdout at /dev/null once the reader is gone, and the command's own
+    # exit status stands. The final flush is inside, so the last buffered write is covered.
+    with readers_may_leave():
+        try:
+            return _dispatch(build_parser().parse_args(argv))
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the chosen subcommand; bad input and an early signal end in one line each."""
     try:
-        # Every subcommand's output may be piped into a reader that stops early (`verify
-        # --json | head -1`): Python's recipe for SIGPIPE (docs: signal, "Note on SIGPIPE")
-        # points stdout at /dev/null once the reader is gone, and the command's own exit
-        # status stands. The final flush is inside, so the last buffered write is covered too.
-        with readers_may_leave():
-            try:
-                return int(args.func(args))
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
+        return int(args.func(args))
     except HarnessError as exc:
         print(f"sandbox-attest: error: {exc.diagnostics()}", file=sys.stderr)
         return 2

@@ -72,7 +72,8 @@ def _table(
         for (backend, _), w in zip(columns, widths, strict=True):
             verdict = verdicts.get((probe, backend), "-")
             word = SHORT.get(verdict, verdict) if short else verdict
-            row.append(_paint(word.ljust(w), verdict, colour))
+            # Padding outside the colour codes, so a row's trailing blanks can be stripped.
+            row.append(_paint(word, verdict, colour) + " " * (w - len(word)))
         lines.append(GAP.join(row).rstrip())
     return lines
 
