@@ -642,7 +642,15 @@ class RunSession:
         # Measured now that every cell is judged: who each backend's processes ran as
         # (sandbox_attest/separation.py). The signer refuses a release key for a run that is
         # not separated (`_sign_and_render`).
-        self.trust_domains = trust_domains(self.user, self.backends, self.writer.cells)
+        try:
+            self.trust_domains = trust_domains(self.user, self.backends, self.writer.cells)
+        except Exception as exc:  # a fault here must not cost the report
+            # Fail closed: an unmeasured fact is never separated, and the run still signs.
+            self.trust_domains = {
+                "separated": False,
+                "measured": False,
+                "reason": f"the trust domains could not be measured: {type(exc).__name__}: {exc}",
+            }
         self.writer.run_facts["trust_domains"] = self.trust_domains
         try:
             evidence = self.writer.write(complete=complete and not self.deselected)
