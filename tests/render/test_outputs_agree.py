@@ -1,9 +1,10 @@
 """One run, five outputs: evidence and gate, junit.xml, allure-results/, report.html, summary.md.
 
-The run has a FAIL, an ERROR, an INCONCLUSIVE and an UNAVAILABLE cell and a missing required
-cell; every output is rendered the way the session renders it (sandbox_attest/outcomes.py) and read
-back the way its consumer reads it: JUnit as XML, Allure through the real Allure 3 CLI, the
-page in headless Chromium. They must agree cell by cell, and with the gate.
+The run has required FAIL, ERROR and INCONCLUSIVE cells, an optional FAIL, an UNAVAILABLE
+cell and a missing required cell; every output is rendered the way the session renders it
+(sandbox_attest/outcomes.py) and read back the way its consumer reads it: JUnit as XML, Allure
+through the real Allure 3 CLI, the page in headless Chromium. They must agree cell by cell,
+with the gate, and on the one count (`count_failures`) the terminal prints too.
 """
 
 from __future__ import annotations
@@ -13,16 +14,30 @@ import os
 import re
 import shutil
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
 import pytest
 
-from sandbox_attest.allure_results import CATEGORIES, CONTROL_DIR, render_allure, write_results
+from sandbox_attest.allure_results import (
+    CATEGORIES,
+    CONTROL_DIR,
+    NOT_GATING,
+    epoch_ms,
+    render_allure,
+    write_results,
+)
 from sandbox_attest.attest.policy import Policy, load_policy
 from sandbox_attest.junit import render_junit
-from sandbox_attest.outcomes import GATE_ID, RunOutcomes, run_outcomes
+from sandbox_attest.outcomes import (
+    GATE_ID,
+    RunOutcomes,
+    count_failures,
+    count_line_of,
+    run_outcomes,
+)
 from sandbox_attest.render import render_html, render_summary
 from tests.attest.builder import build_report, make_cells, write_policy
 from tests.render.cdp import Browser
@@ -40,6 +55,10 @@ VERDICTS = {
     "docker-pkg_pip_install": "FAIL",
 }
 MISSING_CELL = "bubblewrap-pkg_pip_install"
+# The run's end (it started 18 s before: 2026-11-30T05:01:02Z), and the wall-clock start it
+# records for one cell (runner.py, `run.started_ms`): 3 s into the run.
+FINISHED = datetime(2026, 11, 30, 5, 1, 20, tzinfo=UTC)
+STARTED_MS = {"bubblewrap-fs_write_outside": 1_796_014_865_000}
 
 
 def _word(status: str) -> str:
@@ -57,7 +76,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Polic
     for c in cells:
         if c["cell_id"] in VERDICTS:
             c["reason"] = f"{VERDICTS[c['cell_id']].lower()} because of a reason\nline two"
-    report = build_report(tmp / "run", policy_path, cells, extra={"world": {"kind": "loopback"}})
+        if c["cell_id"] in STARTED_MS:
+            c["run"]["started_ms"] = STARTED_MS[c["cell_id"]]
+    report = build_report(
+        tmp / "run",
+        policy_path,
+        cells,
+        finished_at=FINISHED,
+        extra={"world": {"kind": "loopback"}},
+    )
     evidence = json.loads((report / "evidence.json").read_text())
     policy = load_policy(policy_path)
     outcomes = run_outcomes(evidence, policy)
@@ -131,7 +158,12 @@ class TestAgreement:
         allure = allure_statuses(report)
         assert junit.pop(GATE_ID) == allure.pop(GATE_ID) == "failed"
         assert junit == expected
-        assert allure == expected
+        # Allure has no red status that does not gate: a warned cell is failed there, tagged.
+        assert allure == {o.cell_id: _word(o.allure_status) for o in outcomes.cells}
+        assert allure["docker-pkg_pip_install"] == "failed"
+        assert {k: v for k, v in allure.items() if v != expected[k]} == {
+            "docker-pkg_pip_install": "failed"
+        }
         assert html_statuses(report) == expected
         summary = summary_statuses(report)
         assert summary == {k: v for k, v in expected.items() if v != "passed"}
@@ -174,6 +206,119 @@ class TestAgreement:
         root = ET.fromstring(render_junit(evidence, outcomes))  # noqa: S314  (ours)
         assert outcomes.gate.result == "WARNED"
         assert (root.get("failures"), root.get("errors"), root.get("skipped")) == ("0", "0", "2")
+
+
+def allure_results(report: Path) -> list[dict[str, Any]]:
+    """Every result file of allure-results/ and its control/ directory, parsed."""
+    return [
+        json.loads(path.read_text())
+        for path in sorted((report / "allure-results").rglob("*-result.json"))
+    ]
+
+
+def html_list(report: Path, list_id: str) -> list[str]:
+    """The cell ids report.html lists in its first-screen list `list_id`, in order."""
+    page = (report / "report.html").read_text()
+    found = re.search(f"<ul id={list_id}>(.*?)</ul>", page, re.DOTALL)
+    return re.findall(r"<li class='v-\w+' data-cell='([\w-]+)'", found.group(1)) if found else []
+
+
+def summary_section(report: Path, heading: str) -> list[str]:
+    """The cell ids summary.md lists under the `### heading...` section, in order."""
+    text = (report / "summary.md").read_text()
+    start = text.index(f"### {heading}")
+    block = text[start:].split("\n\n", 2)[1]
+    return re.findall(r"^- `([\w-]+)`", block, re.MULTILINE)
+
+
+class TestOneCount:
+    def test_the_run_has_required_and_optional_failures(self, outcomes: RunOutcomes) -> None:
+        """The run counts required FAILs, an optional FAIL and UNAVAILABLE cells apart."""
+        count = count_failures(outcomes)
+        assert {o.verdict for o in count.gating} >= {"FAIL", "INCONCLUSIVE", "ERROR", "MISSING"}
+        assert [o.cell_id for o in count.warned] == ["docker-pkg_pip_install"]
+        assert "UNAVAILABLE" in {o.verdict for o in count.not_run}
+        assert len(outcomes.cells) == sum(
+            map(len, (count.gating, count.warned, count.not_run, count.passed))
+        )
+
+    def test_every_output_prints_the_same_count(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes
+    ) -> None:
+        """Terminal, summary.md, report.html, junit.xml and Allure print one count line."""
+        evidence, policy, report = run
+        line = count_failures(outcomes).line()
+        assert line.startswith("cells: 4 failing the gate (")
+        # The terminal's line under the grid (sandbox_attest/plugin.py) over the same cells.
+        assert count_line_of(evidence["cells"], "linux", policy) == line
+        assert f"**{line}**" in (report / "summary.md").read_text()
+        assert f"<p id=count><strong>{line}</strong></p>" in (report / "report.html").read_text()
+        root = ET.fromstring((report / "junit.xml").read_bytes())  # noqa: S314  (ours)
+        gate_suite = next(s for s in root.findall("testsuite") if s.get("name") == GATE_ID)
+        props = {p.get("name"): p.get("value") for p in gate_suite.iter("property")}
+        assert props["cells"] == line
+        assert gate_suite.findtext("testcase/system-out") == f"gate: FAILED; {line}"
+        gate_result = next(r for r in allure_results(report) if r["testCaseId"] == GATE_ID)
+        assert gate_result["description"] == f"gate: FAILED; {line}"
+
+    def test_every_output_counts_the_same_cells(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes
+    ) -> None:
+        """The cells each output counts as failing the gate and as warned are the count's."""
+        report = run[2]
+        count = count_failures(outcomes)
+        gating = [o.cell_id for o in count.gating]
+        warned = [o.cell_id for o in count.warned]
+        assert html_list(report, "gating") == gating
+        assert html_list(report, "warned") == warned
+        assert summary_section(report, "Failing the gate") == gating
+        assert summary_section(report, "Warned") == warned
+        root = ET.fromstring((report / "junit.xml").read_bytes())  # noqa: S314  (ours)
+        # failures + errors over the cells (the release gate's own failure aside).
+        cell_failing = int(root.get("failures", "0")) - 1 + int(root.get("errors", "0"))
+        assert cell_failing == len(gating)
+        gate_suite = next(s for s in root.findall("testsuite") if s.get("name") == GATE_ID)
+        props = {p.get("name"): p.get("value") for p in gate_suite.iter("property")}
+        assert props["cells.failing_the_gate"] == str(len(gating))
+        assert props["cells.warned"] == str(len(warned))
+        results = [r for r in allure_results(report) if r["testCaseId"] != GATE_ID]
+        red = {r["testCaseId"] for r in results if r["status"] in ("failed", "broken")}
+        assert red == set(gating) | set(warned)
+        tagged = {
+            r["testCaseId"] for r in results if {"name": "tag", "value": NOT_GATING} in r["labels"]
+        }
+        assert tagged == set(warned)
+
+
+class TestAllureTimes:
+    def test_results_carry_the_cells_wall_clock(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes
+    ) -> None:
+        """Each result starts when its cell ran (epoch ms), or at the run's start; never 1970."""
+        evidence, _, report = run
+        run_start = epoch_ms(evidence["started_at"])
+        assert run_start > epoch_ms("2020-01-01T00:00:00Z")
+        by_id = outcomes.by_id()
+        for result in allure_results(report):
+            assert result["start"] >= run_start, result["testCaseId"]
+            assert result["stop"] >= result["start"]
+            for step in result["steps"]:
+                assert (step["start"], step["stop"]) == (result["start"], result["stop"])
+            o = by_id.get(result["testCaseId"])
+            if o is None:  # the release gate: the whole run
+                assert result["stop"] == epoch_ms(evidence["finished_at"])
+                continue
+            run_facts = (o.cell or {}).get("run") or {}
+            want = STARTED_MS.get(o.cell_id, run_start)
+            assert result["start"] == want, o.cell_id
+            assert result["stop"] - result["start"] == int(1000 * run_facts.get("duration_s", 0))
+
+    def test_epoch_ms_reads_rfc3339_and_refuses_the_rest(self) -> None:
+        """An RFC 3339 stamp becomes epoch milliseconds; anything else the default."""
+        assert epoch_ms("1970-01-01T00:00:01Z") == 1000
+        assert epoch_ms("2026-11-30T05:01:02Z") == 1_796_014_862_000
+        assert epoch_ms("not a time", 7) == 7
+        assert epoch_ms(None, 7) == 7
 
 
 class TestBrowser:
@@ -288,7 +433,7 @@ class TestAllure:
         ring = json.loads((tmp_path / "main" / "widgets" / "pie_chart.json").read_text())
         assert sum(s["count"] for s in ring["slices"]) == len(sandbox) + 1
         # Allure's success rate: passed over passed + failed + broken, truncated to 0.01 %.
-        counted = sum(o.status in ("passed", "failed", "error") for o in sandbox) + 1
+        counted = sum(o.allure_status in ("passed", "failed", "broken") for o in sandbox) + 1
         rate = sum(o.status == "passed" for o in sandbox) / counted
         assert ring["percentage"] == int(rate * 10000) / 100
         allure_generate(results / CONTROL_DIR, tmp_path / "control")
@@ -299,6 +444,29 @@ class TestAllure:
         assert allure_names(tmp_path / "control") == {
             f"{o.cell_id} (unconfined control)" for o in control
         }
+
+    def test_allure3_shows_real_dates_and_the_optional_escape_as_failed(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes, tmp_path: Path
+    ) -> None:
+        """The real Allure 3 report dates each cell in the run, and an optional FAIL is failed."""
+        evidence, _, report = run
+        allure_generate(report / "allure-results", tmp_path / "main")
+        shown = {}
+        for path in (tmp_path / "main" / "data" / "test-results").glob("*.json"):
+            result = json.loads(path.read_text())
+            shown[str(result["name"])] = result
+        assert shown, "Allure 3 wrote no per-test data"
+        run_start = epoch_ms(evidence["started_at"])
+        for name, result in shown.items():
+            assert run_start <= result["start"] <= epoch_ms(evidence["finished_at"]), name
+        assert (
+            shown["bubblewrap-fs_write_outside"]["start"]
+            == STARTED_MS["bubblewrap-fs_write_outside"]
+        )
+        optional = shown["docker-pkg_pip_install"]
+        assert optional["status"] == "failed"
+        assert {"name": "tag", "value": NOT_GATING} in optional["labels"]
+        assert outcomes.by_id()["docker-pkg_pip_install"].status == "skipped"  # JUnit's word
 
     def test_allure3_groups_findings_in_our_categories(
         self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes, tmp_path: Path
