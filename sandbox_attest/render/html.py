@@ -199,10 +199,26 @@ def _cell_section(o: CellOutcome) -> str:
     )
 
 
+def _demonstrations(view: ReportView) -> dict[str, str]:
+    """Backends in the run to show a verdict (matrix.toml's `demonstration`), with why."""
+    return {
+        str(b.get("name")): str(b["demonstration"])
+        for b in view.evidence.get("backends") or []
+        if b.get("demonstration")
+    }
+
+
 def _grid(view: ReportView) -> str:
+    demos = _demonstrations(view)
     head = "".join(
         f"<th>{_e(b)}"
         + ("<br><span class='badge control'>unconfined control</span>" if b == "none" else "")
+        # Its FAIL is on purpose: the badge and its title say so before anyone reads it as news.
+        + (
+            f"<br><span class='badge demo' title='{_e(demos[b])}'>demonstration</span>"
+            if b in demos
+            else ""
+        )
         + "</th>"
         for b in view.backends
     )
@@ -284,6 +300,8 @@ def _backends(view: ReportView) -> str:
         ident = b.get("identity") or {}
         name = str(b.get("name"))
         label = " (unconfined control)" if name == "none" else ""
+        if b.get("demonstration"):
+            label += f" (demonstration: {b['demonstration']})"
         rows.append(
             "<tr>"
             f"<td>{_e(name)}{label}</td><td>{_e(plain(bool(b.get('available'))))}</td>"

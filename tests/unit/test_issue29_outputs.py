@@ -316,3 +316,21 @@ class TestUnavailableRequiredBackend:
         )
         assert "the release policy" in lines[0]
         assert not any("docker" in w for w in run.gate_warnings())
+
+
+class TestDemonstrationInTheReport:
+    def test_report_html_badges_the_demonstration_column(self, tmp_path: Path) -> None:
+        """A backend the evidence marks as a demonstration is labelled in the grid and table."""
+        from sandbox_attest.attest.policy import load_policy  # noqa: PLC0415
+        from sandbox_attest.render import render_html  # noqa: PLC0415
+
+        policy_path = write_policy(tmp_path / "policy.toml")
+        cells = [*make_cells(), make_cell("bwrap-generic", "net_denied_host", "FAIL")]
+        report = build_report(tmp_path / "run", policy_path, cells)
+        evidence = json.loads((report / "evidence.json").read_text())
+        for backend in evidence["backends"]:
+            if backend["name"] == "bwrap-generic":
+                backend["demonstration"] = "a spec with a known hole, to show a FAIL"
+        page = render_html(evidence, None, load_policy(policy_path))
+        assert "<span class='badge demo' title='a spec with a known hole" in page
+        assert "bwrap-generic (demonstration: a spec with a known hole, to show a FAIL)" in page
