@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,21 @@ def test_first_screen_lists_every_fail(
     lowest = max(item["bottom"] for item in items.values())
     assert boxes["notRun"], "the run has cells that were not run"
     assert all(b["top"] > lowest for b in boxes["notRun"])
+
+
+def test_warned_cells_are_open_and_before_cells_not_run(
+    warned_page: tuple[Path, dict[str, Any]],
+) -> None:
+    """Under "Cells", each warned FAIL is open and comes before every UNAVAILABLE one."""
+    page = warned_page[0].read_text()
+    cells = page[page.index("<section id=cells>") :]
+    sections = re.findall(r"<section id='cell-([\w-]+)' class='cell v-(\w+) s-\w+( open)?'", cells)
+    order = [cell_id for cell_id, _, _ in sections]
+    opened = {cell_id for cell_id, _, is_open in sections if is_open}
+    assert set(FINDINGS) <= opened
+    first_not_run = min(
+        i
+        for i, (_, verdict, _) in enumerate(sections)
+        if verdict in ("UNAVAILABLE", "NOT_APPLICABLE")
+    )
+    assert all(order.index(cell_id) < first_not_run for cell_id in FINDINGS)
