@@ -16,6 +16,10 @@ import pytest
 from sandbox_attest.allure_results import (
     CATEGORIES,
     CONTROL_DIR,
+    NOT_GATING,
+    _result,
+    _Writer,
+    cell_times,
     render_allure,
     write_results,
     write_run_files,
@@ -91,3 +95,35 @@ class TestControlDirectory:
                 sources += [a["source"] for a in r["attachments"]]
                 assert all((where / s).is_file() for s in sources), r["testCaseId"]
             assert (where / "allurerc.json").is_file()
+
+
+class TestOptionalCells:
+    @pytest.mark.parametrize(
+        ("verdict", "status", "tagged"),
+        [
+            ("FAIL", "failed", True),
+            ("INCONCLUSIVE", "failed", True),
+            ("ERROR", "broken", True),
+            ("UNAVAILABLE", "skipped", False),
+            ("NOT_APPLICABLE", "skipped", False),
+            ("PASS", "passed", False),
+        ],
+    )
+    def test_optional_cell_status_and_tag(self, verdict: str, status: str, tagged: bool) -> None:
+        """An optional non-PASS that WARNs is red in Allure and tagged as not gating."""
+        cell = {"cell_id": "b-p", "backend": "b", "probe": "p", "verdict": verdict}
+        outcome = _outcome(cell, "linux", required=False)
+        result = _result(_Writer("r"), outcome, 1, 2)
+        assert result["status"] == status
+        assert ({"name": "tag", "value": NOT_GATING} in result["labels"]) is tagged
+
+    def test_a_cell_that_never_ran_starts_with_the_run(self) -> None:
+        """A cell without a recorded start or duration takes the run's start, never 0."""
+        cell = {"cell_id": "b-p", "backend": "b", "probe": "p", "verdict": "UNAVAILABLE"}
+        outcome = _outcome(cell, "linux", required=False)
+        assert cell_times(outcome, 1_796_014_862_000) == (1_796_014_862_000, 1_796_014_862_000)
+        ran = dict(cell, verdict="PASS", run={"started_ms": 1_796_014_865_000, "duration_s": 0.5})
+        assert cell_times(_outcome(ran, "linux", required=False), 1) == (
+            1_796_014_865_000,
+            1_796_014_865_500,
+        )
