@@ -58,6 +58,7 @@ ROOT_ONLY_MODULES: Final = {
     "runner.py": "cell dirs under scratch/cells (root's 0755); the workspace is handed over "
     "by trust.give (safefs) only after prepare",
     "backends/seatbelt.py": "the cell dir (macOS; the harness's own)",
+    "focus.py": "the derived matrix and policy, in a private temp dir the caller made",
     "sweep.py": "the journal dir (root's 0700); journalled paths are removed through safefs",
     # The world: its run dir (root's 0711), the PKI's files, the lab's private mount ns.
     "world/blob.py": "the blob's sha256 beside it in the world dir",
