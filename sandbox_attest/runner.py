@@ -34,6 +34,7 @@ from sandbox_attest.backends.base import (
 )
 from sandbox_attest.catalog import PROBES, CellContext, InsideRoute, probe_path, report_mismatch
 from sandbox_attest.errors import HarnessError, ProbeOutputError
+from sandbox_attest.explain import with_fix
 from sandbox_attest.interpreter import payload_interpreter
 from sandbox_attest.matrix import Cell
 from sandbox_attest.paths import probes_dir
@@ -472,7 +473,11 @@ class CellRunner:
             )
             return facts | {
                 "verdict": decision.verdict.value,
-                "reason": decision.reason,
+                # Every FAIL says what to change: the probe's usual fix (probes/docs.toml)
+                # where the assessor's reason names none.
+                "reason": with_fix(cell.probe.id, decision.reason)
+                if decision.verdict is Verdict.FAIL
+                else decision.reason,
                 "observed": assessment.observed,
                 "escape": assessment.escape,
                 "corroborated_by": assessment.corroborated_by,
