@@ -59,6 +59,7 @@ ROOT_ONLY_MODULES: Final = {
     "by trust.give (safefs) only after prepare",
     "backends/seatbelt.py": "the cell dir (macOS; the harness's own)",
     "focus.py": "the derived matrix and policy, in a private temp dir the caller made",
+    "explain.py": "a developer's tool rewriting probes/README.md in the checkout, no run's",
     "sweep.py": "the journal dir (root's 0700); journalled paths are removed through safefs",
     # The world: its run dir (root's 0711), the PKI's files, the lab's private mount ns.
     "world/blob.py": "the blob's sha256 beside it in the world dir",
