@@ -597,6 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register(sub)
+    # A vendor's tools, each in its own module (issue 29).
+    from sandbox_attest.explain import register as register_explain  # noqa: PLC0415
+
+    register_explain(sub)
     for choice in sub.choices.values():
         # verify and merge are registered elsewhere: every --help ends with the codes.
         choice.epilog = EXIT_CODES
