@@ -352,8 +352,23 @@ def run_outcomes(
                 detail=reason,
             )
         )
-    cell_problems = {o.cell_id for o in outcomes if o.status in ("failed", "error")}
-    run_problems = tuple(
-        p for p in gate.problems if not any(p.startswith(f"{c} ") for c in cell_problems)
-    )
+    failing = [o for o in outcomes if o.status in ("failed", "error")]
+    run_problems = tuple(p for p in gate.problems if not any(_names(p, o) for o in failing))
     return RunOutcomes(tuple(outcomes), gate, run_problems)
+
+
+def _names(problem: str, o: CellOutcome) -> bool:
+    """Whether a gate problem is about cell `o` (each form `policy.evaluate` words one in).
+
+    Such a problem is already a line of the failing cells' list; the views show only the
+    rest as run problems, so a run whose docker leg is down does not push the FAILs off the
+    first screen with one banner line per UNAVAILABLE cell (issue 29).
+    """
+    return problem.startswith(
+        (
+            f"{o.cell_id} ",
+            f"{o.platform}:{o.cell_id} ",
+            f"required probe {o.probe} on {o.platform}/{o.backend} ",
+            f"missing required cell {o.cell_id} on ",
+        )
+    )

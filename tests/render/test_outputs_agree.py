@@ -289,6 +289,33 @@ class TestOneCount:
         }
         assert tagged == set(warned)
 
+    def test_cell_problems_are_listed_once(
+        self, run: tuple[dict[str, Any], Policy, Path], outcomes: RunOutcomes
+    ) -> None:
+        """A gate problem about a listed cell is not repeated as a run problem on top."""
+        report = run[2]
+        assert len(outcomes.gate.problems) == len(count_failures(outcomes).gating)
+        assert outcomes.run_problems == ()
+        assert "### Run problems" not in (report / "summary.md").read_text()
+        page = (report / "report.html").read_text()
+        banner = page[page.index("<div id=verdict") : page.index("<div id=signature")]
+        assert "<li>" not in banner
+
+    def test_a_problem_no_cell_carries_stays_on_top(self, tmp_path: Path) -> None:
+        """An interrupted run's problem is named in the banner and the summary's run problems."""
+        policy_path = write_policy(tmp_path / "policy.toml")
+        cells = make_cells(backends=("none", "bubblewrap"))
+        report = build_report(tmp_path / "run", policy_path, cells, complete=False)
+        evidence = json.loads((report / "evidence.json").read_text())
+        policy = load_policy(policy_path)
+        problem = "the evidence is marked incomplete (the run was interrupted)"
+        assert run_outcomes(evidence, policy).run_problems == (problem,)
+        page = render_html(evidence, None, policy)
+        banner = page[page.index("<div id=verdict") : page.index("<div id=signature")]
+        assert f"<li>{problem}</li>" in banner
+        summary = render_summary(evidence, None, policy)
+        assert f"### Run problems\n\n- {problem}" in summary
+
 
 class TestAllureTimes:
     def test_results_carry_the_cells_wall_clock(
