@@ -164,6 +164,7 @@ class RunOutcomes:
 
 # The order problems are listed in, everywhere: escapes, then blind probes, then the rest.
 _VERDICT_ORDER = ("FAIL", "INCONCLUSIVE", "ERROR", MISSING, "UNAVAILABLE", "NOT_APPLICABLE")
+_NOT_RUN = frozenset({"UNAVAILABLE", "NOT_APPLICABLE"})
 
 
 def _by_verdict(cells: tuple[CellOutcome, ...]) -> str:
@@ -197,6 +198,27 @@ class FailureCounts:
     def attention(self) -> tuple[CellOutcome, ...]:
         """The cells a reader must see first: every gating and every warned cell."""
         return self.gating + self.warned
+
+    @property
+    def gating_found(self) -> tuple[CellOutcome, ...]:
+        """The gating cells that ran or should have (FAIL, INCONCLUSIVE, ERROR, MISSING)."""
+        return tuple(o for o in self.gating if o.verdict not in _NOT_RUN)
+
+    @property
+    def gating_not_run(self) -> tuple[CellOutcome, ...]:
+        """The required cells that were not run (UNAVAILABLE, NOT_APPLICABLE).
+
+        Listed after every warned cell: a whole leg down must not push an escape found
+        elsewhere off the first screen (issue 29).
+        """
+        return tuple(o for o in self.gating if o.verdict in _NOT_RUN)
+
+    def not_run_groups(self) -> list[tuple[str, str, str, list[str]]]:
+        """The required cells not run, grouped: (backend, verdict, reason, cell ids)."""
+        groups: dict[tuple[str, str, str], list[str]] = {}
+        for o in self.gating_not_run:
+            groups.setdefault((o.backend, o.verdict, one_line(o.detail)), []).append(o.cell_id)
+        return [(b, v, r, ids) for (b, v, r), ids in groups.items()]
 
     def line(self) -> str:
         """The one sentence every view prints, e.g. "2 fail the gate (1 FAIL, 1 MISSING), ..."."""

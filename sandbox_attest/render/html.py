@@ -255,7 +255,7 @@ def _cells(view: ReportView) -> str:
     """Every cell's evidence: failing the gate, then warned (both open), passed, not run."""
     count = count_failures(view.outcomes)
     passed = sorted(count.passed, key=lambda o: o.control)
-    outcomes = [*count.gating, *count.warned, *passed, *count.not_run]
+    outcomes = [*count.gating_found, *count.warned, *passed, *count.gating_not_run, *count.not_run]
     return "<section id=cells>" + "".join(_cell_section(o) for o in outcomes) + "</section>"
 
 
@@ -278,16 +278,30 @@ def _attention(view: ReportView) -> str:
     """
     count = count_failures(view.outcomes)
     parts = [f"<p id=count><strong>{_e(count.line())}</strong></p>"]
-    if count.gating:
+    found = count.gating_found
+    if found:
         parts.append(
-            f"<h2 id=gating-head>Failing the gate ({len(count.gating)})</h2><ul id=gating>"
-            + "".join(_attention_item(o) for o in count.gating)
+            f"<h2 id=gating-head>Failing the gate ({len(found)})</h2><ul id=gating>"
+            + "".join(_attention_item(o) for o in found)
             + "</ul>"
         )
     if count.warned:
         parts.append(
             f"<h2 id=warned-head>Warned: optional, not gating ({len(count.warned)})</h2>"
             "<ul id=warned>" + "".join(_attention_item(o) for o in count.warned) + "</ul>"
+        )
+    if count.gating_not_run:
+        # One line per backend and reason: a leg that is down is one fact, not 25.
+        items = "".join(
+            f"<li class='v-{_e(verdict)}' data-cells='{_e(' '.join(ids))}'><strong>"
+            f"{_e(verdict)}</strong> {_e(backend)}: {len(ids)} required "
+            f"{'cell' if len(ids) == 1 else 'cells'} not run: "
+            f"<span class=reason>{_e(reason)}</span></li>"
+            for backend, verdict, reason, ids in count.not_run_groups()
+        )
+        parts.append(
+            f"<h2 id=gating-not-run-head>Failing the gate: required but not run "
+            f"({len(count.gating_not_run)})</h2><ul id=gating-not-run>{items}</ul>"
         )
     if not count.attention:
         parts.append("<p>No cell failed or warned.</p>")

@@ -82,13 +82,24 @@ def render_markdown(view: ReportView) -> str:
         f"**{_md(count.line())}**",
         "",
     ]
-    if count.gating:
-        lines += [f"### Failing the gate ({len(count.gating)})", ""]
-        lines += [_listed(o) for o in count.gating]
+    if count.gating_found:
+        lines += [f"### Failing the gate ({len(count.gating_found)})", ""]
+        lines += [_listed(o) for o in count.gating_found]
         lines.append("")
     if count.warned:
         lines += [f"### Warned: optional, not gating ({len(count.warned)})", ""]
         lines += [_listed(o) for o in count.warned]
+        lines.append("")
+    if count.gating_not_run:
+        # After the warned cells, one line per backend and reason: a leg that is down must
+        # not push an escape found elsewhere out of sight.
+        lines += [f"### Failing the gate: required but not run ({len(count.gating_not_run)})", ""]
+        lines += [
+            f"- **{_md(verdict)}** {_md(backend)}: {len(ids)} required "
+            f"{'cell' if len(ids) == 1 else 'cells'} not run: {_md(reason)} "
+            f"({_md(', '.join(ids))})"
+            for backend, verdict, reason, ids in count.not_run_groups()
+        ]
         lines.append("")
     problems = view.outcomes.run_problems
     if problems:

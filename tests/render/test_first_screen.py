@@ -22,7 +22,7 @@ import pytest
 
 from sandbox_attest.attest.policy import load_policy
 from sandbox_attest.outcomes import count_failures, run_outcomes
-from sandbox_attest.render import render_html
+from sandbox_attest.render import render_html, render_summary
 from tests.attest.builder import CORE_PROBES, build_report, make_cells, write_policy
 from tests.render.cdp import Browser
 from tests.render.test_html import chromium
@@ -83,71 +83,123 @@ def test_the_run_is_warned_with_findings_and_cells_not_run(
     assert len(count.not_run) > len(FINDINGS)
 
 
-def test_first_screen_lists_every_fail(
-    warned_page: tuple[Path, dict[str, Any]], tmp_path: Path
-) -> None:
-    """At 1280x800 the gate, signer, scope and every FAIL/INCONCLUSIVE reason show, above N/A."""
-    page, _ = warned_page
+# Bounding boxes (viewport coordinates) of what the first screen must show, read in the page.
+BOXES_JS = """(() => {
+  const box = el => {
+    if (!el) return null;
+    const r = el.getBoundingClientRect();
+    return {top: r.top, bottom: r.bottom, left: r.left, right: r.right,
+            width: r.width, height: r.height,
+            shown: getComputedStyle(el).display !== 'none'
+                   && getComputedStyle(el).visibility !== 'hidden',
+            text: el.innerText};
+  };
+  const items = {};
+  for (const li of document.querySelectorAll('#attention li[data-cell]')) {
+    items[li.dataset.cell] = box(li);
+  }
+  const notRun = [...document.querySelectorAll(
+      "section.cell.v-UNAVAILABLE, section.cell.v-NOT_APPLICABLE, #gating-not-run li")].map(box);
+  return {items, notRun, verdict: box(document.getElementById('verdict')),
+          signature: box(document.getElementById('signature')),
+          attested: box(document.getElementById('attested')),
+          count: box(document.getElementById('count'))};
+})()"""
+
+
+def first_screen(page: Path, profile: Path, shot: Path) -> dict[str, Any]:
+    """Lay `page` out at WIDTH x HEIGHT in Chromium, save the PNG, return the boxes."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    shot = SHOTS / "report-first-screen-warned.png"
-    with Browser(chromium(), tmp_path / "profile") as browser:
+    with Browser(chromium(), profile) as browser:
         browser.open(page.as_uri())
         browser.screenshot(shot, width=WIDTH, height=HEIGHT)
         assert browser.evaluate("window.innerHeight") == HEIGHT
         assert browser.evaluate("window.scrollY") == 0
-        boxes = browser.evaluate(
-            """(() => {
-              const box = el => {
-                if (!el) return null;
-                const r = el.getBoundingClientRect();
-                return {top: r.top, bottom: r.bottom, left: r.left, right: r.right,
-                        width: r.width, height: r.height,
-                        shown: getComputedStyle(el).display !== 'none'
-                               && getComputedStyle(el).visibility !== 'hidden',
-                        text: el.innerText};
-              };
-              const items = {};
-              for (const li of document.querySelectorAll('#attention li[data-cell]')) {
-                items[li.dataset.cell] = box(li);
-              }
-              const notRun = [...document.querySelectorAll(
-                  "section.cell.v-UNAVAILABLE, section.cell.v-NOT_APPLICABLE")].map(box);
-              return {items, notRun, verdict: box(document.getElementById('verdict')),
-                      signature: box(document.getElementById('signature')),
-                      attested: box(document.getElementById('attested')),
-                      count: box(document.getElementById('count'))};
-            })()"""
-        )
+        boxes: dict[str, Any] = browser.evaluate(BOXES_JS)
     assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    return boxes
 
-    def on_screen(box: dict[str, Any] | None) -> bool:
-        return (
-            box is not None
-            and box["shown"]
-            and box["width"] > 0
-            and box["height"] > 0
-            and box["top"] >= 0
-            and box["bottom"] <= HEIGHT
-            and box["left"] >= 0
-            and box["right"] <= WIDTH
-        )
 
+def on_screen(box: dict[str, Any] | None) -> bool:
+    """Whether an element is shown and wholly inside the first screen."""
+    return (
+        box is not None
+        and box["shown"]
+        and box["width"] > 0
+        and box["height"] > 0
+        and box["top"] >= 0
+        and box["bottom"] <= HEIGHT
+        and box["left"] >= 0
+        and box["right"] <= WIDTH
+    )
+
+
+def assert_findings_first(boxes: dict[str, Any], findings: dict[str, str], gate: str) -> None:
+    """The gate, signer, scope and each finding with its fix are on screen, above cells not run."""
     for name in ("verdict", "signature", "attested", "count"):
         assert on_screen(boxes[name]), (name, boxes[name])
-    assert "WARNED" in boxes["verdict"]["text"]
+    assert gate in boxes["verdict"]["text"]
     assert "NOT SIGNED" in boxes["signature"]["text"]
     assert DEMO in boxes["attested"]["text"]
     items = boxes["items"]
-    assert set(items) == set(FINDINGS), sorted(items)
-    for cell_id, verdict in FINDINGS.items():
+    assert set(items) == set(findings), sorted(items)
+    for cell_id, verdict in findings.items():
         item = items[cell_id]
         assert on_screen(item), (cell_id, item)
         assert item["text"].startswith(verdict), item["text"]
-        assert "optional" in item["text"]
         assert "fix: confine" in item["text"], item["text"]
     lowest = max(item["bottom"] for item in items.values())
     assert boxes["notRun"], "the run has cells that were not run"
     assert all(b["top"] > lowest for b in boxes["notRun"])
+
+
+def test_first_screen_lists_every_fail(
+    warned_page: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """At 1280x800 the gate, signer, scope and every FAIL/INCONCLUSIVE reason show, above N/A."""
+    shot = SHOTS / "report-first-screen-warned.png"
+    boxes = first_screen(warned_page[0], tmp_path / "profile", shot)
+    assert_findings_first(boxes, FINDINGS, "WARNED")
+    assert all("optional" in boxes["items"][c]["text"] for c in FINDINGS)
+
+
+def test_a_required_leg_down_does_not_hide_the_fails(tmp_path: Path) -> None:
+    """With a whole required leg UNAVAILABLE, every FAIL (required or not) is still on screen."""
+    policy_path = write_policy(
+        tmp_path / "policy.toml",
+        legs=(("linux", "none"), ("linux", "bubblewrap"), ("linux", "docker")),
+    )
+    required_fail = "bubblewrap-fs_write_outside"
+    verdicts = dict(FINDINGS) | {required_fail: "FAIL"}
+    verdicts |= {f"docker-{p}": "UNAVAILABLE" for p in CORE_PROBES}
+    cells = make_cells(backends=("none", "bubblewrap", "docker", DEMO), verdicts=verdicts)
+    for cell in cells:
+        verdict = verdicts.get(cell["cell_id"])
+        if verdict == "UNAVAILABLE":
+            cell["reason"] = "no docker engine answered: start dockerd"
+        elif verdict is not None:
+            cell["reason"] = f"{verdict}: the host saw it; fix: confine {cell['probe']}"
+    report = build_report(tmp_path / "run", policy_path, cells)
+    evidence = json.loads((report / "evidence.json").read_text())
+    policy = load_policy(policy_path)
+    count = count_failures(run_outcomes(evidence, policy))
+    assert len(count.gating_not_run) == len(CORE_PROBES)
+    page = report / "report.html"
+    page.write_text(render_html(evidence, None, policy))
+    shot = SHOTS / "report-first-screen-leg-down.png"
+    boxes = first_screen(page, tmp_path / "profile", shot)
+    assert_findings_first(boxes, {required_fail: "FAIL", **FINDINGS}, "FAILED")
+    assert "required" in boxes["items"][required_fail]["text"]
+    # summary.md keeps the same order, the leg that is down as one line after the findings.
+    summary = render_summary(evidence, None, policy)
+    found = summary.index("### Failing the gate (1)")
+    warned = summary.index(f"### Warned: optional, not gating ({len(FINDINGS)})")
+    down = summary.index(f"### Failing the gate: required but not run ({len(CORE_PROBES)})")
+    assert found < warned < down < summary.index("| probe |")
+    assert (
+        f"- **UNAVAILABLE** docker: {len(CORE_PROBES)} required cells not run: "
+        "no docker engine answered: start dockerd ("
+    ) in summary
 
 
 def test_warned_cells_are_open_and_before_cells_not_run(
