@@ -633,9 +633,11 @@ class Rendezvous:
         if role != "payload":
             reading = read_brief(pid)
         elif later:
-            reading = read_brief(pid, environ=True)
+            # The look paths too: a judged process's view of the filesystem is judged like
+            # the launcher's (fs assessors read `looked` on every process).
+            reading = read_brief(pid, environ=True) | _looked(pid, self.look)
         else:
-            reading = read_process(pid)
+            reading = read_process(pid, self.look)
         reading["comm"] = comm
         reading["role"] = role
         if not reading.get("status"):
@@ -666,11 +668,6 @@ class Rendezvous:
             return
         launchers = [r for r in judged if r.get("launcher")]
         primary = launchers[0] if launchers else judged[0]
-        # The primary's look paths (the payload's view of the filesystem) are read once, for
-        # the launcher's process: they cost the most, and every member shares them unless it
-        # has a mount namespace of its own, which `processes` shows.
-        if self.look:
-            primary |= _looked(int(primary["pid"]), self.look)
         self.view = {"seen": True, **primary}
         self.view |= self._run_hooks(int(primary["pid"]))
         self.view["others"] = [r for r in judged if r is not primary]
