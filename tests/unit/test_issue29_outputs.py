@@ -334,3 +334,19 @@ class TestDemonstrationInTheReport:
         page = render_html(evidence, None, load_policy(policy_path))
         assert "<span class='badge demo' title='a spec with a known hole" in page
         assert "bwrap-generic (demonstration: a spec with a known hole, to show a FAIL)" in page
+
+
+class TestPluginOption:
+    def test_pytest_help_lists_fail_on(self) -> None:
+        """Plain pytest knows --sandbox-attest-fail-on {failed,warned}, documented."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "--help"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+            check=True,
+        )
+        text = " ".join(proc.stdout.split())
+        assert "--sandbox-attest-fail-on={failed,warned}" in text
+        assert "such a cell fails like a required one" in text
