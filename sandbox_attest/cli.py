@@ -476,9 +476,18 @@ def _cmd_backends(args: argparse.Namespace) -> int:
             )
         else:
             rows.append({"name": row.name, "status": "UNAVAILABLE", "reason": avail.reason})
+        if row.demonstration:
+            # In the default set to show a verdict (matrix.toml): said wherever it is listed.
+            rows[-1]["demonstration"] = row.demonstration
     if args.json:
         print(json.dumps({"platform": platform, "backends": rows}, indent=2, default=str))
         return 0
+    _print_backend_rows(rows)
+    return 0
+
+
+def _print_backend_rows(rows: list[dict[str, Any]]) -> None:
+    """`backends` for people: one line per backend, its details indented under it."""
     for r in rows:
         if r["status"] == "AVAILABLE":
             print(
@@ -496,7 +505,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
                 print(f"{'':14} {'':15} {c['claim']} = {c['value']}  ({c['source']})")
         else:
             print(f"{r['name']:14} {r['status']:15} {r['reason']}")
-    return 0
+        if "demonstration" in r:
+            print(f"{'':14} {'':15} demonstration: {r['demonstration']}")
 
 
 def _claim_rows(backend: object, policy: Any) -> list[dict[str, str]]:

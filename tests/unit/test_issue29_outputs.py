@@ -350,3 +350,18 @@ class TestPluginOption:
         text = " ".join(proc.stdout.split())
         assert "--sandbox-attest-fail-on={failed,warned}" in text
         assert "such a cell fails like a required one" in text
+
+
+class TestBackendsListsTheDemonstration:
+    def test_backends_json_and_text_say_why_bwrap_generic_is_there(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`backends` (JSON and text) carries bwrap-generic's demonstration reason."""
+        from sandbox_attest.cli import main  # noqa: PLC0415
+
+        assert main(["backends", "--json"]) == 0
+        rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["backends"]}
+        assert "known hole" in rows["bwrap-generic"]["demonstration"]
+        assert "demonstration" not in rows["bubblewrap"]
+        assert main(["backends"]) == 0
+        assert "demonstration: a spec with a known hole" in capsys.readouterr().out
