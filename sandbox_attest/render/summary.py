@@ -107,12 +107,25 @@ def render_markdown(view: ReportView) -> str:
         lines += [f"- {_md(p)}" for p in problems]
         lines.append("")
     heads = [f"{_md(b)} (unconfined control)" if b == "none" else _md(b) for b in view.backends]
+    # A backend in the set to show a verdict says so, with why (matrix.toml, issue 29).
+    demos = {
+        str(b.get("name")): str(b["demonstration"])
+        for b in view.evidence.get("backends") or []
+        if b.get("demonstration")
+    }
+    heads = [
+        f"{h} (demonstration)" if b in demos else h
+        for b, h in zip(view.backends, heads, strict=True)
+    ]
     lines.append("| probe | " + " | ".join(heads) + " |")
     lines.append("|---" * (len(view.backends) + 1) + "|")
     for probe in view.probes:
         row = [grid_cell(view.outcome(backend, probe)) for backend in view.backends]
         lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
     lines += ["", "\\* required by the gate (bold); the others are optional.", ""]
+    lines += [f"{_md(b)} is a demonstration: {_md(why)}" for b, why in demos.items()]
+    if demos:
+        lines.append("")
     if count.not_run:
         lines += [
             (

@@ -365,3 +365,22 @@ class TestBackendsListsTheDemonstration:
         assert "demonstration" not in rows["bubblewrap"]
         assert main(["backends"]) == 0
         assert "demonstration: a spec with a known hole" in capsys.readouterr().out
+
+
+class TestDemonstrationInTheSummary:
+    def test_summary_md_labels_the_demonstration_column(self, tmp_path: Path) -> None:
+        """summary.md's grid header and a line under it say bwrap-generic is a demonstration."""
+        from sandbox_attest.attest.policy import load_policy  # noqa: PLC0415
+        from sandbox_attest.render import render_summary  # noqa: PLC0415
+
+        policy_path = write_policy(tmp_path / "policy.toml")
+        cells = [*make_cells(), make_cell("bwrap-generic", "net_denied_host", "FAIL")]
+        report = build_report(tmp_path / "run", policy_path, cells)
+        evidence = json.loads((report / "evidence.json").read_text())
+        for backend in evidence["backends"]:
+            if backend["name"] == "bwrap-generic":
+                backend["demonstration"] = "a spec with a known hole"
+        text = render_summary(evidence, None, load_policy(policy_path))
+        header = next(line for line in text.splitlines() if line.startswith("| probe |"))
+        assert "bwrap-generic (demonstration)" in header
+        assert "is a demonstration: a spec with a known hole" in text
