@@ -778,10 +778,11 @@ class RunSession:
         as the signed gate does (sandbox_attest/outcomes.py).
         """
         from sandbox_attest.allure_results import render_allure  # noqa: PLC0415
-        from sandbox_attest.attest.subjects import HTML, JUNIT, SUMMARY  # noqa: PLC0415
+        from sandbox_attest.attest.subjects import HTML, JUNIT, SARIF, SUMMARY  # noqa: PLC0415
         from sandbox_attest.junit import render_junit  # noqa: PLC0415
         from sandbox_attest.outcomes import run_outcomes  # noqa: PLC0415
         from sandbox_attest.render import render_html, render_summary  # noqa: PLC0415
+        from sandbox_attest.sarif import render_sarif  # noqa: PLC0415
 
         missing = self.missing_required()
         outcomes = run_outcomes(evidence, self.policy, also_missing=missing)
@@ -789,6 +790,7 @@ class RunSession:
             JUNIT: render_junit(evidence, outcomes),
             HTML: render_html(evidence, signer, self.policy, also_missing=missing).encode(),
             SUMMARY: render_summary(evidence, signer, self.policy, also_missing=missing).encode(),
+            SARIF: render_sarif(evidence),
         }
         return Views(files, render_allure(evidence, outcomes))
 

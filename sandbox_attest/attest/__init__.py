@@ -314,6 +314,7 @@ def sign_report(
     from sandbox_attest.junit import render_junit  # noqa: PLC0415
     from sandbox_attest.outcomes import run_outcomes  # noqa: PLC0415
     from sandbox_attest.render import render_html, render_summary  # noqa: PLC0415
+    from sandbox_attest.sarif import render_sarif  # noqa: PLC0415
 
     env = os.environ if env is None else env
     dir_fd = reportfs.open_report_dir(report_dir)
@@ -331,6 +332,7 @@ def sign_report(
             JUNIT_NAME: render_junit(evidence, outcomes),
             HTML_NAME: render_html(evidence, facts, policy).encode("utf-8"),
             SUMMARY_NAME: render_summary(evidence, facts, policy).encode("utf-8"),
+            subjects.SARIF: render_sarif(evidence),
         }
         signed = sign_judged(
             report_dir, dir_fd, key, files, policy=policy, expected_gate=None, env=env

@@ -23,6 +23,7 @@ from sandbox_attest.attest.subjects import ALLURE_DIR
 from sandbox_attest.junit import render_junit
 from sandbox_attest.outcomes import run_outcomes
 from sandbox_attest.render import render_html, render_summary
+from sandbox_attest.sarif import render_sarif
 from sandbox_attest.separation import Launch, backend_fact, summarize
 from sandbox_attest.trust import PayloadUser
 
@@ -186,6 +187,7 @@ def write_readables(
     """
     (report_dir / "report.html").write_text(render_html(evidence, None, policy))
     (report_dir / "summary.md").write_text(render_summary(evidence, None, policy))
+    (report_dir / "results.sarif").write_bytes(render_sarif(evidence))
     allure = report_dir / ALLURE_DIR
     for name, data in render_allure(evidence, run_outcomes(evidence, policy)).items():
         (allure / name).parent.mkdir(parents=True, exist_ok=True)

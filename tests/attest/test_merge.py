@@ -98,8 +98,8 @@ class TestMerge:
         (line,) = result.attestation.read_text().splitlines()
         stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
         assert stmt["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
-        # Two legs x every subject (five plus the leg's attestation), and the release's pages.
-        assert len(stmt["subject"]) == 14
+        # Two legs x every subject (six plus the leg's attestation), and the release's pages.
+        assert len(stmt["subject"]) == 16
         names = {s["name"] for s in stmt["subject"]}
         assert "legs/01-leg-bwrap/allure-results/" in names
         assert {"report.html", "summary.md"} <= names

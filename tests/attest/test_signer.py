@@ -31,11 +31,13 @@ from sandbox_attest.attest.subjects import (
     FILE_SUBJECTS,
     HTML,
     JUNIT,
+    SARIF,
     SUMMARY,
 )
 from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.errors import ConfigError, ReportError
 from sandbox_attest.render import render_html, render_summary
+from sandbox_attest.sarif import render_sarif
 from tests.attest.builder import build_report, make_cells
 
 if TYPE_CHECKING:
@@ -74,12 +76,13 @@ def judged(
 
 
 def with_views(files: dict[str, bytes], facts: SignerFacts, policy: Policy) -> dict[str, bytes]:
-    """Add report.html and summary.md rendered in memory, as the session renders them."""
+    """Add report.html, summary.md and results.sarif rendered in memory, as the session does."""
     evidence = json.loads(files[EVIDENCE])
     return {
         **files,
         HTML: render_html(evidence, facts, policy).encode(),
         SUMMARY: render_summary(evidence, facts, policy).encode(),
+        SARIF: render_sarif(evidence),
     }
 
 

@@ -32,9 +32,10 @@ from sandbox_attest.attest.legs import load_expected_legs
 from sandbox_attest.attest.merge import MergeResult, merge_legs
 from sandbox_attest.attest.reportfs import make_report_dir
 from sandbox_attest.attest.signer import Signer
-from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY
+from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
 from sandbox_attest.attest.verify import Checks, verify_report
 from sandbox_attest.render import render_html, render_summary
+from sandbox_attest.sarif import render_sarif
 from sandbox_attest.trust import PayloadUser, trust_domains
 from tests.attest.builder import PAYLOAD_UID, build_report, make_cells, measured_domains, sign
 
@@ -358,6 +359,7 @@ class TestSignerRefusesTheReleaseKey:
             JUNIT: (report / JUNIT).read_bytes(),
             HTML: render_html(evidence, signer.facts, policy).encode(),
             SUMMARY: render_summary(evidence, signer.facts, policy).encode(),
+            SARIF: render_sarif(evidence),
         }
 
     @staticmethod

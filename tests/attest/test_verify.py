@@ -104,7 +104,7 @@ class TestRoundTrip:
         assert set(signed) == {"keyid", "trust", "source"}
 
     def test_statements_carry_the_documented_fields(self, signed_report: Path) -> None:
-        """The two statements are test-result and evidence, each covering all five subjects."""
+        """The two statements are test-result and evidence, each covering all six subjects."""
         types = []
         for line in (signed_report / ATT).read_text().splitlines():
             stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
@@ -114,6 +114,7 @@ class TestRoundTrip:
                 "junit.xml",
                 "report.html",
                 "summary.md",
+                "results.sarif",
                 "allure-results/",
             ]
         assert types == [
