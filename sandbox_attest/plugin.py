@@ -441,6 +441,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     session = config.stash[SESSION_KEY]
     import shutil  # noqa: PLC0415
+    import textwrap  # noqa: PLC0415
 
     from sandbox_attest.grid import render_grid  # noqa: PLC0415
 
@@ -452,9 +453,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     }
     # COLUMNS or the terminal's width; 80 where neither is known (a CI log, a pipe).
     # pytest's own markup decision covers a terminal, NO_COLOR and --color.
+    width = shutil.get_terminal_size((80, 24)).columns
     lines = render_grid(
         session.writer.cells,
-        width=shutil.get_terminal_size((80, 24)).columns,
+        width=width,
         colour=bool(getattr(terminalreporter, "hasmarkup", False)),
         demonstrations=demos,
     )
@@ -469,14 +471,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"MISSING required cell {cell_id}")
     from sandbox_attest.outcomes import count_line_of  # noqa: PLC0415  (the one count, issue 29)
 
-    terminalreporter.write_line(
-        count_line_of(
-            session.writer.cells,
-            session.platform,
-            session.policy,
-            also_missing=session.missing_required(),
-        )
+    count = count_line_of(
+        session.writer.cells,
+        session.platform,
+        session.policy,
+        also_missing=session.missing_required(),
     )
+    # Wrapped at word boundaries to the grid's width: the same words as every other output,
+    # on as many lines as an 80-column terminal needs.
+    for line in textwrap.wrap(count, width, subsequent_indent="  ") or [count]:
+        terminalreporter.write_line(line)
     for line in session.unrunnable_named():
         terminalreporter.write_line(f"NOT RUNNABLE HERE: {line}")
     if session.deselected:
