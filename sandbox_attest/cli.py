@@ -611,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sandbox_attest.explain import register as register_explain  # noqa: PLC0415
 
     register_explain(sub)
+    from sandbox_attest.diff import register as register_diff  # noqa: PLC0415
+
+    register_diff(sub)
     for choice in sub.choices.values():
         # verify and merge are registered elsewhere: every --help ends with the codes.
         choice.epilog = EXIT_CODES
