@@ -60,7 +60,7 @@ from sandbox_attest import lifetime, sweep
 from sandbox_attest.cgroupfs import cgroup_members, kernel_at_least, own_v2_dir, remove_cgroup_tree
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Collection, Iterator, Sequence
 
 CGROUP: Final = "cgroup"
 SUBTREE: Final = "subtree"
@@ -189,6 +189,17 @@ def parent_links() -> dict[int, list[int]]:
     return children
 
 
+def ancestors_within(pids: Sequence[int], members: Collection[int]) -> set[int]:
+    """Every member above one of `pids` by the ppid links, up to where the chain leaves."""
+    found: set[int] = set()
+    for pid in pids:
+        parent = _parent(pid)
+        while parent is not None and parent in members and parent not in found:
+            found.add(parent)
+            parent = _parent(parent)
+    return found
+
+
 def descendants(roots: Sequence[int], links: dict[int, list[int]] | None = None) -> list[int]:
     """`roots` that still exist and all their descendants, in the order found."""
     links = parent_links() if links is None else links
@@ -275,13 +286,24 @@ class CellGroup:
                 continue
             self.supervisors.add((info.st_dev, info.st_ino))
 
-    def is_supervisor(self, pid: int) -> bool:
-        """Whether `pid` runs one of the wrapper's own executables (by device and inode)."""
+    def is_supervisor(self, pid: int, ancestors: Collection[int] = ()) -> bool:
+        """Whether member `pid` is the sandbox's own process rather than the payload.
+
+        It is when it runs one of the wrapper's pinned executables, or is in `ancestors` (the
+        chain above the process carrying the launcher: the wrapper, bwrap, a seccomp
+        helper), and in either case runs nothing that can run Python: the payload is Python,
+        so a process that could be running it is judged wherever it sits, a copy of the
+        interpreter or the loader running one included (`can_run_python`).
+        """
+        exe = f"/proc/{pid}/exe"
         try:
-            info = Path(f"/proc/{pid}/exe").stat()
+            info = Path(exe).stat()
+            target = str(Path(exe).readlink())
         except OSError:
+            return False  # unreadable: judged, never exempted
+        if (info.st_dev, info.st_ino) not in self.supervisors and pid not in ancestors:
             return False
-        return (info.st_dev, info.st_ino) in self.supervisors
+        return not (Path(target).name.startswith("ld-") or can_run_python(exe))
 
     def spawn_kwargs(self) -> dict[str, Any]:
         """`Popen` keyword arguments that start the child in this group and tie it to us."""

@@ -524,9 +524,11 @@ class Rendezvous:
     Which processes: `start` opens the cell's group (sandbox_attest/cellgroup.py) and makes it
     this thread's current one, so the backend starts its wrapper inside it. At the rendezvous
     the host reads every member, and keeps reading each new member until `finish`: a wrapper
-    may start the real payload after a decoy took the rendezvous. A member running one of the
-    wrapper's own executables (`CellGroup.supervisors`: bwrap, a spec's wrapper) is recorded
-    as a supervisor; every other member is judged, and the worst decides: the top of the view
+    may start the real payload after a decoy took the rendezvous. A member that runs one of
+    the wrapper's own executables (bwrap, a spec's `[detect] executables`) or sits above the
+    launcher's process (srt's shell, bwrap, its seccomp helper), and runs nothing that can
+    run Python, is recorded as a supervisor (`CellGroup.is_supervisor`); every other member
+    is judged, and the worst decides: the top of the view
     is the launcher's reading, `others` holds every other judged member (the assessors' loop,
     `catalog.base.host_processes`), and `processes` one summary per member (`summarize`), a
     member the host could not read named with why. Where the group holds no member at all
@@ -555,6 +557,7 @@ class Rendezvous:
     _read: dict[int, int | None] = field(default_factory=dict)
     _later: list[dict[str, Any]] = field(default_factory=list)
     _later_summaries: list[dict[str, Any]] = field(default_factory=list)
+    _launchers: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         """Open the cell's group, then begin watching in a background thread."""
@@ -617,9 +620,11 @@ class Rendezvous:
         self._release()
         self._watch_later()
 
-    def _classify(self, pid: int) -> str:
+    def _classify(self, pid: int, ancestors: set[int]) -> str:
         group = self.group
-        return "supervisor" if group is not None and group.is_supervisor(pid) else "payload"
+        if group is not None and group.is_supervisor(pid, ancestors):
+            return "supervisor"
+        return "payload"
 
     def _read_one(self, pid: int, role: str, *, later: bool = False) -> dict[str, Any]:
         """One member's reading, or a named reason it has none.
@@ -646,11 +651,13 @@ class Rendezvous:
 
     def _read_group(self, members: list[int]) -> None:
         """Read every member at the rendezvous; the worst of the judged ones will decide."""
+        self._launchers = [pid for pid in members if is_launcher(pid, self.task_path)]
+        above = cellgroup.ancestors_within(self._launchers, members)
         readings = []
         for pid in members:
-            role = self._classify(pid)
+            role = self._classify(pid, above)
             reading = self._read_one(pid, role)
-            reading["launcher"] = is_launcher(pid, self.task_path)
+            reading["launcher"] = pid in self._launchers
             readings.append(reading)
         summaries = [summarize(r, str(r["role"]), "rendezvous") for r in readings]
         judged = [r for r in readings if r["role"] == "payload"]
@@ -695,10 +702,11 @@ class Rendezvous:
         if self.group is None:
             return
         while not self._stop.wait(LATER_POLL_S):
-            for pid in self.group.pids():
+            members = self.group.pids()
+            for pid in members:
                 if pid in self._read and self._read[pid] == cellgroup.start_ticks(pid):
                     continue
-                role = self._classify(pid)
+                role = self._classify(pid, cellgroup.ancestors_within(self._launchers, members))
                 reading = self._read_one(pid, role, later=True)
                 summary = summarize(reading, role, "later")
                 if str(reading.get("unread", "")).startswith("exited"):

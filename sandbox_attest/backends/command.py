@@ -800,6 +800,14 @@ class CommandBackend:
         # The cell's group: the rendezvous's where the runner opened one (the host reads the
         # same members), else one of its own for this run.
         with cellgroup.open_cell() as group:
+            # What the spec says the wrapper runs ([detect] executables: srt's node and bwrap,
+            # a helper proxy) is the sandbox's own; a member running one is a supervisor, not
+            # the payload (anything that can run Python never is: cellgroup.pin_supervisor).
+            for exe in self.spec.executables:
+                group.pin_supervisor(
+                    self.spec.render_static(exe, f"{self.spec.source}: [detect] executables"),
+                    self.run_path(),
+                )
             # The watcher must run *during* the run: a leftover that holds our stdout/stderr
             # pipes open would otherwise keep the output readers (and the run) from finishing.
             watcher = LeftoverWatcher(group, tag)

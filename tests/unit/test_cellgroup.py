@@ -206,3 +206,41 @@ class TestSubtree:
         finally:
             group.close(kill=True)
         wait_for(lambda: not Path(f"/proc/{members[0]}").exists(), "the orphan killed and reaped")
+
+
+class TestWhoIsTheSandboxsOwn:
+    """Above the launcher, only what cannot run Python is the sandbox's own process."""
+
+    @pytest.mark.parametrize(
+        ("argv", "own"),
+        [
+            (["/bin/sh", "-c", "sleep 30"], True),
+            ([sys.executable, "-c", "import time; time.sleep(30)"], False),
+            (["/lib64/ld-linux-x86-64.so.2", "/bin/sleep", "30"], False),
+        ],
+        ids=["shell", "python", "loader"],
+    )
+    def test_an_ancestor_is_own_only_when_it_cannot_run_python(
+        self, argv: list[str], *, own: bool
+    ) -> None:
+        """A shell above the payload is the wrapper's; Python, or the loader, never is."""
+        if not Path(argv[0]).exists():
+            pytest.skip(f"{argv[0]} is not on this host")
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        proc = subprocess.Popen(argv)
+        try:
+            wait_for(lambda: Path(f"/proc/{proc.pid}/exe").exists(), "the process started")
+            assert group.is_supervisor(proc.pid, {proc.pid}) is own
+            # Not above the launcher and not pinned: judged whatever it runs.
+            assert group.is_supervisor(proc.pid, set()) is False
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def test_a_pinned_python_is_never_pinned(self) -> None:
+        """Pinning the interpreter does nothing: the payload runs on it."""
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        group.pin_supervisor(sys.executable)
+        group.pin_supervisor("sh", os.defpath)
+        shell = Path("/bin/sh").resolve().stat()
+        assert group.supervisors == {(shell.st_dev, shell.st_ino)}
