@@ -27,18 +27,23 @@ from sandbox_attest.attest.keys import (
     load_trusted_key,
     public_key_dict,
 )
-from sandbox_attest.attest.policy import Gate, Policy, evaluate, load_policy
+from sandbox_attest.attest.policy import CONTROL_BACKEND, Gate, Policy, evaluate, load_policy
 from sandbox_attest.attest.statement import (
     EVIDENCE_PREDICATE,
     TEST_RESULT_PREDICATE,
+    backend_records,
+    ci_url,
     configuration,
     default_platform,
     evidence_predicate,
     parse_evidence,
+    report_entries,
     report_subjects,
+    sandbox_entry,
+    sandbox_result_predicate,
+    sandbox_subjects,
     statement,
     statement_bytes,
-    test_result_predicate,
 )
 from sandbox_attest.errors import ConfigError, ReportError
 
@@ -107,6 +112,65 @@ def gate_for(evidence: Mapping[str, Any], policy: Policy | None) -> Gate:
         complete=evidence.get("complete") is True,
         world=str(world.get("kind")) if isinstance(world, dict) else "not recorded",
     )
+
+
+def backend_gate(evidence: Mapping[str, Any], policy: Policy | None, backend: str) -> Gate:
+    """The gate one backend's test-result statement signs: its cells, with the control's.
+
+    A sandbox is judged by its own cells and by the control leg that makes its PASSes mean
+    something (a broken control fails it), never by another sandbox's cells: a docker FAIL
+    says nothing about a bwrap build. The control leg's own statement carries the whole
+    run's result, since the control attests no sandbox. The test lists hold only this
+    backend's cells. Signer and `verify` both call this, so they agree.
+    """
+    cells = evidence["cells"]
+    own = {str(c.get("cell_id", "")) for c in cells if str(c.get("backend", "")) == backend}
+    if backend == CONTROL_BACKEND:
+        gate = gate_for(evidence, policy)
+    else:
+        keep = {backend, CONTROL_BACKEND}
+        gate = gate_for(
+            {**evidence, "cells": [c for c in cells if str(c.get("backend", "")) in keep]},
+            policy,
+        )
+    return Gate(
+        gate.result,
+        tuple(t for t in gate.passed if t in own),
+        tuple(t for t in gate.warned if t in own),
+        tuple(t for t in gate.failed if t in own),
+        gate.problems,
+    )
+
+
+def sandbox_payloads(
+    evidence: Mapping[str, Any],
+    policy: Policy | None,
+    reports: Sequence[Mapping[str, Any]],
+    env: Mapping[str, str],
+) -> list[bytes]:
+    """One test-result statement per backend, about the sandbox it tested (issue 30).
+
+    Each names as subjects what that backend ran (`statement.sandbox_subjects`); its
+    configuration pins the run (`statement.configuration`), the report files (`reports`,
+    from `statement.report_entries`) and which backend it is, and `url` is the CI run.
+    """
+    config = configuration(evidence, policy.sha256 if policy else None)
+    url = ci_url(env)
+    out: list[bytes] = []
+    for record in backend_records(evidence):
+        name = str(record.get("name", ""))
+        entries = [*config, *reports, sandbox_entry(record, name == CONTROL_BACKEND)]
+        gate = backend_gate(evidence, policy, name)
+        out.append(
+            statement_bytes(
+                statement(
+                    sandbox_subjects(record),
+                    TEST_RESULT_PREDICATE,
+                    sandbox_result_predicate(gate, entries, url),
+                )
+            )
+        )
+    return out
 
 
 def signer_info(key: SigningKey) -> dict[str, str]:
@@ -250,12 +314,10 @@ def sign_judged(
         reportfs.write_new(dir_fd, name, files[name])
     here = reportfs.dir_path(dir_fd, report_dir)
     allure = subjects.tree_sha256(here / subjects.ALLURE_DIR)
-    subject_list = report_subjects({n: files[n] for n in subjects.FILE_SUBJECTS}, allure)
-    config = configuration(evidence, policy.sha256 if policy else None)
+    report_files = {n: files[n] for n in subjects.FILE_SUBJECTS}
+    subject_list = report_subjects(report_files, allure)
     payloads = [
-        statement_bytes(
-            statement(subject_list, TEST_RESULT_PREDICATE, test_result_predicate(gate, config))
-        ),
+        *sandbox_payloads(evidence, policy, report_entries(report_files, allure), env),
         statement_bytes(
             statement(
                 subject_list,
@@ -264,13 +326,17 @@ def sign_judged(
             )
         ),
     ]
-    reportfs.write_new(dir_fd, ATTESTATION_NAME, envelope_lines(payloads, key))
+    envelopes = envelope_lines(payloads, key)
+    reportfs.write_new(dir_fd, ATTESTATION_NAME, envelopes)
     if keyless_refused:
         decision = sigstore.SigstoreDecision(
             attempt=False, status=sigstore.ED25519_ONLY, reason=keyless_refused
         )
     else:
         decision = sigstore.sign_keyless(payloads, dir_fd, env)
+    # The same envelopes as Sigstore bundles naming the key, beside any keyless ones: a
+    # Sigstore client verifies them with the public key alone (reports/README.md).
+    reportfs.write_new(dir_fd, sigstore.KEY_BUNDLES_NAME, sigstore.key_bundles(envelopes))
     reportfs.write_new(dir_fd, SIGNING_NAME, signing_sidecar(key, decision, gate))
     return SignedReport(report_dir / ATTESTATION_NAME, gate, decision)
 

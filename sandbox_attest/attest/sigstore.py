@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -23,8 +24,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
 BUNDLES_NAME = "attestation.sigstore.jsonl"
+# The Ed25519 envelopes as Sigstore bundles with public-key verification material (issue 30).
+KEY_BUNDLES_NAME = "attestation.bundle.jsonl"
 OPT_OUT_VAR = "SANDBOX_ATTEST_SIGSTORE"  # "0" turns keyless signing off even in CI
 ED25519_ONLY = "ed25519 only"
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 KEYLESS = "ed25519 + sigstore keyless"
 
 
@@ -129,3 +133,36 @@ def _sign_with_sigstore(payloads: Sequence[bytes], env: Mapping[str, str]) -> li
         context = sign_mod.SigningContext.from_trust_config(models.ClientTrustConfig.production())
     with context.signer(token) as signer:
         return [signer.sign_dsse(dsse.Statement(p)).to_json() for p in payloads]
+
+
+def key_bundle(envelope_line: str) -> str:
+    """One DSSE envelope line as a Sigstore bundle v0.3 verified by a public key.
+
+    The bundle carries the very envelope (payload, payloadType, signature bytes), so it
+    signs the same statement; `verificationMaterial.publicKey.hint` is the keyid, which a
+    Sigstore client maps to the public key it is given. No transparency-log entry or
+    timestamp is claimed: a client verifies it offline with thresholds of 0.
+    """
+    envelope = json.loads(envelope_line)
+    signatures = envelope.get("signatures") or []
+    hint = str(signatures[0].get("keyid", "")) if signatures else ""
+    bundle = {
+        "mediaType": BUNDLE_MEDIA_TYPE,
+        "verificationMaterial": {
+            "publicKey": {"hint": hint},
+            "tlogEntries": [],
+            "timestampVerificationData": {"rfc3161Timestamps": []},
+        },
+        "dsseEnvelope": {
+            "payload": envelope["payload"],
+            "payloadType": envelope["payloadType"],
+            "signatures": [{"sig": s["sig"], "keyid": str(s.get("keyid", ""))} for s in signatures],
+        },
+    }
+    return json.dumps(bundle, separators=(",", ":"))
+
+
+def key_bundles(envelope_lines: bytes) -> bytes:
+    """`key_bundle` of every line of attestation.intoto.jsonl, one bundle per line."""
+    lines = [line for line in envelope_lines.decode("utf-8").splitlines() if line.strip()]
+    return "".join(key_bundle(line) + "\n" for line in lines).encode("utf-8")

@@ -26,7 +26,15 @@ TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
 # Our own predicate; documented in reports/README.md ("Attestation predicates").
 EVIDENCE_PREDICATE = "https://sandbox-attest.dev/attestation/evidence/v1"
 EVIDENCE_SCHEMA = "sandbox-attest/evidence/v1"
-KNOWN_PREDICATES = frozenset({TEST_RESULT_PREDICATE, EVIDENCE_PREDICATE})
+# SLSA's verification summary: the release decision of a merge (see `verification_summary`).
+VSA_PREDICATE = "https://slsa.dev/verification_summary/v1"
+KNOWN_PREDICATES = frozenset({TEST_RESULT_PREDICATE, EVIDENCE_PREDICATE, VSA_PREDICATE})
+# The role a report file's entry carries in a test-result `configuration` (issue 30): the
+# report files are what the run wrote, not what it tested, so they are no subject there.
+REPORT_ROLE = "report file"
+SANDBOX_ENTRY = "sandbox"
+CONTROL_ROLE = "control leg"
+TESTED_ROLE = "sandbox under test"
 
 
 def sha256_hex(data: bytes) -> str:
@@ -347,3 +355,189 @@ def parse_statement(payload: bytes, where: str) -> dict[str, Any]:
     if not isinstance(stmt.get("predicate"), dict):
         raise ReportError(f"{where}: predicate must be an object")
     return stmt
+
+
+def report_entries(files: Mapping[str, bytes], allure_sha256: str) -> list[dict[str, Any]]:
+    """The report files as test-result `configuration` entries (issue 30).
+
+    The same names and digests `report_subjects` gives, marked with `REPORT_ROLE`: in a
+    test-result statement they are what the run wrote, while its subjects are what it tested.
+
+    Raises:
+        ReportError: one of `subjects.FILE_SUBJECTS` is not given.
+    """
+    return [
+        {**entry, "annotations": {"role": REPORT_ROLE}}
+        for entry in report_subjects(files, allure_sha256)
+    ]
+
+
+def _executable_subjects(
+    facts: Mapping[str, Any], out: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """Add one executable's subject (and its `#!` interpreter's) to `out`, keyed for dedupe."""
+    digest = facts.get("sha256")
+    name = str(facts.get("realpath") or facts.get("path") or facts.get("argv0") or "")
+    if isinstance(digest, str) and digest and name:
+        out.setdefault(
+            (name, digest),
+            {
+                "name": name,
+                "digest": {"sha256": digest},
+                "annotations": {
+                    "kind": "executable",
+                    "argv0": str(facts.get("argv0", "")),
+                    "path": str(facts.get("path", "")),
+                },
+            },
+        )
+    interpreter = facts.get("interpreter")
+    if isinstance(interpreter, dict):
+        _executable_subjects(interpreter, out)
+
+
+def _image_subject(profile: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The container image a docker-shaped backend ran, by its image id (a sha256)."""
+    image = profile.get("image")
+    if not isinstance(image, dict):
+        return None
+    image_id = str(image.get("id") or "")
+    hex_id = image_id.removeprefix("sha256:")
+    if len(hex_id) != 64:
+        return None
+    return {
+        "name": str(image.get("ref") or image_id),
+        "digest": {"sha256": hex_id},
+        "annotations": {
+            "kind": "container image",
+            "repoDigests": [str(d) for d in image.get("repo_digests") or []],
+        },
+    }
+
+
+def sandbox_subjects(backend: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What one backend's statement is about: the sandbox that was tested (issue 30).
+
+    Every executable the backend ran (its identity's `executables`, with a script's
+    interpreter), by sha256 and named by its resolved path; the container image a docker
+    backend ran, by image id; and a command spec's bytes. A backend that recorded none of
+    these (unavailable here) is named `backend:NAME` by the digest of what the run said about
+    it, so the statement still has a subject, and no file can ever match it.
+    """
+    identity = _mapping(backend.get("identity"))
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for facts in _executables(identity).values():
+        if isinstance(facts, dict):
+            _executable_subjects(facts, found)
+    out = list(found.values())
+    image = _image_subject(_mapping(identity.get("profile")))
+    if image is not None:
+        out.append(image)
+    spec = str(identity.get("spec_sha256") or "").removeprefix("sha256:")
+    if spec:
+        out.append(
+            {
+                "name": str(backend.get("spec_path") or f"{backend.get('name', '')}.toml"),
+                "digest": {"sha256": spec},
+                "annotations": {"kind": "backend spec"},
+            }
+        )
+    if not out:
+        out.append(
+            {
+                "name": f"backend:{backend.get('name', '')}",
+                "digest": {"sha256": _pinned(dict(backend))},
+            }
+        )
+    return out
+
+
+def backend_records(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One record per backend of the run: its evidence record, or a bare one for cells only.
+
+    A cell whose backend has no record still gets a statement (named by that bare record),
+    so no judged cell is left out of every test-result statement.
+    """
+    records = [dict(b) for b in evidence.get("backends") or [] if isinstance(b, dict)]
+    named = {str(b.get("name", "")) for b in records}
+    for cell in evidence.get("cells") or []:
+        name = str(cell.get("backend", ""))
+        if name not in named:
+            named.add(name)
+            records.append({"name": name, "available": False, "reason": "no backend record"})
+    return records
+
+
+def sandbox_entry(backend: Mapping[str, Any], control: bool) -> dict[str, Any]:
+    """The `sandbox` configuration entry: which backend this statement tested, in what role."""
+    name = str(backend.get("name", ""))
+    return {
+        "name": SANDBOX_ENTRY,
+        "uri": f"urn:sandbox-attest:backend:{name}",
+        "annotations": {
+            "backend": name,
+            "role": CONTROL_ROLE if control else TESTED_ROLE,
+            "note": (
+                "the unconfined control leg: it shows each probe can see its escape on an "
+                "open host, and attests no sandbox"
+                if control
+                else "the subjects are the executables (and image, spec) this backend ran"
+            ),
+        },
+    }
+
+
+def ci_url(env: Mapping[str, str]) -> str:
+    """The CI run's URL from GitHub's variables, or "" outside such a run."""
+    server = env.get("GITHUB_SERVER_URL", "")
+    repo = env.get("GITHUB_REPOSITORY", "")
+    run_id = env.get("GITHUB_RUN_ID", "")
+    if not (server and repo and run_id):
+        return ""
+    return f"{server.rstrip('/')}/{repo}/actions/runs/{run_id}"
+
+
+def sandbox_result_predicate(
+    gate: Gate, config: Sequence[Mapping[str, Any]], url: str
+) -> dict[str, Any]:
+    """The test-result predicate of one backend's statement (`url` omitted when "")."""
+    predicate = test_result_predicate(gate, config)
+    if url:
+        predicate["url"] = url
+    return predicate
+
+
+def verification_summary(
+    subjects: Sequence[Mapping[str, Any]],
+    *,
+    verifier_version: str,
+    time_verified: str,
+    policy: Mapping[str, Any],
+    inputs: Sequence[Mapping[str, Any]],
+    result: str,
+    levels: Sequence[str],
+) -> dict[str, Any]:
+    """A SLSA verification summary v1 statement over the sandboxes a release decided on.
+
+    `verifiedLevels` carries the claims that held as our own values (`SANDBOX_ATTEST_...`):
+    the specification lets users add custom values and forbids only ones starting with
+    `SLSA_`, and this decision evaluates no SLSA build level. On FAILED it is `["FAILED"]`.
+    """
+    return statement(
+        subjects,
+        VSA_PREDICATE,
+        {
+            "verifier": {
+                "id": "https://github.com/sandbox-attest/sandbox-attest/merge",
+                "version": {"sandbox-attest": verifier_version},
+            },
+            "timeVerified": time_verified,
+            "resourceUri": "urn:sandbox-attest:release",
+            "policy": dict(policy),
+            "inputAttestations": [dict(i) for i in inputs],
+            "verificationResult": "PASSED" if result != "FAILED" else "FAILED",
+            "verifiedLevels": list(levels) if result != "FAILED" else ["FAILED"],
+            "dependencyLevels": {},
+            "slsaVersion": "1.0",
+        },
+    )

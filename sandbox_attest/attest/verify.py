@@ -44,18 +44,31 @@ from sandbox_attest.attest import (
     ATTESTATION_NAME,
     EVIDENCE_NAME,
     UNTRUSTED_LOCAL_NOTE,
+    backend_gate,
     dsse,
     gate_for,
 )
 from sandbox_attest.attest.keys import read_untrusted_keyids, untrusted_registry_path
 from sandbox_attest.attest.legs import Combined, ExpectedLegs, combine, leg_digests
-from sandbox_attest.attest.policy import Gate, cell_leg, claim_problems, leg_claims, missing_legs
+from sandbox_attest.attest.policy import (
+    CONTROL_BACKEND,
+    Gate,
+    cell_leg,
+    claim_problems,
+    leg_claims,
+    missing_legs,
+)
 from sandbox_attest.attest.statement import (
+    CONTROL_ROLE,
     EVIDENCE_PREDICATE,
+    REPORT_ROLE,
+    SANDBOX_ENTRY,
     TEST_RESULT_PREDICATE,
+    backend_records,
     default_platform,
     parse_evidence,
     parse_statement,
+    sandbox_subjects,
     sha256_hex,
 )
 from sandbox_attest.attest.subjects import (
@@ -165,6 +178,35 @@ class Checks:
         return read_untrusted_keyids(untrusted_registry_path(os.environ))
 
 
+@dataclass(frozen=True)
+class SandboxResult:
+    """One backend's signed test-result statement, checked against the signed evidence.
+
+    Attributes:
+        backend: the backend's name.
+        control: the statement is the control leg's (it attests no sandbox).
+        subjects: the signed subjects (name, sha256): what the backend ran.
+        result: the signed result (PASSED, WARNED or FAILED).
+        passed: the signed passedTests (this backend's cells).
+        finished_at: when the run that tested it finished (signed).
+        leg: the merged leg label it came from ("" for a single report).
+    """
+
+    backend: str
+    control: bool
+    subjects: tuple[tuple[str, str], ...]
+    result: str
+    passed: tuple[str, ...]
+    finished_at: str
+    leg: str = ""
+
+
+PRE_ISSUE_30_NOTE = (
+    "this report was signed before issue 30: its test-result statement's subject is the "
+    "report files, not the sandbox under test (verify --subject cannot find a sandbox in it)"
+)
+
+
 @dataclass
 class Verification:
     """The outcome of verifying one report directory.
@@ -190,6 +232,8 @@ class Verification:
         leg_results: for a merged release, each leg's own verification with its label.
         claims: each backend's signed claims (backend name -> claims), for display and for
             the policy's `claims` requirements.
+        sandboxes: each backend's signed test-result statement about the sandbox it tested
+            (empty for a report signed before issue 30, whose subject is the report files).
     """
 
     report_dir: Path
@@ -209,6 +253,7 @@ class Verification:
     world: dict[str, Any] = field(default_factory=dict)
     leg_results: list[tuple[str, Verification]] = field(default_factory=list)
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sandboxes: list[SandboxResult] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -259,12 +304,22 @@ def _statements(
 
 
 def _check_counts(
-    found: dict[str, list[dict[str, Any]]], wanted: Sequence[str], v: Verification
+    found: dict[str, list[dict[str, Any]]],
+    wanted: Sequence[str],
+    v: Verification,
+    *,
+    many: Sequence[str] = (),
 ) -> None:
-    """Step 2: exactly one statement of each wanted type (and of no other)."""
+    """Step 2: exactly one statement of each wanted type (and of no other).
+
+    A type in `many` may appear more than once (one test-result statement per backend);
+    how many is checked against the evidence by `_check_sandboxes`.
+    """
     for ptype in sorted(set(found) | set(wanted)):
         count = len(found.get(ptype, []))
         want = 1 if ptype in wanted else 0
+        if ptype in many and count >= 1:
+            continue
         if count != want and not (count == 0 and v.reasons):
             v.reasons.append(
                 f"{ATTESTATION_NAME} holds {count} statements of type {ptype}; exactly {want} "
@@ -311,9 +366,24 @@ def _read_subjects(report_dir: Path, v: Verification) -> dict[str, str | None]:
     return digests
 
 
+def _is_sandbox_statement(stmt: dict[str, Any]) -> bool:
+    """A test-result statement about a sandbox (issue 30): it names its `sandbox` entry."""
+    return stmt["predicateType"] == TEST_RESULT_PREDICATE and any(
+        c.get("name") == SANDBOX_ENTRY for c in _config(stmt)
+    )
+
+
 def _check_subjects(stmt: dict[str, Any], digests: dict[str, str | None], v: Verification) -> None:
-    """Step 3: the statement covers every subject, and each signed digest equals it now."""
-    signed = {str(s.get("name")): s.get("digest", {}) for s in stmt["subject"]}
+    """Step 3: the statement covers every report file, and each signed digest equals it now.
+
+    A sandbox statement pins the report files in its configuration (role `REPORT_ROLE`); an
+    evidence statement, and a test-result statement from before issue 30, as subjects.
+    """
+    if _is_sandbox_statement(stmt):
+        entries = [c for c in _config(stmt) if _role(c) == REPORT_ROLE]
+        signed = {str(c.get("name")): c.get("digest") or {} for c in entries}
+    else:
+        signed = {str(s.get("name")): s.get("digest", {}) for s in stmt["subject"]}
     kind = "test-result" if stmt["predicateType"] == TEST_RESULT_PREDICATE else "evidence"
     for name in ALL_SUBJECTS:
         if name not in signed:
@@ -336,6 +406,11 @@ def _check_subjects(stmt: dict[str, Any], digests: dict[str, str | None], v: Ver
 
 def _config(stmt: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in stmt["predicate"].get("configuration") or [] if isinstance(c, dict)]
+
+
+def _role(entry: dict[str, Any]) -> str:
+    annotations = entry.get("annotations")
+    return str(annotations.get("role", "")) if isinstance(annotations, dict) else ""
 
 
 def _config_item(stmt: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -394,6 +469,131 @@ def _check_gate(
         v.reasons.append("the gate re-derived from the evidence is FAILED")
     if result_stmt is not None:
         _compare_signed(result_stmt, gate, policy, v)
+
+
+def _signed_backend(stmt: dict[str, Any]) -> tuple[str, str]:
+    """The backend a sandbox statement is about, and its signed role."""
+    annotations = (_config_item(stmt, SANDBOX_ENTRY) or {}).get("annotations") or {}
+    return str(annotations.get("backend", "")), str(annotations.get("role", ""))
+
+
+def _subject_pairs(subjects: Sequence[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        sorted(
+            (str(s.get("name", "")), str((s.get("digest") or {}).get("sha256", "")))
+            for s in subjects
+        )
+    )
+
+
+def _check_run_result(
+    stmts: Sequence[dict[str, Any]],
+    evidence_stmts: Sequence[dict[str, Any]],
+    policy: Policy,
+    v: Verification,
+) -> None:
+    """The sandbox statements name the policy given, and the run's signed result holds."""
+    digests = {_digest(_config_item(s, "policy")) for s in stmts}
+    if digests != {policy.sha256}:
+        listed = ", ".join(sorted(d[:16] + "..." for d in digests if d)) or "<none>"
+        v.reasons.append(
+            f"policy mismatch: the statements were derived with policy sha256 {listed}, but "
+            f"--policy {policy.path} has {policy.sha256[:16]}... (a downgraded or different "
+            "policy); verify with the policy the release requires"
+        )
+    for stmt in evidence_stmts:
+        gate = stmt["predicate"].get("gate")
+        signed_result = gate.get("result") if isinstance(gate, dict) else None
+        if v.gate is not None and signed_result != v.gate.result:
+            v.reasons.append(
+                f"the signed run result is {signed_result!r} but the evidence gives "
+                f"{v.gate.result!r} under {policy.path}"
+            )
+
+
+def _check_one_sandbox(
+    stmt: dict[str, Any],
+    record: dict[str, Any],
+    evidence: dict[str, Any],
+    policy: Policy,
+    v: Verification,
+) -> SandboxResult:
+    """One backend's statement: role, subjects = what it ran, result = the re-derived one."""
+    name, role = _signed_backend(stmt)
+    control = name == CONTROL_BACKEND
+    if (role == CONTROL_ROLE) != control:
+        v.reasons.append(
+            f"the statement for backend {name} says its role is {role!r}; only the control "
+            f"leg `{CONTROL_BACKEND}` is the control"
+        )
+    signed = _subject_pairs(stmt["subject"])
+    ran = _subject_pairs(sandbox_subjects(record))
+    if signed != ran:
+        extra = [f"{n} ({d[:16]}...)" for n, d in signed if (n, d) not in ran]
+        v.reasons.append(
+            f"the statement for backend {name} names subject(s) "
+            f"{', '.join(extra) or 'fewer than it ran'} that are not the executables the "
+            "signed evidence says it ran: a subject digest that does not match what ran, "
+            "or a statement for another binary"
+        )
+    gate = backend_gate(evidence, policy, name)
+    predicate = stmt["predicate"]
+    if predicate.get("result") != gate.result:
+        v.reasons.append(
+            f"the signed result for backend {name} is {predicate.get('result')!r} but the "
+            f"evidence gives {gate.result!r} under {policy.path}"
+        )
+    for key, mine in (
+        ("passedTests", gate.passed),
+        ("warnedTests", gate.warned),
+        ("failedTests", gate.failed),
+    ):
+        if sorted(predicate.get(key) or []) != sorted(mine):
+            v.reasons.append(f"the signed {key} of backend {name} differ from the evidence")
+    return SandboxResult(
+        backend=name,
+        control=control,
+        subjects=signed,
+        result=str(predicate.get("result", "")),
+        passed=tuple(str(t) for t in predicate.get("passedTests") or []),
+        finished_at=str(_annotations(stmt, "run").get("finishedAt", "")),
+    )
+
+
+def _check_sandboxes(
+    stmts: Sequence[dict[str, Any]],
+    evidence_stmts: Sequence[dict[str, Any]],
+    evidence: dict[str, Any],
+    policy: Policy,
+    v: Verification,
+) -> None:
+    """Steps 3-5 for the sandbox statements (issue 30): one per backend the evidence records.
+
+    Each statement's subjects must be exactly what the signed evidence says its backend ran
+    (a digest that is not the executable that ran, or a statement for another binary, is
+    refused), its role must be the control's only for the control leg, and its result and
+    test lists must be the ones `backend_gate` re-derives under `policy`.
+    """
+    _check_run_result(stmts, evidence_stmts, policy, v)
+    records = {str(r.get("name", "")): r for r in backend_records(evidence)}
+    seen: set[str] = set()
+    for stmt in stmts:
+        name, _ = _signed_backend(stmt)
+        record = records.get(name)
+        if record is None:
+            v.reasons.append(
+                f"a test-result statement is about backend {name!r}, which the signed evidence "
+                "does not record: it is a statement for another run's sandbox"
+            )
+        elif name in seen:
+            v.reasons.append(f"backend {name} has two test-result statements; exactly one expected")
+        else:
+            seen.add(name)
+            v.sandboxes.append(_check_one_sandbox(stmt, record, evidence, policy, v))
+    v.reasons.extend(
+        f"backend {name} has no test-result statement: the attestation leaves it out"
+        for name in sorted(set(records) - seen)
+    )
 
 
 def _check_evidence_statement(
@@ -517,6 +717,45 @@ def _record_pins(stmt: dict[str, Any], checks: Checks, v: Verification, what: st
     _check_commit(v.harness, checks, v, what)
 
 
+def _sandbox_statements(
+    statements: dict[str, list[dict[str, Any]]], v: Verification
+) -> list[dict[str, Any]]:
+    """Step 2 for one run: the sandbox statements (issue 30), or a note for an older report."""
+    results = statements.get(TEST_RESULT_PREDICATE, [])
+    sandbox_stmts = [s for s in results if _is_sandbox_statement(s)]
+    if results and not sandbox_stmts:
+        v.notes.append(PRE_ISSUE_30_NOTE)
+    many = (TEST_RESULT_PREDICATE,) if sandbox_stmts else ()
+    _check_counts(statements, (TEST_RESULT_PREDICATE, EVIDENCE_PREDICATE), v, many=many)
+    if sandbox_stmts and len(sandbox_stmts) != len(results):
+        v.reasons.append(
+            "the report mixes test-result statements about sandboxes with one about its "
+            "report files; it was not signed by one sandbox-attest run"
+        )
+    return sandbox_stmts
+
+
+def _check_judged(
+    statements: dict[str, list[dict[str, Any]]],
+    sandbox_stmts: list[dict[str, Any]],
+    evidence: dict[str, Any],
+    policy: Policy,
+    v: Verification,
+) -> None:
+    """Steps 4-5 over the verified evidence: gate, sandbox statements, claims, cells."""
+    results = statements.get(TEST_RESULT_PREDICATE, [])
+    _check_gate(results[0] if results and not sandbox_stmts else None, evidence, policy, v)
+    evidence_stmts = statements.get(EVIDENCE_PREDICATE, [])[:1]
+    if sandbox_stmts:
+        _check_sandboxes(sandbox_stmts, evidence_stmts, evidence, policy, v)
+    # The claims are read from the evidence whose bytes the signature covers: a leg is
+    # held to what its backend's signed identity says it promised.
+    v.claims = leg_claims(evidence)
+    v.reasons.extend(claim_problems(policy, v.claims, v.legs))
+    for stmt in evidence_stmts:
+        _check_evidence_statement(stmt, evidence, v)
+
+
 def _verify_single(
     statements: dict[str, list[dict[str, Any]]],
     policy: Policy,
@@ -527,12 +766,12 @@ def _verify_single(
     allow_shared_trust_domain: bool = False,
 ) -> None:
     """Steps 2-8 for one run's report: every subject beside the envelopes."""
-    _check_counts(statements, (TEST_RESULT_PREDICATE, EVIDENCE_PREDICATE), v)
+    results = statements.get(TEST_RESULT_PREDICATE, [])
+    sandbox_stmts = _sandbox_statements(statements, v)
     digests = _read_subjects(v.report_dir, v)
     for group in statements.values():
         for stmt in group:
             _check_subjects(stmt, digests, v)
-    results = statements.get(TEST_RESULT_PREDICATE, [])
     if results:
         _record_pins(results[0], checks, v, "the report")
     evidence_bytes = v.files.get(EVIDENCE_NAME)
@@ -542,13 +781,7 @@ def _verify_single(
         except ReportError as exc:
             v.reasons.append(str(exc))
     if v.evidence is not None:
-        _check_gate(results[0] if results else None, v.evidence, policy, v)
-        # The claims are read from the evidence whose bytes the signature covers: a leg is
-        # held to what its backend's signed identity says it promised.
-        v.claims = leg_claims(v.evidence)
-        v.reasons.extend(claim_problems(policy, v.claims, v.legs))
-        for stmt in statements.get(EVIDENCE_PREDICATE, [])[:1]:
-            _check_evidence_statement(stmt, v.evidence, v)
+        _check_judged(statements, sandbox_stmts, v.evidence, policy, v)
     if results:
         _check_trust_domains(v, allow_shared_trust_domain)
         if require_all_legs:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.allure_results import render_allure
 from sandbox_attest.attest import ATTESTATION_NAME, policy_from_evidence, sign_report
+from sandbox_attest.attest.statement import EVIDENCE_PREDICATE
 from sandbox_attest.attest.subjects import ALLURE_DIR
 from sandbox_attest.junit import render_junit
 from sandbox_attest.outcomes import run_outcomes
@@ -293,11 +294,32 @@ def build_report(
     return report_dir
 
 
+def read_statements(report_dir: Path) -> list[dict[str, Any]]:
+    """Every statement of a report's attestation, in line order (payloads not verified)."""
+    lines = (report_dir / ATTESTATION_NAME).read_text().splitlines()
+    return [json.loads(base64.b64decode(json.loads(line)["payload"])) for line in lines]
+
+
+def evidence_statement(report_dir: Path) -> dict[str, Any]:
+    """The report's evidence statement (its subjects are the report files)."""
+    return next(s for s in read_statements(report_dir) if s["predicateType"] == EVIDENCE_PREDICATE)
+
+
+def sandbox_statement(report_dir: Path, backend: str) -> dict[str, Any]:
+    """The report's test-result statement about `backend`'s sandbox."""
+    for stmt in read_statements(report_dir):
+        entry = next(
+            (c for c in stmt["predicate"].get("configuration") or [] if c["name"] == "sandbox"),
+            None,
+        )
+        if entry is not None and entry["annotations"]["backend"] == backend:
+            return stmt
+    raise AssertionError(f"no test-result statement about {backend} in {report_dir}")
+
+
 def signed_subjects(report_dir: Path) -> list[str]:
-    """The subject names of the first statement in a report's attestation."""
-    line = (report_dir / ATTESTATION_NAME).read_text().splitlines()[0]
-    stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
-    return [str(s["name"]) for s in stmt["subject"]]
+    """The report files the attestation covers: the evidence statement's subject names."""
+    return [str(s["name"]) for s in evidence_statement(report_dir)["subject"]]
 
 
 def sign(report_dir: Path, key: SigningKey, *, policy: Policy | None = None) -> Path:

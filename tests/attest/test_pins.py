@@ -84,7 +84,7 @@ class TestTrustFromKeys:
                 stmt["predicate"]["signer"]["trust"] = "provided"
 
         resign(report, key, forge)
-        assert statements(report)[1]["predicate"]["signer"]["trust"] == "provided"
+        assert statements(report)[-1]["predicate"]["signer"]["trust"] == "provided"
         trusted = TrustedKey(key.public_key, key.keyid, "local.pub")
         checks = Checks(untrusted_keyids=read_untrusted_keyids(untrusted_registry_path(env)))
         found = reasons(report, trusted, policy, checks=checks)

@@ -160,9 +160,16 @@ class TestSignsWhatWasJudged:
             assert (out / name).read_bytes() == files[name], name
             assert (forged / name).read_bytes() == all_pass.get(name, b"forged"), name
         assert stat.S_ISFIFO(fifo.lstat().st_mode)
-        result, _ = statements(out)
-        assert result["predicate"]["result"] == "FAILED"
-        assert [s["name"] for s in result["subject"]] == list(ALL_SUBJECTS)
+        *results, evidence = statements(out)
+        assert {r["predicate"]["result"] for r in results} == {"FAILED"}
+        assert [s["name"] for s in evidence["subject"]] == list(ALL_SUBJECTS)
+        for result in results:
+            reports = [
+                c["name"]
+                for c in result["predicate"]["configuration"]
+                if c.get("annotations", {}).get("role") == "report file"
+            ]
+            assert reports == list(ALL_SUBJECTS)
 
     def test_verify_accepts_only_the_bytes_the_signer_wrote(
         self, tmp_path: Path, policy_file: Path, policy: Policy, signer: Signer
@@ -228,9 +235,12 @@ class TestSignsWhatWasJudged:
         signer.sign_report(
             out, files, policy_bytes=original, policy_path=policy.path, gate="PASSED"
         )
-        result, _ = statements(out)
-        signed = next(c for c in result["predicate"]["configuration"] if c["name"] == "policy")
-        assert signed["digest"]["sha256"] == policy.sha256
+        *results, _ = statements(out)
+        assert results
+        for result in results:
+            config = result["predicate"]["configuration"]
+            signed = next(c for c in config if c["name"] == "policy")
+            assert signed["digest"]["sha256"] == policy.sha256
 
 
 class TestKey:

@@ -16,7 +16,6 @@ from sandbox_attest.attest.sigstore import (
     SigstoreDecision,
     decide,
     sign_keyless,
-    sigstore_importable,
 )
 
 if TYPE_CHECKING:
@@ -58,12 +57,23 @@ class TestDecide:
 
 
 def test_sign_report_records_ed25519_only(signed_report: Path) -> None:
-    """Here (no token, no sigstore package) signing.json says Ed25519 only, and no bundle exists."""
-    assert not sigstore_importable()
+    """Without a token: Ed25519 only, no keyless bundle; the key bundles name the key."""
     signing = json.loads((signed_report / "signing.json").read_text())
     assert signing["sigstore"]["status"] == ED25519_ONLY
-    assert not (signed_report / "attestation.sigstore.jsonl").exists()
     assert signing["trust"] == "provided"
+    assert not (signed_report / "attestation.sigstore.jsonl").exists()
+    envelopes = (signed_report / "attestation.intoto.jsonl").read_text().splitlines()
+    bundles = [
+        json.loads(line)
+        for line in (signed_report / "attestation.bundle.jsonl").read_text().splitlines()
+    ]
+    assert len(bundles) == len(envelopes)
+    for bundle, line in zip(bundles, envelopes, strict=True):
+        envelope = json.loads(line)
+        assert bundle["verificationMaterial"]["publicKey"] == {"hint": signing["keyid"]}
+        assert "certificate" not in bundle["verificationMaterial"]
+        assert bundle["dsseEnvelope"]["payload"] == envelope["payload"]
+        assert bundle["dsseEnvelope"]["signatures"][0]["sig"] == envelope["signatures"][0]["sig"]
 
 
 def _sign_keyless_in(directory: Path) -> SigstoreDecision:

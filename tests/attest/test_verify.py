@@ -21,6 +21,7 @@ from sandbox_attest.attest.keys import (
     untrusted_registry_path,
 )
 from sandbox_attest.attest.statement import STATEMENT_TYPE, statement_bytes
+from sandbox_attest.attest.subjects import FILE_SUBJECTS
 from sandbox_attest.attest.verify import Checks, verify_report
 from tests.attest.builder import build_report, make_cells, sign, write_policy
 
@@ -97,30 +98,36 @@ class TestRoundTrip:
 
     def test_sidecar_repeats_the_signed_signer(self, signed_report: Path) -> None:
         """signing.json names the signer (keyid, trust, source) the evidence predicate signs."""
-        second = (signed_report / ATT).read_text().splitlines()[1]
+        second = (signed_report / ATT).read_text().splitlines()[-1]
         signed = json.loads(base64.b64decode(json.loads(second)["payload"]))["predicate"]["signer"]
         sidecar = json.loads((signed_report / "signing.json").read_text())
         assert {k: sidecar[k] for k in signed} == signed
         assert set(signed) == {"keyid", "trust", "source"}
 
     def test_statements_carry_the_documented_fields(self, signed_report: Path) -> None:
-        """The two statements are test-result and evidence, each covering all six subjects."""
-        types = []
-        for line in (signed_report / ATT).read_text().splitlines():
-            stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
-            types.append(stmt["predicateType"])
-            assert [s["name"] for s in stmt["subject"]] == [
-                "evidence.json",
-                "junit.xml",
-                "report.html",
-                "summary.md",
-                "results.sarif",
-                "allure-results/",
-            ]
-        assert types == [
+        """One test-result statement per backend (about its sandbox), then the evidence one."""
+        stmts = [
+            json.loads(base64.b64decode(json.loads(line)["payload"]))
+            for line in (signed_report / ATT).read_text().splitlines()
+        ]
+        assert [s["predicateType"] for s in stmts] == [
+            "https://in-toto.io/attestation/test-result/v0.1",
             "https://in-toto.io/attestation/test-result/v0.1",
             "https://sandbox-attest.dev/attestation/evidence/v1",
         ]
+        report_files = [*FILE_SUBJECTS, "allure-results/"]
+        assert [s["name"] for s in stmts[-1]["subject"]] == report_files
+        for stmt in stmts[:-1]:
+            config = stmt["predicate"]["configuration"]
+            sandbox = next(c for c in config if c["name"] == "sandbox")["annotations"]
+            backend = sandbox["backend"]
+            assert sandbox["role"] == ("control leg" if backend == "none" else "sandbox under test")
+            # The subject is the executable the backend ran (the builder's /usr/bin/<name>).
+            assert [s["name"] for s in stmt["subject"]] == [f"/usr/bin/{backend}"]
+            reports = [
+                c["name"] for c in config if c.get("annotations", {}).get("role") == "report file"
+            ]
+            assert reports == report_files
 
 
 class TestTamper:
@@ -176,7 +183,8 @@ class TestTamper:
 
         found = reasons(signed_report, TrustedKey(other, keyid_of(other), "x"), policy)
         one_reason_matching(found, "not by the trusted key")
-        assert sum("signature check failed" in r for r in found) == 2
+        # Two sandbox statements (none, bubblewrap) and the evidence statement.
+        assert sum("signature check failed" in r for r in found) == 3
 
 
 class TestPolicy:

@@ -446,7 +446,14 @@ class TestDamageEndsInAFailedGate:
             payload = dsse.verify(envelope, trusted.public_key, trusted.keyid)
             statements.append(parse_statement(payload, ATTESTATION_NAME))
         for stmt in statements:
-            subjects = {s["name"]: s["digest"]["sha256"] for s in stmt["subject"]}
+            # A test-result statement is about the sandbox: it pins the report files in its
+            # configuration; the evidence statement names them as its subjects.
+            pinned = (
+                stmt["predicate"]["configuration"]
+                if stmt["predicateType"] == TEST_RESULT_PREDICATE
+                else stmt["subject"]
+            )
+            subjects = {s["name"]: s.get("digest", {}).get("sha256") for s in pinned}
             assert subjects[EVIDENCE_NAME] == evidence_sha
         results = [
             s["predicate"]["result"]
@@ -454,7 +461,8 @@ class TestDamageEndsInAFailedGate:
             if s["predicateType"] == TEST_RESULT_PREDICATE
         ]
         console = [ln for ln in run.stdout.splitlines() if ln.startswith("gate: ")][-1]
-        assert results == ["FAILED"]
+        # One statement per backend (the control and the wrapper), each FAILED here.
+        assert results == ["FAILED", "FAILED"]
         assert console == f"gate: {results[0]}"
         assert json.loads(report_bytes(run.out / "signing.json"))["gate"] == "FAILED"
 

@@ -200,10 +200,16 @@ class TestSigning:
         lines = run.finish(complete=True)
         assert f"attestation: {run.report_dir / ATTESTATION_NAME}" in lines, lines
         assert run.artifact_errors == []
-        (stmt, _) = statements(run.report_dir)
-        policy = next(c for c in stmt["predicate"]["configuration"] if c["name"] == "policy")
-        assert policy["digest"]["sha256"] == run.policy.sha256
-        assert [s["name"] for s in stmt["subject"]] == list(ALL_SUBJECTS)
+        # One test-result statement per backend (none, firejail), then the evidence one.
+        *results, evidence = statements(run.report_dir)
+        assert len(results) == 2
+        for stmt in results:
+            config = stmt["predicate"]["configuration"]
+            policy = next(c for c in config if c["name"] == "policy")
+            assert policy["digest"]["sha256"] == run.policy.sha256
+            reports = [c for c in config if c.get("annotations", {}).get("role") == "report file"]
+            assert [c["name"] for c in reports] == list(ALL_SUBJECTS)
+        assert [s["name"] for s in evidence["subject"]] == list(ALL_SUBJECTS)
         assert stat.S_IMODE(run.report_dir.stat().st_mode) == 0o700
 
     def test_key_variable_leaves_the_environment_when_the_signer_starts(
