@@ -704,7 +704,10 @@ class Rendezvous:
         while not self._stop.wait(LATER_POLL_S):
             members = self.group.pids()
             for pid in members:
-                if pid in self._read and self._read[pid] == cellgroup.start_ticks(pid):
+                # Read once: a pid reused within one cell's group in seconds is not a thing a
+                # process can arrange (it would have to cycle the whole pid space), and
+                # checking each member's start time every poll is what a poll would cost.
+                if pid in self._read:
                     continue
                 role = self._classify(pid, cellgroup.ancestors_within(self._launchers, members))
                 reading = self._read_one(pid, role, later=True)
