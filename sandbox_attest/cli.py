@@ -226,7 +226,9 @@ def _print_run_json(
     import json  # noqa: PLC0415
 
     names = ("evidence.json", "attestation.intoto.jsonl", "junit.xml", "report.html")
-    paths = {name: str(out / name) for name in (*names, "summary.md", "allure-results")}
+    paths = {
+        name: str(out / name) for name in (*names, "summary.md", "results.sarif", "allure-results")
+    }
     print(
         json.dumps(
             {
