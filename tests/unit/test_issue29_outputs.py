@@ -384,3 +384,20 @@ class TestDemonstrationInTheSummary:
         header = next(line for line in text.splitlines() if line.startswith("| probe |"))
         assert "bwrap-generic (demonstration)" in header
         assert "is a demonstration: a spec with a known hole" in text
+
+
+class TestRunJsonGateWord:
+    def test_fail_on_warned_keeps_the_word_warned(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A WARNED run with --json and --fail-on warned: exit_code 1, gate still WARNED."""
+        from sandbox_attest.cli import _GateWatch, _print_run_json  # noqa: PLC0415
+
+        gate = _GateWatch()
+        gate.failures, gate.warnings, gate.signed = [], ["x is FAIL (not required)"], "WARNED"
+        _print_run_json("rid", tmp_path, gate, 1, "warned")
+        out = json.loads(capsys.readouterr().out)
+        assert (out["gate"], out["exit_code"], out["fail_on"]) == ("WARNED", 1, "warned")
+        gate.failures = ["required cell bubblewrap-x is FAIL"]
+        _print_run_json("rid", tmp_path, gate, 1)
+        assert json.loads(capsys.readouterr().out)["gate"] == "FAILED"
