@@ -7,11 +7,13 @@ Real spec files written to a temporary directory and loaded for real.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from sandbox_attest.backends.command import CommandBackend
 from sandbox_attest.backends.spec import claim_sources, load_spec, payload_ids, sample_context
 from sandbox_attest.claims import claims_of
 from sandbox_attest.claimview import claim_rows
@@ -22,7 +24,7 @@ SPEC = """
 name = "vendor-unit"
 
 [detect]
-executables = ["env"]
+executables = ["sh"]
 
 [run]
 egress = "harness-tcp"
@@ -82,6 +84,22 @@ class TestPayloadIds:
         )
         argv = sample_context().with_spec_lists(spec).render_argv(spec)
         assert argv[1] == "--user=<payload_uid>:<payload_gid>"
+
+    @pytest.mark.parametrize(("suffix", "starts"), [("", True), ("0", False)], ids=["ids", "wrong"])
+    def test_the_wrapper_sees_the_ids_it_runs_the_payload_as(
+        self, tmp_path: Path, suffix: str, starts: bool
+    ) -> None:
+        """A wrapper's test command starts only if {payload_uid}:{payload_gid} are its own ids.
+
+        The "wrong" case (a digit appended) is the negative control: the check can fail.
+        """
+        check = f'[ "$(id -u):$(id -g)" = "{{payload_uid}}{suffix}:{{payload_gid}}" ] && exec "$@"'
+        # JSON strings are TOML basic strings: the shell's quotes need no hand-escaping.
+        path = write(
+            tmp_path, ", ".join(json.dumps(a) for a in ["sh", "-c", check, "sh", "{payload}"])
+        )
+        avail = CommandBackend(load_spec(path)).availability()
+        assert avail.ok is starts, avail.reason
 
     def test_ids_without_separation_are_the_harness_own(self) -> None:
         """Where there is no payload user, the placeholders name the ids the payload runs as."""
