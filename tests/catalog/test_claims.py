@@ -56,8 +56,8 @@ class TestReadSecrets:
         assert decision.verdict is Verdict.FAIL
         path = spec.secret_paths(ctx)["ssh"]
         assert decision.reason.startswith(
-            "escape observed by the host: claims reads limited to the workspace; the payload "
-            f"read the host's canary bytes: ssh ({path})"
+            "escape observed by the host: claims reads limited to the workspace (implied by "
+            f'filesystem = "workspace"); the payload read the host\'s canary bytes: ssh ({path})'
         )
 
     def test_deny_list_judges_only_what_it_names(self, make_ctx: Any) -> None:
@@ -165,7 +165,8 @@ class TestLinkEscape:
         assessment = spec.assess(ctx, self._ops(ctx), Records(), OK_CONTROL)
         assert assessment.escape == "escaped"
         assert assessment.reasons[0].startswith(
-            "claims writes limited to the workspace; host sees the canary reached: sibling"
+            'claims writes limited to the workspace (implied by filesystem = "workspace"); '
+            "host sees the canary reached: sibling"
         )
 
     def test_open_reads_and_writes_are_not_applicable(self) -> None:
@@ -308,8 +309,8 @@ class TestProcClaims:
         decision = decide(spec.expectation(ctx.policy), spec.assess(ctx, rep, Records(), control))
         assert decision.verdict is Verdict.FAIL
         assert decision.reason.startswith(
-            "escape observed by the host: claims a filtered syscall surface; the payload "
-            "reached keyctl"
+            "escape observed by the host: claims a filtered syscall surface (implied by "
+            'ipc = "isolated"); the payload reached keyctl'
         )
 
     def _privileges(self, make_ctx: Any, uids: str) -> Decision:
