@@ -159,7 +159,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _run_verify(args: argparse.Namespace) -> int:
+def _run_verify(args: argparse.Namespace) -> int:  # noqa: PLR0911  (one per outcome)
     if not args.report_dir.is_dir():
         # An input error, not a refusal: nothing was verified, the path is wrong.
         print(
@@ -184,6 +184,11 @@ def _run_verify(args: argparse.Namespace) -> int:
         checks=checks,
         allow_shared_trust_domain=args.allow_shared_trust_domain,
     )
+    if args.subject is not None or args.subject_digest is not None:
+        # Issue 30: the pipeline's question about one sandbox build (attest/subject_query.py).
+        from sandbox_attest.attest.subject_query import run_subject  # noqa: PLC0415
+
+        return run_subject(args, result, trusted.keyid)
     gate = result.gate.result if result.gate else "unknown"
     # --fail-on warned (issue 29): a report that verifies but whose gate is WARNED is refused.
     strict = args.fail_on == "warned" and result.ok and gate == "WARNED"
@@ -310,6 +315,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="failed",
         help="refuse (exit 1) a report whose signed gate is FAILED (default: failed), or "
         "FAILED or WARNED (warned)",
+    )
+    subject = verify.add_mutually_exclusive_group()
+    subject.add_argument(
+        "--subject",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="answer for this sandbox executable (bwrap, srt's cli.js, runsc...): find the "
+        "signed statements whose subject is its sha256 and say whether it PASSED",
+    )
+    subject.add_argument(
+        "--subject-digest",
+        default=None,
+        metavar="sha256:HEX",
+        help="as --subject, for a digest (a container image id, a binary not on this machine)",
     )
     _add_pins(verify)
     verify.set_defaults(func=_run_verify)
