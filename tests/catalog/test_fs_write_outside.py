@@ -181,7 +181,8 @@ class TestWritesClaim:
         assessment = write_into_var_tmp(ctx)
         assert assessment.escape == "escaped"
         assert assessment.reasons[0].startswith(
-            "claims writes limited to the workspace; host sees canary changes: var_tmp"
+            'claims writes limited to the workspace (implied by filesystem = "workspace"); '
+            "host sees canary changes: var_tmp"
         )
         assert assessment.witness["allowed_by_claim"] == {}
 
