@@ -76,11 +76,22 @@ def focused_inputs(
         for row in data.get("backend", [])
         if isinstance(row, dict) and row.get("name") in (control, *backends)
     ]
+    legs = {str(row.get("name")) for row in data["backend"]}
     data["exclude"] = [
         row
         for row in data.get("exclude", [])
-        if isinstance(row, dict) and row.get("probe") in wanted
+        if isinstance(row, dict) and row.get("probe") in wanted and row.get("backend") in legs
     ]
+    # A cell the matrix itself makes NOT_APPLICABLE (another platform, an [[exclude]]) is
+    # never required: it would fail the derived gate for a reason the vendor did not cause.
+    for row in data["probe"]:
+        platforms = row.get("platforms", ["linux", "darwin", "windows"])
+        if platform not in platforms:
+            raise ConfigError(
+                f"--probe {row.get('id')}: it does not run on {platform} "
+                f"({row.get('reason') or 'the matrix limits it to ' + ', '.join(platforms)})"
+            )
+    not_applicable = {(str(r.get("backend")), str(r.get("probe"))) for r in data["exclude"]}
     excludes = [
         ex
         for ex in _read(policy).get("exclude", [])
@@ -90,7 +101,11 @@ def focused_inputs(
     ]
     requires: list[dict[str, Any]] = []
     for backend in dict.fromkeys([control, *backends]):
-        required = [p for p in wanted if not _excluded(excludes, platform, backend, p)]
+        required = [
+            p
+            for p in wanted
+            if not _excluded(excludes, platform, backend, p) and (backend, p) not in not_applicable
+        ]
         if required:
             requires.append({"platform": platform, "backend": backend, "probes": required})
     if not requires:

@@ -45,6 +45,46 @@ class TestFocusedInputs:
         ]
         assert [(e.backend, e.probe) for e in policy.excludes] == [("none", "lifecycle_orphans")]
 
+    def test_a_probe_of_another_platform_is_refused(self, tmp_path: Path) -> None:
+        """A probe the matrix limits to other platforms is refused with the matrix's reason."""
+        with pytest.raises(ConfigError, match="does not run on windows"):
+            focused_inputs(
+                default_matrix(),
+                default_policy(),
+                ["proc_visibility"],
+                ["appcontainer"],
+                "windows",
+                tmp_path,
+            )
+
+    def test_a_matrix_exclusion_is_not_required(self, tmp_path: Path) -> None:
+        """A cell the matrix excludes stays in the matrix with its reason and is not required."""
+        matrix = tmp_path / "matrix.toml"
+        matrix.write_text(
+            default_matrix().read_text(encoding="utf-8")
+            + '\n[[exclude]]\nbackend = "bubblewrap"\nprobe = "dev_access"\n'
+            'reason = "a written reason for the test"\n'
+            '\n[[exclude]]\nbackend = "docker"\nprobe = "dev_access"\n'
+            'reason = "a row the focused matrix drops"\n',
+            encoding="utf-8",
+        )
+        out = tmp_path / "out"
+        out.mkdir()
+        matrix_path, policy_path = focused_inputs(
+            matrix,
+            default_policy(),
+            ["dev_access", "net_denied_host"],
+            ["bubblewrap"],
+            "linux",
+            out,
+        )
+        assert load_matrix(matrix_path).exclusions == {
+            ("bubblewrap", "dev_access"): "a written reason for the test"
+        }
+        legs = {r.backend: r.probes for r in load_policy(policy_path).requirements}
+        assert legs["bubblewrap"] == ("net_denied_host",)
+        assert legs["none"] == ("dev_access", "net_denied_host")
+
     def test_unknown_probe_names_the_known_ones(self, tmp_path: Path) -> None:
         """A probe the matrix lacks is refused with the matrix's probes and the explain hint."""
         with pytest.raises(ConfigError, match="not a probe of") as info:
