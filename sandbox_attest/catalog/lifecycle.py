@@ -6,11 +6,11 @@ exit, and finds survivors by their nonce-tagged marker in /proc. A tick still gr
 process still there, is an escape whatever the payload says.
 
 The host's reading must not be the harness's own cleanup. A command wrapper's run is swept
-for processes carrying its run tag (sandbox_attest/backends/command.py), and a sweep that kills the
-children would leave nothing for the host to see: the sandbox would be credited with what
-the harness did. So the children start with a clean environment (no run tag; hostile code
-would do the same with `env -i`) and are found here by their argv marker only, and every
-process a backend's sweep still had to kill, as it records in the cell dir
+for everything left in the cell's group once the wrapper exits (sandbox_attest/cellgroup.py,
+sandbox_attest/backends/command.py), whatever session or environment a child took, and a
+sweep that kills the children leaves nothing for the watch to see: the sandbox would be
+credited with what the harness did. So the children are found here by their argv marker, and
+every process a backend's sweep had to kill, as it records in the cell dir
 (`sandbox_attest.sweep.record_leftovers`), is an escape of this probe, named by pid and command.
 """
 
