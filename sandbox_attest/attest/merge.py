@@ -43,6 +43,7 @@ from sandbox_attest.attest.statement import (
     test_result_predicate,
 )
 from sandbox_attest.attest.subjects import HTML, SUMMARY
+from sandbox_attest.attest.summary import summary_statement
 from sandbox_attest.attest.verify import LEG_FILES, LEGS_DIR, Checks, verify_legs
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.evidence import utc_now
@@ -284,15 +285,29 @@ def merge_legs(
     payload = statement_bytes(
         statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(combined.gate, config))
     )
+    # The release decision as a verification summary over the sandboxes (issue 30).
+    summary = statement_bytes(
+        summary_statement(
+            combined,
+            policy,
+            legs_dir=LEGS_DIR,
+            attestation=ATTESTATION_NAME,
+            version=str(first.get("version", "unknown")),
+            time_verified=utc_now(),
+        )
+    )
+    payloads = [payload, summary]
 
     def write(tmp: Path) -> None:
         for path, data in copies.items():
             (tmp / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp / path).write_bytes(data)
-        write_envelopes(tmp / ATTESTATION_NAME, [payload], key)
+        write_envelopes(tmp / ATTESTATION_NAME, payloads, key)
         dir_fd = reportfs.open_report_dir(tmp)
         try:
-            decision = sign_keyless([payload], dir_fd, env)
+            envelopes = reportfs.read_regular(dir_fd, ATTESTATION_NAME)
+            reportfs.write_new(dir_fd, sigstore.KEY_BUNDLES_NAME, sigstore.key_bundles(envelopes))
+            decision = sign_keyless(payloads, dir_fd, env)
         finally:
             os.close(dir_fd)
         write_signing_sidecar(tmp, key, decision, gate)

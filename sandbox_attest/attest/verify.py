@@ -64,6 +64,7 @@ from sandbox_attest.attest.statement import (
     REPORT_ROLE,
     SANDBOX_ENTRY,
     TEST_RESULT_PREDICATE,
+    VSA_PREDICATE,
     backend_records,
     default_platform,
     parse_evidence,
@@ -80,6 +81,7 @@ from sandbox_attest.attest.subjects import (
     read_tree,
     tree_digest_of,
 )
+from sandbox_attest.attest.summary import check_summary
 from sandbox_attest.errors import ConfigError, ReportError, SignatureError
 
 if TYPE_CHECKING:
@@ -1028,7 +1030,13 @@ def _verify_merged(
     allow_shared_trust_domain: bool = False,
 ) -> None:
     """Verify a merged release directory: copies, each leg, and the re-derived combined gate."""
-    _check_counts(statements, (TEST_RESULT_PREDICATE,), v)
+    summaries = statements.get(VSA_PREDICATE, [])
+    if not summaries:
+        v.notes.append(
+            "this release was merged before issue 30: it carries no verification summary"
+        )
+    wanted = (TEST_RESULT_PREDICATE, VSA_PREDICATE) if summaries else (TEST_RESULT_PREDICATE,)
+    _check_counts(statements, wanted, v)
     _merged_signer(stmt, v)
     labels, digests = _signed_legs(stmt, v)
     _check_release_pages(stmt, v)
@@ -1064,6 +1072,12 @@ def _verify_merged(
     v.gate = combined.gate
     if combined.gate is not None:
         _compare_signed(stmt, combined.gate, policy, v)
+    for summary in summaries[:1]:
+        v.reasons.extend(
+            check_summary(
+                summary, combined, policy, legs_dir=LEGS_DIR, attestation=ATTESTATION_NAME
+            )
+        )
     signed_legs = {
         str(c["name"]): _digest(c) for c in _config(stmt) if str(c["name"]).startswith("leg:")
     }

@@ -95,7 +95,8 @@ class TestMerge:
         assert result.reasons == []
         assert result.result == "PASSED"
         assert result.attestation is not None
-        (line,) = result.attestation.read_text().splitlines()
+        # The test-result statement, then the release's verification summary (issue 30).
+        line, _ = result.attestation.read_text().splitlines()
         stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
         assert stmt["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
         # Two legs x every subject (six plus the leg's attestation), and the release's pages.
@@ -223,7 +224,7 @@ class TestControlCarriedByLegs:
         assert result.reasons == []
         assert set(result.legs) == {("linux", "bubblewrap"), ("linux", "docker")}
         assert result.attestation is not None
-        line = result.attestation.read_text()
+        line = result.attestation.read_text().splitlines()[0]  # the test-result statement
         stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
         passed = stmt["predicate"]["passedTests"]
         assert "linux:none-net_denied_host@01-bubblewrap" in passed
@@ -255,8 +256,8 @@ class TestControlCarriedByLegs:
 
 
 def signed_statement(attestation: Path) -> dict[str, Any]:
-    """The one statement of a merged release's attestation."""
-    (line,) = attestation.read_text().splitlines()
+    """The test-result statement of a merged release (line 1; line 2 is its summary)."""
+    line, _ = attestation.read_text().splitlines()
     stmt: dict[str, Any] = json.loads(base64.b64decode(json.loads(line)["payload"]))
     return stmt
 

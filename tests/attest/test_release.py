@@ -245,7 +245,8 @@ class TestMergeSigner:
         monkeypatch.delenv("SIGSTORE_ID_TOKEN", raising=False)
         monkeypatch.delenv("ACTIONS_ID_TOKEN_REQUEST_URL", raising=False)
         assert run_cli(merge_argv(ci)) == 0
-        line = (ci["out"] / "attestation.intoto.jsonl").read_text()
+        # Line 1 is the merged test-result statement (line 2 the release summary).
+        line = (ci["out"] / "attestation.intoto.jsonl").read_text().splitlines()[0]
         stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
         (signer,) = [c for c in stmt["predicate"]["configuration"] if c["name"] == "signer"]
         assert signer["digest"] == {"sha256": signing_key.keyid}
