@@ -15,13 +15,16 @@ if TYPE_CHECKING:
     from sandbox_attest.backends.base import DeclaredPolicy
 
 
-def claim_rows(policy: DeclaredPolicy, spec_sources: dict[str, str] | None) -> list[dict[str, str]]:
+def claim_rows(
+    policy: DeclaredPolicy, spec_sources: dict[str, str] | None, declared_in: str = ""
+) -> list[dict[str, str]]:
     """Each claim the probes judge as {claim, value, source}.
 
     Args:
         policy: the backend's declared policy (its identity's).
         spec_sources: `claim_sources(spec)` for a command spec (file:line, implied, default);
             None for a backend built into the harness, whose claims its own module declares.
+        declared_in: that module's file, named as the source of a built-in's claims.
     """
     claims = claims_of(policy)
     sources = spec_sources or {}
@@ -32,7 +35,9 @@ def claim_rows(policy: DeclaredPolicy, spec_sources: dict[str, str] | None) -> l
     for name, value in values.items():
         cause = claims.implied_by(name)
         source = sources.get(name) or (
-            f"implied by {cause}" if cause else "declared by its module in sandbox_attest/backends/"
+            f"implied by {cause}"
+            if cause
+            else f"declared in {declared_in or 'its module under sandbox_attest/backends/'}"
         )
         rows.append({"claim": name, "value": _word(value), "source": source})
     return rows

@@ -517,7 +517,10 @@ def _claim_rows(backend: object, policy: Any) -> list[dict[str, str]]:
     from sandbox_attest.claimview import claim_rows  # noqa: PLC0415
 
     spec = getattr(backend, "spec", None)
-    return claim_rows(policy, claim_sources(spec) if isinstance(spec, CommandSpec) else None)
+    if isinstance(spec, CommandSpec):
+        return claim_rows(policy, claim_sources(spec))
+    # A built-in backend declares its claims in its own module (its POLICY).
+    return claim_rows(policy, None, type(backend).__module__.replace(".", "/") + ".py")
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

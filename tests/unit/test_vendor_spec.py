@@ -143,3 +143,12 @@ class TestClaimSources:
         spec = load_spec(path)
         assert claims_of(spec.policy).phrase("syscalls") == "claims a filtered syscall surface"
         assert claim_sources(spec)["syscalls"].startswith(f"{path}:")
+
+    def test_a_built_in_backend_names_its_module(self) -> None:
+        """A built-in backend's written claims name the module that declares them."""
+        from sandbox_attest.backends.bubblewrap import POLICY  # noqa: PLC0415
+
+        rows = claim_rows(POLICY, None, "sandbox_attest/backends/bubblewrap.py")
+        sources = {r["claim"]: r["source"] for r in rows}
+        assert sources["network"] == "declared in sandbox_attest/backends/bubblewrap.py"
+        assert set(sources) == set(claims_of(POLICY).as_dict()) | {"limits"}
