@@ -510,6 +510,21 @@ def _unread(pid: int) -> str:
     return ""
 
 
+def _fingerprint(reading: dict[str, Any]) -> tuple[str, ...]:
+    """What of a reading can make a process worse than it was: credentials, filters, sharing.
+
+    Empty where there is no status (the process is gone): that is no change to read again.
+    """
+    status = reading.get("status") or {}
+    if not status:
+        return ()
+    fields = ("Uid", "Gid", "CapEff", "CapPrm", "NoNewPrivs", "Seccomp", "Seccomp_filters")
+    return (
+        *(str(status.get(k, "")) for k in fields),
+        ",".join(reading.get("shared_with_harness") or []),
+    )
+
+
 def _comm(pid: int) -> str:
     return _read(Path(f"/proc/{pid}/comm")).strip()
 
@@ -554,7 +569,8 @@ class Rendezvous:
     _thread: threading.Thread | None = None
     _ready_at: float = 0.0
     _previous: cellgroup.CellGroup | None = None
-    _read: dict[int, int | None] = field(default_factory=dict)
+    # pid -> (its executable, the fingerprint of its last reading; None for a supervisor).
+    _seen: dict[int, tuple[str, tuple[str, ...] | None]] = field(default_factory=dict)
     _later: list[dict[str, Any]] = field(default_factory=list)
     _later_summaries: list[dict[str, Any]] = field(default_factory=list)
     _launchers: list[int] = field(default_factory=list)
@@ -633,7 +649,6 @@ class Rendezvous:
         that joins later (`read_brief`: it runs meanwhile, and may be one of many a probe
         forks; its credentials, filters, namespaces and environ are what can decide).
         """
-        self._read[pid] = cellgroup.start_ticks(pid)
         comm = _comm(pid)
         if role != "payload":
             reading = read_brief(pid)
@@ -658,6 +673,7 @@ class Rendezvous:
             role = self._classify(pid, above)
             reading = self._read_one(pid, role)
             reading["launcher"] = pid in self._launchers
+            self._remember(pid, _link(Path(f"/proc/{pid}/exe")), reading)
             readings.append(reading)
         summaries = [summarize(r, str(r["role"]), "rendezvous") for r in readings]
         judged = [r for r in readings if r["role"] == "payload"]
@@ -692,11 +708,15 @@ class Rendezvous:
             )
 
     def _watch_later(self) -> None:
-        """Until `finish`, read each member that joins after the rendezvous, once.
+        """Until `finish`, keep reading the cell's group: new members, and changed ones.
 
-        A wrapper may hand the rendezvous to a decoy and start the real payload after it;
-        that one is still a member of the cell, and is read (and judged) when it appears. A
-        member that lives less than one poll is missed: the rendezvous, not this, is where
+        A wrapper may hand the rendezvous to a decoy and start the real payload after it, or
+        turn a process that was read into another (exec keeps the pid: a shell read as the
+        wrapper's becomes the payload), or a judged process may gain what it lacked (a user
+        namespace of its own brings every capability in it). Each is read (and judged) when
+        the host sees it: a member that appears, a member whose executable changed, and a
+        judged member whose credentials, filters or namespaces changed (`_fingerprint`). A
+        change that lives less than one poll is missed: the rendezvous, not this, is where
         the payload waits to be read.
         """
         if self.group is None:
@@ -704,19 +724,33 @@ class Rendezvous:
         while not self._stop.wait(LATER_POLL_S):
             members = self.group.pids()
             for pid in members:
-                # Read once: a pid reused within one cell's group in seconds is not a thing a
-                # process can arrange (it would have to cycle the whole pid space), and
-                # checking each member's start time every poll is what a poll would cost.
-                if pid in self._read:
+                exe = _link(Path(f"/proc/{pid}/exe"))
+                if self._unchanged(pid, exe):
                     continue
-                role = self._classify(pid, cellgroup.ancestors_within(self._launchers, members))
-                reading = self._read_one(pid, role, later=True)
-                summary = summarize(reading, role, "later")
-                if str(reading.get("unread", "")).startswith("exited"):
-                    continue
-                self._later_summaries.append(summary)
-                if role == "payload":
-                    self._later.append(reading)
+                above = cellgroup.ancestors_within(self._launchers, members)
+                self._read_later(pid, exe, self._classify(pid, above))
+
+    def _unchanged(self, pid: int, exe: str) -> bool:
+        """Whether `pid` is the process the host last read, holding what it held then."""
+        known = self._seen.get(pid)
+        if known is None or known[0] != exe:
+            return False
+        return known[1] is None or _fingerprint(read_brief(pid)) in (known[1], ())
+
+    def _read_later(self, pid: int, exe: str, role: str) -> None:
+        """Read one member after the rendezvous and keep it (judged ones in `others` too)."""
+        reading = self._read_one(pid, role, later=True)
+        if str(reading.get("unread", "")).startswith("exited"):
+            return
+        self._remember(pid, exe, reading)
+        self._later_summaries.append(summarize(reading, role, "later"))
+        if role == "payload":
+            self._later.append(reading)
+
+    def _remember(self, pid: int, exe: str, reading: dict[str, Any]) -> None:
+        """Note what the host last read of `pid` (only judged members are re-read)."""
+        judged = reading.get("role") == "payload"
+        self._seen[pid] = (exe, _fingerprint(reading) if judged else None)
 
     def _read_by_command_line(self) -> None:
         """The fallback: find the payload by the launcher's command line (see the class doc)."""

@@ -6,6 +6,9 @@ Two hostile command wrappers (tests/data/decoy/), each attested by a real `sandb
   command line (NoNewPrivs, no capability) and runs the real payload another way, in a user
   namespace where it holds every capability. A host that reads only the process with the
   launcher's name corroborates a PASS of proc_privileges with the decoy's CapEff 0.
+- `decoy-later` lets the decoy take the rendezvous alone and starts the real payload, with
+  every capability, once the decoy is done: only a host that keeps reading the cell's group
+  after the rendezvous sees it.
 - `pidns-forger` leaves its payload in the host's pid namespace while claiming ipc
   "isolated", and prints a report of invisibility. The host read `shared_with_harness:
   ['pid']`, but proc_visibility judged the report and the anchor alone.
@@ -44,7 +47,7 @@ pytestmark = [
 
 REPO = Path(__file__).parent.parent.parent
 DECOY = Path(__file__).parent.parent / "data" / "decoy"
-SPECS = ("decoy_privileges.toml", "pidns_forger.toml")
+SPECS = ("decoy_privileges.toml", "decoy_later.toml", "pidns_forger.toml")
 PROBES = ("proc_privileges", "proc_visibility")
 RUN_TIMEOUT_S = 240
 
@@ -139,6 +142,26 @@ class TestDecoyTakesTheRendezvous:
         assert "effective capabilities" in cell["reason"]
 
 
+class TestPayloadAfterTheRendezvous:
+    """The decoy is alone at the rendezvous; the payload with every capability comes after."""
+
+    CELL = "decoy-later-proc_privileges"
+
+    def test_the_payload_was_read_when_it_joined(self, decoy_run: DecoyRun) -> None:
+        """Read after the rendezvous (`when` later), holding capabilities, and judged."""
+        view = decoy_run.cell(self.CELL)["host_view"]
+        later = [p for p in view["processes"] if p["when"] == "later" and p["role"] == "payload"]
+        assert any(int(p["cap_eff"], 16) for p in later if "cap_eff" in p), view["processes"]
+
+    def test_proc_privileges_fails_naming_it(self, decoy_run: DecoyRun) -> None:
+        """FAIL, the reason naming the late process's host pid and its capabilities."""
+        cell = decoy_run.cell(self.CELL)
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        late = [p for p in cell["host_view"]["processes"] if p["when"] == "later"]
+        holders = [p for p in late if "cap_eff" in p and int(p["cap_eff"], 16)]
+        assert any(f"host pid {p['pid']}" in cell["reason"] for p in holders), cell["reason"]
+
+
 class TestPayloadInTheHostsPidNamespace:
     """The forger's payload shares the host's pid namespace and reports it sees nothing."""
 
@@ -164,5 +187,9 @@ def test_the_gate_does_not_pass(decoy_run: DecoyRun) -> None:
     """The named wrappers' cells are required, so their FAILs fail the run: exit 1, FAILED."""
     assert decoy_run.gate() == "gate: FAILED", decoy_run.stdout[-3000:]
     assert decoy_run.returncode == 1
-    for cell in (TestDecoyTakesTheRendezvous.CELL, TestPayloadInTheHostsPidNamespace.CELL):
+    for cell in (
+        TestDecoyTakesTheRendezvous.CELL,
+        TestPayloadAfterTheRendezvous.CELL,
+        TestPayloadInTheHostsPidNamespace.CELL,
+    ):
         assert f"gate: required cell {cell} is FAIL" in decoy_run.stdout
