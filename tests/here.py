@@ -11,6 +11,7 @@ does on this machine instead of to what an earlier machine happened to offer.
 from __future__ import annotations
 
 import functools
+import json
 from typing import TYPE_CHECKING
 
 import pytest
@@ -57,3 +58,27 @@ def skip_unless_policy_judged_here(policy: Path, platform: str, backends: Iterab
                     f"{policy.name} requires {probe} on {platform}/{requirement.backend}, "
                     f"which this machine cannot judge: {reason}"
                 )
+
+
+def policy_judged_here(policy: Path, dest: Path) -> Path:
+    """`policy`, less the probes this host cannot judge, each excluded with the host's reason.
+
+    For a test of what a whole run does (its exit, its signed gate): where this machine cannot
+    judge a probe the policy requires, the run is held to the rest instead of skipped, so the
+    test still runs here. Returns `policy` itself where nothing needs leaving out.
+    """
+    unjudged = {p: r for p in PROBES if (r := not_judgeable_here(p)) is not None}
+    if not unjudged:
+        return policy
+    text = policy.read_text()
+    for probe in unjudged:
+        text = text.replace(f'  "{probe}",\n', "")
+    for probe, reason in unjudged.items():
+        text += (
+            f'\n[[exclude]]\nplatform = "*"\nbackend = "*"\nprobe = "{probe}"\n'
+            f"reason = {json.dumps('this host: ' + reason)}\n"
+        )
+    dest.write_text(text)
+    still = [p for r in load_policy(dest).requirements for p in r.probes if p in unjudged]
+    assert not still, f"{dest} still requires {still}: the shipped policy's layout changed"
+    return dest
