@@ -272,6 +272,8 @@ def _run_merge(args: argparse.Namespace) -> int:
     except HarnessError as exc:
         print(f"error: {exc.diagnostics()}", file=sys.stderr)
         return EXIT_USAGE
+    for note in result.notes:  # informational legs: shown, never a refusal
+        print(f"note: {note}")
     if result.ok:
         legs = ", ".join(f"{p}/{b}" for p, b in sorted(result.legs))
         print(

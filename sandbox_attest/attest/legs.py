@@ -8,6 +8,16 @@ The `--expect-legs` file lists the legs the release needs, as TOML:
     [[leg]]
     platform = "linux"
     backend = "bubblewrap"
+
+    [[leg]]
+    platform = "darwin"
+    backend = "seatbelt"
+    informational = true
+
+An informational leg is merged and shown but never decides the release: it may be missing or
+fail to verify (a leg that cannot separate trust domains signs with its run's per-machine
+key, which the release key's verification refuses), and that is a note, not a refusal; its
+cells stay out of the merged gate.
 """
 
 from __future__ import annotations
@@ -28,16 +38,42 @@ if TYPE_CHECKING:
     from sandbox_attest.attest.policy import Policy
     from sandbox_attest.attest.verify import Verification
 
-_LEG_KEYS = frozenset({"platform", "backend"})
+_LEG_KEYS = frozenset({"platform", "backend", "informational"})
 
 
 @dataclass(frozen=True)
 class ExpectedLegs:
-    """The legs a release needs; `sha256` is over the file's bytes."""
+    """The legs a release needs; `sha256` is over the file's bytes.
+
+    `informational` legs are merged and shown when present and verified, never required.
+    """
 
     path: str
     sha256: str
     legs: tuple[tuple[str, str], ...]
+    informational: tuple[tuple[str, str], ...] = ()
+
+
+def _leg_table(table: object, where: str) -> tuple[tuple[str, str], bool]:
+    """One [[leg]] table: its (platform, backend) and whether it is informational.
+
+    Raises:
+        ConfigError: not a table, an unknown key, or a value of the wrong type.
+    """
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table")
+    bad = sorted(set(table) - _LEG_KEYS)
+    if bad:
+        raise ConfigError(
+            f"{where}: unknown key {bad[0]!r}; allowed keys are backend, informational, platform"
+        )
+    platform, backend = table.get("platform"), table.get("backend")
+    if not isinstance(platform, str) or not platform or not isinstance(backend, str) or not backend:
+        raise ConfigError(f"{where}: platform and backend must both be non-empty strings")
+    flag = table.get("informational", False)
+    if not isinstance(flag, bool):
+        raise ConfigError(f"{where}: informational must be true or false")
+    return (platform, backend), flag
 
 
 def load_expected_legs(path: Path) -> ExpectedLegs:
@@ -63,27 +99,20 @@ def load_expected_legs(path: Path) -> ExpectedLegs:
             "(an empty expectation would let a merge of nothing pass)"
         )
     legs: list[tuple[str, str]] = []
+    informational: list[tuple[str, str]] = []
     for i, table in enumerate(tables, start=1):
-        where = f"{path}, [[leg]] #{i}"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: must be a table")
-        bad = sorted(set(table) - _LEG_KEYS)
-        if bad:
-            raise ConfigError(
-                f"{where}: unknown key {bad[0]!r}; allowed keys are backend, platform"
-            )
-        platform, backend = table.get("platform"), table.get("backend")
-        if (
-            not isinstance(platform, str)
-            or not platform
-            or not isinstance(backend, str)
-            or not backend
-        ):
-            raise ConfigError(f"{where}: platform and backend must both be non-empty strings")
-        if (platform, backend) in legs:
-            raise ConfigError(f"{where}: leg {platform}/{backend} is listed twice")
-        legs.append((platform, backend))
-    return ExpectedLegs(str(path), hashlib.sha256(raw).hexdigest(), tuple(legs))
+        leg, flag = _leg_table(table, f"{path}, [[leg]] #{i}")
+        if leg in legs or leg in informational:
+            raise ConfigError(f"{path}, [[leg]] #{i}: leg {leg[0]}/{leg[1]} is listed twice")
+        (informational if flag else legs).append(leg)
+    if not legs:
+        raise ConfigError(
+            f"{path}: every leg is informational; a release needs at least one leg that "
+            "decides it (drop `informational = true` from one)"
+        )
+    return ExpectedLegs(
+        str(path), hashlib.sha256(raw).hexdigest(), tuple(legs), tuple(informational)
+    )
 
 
 @dataclass
@@ -98,6 +127,9 @@ class Combined:
         gate: the gate over every leg's cells under the policy.
         verifications: each leg's own verification, with its label, in merge order.
         harness_mismatch: the legs' signed harness commits or probes digests differ.
+        informational: each informational leg present -> the label of its report (its cells
+            are shown, never in `gate`).
+        notes: what an informational leg lacks (missing, does not verify), for the output.
     """
 
     reasons: list[str] = field(default_factory=list)
@@ -106,6 +138,8 @@ class Combined:
     gate: Gate | None = None
     verifications: list[tuple[str, Verification]] = field(default_factory=list)
     harness_mismatch: bool = False
+    informational: dict[tuple[str, str], str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def _check_same_harness(labelled: Sequence[tuple[str, Verification]], out: Combined) -> None:
@@ -184,6 +218,49 @@ def _merged_cells(
     return cells
 
 
+def _is_informational(v: Verification, expected: ExpectedLegs) -> bool:
+    """The report holds informational legs only (besides its control cells)."""
+    confined = {leg for leg in v.legs if leg[1] != CONTROL_BACKEND}
+    return bool(confined) and confined <= set(expected.informational)
+
+
+def _set_aside_informational(
+    labelled: Sequence[tuple[str, Verification]], expected: ExpectedLegs, out: Combined
+) -> list[tuple[str, Verification]]:
+    """Record the informational leg reports in `out`; return the ones that decide the release.
+
+    Whether a report is informational is read from its cells even when its signature does
+    not verify; that is safe because an informational report never counts: a required leg
+    still has to be present in a verified report of its own.
+    """
+    deciding: list[tuple[str, Verification]] = []
+    for label, v in labelled:
+        if not _is_informational(v, expected):
+            deciding.append((label, v))
+            continue
+        for leg in sorted(v.legs):
+            if leg[1] != CONTROL_BACKEND:
+                out.informational[leg] = label
+        gate = v.gate.result if v.gate is not None else "unknown"
+        state = "verifies" if v.ok else "does NOT verify with the release key"
+        out.notes.append(
+            f"informational leg {label} ({state}; its own gate {gate}): merged and shown, "
+            "not part of the release decision"
+        )
+        out.notes.extend(f"informational leg {label}: {r}" for r in v.reasons)
+    for platform, backend in expected.informational:
+        if (platform, backend) not in out.informational:
+            out.notes.append(
+                f"informational leg {platform}/{backend} is missing (not required for a release)"
+            )
+    if labelled and not deciding:
+        out.reasons.append(
+            f"only informational legs were given; {expected.path} lists the legs that decide "
+            "a release"
+        )
+    return deciding
+
+
 def combine(
     labelled: Sequence[tuple[str, Verification]], expected: ExpectedLegs, policy: Policy
 ) -> Combined:
@@ -198,12 +275,13 @@ def combine(
     out = Combined(verifications=list(labelled))
     if not labelled:
         out.reasons.append("no leg directories given")
-    for label, v in labelled:
+    deciding = _set_aside_informational(labelled, expected, out)
+    for label, v in deciding:
         out.reasons.extend(f"leg {label} does not verify: {r}" for r in v.reasons)
-    _check_same_harness(labelled, out)
-    _collect_legs(labelled, expected, out)
+    _check_same_harness(deciding, out)
+    _collect_legs(deciding, expected, out)
     out.gate = evaluate(
-        _merged_cells(labelled, out), policy, default_platform="unknown", qualify=True
+        _merged_cells(deciding, out), policy, default_platform="unknown", qualify=True
     )
     out.reasons.extend(f"merged: {p}" for p in out.gate.problems)
     if out.gate.result == "FAILED" and not out.gate.problems:

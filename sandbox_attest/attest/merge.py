@@ -66,6 +66,8 @@ class MergeResult:
     legs: dict[tuple[str, str], Path] = field(default_factory=dict)
     result: str = ""
     attestation: Path | None = None
+    # What informational legs lack (missing, not verified): shown, never a refusal.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -126,6 +128,31 @@ def _harness_entry(signed: Mapping[str, Any]) -> dict[str, Any]:
             "probesSha256": signed.get("probesSha256"),
         },
     }
+
+
+def _informational_entries(combined: Combined) -> list[dict[str, Any]]:
+    """An `informational-leg:P/B` entry per informational leg merged (shown, never deciding).
+
+    Each records whether it verified with the release key and its own gate, as the merge saw
+    them; `verify` rebuilds the expected legs from these and the `leg:` entries.
+    """
+    by_label = dict(combined.verifications)
+    out: list[dict[str, Any]] = []
+    for (platform, backend), label in sorted(combined.informational.items()):
+        v = by_label[label]
+        out.append(
+            {
+                "name": f"informational-leg:{platform}/{backend}",
+                "digest": {"sha256": v.attestation_sha256},
+                "annotations": {
+                    "copy": f"{LEGS_DIR}/{label}",
+                    "verified": v.ok,
+                    "gate": v.gate.result if v.gate is not None else None,
+                    "reasons": list(v.reasons),
+                },
+            }
+        )
+    return out
 
 
 def release_pages(
@@ -228,6 +255,7 @@ def merge_legs(
         allow_shared_trust_domain=allow_shared_trust_domain,
     )
     merged.reasons.extend(combined.reasons)
+    merged.notes.extend(combined.notes)
     merged.legs = {leg: dirs[label] for leg, label in combined.legs.items()}
     if combined.gate is not None:
         merged.result = combined.gate.result
@@ -241,13 +269,16 @@ def merge_legs(
         subjects.extend(
             {"name": f"{LEGS_DIR}/{label}/{name}", "digest": {"sha256": v.digests[name]}}
             for name in LEG_FILES
+            # An informational leg that failed to verify may lack a file; it decides nothing.
+            if name in v.digests
         )
     env = os.environ if env is None else env
     pages = release_pages(combined, expected, policy, key, env)
     copies.update(pages)
     subjects.extend({"name": n, "digest": {"sha256": sha256_hex(d)}} for n, d in pages.items())
     signer = signer_info(key)
-    first = combined.verifications[0][1].harness
+    # The harness facts every deciding leg shares (`combine` refused differing ones).
+    first = next(v for lb, v in combined.verifications if lb in combined.legs.values()).harness
     config: list[dict[str, Any]] = [
         {"name": "policy", "uri": policy.path, "digest": {"sha256": policy.sha256}},
         {"name": "expect-legs", "uri": expected.path, "digest": {"sha256": expected.sha256}},
@@ -282,6 +313,7 @@ def merge_legs(
                 },
             }
         )
+    config.extend(_informational_entries(combined))
     payload = statement_bytes(
         statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(combined.gate, config))
     )

@@ -62,9 +62,12 @@ def summary_levels(combined: Combined) -> list[str]:
 
 def summary_inputs(combined: Combined, legs_dir: str, attestation: str) -> list[dict[str, Any]]:
     """`inputAttestations`: every copied leg's attestation, by its path in the release."""
+    deciding = set(combined.legs.values())
     return [
         {"uri": f"{legs_dir}/{label}/{attestation}", "digest": {"sha256": leg.attestation_sha256}}
         for label, leg in combined.verifications
+        # Informational legs are merged and shown, but the decision did not rest on them.
+        if label in deciding
     ]
 
 

@@ -982,14 +982,21 @@ def _check_release_pages(stmt: dict[str, Any], v: Verification) -> None:
 def _expected_from(stmt: dict[str, Any], v: Verification) -> ExpectedLegs:
     """The expected legs, rebuilt from the signed `expect-legs` and `leg:P/B` entries."""
     item = _config_item(stmt, "expect-legs") or {}
-    legs: list[tuple[str, str]] = []
+    found: dict[str, list[tuple[str, str]]] = {"leg:": [], "informational-leg:": []}
     for entry in _config(stmt):
-        platform, slash, backend = str(entry.get("name", "")).removeprefix("leg:").partition("/")
-        if str(entry.get("name", "")).startswith("leg:") and slash and platform and backend:
-            legs.append((platform, backend))
-    if not legs:
+        name = str(entry.get("name", ""))
+        for prefix, legs in found.items():
+            platform, slash, backend = name.removeprefix(prefix).partition("/")
+            if name.startswith(prefix) and slash and platform and backend:
+                legs.append((platform, backend))
+    if not found["leg:"]:
         v.reasons.append("the merged statement names no leg:PLATFORM/BACKEND; it merged nothing")
-    return ExpectedLegs(str(item.get("uri", "expect-legs")), _digest(item), tuple(legs))
+    return ExpectedLegs(
+        str(item.get("uri", "expect-legs")),
+        _digest(item),
+        tuple(found["leg:"]),
+        tuple(found["informational-leg:"]),
+    )
 
 
 def _merged_signer(stmt: dict[str, Any], v: Verification) -> None:
@@ -1006,7 +1013,8 @@ def _check_merged_harness(
 ) -> None:
     """The merge's signed harness commit and probes digest are the ones every leg signed."""
     _record_pins(stmt, checks, v, "the merge")
-    legs = combined.verifications
+    deciding = set(combined.legs.values())
+    legs = [(label, leg) for label, leg in combined.verifications if label in deciding]
     if not legs or combined.harness_mismatch:
         return  # no legs, or `combine` already refused their differing harnesses
     commit, probes = legs[0][1].harness.get("commit"), legs[0][1].harness.get("probesSha256")
@@ -1067,6 +1075,7 @@ def _verify_merged(
                     "statement: the copy was changed after the merge"
                 )
     v.reasons.extend(combined.reasons)
+    v.notes.extend(combined.notes)
     _check_merged_harness(stmt, combined, checks, v)
     v.legs = set(combined.legs) | combined.carried
     v.gate = combined.gate

@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from sandbox_attest.attest.legs import load_expected_legs
+from sandbox_attest.attest.policy import load_policy
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
@@ -123,6 +126,27 @@ class TestAttest:
         assert len(include) == len(expected_legs())
         for job in LEG_JOBS:
             assert wf["jobs"][job]["strategy"]["fail-fast"] is False
+
+    def test_release_legs_are_the_separated_ones(self, wf: dict[str, Any]) -> None:
+        """The legs that decide a release run in `leg` (separated); the rest are informational.
+
+        The release policy requires only the deciding legs' platforms, so a release can pass
+        although macOS and Windows can never sign with the release key (issue 30).
+        """
+        expected = load_expected_legs(ROOT / "matrix" / "legs.toml")
+        rows = {
+            job: {
+                (r["platform"], r["backend"])
+                for r in wf["jobs"][job]["strategy"]["matrix"]["include"]
+            }
+            for job in LEG_JOBS
+        }
+        assert rows["leg"] == set(expected.legs)
+        assert rows["leg-unseparated"] == set(expected.informational)
+        policy = load_policy(ROOT / "matrix" / "policy.toml")
+        required = {platform for platform, _ in policy.legs()}
+        assert required == {platform for platform, _ in expected.legs}
+        assert not required & {platform for platform, _ in expected.informational}
 
     def test_every_leg_requires_its_backend_and_writes_its_dir(self, wf: dict[str, Any]) -> None:
         """Every run step is `sandbox-attest run --backend X --require-backend --out reports/..`."""
