@@ -151,8 +151,26 @@ def _print_facts(result: Verification) -> None:
             print(f"{prefix}world: {leg.world.get('kind', '?')} {leg.world.get('reason', '')}")
         for backend, claims in sorted(leg.claims.items()):
             print(f"{prefix}claims of {backend}: {claims_line(claims)}")
+        for sandbox in leg.sandboxes:  # issue 30: what each backend's statement is about
+            role = "control leg" if sandbox.control else "tested"
+            names = ", ".join(f"{n} sha256:{d[:12]}" for n, d in sandbox.subjects)
+            print(f"{prefix}sandbox {sandbox.backend} ({role}, {sandbox.result}): {names}")
     for note in dict.fromkeys(n for _, leg in runs for n in leg.notes + result.notes):
         print(f"note: {note}")
+
+
+def _sandboxes_json(result: Verification) -> list[dict[str, Any]]:
+    """The verified sandbox statements of one report, for `verify --json`."""
+    return [
+        {
+            "backend": s.backend,
+            "control": s.control,
+            "result": s.result,
+            "finishedAt": s.finished_at,
+            "subjects": [{"name": n, "sha256": d} for n, d in s.subjects],
+        }
+        for s in result.sandboxes
+    ]
 
 
 def _plural(n: int, word: str) -> str:
@@ -222,6 +240,13 @@ def _run_verify(args: argparse.Namespace) -> int:  # noqa: PLR0911  (one per out
                         }
                         if result.leg_results
                         else _domains_json(result.trust_domains)
+                    ),
+                    # Each backend's test-result statement: its subjects (what it ran) and
+                    # result; per leg label for a merged release (issue 30).
+                    "sandboxes": (
+                        {label: _sandboxes_json(leg) for label, leg in result.leg_results}
+                        if result.leg_results
+                        else _sandboxes_json(result)
                     ),
                     "notes": list(result.notes),
                     "exit_code": code,

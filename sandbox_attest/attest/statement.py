@@ -385,7 +385,10 @@ def _executable_subjects(
                 "name": name,
                 "digest": {"sha256": digest},
                 "annotations": {
-                    "kind": "executable",
+                    # `{python}` is the interpreter every payload runs with, not the sandbox.
+                    "kind": (
+                        "payload interpreter" if facts.get("argv0") == "{python}" else "executable"
+                    ),
                     "argv0": str(facts.get("argv0", "")),
                     "path": str(facts.get("path", "")),
                 },
@@ -437,7 +440,9 @@ def sandbox_subjects(backend: Mapping[str, Any]) -> list[dict[str, Any]]:
     if spec:
         out.append(
             {
-                "name": str(backend.get("spec_path") or f"{backend.get('name', '')}.toml"),
+                # The identity pins the spec's bytes, not where it was read from: a spec is
+                # found by its digest (`verify --subject-digest`, or --subject on the file).
+                "name": f"backend-spec:{backend.get('name', '')}",
                 "digest": {"sha256": spec},
                 "annotations": {"kind": "backend spec"},
             }

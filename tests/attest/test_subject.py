@@ -294,3 +294,29 @@ class TestOldReports:
         line = (signed_report / ATT).read_text().splitlines()[0]
         stmt = json.loads(base64.b64decode(json.loads(line)["payload"]))
         assert [s["name"] for s in stmt["subject"]] == [*FILE_SUBJECTS, "allure-results/"]
+
+
+class TestVerifyShowsSandboxes:
+    def test_text_and_json_list_each_backends_statement(
+        self,
+        tmp_path: Path,
+        policy_file: Path,
+        signing_key: SigningKey,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """Plain verify prints each backend's subjects and result; --json carries them too."""
+        report, exe = built(tmp_path, policy_file, signing_key)
+        argv = verify_argv(report, signing_key, policy_file, tmp_path)
+        assert run_cli(argv) == 0
+        digest = hashlib.sha256(BWRAP).hexdigest()
+        assert f"sandbox bubblewrap (tested, PASSED): {exe} sha256:{digest[:12]}" in (
+            capsys.readouterr().out
+        )
+        assert run_cli([*argv, "--json"]) == 0
+        sandboxes = json.loads(capsys.readouterr().out)["sandboxes"]
+        by_backend = {s["backend"]: s for s in sandboxes}
+        assert {b: s["control"] for b, s in by_backend.items()} == {
+            "none": True,
+            "bubblewrap": False,
+        }
+        assert by_backend["bubblewrap"]["subjects"] == [{"name": str(exe), "sha256": digest}]
