@@ -56,6 +56,7 @@ from sandbox_attest.catalog.net import (
     NetProxyEnvOverride,
     NetTransfer18MiB,
 )
+from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.pkg import PkgPipInstall
 
 __all__ = [
@@ -96,5 +97,6 @@ _SPECS: tuple[ProbeSpec, ...] = (
     IpcProxySocketTamper(),
     LifecycleOrphans(),
     *proc.SPECS,
+    NetProxyDnsExfil(),
 )
 PROBES: dict[str, ProbeSpec] = {spec.id: spec for spec in _SPECS}

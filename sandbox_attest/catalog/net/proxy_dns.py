@@ -1,0 +1,174 @@
+"""`net_proxy_dns_exfil`, host side: a denied name must never reach a resolver.
+
+A proxy that resolves a request's host before it checks its rules sends the name out in its
+own DNS query, and refuses the request only afterwards: `<secret>.denied.test` then carries
+the secret label to whoever answers for the zone, although every request was refused. The
+payload asks the proxy for names carrying the cell's nonce (a CONNECT and an absolute-form
+GET under the denied host, a CONNECT under a name no origin knows); the DNS fixture's query
+log is the witness. The harness's own proxy checks its rules before it resolves
+(sandbox_attest/egress/proxy.py: auth, canonical host, rules, resolve once), so it must pass.
+
+Safety: the names travel only inside requests to the proxy. A wrapper's own proxy resolves
+them through the system resolver, which is the DNS fixture only in the lab world; outside the
+lab its query could leave the machine, so there the payload is not given the names and the
+cell says why (never PASS).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from sandbox_attest.catalog.base import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _attempts,
+    _check,
+    _conclude,
+    _control,
+    _control_nonce,
+    _guarded,
+    _judge,
+    _observed,
+    _origin_control,
+    _Spec,
+    _summary,
+    _wait_for,
+    _with_nonce,
+    attempts_of,
+)
+from sandbox_attest.claims import claims_of
+from sandbox_attest.verdict import Assessment, Expectation
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+# A zone label no fixture origin and no proxy rule names: only a proxy that resolves before it
+# checks would ever ask the DNS fixture about a name below it.
+UNKNOWN_LABEL: Final = "exfil"
+ESCAPES: Final = ("connect-secret", "connect-secret-unknown", "get-secret-absolute")
+FIX: Final = (
+    "fix: check the allowlist before resolving; a name no rule admits must be refused "
+    "without any DNS lookup (resolve only the admitted host, once, and dial that address)"
+)
+NOT_IN_LAB: Final = (
+    "not attempted: the backend brings its own proxy, which resolves through the system "
+    "resolver, and outside the lab world that resolver may send the secret name off this "
+    "machine; run with --world lab"
+)
+
+
+def _in_lab(extra: Mapping[str, Any]) -> bool:
+    world = extra.get("world")
+    return isinstance(world, dict) and world.get("kind") == "lab"
+
+
+class NetProxyDnsExfil(_Spec):
+    """Denied names carrying the nonce: the proxy refuses them without resolving them."""
+
+    id = "net_proxy_dns_exfil"
+    area = "net"
+    host_readings = ("DNS fixture query log", "origin access logs")
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Three denied names and the allowed control; one `error` when there is no route."""
+        del task
+        later = attempts_of("connect-secret-unknown", "get-secret-absolute", "get-allowed")
+        return AttemptTable(
+            required=later | {"connect-secret"}, excuses=(("connect-secret", later),)
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied on every leg: every leg's route is a proxy, and none may resolve a denied name."""
+        del policy
+        return "denied"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """The secret names (nonce in the first label), the denied ports and the allowed host."""
+        info = ctx.world.info
+        denied, allowed = info.hosts["denied"], info.hosts["allowed"]
+        zone = denied.name.rsplit(".", 1)[-1]
+        targets: dict[str, Any] = {
+            "https_port": denied.https_port,
+            "http_port": denied.http_port,
+            "allowed": {"name": allowed.name, "https_port": allowed.https_port},
+        }
+        # A wrapper's own proxy (no harness route) resolves through the system resolver; only
+        # in the lab is that the DNS fixture. Elsewhere the payload gets no name to send.
+        if ctx.route is None and not _in_lab(info.extra):
+            return targets | {"withheld": NOT_IN_LAB}
+        return targets | {
+            "secret_connect": f"{ctx.nonce}.{denied.name}",
+            "secret_absolute": f"{ctx.nonce}.abs.{denied.name}",
+            "secret_unknown": f"{ctx.nonce}.{UNKNOWN_LABEL}.{zone}",
+        }
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The witness works: a host query for a name of the same shape is logged.
+
+        And the allowed host answers through the harness's proxy, so a refusal is a rule's.
+        """
+        from dnslib import DNSRecord  # noqa: PLC0415  (host-only dependency, loaded when used)
+
+        info, nonce = ctx.world.info, _control_nonce()
+        name = f"{nonce}.{info.hosts['denied'].name}"
+
+        def resolve() -> dict[str, Any]:
+            raw = DNSRecord.question(name).send(info.dns.host, info.dns.port, timeout=3)
+            rcode = DNSRecord.parse(raw).header.rcode
+            return _check("host queries the fixture", ok=True, detail=f"{name}: rcode {rcode}")
+
+        checks = [_guarded("host queries the fixture", resolve)]
+        records = _wait_for(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
+        hits = _dns_hits(records.dns, nonce)
+        checks.append(_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
+        allowed = info.hosts["allowed"]
+        url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
+        checks += _origin_control(ctx, nonce, url, "allowed")
+        return _control(nonce, checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Any DNS query carrying the nonce is the escape; the allowed GET must still work."""
+        escapes = _attempts(report, "escape")
+        controls = _attempts(report, "control")
+        observed = _observed(escapes)
+        hits = _dns_hits(witness.dns, ctx.nonce)
+        mine = _with_nonce(witness.origin, ctx.nonce)
+        origin_hits = [o for o in mine if o.get("host") == "denied"]
+        reasons: list[str] = []
+        if hits:
+            names = ", ".join(sorted({str(h.get("name")) for h in hits}))
+            reasons.append(
+                f"the proxy resolved denied names before refusing them: the DNS fixture logged "
+                f"{len(hits)} queries carrying the secret label ({names}); "
+                f"{claims_of(ctx.policy).phrase('network')}; {FIX}"
+            )
+        if origin_hits:
+            reasons.append(f"the denied origin logged {len(origin_hits)} requests with the nonce")
+        reasons.append(f"payload: {_summary(escapes)}")
+        if not hits:
+            reasons.append("the DNS fixture logged no query carrying the nonce")
+        escape = _judge(observed, bool(hits or origin_hits), None, reasons)
+        inside_ok = bool(controls) and all(
+            a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls
+        )
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside=controls,
+            inside_ok=inside_ok,
+            host_control=control,
+            witness={"dns": hits, "denied_origin": origin_hits},
+        )
+
+
+def _dns_hits(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
+    return [e for e in entries if nonce in str(e.get("name", "")).lower()]
