@@ -34,6 +34,7 @@ from sandbox_attest.catalog.base import (
     probe_path,
     report_mismatch,
 )
+from sandbox_attest.catalog.crossproc import ProcCrossProcess
 from sandbox_attest.catalog.dev import DevAccess
 from sandbox_attest.catalog.dns import DnsResolution
 from sandbox_attest.catalog.env import EnvInheritance
@@ -97,6 +98,7 @@ _SPECS: tuple[ProbeSpec, ...] = (
     IpcProxySocketTamper(),
     LifecycleOrphans(),
     *proc.SPECS,
+    ProcCrossProcess(),
     NetProxyDnsExfil(),
 )
 PROBES: dict[str, ProbeSpec] = {spec.id: spec for spec in _SPECS}

@@ -90,6 +90,9 @@ ROOT_ONLY_FUNCTIONS: Final = {
     "workspace is made there before trust.give hands it over",
     "catalog/proc.py:ProcNamespaceEscape.prepare": "the ns-canary dir in the cell dir, made "
     "before it is given",
+    "catalog/crossproc.py:_start_target": "the target's dir in the cell dir: root's",
+    "catalog/crossproc.py:_run_unconfined": "the host control's dir in the cell dir (root's); "
+    "its workspace is made there before trust.give hands it over",
     "catalog/socket_witness.py:bind_unix": "called with /proc/self/fd/N/name of a directory "
     "held by safefs (WitnessSockets._plant_at), or an abstract name",
     "backends/command.py:CommandBackend._check_context": "a fresh root temp dir for the "

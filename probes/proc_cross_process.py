@@ -1,0 +1,225 @@
+"""Probe proc_cross_process: read, write and signal a harness-made process outside the sandbox.
+
+The host starts one "target" process per cell, as the payload user and outside any sandbox.
+Its argv carries targets["marker"]; it holds a secret in memory that exists nowhere else (not
+in the task: only its address and length, targets["secret_addr"]/["secret_len"]), two
+mailbox buffers it watches, and it logs every SIGUSR1 it receives with the sender's pid on a
+pipe only the harness reads. Escape attempts, each on that process only:
+  vm-readv      process_vm_readv of the secret (the bytes read go into facts)
+  vm-writev     process_vm_writev of "v:<nonce>" into mailbox 1
+  mem-read      pread of /proc/<pid>/mem at the secret
+  mem-write     pwrite of "m:<nonce>" into mailbox 2 through /proc/<pid>/mem
+  signal-usr1   kill(pid, SIGUSR1): a real signal, which the target blocks and logs
+Safety: every attempt acts only on a pid whose /proc/<pid>/cmdline was just read to carry the
+marker (inside a pid namespace the host's pid number may be another process, even this one:
+it is never guessed at). Writes go only into the target's own mailboxes, at the addresses it
+published, never elsewhere. No marker visible: nothing is attempted and each attempt is
+refused with ESRCH.
+Controls: this process finds itself the same way, and delivers SIGUSR1 to itself.
+Context (not judged): process_vm_readv and /proc/self/mem on its own memory, which say
+whether the method itself is filtered inside.
+
+Stdlib only, Python 3.8+, never imported by the host; exits 0 and prints one JSON line.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import signal
+import sys
+import time
+
+PROBE = "proc_cross_process"
+START_MARKER = "SANDBOX-ATTEST-START"
+MAILBOX_LEN = 64
+
+
+def attempt(what, role, outcome, err=None, status=None, detail=""):
+    return {"what": what, "role": role, "outcome": outcome, "errno": err, "status": status,
+            "detail": detail}
+
+
+def errno_name(exc):
+    code = getattr(exc, "errno", None)
+    return errno.errorcode.get(code) if isinstance(code, int) else None
+
+
+def carries(pid, marker):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            return marker.encode() in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def find(marker, hint):
+    """The pid carrying `marker`: the host's pid if it is that process here, else a scan."""
+    if carries(hint, marker):
+        return hint
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if name.isdigit() and carries(int(name), marker):
+            return int(name)
+    return None
+
+
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def vm_call(name, pid, local, remote_addr, length):
+    """process_vm_readv/writev through libc; (count, errno name)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    func = getattr(libc, name, None)
+    if func is None:
+        return -1, "ENOSYS"
+    func.restype = ctypes.c_ssize_t
+    func.argtypes = [ctypes.c_int, ctypes.POINTER(IoVec), ctypes.c_ulong,
+                     ctypes.POINTER(IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    lvec = IoVec(ctypes.addressof(local), length)
+    rvec = IoVec(remote_addr, length)
+    done = func(pid, ctypes.byref(lvec), 1, ctypes.byref(rvec), 1, 0)
+    if done < 0:
+        return -1, errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+    return done, None
+
+
+def vm_read(pid, addr, length):
+    buf = ctypes.create_string_buffer(length)
+    count, err = vm_call("process_vm_readv", pid, buf, addr, length)
+    return (buf.raw[:count] if count >= 0 else None), err
+
+
+def mem_read(pid, addr, length):
+    fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, addr)
+    finally:
+        os.close(fd)
+
+
+def text(data):
+    return data.decode("ascii", "replace") if data is not None else None
+
+
+def controls(out):
+    me = os.getpid()
+    try:
+        ok = str(me) in os.listdir("/proc") and os.path.getsize("/proc/%d/cmdline" % me) >= 0
+    except OSError:
+        ok = False
+    out["attempts"].append(attempt("find-self", "control", "succeeded" if ok else "refused",
+                                   None, None, "own pid %d in /proc: %s" % (me, ok)))
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+    try:
+        os.kill(me, signal.SIGUSR1)
+        deadline = time.monotonic() + 1.0
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    out["attempts"].append(attempt("signal-self", "control", "succeeded" if got else "refused",
+                                   None, None, "SIGUSR1 to own pid delivered: %s" % bool(got)))
+    own = ctypes.create_string_buffer(b"own-memory-check", 16)
+    data, err = vm_read(me, ctypes.addressof(own), 16)
+    out["attempts"].append(attempt("vm-readv-self", "context",
+                                   "succeeded" if data == own.raw[:16] else "refused", err, None,
+                                   "process_vm_readv of own memory"))
+    try:
+        same = mem_read(me, ctypes.addressof(own), 16) == own.raw[:16]
+        out["attempts"].append(attempt("mem-read-self", "context",
+                                       "succeeded" if same else "refused", None, None,
+                                       "/proc/self/mem read"))
+    except OSError as exc:
+        out["attempts"].append(attempt("mem-read-self", "context", "refused", errno_name(exc),
+                                       None, repr(exc)))
+
+
+def escapes(task, out, pid):
+    targets, nonce, facts = task["targets"], str(task["nonce"]), out["facts"]
+    addr, length = int(targets["secret_addr"]), int(targets["secret_len"])
+    boxes = [int(b) for b in targets["mailboxes"]]
+    add = out["attempts"].append
+    if pid is None:
+        why = "no process carrying the marker is visible here: nothing attempted"
+        for what in ("vm-readv", "vm-writev", "mem-read", "mem-write", "signal-usr1"):
+            add(attempt(what, "escape", "refused", "ESRCH", None, why))
+        return
+    data, err = vm_read(pid, addr, length)
+    facts["vm_readv"] = text(data)
+    add(attempt("vm-readv", "escape", "succeeded" if data else "refused", err, None,
+                "pid %d, %d bytes" % (pid, len(data or b""))))
+    payload = ("v:" + nonce).encode()[:MAILBOX_LEN]
+    local = ctypes.create_string_buffer(payload, len(payload))
+    count, err = vm_call("process_vm_writev", pid, local, boxes[0], len(payload))
+    add(attempt("vm-writev", "escape", "succeeded" if count > 0 else "refused", err, None,
+                "pid %d mailbox 1, %d bytes" % (pid, max(count, 0))))
+    try:
+        facts["mem_read"] = text(mem_read(pid, addr, length))
+        add(attempt("mem-read", "escape", "succeeded", None, None, "pid %d" % pid))
+    except OSError as exc:
+        add(attempt("mem-read", "escape", "refused", errno_name(exc), None, repr(exc)))
+    try:
+        fd = os.open("/proc/%d/mem" % pid, os.O_WRONLY)
+        try:
+            written = os.pwrite(fd, ("m:" + nonce).encode()[:MAILBOX_LEN], boxes[1])
+        finally:
+            os.close(fd)
+        add(attempt("mem-write", "escape", "succeeded", None, None,
+                    "pid %d mailbox 2, %d bytes" % (pid, written)))
+    except OSError as exc:
+        add(attempt("mem-write", "escape", "refused", errno_name(exc), None, repr(exc)))
+    # Checked again right before the signal: SIGUSR1's default action ends a process, so it
+    # goes only to the process that carries the marker now.
+    if not carries(pid, targets["marker"]):
+        add(attempt("signal-usr1", "escape", "refused", "ESRCH", None, "target gone"))
+        return
+    try:
+        os.kill(pid, signal.SIGUSR1)
+        add(attempt("signal-usr1", "escape", "succeeded", None, None, "pid %d" % pid))
+    except OSError as exc:
+        add(attempt("signal-usr1", "escape", "refused", errno_name(exc), None, repr(exc)))
+
+
+def run(task, out):
+    targets = task["targets"]
+    facts = out["facts"]
+    for kind in ("pid", "user"):
+        try:
+            facts[kind + "ns"] = os.readlink("/proc/self/ns/" + kind)
+        except OSError:
+            facts[kind + "ns"] = None
+    controls(out)
+    pid = find(targets["marker"], int(targets["target_pid"]))
+    facts["found_pid"] = pid
+    escapes(task, out, pid)
+
+
+def main(argv):
+    task, nonce = {}, ""
+    try:
+        with open(argv[1]) as fh:
+            task = json.load(fh)
+        nonce = str(task.get("nonce", ""))
+    except Exception as exc:
+        task = {"_error": repr(exc)}
+    print(START_MARKER + " " + nonce, flush=True)
+    out = {"probe": PROBE, "nonce": nonce, "attempts": [], "facts": {}}
+    try:
+        if "_error" in task:
+            raise RuntimeError("cannot read the task: " + task["_error"])
+        run(task, out)
+    except Exception as exc:
+        out["attempts"].append(attempt("probe", "escape", "error", errno_name(exc), None,
+                                       repr(exc)))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

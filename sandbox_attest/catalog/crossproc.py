@@ -1,0 +1,371 @@
+"""Other processes, host side: a sandboxed payload must not read, write or signal one outside.
+
+`proc_visibility` asks whether a host process can be *seen* (and sends signal 0 only). This
+module asks whether one can be *acted on*: its memory read and written (`process_vm_readv`,
+`process_vm_writev`, `/proc/<pid>/mem`) and a real signal delivered to it (issue 28).
+
+The target is harness-made and runs as the payload user, outside any sandbox: the one kind of
+process the payload user may act on when nothing confines it (same uid, no Yama restriction
+it did not lift itself), so a refusal inside a sandbox is the sandbox's doing. It is its own
+witness: it reports on a pipe only the harness reads every SIGUSR1 it received (with the
+sender's pid) and every change of its two mailbox buffers; the secret it holds in memory
+exists nowhere else, so a payload that reports it read it.
+
+The host control is the same payload run unconfined as the payload user against the same
+target, after the sandboxed run: it must read the secret, fill both mailboxes with its own
+nonce and have its signal logged. Everything the target logged before that control started
+is the sandboxed payload's doing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from sandbox_attest import lifetime
+from sandbox_attest.catalog.base import (
+    HOST_TIMEOUT_S,
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _all_succeeded,
+    _attempts,
+    _check,
+    _conclude,
+    _control,
+    _control_nonce,
+    _guarded,
+    _judge,
+    _observed,
+    _poll,
+    _Spec,
+    _summary,
+    attempts_of,
+    host_processes,
+    probe_path,
+)
+from sandbox_attest.claims import claims_of
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.interpreter import payload_interpreter
+from sandbox_attest.trust import give
+from sandbox_attest.verdict import Assessment, Expectation
+
+__all__ = ["LINUX_ONLY_REASON", "SPECS", "ProcCrossProcess"]
+
+LINUX_ONLY_REASON: Final = (
+    "uses process_vm_readv/writev, /proc/<pid>/mem and Linux pids; "
+    "macOS and Windows need their own cross-process probes"
+)
+# The target exits on its own after this long, so a crashed run never leaves it behind.
+TARGET_LIFETIME_S: Final = 300
+TARGET_READY_S: Final = 10.0
+MAILBOX_LEN: Final = 64
+# The target blocks SIGUSR1 and takes it with sigtimedwait, so a delivered signal is logged
+# (with si_pid) instead of ending it; it polls its mailboxes between waits.
+_TARGET_CODE: Final = """
+import ctypes, os, signal, sys, time
+marker, lifetime = sys.argv[1], float(sys.argv[2])
+secret = os.urandom(16).hex().encode()
+held = ctypes.create_string_buffer(secret, len(secret))
+boxes = [ctypes.create_string_buffer(64) for _ in range(2)]
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+print("ready", ctypes.addressof(held), len(secret), ctypes.addressof(boxes[0]),
+      ctypes.addressof(boxes[1]), secret.decode(), flush=True)
+seen = [b"", b""]
+end = time.monotonic() + lifetime
+while time.monotonic() < end:
+    info = signal.sigtimedwait([signal.SIGUSR1], 0.02)
+    if info is not None:
+        print("signal", info.si_pid, info.si_uid, flush=True)
+    for i, box in enumerate(boxes):
+        raw = box.raw.rstrip(b"\\0")
+        if raw != seen[i]:
+            seen[i] = raw
+            print("mailbox", i + 1, raw.decode("ascii", "replace"), flush=True)
+"""
+_ESCAPES: Final = ("vm-readv", "vm-writev", "mem-read", "mem-write", "signal-usr1")
+_FIX: Final = (
+    "give the sandbox its own pid namespace (bwrap --unshare-pid, docker's default) so no "
+    "host process is addressable, or forbid ptrace-class access (seccomp on "
+    "process_vm_readv/writev, kill outside the sandbox; Yama ptrace_scope >= 2)"
+)
+
+
+@dataclass
+class _Target:
+    process: subprocess.Popen[bytes]
+    marker: str
+    secret: str
+    secret_addr: int
+    mailboxes: tuple[int, int]
+    lines: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    reader: threading.Thread | None = None
+    # How many lines the target had printed when the host control began: what came before
+    # is the sandboxed payload's doing.
+    mark: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def read_lines(self) -> None:
+        """Collect the target's lines until its stdout closes (a daemon thread)."""
+        assert self.process.stdout is not None  # noqa: S101  (started with stdout=PIPE)
+        for raw in self.process.stdout:
+            with self.lock:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def logged(self, *, before_mark: bool) -> list[str]:
+        """Its signal and mailbox lines, before the host control's mark (or all of them)."""
+        with self.lock:
+            end = self.mark if before_mark and self.mark is not None else len(self.lines)
+            lines = self.lines[:end]
+        return [ln for ln in lines if ln.startswith(("signal ", "mailbox "))]
+
+
+def _start_target(ctx: CellContext) -> _Target:
+    """Start the cell's target as the payload user, outside any sandbox; wait for "ready".
+
+    Raises:
+        FixtureError: it could not start or did not report ready in time.
+    """
+    marker = f"sandbox-attest-xproc:{ctx.nonce}"
+    directory = ctx.cell_dir / "xproc-target"
+    directory.mkdir(parents=True, exist_ok=True)
+    python = payload_interpreter(ctx.user).path
+    argv = [python, "-c", _TARGET_CODE, marker, str(TARGET_LIFETIME_S)]
+    try:
+        process = subprocess.Popen(
+            argv,
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=directory,
+            **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
+            **lifetime.popen_kwargs(),  # a killed harness must not leave it running
+        )
+    except OSError as exc:
+        msg = f"could not start the {ctx.probe} target process ({exc}); is {python} runnable?"
+        raise FixtureError(msg) from exc
+    target = _Target(process, marker, secret="", secret_addr=0, mailboxes=(0, 0))
+    target.reader = threading.Thread(target=target.read_lines, name="xproc-target", daemon=True)
+    target.reader.start()
+    deadline = time.monotonic() + TARGET_READY_S
+    ready: list[str] = []
+    while not ready and time.monotonic() < deadline and process.poll() is None:
+        with target.lock:
+            ready = [ln for ln in target.lines if ln.startswith("ready ")]
+        time.sleep(0.01)
+    if not ready:
+        _stop(target)
+        why = f"exit {process.poll()}" if process.poll() is not None else "no ready line"
+        raise FixtureError(f"the {ctx.probe} target process did not start ({why})")
+    words = ready[0].split()
+    target.secret_addr, secret_len = int(words[1]), int(words[2])
+    target.mailboxes = (int(words[3]), int(words[4]))
+    target.secret = words[5]
+    if len(target.secret) != secret_len:
+        _stop(target)
+        raise FixtureError(f"the {ctx.probe} target reported a malformed ready line")
+    return target
+
+
+def _stop(target: _Target) -> None:
+    target.process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL is not ignorable
+        target.process.wait(timeout=HOST_TIMEOUT_S)
+    if target.reader is not None:
+        target.reader.join(timeout=HOST_TIMEOUT_S)
+    if target.process.stdout is not None:
+        target.process.stdout.close()
+
+
+def _run_unconfined(ctx: CellContext, targets: dict[str, Any], nonce: str) -> tuple[int, Any]:
+    """Run the payload file unconfined as the payload user; its pid and its one report.
+
+    Raises:
+        ValueError: it did not print exactly one report (a broken probe).
+    """
+    directory = ctx.cell_dir / "host-control"
+    workspace = directory / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    give(workspace, ctx.user)
+    task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": targets}
+    task_path = directory / "task.json"
+    task_path.write_text(json.dumps(task))
+    argv = [payload_interpreter(ctx.user).path, str(probe_path(ctx.probe)), str(task_path)]
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        cwd=workspace,
+        **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
+        **lifetime.popen_kwargs(),
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=HOST_TIMEOUT_S * 3)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+    reports = [ln for ln in stdout.splitlines() if ln.startswith("{") and '"attempts"' in ln]
+    if len(reports) != 1:
+        raise ValueError(
+            f"the {ctx.probe} payload printed {len(reports)} reports unconfined (exit "
+            f"{process.returncode}, stderr {stderr[-300:]!r}); to see why, run "
+            f"{shlex.join(argv[:2])} task.json with this task: {json.dumps(task)}"
+        )
+    return process.pid, json.loads(reports[0])
+
+
+class ProcCrossProcess(_Spec):
+    """Read, write and signal a harness-made process of the payload user outside the sandbox."""
+
+    id = "proc_cross_process"
+    area = "crossproc"
+    host_readings = ("target process log",)
+
+    def __init__(self) -> None:
+        """No target yet: each cell starts its own in `prepare`."""
+        self._targets: dict[str, _Target] = {}
+        self._lock = threading.Lock()
+
+    def _target(self, ctx: CellContext) -> _Target | None:
+        with self._lock:
+            return self._targets.get(ctx.nonce)
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Two controls, two context readings of its own memory, five attempts at the target."""
+        del task
+        return AttemptTable(
+            required=attempts_of("find-self", "signal-self", "vm-readv-self", "mem-read-self")
+            | attempts_of(*_ESCAPES)
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied when ipc is "isolated": that claim keeps the payload from host processes."""
+        return "denied" if policy.ipc == "isolated" else "allowed"
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Start the target; the payload gets its marker, pid and addresses, never the secret."""
+        target = _start_target(ctx)
+        with self._lock:
+            self._targets[ctx.nonce] = target
+        return self.prepare_targets(target)
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The payload user, unconfined, reads the secret, fills both mailboxes and signals."""
+        nonce = _control_nonce()
+        target = self._target(ctx)
+        if target is None:
+            return _control(nonce, [_check("target started", ok=False, detail="no prepare()")])
+        with target.lock:
+            target.mark = len(target.lines)
+        targets = self.prepare_targets(target)
+
+        def unconfined() -> dict[str, Any]:
+            pid, report = _run_unconfined(ctx, targets, nonce)
+            facts = report.get("facts") or {}
+            read = facts.get("vm_readv") == target.secret and facts.get("mem_read") == target.secret
+            expected = {f"mailbox 1 v:{nonce}", f"mailbox 2 m:{nonce}", f"signal {pid} "}
+
+            def heard(lines: list[str]) -> bool:
+                return all(any(ln.startswith(e) for ln in lines) for e in expected)
+
+            lines = _poll(lambda: target.logged(before_mark=False), heard)
+            ok = read and heard(lines) and _all_succeeded(_attempts(report, "control"))
+            detail = (
+                f"secret read: {read}; target logged {lines[-4:]}; "
+                f"payload: {_summary(list(report.get('attempts') or []))}"
+            )
+            return _check("payload user reaches the target unconfined", ok, detail)
+
+        return _control(nonce, [_guarded("payload user reaches the target", unconfined)])
+
+    @staticmethod
+    def prepare_targets(target: _Target) -> dict[str, Any]:
+        """The task targets naming `target` (as `prepare` hands them to the payload)."""
+        return {
+            "marker": target.marker,
+            "target_pid": target.pid,
+            "secret_addr": target.secret_addr,
+            "secret_len": len(target.secret),
+            "mailboxes": list(target.mailboxes),
+        }
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """The secret echoed, a mailbox carrying the nonce or a logged signal is an escape."""
+        del witness  # the target is this probe's witness
+        target = self._target(ctx)
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        facts = report.get("facts") or {}
+        secret = target.secret if target else None
+        read = [k for k in ("vm_readv", "mem_read") if secret and facts.get(k) == secret]
+        logged = target.logged(before_mark=True) if target else []
+        written = [ln for ln in logged if ln.startswith("mailbox ") and ctx.nonce in ln]
+        signals = [ln for ln in logged if ln.startswith("signal ")]
+        pid = target.pid if target else "?"
+        reasons = [
+            (
+                f"target pid {pid} (the payload user's, outside the sandbox): secret read via "
+                f"{', '.join(read) or 'nothing'}; mailboxes written: {len(written)}; "
+                f"signals received: {', '.join(s.split(' ', 1)[1] for s in signals) or 'none'}"
+            ),
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(observed, bool(read or written or signals), None, reasons)
+        if escape == "escaped" and self.expectation(ctx.policy) == "denied":
+            done = [str(a.get("what")) for a in escapes if a.get("outcome") == "succeeded"]
+            shared = [
+                f"host pid {p.get('pid', '?')}"
+                for p in host_processes(ctx)
+                if "pid" in (p.get("shared_with_harness") or [])
+            ]
+            where = (
+                f" (the host sees {', '.join(shared)} in the harness's pid namespace)"
+                if shared
+                else ""
+            )
+            reasons.insert(
+                0,
+                f"{claims_of(ctx.policy).phrase('ipc')}; the payload acted on a host process "
+                f"of its own user outside the sandbox ({', '.join(done) or 'seen by the target'})"
+                f"{where}; fix: {_FIX}",
+            )
+        inside = _attempts(report, "control")
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside=inside,
+            inside_ok=_all_succeeded(inside),
+            host_control=control,
+            witness={"secret_read_via": read, "mailboxes": written, "signals": signals},
+        )
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Kill this cell's target (only that process) and reap it."""
+        with self._lock:
+            target = self._targets.pop(ctx.nonce, None)
+        if target is not None:
+            _stop(target)
+
+
+SPECS: Final = (ProcCrossProcess(),)

@@ -1,0 +1,141 @@
+"""Issue 28, live: other processes and the host's control files, each with its one hole.
+
+One real `sandbox-attest run` over the strong backends (bubblewrap, docker), the control leg
+`none` and one deliberately broken wrapper per probe (tests/data/newclasses/<probe>_hole.toml:
+matrix/backends/bwrap-generic.toml with exactly that hole):
+
+- proc_cross_process_hole.toml shares the host's pid namespace (no --unshare-pid): the payload
+  delivers SIGUSR1 to the harness's target process outside the sandbox, which logs it.
+
+Each hole FAILs its own probe, naming what happened and the fix; the strong backends PASS;
+the control leg sees every escape (its job). Real bubblewrap, docker, processes and uids;
+root only (the payload user exists only as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from sandbox_attest.attest import EVIDENCE_NAME
+from tests.integration.test_cli_run import CLI, keypair
+from tests.reachable import reachable_tempdir
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+    pytest.mark.timeout(400),
+]
+
+REPO = Path(__file__).parent.parent.parent
+DATA = Path(__file__).parent.parent / "data" / "newclasses"
+# Each probe and the [backend] name of its hole wrapper.
+HOLES = {
+    "proc_cross_process": "hole-cross-process",
+}
+STRONG = ("bubblewrap", "docker")
+LEGS = ("none", *STRONG)
+RUN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Run:
+    """One `sandbox-attest run` over the holes, the strong backends and the control leg."""
+
+    out: Path
+    stdout: str
+    stderr: str
+
+    def cell(self, backend: str, probe: str) -> dict[str, Any]:
+        """One cell of the signed evidence; fails naming the run's output if there is none."""
+        path = self.out / EVIDENCE_NAME
+        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
+        cells = {c["cell_id"]: c for c in json.loads(path.read_text())["cells"]}
+        return cells[f"{backend}-{probe}"]
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[Run]:
+    """The run, shared by the checks below."""
+    with reachable_tempdir("sa-issue28-") as root:
+        matrix = root / "matrix.toml"
+        matrix.write_text(
+            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 40\n' for p in HOLES)
+            + "".join(f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in LEGS)
+        )
+        policy = root / "policy.toml"
+        probes = ", ".join(f'"{p}"' for p in HOLES)
+        policy.write_text(
+            f'[[require]]\nplatform = "linux"\nbackend = "none"\nprobes = [{probes}]\n'
+        )
+        private, _ = keypair(root)
+        out = root / "report"
+        specs = [a for p in HOLES for a in ("--backend-spec", str(DATA / f"{p}_hole.toml"))]
+        strong = [a for b in STRONG for a in ("--backend", b)]
+        argv = [
+            *CLI,
+            "run",
+            "--matrix",
+            str(matrix),
+            "--policy",
+            str(policy),
+            *strong,
+            *specs,
+            "--key",
+            str(private),
+            "--out",
+            str(out),
+            "-j",
+            "2",
+        ]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
+        )
+        yield Run(out, done.stdout, done.stderr)
+
+
+def _strong_or_skip(run: Run, backend: str, probe: str) -> dict[str, Any]:
+    cell = run.cell(backend, probe)
+    if cell["verdict"] == "UNAVAILABLE":
+        pytest.skip(f"{backend} is unavailable here: {cell['reason']}")
+    return cell
+
+
+@pytest.mark.parametrize("probe", sorted(HOLES))
+class TestEachProbe:
+    def test_the_control_leg_sees_the_escape(self, run: Run, probe: str) -> None:
+        """Unconfined, the payload user reaches the target: PASS because the escape was seen."""
+        cell = run.cell("none", probe)
+        assert (cell["verdict"], cell["escape"]) == ("PASS", "escaped"), cell["reason"]
+
+    @pytest.mark.parametrize("backend", STRONG)
+    def test_the_strong_backends_hold(self, run: Run, probe: str, backend: str) -> None:
+        """bubblewrap and docker refuse every attempt, with the host control holding."""
+        cell = _strong_or_skip(run, backend, probe)
+        assert cell["verdict"] == "PASS", cell["reason"]
+        assert cell["escape"] in {"refused", "contained"}, cell["reason"]
+
+    def test_the_hole_fails_naming_the_fix(self, run: Run, probe: str) -> None:
+        """The wrapper with exactly this hole FAILs, and its reason says how to close it."""
+        cell = run.cell(HOLES[probe], probe)
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "fix: " in cell["reason"], cell["reason"]
+
+
+class TestCrossProcess:
+    def test_the_signal_reached_the_target(self, run: Run) -> None:
+        """Sharing the host's pid namespace lets SIGUSR1 reach the target: its log names it."""
+        cell = run.cell(HOLES["proc_cross_process"], "proc_cross_process")
+        assert cell["witness"]["signals"], cell["witness"]
+        assert "signal-usr1" in cell["reason"], cell["reason"]
+        assert "--unshare-pid" in cell["reason"], cell["reason"]
