@@ -21,8 +21,9 @@ kernel's syscall table minus the default allowlist:
 
 On top of those we also refuse what the probe and bubblewrap's filter refuse
 (`sandbox_attest/backends/seccomp.py`: io_uring, the keyrings, bpf, perf_event_open, userfaultfd,
-sockets of any family but unix/inet/inet6, ioctl TIOCSTI), and ptrace, process_vm_readv/writev
-and name_to_handle_at, which current docker allows on kernels >= 4.8 (nothing a payload needs).
+sockets of any family but unix/inet/inet6, ioctl TIOCSTI and TIOCLINUX), and ptrace,
+process_vm_readv/writev and name_to_handle_at, which current docker allows on kernels >= 4.8
+(nothing a payload needs).
 
 Two things an allowlist does that a deny list cannot: a syscall added to the kernel after this
 list is allowed until it is named here, and compat ABIs are refused only by leaving them out of
@@ -44,7 +45,15 @@ import errno
 import json
 from typing import Any, Final
 
-from sandbox_attest.backends.seccomp import AF_INET, AF_INET6, AF_UNIX, ARCHES, EPERM, TIOCSTI
+from sandbox_attest.backends.seccomp import (
+    AF_INET,
+    AF_INET6,
+    AF_UNIX,
+    ARCHES,
+    EPERM,
+    TIOCLINUX,
+    TIOCSTI,
+)
 
 LOW32: Final = 0xFFFFFFFF
 
@@ -160,6 +169,9 @@ def profile() -> dict[str, Any]:
     syscalls += _personality_rules()
     syscalls += _socket_rules("socket") + _socket_rules("socketpair")
     syscalls.append(_when("ioctl", 1, LOW32, TIOCSTI, "ioctl TIOCSTI: typing into a terminal"))
+    syscalls.append(
+        _when("ioctl", 1, LOW32, TIOCLINUX, "ioctl TIOCLINUX: pasting into a VT console")
+    )
     return {
         "defaultAction": "SCMP_ACT_ALLOW",
         "architectures": list(ARCHITECTURES),
@@ -182,6 +194,6 @@ def summary() -> list[str]:
         "clone3 (ENOSYS); clone with " + "|".join(CLONE_NAMESPACE_FLAGS),
         f"personality other than {', '.join(hex(v) for v in PERSONALITY_ALLOWED)}",
         "socket/socketpair families other than unix/inet/inet6",
-        "ioctl TIOCSTI",
+        "ioctl TIOCSTI and TIOCLINUX",
         f"any architecture but {', '.join(ARCHITECTURES)} (i386, x32, arm32)",
     ]

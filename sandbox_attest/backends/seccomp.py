@@ -3,7 +3,9 @@
 bubblewrap loads a classic-BPF seccomp program from a descriptor (`--seccomp FD`) but ships
 none. Namespaces do not narrow the syscall surface: without a filter a sandboxed payload
 reaches io_uring, the keyrings, bpf(), TIOCSTI into the controlling terminal, and vsock or
-netlink sockets (the `proc_syscall_surface` probe showed all of them). This program returns
+netlink sockets (the `proc_syscall_surface` probe showed all of them), and TIOCLINUX
+(`proc_syscall_surface_extended`). The i386 entry (int 0x80, where socketcall hides a socket's
+family behind a pointer) fails the architecture check. This program returns
 EPERM for those and allows everything else; it is deliberately a short deny list a reviewer
 can read against the probe, not a full allowlist.
 
@@ -39,6 +41,9 @@ AF_UNIX: Final = 1
 AF_INET: Final = 2
 AF_INET6: Final = 10
 TIOCSTI: Final = 0x5412
+# The VT console's multiplexer ioctl: its selection/paste subcodes push text into a console's
+# input like TIOCSTI does (CVE-2023-1523's class); proc_syscall_surface_extended found it open.
+TIOCLINUX: Final = 0x541C
 # x32 syscalls on x86_64 carry this bit; they would bypass every number below.
 X32_SYSCALL_BIT: Final = 0x40000000
 
@@ -114,7 +119,7 @@ def build_filter(machine: str | None = None) -> bytes:
     deny = SECCOMP_RET_ERRNO | EPERM
     # The program, with jumps written as names resolved below: 1. wrong arch -> deny;
     # 2. x32 numbers -> deny; 3. each denied number -> deny; 4. socket/socketpair with a family
-    # other than unix/inet/inet6 -> deny; 5. ioctl TIOCSTI -> deny; 6. allow.
+    # other than unix/inet/inet6 -> deny; 5. ioctl TIOCSTI or TIOCLINUX -> deny; 6. allow.
     prog: list[tuple[int, int, str | None, str | None]] = [
         (BPF_LD_W_ABS, OFFSET_ARCH, None, None),
         (BPF_JEQ_K, table.audit_arch, None, "deny"),
@@ -138,7 +143,8 @@ def build_filter(machine: str | None = None) -> bytes:
     labels["ioctl"] = len(prog)
     prog += [
         (BPF_LD_W_ABS, OFFSET_ARG1_LOW, None, None),
-        (BPF_JEQ_K, TIOCSTI, "deny", "allow"),
+        (BPF_JEQ_K, TIOCSTI, "deny", None),
+        (BPF_JEQ_K, TIOCLINUX, "deny", "allow"),
     ]
     labels["allow"] = len(prog)
     prog.append((BPF_RET_K, SECCOMP_RET_ALLOW, None, None))
@@ -163,6 +169,7 @@ def denied_names(machine: str | None = None) -> list[str]:
         *sorted(table.denied),
         "socket/socketpair families other than unix/inet/inet6",
         "ioctl TIOCSTI",
+        "ioctl TIOCLINUX",
         "x32 syscalls",
         "any other architecture",
     ]

@@ -59,6 +59,7 @@ from sandbox_attest.catalog.net import (
 )
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.pkg import PkgPipInstall
+from sandbox_attest.catalog.syscalls import SPECS as SYSCALL_SPECS
 
 __all__ = [
     "PROBES",
@@ -98,6 +99,7 @@ _SPECS: tuple[ProbeSpec, ...] = (
     IpcProxySocketTamper(),
     LifecycleOrphans(),
     *proc.SPECS,
+    *SYSCALL_SPECS,
     ProcCrossProcess(),
     NetProxyDnsExfil(),
 )

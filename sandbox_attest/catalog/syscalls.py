@@ -1,0 +1,321 @@
+"""Syscall-surface probes beyond proc_syscall_surface (issue 28), host side; Linux only.
+
+`proc_syscall_surface_extended` tries the keyrings' add_key/request_key, userfaultfd,
+perf_event_open, ioctl TIOCLINUX and the 32-bit socketcall through int 0x80 (and records,
+unjudged, a fileless exec through memfd_create + execveat); `proc_new_mount_api` tries clone3
+with namespace flags and the new mount API (open_tree, move_mount, mount_setattr, fsopen)
+from a user namespace of the payload's own. Both payloads call with arguments the kernel
+rejects, so "succeeded" means the call reached its handler.
+
+No host witness can see whether a syscall reached its handler, so the payload's report is
+the evidence, believed in one direction only (as in `catalog/proc.py`): a call reported
+reached is believed, because no payload gains by forging one; a refusal counts only where the
+same file, run unsandboxed on the host as the payload user (the host control), reached it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from typing import Any, Final, Literal
+
+from sandbox_attest import lifetime
+from sandbox_attest.catalog.base import (
+    HOST_TIMEOUT_S,
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _all_succeeded,
+    _attempts,
+    _check,
+    _conclude,
+    _control,
+    _control_nonce,
+    _observed,
+    _Spec,
+    _summary,
+    attempts_of,
+    host_processes,
+    probe_path,
+)
+from sandbox_attest.claims import claims_of, unclaimed
+from sandbox_attest.interpreter import payload_interpreter
+from sandbox_attest.trust import give
+from sandbox_attest.verdict import Assessment, Escape, Expectation
+
+__all__ = ["SPECS", "ProcNewMountApi", "ProcSyscallSurfaceExtended"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The host baseline: the payload file itself, unsandboxed, as the payload user.
+# This is the logic of catalog/proc.py's `_run_on_host`, copied because area modules may not
+# import one another (tests/unit/test_import_layers.py) and proc.py is being edited elsewhere;
+# it belongs in catalog/base.py once that settles, shared by both.
+
+
+def host_baseline(ctx: CellContext) -> dict[str, Any]:
+    """Run the probe's own payload unsandboxed on the host as the payload user; its report.
+
+    Raises:
+        ValueError: the payload broke its output contract on the host (a broken probe).
+    """
+    nonce = _control_nonce()
+    directory = ctx.cell_dir / "host-control"
+    workspace = directory / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    # The sandbox is judged against the payload user's own rights on this host, never root's.
+    give(workspace, ctx.user)
+    task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": {}}
+    task_path = directory / "task.json"
+    task_path.write_text(json.dumps(task))
+    argv = [payload_interpreter(ctx.user).path, str(probe_path(ctx.probe)), str(task_path)]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=HOST_TIMEOUT_S * 3,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        cwd=workspace,
+        check=False,
+        **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
+        **lifetime.popen_kwargs(),  # a killed harness must not leave the baseline running
+    )
+    reports = [
+        json.loads(line)
+        for line in done.stdout.splitlines()
+        if line.startswith("{") and '"attempts"' in line
+    ]
+    if len(reports) != 1:
+        raise ValueError(
+            f"the {ctx.probe} payload printed {len(reports)} reports on the host "
+            f"(exit {done.returncode}, stderr {done.stderr[-300:]!r}); to see why, write this "
+            f"task to task.json and run {shlex.join(argv[:2])} task.json: {json.dumps(task)}"
+        )
+    report: dict[str, Any] = reports[0]
+    return report
+
+
+def seccomp_filters(status: dict[str, Any]) -> int:
+    """How many seccomp filters the host sees on a process (mode 2 only); 0 without any."""
+    if str(status.get("Seccomp")) != "2":
+        return 0
+    try:
+        return int(str(status.get("Seccomp_filters", "1")))
+    except ValueError:
+        return 1
+
+
+def unknown_surface(escapes: list[dict[str, Any]], host: dict[Any, dict[str, Any]]) -> list[str]:
+    """Why the surface stays unknown, or [] when every door the baseline reaches was tried.
+
+    A crashed attempt, or one the baseline reaches that the report never made, leaves that
+    door unknown: a refusal counts only for a surface that was tried.
+    """
+    reasons = []
+    crashed = [a for a in escapes if a.get("outcome") == "error"]
+    if crashed:
+        reasons.append(f"the payload failed: {_summary(crashed)}")
+    tried = {a.get("what") for a in escapes}
+    missing = sorted(
+        str(w) for w, a in host.items() if a.get("outcome") == "succeeded" and w not in tried
+    )
+    if missing:
+        reasons.append(f"never tried, though the host reaches them: {', '.join(missing)}")
+    return reasons
+
+
+class _SurfaceSpec(_Spec):
+    """A syscall-surface probe judged against its own unsandboxed baseline.
+
+    Subclasses name their attempts, the calls only a seccomp filter can refuse where the
+    baseline reaches them (`seccomp_only`), and what reaching them means (`reached_words`).
+    """
+
+    area = "syscalls"
+    calls: tuple[str, ...] = ()
+    seccomp_only: frozenset[str] = frozenset()
+    reached_words: str = "reached"
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """None: a seccomp filter the host sees shows that one exists, not what it refuses.
+
+        So across a command wrapper this probe's PASS is INCONCLUSIVE at best; a FAIL (a call
+        reported reached) needs no corroboration.
+        """
+        del ctx, report
+        return []
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The getpid control and this probe's calls; `syscalls` excuses all of them.
+
+        Where the payload has no syscall table for its machine it says so in one `syscalls`
+        error, before even its control.
+        """
+        del task
+        names = attempts_of("getpid", *self.calls)
+        return AttemptTable(required=names, excuses=(("syscalls", names),))
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied under a filtered-syscalls claim (the default where ipc is "isolated")."""
+        return "denied" if claims_of(policy).syscalls == "filtered" else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE under an open syscall surface: this probe tests that claim alone."""
+        return unclaimed(self.id, claims_of(policy))
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Nothing to plant: the payload calls with arguments the kernel rejects."""
+        del ctx
+        return {}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The same file's attempts, unsandboxed on the host as the payload user."""
+        nonce = _control_nonce()
+        try:
+            baseline = host_baseline(ctx)
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            control = _control(nonce, [_check("host baseline ran", ok=False, detail=repr(exc))])
+            control["baseline"] = None
+            return control
+        inside = _attempts(baseline, "control")
+        detail = (
+            _summary(inside)
+            if inside
+            else "no control attempt; it reported: "
+            + (_summary(list(baseline.get("attempts") or [])) or "nothing")
+        )
+        control = _control(nonce, [_check("host baseline ran", _all_succeeded(inside), detail)])
+        control["baseline"] = baseline
+        return control
+
+    def _refused_without_filter(self, ctx: CellContext, refused: list[dict[str, Any]]) -> str:
+        """Why refusals of seccomp-only calls cannot be the kernel's, or "" when they can be."""
+        names = sorted(str(a.get("what")) for a in refused if a.get("what") in self.seccomp_only)
+        bare = [p for p in host_processes(ctx) if seccomp_filters(p.get("status") or {}) < 1]
+        if not names or not bare:
+            return ""
+        pids = ", ".join(
+            f"{p.get('pid', '?')} (Seccomp {(p.get('status') or {}).get('Seccomp', '?')})"
+            for p in bare
+        )
+        return (
+            f"the report says {', '.join(names)} were refused, calls the host baseline "
+            f"reaches, but the host sees no seccomp filter on the payload (host pid {pids}): "
+            "nothing could have refused them, so the report is not what the kernel said"
+        )
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A call the host baseline reaches and the payload reaches too is an escape.
+
+        So is a refusal the host's own reading rules out (a seccomp-only call reported refused
+        while the host sees no filter on the payload). A crash, or a call the baseline reaches
+        that the report never made, leaves the surface unknown: never a PASS.
+        """
+        del witness
+        baseline = control.get("baseline") or {}
+        host = {a.get("what"): a for a in _attempts(baseline, "escape")}
+        escapes = _attempts(report, "escape")
+        # A door the host kernel itself lacks (no IA32 emulation, perf off) proves nothing.
+        judged = [a for a in escapes if host.get(a.get("what"), {}).get("outcome") == "succeeded"]
+        skipped = sorted(
+            str(a.get("what")) for a in escapes if a not in judged and a.get("outcome") != "error"
+        )
+        observed: Literal["succeeded", "refused", "error"] = (
+            _observed(judged) if judged else "error"
+        )
+        reached = [a for a in judged if a.get("outcome") == "succeeded"]
+        refused = [a for a in judged if a.get("outcome") == "refused"]
+        facts = report.get("facts", {})
+        reasons = [
+            f"{self.reached_words}: {_summary(reached) if reached else 'none'}",
+            f"refused: {_summary(refused) if refused else 'none'}",
+            f"seccomp={facts.get('seccomp')}",
+        ]
+        if "unshare" in facts:
+            reasons.append(
+                f"the payload's own unshare(CLONE_NEWUSER|CLONE_NEWNS): {facts['unshare']}"
+            )
+        if skipped:
+            reasons.append(
+                f"not judged (the host baseline does not reach them): {', '.join(skipped)}"
+            )
+        if not judged:
+            reasons.append("no call the host baseline reaches was reported")
+        escape: Escape = "undecided"
+        if observed == "succeeded":
+            escape = "escaped"
+            reasons.append(
+                "the payload reports it (no host witness exists; a report against the "
+                "sandbox is believed)"
+            )
+        elif observed == "refused":
+            escape = "refused"
+        unfiltered = self._refused_without_filter(ctx, refused)
+        if unfiltered:
+            escape = "escaped"
+            reasons.insert(0, unfiltered)
+        claims = claims_of(ctx.policy)
+        if escape == "escaped" and claims.syscalls == "filtered":
+            names = ", ".join(str(a.get("what")) for a in reached) or "a forged refusal"
+            reasons.insert(0, f"{claims.phrase('syscalls')}; the payload reached {names}")
+        unknown = unknown_surface(escapes, host)
+        if escape != "escaped" and unknown:
+            escape = "undecided"
+            reasons.extend(unknown)
+        inside = _attempts(report, "control")
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=_all_succeeded(inside),
+            inside_failed=f"in-sandbox control failed: {_summary(inside)}",
+            host_control=control,
+            host_failed="host control failed",
+            witness={
+                "reached": reached,
+                "host_baseline": list(host.values()),
+                "observations": _attempts(report, "observation"),
+            },
+            controls={"inside": inside, "host": control},
+        )
+
+
+class ProcSyscallSurfaceExtended(_SurfaceSpec):
+    """add_key, request_key, userfaultfd, perf_event_open, TIOCLINUX and i386 socketcall."""
+
+    id = "proc_syscall_surface_extended"
+    calls = (
+        "add_key",
+        "request_key",
+        "userfaultfd",
+        "perf_event_open",
+        "ioctl-tioclinux",
+        "socketcall-i386",
+        "memfd-execveat",
+    )
+    # No capability or namespace decides these with the payload's arguments: only a filter
+    # (or an LSM hook this host does not run) can refuse them where the baseline reaches them.
+    seccomp_only = frozenset({"add_key", "request_key", "userfaultfd"})
+    reached_words = "reached the kernel handler"
+
+
+class ProcNewMountApi(_SurfaceSpec):
+    """clone3 with namespace flags, then open_tree/move_mount/mount_setattr/fsopen in them."""
+
+    id = "proc_new_mount_api"
+    calls = ("clone3-newns", "open_tree", "move_mount", "mount_setattr", "fsopen")
+    # All of these need CAP_SYS_ADMIN over a mount namespace or a free user-namespace slot:
+    # a sandbox may refuse them without a filter (bwrap --disable-userns), so none is here.
+    seccomp_only = frozenset()
+    reached_words = "reached (clone3 made namespaces, or the mount API passed its permission check)"
+
+
+SPECS: Final = (ProcSyscallSurfaceExtended(), ProcNewMountApi())
