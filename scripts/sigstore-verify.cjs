@@ -1,6 +1,8 @@
 // Verify Sigstore bundles (one per line) with a public key, offline, using the Sigstore
 // project's own JavaScript verifier (@sigstore/verify, the library under @sigstore/cli).
-// Usage: node sigstore_verify.cjs BUNDLES.jsonl PUBLIC.pem KEYID
+// Usage: node scripts/sigstore-verify.cjs BUNDLES.jsonl PUBLIC.pem KEYID  (NODE_PATH: where
+// @sigstore/verify and @sigstore/bundle are, e.g. /opt/sandbox-attest/npm/node_modules, which
+// scripts/real-sandboxes.sh fills at pinned versions)
 // Prints one JSON line per bundle: {"line": n, "ok": true} or {"line": n, "ok": false,
 // "error": "..."}; exits 0 only if every bundle verified.
 "use strict";
