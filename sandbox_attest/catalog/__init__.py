@@ -58,6 +58,7 @@ from sandbox_attest.catalog.net import (
     NetTransfer18MiB,
 )
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
+from sandbox_attest.catalog.net.socks import NetSocks5
 from sandbox_attest.catalog.pkg import PkgPipInstall
 from sandbox_attest.catalog.syscalls import SPECS as SYSCALL_SPECS
 
@@ -102,5 +103,6 @@ _SPECS: tuple[ProbeSpec, ...] = (
     *SYSCALL_SPECS,
     ProcCrossProcess(),
     NetProxyDnsExfil(),
+    NetSocks5(),
 )
 PROBES: dict[str, ProbeSpec] = {spec.id: spec for spec in _SPECS}

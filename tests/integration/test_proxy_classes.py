@@ -1,0 +1,165 @@
+"""Issue 28, "through the proxy" part A, live: two route holes, each with a host witness.
+
+Two deliberately broken wrappers under tests/data/newclasses/, each matrix/backends/
+bwrap-generic.toml with one hole in its egress (the servers are tests/data/newclasses/
+route_holes.py), go through one real `sandbox-attest run` beside the control leg and the strong
+built-in backends:
+
+- net_proxy_dns_exfil_hole.toml brings its own proxy that resolves a host before it checks its
+  allowlist: every denied request still gets its 403, but the DNS fixture logs the secret
+  label, and `net_proxy_dns_exfil` FAILs naming the lookup and the fix;
+- net_socks5_hole.toml keeps the harness's proxy and also exports ALL_PROXY=socks5h://... to an
+  open SOCKS5 relay: the denied origin logs the payload's request, and `net_socks5` FAILs
+  naming the SOCKS route and the fix.
+
+Each hole FAILs its own probe and not the other one; bubblewrap, docker and the control leg
+PASS both (the harness's proxy neither resolves a denied name nor speaks SOCKS). Real bwrap,
+real Docker where the engine is up, the real fixture world (the lab where it can be made);
+root only (the payload user exists only as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from sandbox_attest.attest import EVIDENCE_NAME
+from tests.integration.test_cli_run import CLI, keypair
+from tests.reachable import reachable_tempdir
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root"),
+    pytest.mark.timeout(400),
+]
+
+REPO = Path(__file__).parent.parent.parent
+DATA = Path(__file__).parent.parent / "data" / "newclasses"
+PROBES = ("net_proxy_dns_exfil", "net_socks5")
+# Each wrapper (its [backend] name): its spec and the one probe its hole must FAIL.
+HOLES = {
+    "hole-dns-exfil": ("net_proxy_dns_exfil_hole.toml", "net_proxy_dns_exfil"),
+    "hole-socks5": ("net_socks5_hole.toml", "net_socks5"),
+}
+STRONG = ("bubblewrap", "docker")
+RUN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class HolesRun:
+    """One `sandbox-attest run` over both broken wrappers, the strong backends and the control."""
+
+    out: Path
+    stdout: str
+    stderr: str
+
+    def cell(self, backend: str, probe: str) -> dict[str, Any]:
+        """One cell of the signed evidence; fails naming the run's output if there is none."""
+        path = self.out / EVIDENCE_NAME
+        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
+        cells = {c["cell_id"]: c for c in json.loads(path.read_text())["cells"]}
+        return cells[f"{backend}-{probe}"]
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[HolesRun]:
+    """The run, shared by the checks below."""
+    with reachable_tempdir("sa-proxyclasses-") as root:
+        matrix = root / "matrix.toml"
+        matrix.write_text(
+            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 30\n' for p in PROBES)
+            + "".join(f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in STRONG)
+            + '[[backend]]\nname = "none"\nplatforms = ["linux"]\n'
+        )
+        policy = root / "policy.toml"
+        required = ", ".join(f'"{p}"' for p in PROBES)
+        policy.write_text(
+            f'[[require]]\nplatform = "linux"\nbackend = "none"\nprobes = [{required}]\n'
+        )
+        private, _ = keypair(root)
+        out = root / "report"
+        specs = [arg for file, _ in HOLES.values() for arg in ("--backend-spec", str(DATA / file))]
+        argv = [
+            *CLI,
+            "run",
+            "--matrix",
+            str(matrix),
+            "--policy",
+            str(policy),
+            *specs,
+            "--key",
+            str(private),
+            "--out",
+            str(out),
+            "-j",
+            "2",
+        ]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
+        )
+        yield HolesRun(out, done.stdout, done.stderr)
+
+
+class TestStrongLegs:
+    def test_control_leg_passes_both(self, run: HolesRun) -> None:
+        """The harness's own proxy refuses unresolved and speaks no SOCKS: PASS on the open leg."""
+        for probe in PROBES:
+            cell = run.cell("none", probe)
+            assert cell["verdict"] == "PASS", (probe, cell["reason"])
+            assert cell["escape"] == "refused", (probe, cell["reason"])
+
+    @pytest.mark.parametrize("backend", STRONG)
+    def test_strong_backend_passes_both(self, run: HolesRun, backend: str) -> None:
+        """The strong legs PASS both probes (skipped where the backend cannot run here)."""
+        for probe in PROBES:
+            cell = run.cell(backend, probe)
+            if cell["verdict"] == "UNAVAILABLE":
+                pytest.skip(f"{backend} is unavailable here: {cell['reason']}")
+            assert cell["verdict"] == "PASS", (probe, cell["reason"])
+
+
+class TestResolveFirstProxy:
+    def test_fails_naming_the_lookup_and_the_fix(self, run: HolesRun) -> None:
+        """A proxy that resolves before it refuses leaks the secret label: FAIL with the fix."""
+        cell = run.cell("hole-dns-exfil", "net_proxy_dns_exfil")
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "the proxy resolved denied names before refusing them" in cell["reason"]
+        assert "fix: check the allowlist before resolving" in cell["reason"]
+
+    def test_every_denied_request_was_still_refused(self, run: HolesRun) -> None:
+        """The hole is the lookup alone: each denied request got its 403, the DNS log the nonce."""
+        cell = run.cell("hole-dns-exfil", "net_proxy_dns_exfil")
+        escapes = [a for a in cell["attempts"] if a["role"] == "escape"]
+        assert [a["status"] for a in escapes] == [403, 403, 403], escapes
+        names = {str(q["name"]) for q in cell["witness"]["dns"]}
+        assert names, cell["witness"]
+        assert all(name.startswith(cell["nonce"]) for name in names), names
+
+    def test_its_socks_route_held(self, run: HolesRun) -> None:
+        """The same wrapper exports no SOCKS route, so net_socks5 does not FAIL on it."""
+        cell = run.cell("hole-dns-exfil", "net_socks5")
+        assert cell["verdict"] != "FAIL", cell["reason"]
+
+
+class TestOpenSocksRelay:
+    def test_fails_naming_the_socks_route_and_the_fix(self, run: HolesRun) -> None:
+        """An exported open SOCKS5 relay reaches the denied origin: FAIL naming it and the fix."""
+        cell = run.cell("hole-socks5", "net_socks5")
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "a SOCKS5 route went around the allowlist" in cell["reason"]
+        assert "socks5-connect:env-0" in cell["reason"]
+        assert "fix: do not export a SOCKS endpoint that bypasses the allowlist" in cell["reason"]
+        assert cell["witness"]["denied_origin"], cell["witness"]
+
+    def test_its_proxy_resolves_nothing_it_refuses(self, run: HolesRun) -> None:
+        """The same wrapper's HTTP route is the harness's proxy: net_proxy_dns_exfil holds."""
+        cell = run.cell("hole-socks5", "net_proxy_dns_exfil")
+        assert cell["verdict"] != "FAIL", cell["reason"]
