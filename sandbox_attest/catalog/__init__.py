@@ -22,7 +22,7 @@ both, hands a cell everything a spec needs (tests/unit/test_import_layers.py hol
 
 from __future__ import annotations
 
-from sandbox_attest.catalog import proc
+from sandbox_attest.catalog import machinery, proc
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -100,6 +100,7 @@ _SPECS: tuple[ProbeSpec, ...] = (
     IpcProxySocketTamper(),
     LifecycleOrphans(),
     *proc.SPECS,
+    *machinery.SPECS,
     *SYSCALL_SPECS,
     ProcCrossProcess(),
     NetProxyDnsExfil(),

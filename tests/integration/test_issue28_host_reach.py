@@ -6,6 +6,9 @@ matrix/backends/bwrap-generic.toml with exactly that hole):
 
 - proc_cross_process_hole.toml shares the host's pid namespace (no --unshare-pid): the payload
   delivers SIGUSR1 to the harness's target process outside the sandbox, which logs it.
+- proc_kernel_tunables_hole.toml binds the host's /sys/fs/cgroup writable: the payload makes a
+  nonce-named group in the cgroup the harness delegated to the payload user, and the host
+  finds it in its own cgroupfs.
 
 Each hole FAILs its own probe, naming what happened and the fix; the strong backends PASS;
 the control leg sees every escape (its job). Real bubblewrap, docker, processes and uids;
@@ -42,6 +45,7 @@ DATA = Path(__file__).parent.parent / "data" / "newclasses"
 # Each probe and the [backend] name of its hole wrapper.
 HOLES = {
     "proc_cross_process": "hole-cross-process",
+    "proc_kernel_tunables": "hole-host-cgroupfs",
 }
 STRONG = ("bubblewrap", "docker")
 LEGS = ("none", *STRONG)
@@ -60,7 +64,9 @@ class Run:
         """One cell of the signed evidence; fails naming the run's output if there is none."""
         path = self.out / EVIDENCE_NAME
         assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
-        cells = {c["cell_id"]: c for c in json.loads(path.read_text())["cells"]}
+        cells: dict[str, dict[str, Any]] = {
+            c["cell_id"]: c for c in json.loads(path.read_text())["cells"]
+        }
         return cells[f"{backend}-{probe}"]
 
 
@@ -120,7 +126,7 @@ class TestEachProbe:
 
     @pytest.mark.parametrize("backend", STRONG)
     def test_the_strong_backends_hold(self, run: Run, probe: str, backend: str) -> None:
-        """bubblewrap and docker refuse every attempt, with the host control holding."""
+        """The strong backends (bubblewrap, docker) refuse every attempt; the control holds."""
         cell = _strong_or_skip(run, backend, probe)
         assert cell["verdict"] == "PASS", cell["reason"]
         assert cell["escape"] in {"refused", "contained"}, cell["reason"]
@@ -139,3 +145,26 @@ class TestCrossProcess:
         assert cell["witness"]["signals"], cell["witness"]
         assert "signal-usr1" in cell["reason"], cell["reason"]
         assert "--unshare-pid" in cell["reason"], cell["reason"]
+
+
+class TestKernelTunables:
+    def test_the_host_found_the_group(self, run: Run) -> None:
+        """The host's cgroupfs held the payload's nonce-named group: FAIL naming the bind."""
+        cell = run.cell(HOLES["proc_kernel_tunables"], "proc_kernel_tunables")
+        assert cell["witness"]["group_made"] is True, cell["witness"]
+        assert f"escape-{cell['nonce']}" in cell["reason"], cell["reason"]
+        assert "do not bind the host's /sys/fs/cgroup" in cell["reason"], cell["reason"]
+
+    def test_no_group_is_left_behind(self, run: Run) -> None:
+        """Cleanup removed every delegated group, the payload's included."""
+        cell = run.cell(HOLES["proc_kernel_tunables"], "proc_kernel_tunables")
+        made = Path(cell["witness"]["group"])
+        assert made.name == f"escape-{cell['nonce']}", made
+        assert not made.parent.exists(), made.parent
+
+    @pytest.mark.parametrize("backend", STRONG)
+    def test_no_control_file_opened_for_writing(self, run: Run, backend: str) -> None:
+        """Inside the strong backends every write-only open of a control file was refused."""
+        cell = _strong_or_skip(run, backend, "proc_kernel_tunables")
+        assert cell["witness"]["opened"] == [], cell["witness"]
+        assert cell["witness"]["host_root"] == "", cell["witness"]

@@ -31,6 +31,7 @@ ABOVE = (
 AREAS = frozenset({"net", "dns", "ipc", "fs", "env", "proc", "dev", "lifecycle", "pkg"})
 AREAS |= {"syscalls"}  # issue 28: syscalls proc_syscall_surface does not try
 AREAS |= {"crossproc", "tunables"}  # issue 28: other processes, kernel tunables
+AREAS |= {"machinery"}  # issue 28: the sandbox's own machinery (helper, descriptors)
 # What several areas share lives below them, named by concept.
 HELPERS = frozenset({"base", "canary", "capabilities", "witness", "socket_witness"})
 
