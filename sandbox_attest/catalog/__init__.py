@@ -57,6 +57,11 @@ from sandbox_attest.catalog.net import (
     NetProxyEnvOverride,
     NetTransfer18MiB,
 )
+from sandbox_attest.catalog.net.protocol import (
+    NetDnsRebinding,
+    NetProxySmuggling,
+    NetProxyUpgrade,
+)
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.net.socks import NetSocks5
 from sandbox_attest.catalog.pkg import PkgPipInstall
@@ -105,5 +110,8 @@ _SPECS: tuple[ProbeSpec, ...] = (
     ProcCrossProcess(),
     NetProxyDnsExfil(),
     NetSocks5(),
+    NetProxySmuggling(),
+    NetProxyUpgrade(),
+    NetDnsRebinding(),
 )
 PROBES: dict[str, ProbeSpec] = {spec.id: spec for spec in _SPECS}

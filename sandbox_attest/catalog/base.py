@@ -249,6 +249,9 @@ SHARED_PAYLOADS: dict[str, str] = {
     "net_host_canonical": "net_proxy_requests",
     "net_proxy_confusion": "net_proxy_requests",
     "net_private_address": "net_proxy_requests",
+    "net_proxy_smuggling": "net_proxy_wire",
+    "net_proxy_upgrade": "net_proxy_wire",
+    "net_dns_rebinding": "net_proxy_wire",
 }
 
 

@@ -35,6 +35,9 @@ TASKS: dict[str, dict[str, Any]] = {
     "net_host_canonical": {"targets": {"requests": [{"what": "connect-canonical"}]}},
     "net_proxy_confusion": {"targets": {"requests": [{"what": "get-duplicate-host"}]}},
     "net_private_address": {"targets": {"requests": [{"what": "connect-loopback"}]}},
+    "net_proxy_smuggling": {"targets": {"requests": [{"what": "cl-te"}]}},
+    "net_proxy_upgrade": {"targets": {"requests": [{"what": "upgrade-h2c-allowed"}]}},
+    "net_dns_rebinding": {"targets": {"requests": [{"what": "get-rebind"}]}},
 }
 
 
