@@ -1,0 +1,162 @@
+"""Issue 28, the sandbox's own machinery, live: each hole FAILs its probe, the strong legs PASS.
+
+Two deliberately broken wrappers under tests/data/newclasses/, each matrix/backends/
+bwrap-generic.toml with one hole, go through one real `sandbox-attest run` beside the control
+leg and the native bubblewrap and docker backends:
+
+- fs_machinery_overwrite_hole.toml binds the sandbox's machinery (the harness's copy of a
+  helper binary, its config and its allowlist) writable: `fs_machinery_overwrite` FAILs naming
+  the copies the host saw change, and the fix;
+- fs_leaked_dirfd_hole.toml starts bwrap holding a host directory (the probe's canary dir) as
+  descriptor 7: `fs_leaked_dirfd` FAILs naming the descriptor, the canary read through it, and
+  the fix.
+
+Real bubblewrap, real docker, real uids; root only (the payload user exists only as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from sandbox_attest.attest import EVIDENCE_NAME
+from tests.integration.test_cli_run import CLI, keypair
+from tests.reachable import reachable_tempdir
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install)"),
+    pytest.mark.timeout(400),
+]
+
+REPO = Path(__file__).parent.parent.parent
+DATA = Path(__file__).parent.parent / "data" / "newclasses"
+PROBES = ("fs_machinery_overwrite", "fs_leaked_dirfd")
+# Each wrapper (its [backend] name), its spec, and the one probe its hole must FAIL.
+HOLES = {
+    "hole-machinery": ("fs_machinery_overwrite_hole.toml", "fs_machinery_overwrite"),
+    "hole-leaked-dirfd": ("fs_leaked_dirfd_hole.toml", "fs_leaked_dirfd"),
+}
+STRONG = ("bubblewrap", "docker")
+RUN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Run:
+    """One `sandbox-attest run` over the holes, the strong backends and the control leg."""
+
+    out: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def cell(self, backend: str, probe: str) -> dict[str, Any]:
+        """One cell of the signed evidence; fails naming the run's output if there is none."""
+        path = self.out / EVIDENCE_NAME
+        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
+        cells: dict[str, dict[str, Any]] = {
+            c["cell_id"]: c for c in json.loads(path.read_text())["cells"]
+        }
+        return cells[f"{backend}-{probe}"]
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[Run]:
+    """The run, shared by the checks below."""
+    with reachable_tempdir("sa-machinery-") as root:
+        matrix = root / "matrix.toml"
+        matrix.write_text(
+            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 30\n' for p in PROBES)
+            + "".join(
+                f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in ("none", *STRONG)
+            )
+        )
+        policy = root / "policy.toml"
+        probes = ", ".join(f'"{p}"' for p in PROBES)
+        policy.write_text(
+            "".join(
+                f'[[require]]\nplatform = "linux"\nbackend = "{b}"\nprobes = [{probes}]\n'
+                for b in ("none", *STRONG)
+            )
+        )
+        private, _ = keypair(root)
+        out = root / "report"
+        specs = [arg for file, _ in HOLES.values() for arg in ("--backend-spec", str(DATA / file))]
+        argv = [*CLI, "run", "--matrix", str(matrix), "--policy", str(policy), *specs]
+        argv += ["--key", str(private), "--out", str(out), "-j", "2"]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
+        )
+        yield Run(out, done.returncode, done.stdout, done.stderr)
+
+
+class TestControlLeg:
+    @pytest.mark.parametrize("probe", PROBES)
+    def test_sees_the_escape_unconfined(self, run: Run, probe: str) -> None:
+        """On the open leg each probe PASSes because it saw the escape: the FAILs are not noise."""
+        cell = run.cell("none", probe)
+        assert (cell["verdict"], cell["escape"]) == ("PASS", "escaped"), cell["reason"]
+
+
+class TestStrongBackends:
+    @pytest.mark.parametrize("backend", STRONG)
+    @pytest.mark.parametrize("probe", PROBES)
+    def test_pass(self, run: Run, backend: str, probe: str) -> None:
+        """The native bwrap and docker legs keep the machinery and host directories out: PASS."""
+        cell = run.cell(backend, probe)
+        if cell["verdict"] == "UNAVAILABLE":
+            pytest.skip(f"{backend} cannot run here: {cell['reason']}")
+        assert (cell["verdict"], cell["escape"]) == ("PASS", "refused"), cell["reason"]
+
+
+class TestMachineryWritable:
+    def test_fails_naming_the_copies_and_the_fix(self, run: Run) -> None:
+        """A writable helper, config and allowlist: FAIL naming each copy the host saw change."""
+        cell = run.cell("hole-machinery", "fs_machinery_overwrite")
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "the host sees the sandbox's machinery written: " in cell["reason"]
+        assert "fix: bind the sandbox's helper, its config, its allowlist" in cell["reason"]
+        changed = {Path(p).name for p in cell["witness"]["changed"]}
+        assert changed == {"helper", "config", "allowlist"}, cell["witness"]
+        assert cell["witness"]["real_helpers_changed"] == [], cell["witness"]
+
+    def test_the_other_probe_holds(self, run: Run) -> None:
+        """The writable machinery dir leaks no descriptor: fs_leaked_dirfd is not FAIL."""
+        cell = run.cell("hole-machinery", "fs_leaked_dirfd")
+        assert cell["verdict"] != "FAIL", cell["reason"]
+
+
+class TestLeakedDirectoryDescriptor:
+    def test_fails_naming_the_descriptor_and_the_fix(self, run: Run) -> None:
+        """A host directory held as fd 7 inside the sandbox: FAIL naming it and the fix."""
+        cell = run.cell("hole-leaked-dirfd", "fs_leaked_dirfd")
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "the payload read the canary's token via " in cell["reason"]
+        assert "fix: close every descriptor but 0-2 before starting the sandbox" in cell["reason"]
+        leaked = cell["witness"]["leaked"]
+        assert leaked, cell["witness"]
+        assert all(entry.startswith("fd 7 of pid ") for entry in leaked), leaked
+        assert all(entry.endswith("(the canary dir)") for entry in leaked), leaked
+
+    def test_the_other_probe_holds(self, run: Run) -> None:
+        """The leaked descriptor writes no machinery: fs_machinery_overwrite is not FAIL."""
+        cell = run.cell("hole-leaked-dirfd", "fs_machinery_overwrite")
+        assert cell["verdict"] != "FAIL", cell["reason"]
+
+
+class TestGate:
+    def test_no_hole_earns_a_pass_gate(self, run: Run) -> None:
+        """Exit 1 and gate FAILED: the holes' FAIL cells are not hidden by the PASSing legs."""
+        assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+        gate = [ln for ln in run.stdout.splitlines() if ln.startswith("gate: ")]
+        assert gate[-1] == "gate: FAILED", gate
