@@ -65,6 +65,7 @@ from sandbox_attest.catalog.net.protocol import (
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.net.socks import NetSocks5
 from sandbox_attest.catalog.pkg import PkgPipInstall
+from sandbox_attest.catalog.tunables import ProcKernelTunables
 from sandbox_attest.catalog.syscalls import SPECS as SYSCALL_SPECS
 
 __all__ = [
@@ -105,9 +106,10 @@ _SPECS: tuple[ProbeSpec, ...] = (
     IpcProxySocketTamper(),
     LifecycleOrphans(),
     *proc.SPECS,
-    *machinery.SPECS,
     *SYSCALL_SPECS,
+    *machinery.SPECS,
     ProcCrossProcess(),
+    ProcKernelTunables(),
     NetProxyDnsExfil(),
     NetSocks5(),
     NetProxySmuggling(),
