@@ -1,0 +1,185 @@
+"""Issue 28, live: the syscalls not yet probed, each probe with the one hole that opens it.
+
+One real `sandbox-attest run` over the strong backends (bubblewrap, docker), the control leg
+`none` and two deliberately broken wrappers (tests/data/newclasses/<probe>_hole.toml, copies
+of matrix/backends/bwrap-generic.toml):
+
+- proc_syscall_surface_extended_hole.toml is bwrap-generic as it ships, with no seccomp
+  filter: add_key, request_key, userfaultfd, perf_event_open, ioctl TIOCLINUX and the i386
+  socketcall reach their handlers, so that probe FAILs naming them and the fix. Its
+  --disable-userns still closes proc_new_mount_api, which PASSes there.
+- proc_new_mount_api_hole.toml drops --disable-userns: clone3 makes namespaces and the new
+  mount API passes its permission check, so that probe FAILs naming each call and the fix.
+
+The strong backends PASS both (their filters refuse every call, or the namespace is not
+theirs to make); the control leg sees every escape (its job). Real bubblewrap, docker and
+uids; root only (the payload user exists only as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from sandbox_attest.attest import EVIDENCE_NAME
+from tests.integration.test_cli_run import CLI, keypair
+from tests.reachable import reachable_tempdir
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+    pytest.mark.timeout(400),
+]
+
+REPO = Path(__file__).parent.parent.parent
+DATA = Path(__file__).parent.parent / "data" / "newclasses"
+# Each probe, the [backend] name of its hole wrapper and the attempts that hole must open.
+HOLES = {
+    "proc_syscall_surface_extended": (
+        "hole-syscall-surface",
+        ("add_key", "request_key", "userfaultfd", "perf_event_open", "ioctl-tioclinux"),
+    ),
+    "proc_new_mount_api": (
+        "hole-nested-userns",
+        ("clone3-newns", "open_tree", "move_mount", "mount_setattr", "fsopen"),
+    ),
+}
+STRONG = ("bubblewrap", "docker")
+LEGS = ("none", *STRONG)
+RUN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Run:
+    """One `sandbox-attest run` over the holes, the strong backends and the control leg."""
+
+    out: Path
+    stdout: str
+    stderr: str
+
+    def cell(self, backend: str, probe: str) -> dict[str, Any]:
+        """One cell of the signed evidence; fails naming the run's output if there is none."""
+        path = self.out / EVIDENCE_NAME
+        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
+        cells = {c["cell_id"]: c for c in json.loads(path.read_text())["cells"]}
+        cell: dict[str, Any] = cells[f"{backend}-{probe}"]
+        return cell
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[Run]:
+    """The run, shared by the checks below."""
+    with reachable_tempdir("sa-syscalls-") as root:
+        matrix = root / "matrix.toml"
+        matrix.write_text(
+            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 30\n' for p in HOLES)
+            + "".join(f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in LEGS)
+        )
+        policy = root / "policy.toml"
+        probes = ", ".join(f'"{p}"' for p in HOLES)
+        policy.write_text(
+            f'[[require]]\nplatform = "linux"\nbackend = "none"\nprobes = [{probes}]\n'
+        )
+        private, _ = keypair(root)
+        out = root / "report"
+        specs = [a for p in HOLES for a in ("--backend-spec", str(DATA / f"{p}_hole.toml"))]
+        strong = [a for b in STRONG for a in ("--backend", b)]
+        argv = [
+            *CLI,
+            "run",
+            "--matrix",
+            str(matrix),
+            "--policy",
+            str(policy),
+            *strong,
+            *specs,
+            "--key",
+            str(private),
+            "--out",
+            str(out),
+            "-j",
+            "2",
+        ]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
+        )
+        yield Run(out, done.stdout, done.stderr)
+
+
+def _strong_or_skip(run: Run, backend: str, probe: str) -> dict[str, Any]:
+    cell = run.cell(backend, probe)
+    if cell["verdict"] == "UNAVAILABLE":
+        pytest.skip(f"{backend} is unavailable here: {cell['reason']}")
+    return cell
+
+
+@pytest.mark.parametrize("probe", sorted(HOLES))
+class TestEachProbe:
+    def test_the_control_leg_sees_the_escape(self, run: Run, probe: str) -> None:
+        """Unconfined, the payload user reaches every door: PASS because the escape was seen."""
+        cell = run.cell("none", probe)
+        assert (cell["verdict"], cell["escape"]) == ("PASS", "escaped"), cell["reason"]
+        for what in HOLES[probe][1]:
+            assert f"{what} succeeded" in cell["reason"], (what, cell["reason"])
+
+    @pytest.mark.parametrize("backend", STRONG)
+    def test_the_strong_backends_hold(self, run: Run, probe: str, backend: str) -> None:
+        """The bubblewrap and docker backends refuse every call the host baseline reaches."""
+        cell = _strong_or_skip(run, backend, probe)
+        assert (cell["verdict"], cell["escape"]) == ("PASS", "refused"), cell["reason"]
+        assert "reached the kernel handler: none" in cell["reason"] or cell["reason"].startswith(
+            "reached (clone3 made namespaces, or the mount API passed its permission check): none"
+        ), cell["reason"]
+
+    def test_the_hole_fails_naming_each_call_and_the_fix(self, run: Run, probe: str) -> None:
+        """The wrapper with exactly this hole FAILs, naming what it let through and the fix."""
+        backend, opened = HOLES[probe]
+        cell = run.cell(backend, probe)
+        assert (cell["verdict"], cell["escape"]) == ("FAIL", "escaped"), cell["reason"]
+        assert "claims a filtered syscall surface" in cell["reason"], cell["reason"]
+        reached = cell["reason"].split("the payload reached ", 1)[1].split(";", 1)[0].split(", ")
+        assert set(opened) <= set(reached), cell["reason"]
+        assert "fix: " in cell["reason"], cell["reason"]
+
+
+class TestExactlyThatHole:
+    def test_the_seccomp_hole_leaves_namespaces_closed(self, run: Run) -> None:
+        """Without a filter but with --disable-userns, the mount API stays out of reach.
+
+        The refusal is the payload's word across a wrapper, with no host reading behind it,
+        so the verdict is INCONCLUSIVE (never PASS, and never FAIL: nothing was reached).
+        """
+        cell = run.cell("hole-syscall-surface", "proc_new_mount_api")
+        assert (cell["verdict"], cell["escape"]) == ("INCONCLUSIVE", "refused"), cell["reason"]
+        assert "no host reading corroborates it" in cell["reason"], cell["reason"]
+
+    def test_the_compat_entry_is_refused_by_the_filters(self, run: Run) -> None:
+        """The i386 socketcall reaches the kernel without a filter and never under one."""
+        hole = run.cell("hole-syscall-surface", "proc_syscall_surface_extended")
+        _, _, unjudged = hole["reason"].partition("not judged")
+        if "socketcall-i386" in unjudged:
+            pytest.skip(f"this kernel has no i386 entry to reach: {hole['reason']}")
+        assert "socketcall-i386 succeeded" in hole["reason"], hole["reason"]
+        for backend in STRONG:
+            cell = _strong_or_skip(run, backend, "proc_syscall_surface_extended")
+            assert "socketcall-i386 refused" in cell["reason"], cell["reason"]
+
+    def test_fileless_exec_is_recorded_not_judged(self, run: Run) -> None:
+        """memfd_create + execveat is an observation on every leg, never the reason for FAIL."""
+        for backend in (*LEGS, "hole-syscall-surface"):
+            cell = run.cell(backend, "proc_syscall_surface_extended")
+            if cell["verdict"] == "UNAVAILABLE":
+                continue
+            observations = cell["witness"]["observations"]
+            assert [o["what"] for o in observations] == ["memfd-execveat"], observations
+            assert "memfd-execveat" not in cell["reason"], cell["reason"]
