@@ -525,6 +525,15 @@ def _fingerprint(reading: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
+def _exiting(pid: int) -> bool:
+    """Whether `pid` is exiting or a zombie: no executable any more (root can read any live one)."""
+    try:
+        Path(f"/proc/{pid}/exe").readlink()
+    except OSError:
+        return True
+    return False
+
+
 def _comm(pid: int) -> str:
     return _read(Path(f"/proc/{pid}/comm")).strip()
 
@@ -662,6 +671,11 @@ class Rendezvous:
         reading["role"] = role
         if not reading.get("status"):
             reading["unread"] = _unread(pid) or "its status listed nothing the host reads"
+        elif _exiting(pid):
+            # Between releasing its memory and its namespaces an exiting process shows no
+            # executable but still the namespaces it is leaving: a reading of nothing it can
+            # still do, and one that would judge bwrap's own exit as a payload's (a race).
+            reading["unread"] = "exited before the host read it"
         return reading
 
     def _read_group(self, members: list[int]) -> None:
@@ -725,8 +739,8 @@ class Rendezvous:
             members = self.group.pids()
             for pid in members:
                 exe = _link(Path(f"/proc/{pid}/exe"))
-                if self._unchanged(pid, exe):
-                    continue
+                if not exe or self._unchanged(pid, exe):
+                    continue  # no executable: exiting (`_exiting`), nothing left to judge
                 above = cellgroup.ancestors_within(self._launchers, members)
                 self._read_later(pid, exe, self._classify(pid, above))
 
