@@ -130,6 +130,30 @@ def _harness_entry(signed: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _leg_copies(combined: Combined) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+    """Every leg's files to copy under legs/NN-<dir>/, and their subjects for the statement.
+
+    The bytes `verify_report` checked, not a re-read: a file swapped since is not signed. Each
+    copy also gets its envelopes as key-based Sigstore bundles, made from the copied bytes
+    (derived, not signed again), so a Sigstore client verifies a leg's statements in its copy
+    too (scripts/verify-independently.sh).
+    """
+    subjects: list[dict[str, Any]] = []
+    copies: dict[str, bytes] = {}
+    for label, v in combined.verifications:
+        copies.update({f"{LEGS_DIR}/{label}/{name}": data for name, data in v.files.items()})
+        if ATTESTATION_NAME in v.files:
+            bundles = sigstore.key_bundles(v.files[ATTESTATION_NAME])
+            copies[f"{LEGS_DIR}/{label}/{sigstore.KEY_BUNDLES_NAME}"] = bundles
+        subjects.extend(
+            {"name": f"{LEGS_DIR}/{label}/{name}", "digest": {"sha256": v.digests[name]}}
+            for name in LEG_FILES
+            # An informational leg that failed to verify may lack a file; it decides nothing.
+            if name in v.digests
+        )
+    return subjects, copies
+
+
 def _informational_entries(combined: Combined) -> list[dict[str, Any]]:
     """An `informational-leg:P/B` entry per informational leg merged (shown, never deciding).
 
@@ -261,17 +285,7 @@ def merge_legs(
         merged.result = combined.gate.result
     if not merged.ok or combined.gate is None:
         return merged
-    subjects: list[dict[str, Any]] = []
-    copies: dict[str, bytes] = {}
-    for label, v in combined.verifications:
-        # The bytes verify_report checked, not a re-read: a file swapped since is not signed.
-        copies.update({f"{LEGS_DIR}/{label}/{name}": data for name, data in v.files.items()})
-        subjects.extend(
-            {"name": f"{LEGS_DIR}/{label}/{name}", "digest": {"sha256": v.digests[name]}}
-            for name in LEG_FILES
-            # An informational leg that failed to verify may lack a file; it decides nothing.
-            if name in v.digests
-        )
+    subjects, copies = _leg_copies(combined)
     env = os.environ if env is None else env
     pages = release_pages(combined, expected, policy, key, env)
     copies.update(pages)
