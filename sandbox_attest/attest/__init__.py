@@ -272,8 +272,10 @@ def sign_judged(
          `reportfs.write_new` (new temp file, no-follow, rename), so what is on disk is what
          is signed, whatever was planted in the directory before;
       4. digest allure-results/ (`subjects.tree_sha256`, through the directory descriptor);
-      5. sign both statements over the digests of the bytes held here, write
-         attestation.intoto.jsonl, attempt keyless Sigstore, then write signing.json.
+      5. sign one test-result statement per backend (subjects: what it ran; the report
+         files' digests in its configuration) and the evidence statement (subjects: the
+         report files) from the bytes held here, write attestation.intoto.jsonl and its
+         key-based Sigstore bundles, attempt keyless Sigstore, then write signing.json.
 
     Args:
         report_dir: the report directory (for messages, and where `dir_fd` came from).

@@ -5,6 +5,10 @@ explicit `SIGSTORE_ID_TOKEN`) and the `sigstore` package; it also talks to Fulci
 Without any of these the report is Ed25519-only, and says so: it never fails a run, because
 the Ed25519 signature is the one `verify` checks. `verify` does not check Sigstore bundles
 (that needs the network); use `sigstore verify identity` on `attestation.sigstore.jsonl`.
+
+Whatever happens to keyless signing, `key_bundles` writes the Ed25519 envelopes as Sigstore
+bundles with public-key verification material (`attestation.bundle.jsonl`), which a Sigstore
+client verifies offline with the public key (scripts/verify-independently.sh).
 """
 
 from __future__ import annotations

@@ -1,9 +1,15 @@
-"""in-toto Statement v1 builders for the two predicates a report carries, and their parser.
+"""in-toto Statement v1 builders for the predicates sandbox-attest signs, and their parser.
 
 Spec: https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md. A Statement is
 `{"_type", "subject": [ResourceDescriptor], "predicateType", "predicate"}`; every subject MUST
 carry a digest. Statements are serialized once (`statement_bytes`) and those bytes are what
 the DSSE envelope carries: nothing downstream re-dumps them.
+
+A run signs one test-result statement per backend, whose subjects are the sandbox it tested
+(`sandbox_subjects`: the executables, image and spec it ran; issue 30) and whose configuration
+pins the run and the report files, then one evidence statement whose subjects are the report
+files. A merge signs a test-result statement over the legs' copies and a SLSA verification
+summary over the sandboxes (`verification_summary`).
 """
 
 from __future__ import annotations

@@ -5,11 +5,15 @@ sees the whole picture in one go. It passes only if every check holds:
 
   1. every line of attestation.intoto.jsonl is a DSSE envelope of type in-toto, signed by
      the trusted key, carrying an in-toto Statement v1 of a predicate type we know;
-  2. exactly one test-result and one evidence statement are present;
-  3. each statement covers every subject in `subjects.ALL_SUBJECTS`, and each signed
-     digest equals the digest of that file (allure-results/: its tree digest) now;
-  4. the gate re-derived from evidence.json with the given policy equals the signed one,
-     and is PASSED or WARNED;
+  2. one test-result statement per backend of the evidence (issue 30; a report from before
+     it has one, about its report files, and a note says so) and one evidence statement;
+  3. each statement covers every report file in `subjects.ALL_SUBJECTS` (the evidence
+     statement as subjects, a test-result statement in its configuration), and each signed
+     digest equals the digest of that file (allure-results/: its tree digest) now; each
+     test-result statement's subjects are exactly what the signed evidence says its backend
+     ran (`_check_sandboxes`);
+  4. the gate re-derived from evidence.json with the given policy equals the signed one (and
+     each backend's, `backend_gate`, its statement's), and is PASSED or WARNED;
   5. the statement was derived with the very policy given (same sha256: no downgrade), and
      every leg and probe that policy requires is present and PASS;
   6. the trusted key is not a per-machine key (its keyid is not in this machine's
@@ -26,8 +30,9 @@ A merged release directory (written by `merge`: one test-result statement whose 
 names an `expect-legs` file, every subject of each leg copied under `legs/NN-<dir>/`, and the
 release's own report.html and summary.md beside legs/) is verified as a whole: its envelope
 against the trusted key, every subject digest against the copy under the directory (the
-release pages too), every copied leg on its own, and the combined gate re-derived by
-`verify_legs` (the function `merge` decided it with) against the signed one.
+release pages too), every copied leg on its own, the combined gate re-derived by
+`verify_legs` (the function `merge` decided it with) against the signed one, and the release's
+verification summary against the one the verified legs give (`summary.check_summary`).
 """
 
 from __future__ import annotations
