@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest import lifetime, sweep
 from sandbox_attest.cgroupfs import cgroup_members, kernel_at_least, own_v2_dir, remove_cgroup_tree
+from sandbox_attest.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterator, Sequence
@@ -115,7 +116,8 @@ def _make_run_cgroup() -> _RunCgroup:  # noqa: PLR0911  (one return per reason i
     # Journalled before it exists: a run killed right after the mkdir still has it swept.
     try:
         sweep.record(key, [], cgroup=str(path))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ConfigError) as exc:
+        # Unjournalled, a killed run's group would stay for good: use the subtree instead.
         return _RunCgroup(None, f"cannot journal the run's cgroup ({exc})")
     try:
         path.mkdir(mode=0o755)
@@ -132,7 +134,7 @@ def _close_run(run: _RunCgroup) -> None:
         return
     notes = remove_cgroup_tree(run.path)
     if not notes:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, ConfigError):
             sweep.forget(run.journal_key)
 
 
