@@ -170,7 +170,8 @@ def run_request(req, proxy, nonce):
     extra = statuses[int(req.get("carriers", 0)):]
     if any(200 <= s < 300 or s == 101 for s in extra):
         out["outcome"] = "succeeded"
-        out["detail"] = "the request past the carrier was answered; " + detail
+        out["detail"] = ("the request past the carrier was answered; " if req.get("carriers")
+                         else "answered; ") + detail
     elif refusal:
         out["status"] = refusal[0]
     return out
