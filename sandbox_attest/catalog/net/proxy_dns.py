@@ -57,6 +57,22 @@ NOT_IN_LAB: Final = (
     "resolver, and outside the lab world that resolver may send the secret name off this "
     "machine; run with --world lab"
 )
+# errnos of a payload with no network at all (a seccomp filter's EPERM, no route, nothing on the
+# sandbox's own empty loopback): under network = "none" they are the claim holding.
+NO_NETWORK_ERRNOS: Final = frozenset(
+    {"EPERM", "EACCES", "ENETUNREACH", "EHOSTUNREACH", "ECONNREFUSED", "EAFNOSUPPORT"}
+)
+NO_NETWORK: Final = (
+    'no network, as network = "none" claims: every attempt, the allowed control too, was '
+    "refused before any proxy"
+)
+
+
+def _refused_by_no_network(attempts: list[dict[str, Any]]) -> bool:
+    """Every attempt was refused by the network itself (no route, a filter's EPERM)."""
+    return bool(attempts) and all(
+        a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in attempts
+    )
 
 
 def _in_lab(extra: Mapping[str, Any]) -> bool:
@@ -156,8 +172,14 @@ class NetProxyDnsExfil(_Spec):
         if not hits:
             reasons.append("the DNS fixture logged no query carrying the nonce")
         escape = _judge(observed, bool(hits or origin_hits), None, reasons)
-        inside_ok = bool(controls) and all(
-            a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls
+        # Under a no-network claim the allowed control cannot succeed either: every attempt
+        # refused by the network itself, before any proxy, is the claim holding.
+        no_network = ctx.policy.network == "none" and _refused_by_no_network([*escapes, *controls])
+        if no_network:
+            reasons.append(NO_NETWORK)
+        inside_ok = no_network or (
+            bool(controls)
+            and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
         return _conclude(
             escape,

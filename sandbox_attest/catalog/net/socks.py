@@ -49,6 +49,15 @@ FIX: Final = (
     "rules to SOCKS5 CONNECT as to HTTP CONNECT, refuse UDP ASSOCIATE (or filter each "
     "datagram's destination), or drop the SOCKS route"
 )
+# errnos of a payload with no network at all (a seccomp filter's EPERM, no route, nothing on the
+# sandbox's own empty loopback): under network = "none" they are the claim holding.
+NO_NETWORK_ERRNOS: Final = frozenset(
+    {"EPERM", "EACCES", "ENETUNREACH", "EHOSTUNREACH", "ECONNREFUSED", "EAFNOSUPPORT"}
+)
+NO_NETWORK: Final = (
+    'no network, as network = "none" claims: every attempt, the allowed control too, was '
+    "refused before any proxy"
+)
 
 
 class NetSocks5(_Spec):
@@ -156,8 +165,14 @@ class NetSocks5(_Spec):
             )
         reasons.append(f"payload: {_summary(escapes)}")
         escape = _judge(observed, bool(origin_hits or udp or allowed_through), None, reasons)
-        inside_ok = bool(controls) and all(
-            a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls
+        # Under a no-network claim the allowed control cannot succeed either: every attempt
+        # refused by the network itself, before any proxy, is the claim holding.
+        no_network = ctx.policy.network == "none" and _refused_by_no_network([*escapes, *controls])
+        if no_network:
+            reasons.append(NO_NETWORK)
+        inside_ok = no_network or (
+            bool(controls)
+            and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
         return _conclude(
             escape,
@@ -168,6 +183,13 @@ class NetSocks5(_Spec):
             host_control=control,
             witness={"denied_origin": origin_hits, "direct_udp": udp, "proxy": allowed_through},
         )
+
+
+def _refused_by_no_network(attempts: list[dict[str, Any]]) -> bool:
+    """Every attempt was refused by the network itself (no route, a filter's EPERM)."""
+    return bool(attempts) and all(
+        a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in attempts
+    )
 
 
 def _denied_hits(records: WitnessRecordsLike, nonce: str) -> list[dict[str, Any]]:
