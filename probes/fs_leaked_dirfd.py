@@ -6,7 +6,8 @@ host's tree, whatever the sandbox's mounts say.
 
 Escape attempts:
 - ``path:canary``: the canary file by its host path (targets["canary"]), as an unconfined
-  process reaches it (the control leg's escape);
+  process reaches it: the control leg's escape, and on a sandbox only a note (reading host
+  paths is fs_read_secrets' claim, not this class);
 - for every directory descriptor in /proc/self/fd: ``dirfd:<n>`` opens the canary name
   relative to it, then walks ``openat(fd, "..")`` to the top of the tree it belongs to, trying
   the canary's host path relative to each level; ``fchdir:<n>`` does the same as a working
@@ -15,6 +16,9 @@ Escape attempts:
 - ``procfd:<pid>:<n>``: the same openat walk from ``/proc/<pid>/fd/<n>`` of every other
   process it can see (the sandbox's own helpers: a shim or init that inherited a host
   directory and closed it only for its child still holds it, and the magic link reopens it).
+
+``scan:descriptors`` sums the descriptor routes up: refused when none reached the canary
+(also when there was no directory descriptor to walk at all).
 
 In-sandbox control ``control:openat``: the payload opens its own workspace as a descriptor
 and reads the harness's control file through ``openat`` on it, so a refusal above is not a
@@ -223,6 +227,18 @@ def run(task, out):
     for pid, fd in others:
         out["attempts"].append(via_proc("procfd:%d:%d" % (pid, fd), pid, fd, canary, reached))
     out["facts"]["reached"] = [list(r) for r in {tuple(r) for r in reached}]
+    # One verdict-bearing line whatever was found: a sandbox that leaks no descriptor has no
+    # dirfd:/fchdir:/procfd: attempts at all, and "nothing to walk" is its refusal.
+    routes = [a for a in out["attempts"] if a["what"].split(":")[0] in ("dirfd", "fchdir", "procfd")]
+    won = [a["what"] for a in routes if a["outcome"] == "succeeded"]
+    if won:
+        out["attempts"].append(attempt("scan:descriptors", "escape", "succeeded", None, None,
+                                       "the canary was reached via " + ",".join(won)))
+    else:
+        out["attempts"].append(attempt(
+            "scan:descriptors", "escape", "refused", "ENOENT", None,
+            "%d own and %d other directory descriptors walked; none reached the canary"
+            % (len(fds), len(others))))
 
 
 def main(argv):

@@ -79,6 +79,8 @@ MAX_ANCESTORS_READ: Final = 8
 DIRFD_DIR: Final = "dirfd-canary"
 DIRFD_CANARY: Final = "canary.txt"
 DIRFD_CONTROL: Final = "dirfd-control.txt"
+PATH_ATTEMPT: Final = "path:canary"
+SCAN_ATTEMPT: Final = "scan:descriptors"
 
 
 def _marker(nonce: str) -> str:
@@ -409,7 +411,7 @@ class FsLeakedDirfd(_Spec):
         """The control, the path attempt, and two walks per directory descriptor found."""
         del task
         return AttemptTable(
-            required=attempts_of("control:openat", "path:canary"),
+            required=attempts_of("control:openat", "path:canary", "scan:descriptors"),
             discovered=("dirfd:", "fchdir:", "procfd:"),
         )
 
@@ -475,13 +477,25 @@ class FsLeakedDirfd(_Spec):
             for name, ident in (state.get("forbidden") or {}).items()
             if isinstance(ident, list)
         }
-        escapes = _attempts(report, "escape")
+        claims = claims_of(ctx.policy)
+        every = _attempts(report, "escape")
+        # The host path is this class's route only where nothing confines reads (the control
+        # leg): in a sandbox, reading host paths is fs_read_secrets' claim, and a canary the
+        # reads claim leaves readable (Codex's deny-list) is no descriptor leak.
+        by_path = claims.reads == "open"
+        escapes = [a for a in every if by_path or a.get("what") != PATH_ATTEMPT]
         inside = _attempts(report, "control")
         observed = _observed(escapes)
         read = [
             str(a.get("what"))
             for a in escapes
-            if a.get("outcome") == "succeeded" and token and token in str(a.get("detail"))
+            if a.get("outcome") == "succeeded"
+            and token
+            and token in str(a.get("detail"))
+            and a.get("what") != SCAN_ATTEMPT
+        ]
+        path_note = [
+            a for a in every if a.get("what") == PATH_ATTEMPT and a.get("outcome") == "succeeded"
         ]
         facts = report.get("facts") or {}
         reached = sorted(
@@ -498,7 +512,6 @@ class FsLeakedDirfd(_Spec):
         if isinstance(cwd, list) and tuple(cwd) in forbidden:
             leaked.append(f"cwd on {forbidden[tuple(cwd)]}")
         seen = bool(read or reached or leaked)
-        claims = claims_of(ctx.policy)
         reasons: list[str] = []
         if seen:
             parts = []
@@ -511,7 +524,7 @@ class FsLeakedDirfd(_Spec):
             reasons.append(
                 (f"{claims.phrase('reads')}; " if claims.reads != "open" else "") + "; ".join(parts)
             )
-            if any(not w.startswith("path:") for w in read) or reached or leaked:
+            if any(w != PATH_ATTEMPT for w in read) or reached or leaked:
                 reasons.append(
                     "fix: close every descriptor but 0-2 before starting the sandbox (bwrap "
                     "keeps what it inherits; pass only the --*-fd descriptors it needs) and "
@@ -525,6 +538,11 @@ class FsLeakedDirfd(_Spec):
                 "descriptors in the payload, none on the host's own directories"
             )
         reasons.append(f"payload: {_summary(escapes)}")
+        if path_note and not by_path:
+            reasons.append(
+                "not judged here: the canary is also readable by its host path "
+                f"({claims.phrase('reads')}; fs_read_secrets judges reads by path)"
+            )
         escape = _judge(observed, seen, _private_namespace(report, "mnt"), reasons)
         inside_ok = (
             len(inside) == 1
