@@ -26,11 +26,12 @@ from sandbox_attest.attest import SignerFacts, gate_for, reportfs, sign_judged
 from sandbox_attest.attest.keys import SigningKey, TrustedKey, private_key_pem
 from sandbox_attest.attest.policy import Policy, load_policy
 from sandbox_attest.attest.signer import Signer
-from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY
+from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
 from sandbox_attest.attest.verify import Checks, verify_report
 from sandbox_attest.junit import render_junit
 from sandbox_attest.outcomes import run_outcomes
 from sandbox_attest.render import render_html, render_summary
+from sandbox_attest.sarif import render_sarif
 from tests.attest.builder import build_report, make_cells, write_policy
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def _views(report: Path, policy: Policy, facts: SignerFacts | None) -> dict[str,
         JUNIT: render_junit(evidence, outcomes),
         HTML: render_html(evidence, facts, policy).encode(),
         SUMMARY: render_summary(evidence, facts, policy).encode(),
+        SARIF: render_sarif(evidence),
     }
 
 
