@@ -2,9 +2,12 @@
 
 A payload's report travels through the wrapper's stdout, which the wrapper can rewrite; these
 readings do not. Every payload starts through `probes/_launch.py`, which writes a ready file
-into its workspace and waits (a few seconds at most) for a go file. Meanwhile the runner finds
-the payload's host pid (the process whose command line names the launcher and this cell's
-task file), reads what the kernel says about it, and then lets it go on:
+into its workspace and waits (a few seconds at most) for a go file. Meanwhile the runner reads
+what the kernel says about every process of the cell's group (sandbox_attest/cellgroup.py: the
+cgroup or process subtree the wrapper started in, which the payload user cannot leave), never
+only the one whose command line names the launcher (a wrapper can start a decoy with that
+name), and then lets it go on; it keeps reading members that join or change until the run
+ends (`Rendezvous`):
 
 - every namespace id, compared with the harness's own;
 - `status`: CapEff/CapPrm/CapBnd/CapAmb, NoNewPrivs, Seccomp and Seccomp_filters, Uid/Gid;
