@@ -57,6 +57,7 @@ from sandbox_attest.catalog.net import (
     NetProxyEnvOverride,
     NetTransfer18MiB,
 )
+from sandbox_attest.catalog.net.doh import NetDohBypass
 from sandbox_attest.catalog.net.protocol import (
     NetDnsRebinding,
     NetProxySmuggling,
@@ -115,5 +116,6 @@ _SPECS: tuple[ProbeSpec, ...] = (
     NetProxySmuggling(),
     NetProxyUpgrade(),
     NetDnsRebinding(),
+    NetDohBypass(),
 )
 PROBES: dict[str, ProbeSpec] = {spec.id: spec for spec in _SPECS}

@@ -19,6 +19,7 @@ log is the origin witness. It does not resolve names or follow the proxy: it onl
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import html
@@ -174,7 +175,7 @@ class _OriginHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         nonce, route = self._nonce_and_route()
-        response = origins.route(self.server.host, route, nonce)
+        response = origins.route(self.server.host, route, nonce, urlsplit(self.path).query)
         sent = 0
         complete = False
         try:
@@ -417,7 +418,7 @@ class Origins:
 
     # -- routing -------------------------------------------------------------------------
 
-    def route(self, host: FixtureHost, route: str, nonce: str | None) -> _Response:
+    def route(self, host: FixtureHost, route: str, nonce: str | None, query: str = "") -> _Response:
         """The response for `route` (the path, `/c/<nonce>` prefix kept) on `host`."""
         prefix = ""
         path = route
@@ -428,11 +429,36 @@ class Origins:
             return _text(200, f"ok {nonce or ''}\n")
         if path == "/blob":
             return self._blob_response()
+        if path == "/dns-query" and host.key == "allowed":
+            return self._doh_response(query)
         if host.key in _INDEX_HOSTS and path.startswith("/simple/"):
             return self._index_response(path.removeprefix("/simple/"), prefix)
         if host.key in _FILES_HOSTS and path.startswith("/files/"):
             return self._file_response(path.removeprefix("/files/"))
         return _text(404, f"not found: {path}\n")
+
+    def _doh_response(self, query: str) -> _Response:
+        """A DNS-over-HTTPS answer (RFC 8484 GET, `?dns=` base64url) for a fixture host name.
+
+        The allowed host stands for a public DoH resolver on an allowlisted name
+        (net_doh_bypass): it answers the fixture's names, the denied host's included, with the
+        address the origins bind, as the DNS fixture does; any other name is NXDOMAIN.
+        """
+        from dnslib import QTYPE, RCODE, RR, A, DNSRecord  # noqa: PLC0415  (used by one route)
+
+        raw = parse_qs(query).get("dns", [""])[0]
+        try:
+            request = DNSRecord.parse(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        except Exception:  # any undecodable query is the client's 400, never the origin's crash
+            return _text(400, "dns= must be a base64url DNS message (RFC 8484 4.1)\n")
+        reply = request.reply()
+        name = str(request.q.qname).rstrip(".").lower()
+        if name not in {h.name for h in self.hosts}:
+            reply.header.rcode = RCODE.NXDOMAIN
+        elif request.q.qtype == QTYPE.A:
+            reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A(self.address), ttl=5))
+        data: bytes = reply.pack()
+        return _Response(200, "application/dns-message", len(data), [data])
 
     def _blob_response(self) -> _Response:
         spec = self.blob

@@ -18,6 +18,7 @@ import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import CellContext
+from sandbox_attest.catalog.net.doh import NetDohBypass, doh_query
 from sandbox_attest.catalog.net.protocol import (
     AUTH,
     NetDnsRebinding,
@@ -327,3 +328,76 @@ class TestRebinding:
         verdict, why = self.run(world("127.0.0.1"), dial=False, queried=True)
         assert verdict is Verdict.INCONCLUSIVE, why
         assert "--world lab" in why
+
+
+class TestDohBypass:
+    def report(self, address: str | None, escape: str, status: int | None) -> dict[str, Any]:
+        """The DoH control (answered or not) and both escapes with one outcome."""
+        control = {
+            "what": "doh-allowed",
+            "role": "control",
+            "status": 200,
+            "outcome": "succeeded" if address else "refused",
+            "detail": "",
+        }
+        escapes = [
+            {"what": w, "role": "escape", "outcome": escape, "status": status, "detail": ""}
+            for w in ("get-doh-address", "connect-doh-address")
+        ]
+        return {"attempts": [control, *escapes], "facts": {"doh_address": address}}
+
+    def served(self) -> list[dict[str, Any]]:
+        """The allowed origin's log line of the payload's DoH lookup."""
+        return [{"nonce": NONCE, "host": "allowed", "path": f"/dns-query?dns=x&nonce={NONCE}"}]
+
+    def test_refused_addresses_pass(self) -> None:
+        """DoH answered and served, both ways by address refused with 403: PASS."""
+        spec = NetDohBypass()
+        cell = ctx(spec.id)
+        rep = self.report("198.19.0.10", "refused", 403)
+        verdict, why = judge(spec, cell, rep, records(origin=self.served()))
+        assert verdict is Verdict.PASS, why
+
+    def test_denied_origin_reached_by_address_fails(self) -> None:
+        """The denied origin logging the nonce is the escape whatever the payload says: FAIL."""
+        spec = NetDohBypass()
+        cell = ctx(spec.id)
+        origin = [*self.served(), {"nonce": NONCE, "host": "denied", "path": "/ok"}]
+        rep = self.report("198.19.0.10", "refused", 403)
+        verdict, why = judge(spec, cell, rep, records(origin=origin))
+        assert verdict is Verdict.FAIL, why
+        assert "refuse IP literals it does not name" in why
+
+    def test_no_address_learned_proves_nothing(self) -> None:
+        """A DoH lookup that gave no address leaves nothing to judge: not PASS."""
+        spec = NetDohBypass()
+        cell = ctx(spec.id)
+        verdict, why = judge(spec, cell, self.report(None, "error", None), records())
+        assert verdict is Verdict.INCONCLUSIVE, why
+
+    def test_a_lookup_no_origin_served_is_not_a_control(self) -> None:
+        """A DoH answer the allowed origin never logged (a forged control): not PASS."""
+        spec = NetDohBypass()
+        cell = ctx(spec.id)
+        rep = self.report("198.19.0.10", "refused", 403)
+        verdict, why = judge(spec, cell, rep, records())
+        assert verdict is Verdict.INCONCLUSIVE, why
+        assert "logged no DoH request" in why
+
+
+def test_the_allowed_origin_answers_doh_for_fixture_names_only() -> None:
+    """/dns-query on the allowed origin answers a fixture name with the origins' address."""
+    from dnslib import DNSRecord  # noqa: PLC0415  (host-only dependency)
+
+    from sandbox_attest.world.origins import FixtureHost, Origins  # noqa: PLC0415
+
+    stand_in = cast(
+        "Origins",
+        type("O", (), {"hosts": (FixtureHost("denied", "denied.test"),), "address": "198.19.0.10"}),
+    )
+    answer = Origins._doh_response(stand_in, f"dns={doh_query('denied.test')}")
+    assert answer.status == 200
+    assert [str(rr.rdata) for rr in DNSRecord.parse(b"".join(answer.body)).rr] == ["198.19.0.10"]
+    other = Origins._doh_response(stand_in, f"dns={doh_query('elsewhere.test')}")
+    assert DNSRecord.parse(b"".join(other.body)).header.rcode == 3  # NXDOMAIN
+    assert Origins._doh_response(stand_in, "dns=%%%").status == 400

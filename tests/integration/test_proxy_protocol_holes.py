@@ -1,6 +1,6 @@
 """Issue 28, the proxy's protocol surface, live: each class FAILs on a proxy with its one hole.
 
-Three wrappers under tests/data/newclasses/ bring their own allowlist proxy
+Four wrappers under tests/data/newclasses/ bring their own allowlist proxy
 (protocol_hole_proxy.py) with exactly one mistake each and go through a real
 `sandbox-attest run` beside the control leg, whose route is the harness's own proxy:
 
@@ -10,9 +10,12 @@ Three wrappers under tests/data/newclasses/ bring their own allowlist proxy
 - `upgrade` turns a request carrying Upgrade: into a byte tunnel before any 101: the next
   request on the connection reaches the allowed upstream unchecked (net_proxy_upgrade FAILs);
 - `rebind` checks the first DNS answer and dials a second one: the per-cell loopback
-  listener behind the rebinding name hears it (net_dns_rebinding FAILs).
+  listener behind the rebinding name hears it (net_dns_rebinding FAILs);
+- `address-allow` admits an IP literal that an allowed name resolves to: the denied host's
+  address, learned by DNS-over-HTTPS from the allowed origin, reaches the denied origin, which
+  shares it (net_doh_bypass FAILs).
 
-Each hole FAILs its own probe and no other, and the harness's proxy PASSes all three on the
+Each hole FAILs its own probe and no other, and the harness's proxy PASSes all four on the
 control leg. Real processes and the real DNS fixture; root only (the payload user exists only
 as root). Every dial stays on loopback or the lab's 198.18.0.0/15.
 """
@@ -42,7 +45,7 @@ pytestmark = [
 
 REPO = Path(__file__).parent.parent.parent
 DATA = Path(__file__).parent.parent / "data" / "newclasses"
-PROBES = ("net_proxy_smuggling", "net_proxy_upgrade", "net_dns_rebinding")
+PROBES = ("net_proxy_smuggling", "net_proxy_upgrade", "net_dns_rebinding", "net_doh_bypass")
 # Each wrapper's [backend] name -> the one probe its hole must FAIL, and words its reason holds.
 HOLES = {
     "hole-net-proxy-smuggling": (
@@ -57,13 +60,17 @@ HOLES = {
         "net_dns_rebinding",
         ("dialed its second", "fix: resolve once per request and dial exactly the address"),
     ),
+    "hole-net-doh-bypass": (
+        "net_doh_bypass",
+        ("reached by the address a DoH lookup gave", "refuse IP literals it does not name"),
+    ),
 }
 RUN_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
 class HolesRun:
-    """One `sandbox-attest run` over the three hole wrappers and the control leg."""
+    """One `sandbox-attest run` over the four hole wrappers and the control leg."""
 
     out: Path
     stdout: str
@@ -140,7 +147,7 @@ def test_each_hole_fails_its_probe_naming_it_and_the_fix(run: HolesRun, backend:
 
 @pytest.mark.parametrize("backend", sorted(HOLES))
 def test_each_hole_fails_no_other_class(run: HolesRun, backend: str) -> None:
-    """The other two classes hold on each hole wrapper: one mistake, one FAIL."""
+    """The other classes hold on each hole wrapper: one mistake, one FAIL."""
     own = HOLES[backend][0]
     for probe in PROBES:
         if probe != own:

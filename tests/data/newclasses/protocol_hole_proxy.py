@@ -22,6 +22,12 @@ the upstream exchange after one request. MISTAKE names the one thing it does wro
 - `rebind`: it checks the address of one resolution and dials the address of a second one
   (a check-then-dial window), as a proxy that checks with one lookup and connects by name
   does (net_dns_rebinding must FAIL).
+- `address-allow`: it admits an IP-literal target when an allowed name resolves to that
+  address, on any port, as an address-based allowlist does; a denied host that shares the
+  address (as hosts behind one CDN do, and as the lab's origins do) is reached by it
+  (net_doh_bypass must FAIL).
+
+CONNECT is served too (the same checks, then a byte tunnel after the 200).
 
 Test data (tests/integration/test_proxy_protocol_holes.py); stdlib only. It never resolves
 through the system resolver and never dials anything outside 127.0.0.0/8 and 198.18.0.0/15
@@ -92,6 +98,16 @@ def rule_for(allowed: list[str], host: str, port: int) -> str | None:
         if pattern.startswith("*.") and host.endswith(pattern[1:]):
             return "suffix"
     return None
+
+
+def allowed_address(dns: tuple[str, int], allowed: list[str], literal: str) -> bool:
+    """Whether some exactly allowed name resolves to `literal` (the `address-allow` mistake)."""
+    names = {e.rpartition(":")[0] for e in allowed if not e.startswith("*.")}
+    for name in names:
+        with contextlib.suppress(Refusal, OSError):
+            if resolve(dns, name) == literal:
+                return True
+    return False
 
 
 def address_ok(address: str, rule: str) -> bool:
@@ -208,16 +224,26 @@ class Proxy:
                 upstream.close()
             client.close()
 
-    def admit(self, target: str, headers: list[tuple[str, str]]) -> tuple[str, int, str, str]:
-        """Host, port, path and the vetted address of an absolute-form request."""
-        if not target.startswith("http://"):
-            raise Refusal(400, "absolute-form http:// only")
-        rest = target[len("http://") :]
-        cut = min((i for i in map(rest.find, "/?") if i != -1), default=len(rest))
-        authority, path = rest[:cut], rest[cut:] or "/"
+    def admit(
+        self, target: str, headers: list[tuple[str, str]], connect: bool = False
+    ) -> tuple[str, int, str, str]:
+        """Host, port, path and the vetted address of an absolute-form or CONNECT request."""
+        if connect:
+            authority, path = target, ""
+        elif target.startswith("http://"):
+            rest = target[len("http://") :]
+            cut = min((i for i in map(rest.find, "/?") if i != -1), default=len(rest))
+            authority, path = rest[:cut], rest[cut:] or "/"
+        else:
+            raise Refusal(400, "absolute-form http:// or CONNECT only")
         host, _, port_text = authority.partition(":")
         host, port = host.lower(), int(port_text or "80")
         rule = rule_for(self.allowed, host, port)
+        literal = host.replace(".", "").isdigit()
+        if rule is None and literal and self.mistake == "address-allow":
+            # The mistake: an address is admitted because an allowed name points at it.
+            if allowed_address(self.dns, self.allowed, host):
+                return host, port, path, host
         if rule is None:
             raise Refusal(403, f"{host}:{port} is not on the allowlist")
         for value in values(headers, "host"):
@@ -236,6 +262,13 @@ class Proxy:
     ) -> socket.socket | None:
         """Admit and forward one request; returns the upstream kept open, if any."""
         method, target, headers = parse(head)
+        if method == "CONNECT":
+            host, port, path, address = self.admit(target, [], connect=True)
+            upstream = dial(address, port)
+            conn.sock.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            self.splice(conn, upstream)
+            upstream.close()
+            return None
         host, port, path, address = self.admit(target, headers)
         te, cl = values(headers, "transfer-encoding"), values(headers, "content-length")
         if self.mistake != "keepalive" and (te and cl or len(set(cl)) > 1):
