@@ -22,7 +22,7 @@ both, hands a cell everything a spec needs (tests/unit/test_import_layers.py hol
 
 from __future__ import annotations
 
-from sandbox_attest.catalog import machinery, proc
+from sandbox_attest.catalog import machinery, proc, races
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -109,6 +109,7 @@ _SPECS: tuple[ProbeSpec, ...] = (
     *proc.SPECS,
     *SYSCALL_SPECS,
     *machinery.SPECS,
+    *races.SPECS,
     ProcCrossProcess(),
     ProcKernelTunables(),
     NetProxyDnsExfil(),

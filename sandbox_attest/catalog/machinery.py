@@ -483,7 +483,11 @@ class FsLeakedDirfd(_Spec):
         # leg): in a sandbox, reading host paths is fs_read_secrets' claim, and a canary the
         # reads claim leaves readable (Codex's deny-list) is no descriptor leak.
         by_path = claims.reads == "open"
-        escapes = [a for a in every if by_path or a.get("what") != PATH_ATTEMPT]
+        escapes = [
+            a
+            for a in every
+            if by_path or a.get("what") != PATH_ATTEMPT or a.get("outcome") != "succeeded"
+        ]
         inside = _attempts(report, "control")
         observed = _observed(escapes)
         read = [

@@ -32,6 +32,7 @@ AREAS = frozenset({"net", "dns", "ipc", "fs", "env", "proc", "dev", "lifecycle",
 AREAS |= {"syscalls"}  # issue 28: syscalls proc_syscall_surface does not try
 AREAS |= {"crossproc", "tunables"}  # issue 28: other processes, kernel tunables
 AREAS |= {"machinery"}  # issue 28: the sandbox's own machinery (helper, descriptors)
+AREAS |= {"races"}  # issue 28: paths swapped and sockets bound around setup
 # What several areas share lives below them, named by concept.
 HELPERS = frozenset({"base", "canary", "capabilities", "witness", "socket_witness"})
 

@@ -1,0 +1,267 @@
+"""Races, host side: a path swapped before the sandbox's setup, a socket bound at start-up.
+
+`fs_setup_race` (issue 28). The payload cannot act before its sandbox starts, so the race
+is modelled on the host: after the harness made a directory a wrapper may bind
+(`race/shared`, the payload user's, as a tools or cache dir shared with the agent is), a
+helper running as the payload user outside the sandbox swaps it for a symlink to a canary
+directory of the host's (root's, readable by the payload user) before the backend starts. A
+setup that follows the symlink binds the canary into the payload's view.
+
+Witnesses: the canary's random token (the payload can only report it by reading it), and the
+host's own look into the payload's view at the rendezvous (`look_paths`): the token file seen
+through the swapped path as the very inode the host has, while the canary's own path is not
+in view, is the swap's doing. Where the canary is visible at its own path too, the whole host
+tree is in view: reading it is fs_read_secrets' claim, noted and not judged here.
+
+The payload also binds a unix socket named by the nonce in a directory outside the workspace
+that the payload user may write unconfined (`race-sockets`): the host looks for that socket
+after the cell (a socket left where a host process would trust it is the start-up race's
+payoff). Every root file operation below the cell dir goes through `sandbox_attest.safefs`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any, Final
+
+from sandbox_attest import safefs
+from sandbox_attest.catalog.base import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _attempts,
+    _check,
+    _conclude,
+    _control,
+    _control_nonce,
+    _fs_confined,
+    _guarded,
+    _judge,
+    _load_state,
+    _observed,
+    _private_namespace,
+    _save_state,
+    _Spec,
+    _summary,
+    attempts_of,
+)
+from sandbox_attest.claims import claims_of
+from sandbox_attest.trust import unreachable_by
+from sandbox_attest.verdict import Assessment, Expectation
+
+RACE_DIR: Final = "race"
+SHARED: Final = "shared"
+CANARY_DIR: Final = "race-canary"
+CANARY_FILE: Final = "canary.txt"
+SOCKET_DIR: Final = "race-sockets"
+SWAP_ATTEMPT: Final = "swap:read"
+# The swap is one rename and one symlink; a helper that takes longer is stuck, not racing.
+SWAP_TIMEOUT_S: Final = 5.0
+# The helper's whole program: move the real directory aside, put the symlink in its place.
+SWAP_SCRIPT: Final = 'mv -- "$1/shared" "$1/shared.before" && ln -s -- "$2" "$1/shared"'
+
+
+def _socket_name(nonce: str) -> str:
+    return f"s-{nonce}.sock"
+
+
+def _swap_as_payload_user(ctx: CellContext, race: Path, canary: Path) -> str:
+    """Run the hostile helper outside any sandbox; "" when it swapped, else why not."""
+    kwargs: dict[str, Any] = ctx.user.popen_kwargs() if ctx.user is not None else {}
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", SWAP_SCRIPT, "swap", str(race), str(canary)],
+            capture_output=True,
+            text=True,
+            timeout=SWAP_TIMEOUT_S,
+            check=False,
+            cwd="/",
+            **kwargs,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the helper did not run: {exc}"
+    if done.returncode != 0:
+        return f"the helper failed (exit {done.returncode}): {done.stderr.strip()[-200:]}"
+    return ""
+
+
+class FsSetupRace(_Spec):
+    """A bind source swapped for a symlink before setup; a socket bound outside at start-up."""
+
+    id = "fs_setup_race"
+    area = "races"
+    host_readings = (
+        "the host's look into the payload's view for the canary behind the swapped path",
+        "the socket directory on the host after the cell",
+    )
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The control bind, the read through the swapped path, one bind per socket dir."""
+        dirs = (task.get("targets") or {}).get("socket_dirs") or []
+        binds = tuple(str(i) for i in range(len(dirs)))
+        return AttemptTable(
+            required=attempts_of("control:socket", SWAP_ATTEMPT, ("socket:bind", binds))
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied where the payload may see and write only its workspace; seen unconfined."""
+        return _fs_confined(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Make the shared dir, the canary and the socket dir; let the helper swap."""
+        owner = (ctx.user.uid, ctx.user.gid) if ctx.user is not None else None
+        token = secrets.token_hex(16)
+        with safefs.open_dir(ctx.cell_dir) as cell:
+            with cell.mkdir(CANARY_DIR, 0o755) as canary:
+                canary.create_file(CANARY_FILE, token + "\n", 0o644)
+            with (
+                cell.mkdir(RACE_DIR, 0o755, owner) as race,
+                race.mkdir(SHARED, 0o755, owner) as shared,
+            ):
+                shared.create_file("README", "the harness's shared dir\n", 0o644, owner)
+            cell.mkdir(SOCKET_DIR, 0o755, owner).close()
+        race_dir, canary_dir = ctx.cell_dir / RACE_DIR, ctx.cell_dir / CANARY_DIR
+        swap = _swap_as_payload_user(ctx, race_dir, canary_dir)
+        _save_state(ctx, {"token": token, "swap": swap})
+        return {
+            "swapped": str(race_dir / SHARED),
+            "token_name": CANARY_FILE,
+            "socket_dirs": [str(ctx.cell_dir / SOCKET_DIR)],
+            "socket_name": _socket_name(ctx.nonce),
+        }
+
+    def look_paths(self, ctx: CellContext) -> list[str]:
+        """The token through the swapped path, and at the canary's own path."""
+        return [
+            str(ctx.cell_dir / RACE_DIR / SHARED / CANARY_FILE),
+            str(ctx.cell_dir / CANARY_DIR / CANARY_FILE),
+        ]
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The helper swapped; the payload user may read the canary and write the socket dir."""
+        state = _load_state(ctx)
+
+        def swapped() -> dict[str, Any]:
+            why = str(state.get("swap", "prepare did not run"))
+            with safefs.open_dir(ctx.cell_dir / RACE_DIR) as race:
+                st = race.entry(SHARED)
+            link = st is not None and stat.S_ISLNK(st.st_mode)
+            return _check("the helper swapped the shared dir for a symlink", not why and link, why)
+
+        def reachable() -> dict[str, Any]:
+            what = "the payload user may read the canary and write the socket dir unconfined"
+            canary = ctx.cell_dir / CANARY_DIR
+            blocked = unreachable_by(canary, ctx.user) or unreachable_by(
+                ctx.cell_dir / SOCKET_DIR, ctx.user
+            )
+            if blocked is not None:
+                return _check(what, ok=False, detail=f"{blocked} is not traversable")
+            uid = ctx.user.uid if ctx.user is not None else os.geteuid()
+            sockets = (ctx.cell_dir / SOCKET_DIR).stat()
+            ok = bool((canary / CANARY_FILE).stat().st_mode & 0o004) and sockets.st_uid == uid
+            return _check(what, ok, f"socket dir owned by uid {sockets.st_uid}")
+
+        checks = [_guarded("swapped", swapped), _guarded("reachable", reachable)]
+        return _control(_control_nonce(), checks)
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """The canary bound in through the swap, or a socket left outside: an escape."""
+        del witness
+        state = _load_state(ctx)
+        token = str(state.get("token", ""))
+        claims = claims_of(ctx.policy)
+        looked = {str(e.get("path")): e for e in ctx.host_view.get("looked") or []}
+        through, own = (looked.get(p, {}) for p in self.look_paths(ctx))
+        via_swap = bool(through.get("same_inode_as_host"))
+        whole_tree = bool(own.get("same_inode_as_host"))
+        # The race's own outcome: the canary in view only behind the swapped path.
+        bound = via_swap and not whole_tree
+        every = _attempts(report, "escape")
+        judged_swap = claims.reads == "open" or bound
+        # A read through the swapped path that only shows the whole host tree in view is not
+        # this class's success; its refusal still counts as one.
+        escapes = [
+            a
+            for a in every
+            if judged_swap or a.get("what") != SWAP_ATTEMPT or a.get("outcome") != "succeeded"
+        ]
+        observed = _observed(escapes)
+        read = any(
+            a.get("what") == SWAP_ATTEMPT
+            and a.get("outcome") == "succeeded"
+            and token
+            and token in str(a.get("detail"))
+            for a in escapes
+        )
+        sockets = self._sockets_left(ctx)
+        reasons: list[str] = []
+        if bound or (read and claims.reads == "open"):
+            reasons.append(
+                (f"{claims.phrase('reads')}; " if claims.reads != "open" else "")
+                + "the canary swapped in before setup is in the payload's view"
+                + (" (the host sees its token behind the swapped path)" if bound else "")
+                + (" and the payload read its token" if read else "")
+            )
+            if bound:
+                reasons.append(
+                    "fix: never bind a source the payload user can change; open each bind "
+                    "source without following symlinks (O_NOFOLLOW, openat2 RESOLVE_NO_SYMLINKS) "
+                    "and bind that descriptor, or make the sources root's"
+                )
+        if sockets:
+            reasons.append(
+                (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
+                + f"a unix socket of the payload's is left on the host: {', '.join(sockets)}"
+            )
+            reasons.append(
+                "fix: bind nothing outside the workspace writable, and refuse bind() of unix "
+                "sockets outside it (a private /tmp, seccomp or Landlock on AF_UNIX)"
+            )
+        if not reasons:
+            reasons.append(
+                "the canary behind the swapped path is not in the payload's view and no "
+                "socket of the payload's is on the host"
+            )
+        reasons.append(f"payload: {_summary(escapes)}")
+        if whole_tree and claims.reads != "open":
+            reasons.append(
+                "not judged here: the canary is in view at its own host path too "
+                f"({claims.phrase('reads')}; fs_read_secrets judges reads by path)"
+            )
+        seen = bound or bool(sockets) or (read and claims.reads == "open")
+        escape = _judge(observed, seen, _private_namespace(report, "mnt"), reasons)
+        inside = _attempts(report, "control")
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            host_control=control,
+            witness={"bound": bound, "read": read, "sockets": sockets, "looked": list(looked)},
+            inside=inside,
+            inside_ok=len(inside) == 1 and inside[0].get("outcome") == "succeeded",
+        )
+
+    def _sockets_left(self, ctx: CellContext) -> list[str]:
+        name = _socket_name(ctx.nonce)
+        try:
+            with safefs.open_dir(ctx.cell_dir / SOCKET_DIR) as place:
+                st = place.entry(name)
+        except (OSError, safefs.UnsafePathError):
+            return []
+        if st is not None and stat.S_ISSOCK(st.st_mode):
+            return [str(ctx.cell_dir / SOCKET_DIR / name)]
+        return []
+
+
+SPECS: Final = (FsSetupRace(),)
