@@ -134,6 +134,7 @@ WEAKENINGS: Final = frozenset(
         "root-user",  # the container runs as root (uid 0 is the host's root: no userns remap)
         "default-seccomp",  # the engine's profile: io_uring, TIOCSTI, vsock reach the kernel
         "no-limits",  # no ulimits and no pids limit, but the limits are still declared
+        "dac-read-search",  # --cap-add DAC_READ_SEARCH: with root-user, open_by_handle_at works
     }
 )
 
@@ -267,6 +268,7 @@ class ContainerSpec:
     pid_mode: str | None = None  # None: a private pid namespace (docker's default)
     seccomp: str | None = None  # the profile's JSON text; None: the engine's default profile
     ulimits: tuple[tuple[str, int], ...] = ()
+    cap_add: list[str] = field(default_factory=list)  # only the "dac-read-search" weakening
 
     def security_opt(self) -> list[str]:
         """`no-new-privileges`, and our seccomp profile unless the engine's default is used."""
@@ -310,12 +312,15 @@ class ContainerSpec:
             kwargs["group_add"] = self.group_add
         if self.pid_mode:
             kwargs["pid_mode"] = self.pid_mode
+        if self.cap_add:
+            kwargs["cap_add"] = self.cap_add
         return kwargs
 
     def docker_argv(self) -> list[str]:
         """The equivalent `docker run` command line, recorded as the run's argv."""
         argv = ["docker", "run", "--rm", "--name", self.name, "--network", self.network_mode]
         argv += ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        argv += [f"--cap-add={cap}" for cap in self.cap_add]
         if self.seccomp is not None:
             # The JSON itself is in the identity profile; the argv names it by digest.
             digest = hashlib.sha256(self.seccomp.encode()).hexdigest()
@@ -670,6 +675,7 @@ class DockerBackend:
             labels={RUN_LABEL: self.run_id, CELL_LABEL: request.cell_id},
             group_add=sorted(set(group_add)),
             pid_mode="host" if "host-pid" in self.weaken else None,
+            cap_add=["DAC_READ_SEARCH"] if "dac-read-search" in self.weaken else [],
             seccomp=self._seccomp(),
             ulimits=self._ulimits(),
         )

@@ -44,6 +44,7 @@ from sandbox_attest.catalog.fs import (
     FsReadSecrets,
     FsWriteOutside,
 )
+from sandbox_attest.catalog.handles import FsOpenByHandle
 from sandbox_attest.catalog.ipc import IpcProxySocketTamper, IpcUnixSocketEscape
 from sandbox_attest.catalog.lifecycle import LifecycleOrphans
 from sandbox_attest.catalog.net import (
@@ -66,8 +67,8 @@ from sandbox_attest.catalog.net.protocol import (
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.net.socks import NetSocks5
 from sandbox_attest.catalog.pkg import PkgPipInstall
-from sandbox_attest.catalog.tunables import ProcKernelTunables
 from sandbox_attest.catalog.syscalls import SPECS as SYSCALL_SPECS
+from sandbox_attest.catalog.tunables import ProcKernelTunables
 
 __all__ = [
     "PROBES",
@@ -112,6 +113,7 @@ _SPECS: tuple[ProbeSpec, ...] = (
     *races.SPECS,
     ProcCrossProcess(),
     ProcKernelTunables(),
+    FsOpenByHandle(),
     NetProxyDnsExfil(),
     NetSocks5(),
     NetProxySmuggling(),

@@ -90,16 +90,25 @@ CORPUS = [
         bwrap("host-root-rw"),
         "bubblewrap",
         # The host's / brings the host's /run with it: the witness sockets planted beside the
-        # real daemons' there hear the payload (docker.sock itself is root:docker 0660).
-        frozenset({"fs_write_outside", "fs_read_secrets", "ipc_unix_socket_escape"}),
+        # real daemons' there hear the payload (docker.sock itself is root:docker 0660); and its
+        # /sys/fs/cgroup, where the payload makes a group in the cgroup delegated to it.
+        frozenset(
+            {
+                "fs_write_outside",
+                "fs_read_secrets",
+                "ipc_unix_socket_escape",
+                "proc_kernel_tunables",
+            }
+        ),
         "the host's / writable: the payload user's canaries change, its ~ is readable",
     ),
     Broken(
         "bwrap-share-pid",
         bwrap("share-pid"),
         "bubblewrap",
-        frozenset({"proc_visibility", "lifecycle_orphans"}),
-        "the host pid namespace: host processes visible; setsid children outlive bwrap",
+        frozenset({"proc_visibility", "lifecycle_orphans", "proc_cross_process"}),
+        "the host pid namespace: host processes visible and signalled; setsid children outlive "
+        "bwrap",
     ),
     Broken(
         "bwrap-no-die-with-parent",
@@ -154,8 +163,8 @@ CORPUS = [
         "docker-host-pid",
         docker("host-pid"),
         "docker",
-        frozenset({"proc_visibility"}),
-        "the host pid namespace",
+        frozenset({"proc_visibility", "proc_cross_process"}),
+        "the host pid namespace: host processes visible, read, written and signalled",
     ),
     Broken(
         "wrapper-shared-net",

@@ -6,6 +6,8 @@ matrix/backends/bwrap-generic.toml with exactly that hole):
 
 - proc_cross_process_hole.toml shares the host's pid namespace (no --unshare-pid): the payload
   delivers SIGUSR1 to the harness's target process outside the sandbox, which logs it.
+- fs_open_by_handle's hole is docker's `dac-read-search` weakening (see SHOCKER): the payload
+  opens the harness's canary outside its view by the file handle the host computed.
 - proc_kernel_tunables_hole.toml binds the host's /sys/fs/cgroup writable: the payload makes a
   nonce-named group in the cgroup the harness delegated to the payload user, and the host
   finds it in its own cgroupfs.
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sandbox_attest.attest import EVIDENCE_NAME
+from sandbox_attest.backends.base import Backend
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
 
@@ -47,6 +50,12 @@ HOLES = {
     "proc_cross_process": "hole-cross-process",
     "proc_kernel_tunables": "hole-host-cgroupfs",
 }
+# fs_open_by_handle's hole is a capability in the host's user namespace, which no wrapper
+# spec can grant: a wrapper runs as the payload user. It is the native docker backend run as
+# root with --cap-add DAC_READ_SEARCH and the engine's own seccomp profile (which admits
+# open_by_handle_at once that capability is added): the Shocker configuration.
+SHOCKER = ("root-user", "default-seccomp", "dac-read-search")
+PROBES = (*HOLES, "fs_open_by_handle")
 STRONG = ("bubblewrap", "docker")
 LEGS = ("none", *STRONG)
 RUN_TIMEOUT_S = 300
@@ -76,11 +85,11 @@ def run() -> Iterator[Run]:
     with reachable_tempdir("sa-issue28-") as root:
         matrix = root / "matrix.toml"
         matrix.write_text(
-            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 40\n' for p in HOLES)
+            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 40\n' for p in PROBES)
             + "".join(f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in LEGS)
         )
         policy = root / "policy.toml"
-        probes = ", ".join(f'"{p}"' for p in HOLES)
+        probes = ", ".join(f'"{p}"' for p in PROBES)
         policy.write_text(
             f'[[require]]\nplatform = "linux"\nbackend = "none"\nprobes = [{probes}]\n'
         )
@@ -117,7 +126,7 @@ def _strong_or_skip(run: Run, backend: str, probe: str) -> dict[str, Any]:
     return cell
 
 
-@pytest.mark.parametrize("probe", sorted(HOLES))
+@pytest.mark.parametrize("probe", PROBES)
 class TestEachProbe:
     def test_the_control_leg_sees_the_escape(self, run: Run, probe: str) -> None:
         """Unconfined, the payload user reaches the target: PASS because the escape was seen."""
@@ -131,6 +140,9 @@ class TestEachProbe:
         assert cell["verdict"] == "PASS", cell["reason"]
         assert cell["escape"] in {"refused", "contained"}, cell["reason"]
 
+
+@pytest.mark.parametrize("probe", sorted(HOLES))
+class TestEachHole:
     def test_the_hole_fails_naming_the_fix(self, run: Run, probe: str) -> None:
         """The wrapper with exactly this hole FAILs, and its reason says how to close it."""
         cell = run.cell(HOLES[probe], probe)
@@ -168,3 +180,55 @@ class TestKernelTunables:
         cell = _strong_or_skip(run, backend, "proc_kernel_tunables")
         assert cell["witness"]["opened"] == [], cell["witness"]
         assert cell["witness"]["host_root"] == "", cell["witness"]
+
+
+@pytest.fixture(scope="module")
+def shocker() -> Iterator[dict[str, dict[str, Any]]]:
+    """fs_open_by_handle on the control leg and on docker with the Shocker configuration."""
+    from sandbox_attest.backends.docker import DockerBackend  # noqa: PLC0415  (an extra)
+    from sandbox_attest.backends.none import NoneBackend  # noqa: PLC0415
+    from sandbox_attest.runner import CellRunner  # noqa: PLC0415
+    from sandbox_attest.world.core import start_world  # noqa: PLC0415
+    from tests.here import cell_here  # noqa: PLC0415
+
+    with reachable_tempdir("sa-shocker-") as root:
+        world = start_world(root / "world")
+        hole = DockerBackend(weaken=frozenset(SHOCKER))
+        try:
+            backends: dict[str, Backend] = {"none": NoneBackend(), "docker-shocker": hole}
+            availability = {n: b.availability() for n, b in backends.items()}
+            if not availability["docker-shocker"].ok:
+                pytest.skip(f"docker is unavailable: {availability['docker-shocker'].reason}")
+            scratch = root / "cells"
+            scratch.mkdir(mode=0o755)
+            runner = CellRunner(
+                world=world,
+                scratch=scratch,
+                backends=backends,
+                availability=availability,
+                platform="linux",
+            )
+            yield {
+                leg: runner.run_cell(cell_here(leg, "fs_open_by_handle", 60))
+                for leg in ("none", "docker-shocker")
+            }
+        finally:
+            hole.close()
+            world.stop()
+
+
+class TestOpenByHandle:
+    def test_the_control_leg_reads_the_canary(self, shocker: dict[str, dict[str, Any]]) -> None:
+        """Unconfined, the payload user reads the canary by path: the escape is seen."""
+        cell = shocker["none"]
+        assert (cell["verdict"], cell["escape"]) == ("PASS", "escaped"), cell["reason"]
+
+    def test_the_capability_opens_the_canary_by_handle(
+        self, shocker: dict[str, dict[str, Any]]
+    ) -> None:
+        """Root with CAP_DAC_READ_SEARCH reads the canary outside its view: FAIL with the fix."""
+        cell = shocker["docker-shocker"]
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert cell["witness"]["read_via"] == ["by_handle"], cell["witness"]
+        assert "by its file handle" in cell["reason"], cell["reason"]
+        assert "fix: drop CAP_DAC_READ_SEARCH" in cell["reason"], cell["reason"]

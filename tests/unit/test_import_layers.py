@@ -30,7 +30,7 @@ ABOVE = (
 # One catalogue module (or package) per area: the `area` of its specs.
 AREAS = frozenset({"net", "dns", "ipc", "fs", "env", "proc", "dev", "lifecycle", "pkg"})
 AREAS |= {"syscalls"}  # issue 28: syscalls proc_syscall_surface does not try
-AREAS |= {"crossproc", "tunables"}  # issue 28: other processes, kernel tunables
+AREAS |= {"crossproc", "tunables", "handles"}  # issue 28: processes, tunables, file handles
 AREAS |= {"machinery"}  # issue 28: the sandbox's own machinery (helper, descriptors)
 AREAS |= {"races"}  # issue 28: paths swapped and sockets bound around setup
 # What several areas share lives below them, named by concept.

@@ -1,0 +1,226 @@
+"""File handles, host side: open_by_handle_at must not reach a host file outside the view.
+
+A mount namespace hides paths, not files: open_by_handle_at(2) opens a file by a handle
+relative to any descriptor on the same filesystem, so a sandbox whose payload holds
+CAP_DAC_READ_SEARCH in the initial user namespace reads any file of every filesystem it has
+a mount of (the "Shocker" escape, issue 28).
+
+The canary is harness-made, outside the view, on the workspace's filesystem, readable by the
+payload user; its token exists nowhere else, so a payload that reports it read the file. The
+host hands over the canary's handle (which it computes itself) and never its content.
+
+Controls: the host opens the canary by that handle through the workspace's directory, which
+shows the handle leads to the file for whoever holds the capability; on an open host the
+payload user reads it by path (the control leg's escape). No unconfined payload user holds
+CAP_DAC_READ_SEARCH, so a refusal of open-by-handle is judged by its errno together with the
+host's reading of the capability: a process of the cell that holds it in the host's user
+namespace is the escape's precondition, reported whatever the payload says.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import struct
+from typing import Any, Final
+
+from sandbox_attest import safefs
+from sandbox_attest.catalog.base import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    _attempts,
+    _check,
+    _conclude,
+    _control,
+    _control_nonce,
+    _fs_confined,
+    _guarded,
+    _judge,
+    _load_state,
+    _observed,
+    _save_state,
+    _Spec,
+    _summary,
+    attempts_of,
+    host_processes,
+)
+from sandbox_attest.claims import claims_of
+from sandbox_attest.verdict import Assessment, Expectation
+
+__all__ = ["LINUX_ONLY_REASON", "SPECS", "FsOpenByHandle", "name_to_handle", "open_by_handle"]
+
+LINUX_ONLY_REASON: Final = (
+    "name_to_handle_at/open_by_handle_at are Linux syscalls; macOS and Windows have no file "
+    "handles of this kind"
+)
+CAP_DAC_READ_SEARCH: Final = 2
+AT_FDCWD: Final = -100
+MAX_HANDLE_SZ: Final = 128
+_DIR: Final = "handle-canary"
+_FILE: Final = "canary.txt"
+_FIX: Final = (
+    "drop CAP_DAC_READ_SEARCH (docker --cap-drop ALL, never --cap-add DAC_READ_SEARCH or "
+    "--privileged) and refuse open_by_handle_at in the seccomp filter (docker's default "
+    "profile does unless the capability is added); a user namespace (bwrap) never holds it"
+)
+
+
+def _libc_call(name: str) -> Any:
+    func = getattr(ctypes.CDLL(None, use_errno=True), name, None)
+    if func is None:
+        raise OSError(38, f"libc has no {name}")  # ENOSYS
+    func.restype = ctypes.c_int
+    return func
+
+
+def _raise_errno() -> None:
+    code = ctypes.get_errno()
+    raise OSError(code, os.strerror(code))
+
+
+def name_to_handle(path: str) -> tuple[int, bytes]:
+    """The file handle of `path` (type, bytes), as name_to_handle_at(2) gives it.
+
+    Raises:
+        OSError: the call failed (the filesystem may not export handles).
+    """
+    raw = struct.pack("=Ii", MAX_HANDLE_SZ, 0) + b"\0" * MAX_HANDLE_SZ
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    mount_id = ctypes.c_int()
+    if _libc_call("name_to_handle_at")(AT_FDCWD, path.encode(), buf, ctypes.byref(mount_id), 0):
+        _raise_errno()
+    size, kind = struct.unpack("=Ii", buf.raw[:8])
+    return kind, buf.raw[8 : 8 + size]
+
+
+def open_by_handle(mount_dir: str, kind: int, data: bytes, limit: int = 256) -> bytes:
+    """Read up to `limit` bytes of the file behind the handle, through `mount_dir`'s mount.
+
+    Raises:
+        OSError: the call failed (EPERM without CAP_DAC_READ_SEARCH).
+    """
+    raw = struct.pack("=Ii", len(data), kind) + data
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    mount_fd = os.open(mount_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = _libc_call("open_by_handle_at")(mount_fd, buf, os.O_RDONLY)
+        if fd < 0:
+            _raise_errno()
+    finally:
+        os.close(mount_fd)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def _holders(processes: list[dict[str, Any]]) -> str:
+    """The cell's processes holding CAP_DAC_READ_SEARCH in the host's user namespace, or ""."""
+    found = []
+    for process in processes:
+        if "user" not in (process.get("shared_with_harness") or []):
+            continue  # a capability of a user namespace of its own opens no host file
+        try:
+            cap_eff = int(str((process.get("status") or {}).get("CapEff", "0")), 16)
+        except ValueError:
+            continue
+        if cap_eff >> CAP_DAC_READ_SEARCH & 1:
+            found.append(f"host pid {process.get('pid', '?')}")
+    return ", ".join(found)
+
+
+class FsOpenByHandle(_Spec):
+    """Reach a host canary outside the view by its file handle (open_by_handle_at)."""
+
+    id = "fs_open_by_handle"
+    area = "handles"
+    host_readings = ("canary token", "host view of the payload's capabilities")
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """One context reading of its own handle, two attempts at the canary."""
+        del task
+        return AttemptTable(
+            required=attempts_of("name-to-handle-self", "read-by-path", "open-by-handle")
+        )
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied where reads are limited to the workspace; seen on the open leg."""
+        return _fs_confined(policy)
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Plant the canary beside the workspace (same filesystem) and compute its handle."""
+        token = secrets.token_hex(16)
+        with safefs.open_dir(ctx.cell_dir) as cell, cell.mkdir(_DIR, 0o755) as place:
+            place.create_file(_FILE, token + "\n", 0o644)
+        canary = ctx.cell_dir / _DIR / _FILE
+        kind, data = name_to_handle(str(canary))
+        _save_state(ctx, {"token": token})
+        return {"canary": str(canary), "handle_type": kind, "handle_hex": data.hex()}
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The host opens the canary by its handle through the workspace's mount."""
+        token = str(_load_state(ctx).get("token", ""))
+        canary = ctx.cell_dir / _DIR / _FILE
+
+        def by_handle() -> dict[str, Any]:
+            kind, data = name_to_handle(str(canary))
+            read = open_by_handle(str(ctx.workspace), kind, data).decode("ascii", "replace")
+            same = ctx.workspace.stat().st_dev == canary.stat().st_dev
+            ok = bool(token) and read.strip() == token and same
+            detail = f"token read by handle: {read.strip() == token}; same filesystem: {same}"
+            return _check("host opens the canary by its handle", ok, detail)
+
+        return _control(_control_nonce(), [_guarded("host opens the canary by handle", by_handle)])
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """The canary's token reported, or the capability seen by the host, is an escape."""
+        del witness  # the canary's token and the host's capability reading are the witnesses
+        token = str(_load_state(ctx).get("token", ""))
+        escapes = _attempts(report, "escape")
+        observed = _observed(escapes)
+        facts = report.get("facts") or {}
+        read = [k for k in ("read_by_path", "by_handle") if token and facts.get(k) == token]
+        holders = _holders(host_processes(ctx))
+        reasons = [
+            (
+                f"canary token read via {', '.join(read) or 'nothing'}; CAP_DAC_READ_SEARCH in "
+                f"the host's user namespace: {holders or 'no process of the cell'}"
+            ),
+            f"payload: {_summary(escapes)}",
+        ]
+        escape = _judge(observed, bool(read), None, reasons)
+        denied = self.expectation(ctx.policy) == "denied"
+        if denied and (escape == "escaped" or holders):
+            escape = "escaped"
+            how = (
+                "read the canary outside its view by its file handle"
+                if "by_handle" in read
+                else (
+                    "read the canary outside its view by its path"
+                    if read
+                    else f"holds CAP_DAC_READ_SEARCH in the host's user namespace ({holders})"
+                )
+            )
+            fix = _FIX if "by_handle" in read or holders else "keep the host path out of the view"
+            reasons.insert(
+                0, f"{claims_of(ctx.policy).phrase('reads')}; the payload {how}; fix: {fix}"
+            )
+        return _conclude(
+            escape,
+            observed,
+            reasons,
+            host_control=control,
+            witness={"read_via": read, "cap_holders": holders},
+        )
+
+
+SPECS: Final = (FsOpenByHandle(),)
