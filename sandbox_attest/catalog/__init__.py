@@ -64,6 +64,7 @@ from sandbox_attest.catalog.net.protocol import (
     NetProxySmuggling,
     NetProxyUpgrade,
 )
+from sandbox_attest.catalog.net.metadata import NetMetadataService
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.net.socks import NetSocks5
 from sandbox_attest.catalog.pkg import PkgPipInstall
@@ -116,6 +117,7 @@ _SPECS: tuple[ProbeSpec, ...] = (
     FsOpenByHandle(),
     NetProxyDnsExfil(),
     NetSocks5(),
+    NetMetadataService(),
     NetProxySmuggling(),
     NetProxyUpgrade(),
     NetDnsRebinding(),

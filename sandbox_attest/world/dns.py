@@ -27,6 +27,9 @@ ZONE = "test"
 _TTL = 1  # short on purpose: nothing downstream should cache a rebinding answer for long
 _MAX_TCP_MESSAGE = 65535
 _POLL_S = 0.2  # how often the serving threads look at the stop flag
+# Where a stand-in (`DnsFixture.stand_in`) may point: this host, or the lab's own range. A
+# stand-in name lives outside the zone, so its answer must be one no real host can have.
+_STAND_IN_NETS = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("198.18.0.0/15"))
 
 
 class ResolveError(FixtureError):
@@ -80,6 +83,7 @@ class DnsFixture:
                     "use a name ending in '.test'"
                 )
         self._sequences: dict[str, list[str]] = {}
+        self._stand_ins: dict[str, str] = {}
         self._counts: dict[str, int] = {}
         self._log: list[dict[str, object]] = []
         self._lock = threading.Lock()
@@ -187,6 +191,26 @@ class DnsFixture:
             self._sequences[key] = checked
             self._counts[key] = 0
 
+    def stand_in(self, name: str, address: str) -> None:
+        """Answer `name`, outside the zone, with `address`: a lab host standing for a real one.
+
+        For the names of services a sandbox must never reach that have no name in `.test`
+        (net_metadata_service: the cloud metadata service's well-known names). In the lab the
+        fixture is the system resolver, so a sandbox's own proxy resolves such a name here and
+        reaches only the lab host; every other name outside the zone stays NXDOMAIN.
+
+        Raises:
+            FixtureError: `address` is neither loopback nor in the lab's 198.18.0.0/15.
+        """
+        ip = ipaddress.ip_address(_check_ipv4(address))
+        if not any(ip in net for net in _STAND_IN_NETS):
+            raise FixtureError(
+                f"stand-in {name!r} -> {address}: only a loopback or lab (198.18.0.0/15) "
+                "address may answer a name outside the zone; point it at a fixture host"
+            )
+        with self._lock:
+            self._stand_ins[_normalize(name)] = address
+
     # -- answering ------------------------------------------------------------------------
 
     def _lookup(self, name: str) -> str | None:
@@ -217,7 +241,11 @@ class DnsFixture:
         in_zone = name == ZONE or name.endswith("." + ZONE)
         # Only A/AAAA advance a rebinding sequence: other types must not consume answers.
         address = self._lookup(name) if in_zone and qtype in {"A", "AAAA"} else None
-        known = address is not None or (in_zone and self._known(name))
+        with self._lock:
+            stand_in = self._stand_ins.get(name)
+        if stand_in is not None:  # a planted stand-in: an A answer, NODATA for other types
+            address = stand_in if qtype == "A" else None
+        known = address is not None or stand_in is not None or (in_zone and self._known(name))
         if not known:
             reply.header.rcode = RCODE.NXDOMAIN
         elif qtype == "A" and address is not None:

@@ -1,6 +1,6 @@
-"""Issue 28, "through the proxy" part A, live: two route holes, each with a host witness.
+"""Issue 28, "through the proxy" part A, live: three route holes, each with a host witness.
 
-Two deliberately broken wrappers under tests/data/newclasses/, each matrix/backends/
+Three deliberately broken wrappers under tests/data/newclasses/, each matrix/backends/
 bwrap-generic.toml with one hole in its egress (the servers are tests/data/newclasses/
 route_holes.py), go through one real `sandbox-attest run` beside the control leg and the strong
 built-in backends:
@@ -10,12 +10,16 @@ built-in backends:
   label, and `net_proxy_dns_exfil` FAILs naming the lookup and the fix;
 - net_socks5_hole.toml keeps the harness's proxy and also exports ALL_PROXY=socks5h://... to an
   open SOCKS5 relay: the denied origin logs the payload's request, and `net_socks5` FAILs
-  naming the SOCKS route and the fix.
+  naming the SOCKS route and the fix;
+- net_metadata_service_hole.toml brings its own proxy that checks its allowlist first but also
+  admits every `*.internal` host: the lab stand-in for the cloud metadata service's names logs
+  the payload's requests, and `net_metadata_service` FAILs naming it and the fix.
 
-Each hole FAILs its own probe and not the other one; bubblewrap, docker and the control leg
-PASS both (the harness's proxy neither resolves a denied name nor speaks SOCKS). Real bwrap,
-real Docker where the engine is up, the real fixture world (the lab where it can be made);
-root only (the payload user exists only as root).
+Each hole FAILs its own probe and no other; bubblewrap, docker and the control leg PASS all
+three (the harness's proxy neither resolves a denied name, nor speaks SOCKS, nor admits a
+metadata name; the control leg reaches the metadata stand-in directly, which is its job).
+Real bwrap, real Docker where the engine is up, the real fixture world (the lab where it can
+be made); root only (the payload user exists only as root).
 """
 
 from __future__ import annotations
@@ -43,11 +47,12 @@ pytestmark = [
 
 REPO = Path(__file__).parent.parent.parent
 DATA = Path(__file__).parent.parent / "data" / "newclasses"
-PROBES = ("net_proxy_dns_exfil", "net_socks5")
+PROBES = ("net_proxy_dns_exfil", "net_socks5", "net_metadata_service")
 # Each wrapper (its [backend] name): its spec and the one probe its hole must FAIL.
 HOLES = {
     "hole-dns-exfil": ("net_proxy_dns_exfil_hole.toml", "net_proxy_dns_exfil"),
     "hole-socks5": ("net_socks5_hole.toml", "net_socks5"),
+    "hole-metadata": ("net_metadata_service_hole.toml", "net_metadata_service"),
 }
 STRONG = ("bubblewrap", "docker")
 RUN_TIMEOUT_S = 300
@@ -66,7 +71,8 @@ class HolesRun:
         path = self.out / EVIDENCE_NAME
         assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
         cells = {c["cell_id"]: c for c in json.loads(path.read_text())["cells"]}
-        return cells[f"{backend}-{probe}"]
+        cell: dict[str, Any] = cells[f"{backend}-{probe}"]
+        return cell
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +115,18 @@ def run() -> Iterator[HolesRun]:
 
 
 class TestStrongLegs:
-    def test_control_leg_passes_both(self, run: HolesRun) -> None:
-        """The harness's own proxy refuses unresolved and speaks no SOCKS: PASS on the open leg."""
+    def test_control_leg_passes_all(self, run: HolesRun) -> None:
+        """On the open leg each probe PASSes: the proxy's refusals, and the direct escape seen."""
         for probe in PROBES:
             cell = run.cell("none", probe)
             assert cell["verdict"] == "PASS", (probe, cell["reason"])
-            assert cell["escape"] == "refused", (probe, cell["reason"])
+            # The open leg reaches the metadata stand-in directly: its escape, seen.
+            want = "escaped" if probe == "net_metadata_service" else "refused"
+            assert cell["escape"] == want, (probe, cell["reason"])
 
     @pytest.mark.parametrize("backend", STRONG)
-    def test_strong_backend_passes_both(self, run: HolesRun, backend: str) -> None:
-        """The strong legs PASS both probes (skipped where the backend cannot run here)."""
+    def test_strong_backend_passes_all(self, run: HolesRun, backend: str) -> None:
+        """The strong legs PASS all three probes (skipped where the backend cannot run here)."""
         for probe in PROBES:
             cell = run.cell(backend, probe)
             if cell["verdict"] == "UNAVAILABLE":
@@ -143,11 +151,6 @@ class TestResolveFirstProxy:
         assert names, cell["witness"]
         assert all(name.startswith(cell["nonce"]) for name in names), names
 
-    def test_its_socks_route_held(self, run: HolesRun) -> None:
-        """The same wrapper exports no SOCKS route, so net_socks5 does not FAIL on it."""
-        cell = run.cell("hole-dns-exfil", "net_socks5")
-        assert cell["verdict"] != "FAIL", cell["reason"]
-
 
 class TestOpenSocksRelay:
     def test_fails_naming_the_socks_route_and_the_fix(self, run: HolesRun) -> None:
@@ -159,7 +162,33 @@ class TestOpenSocksRelay:
         assert "fix: do not export a SOCKS endpoint that bypasses the allowlist" in cell["reason"]
         assert cell["witness"]["denied_origin"], cell["witness"]
 
-    def test_its_proxy_resolves_nothing_it_refuses(self, run: HolesRun) -> None:
-        """The same wrapper's HTTP route is the harness's proxy: net_proxy_dns_exfil holds."""
-        cell = run.cell("hole-socks5", "net_proxy_dns_exfil")
-        assert cell["verdict"] != "FAIL", cell["reason"]
+
+class TestMetadataByName:
+    def test_fails_naming_the_stand_in_and_the_fix(self, run: HolesRun) -> None:
+        """A proxy admitting *.internal reaches the metadata stand-in: FAIL naming it, the fix."""
+        cell = run.cell("hole-metadata", "net_metadata_service")
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "the metadata service's stand-in was reached by name" in cell["reason"]
+        assert "fix: refuse the metadata service's names" in cell["reason"]
+        via = {
+            a["what"]
+            for a in cell["attempts"]
+            if a["role"] == "escape" and a["outcome"] == "succeeded"
+        }
+        assert via == {
+            "get-metadata:aws",
+            "connect-metadata:aws",
+            "get-metadata:gce",
+            "connect-metadata:gce",
+        }, via
+        assert cell["witness"]["stand_in"], cell["witness"]
+
+
+@pytest.mark.parametrize("hole", sorted(HOLES))
+def test_each_hole_fails_only_its_own_probe(run: HolesRun, hole: str) -> None:
+    """A wrapper with one route hole FAILs that hole's probe and no other of the three."""
+    own = HOLES[hole][1]
+    for probe in PROBES:
+        if probe != own:
+            cell = run.cell(hole, probe)
+            assert cell["verdict"] != "FAIL", (hole, probe, cell["reason"])

@@ -35,9 +35,18 @@ FAILS: dict[str, set[str]] = {
     "srt": {"proc_syscall_surface"},
     "codex": {"proc_syscall_surface"},
 }
+# Issue 28: neither filter covers add_key/request_key, userfaultfd, perf_event_open or ioctl
+# TIOCLINUX (both kill the i386 entry); Codex also lets the payload make user namespaces
+# (clone3, unshare) and reach the new mount API in them.
+FAILS["srt"] |= {"proc_syscall_surface_extended"}
+FAILS["codex"] |= {"proc_syscall_surface_extended", "proc_new_mount_api"}
 # Cells allowed to be INCONCLUSIVE: none. Each one measured so far was the harness's own
 # artefact (a probe bug, a missing host reading) and was fixed; a new one fails this test.
 INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {"srt": set(), "codex": set()}
+# But one, a missing host reading not fixed yet: srt refuses clone3 (ENOSYS), unshare and the
+# new mount API (EPERM), and only its report says so; the host reads that a filter exists,
+# not what it refuses (PTRACE_SECCOMP_GET_FILTER at the rendezvous would, issue 28).
+INCONCLUSIVE_ALLOWED["srt"] |= {"proc_new_mount_api"}
 # Cells that do not apply, each for a claim the sandbox does not make or a route it does not
 # have: the reason is the runner's, decided before the cell runs.
 NOT_APPLICABLE: dict[str, set[str]] = {

@@ -8,6 +8,9 @@ to it), runs CMD, serves until CMD exits and exits with its code. MODE:
   resolve-first  an HTTP proxy (CONNECT, absolute-form) that resolves the requested host
                  BEFORE it checks ALLOWED_CSV (`name:port,...`): the hole of
                  net_proxy_dns_exfil. Every denied request still gets its 403.
+  allow-internal an HTTP proxy that checks its allowlist before it resolves, but also admits
+                 every `*.internal` host "for internal services": the hole of
+                 net_metadata_service (the metadata service's names end in .internal).
   socks5         an open SOCKS5 relay (no auth, CONNECT to any name, UDP ASSOCIATE refused):
                  the hole of net_socks5.
 
@@ -106,6 +109,44 @@ def serve_http(conn, dns, allowed):
     splice(conn, upstream)
 
 
+def serve_internal(conn, dns, allowed):
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 65536:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return
+        head += chunk
+    words = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+    if len(words) < 3:
+        return
+    method, target, version = words[0], words[1], words[2]
+    tunnel = method == "CONNECT"
+    hostport = target if tunnel else target.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    # The hole: a suffix rule for internal names beside the allowlist.
+    if hostport not in allowed and not host.endswith(".internal"):
+        conn.sendall(FORBIDDEN)
+        return
+    address = resolve(dns, host)
+    if not harness_owned(address):
+        conn.sendall(FORBIDDEN)
+        return
+    upstream = socket.create_connection((address, int(port)), timeout=10)
+    rest = head.split(b"\r\n\r\n", 1)[1]
+    if tunnel:
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    else:
+        # absolute-form to origin-form, the rest of the head as it came
+        path = "/" + target.split("://", 1)[-1].split("/", 1)[1] if "/" in target.split(
+            "://", 1)[-1] else "/"
+        first = ("%s %s %s" % (method, path, version)).encode("latin-1")
+        rest = first + b"\r\n" + head.split(b"\r\n", 1)[1].split(b"\r\n\r\n", 1)[0] + (
+            b"\r\n\r\n") + rest
+    if rest:
+        upstream.sendall(rest)
+    splice(conn, upstream)
+
+
 def recv_exact(conn, size):
     buf = b""
     while len(buf) < size:
@@ -161,7 +202,8 @@ def handle(serve, conn, dns, allowed):
 def main(argv):
     mode, path, dns_host, dns_port, allowed = argv[1:6]
     cmd = argv[argv.index("--") + 1:]
-    serve = {"resolve-first": serve_http, "socks5": serve_socks}[mode]
+    serve = {"resolve-first": serve_http, "allow-internal": serve_internal,
+             "socks5": serve_socks}[mode]
     # The availability check renders placeholders it cannot know yet as `<name>`: then there
     # is no fixture to ask, and every name stays unresolved (refused).
     dns = (dns_host, int(dns_port)) if dns_port.isdigit() else None
