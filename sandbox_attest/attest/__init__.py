@@ -46,6 +46,7 @@ from sandbox_attest.attest.statement import (
     statement_bytes,
 )
 from sandbox_attest.errors import ConfigError, ReportError
+from sandbox_attest.verdict import Verdict
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -114,25 +115,43 @@ def gate_for(evidence: Mapping[str, Any], policy: Policy | None) -> Gate:
     )
 
 
+def _required_anywhere(
+    cells: Sequence[Mapping[str, Any]], policy: Policy | None, platform: str
+) -> bool:
+    """Some cell is marked required by the run, or the policy requires one of their legs."""
+    legs = policy.legs() if policy is not None else set()
+    return any(
+        c.get("required") is True
+        or (str(c.get("platform") or platform), str(c.get("backend"))) in legs
+        for c in cells
+    )
+
+
 def backend_gate(evidence: Mapping[str, Any], policy: Policy | None, backend: str) -> Gate:
     """The gate one backend's test-result statement signs: its cells, with the control's.
 
     A sandbox is judged by its own cells and by the control leg that makes its PASSes mean
     something (a broken control fails it), never by another sandbox's cells: a docker FAIL
-    says nothing about a bwrap build. The control leg's own statement carries the whole
-    run's result, since the control attests no sandbox. The test lists hold only this
-    backend's cells. Signer and `verify` both call this, so they agree.
+    says nothing about a bwrap build. A backend that neither the policy nor the run required
+    (an optional wrapper of the default set) is judged as if named with `--backend`: every
+    cell of it that applies here must PASS. Judged by the policy alone it would always be
+    FAILED ("nothing required of it"), whatever its cells showed. The control leg's own
+    statement carries the whole run's result, since the control attests no sandbox. The test
+    lists hold only this backend's cells. Signer and `verify` both call this, so they agree.
     """
     cells = evidence["cells"]
-    own = {str(c.get("cell_id", "")) for c in cells if str(c.get("backend", "")) == backend}
+    mine = [c for c in cells if str(c.get("backend", "")) == backend]
+    own = {str(c.get("cell_id", "")) for c in mine}
     if backend == CONTROL_BACKEND:
         gate = gate_for(evidence, policy)
     else:
-        keep = {backend, CONTROL_BACKEND}
-        gate = gate_for(
-            {**evidence, "cells": [c for c in cells if str(c.get("backend", "")) in keep]},
-            policy,
-        )
+        if not _required_anywhere(mine, policy, default_platform(evidence)):
+            mine = [
+                {**c, "required": True} if c.get("verdict") != Verdict.NOT_APPLICABLE else c
+                for c in mine
+            ]
+        control = [c for c in cells if str(c.get("backend", "")) == CONTROL_BACKEND]
+        gate = gate_for({**evidence, "cells": [*control, *mine]}, policy)
     return Gate(
         gate.result,
         tuple(t for t in gate.passed if t in own),
