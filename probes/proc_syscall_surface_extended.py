@@ -12,7 +12,9 @@ nothing is created, loaded or injected:
       a filter that refuses netlink on the 64-bit socket() is bypassed there unless it refuses
       the compat ABI as a whole. Unfiltered: a netlink socket, made in a child process that
       exits at once (nothing is sent or bound). Made in a child because a kernel without
-      IA32 emulation answers int 0x80 with SIGSEGV.
+      IA32 emulation answers int 0x80 with SIGSEGV. The 17-byte trampoline lives in
+      writable+executable memory, or, where a sandbox refuses that, in a memfd mapped
+      read+exec.
 A seccomp filter answers at syscall entry, before any argument is read: EPERM or ENOSYS. So
 "succeeded" means "the call reached the kernel's handler" and "refused" means EPERM/EACCES/
 ENOSYS/EAFNOSUPPORT. The host runs this same file unsandboxed as its baseline.
@@ -140,16 +142,30 @@ def socketcall_i386(libc):
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_long]
-        # PROT_READ|WRITE|EXEC, MAP_PRIVATE|MAP_ANONYMOUS|MAP_32BIT: code and the argument
-        # block below 4 GiB, where a 32-bit pointer can name them.
-        page = libc.mmap(None, 4096, 7, 0x02 | 0x20 | 0x40, -1, 0)
-        if page in (None, ctypes.c_void_p(-1).value):
-            return "mmap-failed %d" % ctypes.get_errno()
-        ctypes.memmove(page, TRAMPOLINE, len(TRAMPOLINE))
-        args = (ctypes.c_uint32 * 3).from_address(page + 256)
+        failed = ctypes.c_void_p(-1).value
+        # MAP_PRIVATE|MAP_ANONYMOUS|MAP_32BIT, read+write: the argument block below 4 GiB,
+        # where the 32-bit pointer socketcall takes can name it.
+        data = libc.mmap(None, 4096, 3, 0x02 | 0x20 | 0x40, -1, 0)
+        if data in (None, failed):
+            return "mmap-failed data %d" % ctypes.get_errno()
+        args = (ctypes.c_uint32 * 3).from_address(data)
         args[0], args[1], args[2] = AF_NETLINK, SOCK_RAW, 0
-        call = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_int, ctypes.c_int)(page)
-        return "result %d" % call(SYS_SOCKET, page + 256)
+        code = libc.mmap(None, 4096, 7, 0x02 | 0x20, -1, 0)  # read+write+exec, anonymous
+        if code not in (None, failed):
+            ctypes.memmove(code, TRAMPOLINE, len(TRAMPOLINE))
+        else:
+            # A sandbox that refuses writable+executable memory (MemoryDenyWriteExecute)
+            # still maps files executable: the trampoline goes into a memfd, mapped read+exec.
+            fd, err = raw(libc, NUMBERS["x86_64"]["memfd_create"],
+                          ctypes.addressof(ctypes.create_string_buffer(b"trampoline")), 0)
+            if fd < 0:
+                return "no-exec-memory memfd_create %s" % err
+            os.write(fd, TRAMPOLINE)
+            code = libc.mmap(None, 4096, 5, 0x01, fd, 0)  # read+exec, MAP_SHARED
+            if code in (None, failed):
+                return "no-exec-memory mmap %d" % ctypes.get_errno()
+        call = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_int, ctypes.c_int)(code)
+        return "result %d" % call(SYS_SOCKET, data)
 
     line, ended = in_child(body)
     detail = "%s (%s)" % (line or "no answer", ended)
