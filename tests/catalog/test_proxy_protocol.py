@@ -401,3 +401,30 @@ def test_the_allowed_origin_answers_doh_for_fixture_names_only() -> None:
     other = Origins._doh_response(stand_in, f"dns={doh_query('elsewhere.test')}")
     assert DNSRecord.parse(b"".join(other.body)).header.rcode == 3  # NXDOMAIN
     assert Origins._doh_response(stand_in, "dns=%%%").status == 400
+
+
+def test_doh_under_no_network_is_the_claim_holding() -> None:
+    """Every attempt, the DoH lookup too, refused by the network itself under network = none."""
+    spec = NetDohBypass()
+    cell = ctx(spec.id)
+    cell = CellContext(
+        probe=cell.probe,
+        backend="codex",
+        nonce=NONCE,
+        world=cell.world,
+        workspace=cell.workspace,
+        cell_dir=cell.cell_dir,
+        policy=DeclaredPolicy(network="none", filesystem="workspace", ipc="isolated"),
+    )
+    attempts = [
+        {"what": w, "role": r, "outcome": "refused", "errno": "EPERM", "status": None}
+        for w, r in (
+            ("doh-allowed", "control"),
+            ("get-doh-address", "escape"),
+            ("connect-doh-address", "escape"),
+        )
+    ]
+    rep = {"attempts": attempts, "facts": {"doh_address": None, "address": "198.19.0.10"}}
+    verdict, why = judge(spec, cell, rep, records())
+    assert verdict is Verdict.PASS, why
+    assert 'network = "none"' in why

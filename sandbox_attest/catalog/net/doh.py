@@ -89,6 +89,9 @@ class NetDohBypass(_Spec):
                 "name": denied.name,
                 "http_port": denied.http_port,
                 "https_port": denied.https_port,
+                # Only for a lookup that failed: the escape is going by address, and the
+                # attempts must still be made (the failed lookup is then a failed control).
+                "address": denied.address,
             },
         }
 
@@ -133,7 +136,8 @@ class NetDohBypass(_Spec):
         escapes = _attempts(report, "escape")
         controls = _attempts(report, "control")
         observed = _observed(escapes)
-        address = str((report.get("facts") or {}).get("doh_address") or "")
+        facts = report.get("facts") or {}
+        address = str(facts.get("doh_address") or facts.get("address") or "")
         origin = [o for o in _with_nonce(witness.origin, ctx.nonce) if o.get("host") == "denied"]
         doh_served = [
             o
@@ -163,7 +167,7 @@ class NetDohBypass(_Spec):
             reasons.append(_no_network_reason(escapes))
             escape = "refused"
         elif observed == "error" or not address:
-            reasons.append("the DoH lookup gave no address, so nothing went by address")
+            reasons.append("the attempts by address could not be made")
             escape = "undecided"
         elif observed == "succeeded":
             reasons.append("the payload says it got through but the denied origin logged nothing")
