@@ -8,19 +8,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import Backend, DeclaredPolicy
+from sandbox_attest.backends.bubblewrap import BubblewrapBackend
+from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, probe_path
 from sandbox_attest.catalog.base import _control
 from sandbox_attest.catalog.syscalls import SPECS
+from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.runner import CellRunner
 from sandbox_attest.verdict import Verdict
+from sandbox_attest.world.core import start_world
 from tests.catalog.test_proc import CONFINED, att, make_ctx, verdict_of
+from tests.reachable import reachable_tempdir
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 EXTENDED = "proc_syscall_surface_extended"
 MOUNT_API = "proc_new_mount_api"
@@ -166,3 +176,62 @@ def test_the_payload_reaches_every_door_unconfined(tmp_path: Path, probe: str) -
         w: a for w, a in attempts.items() if a["outcome"] not in {"succeeded", "unsupported"}
     }
     assert unreached == {}, unreached
+
+
+@pytest.fixture(scope="module")
+def native() -> Iterator[CellRunner]:
+    """A runner over the native bubblewrap backend and two variants, each one protection less."""
+    backends: dict[str, Backend] = {
+        "none": NoneBackend(),
+        "bubblewrap": BubblewrapBackend(),
+        "no-seccomp": BubblewrapBackend(weaken=frozenset({"no-seccomp"})),
+        "allow-userns": BubblewrapBackend(weaken=frozenset({"allow-userns"})),
+    }
+    with reachable_tempdir("sa-syscalls-") as base, start_world(base / "w") as world:
+        (base / "cells").mkdir()
+        runner = CellRunner(
+            world=world,
+            scratch=base / "cells",
+            backends=backends,
+            availability={name: b.availability() for name, b in backends.items()},
+            platform="linux",
+        )
+        # The control leg first: a PASS counts only once the open host showed the escape.
+        for probe in (EXTENDED, MOUNT_API):
+            verdict_on(runner, "none", probe)
+        yield runner
+
+
+def verdict_on(runner: CellRunner, backend: str, probe: str) -> tuple[str, str]:
+    """One live cell's verdict and reason."""
+    entry = runner.run_cell(Cell(backend, ProbeRow(probe, 30), None))
+    if entry["verdict"] == "UNAVAILABLE":
+        pytest.skip(f"{backend} cannot run here: {entry['reason']}")
+    return str(entry["verdict"]), str(entry["reason"])
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+class TestNativeProtections:
+    """Each of the native backend's protections closes its own class, and only that one."""
+
+    @pytest.mark.parametrize("probe", [EXTENDED, MOUNT_API])
+    def test_the_native_backend_passes(self, native: CellRunner, probe: str) -> None:
+        """The shipped bubblewrap backend PASSes both probes."""
+        verdict, reason = verdict_on(native, "bubblewrap", probe)
+        assert verdict == "PASS", reason
+
+    def test_without_the_filter_the_surface_is_open(self, native: CellRunner) -> None:
+        """Without its seccomp filter, the extended surface FAILs naming TIOCLINUX and the rest."""
+        verdict, reason = verdict_on(native, "no-seccomp", EXTENDED)
+        assert verdict == "FAIL", reason
+        assert "the payload reached add_key, request_key, userfaultfd, perf_event_open" in reason
+        held, why = verdict_on(native, "no-seccomp", MOUNT_API)
+        assert held == "PASS", why
+
+    def test_with_nested_namespaces_the_mount_api_is_open(self, native: CellRunner) -> None:
+        """Without --disable-userns, clone3 and the mount API FAIL; the filter still holds."""
+        verdict, reason = verdict_on(native, "allow-userns", MOUNT_API)
+        assert verdict == "FAIL", reason
+        assert "the payload reached clone3-newns, open_tree" in reason
+        held, why = verdict_on(native, "allow-userns", EXTENDED)
+        assert held == "PASS", why
