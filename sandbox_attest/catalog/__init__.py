@@ -64,6 +64,7 @@ from sandbox_attest.catalog.net.protocol import (
     NetProxySmuggling,
     NetProxyUpgrade,
 )
+from sandbox_attest.catalog.net.ignored import NetProxyIgnored
 from sandbox_attest.catalog.net.metadata import NetMetadataService
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.net.socks import NetSocks5
@@ -118,6 +119,7 @@ _SPECS: tuple[ProbeSpec, ...] = (
     NetProxyDnsExfil(),
     NetSocks5(),
     NetMetadataService(),
+    NetProxyIgnored(),
     NetProxySmuggling(),
     NetProxyUpgrade(),
     NetDnsRebinding(),

@@ -1,6 +1,6 @@
-"""Issue 28, "through the proxy" part A, live: three route holes, each with a host witness.
+"""Issue 28, "through the proxy" part A, live: four route holes, each with a host witness.
 
-Three deliberately broken wrappers under tests/data/newclasses/, each matrix/backends/
+Four deliberately broken wrappers under tests/data/newclasses/, each matrix/backends/
 bwrap-generic.toml with one hole in its egress (the servers are tests/data/newclasses/
 route_holes.py), go through one real `sandbox-attest run` beside the control leg and the strong
 built-in backends:
@@ -13,11 +13,15 @@ built-in backends:
   naming the SOCKS route and the fix;
 - net_metadata_service_hole.toml brings its own proxy that checks its allowlist first but also
   admits every `*.internal` host: the lab stand-in for the cloud metadata service's names logs
-  the payload's requests, and `net_metadata_service` FAILs naming it and the fix.
+  the payload's requests, and `net_metadata_service` FAILs naming it and the fix;
+- net_proxy_ignored_hole.toml shares the host's network and relies on the proxy variables: a
+  socket that ignores them reaches the allowed origin straight, and `net_proxy_ignored` FAILs
+  naming the bypass and the fix.
 
-Each hole FAILs its own probe and no other; bubblewrap, docker and the control leg PASS all
-three (the harness's proxy neither resolves a denied name, nor speaks SOCKS, nor admits a
-metadata name; the control leg reaches the metadata stand-in directly, which is its job).
+Each hole FAILs its own probe and no other of these four; bubblewrap, docker and the control
+leg PASS all four (the harness's proxy neither resolves a denied name, nor speaks SOCKS, nor
+admits a metadata name; the control leg reaches the metadata stand-in and the allowed origin
+straight, which is its job).
 Real bwrap, real Docker where the engine is up, the real fixture world (the lab where it can
 be made); root only (the payload user exists only as root).
 """
@@ -47,12 +51,15 @@ pytestmark = [
 
 REPO = Path(__file__).parent.parent.parent
 DATA = Path(__file__).parent.parent / "data" / "newclasses"
-PROBES = ("net_proxy_dns_exfil", "net_socks5", "net_metadata_service")
+PROBES = ("net_proxy_dns_exfil", "net_socks5", "net_metadata_service", "net_proxy_ignored")
+# The probes whose escape the open control leg must see (the others: the proxy's refusal).
+SEEN_ON_OPEN_LEG = frozenset({"net_metadata_service", "net_proxy_ignored"})
 # Each wrapper (its [backend] name): its spec and the one probe its hole must FAIL.
 HOLES = {
     "hole-dns-exfil": ("net_proxy_dns_exfil_hole.toml", "net_proxy_dns_exfil"),
     "hole-socks5": ("net_socks5_hole.toml", "net_socks5"),
     "hole-metadata": ("net_metadata_service_hole.toml", "net_metadata_service"),
+    "hole-proxy-vars-only": ("net_proxy_ignored_hole.toml", "net_proxy_ignored"),
 }
 STRONG = ("bubblewrap", "docker")
 RUN_TIMEOUT_S = 300
@@ -120,13 +127,12 @@ class TestStrongLegs:
         for probe in PROBES:
             cell = run.cell("none", probe)
             assert cell["verdict"] == "PASS", (probe, cell["reason"])
-            # The open leg reaches the metadata stand-in directly: its escape, seen.
-            want = "escaped" if probe == "net_metadata_service" else "refused"
+            want = "escaped" if probe in SEEN_ON_OPEN_LEG else "refused"
             assert cell["escape"] == want, (probe, cell["reason"])
 
     @pytest.mark.parametrize("backend", STRONG)
     def test_strong_backend_passes_all(self, run: HolesRun, backend: str) -> None:
-        """The strong legs PASS all three probes (skipped where the backend cannot run here)."""
+        """The strong legs PASS all four probes (skipped where the backend cannot run here)."""
         for probe in PROBES:
             cell = run.cell(backend, probe)
             if cell["verdict"] == "UNAVAILABLE":
@@ -186,9 +192,21 @@ class TestMetadataByName:
 
 @pytest.mark.parametrize("hole", sorted(HOLES))
 def test_each_hole_fails_only_its_own_probe(run: HolesRun, hole: str) -> None:
-    """A wrapper with one route hole FAILs that hole's probe and no other of the three."""
+    """A wrapper with one route hole FAILs that hole's probe and no other of the four."""
     own = HOLES[hole][1]
     for probe in PROBES:
         if probe != own:
             cell = run.cell(hole, probe)
             assert cell["verdict"] != "FAIL", (hole, probe, cell["reason"])
+
+
+class TestProxyVariablesOnly:
+    def test_fails_naming_the_bypass_and_the_fix(self, run: HolesRun) -> None:
+        """A socket that ignores the proxy variables reaches the allowed origin: FAIL, the fix."""
+        cell = run.cell("hole-proxy-vars-only", "net_proxy_ignored")
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "requests that bypassed the proxy (raw-by-address" in cell["reason"]
+        assert "fix: cut the payload's network below the proxy" in cell["reason"]
+        paths = [str(hit["path"]) for hit in cell["witness"]["allowed_origin"]]
+        assert paths, cell["witness"]
+        assert all("via=" in path for path in paths), paths
