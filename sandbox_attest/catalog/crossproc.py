@@ -331,13 +331,22 @@ class ProcCrossProcess(_Spec):
             f"payload: {_summary(escapes)}",
         ]
         escape = _judge(observed, bool(read or written or signals), None, reasons)
+        shared = [
+            f"host pid {p.get('pid', '?')}"
+            for p in host_processes(ctx)
+            if "pid" in (p.get("shared_with_harness") or [])
+        ]
+        if escape == "refused" and shared and facts.get("found_pid") is None:
+            # In the host's pid namespace the target's pid is addressable whether or not this
+            # /proc shows it (a sandbox may mount a /proc of its own): "not found, nothing
+            # attempted" then proves nothing about kill or process_vm_readv.
+            reasons.append(
+                f"the host sees {', '.join(shared)} in the harness's pid namespace, yet the "
+                "payload did not find the target in its /proc, so it attempted nothing"
+            )
+            escape = "undecided"
         if escape == "escaped" and self.expectation(ctx.policy) == "denied":
             done = [str(a.get("what")) for a in escapes if a.get("outcome") == "succeeded"]
-            shared = [
-                f"host pid {p.get('pid', '?')}"
-                for p in host_processes(ctx)
-                if "pid" in (p.get("shared_with_harness") or [])
-            ]
             where = (
                 f" (the host sees {', '.join(shared)} in the harness's pid namespace)"
                 if shared

@@ -36,7 +36,6 @@ from sandbox_attest.catalog.base import (
     _conclude,
     _control,
     _control_nonce,
-    _fs_confined,
     _guarded,
     _judge,
     _load_state,
@@ -45,6 +44,7 @@ from sandbox_attest.catalog.base import (
     _Spec,
     _summary,
     attempts_of,
+    home_of,
     host_processes,
 )
 from sandbox_attest.claims import claims_of
@@ -147,8 +147,8 @@ class FsOpenByHandle(_Spec):
         )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
-        """Denied where reads are limited to the workspace; seen on the open leg."""
-        return _fs_confined(policy)
+        """Denied wherever reads are claimed at all: a handle passes every path-based rule."""
+        return "denied" if claims_of(policy).reads != "open" else "allowed"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the canary beside the workspace (same filesystem) and compute its handle."""
@@ -185,10 +185,21 @@ class FsOpenByHandle(_Spec):
         """The canary's token reported, or the capability seen by the host, is an escape."""
         del witness  # the canary's token and the host's capability reading are the witnesses
         token = str(_load_state(ctx).get("token", ""))
-        escapes = _attempts(report, "escape")
+        claims = claims_of(ctx.policy)
+        canary = ctx.cell_dir / _DIR / _FILE
+        # The canary's path is the harness's scratch: a reads deny-list (~/.ssh, /home) does not
+        # cover it, so reading it by path breaks no claim there; its handle still does, since a
+        # handle reaches every file of the filesystem, the denied ones included.
+        by_path_counts = claims.reads == "open" or claims.read_denied(canary, home_of(ctx))
+        escapes = [
+            a
+            for a in _attempts(report, "escape")
+            if by_path_counts or a.get("what") != "read-by-path"
+        ]
         observed = _observed(escapes)
         facts = report.get("facts") or {}
-        read = [k for k in ("read_by_path", "by_handle") if token and facts.get(k) == token]
+        kinds = ("read_by_path", "by_handle") if by_path_counts else ("by_handle",)
+        read = [k for k in kinds if token and facts.get(k) == token]
         holders = _holders(host_processes(ctx))
         reasons = [
             (
@@ -197,6 +208,8 @@ class FsOpenByHandle(_Spec):
             ),
             f"payload: {_summary(escapes)}",
         ]
+        if not by_path_counts:
+            reasons.append(f"{claims.phrase('reads')}: reading {canary} by path is not judged")
         escape = _judge(observed, bool(read), None, reasons)
         denied = self.expectation(ctx.policy) == "denied"
         if denied and (escape == "escaped" or holders):
@@ -210,7 +223,11 @@ class FsOpenByHandle(_Spec):
                     else f"holds CAP_DAC_READ_SEARCH in the host's user namespace ({holders})"
                 )
             )
-            fix = _FIX if "by_handle" in read or holders else "keep the host path out of the view"
+            fix = (
+                _FIX
+                if "by_handle" in read or holders
+                else "keep the host's directories out of the view (a private /tmp, no host binds)"
+            )
             reasons.insert(
                 0, f"{claims_of(ctx.policy).phrase('reads')}; the payload {how}; fix: {fix}"
             )
