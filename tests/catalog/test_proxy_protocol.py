@@ -428,3 +428,10 @@ def test_doh_under_no_network_is_the_claim_holding() -> None:
     verdict, why = judge(spec, cell, rep, records())
     assert verdict is Verdict.PASS, why
     assert 'network = "none"' in why
+
+
+def test_rebinding_outside_the_lab_is_not_applicable() -> None:
+    """This test process is in no lab: the runner is told why the probe cannot apply here."""
+    reason = NetDnsRebinding().not_applicable("harness")
+    assert reason is not None
+    assert "--world lab" in reason

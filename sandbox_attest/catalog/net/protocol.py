@@ -67,12 +67,18 @@ from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
 from sandbox_attest.world.dns import ResolveError, resolve
+from sandbox_attest.world.lab import current_lab
 
 if TYPE_CHECKING:
     from sandbox_attest.catalog.base import PolicyLike
 
 # The payload replaces this with the Proxy-Authorization line (or nothing) in every part.
 AUTH: Final = "{auth}"
+NOT_IN_LAB: Final = (
+    "needs the lab world: the rebinding name's first answer must be an address the proxy "
+    "admits for a planted name, and only the lab's origins have one; run as root on Linux "
+    "(--world lab)"
+)
 
 
 @dataclass(frozen=True)
@@ -641,6 +647,16 @@ class NetDnsRebinding(_WireSpec):
     id = "net_dns_rebinding"
     area = "net"
     host_readings = ("per-cell loopback listener", "DNS fixture query log", "origin access logs")
+
+    def not_applicable(self, egress: str) -> str | None:
+        """NOT_APPLICABLE outside the lab world, whatever the route.
+
+        The name's first answer must be an address the proxy admits for a planted name, and
+        only the lab has one (its origins' 198.18.0.0/15 address); in the loopback world every
+        proxy refuses the first answer, so the check-then-dial window is never reached.
+        """
+        del egress
+        return NOT_IN_LAB if current_lab() is None else None
 
     def build(self, ctx: CellContext) -> list[WireRequest]:
         """Plant the rebinding name, start its listener; the control and one GET for it."""
