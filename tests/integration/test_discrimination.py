@@ -135,15 +135,16 @@ CORPUS = [
         "bwrap-no-seccomp",
         bwrap("no-seccomp"),
         "bubblewrap",
-        frozenset({"proc_syscall_surface"}),
+        frozenset({"proc_syscall_surface", "proc_syscall_surface_extended"}),
         "no syscall filter",
     ),
     Broken(
         "bwrap-keep-caps-allow-userns",
         bwrap("keep-caps", "allow-userns"),
         "bubblewrap",
-        frozenset({"proc_privileges", "proc_namespace_escape"}),
-        "capabilities kept and nested user namespaces allowed: remount reaches the host",
+        frozenset({"proc_privileges", "proc_namespace_escape", "proc_new_mount_api"}),
+        "capabilities kept and nested user namespaces allowed: remount reaches the host, and "
+        "clone3 and the new mount API work in namespaces of the payload's own",
     ),
     Broken(
         "docker-socket-mounted",
