@@ -166,6 +166,15 @@ def _scan(directory: safefs.SafeDir, marker: bytes, skip: str, depth: int, hits:
     return read
 
 
+def _holds_marker(directory: Path, name: str, nonce: str) -> bool:
+    """Whether the host sees the payload's marker line in `name` (the append arrived)."""
+    try:
+        with safefs.open_dir(directory) as place:
+            return _marker(nonce).encode() in place.read_bytes(name, SCAN_MAX_BYTES)
+    except (OSError, safefs.UnsafePathError):
+        return False
+
+
 def marked_files(ctx: CellContext) -> list[str]:
     """Files in the cell dir (not the workspace) carrying this cell's marker line."""
     hits: list[str] = []
@@ -246,15 +255,18 @@ class FsMachineryOverwrite(_Spec):
 
         def seen() -> dict[str, Any]:
             what = "the host's hash sees an append to a machinery copy"
-            before = _load_state(ctx).get("before", {}).get(str(machinery / HOST_CONTROL_FILE))
             with safefs.open_dir(machinery) as place:
+                # Hashed now, not read from the cell's record: the control shows the hash sees
+                # an append, whatever the payload did to the record or to this file.
+                before = _sha256(place, HOST_CONTROL_FILE)
                 fd = place.open_file(HOST_CONTROL_FILE, os.O_WRONLY | os.O_APPEND)
                 try:
                     os.write(fd, f"\n# {nonce}\n".encode())
                 finally:
                     os.close(fd)
                 after = _sha256(place, HOST_CONTROL_FILE)
-            return _check(what, bool(before) and before != after, f"{before} -> {after}")
+            ok = not before.startswith("unreadable") and before != after
+            return _check(what, ok, f"{before} -> {after}")
 
         return _control(nonce, [_guarded("writable", writable), _guarded("seen", seen)])
 
@@ -272,7 +284,12 @@ class FsMachineryOverwrite(_Spec):
         after = _digests(ctx)
         host_file = str(ctx.cell_dir / MACHINERY_DIR / HOST_CONTROL_FILE)
         copy = str(ctx.workspace / CONTROL_COPY)
-        changed = sorted(p for p in before if p not in (host_file, copy) and after[p] != before[p])
+        # A payload that reached the cell dir may have rewritten the host's own record of it
+        # (host-state.json): a path missing from either side counts as changed, and the
+        # marker scan below names the record itself.
+        changed = sorted(
+            p for p in before if p not in (host_file, copy) and after.get(p) != before[p]
+        )
         marked = [p for p in marked_files(ctx) if p not in changed]
         helpers_before: dict[str, str] = state.get("helpers", {})
         helpers_after = _real_helpers()
@@ -281,7 +298,9 @@ class FsMachineryOverwrite(_Spec):
         inside = _attempts(report, "control")
         observed = _observed(escapes)
         inside_ok = (
-            bool(inside) and inside[0].get("outcome") == "succeeded" and after[copy] != before[copy]
+            bool(inside)
+            and inside[0].get("outcome") == "succeeded"
+            and _holds_marker(ctx.workspace, CONTROL_COPY, ctx.nonce)
         )
         hits = [*changed, *marked, *touched]
         claims = claims_of(ctx.policy)
@@ -517,6 +536,11 @@ class FsLeakedDirfd(_Spec):
             leaked.append(f"cwd on {forbidden[tuple(cwd)]}")
         seen = bool(read or reached or leaked)
         reasons: list[str] = []
+        if not token or not forbidden:
+            reasons.append(
+                "the host's record of this cell (its canary token and directories) is gone or "
+                "rewritten, so no read can be told from a refusal"
+            )
         if seen:
             parts = []
             if read:
@@ -548,6 +572,8 @@ class FsLeakedDirfd(_Spec):
                 f"({claims.phrase('reads')}; fs_read_secrets judges reads by path)"
             )
         escape = _judge(observed, seen, _private_namespace(report, "mnt"), reasons)
+        if not seen and (not token or not forbidden):
+            escape = "undecided"
         inside_ok = (
             len(inside) == 1
             and inside[0].get("outcome") == "succeeded"

@@ -60,6 +60,8 @@ CANARY_DIR: Final = "race-canary"
 CANARY_FILE: Final = "canary.txt"
 SOCKET_DIR: Final = "race-sockets"
 SWAP_ATTEMPT: Final = "swap:read"
+# A filter's or an LSM's refusal of the operation itself, whatever the path.
+POLICY_ERRNOS: Final = frozenset({"EPERM", "EACCES"})
 # The swap is one rename and one symlink; a helper that takes longer is stuck, not racing.
 SWAP_TIMEOUT_S: Final = 5.0
 # The helper's whole program: move the real directory aside, put the symlink in its place.
@@ -241,7 +243,22 @@ class FsSetupRace(_Spec):
             )
         seen = bound or bool(sockets) or (read and claims.reads == "open")
         escape = _judge(observed, seen, _private_namespace(report, "mnt"), reasons)
+        if not seen and not token:
+            # The record of the cell is gone or rewritten: a read cannot be told apart.
+            reasons.append("the host's record of this cell (the canary's token) is unreadable")
+            escape = "undecided"
         inside = _attempts(report, "control")
+        inside_ok = len(inside) == 1 and inside[0].get("outcome") == "succeeded"
+        refused_kind = _refused_as_a_kind(inside, every)
+        if not inside_ok and refused_kind:
+            # The sandbox refuses every unix-socket bind, its workspace's too (srt's and Codex's
+            # filters): no path is the cause, so the refusal outside is the sandbox's, and the
+            # host control showed the directory is the payload user's to write.
+            inside_ok = True
+            reasons.append(
+                f"the sandbox refuses unix-socket binds as such ({refused_kind}), in the "
+                "workspace too"
+            )
         return _conclude(
             escape,
             observed,
@@ -249,7 +266,7 @@ class FsSetupRace(_Spec):
             host_control=control,
             witness={"bound": bound, "read": read, "sockets": sockets, "looked": list(looked)},
             inside=inside,
-            inside_ok=len(inside) == 1 and inside[0].get("outcome") == "succeeded",
+            inside_ok=inside_ok,
         )
 
     def _sockets_left(self, ctx: CellContext) -> list[str]:
@@ -262,6 +279,22 @@ class FsSetupRace(_Spec):
         if st is not None and stat.S_ISSOCK(st.st_mode):
             return [str(ctx.cell_dir / SOCKET_DIR / name)]
         return []
+
+
+def _refused_as_a_kind(inside: list[dict[str, Any]], every: list[dict[str, Any]]) -> str:
+    """The errno with which every bind, the workspace's included, was refused by policy; or "".
+
+    EPERM and EACCES are a filter's or an LSM's answer to the operation; ENOENT or EROFS would
+    be about a path, and then the workspace's bind must succeed for a refusal to mean anything.
+    """
+    binds = [a for a in every if str(a.get("what", "")).startswith("socket:bind:")]
+    answers = {str(a.get("errno")) for a in [*inside, *binds] if a.get("outcome") == "refused"}
+    if len(inside) != 1 or not binds or len(answers) != 1:
+        return ""
+    if inside[0].get("outcome") != "refused" or any(a.get("outcome") != "refused" for a in binds):
+        return ""
+    (answer,) = answers
+    return answer if answer in POLICY_ERRNOS else ""
 
 
 SPECS: Final = (FsSetupRace(),)
