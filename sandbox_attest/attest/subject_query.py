@@ -12,6 +12,7 @@ claims it held and when the run finished. It refuses, with the reason, when:
   (a statement names the same path with another digest), or the report tested other
   binaries only;
 - the only statements naming it are the control leg's, which attests no sandbox;
+- in a merged release, only an informational leg (not part of the decision) tested it;
 - the statement about it did not PASS (FAILED; or WARNED, when `strict`).
 """
 
@@ -116,11 +117,19 @@ class SubjectAnswer:
         }
 
 
-def _sandboxes(result: Verification) -> list[tuple[SandboxResult, dict[str, Any]]]:
-    """Every verified sandbox statement with its backend's claims (merged: every leg's)."""
+def _sandboxes(
+    result: Verification, *, deciding: bool = True
+) -> list[tuple[SandboxResult, dict[str, Any]]]:
+    """Every verified sandbox statement with its backend's claims (merged: every leg's).
+
+    Of a merged release only the legs that decided it count: an informational leg (macOS,
+    Windows) is shown by the merge, but the release says nothing about its builds.
+    """
     if result.leg_results:
         out: list[tuple[SandboxResult, dict[str, Any]]] = []
         for label, leg in result.leg_results:
+            if deciding != bool(leg.legs & result.legs):
+                continue
             for sandbox in leg.sandboxes:
                 labelled = dataclasses.replace(sandbox, leg=label)
                 out.append((labelled, leg.claims.get(sandbox.backend, {})))
@@ -181,7 +190,15 @@ def answer(
             out.matches.append(sandbox)
             out.claims[sandbox.backend] = claims
     if not out.matches:
-        out.reasons.append(_no_match_reason(digest, path, [s for s, _ in found]))
+        shown = [s for s, _ in _sandboxes(result, deciding=False)]
+        informational = sorted({s.leg for s in shown if any(d == digest for _, d in s.subjects)})
+        if informational:
+            out.reasons.append(
+                f"only informational leg(s) {', '.join(informational)} tested this file: they "
+                "are shown by the release, never part of its decision"
+            )
+        else:
+            out.reasons.append(_no_match_reason(digest, path, [s for s, _ in found]))
         return out
     tested = [m for m in out.matches if not m.control]
     if not tested:

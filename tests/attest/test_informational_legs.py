@@ -8,6 +8,7 @@ such a leg is a note, its cells stay out of the merged gate, and the Linux legs 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sandbox_attest.attest.keys import SigningKey, keyid_of
 from sandbox_attest.attest.merge import load_expected_legs, merge_legs
+from sandbox_attest.attest.subject_query import answer
 from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.errors import ConfigError
 from tests.attest.builder import build_report, make_cells, sign
@@ -160,3 +162,21 @@ class TestMerge:
         result = merge([mac], expected, trusted, policy, signing_key, tmp_path / "out")
         assert result.attestation is None
         assert any("only informational legs were given" in r for r in result.reasons)
+
+    def test_subject_of_an_informational_build_is_not_the_releases(
+        self, tmp_path: Path, policy_file: Path, expected: ExpectedLegs, trusted: TrustedKey,
+        policy: Policy, signing_key: SigningKey,
+    ) -> None:  # fmt: skip
+        """Verify --subject on a release: bwrap's build PASSED; seatbelt's is only shown."""
+        linux = leg(tmp_path, policy_file, "leg-linux", ("none", "bubblewrap"), "linux",
+                    signing_key)  # fmt: skip
+        mac = leg(tmp_path, policy_file, "leg-mac", ("seatbelt",), "darwin", signing_key)
+        out = tmp_path / "out"
+        assert merge([linux, mac], expected, trusted, policy, signing_key, out).reasons == []
+        v = verify_report(out, trusted, policy)
+        assert v.reasons == []
+        bwrap = answer(v, hashlib.sha256(b"exe bubblewrap").hexdigest(), None)
+        assert bwrap.reasons == []
+        seatbelt = answer(v, hashlib.sha256(b"exe seatbelt").hexdigest(), None)
+        (reason,) = seatbelt.reasons
+        assert reason.startswith("only informational leg(s) 02-leg-mac tested this file")
