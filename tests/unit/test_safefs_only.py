@@ -91,6 +91,8 @@ ROOT_ONLY_FUNCTIONS: Final = {
     "catalog/proc.py:ProcNamespaceEscape.prepare": "the ns-canary dir in the cell dir, made "
     "before it is given",
     "catalog/crossproc.py:_start_target": "the target's dir in the cell dir: root's",
+    "catalog/syscalls.py:host_baseline": "the host baseline's dir in the cell dir (root's); "
+    "its workspace is made there before trust.give hands it over",
     "catalog/crossproc.py:_run_unconfined": "the host control's dir in the cell dir (root's); "
     "its workspace is made there before trust.give hands it over",
     "catalog/socket_witness.py:bind_unix": "called with /proc/self/fd/N/name of a directory "
