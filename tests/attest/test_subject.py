@@ -231,6 +231,29 @@ class TestRefusals:
             v.reasons
         )
 
+    def test_subject_query_refuses_a_forged_statement_with_the_reason(
+        self,
+        tmp_path: Path,
+        policy_file: Path,
+        signing_key: SigningKey,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """--subject of the forged digest: refused, naming the mismatch with what ran."""
+        report, _ = built(tmp_path, policy_file, signing_key)
+        stmts = read_statements(report)
+        leaky = tmp_path / "leaky-bwrap"
+        leaky.write_bytes(b"a leaky bwrap")
+        for stmt in stmts:
+            for subject in stmt["subject"]:
+                if subject["name"].endswith("/bwrap"):
+                    subject["digest"]["sha256"] = hashlib.sha256(b"a leaky bwrap").hexdigest()
+        resign(report, signing_key, stmts)
+        argv = verify_argv(report, signing_key, policy_file, tmp_path)
+        assert run_cli([*argv, "--subject", str(leaky)]) == 1
+        err = capsys.readouterr().err
+        assert "the report does not verify" in err
+        assert "not the executables the signed evidence says it ran" in err
+
     def test_a_statement_about_a_backend_the_run_never_had_is_refused(
         self, tmp_path: Path, policy_file: Path, signing_key: SigningKey, trusted: TrustedKey,
         policy: Policy,
