@@ -52,6 +52,7 @@ from sandbox_attest.catalog.base import (
     _Spec,
     _summary,
     attempts_of,
+    home_of,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.trust import unreachable_by
@@ -302,9 +303,21 @@ class FsMachineryOverwrite(_Spec):
             and inside[0].get("outcome") == "succeeded"
             and _holds_marker(ctx.workspace, CONTROL_COPY, ctx.nonce)
         )
-        hits = [*changed, *marked, *touched]
         claims = claims_of(ctx.policy)
+        # Only a place the writes claim forbids is judged (a claim that allows /tmp is not
+        # broken by a write below it); on the open control leg every change counts.
+        allowed = [
+            p
+            for p in [*changed, *marked]
+            if claims.writes != "open" and not claims.write_denied(Path(p).parent, home_of(ctx))
+        ]
+        hits = [p for p in [*changed, *marked] if p not in allowed] + touched
         reasons: list[str] = []
+        if allowed:
+            reasons.append(
+                f"not judged: {', '.join(allowed)} changed, and the backend "
+                f"{claims.phrase('writes')}, so those writes are its to allow"
+            )
         if hits:
             reasons.append(
                 (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")

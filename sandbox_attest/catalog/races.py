@@ -49,6 +49,7 @@ from sandbox_attest.catalog.base import (
     _Spec,
     _summary,
     attempts_of,
+    home_of,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.trust import unreachable_by
@@ -206,7 +207,11 @@ class FsSetupRace(_Spec):
             and token in str(a.get("detail"))
             for a in escapes
         )
-        sockets = self._sockets_left(ctx)
+        sockets = [
+            p
+            for p in self._sockets_left(ctx)
+            if claims.writes == "open" or claims.write_denied(Path(p).parent, home_of(ctx))
+        ]
         reasons: list[str] = []
         if bound or (read and claims.reads == "open"):
             reasons.append(

@@ -8,6 +8,7 @@ record, a refusal of every bind) decides the verdict, never the report alone.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import socket
 from pathlib import Path
@@ -134,6 +135,34 @@ class TestMachineryOverwrite:
         ]
         verdict, reason = _verdict(spec, ctx, attempts)
         assert verdict is Verdict.PASS, reason
+
+    def test_a_write_the_claim_allows_is_not_judged(self, tmp_path: Path) -> None:
+        """A claim that allows writes where the copies live is not broken by a write there."""
+        spec = FsMachineryOverwrite()
+        ctx = dataclasses.replace(
+            _ctx(spec.id, tmp_path),
+            policy=DeclaredPolicy(
+                network="proxy",
+                filesystem="workspace",
+                ipc="isolated",
+                writes="allow",
+                write_allow=(str(tmp_path),),
+            ),
+        )
+        spec.prepare(ctx)
+        _append(ctx.workspace / "helper-copy", f"\n# {_marker(ctx.nonce)}\n")
+        _append(ctx.cell_dir / MACHINERY_DIR / "config", f"\n# {_marker(ctx.nonce)}\n")
+        attempts = [
+            _a("control:workspace", "succeeded", "control"),
+            _a("exe:self", "refused", err="ETXTBSY"),
+            _a("write:allowlist", "refused", err="EACCES"),
+            _a("write:config", "succeeded"),
+            _a("write:helper", "refused", err="EACCES"),
+            _a("write:shim", "refused", err="EROFS"),
+        ]
+        verdict, reason = _verdict(spec, ctx, attempts)
+        assert verdict is not Verdict.FAIL, reason
+        assert "not judged: " in reason
 
 
 class TestSetupRace:
