@@ -93,12 +93,16 @@ MAX_FRAME = 1 << 30  # a report's views and evidence; far above any real run
 START_TIMEOUT = 60.0  # interpreter start, imports and key load on a loaded 2-core runner
 SIGN_TIMEOUT = 120.0
 KEYLESS_TIMEOUT = 600.0  # Fulcio and Rekor are remote
-# Only these reach the signer for keyless signing; nothing else of the harness's environment.
+# Only these reach the signer, nothing else of the harness's environment: keyless signing's
+# identity, and the CI run a statement's `url` names (issue 30; public values, no secret).
 SIGSTORE_VARS = (
     "SIGSTORE_ID_TOKEN",
     "ACTIONS_ID_TOKEN_REQUEST_URL",
     "ACTIONS_ID_TOKEN_REQUEST_TOKEN",
     OPT_OUT_VAR,
+    "GITHUB_SERVER_URL",
+    "GITHUB_REPOSITORY",
+    "GITHUB_RUN_ID",
 )
 _DEFAULT_PAYLOAD: Any = (
     object()

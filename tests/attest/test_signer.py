@@ -242,6 +242,26 @@ class TestSignsWhatWasJudged:
             signed = next(c for c in config if c["name"] == "policy")
             assert signed["digest"]["sha256"] == policy.sha256
 
+    def test_the_ci_run_reaches_the_statements_url(
+        self, tmp_path: Path, policy_file: Path, policy: Policy, key_file: Path
+    ) -> None:
+        """GitHub's run variables reach the signer process, so each statement names the run."""
+        env = {
+            "GITHUB_SERVER_URL": "https://github.com",
+            "GITHUB_REPOSITORY": "o/r",
+            "GITHUB_RUN_ID": "9",
+        }
+        with Signer.start(key_file, env, payload=None) as signer:
+            out = report_dir(tmp_path)
+            files = with_views(judged(tmp_path, policy_file), signer.facts, policy)
+            signer.sign_report(
+                out, files, policy_bytes=policy_file.read_bytes(), policy_path=policy.path,
+                gate="PASSED",
+            )  # fmt: skip
+        *results, _ = statements(out)
+        assert results
+        assert {r["predicate"]["url"] for r in results} == {"https://github.com/o/r/actions/runs/9"}
+
 
 class TestKey:
     def test_key_variable_is_removed_and_never_reaches_the_signer(

@@ -173,7 +173,14 @@ class TestAttest:
             script = str(step["run"])
             assert re.search(r"sudo --preserve-env=[\w,]+,\$\{\{ env\.ROOT_ENV \}\}", script)
             assert '"$(command -v sandbox-attest)" run' in script
-        for name in ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "GITHUB_STEP_SUMMARY"):
+        for name in (
+            "ACTIONS_ID_TOKEN_REQUEST_TOKEN",
+            "GITHUB_STEP_SUMMARY",
+            # The run's URL for each statement's `url` (issue 30).
+            "GITHUB_SERVER_URL",
+            "GITHUB_REPOSITORY",
+            "GITHUB_RUN_ID",
+        ):
             assert name in leg["env"]["ROOT_ENV"].split(",")
         (handback,) = [s for s in steps(leg) if 'chown -R "$(id -u)' in str(s.get("run"))]
         assert handback["if"] == "always()"
