@@ -49,6 +49,7 @@ from sandbox_attest.catalog.base import (
     attempts_of,
     host_processes,
 )
+from sandbox_attest.cellgroup import run_cgroup
 from sandbox_attest.cgroupfs import own_v2_dir, remove_cgroup_tree
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
@@ -150,9 +151,11 @@ class ProcKernelTunables(_Spec):
         Raises:
             FixtureError: there is no cgroup v2 group of the harness's here.
         """
-        parent = own_v2_dir()
+        # Inside the run's own cgroup (sandbox_attest/cellgroup.py): journalled before it was
+        # made, so a killed run's delegated groups are swept by the next run, never left behind.
+        parent, why = run_cgroup()
         if parent is None:
-            msg = "proc_kernel_tunables: no cgroup v2 group of the harness's here; mount cgroup2"
+            msg = f"proc_kernel_tunables: no run cgroup to delegate a group from ({why})"
             raise FixtureError(msg)
         name = f"sandbox-attest-tunables-{ctx.nonce}"
         owner = (ctx.user.uid, ctx.user.gid) if ctx.user is not None else None
