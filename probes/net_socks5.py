@@ -245,6 +245,13 @@ def run(task, out):
     out["facts"]["socks_endpoints"] = ["%s=%s:%d" % (label, h, p) for label, (h, p) in endpoints]
     jobs = []
     for label, endpoint in endpoints:
+        if label != "route" and not (endpoint[0] == "localhost" or harness_owned(endpoint[0])):
+            # An endpoint the environment names elsewhere is never dialled (the network rules:
+            # loopback and the lab only); the cell cannot be judged on it, and says so.
+            for kind in ("socks5-connect:", "socks5-udp:"):
+                why = "%s:%d is not on loopback or in the lab: not dialled" % endpoint
+                jobs.append((attempt, (kind + label, "escape", "error", None, None, why)))
+            continue
         jobs.append((socks_connect, ("socks5-connect:" + label, endpoint, targets["denied"], nonce)))
         jobs.append((socks_udp, ("socks5-udp:" + label, endpoint, targets["udp"], nonce)))
     # Side by side: an HTTP proxy answers a SOCKS greeting with silence, and waiting for each
