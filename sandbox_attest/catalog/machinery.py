@@ -311,7 +311,8 @@ class FsMachineryOverwrite(_Spec):
             for p in [*changed, *marked]
             if claims.writes != "open" and not claims.write_denied(Path(p).parent, home_of(ctx))
         ]
-        hits = [p for p in [*changed, *marked] if p not in allowed] + touched
+        opened = _host_binaries_opened(escapes)
+        hits = [p for p in [*changed, *marked] if p not in allowed] + touched + opened
         reasons: list[str] = []
         if allowed:
             reasons.append(
@@ -341,7 +342,12 @@ class FsMachineryOverwrite(_Spec):
             observed,
             reasons,
             host_control=control,
-            witness={"changed": changed, "marked": marked, "real_helpers_changed": touched},
+            witness={
+                "changed": changed,
+                "marked": marked,
+                "real_helpers_changed": touched,
+                "host_binaries_opened": opened,
+            },
             inside=inside,
             inside_ok=inside_ok,
             inside_failed=(
@@ -349,6 +355,29 @@ class FsMachineryOverwrite(_Spec):
                 f"was not seen on the host ({_summary(inside)})"
             ),
         )
+
+
+def _host_binaries_opened(escapes: list[dict[str, Any]]) -> list[str]:
+    """Executables the payload opened for write that are the host's own files, by identity.
+
+    The payload reports each `exe:` open that succeeded with the opened file's (device, inode)
+    and its link target; the host stats that target itself. A match is the host's binary
+    writable from inside (runc's CVE-2019-5736), though the probe never writes a byte to it.
+    """
+    found = []
+    for a in escapes:
+        if not str(a.get("what", "")).startswith("exe:") or a.get("outcome") != "succeeded":
+            continue
+        target, identity = str(a.get("target") or ""), a.get("identity")
+        if not target.startswith("/") or not isinstance(identity, list):
+            continue
+        try:
+            st = Path(target).stat()
+        except OSError:
+            continue
+        if [st.st_dev, st.st_ino] == identity:
+            found.append(f"the host's {target} opened for write ({a.get('what')})")
+    return found
 
 
 def _dir_identity(path: Path) -> list[int] | None:

@@ -136,6 +136,28 @@ class TestMachineryOverwrite:
         verdict, reason = _verdict(spec, ctx, attempts)
         assert verdict is Verdict.PASS, reason
 
+    def test_the_hosts_own_binary_opened_for_write_fails(self, tmp_path: Path) -> None:
+        """An exe open that the host matches to its own file by identity is FAIL, unwritten."""
+        spec = FsMachineryOverwrite()
+        ctx = _ctx(spec.id, tmp_path)
+        spec.prepare(ctx)
+        _append(ctx.workspace / "helper-copy", f"\n# {_marker(ctx.nonce)}\n")
+        host = Path("/usr/bin/true").resolve().stat()
+        opened = _a("exe:self", "succeeded")
+        opened |= {
+            "target": str(Path("/usr/bin/true").resolve()),
+            "identity": [host.st_dev, host.st_ino],
+        }
+        attempts = [
+            _a("control:workspace", "succeeded", "control"),
+            opened,
+            *(_a(f"write:{k}", "refused", err="ENOENT") for k in ("allowlist", "config", "helper")),
+            _a("write:shim", "refused", err="EROFS"),
+        ]
+        verdict, reason = _verdict(spec, ctx, attempts)
+        assert verdict is Verdict.FAIL, reason
+        assert "opened for write (exe:self)" in reason
+
     def test_a_write_the_claim_allows_is_not_judged(self, tmp_path: Path) -> None:
         """A claim that allows writes where the copies live is not broken by a write there."""
         spec = FsMachineryOverwrite()
