@@ -216,19 +216,42 @@ def descendants(roots: Sequence[int], links: dict[int, list[int]] | None = None)
     return seen
 
 
-_SUBREAPER_SET = False
+# How many subtree groups are open: the harness is a child subreaper only while one is, so
+# orphans of everything else it runs (and of later, cgroup-judged cells) still go to init,
+# where the sweep's own test for an orphan (its parent no longer a Python) looks for them.
+_SUBREAPER_USERS = 0
+_SUBREAPER_LOCK = threading.Lock()
+
+
+def _set_subreaper(*, on: bool) -> str:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        return f"PR_SET_CHILD_SUBREAPER failed ({os.strerror(ctypes.get_errno())})"
+    return ""
 
 
 def _become_subreaper() -> str:
-    """Make this process a child subreaper (once); "" or why it could not."""
-    global _SUBREAPER_SET  # noqa: PLW0603  (a per-process setting, made once)
-    if _SUBREAPER_SET:
-        return ""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        return f"PR_SET_CHILD_SUBREAPER failed ({os.strerror(ctypes.get_errno())})"
-    _SUBREAPER_SET = True
-    return ""
+    """Make this process a child subreaper for one more subtree group; "" or why it could not.
+
+    Pair with `_release_subreaper` when that group closes.
+    """
+    global _SUBREAPER_USERS  # noqa: PLW0603  (a per-process setting, counted)
+    with _SUBREAPER_LOCK:
+        trouble = _set_subreaper(on=True) if _SUBREAPER_USERS == 0 else ""
+        if not trouble:
+            _SUBREAPER_USERS += 1
+        return trouble
+
+
+def _release_subreaper() -> None:
+    """One subtree group fewer; the last one out makes this process an ordinary parent."""
+    global _SUBREAPER_USERS  # noqa: PLW0603
+    with _SUBREAPER_LOCK:
+        if _SUBREAPER_USERS == 0:
+            return
+        _SUBREAPER_USERS -= 1
+        if _SUBREAPER_USERS == 0:
+            _set_subreaper(on=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,6 +274,7 @@ class CellGroup:
     mechanism: str
     path: Path | None = None
     why: str = ""
+    reaping: bool = False  # this group made the harness a subreaper (`_become_subreaper`)
     roots: list[int] = field(default_factory=list)
     supervisors: set[tuple[int, int]] = field(default_factory=set)
     _known: dict[int, int | None] = field(default_factory=dict)
@@ -396,6 +420,9 @@ class CellGroup:
         if self.mechanism != CGROUP or self.path is None:
             if kill:
                 self.kill()
+            if self.reaping:
+                self.reaping = False
+                _release_subreaper()
             return []
         if kill:
             return remove_cgroup_tree(self.path)
@@ -469,7 +496,9 @@ def new_cell() -> CellGroup:
                 return CellGroup(CGROUP, path)
             why = f"{path} is not root's directory"
     trouble = _become_subreaper()
-    return CellGroup(SUBTREE, why=f"{why}; {trouble}" if trouble else why)
+    if trouble:
+        return CellGroup(SUBTREE, why=f"{why}; {trouble}")
+    return CellGroup(SUBTREE, why=why, reaping=True)
 
 
 def current() -> CellGroup | None:

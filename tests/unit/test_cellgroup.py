@@ -170,11 +170,26 @@ def subreaper() -> Iterator[None]:
     try:
         yield
     finally:
-        ctypes.CDLL(None, use_errno=True).prctl(cellgroup.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-        cellgroup._SUBREAPER_SET = False
+        cellgroup._release_subreaper()
 
 
 class TestSubtree:
+    def test_the_harness_reaps_only_while_a_subtree_group_is_open(self) -> None:
+        """Subreaper while a subtree group is open, an ordinary parent after the last closes."""
+        get = ctypes.c_int(-1)
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_get_child_subreaper = 37
+        first = cellgroup.CellGroup(cellgroup.SUBTREE, reaping=True)
+        second = cellgroup.CellGroup(cellgroup.SUBTREE, reaping=True)
+        assert cellgroup._become_subreaper() == ""
+        assert cellgroup._become_subreaper() == ""
+        first.close(kill=True)
+        libc.prctl(pr_get_child_subreaper, ctypes.byref(get), 0, 0, 0)
+        assert get.value == 1
+        second.close(kill=True)
+        libc.prctl(pr_get_child_subreaper, ctypes.byref(get), 0, 0, 0)
+        assert get.value == 0
+
     @pytest.mark.usefixtures("subreaper")
     def test_members_are_the_wrapper_and_its_reparented_orphans(self) -> None:
         """Without a cgroup, a child seen once stays a member after it is reparented to us.
