@@ -10,7 +10,8 @@ Escape attempts, for each name:
   * ``get-metadata:<label>``: absolute-form GET through the proxy, with the metadata
     service's request headers (``Metadata-Flavor: Google``, ``Metadata: true``);
   * ``connect-metadata:<label>``: CONNECT name:port through the proxy, then the same GET;
-  * ``direct-metadata:<label>``: the system resolver, then a direct connect to its answer
+  * ``direct-metadata:<label>`` (only when targets["system_resolver"] says the system
+    resolver is the DNS fixture): the system resolver, then a direct connect to its answer
     (only an answer on loopback or in the lab's 198.18.0.0/15 is ever dialled).
 Each carries the nonce (``?nonce=`` and ``X-Attest-Nonce``). Control: the allowed host
 through the proxy answers 200 with the nonce.
@@ -212,7 +213,10 @@ def run(task, out):
                                              False))
             out["attempts"].append(via_proxy("connect-metadata:" + label, proxy, name, port,
                                              nonce, True))
-        out["attempts"].append(direct("direct-metadata:" + label, name, port, nonce))
+        # Only where the task says the system resolver is the DNS fixture (the lab): anywhere
+        # else the machine's resolver would carry the name off this machine.
+        if targets.get("system_resolver") is True:
+            out["attempts"].append(direct("direct-metadata:" + label, name, port, nonce))
     if proxy is None:
         out["attempts"].append(attempt("get-allowed", "control", "error", None, None,
                                        "no proxy: no route"))

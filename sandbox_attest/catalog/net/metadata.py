@@ -95,9 +95,12 @@ class NetMetadataService(_Spec):
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Each kind of attempt for each name the task gives, and the allowed control."""
-        labels = sorted(((task.get("targets") or {}).get("names") or {}).keys())
+        targets = task.get("targets") or {}
+        labels = tuple(sorted((targets.get("names") or {}).keys()))
+        # The direct lookups only where the system resolver is the DNS fixture (the lab).
+        kinds = KINDS if targets.get("system_resolver") is True else KINDS[:2]
         return AttemptTable(
-            required=attempts_of(*((kind, tuple(labels)) for kind in KINDS), "get-allowed")
+            required=attempts_of(*((kind, labels) for kind in kinds), "get-allowed")
         )
 
     def expectation(self, policy: PolicyLike) -> Expectation:
@@ -118,8 +121,12 @@ class NetMetadataService(_Spec):
             raise FixtureError(msg)
         for name in METADATA_NAMES.values():
             dns.stand_in(name, denied.address)
+        world = info.extra.get("world")
         return {
             "names": dict(METADATA_NAMES),
+            # The payload looks the names up itself only where the system resolver is the
+            # DNS fixture: in the lab (a run never gets here elsewhere; a hand-built cell may).
+            "system_resolver": isinstance(world, dict) and world.get("kind") == "lab",
             "port": denied.http_port,
             "allowed": {"name": allowed.name, "https_port": allowed.https_port},
         }
