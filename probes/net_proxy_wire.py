@@ -1,4 +1,4 @@
-"""Payload of net_proxy_smuggling, net_proxy_upgrade and net_dns_rebinding.
+"""Payload of net_proxy_smuggling, net_proxy_upgrade, net_proxy_relay and net_dns_rebinding.
 
 The three probes differ only in the bytes the host builds for them (sandbox_attest/catalog/net/
 protocol.py): a request to an allowed origin that carries a second request to the denied host
@@ -6,7 +6,8 @@ in its body or after an `Upgrade:` (request smuggling, WebSocket and h2c upgrade
 connection preface sent to the proxy, and a request for a planted name whose DNS answer changes
 between the proxy's check and its dial. Each request in task["targets"]["requests"] is one
 connection to the proxy: its `parts` are written in order, byte for byte (latin-1), with
-`{auth}` replaced by the Proxy-Authorization line from the proxy URL's userinfo; after each
+`{auth}` replaced by the Proxy-Authorization line from the proxy URL's userinfo (and `{proxy}`
+by the proxy's own host:port, for the relay back into it); after each
 part but the last one response is read, after the last everything until the proxy closes or
 goes quiet. The payload reports each response's status; the host judges the proxy's decision
 log and the origins' access logs, which are the witnesses.
@@ -133,7 +134,8 @@ def run_request(req, proxy, nonce):
         parts = req["parts"]
         for i, part in enumerate(parts):
             try:
-                sock.sendall(part.replace("{auth}", auth).encode("latin-1"))
+                text = part.replace("{auth}", auth).replace("{proxy}", "%s:%d" % (phost, pport))
+                sock.sendall(text.encode("latin-1"))
             except OSError as exc:
                 reader.error = exc
                 break

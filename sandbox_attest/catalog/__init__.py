@@ -61,6 +61,7 @@ from sandbox_attest.catalog.net import (
 from sandbox_attest.catalog.net.doh import NetDohBypass
 from sandbox_attest.catalog.net.protocol import (
     NetDnsRebinding,
+    NetProxyRelay,
     NetProxySmuggling,
     NetProxyUpgrade,
 )
@@ -124,5 +125,6 @@ _SPECS: tuple[ProbeSpec, ...] = (
     NetProxyUpgrade(),
     NetDnsRebinding(),
     NetDohBypass(),
+    NetProxyRelay(),
 )
 PROBES: dict[str, ProbeSpec] = {spec.id: spec for spec in _SPECS}

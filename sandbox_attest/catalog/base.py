@@ -252,6 +252,7 @@ SHARED_PAYLOADS: dict[str, str] = {
     "net_proxy_smuggling": "net_proxy_wire",
     "net_proxy_upgrade": "net_proxy_wire",
     "net_dns_rebinding": "net_proxy_wire",
+    "net_proxy_relay": "net_proxy_wire",
 }
 
 

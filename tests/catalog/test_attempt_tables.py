@@ -38,6 +38,7 @@ TASKS: dict[str, dict[str, Any]] = {
     "net_proxy_smuggling": {"targets": {"requests": [{"what": "cl-te"}]}},
     "net_proxy_upgrade": {"targets": {"requests": [{"what": "upgrade-h2c-allowed"}]}},
     "net_dns_rebinding": {"targets": {"requests": [{"what": "get-rebind"}]}},
+    "net_proxy_relay": {"targets": {"requests": [{"what": "relay-through-proxy"}]}},
 }
 
 

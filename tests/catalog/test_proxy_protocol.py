@@ -22,6 +22,7 @@ from sandbox_attest.catalog.net.doh import NetDohBypass, doh_query
 from sandbox_attest.catalog.net.protocol import (
     AUTH,
     NetDnsRebinding,
+    NetProxyRelay,
     NetProxySmuggling,
     NetProxyUpgrade,
     WireRequest,
@@ -435,3 +436,39 @@ def test_rebinding_outside_the_lab_is_not_applicable() -> None:
     reason = NetDnsRebinding().not_applicable("harness")
     assert reason is not None
     assert "--world lab" in reason
+
+
+class TestRelay:
+    def test_the_relay_loops_through_the_proxy_then_asks_for_the_denied_host(self) -> None:
+        """The outer CONNECT names the payload's own proxy; the inner GET the denied host."""
+        cell = ctx("net_proxy_relay")
+        r = {r.what: r for r in NetProxyRelay().build(cell)}["relay-through-proxy"]
+        assert r.parts[0].startswith("CONNECT {proxy} HTTP/1.1\r\n")
+        assert r.parts[1].startswith("GET http://denied.test:28080/ok?")
+        assert r.carriers == 1
+
+    def test_a_loopback_admission_in_the_proxy_log_fails(self) -> None:
+        """The harness proxy admitting a loopback target (itself) is an escape: FAIL."""
+        spec = NetProxyRelay()
+        cell = ctx(spec.id)
+        spec.prepare(cell)
+        proxy = [
+            {
+                "nonce": NONCE,
+                "host": "127.0.0.1",
+                "decision": "allow",
+                "status": 200,
+                "target": "127.0.0.1:3128",
+            }
+        ]
+        verdict, why = judge(spec, cell, report(spec.requests(cell)), records(proxy=proxy))
+        assert verdict is Verdict.FAIL, why
+        assert "refuse a target on the proxy's own host" in why
+
+    def test_the_refused_loop_passes(self) -> None:
+        """The outer CONNECT refused, the denied origin silent: PASS."""
+        spec = NetProxyRelay()
+        cell = ctx(spec.id)
+        spec.prepare(cell)
+        verdict, why = judge(spec, cell, report(spec.requests(cell)), records())
+        assert verdict is Verdict.PASS, why

@@ -1,6 +1,6 @@
 """Issue 28, the proxy's protocol surface, live: each class FAILs on a proxy with its one hole.
 
-Four wrappers under tests/data/newclasses/ bring their own allowlist proxy
+Five wrappers under tests/data/newclasses/ bring their own allowlist proxy
 (protocol_hole_proxy.py) with exactly one mistake each and go through a real
 `sandbox-attest run` beside the control leg, whose route is the harness's own proxy:
 
@@ -13,9 +13,11 @@ Four wrappers under tests/data/newclasses/ bring their own allowlist proxy
   listener behind the rebinding name hears it (net_dns_rebinding FAILs);
 - `address-allow` admits an IP literal that an allowed name resolves to: the denied host's
   address, learned by DNS-over-HTTPS from the allowed origin, reaches the denied origin, which
-  shares it (net_doh_bypass FAILs).
+  shares it (net_doh_bypass FAILs);
+- `self-relay` admits a CONNECT to its own listener and trusts what it sends itself: a request
+  relayed through the proxy back into it reaches the denied origin (net_proxy_relay FAILs).
 
-Each hole FAILs its own probe and no other, and the harness's proxy PASSes all four on the
+Each hole FAILs its own probe and no other, and the harness's proxy PASSes all five on the
 control leg. Real processes and the real DNS fixture; root only (the payload user exists only
 as root). Every dial stays on loopback or the lab's 198.18.0.0/15.
 """
@@ -45,7 +47,13 @@ pytestmark = [
 
 REPO = Path(__file__).parent.parent.parent
 DATA = Path(__file__).parent.parent / "data" / "newclasses"
-PROBES = ("net_proxy_smuggling", "net_proxy_upgrade", "net_dns_rebinding", "net_doh_bypass")
+PROBES = (
+    "net_proxy_smuggling",
+    "net_proxy_upgrade",
+    "net_dns_rebinding",
+    "net_doh_bypass",
+    "net_proxy_relay",
+)
 # Each wrapper's [backend] name -> the one probe its hole must FAIL, and words its reason holds.
 HOLES = {
     "hole-net-proxy-smuggling": (
@@ -60,6 +68,10 @@ HOLES = {
         "net_dns_rebinding",
         ("dialed its second", "fix: resolve once per request and dial exactly the address"),
     ),
+    "hole-net-proxy-relay": (
+        "net_proxy_relay",
+        ("relay-through-proxy", "refuse a target on the proxy's own host"),
+    ),
     "hole-net-doh-bypass": (
         "net_doh_bypass",
         ("reached by the address a DoH lookup gave", "refuse IP literals it does not name"),
@@ -70,7 +82,7 @@ RUN_TIMEOUT_S = 300
 
 @dataclass(frozen=True)
 class HolesRun:
-    """One `sandbox-attest run` over the four hole wrappers and the control leg."""
+    """One `sandbox-attest run` over the five hole wrappers and the control leg."""
 
     out: Path
     stdout: str

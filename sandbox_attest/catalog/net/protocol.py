@@ -58,6 +58,7 @@ from sandbox_attest.catalog.net.route import (
     PAST_RULES_STATUSES,
     _allowed_control,
     _claims_no_network,
+    _deny_control,
     _no_network_reason,
     _refused_by_no_network,
     _tag,
@@ -348,7 +349,8 @@ def _escape_hits(
 
     An origin entry counts when it carries an escape's tag and was not the allowed origin
     serving a request for itself, or when the denied origin served anything with the nonce.
-    A proxy line counts when it admitted (or dialed for) the denied host.
+    A proxy line counts when it admitted (or dialed for) the denied host, or a loopback
+    address (a target on the proxy's own host: its own listener, a relay back into itself).
     """
     hosts = ctx.world.info.hosts
     allowed = {f"{hosts['allowed'].name}:{hosts['allowed'].http_port}", hosts["allowed"].name}
@@ -366,10 +368,17 @@ def _escape_hits(
     proxy = [
         p
         for p in _with_nonce(witness.proxy, ctx.nonce)
-        if p.get("host") == denied_name
+        if (p.get("host") == denied_name or _is_loopback(str(p.get("host"))))
         and (p.get("decision") == "allow" or p.get("status") in PAST_RULES_STATUSES)
     ]
     return origin, proxy
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _exercised(attempt: dict[str, Any], request: WireRequest | None) -> bool:
@@ -584,6 +593,78 @@ class NetProxyUpgrade(_WireSpec):
             "judge an Upgrade request like any other (403 for a denied host), strip Upgrade "
             "and never relay the client's bytes after the response as a tunnel, and refuse "
             "the HTTP/2 preface unless each HTTP/2 request is checked"
+        )
+        return _assess_wire(ctx, report, witness, control, self.requests(ctx), fix)
+
+
+# The payload replaces this with its proxy's own host:port (the route it was given).
+PROXY_SELF: Final = "{proxy}"
+
+
+def relay_requests(h: _Hosts) -> list[WireRequest]:
+    """The control GET and a relay through the proxy back into itself, then to the denied host.
+
+    A CONNECT to the proxy's own address makes the proxy a client of itself: a second request
+    inside that tunnel arrives from the proxy's own host, which a proxy that trusts local
+    clients (or itself) would not check. The inner request goes to the denied host.
+    """
+    what = "relay-through-proxy"
+    inner = _head(
+        f"GET {h.url(h.denied, what)} HTTP/1.1",
+        f"Host: {h.denied}",
+        f"X-Attest-Nonce: {h.nonce}",
+        "Connection: close",
+    )
+    outer = _head(
+        f"CONNECT {PROXY_SELF} HTTP/1.1", f"Host: {PROXY_SELF}", f"X-Attest-Nonce: {h.nonce}"
+    )
+    return [
+        _control_get(h),
+        WireRequest(
+            what=what,
+            role="escape",
+            parts=(outer, inner),
+            carriers=1,
+            denied_target=h.url(h.denied, what),
+        ),
+    ]
+
+
+class NetProxyRelay(_WireSpec):
+    """A relay through the proxy back into itself must not carry a request past the allowlist."""
+
+    id = "net_proxy_relay"
+    area = "net"
+
+    def build(self, ctx: CellContext) -> list[WireRequest]:
+        """The control and the relay through the proxy's own address."""
+        return relay_requests(_hosts(ctx))
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The proxy refuses the host's own CONNECT to the proxy's address; allowed works."""
+        nonce = _control_nonce()
+        url = urlsplit(ctx.world.info.proxy.url)
+        authority = f"{url.hostname or '127.0.0.1'}:{url.port or 80}"
+        checks = _deny_control(
+            ctx,
+            authority,
+            nonce,
+            lambda p: p.get("nonce") == nonce and p.get("target") == authority,
+        )
+        return _control(nonce, checks + _allowed_control(ctx, nonce))
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Nothing admitted to the proxy's own host and the denied origin silent = refused."""
+        fix = (
+            "refuse a target on the proxy's own host (its listener, any loopback address) and "
+            "give a connection the proxy made to itself no trust: check every request it "
+            "carries against the allowlist"
         )
         return _assess_wire(ctx, report, witness, control, self.requests(ctx), fix)
 

@@ -27,6 +27,10 @@ the upstream exchange after one request. MISTAKE names the one thing it does wro
   address (as hosts behind one CDN do, and as the lab's origins do) is reached by it
   (net_doh_bypass must FAIL).
 
+- `self-relay`: it admits a CONNECT to its own listener and trusts the connections it makes
+  to itself, as a proxy that exempts local clients does; a request relayed through the proxy
+  back into it is then never checked (net_proxy_relay must FAIL).
+
 CONNECT is served too (the same checks, then a byte tunnel after the 200).
 
 Test data (tests/integration/test_proxy_protocol_holes.py); stdlib only. It never resolves
@@ -186,6 +190,8 @@ class Proxy:
         self.allowed = allowed
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        # Local ports of the connections this proxy made to its own listener (`self-relay`).
+        self.own_ports: set[int] = set()
 
     def serve(self) -> None:
         """Accept until the listener is closed."""
@@ -206,7 +212,11 @@ class Proxy:
                 head = conn.head()
                 if head is None:
                     return
-                upstream = self.request(conn, head, upstream)
+                # The mistake of `self-relay`: a connection from this proxy itself is trusted
+                # (read after the head: by then the dial that made it has been recorded).
+                peer_port = client.getpeername()[1]
+                trusted = self.mistake == "self-relay" and peer_port in self.own_ports
+                upstream = self.request(conn, head, upstream, trusted)
                 if upstream is None or self.mistake != "keepalive":
                     return
         except Refusal as refusal:
@@ -225,7 +235,11 @@ class Proxy:
             client.close()
 
     def admit(
-        self, target: str, headers: list[tuple[str, str]], connect: bool = False
+        self,
+        target: str,
+        headers: list[tuple[str, str]],
+        connect: bool = False,
+        trusted: bool = False,
     ) -> tuple[str, int, str, str]:
         """Host, port, path and the vetted address of an absolute-form or CONNECT request."""
         if connect:
@@ -239,6 +253,10 @@ class Proxy:
         host, _, port_text = authority.partition(":")
         host, port = host.lower(), int(port_text or "80")
         rule = rule_for(self.allowed, host, port)
+        if self.mistake == "self-relay" and connect and (host, port) == ("127.0.0.1", self.port):
+            return host, port, path, host  # the mistake: its own listener is a fine target
+        if rule is None and trusted:
+            rule = "exact"  # the mistake: a request from itself skips the allowlist
         literal = host.replace(".", "").isdigit()
         if rule is None and literal and self.mistake == "address-allow":
             # The mistake: an address is admitted because an allowed name points at it.
@@ -258,18 +276,20 @@ class Proxy:
         return host, port, path, address
 
     def request(
-        self, conn: Conn, head: bytes, upstream: socket.socket | None
+        self, conn: Conn, head: bytes, upstream: socket.socket | None, trusted: bool = False
     ) -> socket.socket | None:
         """Admit and forward one request; returns the upstream kept open, if any."""
         method, target, headers = parse(head)
         if method == "CONNECT":
-            host, port, path, address = self.admit(target, [], connect=True)
+            host, port, path, address = self.admit(target, [], connect=True, trusted=trusted)
             upstream = dial(address, port)
+            if (address, port) == ("127.0.0.1", self.port):
+                self.own_ports.add(upstream.getsockname()[1])
             conn.sock.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             self.splice(conn, upstream)
             upstream.close()
             return None
-        host, port, path, address = self.admit(target, headers)
+        host, port, path, address = self.admit(target, headers, trusted=trusted)
         te, cl = values(headers, "transfer-encoding"), values(headers, "content-length")
         if self.mistake != "keepalive" and (te and cl or len(set(cl)) > 1):
             raise Refusal(400, "ambiguous body framing")
