@@ -51,18 +51,28 @@ def read_token(what, path):
     return attempt(what, "escape", "succeeded", None, None, "read: " + text[:80])
 
 
-def bind(what, role, path):
+def bind(what, role, directory, name):
+    """Bind a unix socket `name` in `directory`, by a relative name from inside it.
+
+    Relative, because a sun_path holds at most 107 bytes and cell paths can be longer: a
+    "path too long" would be the probe's failure, not the sandbox's refusal.
+    """
+    path = os.path.join(directory, name)
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     except OSError as exc:
         return attempt(what, role, "refused", errno_name(exc), None,
                        "socket(AF_UNIX) refused: %r" % exc)
+    back = os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        sock.bind(path)
+        os.chdir(directory)
+        sock.bind(name)
     except OSError as exc:
         return attempt(what, role, "refused", errno_name(exc), None, "%s: %r" % (path, exc))
     finally:
         sock.close()
+        os.fchdir(back)
+        os.close(back)
     return attempt(what, role, "succeeded", None, None, "%s bound" % path)
 
 
@@ -74,13 +84,11 @@ def run(task, out):
     except OSError as exc:
         out["facts"]["mntns"] = None
         out["facts"]["mntns_error"] = errno_name(exc)
-    out["attempts"].append(bind("control:socket", "control",
-                                os.path.join(task["workspace"], name)))
+    out["attempts"].append(bind("control:socket", "control", task["workspace"], name))
     out["attempts"].append(read_token("swap:read",
                                       os.path.join(targets["swapped"], targets["token_name"])))
     for index, directory in enumerate(targets["socket_dirs"]):
-        out["attempts"].append(bind("socket:bind:%d" % index, "escape",
-                                    os.path.join(directory, name)))
+        out["attempts"].append(bind("socket:bind:%d" % index, "escape", directory, name))
 
 
 def main(argv):
