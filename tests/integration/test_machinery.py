@@ -154,6 +154,57 @@ class TestLeakedDirectoryDescriptor:
         assert cell["verdict"] != "FAIL", cell["reason"]
 
 
+class TestInheritedDescriptor:
+    def test_native_backends_do_not_pass_the_harness_descriptors_on(self) -> None:
+        """A harness started holding an inheritable fd on the host's / leaks it to no sandbox.
+
+        bubblewrap keeps every descriptor it inherits, so the native backends must start it
+        with nothing but what they mean to pass (CVE-2024-21626's class); the payload's walk
+        reaching the host's / through any descriptor would FAIL the cell.
+        """
+        with reachable_tempdir("sa-inherit-") as root:
+            matrix = root / "matrix.toml"
+            matrix.write_text(
+                '[[probe]]\nid = "fs_leaked_dirfd"\ntimeout = 30\n'
+                + "".join(
+                    f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in ("none", *STRONG)
+                )
+            )
+            policy = root / "policy.toml"
+            policy.write_text(
+                "".join(
+                    f'[[require]]\nplatform = "linux"\nbackend = "{b}"\n'
+                    'probes = ["fs_leaked_dirfd"]\n'
+                    for b in ("none", *STRONG)
+                )
+            )
+            private, _ = keypair(root)
+            held = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.set_inheritable(held, True)  # noqa: FBT003  (positional-only in os)
+                argv = [*CLI, "run", "--matrix", str(matrix), "--policy", str(policy)]
+                argv += ["--key", str(private)]
+                argv += ["--out", str(root / "report"), "-j", "2"]
+                done = subprocess.run(
+                    argv,
+                    capture_output=True,
+                    text=True,
+                    timeout=RUN_TIMEOUT_S,
+                    check=False,
+                    cwd=REPO,
+                    pass_fds=(held,),
+                )
+            finally:
+                os.close(held)
+            inherited = Run(root / "report", done.returncode, done.stdout, done.stderr)
+            for backend in STRONG:
+                cell = inherited.cell(backend, "fs_leaked_dirfd")
+                if cell["verdict"] == "UNAVAILABLE":
+                    continue
+                assert (cell["verdict"], cell["escape"]) == ("PASS", "refused"), cell["reason"]
+                assert cell["witness"]["reached"] == [], cell["witness"]
+
+
 class TestGate:
     def test_no_hole_earns_a_pass_gate(self, run: Run) -> None:
         """Exit 1 and gate FAILED: the holes' FAIL cells are not hidden by the PASSing legs."""
