@@ -19,15 +19,21 @@ command line (never the system resolver), and only an answer on loopback or in t
 198.18.0.0/15 is dialled; anything else is refused. Stdlib only.
 """
 
+from __future__ import annotations
+
 import os
 import socket
 import struct
 import subprocess
 import sys
 import threading
+from typing import Callable, Optional, Set, Tuple
+
+Dns = Optional[Tuple[str, int]]
+Serve = Callable[[socket.socket, Dns, Set[str]], None]
 
 
-def resolve(dns, name):
+def resolve(dns: Dns, name: str) -> str | None:
     """An A query for `name` to the DNS fixture; the address, or None."""
     if dns is None:
         return None
@@ -49,16 +55,16 @@ def resolve(dns, name):
     return socket.inet_ntoa(data[-4:])
 
 
-def harness_owned(address):
+def harness_owned(address: str | None) -> bool:
     """Loopback or the lab's range: the only places this server may ever dial."""
     try:
-        a = [int(x) for x in address.split(".")]
-    except (AttributeError, ValueError):
+        a = [int(x) for x in (address or "").split(".")]
+    except ValueError:
         return False
     return len(a) == 4 and (a[0] == 127 or (a[0] == 198 and a[1] in (18, 19)))
 
 
-def pump(src, dst):
+def pump(src: socket.socket, dst: socket.socket) -> None:
     try:
         while True:
             chunk = src.recv(65536)
@@ -75,7 +81,7 @@ def pump(src, dst):
                 pass
 
 
-def splice(conn, upstream):
+def splice(conn: socket.socket, upstream: socket.socket) -> None:
     threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()
     pump(conn, upstream)
 
@@ -84,7 +90,7 @@ FORBIDDEN = (b"HTTP/1.1 403 Forbidden\r\nX-Harness-Deny-Reason: not on the list\
              b"Content-Length: 0\r\nConnection: close\r\n\r\n")
 
 
-def serve_http(conn, dns, allowed):
+def serve_http(conn: socket.socket, dns: Dns, allowed: Set[str]) -> None:
     head = b""
     while b"\r\n\r\n" not in head and len(head) < 65536:
         chunk = conn.recv(4096)
@@ -98,7 +104,7 @@ def serve_http(conn, dns, allowed):
     hostport = target if method == "CONNECT" else target.split("://", 1)[-1].split("/", 1)[0]
     host, _, port = hostport.rpartition(":")
     address = resolve(dns, host)  # the hole: before the allowlist is read
-    if hostport not in allowed or not harness_owned(address) or method != "CONNECT":
+    if address is None or hostport not in allowed or not harness_owned(address) or method != "CONNECT":
         conn.sendall(FORBIDDEN)
         return
     upstream = socket.create_connection((address, int(port)), timeout=10)
@@ -109,7 +115,7 @@ def serve_http(conn, dns, allowed):
     splice(conn, upstream)
 
 
-def serve_internal(conn, dns, allowed):
+def serve_internal(conn: socket.socket, dns: Dns, allowed: Set[str]) -> None:
     head = b""
     while b"\r\n\r\n" not in head and len(head) < 65536:
         chunk = conn.recv(4096)
@@ -128,7 +134,7 @@ def serve_internal(conn, dns, allowed):
         conn.sendall(FORBIDDEN)
         return
     address = resolve(dns, host)
-    if not harness_owned(address):
+    if address is None or not harness_owned(address):
         conn.sendall(FORBIDDEN)
         return
     upstream = socket.create_connection((address, int(port)), timeout=10)
@@ -147,7 +153,7 @@ def serve_internal(conn, dns, allowed):
     splice(conn, upstream)
 
 
-def recv_exact(conn, size):
+def recv_exact(conn: socket.socket, size: int) -> bytes:
     buf = b""
     while len(buf) < size:
         chunk = conn.recv(size - len(buf))
@@ -157,11 +163,11 @@ def recv_exact(conn, size):
     return buf
 
 
-def socks_reply(code):
+def socks_reply(code: int) -> bytes:
     return b"\x05" + bytes([code]) + b"\x00\x01" + b"\x00" * 6
 
 
-def serve_socks(conn, dns, allowed):
+def serve_socks(conn: socket.socket, dns: Dns, allowed: Set[str]) -> None:
     del allowed  # the hole: an open relay checks nothing
     version, count = recv_exact(conn, 2)
     methods = recv_exact(conn, count)
@@ -172,7 +178,7 @@ def serve_socks(conn, dns, allowed):
     _, command, _, atyp = recv_exact(conn, 4)
     if atyp == 3:
         host = recv_exact(conn, recv_exact(conn, 1)[0]).decode("latin-1")
-        address = resolve(dns, host)
+        address: str | None = resolve(dns, host)
     elif atyp == 1:
         address = socket.inet_ntoa(recv_exact(conn, 4))
     else:
@@ -182,7 +188,7 @@ def serve_socks(conn, dns, allowed):
     if command != 1:
         conn.sendall(socks_reply(7))  # UDP ASSOCIATE and BIND: not over a unix relay
         return
-    if not harness_owned(address):
+    if address is None or not harness_owned(address):
         conn.sendall(socks_reply(4))
         return
     upstream = socket.create_connection((address, port), timeout=10)
@@ -190,7 +196,7 @@ def serve_socks(conn, dns, allowed):
     splice(conn, upstream)
 
 
-def handle(serve, conn, dns, allowed):
+def handle(serve: Serve, conn: socket.socket, dns: Dns, allowed: Set[str]) -> None:
     try:
         serve(conn, dns, allowed)
     except (OSError, ConnectionError, ValueError):
@@ -199,10 +205,10 @@ def handle(serve, conn, dns, allowed):
         conn.close()
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     mode, path, dns_host, dns_port, allowed = argv[1:6]
     cmd = argv[argv.index("--") + 1:]
-    serve = {"resolve-first": serve_http, "allow-internal": serve_internal,
+    serve: Serve = {"resolve-first": serve_http, "allow-internal": serve_internal,
              "socks5": serve_socks}[mode]
     # The availability check renders placeholders it cannot know yet as `<name>`: then there
     # is no fixture to ask, and every name stays unresolved (refused).
@@ -211,7 +217,7 @@ def main(argv):
     listener.bind(path)
     listener.listen(16)
 
-    def accept():
+    def accept() -> None:
         while True:
             conn, _ = listener.accept()
             args = (serve, conn, dns, set(allowed.split(",")))
