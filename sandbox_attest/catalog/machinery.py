@@ -28,6 +28,7 @@ import os
 import secrets
 import shutil
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -70,10 +71,12 @@ HOST_CONTROL_FILE: Final = "host-control.toml"
 # The real helpers a wrapper on this host may run; stat-fingerprinted, never hashed whole
 # (docker's client is tens of MiB) and never written.
 REAL_HELPERS: Final = ("bwrap", "prlimit", "env", "firejail", "docker")
-# The marker scan reads the cell dir (inputs, shim, the wrapper's run dir) but no more.
-SCAN_MAX_FILES: Final = 400
+# The marker scan reads the cell dir (inputs, shim, the wrapper's run dir) but no more: a
+# wrapper's own home there (Codex's sessions/YYYY/MM/DD) is deep but small; a walk past these
+# bounds is cut, and a cut walk decides nothing.
+SCAN_MAX_ENTRIES: Final = 2000
 SCAN_MAX_BYTES: Final = 1 << 20
-SCAN_MAX_DEPTH: Final = 4
+SCAN_MAX_DEPTH: Final = 32
 
 # How far up from the payload the host reads descriptors (the shim, an init, the payload).
 MAX_ANCESTORS_READ: Final = 8
@@ -142,29 +145,44 @@ def _digests(ctx: CellContext) -> dict[str, str]:
     return digests
 
 
-def _scan(directory: safefs.SafeDir, marker: bytes, skip: str, depth: int, hits: list[str]) -> int:
-    """Host paths under `directory` whose bytes hold `marker`; returns files read."""
-    read = 0
+def _scan(directory: safefs.SafeDir, marker: bytes, skip: str, depth: int, found: _Scan) -> None:
+    """Note in `found` the host paths under `directory` whose bytes hold `marker`.
+
+    One budget of entries for the whole walk (`SCAN_MAX_ENTRIES`): a run dir the payload
+    could flood must not stall the host, and a walk cut short says so instead of "no marker".
+    """
     for name in sorted(os.listdir(directory.fd)):  # noqa: PTH208  (a descriptor, not a path)
-        if read >= SCAN_MAX_FILES:
-            break
+        if found.visited >= SCAN_MAX_ENTRIES:
+            found.cut = True
+            return
+        found.visited += 1
         st = directory.entry(name)
         if st is None:
             continue
-        if stat.S_ISDIR(st.st_mode) and depth < SCAN_MAX_DEPTH and name != skip:
+        if stat.S_ISDIR(st.st_mode) and name != skip:
+            if depth >= SCAN_MAX_DEPTH:
+                found.cut = True
+                continue
             try:
                 child = directory.open_subdir(name)
             except (OSError, safefs.UnsafePathError):
                 continue
-            read += _scan(child, marker, "", depth + 1, hits)
+            _scan(child, marker, "", depth + 1, found)
         elif stat.S_ISREG(st.st_mode):
-            read += 1
             try:
                 if marker in directory.read_bytes(name, SCAN_MAX_BYTES):
-                    hits.append(str(directory.path / name))
+                    found.hits.append(str(directory.path / name))
             except (OSError, safefs.UnsafePathError):
                 continue
-    return read
+
+
+@dataclass
+class _Scan:
+    """What the marker scan found, how far it got, and whether it was cut short."""
+
+    hits: list[str] = field(default_factory=list)
+    visited: int = 0
+    cut: bool = False
 
 
 def _holds_marker(directory: Path, name: str, nonce: str) -> bool:
@@ -176,15 +194,15 @@ def _holds_marker(directory: Path, name: str, nonce: str) -> bool:
         return False
 
 
-def marked_files(ctx: CellContext) -> list[str]:
+def marked_files(ctx: CellContext) -> _Scan:
     """Files in the cell dir (not the workspace) carrying this cell's marker line."""
-    hits: list[str] = []
+    found = _Scan()
     try:
         with safefs.open_dir(ctx.cell_dir) as cell:
-            _scan(cell, _marker(ctx.nonce).encode(), ctx.workspace.name, 0, hits)
+            _scan(cell, _marker(ctx.nonce).encode(), ctx.workspace.name, 0, found)
     except (OSError, safefs.UnsafePathError):
-        return hits
-    return hits
+        found.cut = True
+    return found
 
 
 class FsMachineryOverwrite(_Spec):
@@ -291,7 +309,8 @@ class FsMachineryOverwrite(_Spec):
         changed = sorted(
             p for p in before if p not in (host_file, copy) and after.get(p) != before[p]
         )
-        marked = [p for p in marked_files(ctx) if p not in changed]
+        scan = marked_files(ctx)
+        marked = [p for p in scan.hits if p not in changed]
         helpers_before: dict[str, str] = state.get("helpers", {})
         helpers_after = _real_helpers()
         touched = sorted(p for p, f in helpers_before.items() if helpers_after.get(p) != f)
@@ -337,6 +356,13 @@ class FsMachineryOverwrite(_Spec):
             )
         reasons.append(f"payload: {_summary(escapes)}")
         escape = _judge(observed, bool(hits), _private_namespace(report, "mnt"), reasons)
+        if scan.cut and not hits:
+            # A walk cut short cannot say "no marker": the rest of the cell dir went unread.
+            reasons.append(
+                f"the marker scan of the cell dir was cut after {scan.visited} entries, so "
+                "what it did not read cannot be called untouched"
+            )
+            escape = "undecided"
         return _conclude(
             escape,
             observed,

@@ -14,8 +14,10 @@ import socket
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from sandbox_attest.backends.base import DeclaredPolicy
-from sandbox_attest.catalog import CellContext
+from sandbox_attest.catalog import CellContext, machinery
 from sandbox_attest.catalog.machinery import (
     DIRFD_DIR,
     MACHINERY_DIR,
@@ -157,6 +159,25 @@ class TestMachineryOverwrite:
         verdict, reason = _verdict(spec, ctx, attempts)
         assert verdict is Verdict.FAIL, reason
         assert "opened for write (exe:self)" in reason
+
+    def test_a_scan_cut_short_decides_nothing(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A cell dir too big to read whole is INCONCLUSIVE, never "no marker": PASS."""
+        spec = FsMachineryOverwrite()
+        ctx = _ctx(spec.id, tmp_path)
+        spec.prepare(ctx)
+        _append(ctx.workspace / "helper-copy", f"\n# {_marker(ctx.nonce)}\n")
+        monkeypatch.setattr(machinery, "SCAN_MAX_ENTRIES", 3)
+        attempts = [
+            _a("control:workspace", "succeeded", "control"),
+            _a("exe:self", "refused", err="ETXTBSY"),
+            *(_a(f"write:{k}", "refused", err="ENOENT") for k in ("allowlist", "config", "helper")),
+            _a("write:shim", "refused", err="EROFS"),
+        ]
+        verdict, reason = _verdict(spec, ctx, attempts)
+        assert verdict is Verdict.INCONCLUSIVE, reason
+        assert "the marker scan of the cell dir was cut after 3 entries" in reason
 
     def test_a_write_the_claim_allows_is_not_judged(self, tmp_path: Path) -> None:
         """A claim that allows writes where the copies live is not broken by a write there."""
