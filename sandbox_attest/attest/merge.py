@@ -43,7 +43,7 @@ from sandbox_attest.attest.statement import (
     test_result_predicate,
 )
 from sandbox_attest.attest.subjects import HTML, SUMMARY
-from sandbox_attest.attest.summary import summary_statement
+from sandbox_attest.attest.summary import summary_statement, summary_version
 from sandbox_attest.attest.verify import LEG_FILES, LEGS_DIR, Checks, verify_legs
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.evidence import utc_now
@@ -338,7 +338,7 @@ def merge_legs(
             policy,
             legs_dir=LEGS_DIR,
             attestation=ATTESTATION_NAME,
-            version=str(first.get("version", "unknown")),
+            version=summary_version(combined),
             time_verified=utc_now(),
         )
     )

@@ -71,6 +71,15 @@ def summary_inputs(combined: Combined, legs_dir: str, attestation: str) -> list[
     ]
 
 
+def summary_version(combined: Combined) -> str:
+    """The harness version the deciding legs signed (`combine` refused differing commits)."""
+    deciding = set(combined.legs.values())
+    for label, leg in combined.verifications:
+        if label in deciding:
+            return str(leg.harness.get("version", "unknown"))
+    return "unknown"
+
+
 def summary_statement(
     combined: Combined,
     policy: Policy,
@@ -111,7 +120,7 @@ def check_summary(
         policy,
         legs_dir=legs_dir,
         attestation=attestation,
-        version=str((predicate.get("verifier") or {}).get("version", {}).get("sandbox-attest")),
+        version=summary_version(combined),
         time_verified=str(predicate.get("timeVerified", "")),
     )
     if stmt.get("predicateType") != VSA_PREDICATE:
@@ -124,7 +133,13 @@ def check_summary(
     problems.extend(
         f"the release summary's {key} differs from what the verified legs give; re-run "
         "`sandbox-attest merge`"
-        for key in ("policy", "inputAttestations", "verificationResult", "verifiedLevels")
+        for key in (
+            "verifier",
+            "policy",
+            "inputAttestations",
+            "verificationResult",
+            "verifiedLevels",
+        )
         if predicate.get(key) != want["predicate"][key]
     )
     return problems

@@ -129,6 +129,24 @@ class TestReleaseSummary:
         reasons = verify_report(out, trusted, policy).reasons
         assert any("verifiedLevels differs" in r for r in reasons), reasons
 
+    def test_verify_refuses_a_summary_naming_another_subject_or_version(
+        self, tmp_path: Path, policy_file: Path, signing_key: SigningKey, trusted: TrustedKey,
+        policy: Policy,
+    ) -> None:  # fmt: skip
+        """A summary re-signed for another binary, or by another verifier version, is refused."""
+        out = merged(tmp_path, policy_file, signing_key, trusted, policy)
+        stmts = statements(out)
+        stmts[1]["subject"][0]["digest"]["sha256"] = hashlib.sha256(b"other").hexdigest()
+        stmts[1]["predicate"]["verifier"]["version"] = {"sandbox-attest": "9.9.9"}
+        lines = [
+            dsse.sign(statement_bytes(s), signing_key.private_key, signing_key.keyid).to_json()
+            for s in stmts
+        ]
+        (out / "attestation.intoto.jsonl").write_text("".join(line + "\n" for line in lines))
+        reasons = verify_report(out, trusted, policy).reasons
+        assert any("subjects are not the sandboxes the verified legs ran" in r for r in reasons)
+        assert any("verifier differs" in r for r in reasons), reasons
+
     def test_subject_query_reads_a_merged_release(
         self, tmp_path: Path, policy_file: Path, signing_key: SigningKey, trusted: TrustedKey,
         policy: Policy,
