@@ -379,7 +379,7 @@ def report_entries(files: Mapping[str, bytes], allure_sha256: str) -> list[dict[
 
 
 def _executable_subjects(
-    facts: Mapping[str, Any], out: dict[tuple[str, str], dict[str, Any]]
+    facts: Mapping[str, Any], out: dict[tuple[str, str], dict[str, Any]], kind: str
 ) -> None:
     """Add one executable's subject (and its `#!` interpreter's) to `out`, keyed for dedupe."""
     digest = facts.get("sha256")
@@ -391,10 +391,7 @@ def _executable_subjects(
                 "name": name,
                 "digest": {"sha256": digest},
                 "annotations": {
-                    # `{python}` is the interpreter every payload runs with, not the sandbox.
-                    "kind": (
-                        "payload interpreter" if facts.get("argv0") == "{python}" else "executable"
-                    ),
+                    "kind": kind,
                     "argv0": str(facts.get("argv0", "")),
                     "path": str(facts.get("path", "")),
                 },
@@ -402,7 +399,7 @@ def _executable_subjects(
         )
     interpreter = facts.get("interpreter")
     if isinstance(interpreter, dict):
-        _executable_subjects(interpreter, out)
+        _executable_subjects(interpreter, out, "executable")
 
 
 def _image_subject(profile: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -435,9 +432,12 @@ def sandbox_subjects(backend: Mapping[str, Any]) -> list[dict[str, Any]]:
     """
     identity = _mapping(backend.get("identity"))
     found: dict[tuple[str, str], dict[str, Any]] = {}
-    for facts in _executables(identity).values():
+    for key, facts in _executables(identity).items():
         if isinstance(facts, dict):
-            _executable_subjects(facts, found)
+            # `{python}` (base.program_facts) is the interpreter every payload runs with: it
+            # ran, so it is pinned, but it is not the sandbox.
+            kind = "payload interpreter" if key == "{python}" else "executable"
+            _executable_subjects(facts, found, kind)
     out = list(found.values())
     image = _image_subject(_mapping(identity.get("profile")))
     if image is not None:

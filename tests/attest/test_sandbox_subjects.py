@@ -43,7 +43,8 @@ class TestSandboxSubjects:
             "identity": {
                 "executables": {
                     "srt": facts("srt", "/opt/npm/lib/cli.js", interpreter=node),
-                    "{python}": facts("{python}", "/usr/bin/python3.11"),
+                    # As base.program_facts records it: keyed "{python}", argv0 its path.
+                    "{python}": facts("/usr/bin/python3.11", "/usr/bin/python3.11"),
                 },
                 "spec_sha256": sha("spec bytes"),
             },
