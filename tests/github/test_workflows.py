@@ -283,6 +283,34 @@ class TestAttest:
         assert "set +e" not in script  # a failure fails the gate
         assert "|| true" not in script
 
+    def test_gate_verifies_the_release_with_independent_tools(self, wf: dict[str, Any]) -> None:
+        """After the merge, in-toto and Sigstore's verifier check the release at pinned versions.
+
+        The versions are the ones the project pins elsewhere (pyproject.toml's dev group and
+        scripts/real-sandboxes.sh), so CI and `./run test` exercise the same verifiers.
+        """
+        gate = wf["jobs"]["gate"]
+        names = [str(s.get("name", "")) for s in steps(gate)]
+        (index,) = [i for i, n in enumerate(names) if "independent tools" in n]
+        merges = [
+            i for i, s in enumerate(steps(gate)) if "sandbox-attest merge" in str(s.get("run"))
+        ]
+        assert merges
+        assert max(merges) < index
+        step = steps(gate)[index]
+        assert "if" not in step  # only after a merge that held, on every event
+        script = str(step["run"])
+        assert (
+            'scripts/verify-independently.sh reports/release "$RUNNER_TEMP/trusted.pub"' in script
+        )
+        real = (ROOT / "scripts" / "real-sandboxes.sh").read_text(encoding="utf-8")
+        for package in re.findall(r"@sigstore/\w+@[0-9.]+", script):
+            assert package in real, package
+        pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+        for package in re.findall(r"(?:in-toto|securesystemslib)==[0-9.]+", script):
+            assert f'"{package}"' in pyproject, package
+        assert re.findall(r"@sigstore/\w+@[0-9.]+", script)
+
     def test_id_token_only_on_legs(self, wf: dict[str, Any]) -> None:
         """Only the legs (which sign keyless) may request an OIDC token."""
         for job_id, job in wf["jobs"].items():
