@@ -50,8 +50,18 @@ from xml.etree import ElementTree as ET
 ROOT = Path(__file__).resolve().parent.parent
 # Names the harness gives what it makes in /tmp (sandbox_attest.sweep.TMP_NAMES and the proxy's
 # config file, the world of `sandbox-attest serve`, the test suite's temp root), and a run's
-# scratch and availability-check dirs (sandbox_attest.payload.SCRATCH_PREFIX: `agent-`).
-TMP_PREFIXES = ("sandbox-attest-", "agent-", "proxy-config-", "sa-world-", "attest-tests-")
+# scratch and availability-check dirs (sandbox_attest.payload.SCRATCH_PREFIX: `agent-`); the
+# canaries and witness sockets are `kiln-*` / `.kiln-*` (sandbox_attest.disguise), the
+# `sandbox-attest-*` names are those before it.
+TMP_PREFIXES = (
+    "kiln-",
+    ".kiln-",
+    "sandbox-attest-",
+    "agent-",
+    "proxy-config-",
+    "sa-world-",
+    "attest-tests-",
+)
 DOCKER_TIMEOUT_S = 20
 RUN_TIMEOUT_S = 3600.0
 

@@ -4,8 +4,8 @@ The runner stages this file as `main.py`, the probe as `job.py` and the task as 
 in the cell's input directory (sandbox_attest/payload.py), so nothing a wrapper sees in this
 command line says it is under test; the host finds the payload by that shape.
 
-The rendezvous (sandbox_attest/hostview.py): write `.sandbox-attest-ready-<nonce>` into the
-workspace, wait for `.sandbox-attest-go-<nonce>` (at most task["rendezvous_s"] seconds; 0
+The rendezvous (sandbox_attest/hostview.py): write `.kiln-lock-<nonce>` into the
+workspace, wait for `.kiln-sync-<nonce>` (at most task["rendezvous_s"] seconds; 0
 skips the wait where the host cannot look), remove both, then run PROBE as __main__ with
 TASK as its argument. While this process waits, the host reads its namespaces, credentials,
 routes and mounts from /proc, which no wrapper can rewrite. Nothing is printed here: the
@@ -20,6 +20,11 @@ import runpy
 import sys
 import time
 
+# The rendezvous files' prefixes: sandbox_attest/disguise.py READY_PREFIX and GO_PREFIX (this
+# file imports nothing of the harness; tests/unit/test_disguise.py checks they agree).
+READY_PREFIX = ".kiln-lock-"
+GO_PREFIX = ".kiln-sync-"
+
 
 def rendezvous(task_path):
     try:
@@ -31,8 +36,8 @@ def rendezvous(task_path):
         return
     if wait <= 0:
         return
-    ready = os.path.join(workspace, ".sandbox-attest-ready-" + nonce)
-    go = os.path.join(workspace, ".sandbox-attest-go-" + nonce)
+    ready = os.path.join(workspace, READY_PREFIX + nonce)
+    go = os.path.join(workspace, GO_PREFIX + nonce)
     try:
         with open(ready, "w") as fh:
             fh.write(str(os.getpid()))

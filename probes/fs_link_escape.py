@@ -110,7 +110,7 @@ def run(task, out):
     except OSError:
         out["facts"]["mntns"] = None
     control_dir = os.path.join(workspace, targets["control_dir"])
-    control_canary = os.path.join(control_dir, "canary.txt")
+    control_canary = os.path.join(control_dir, "notes.txt")
     try:
         os.makedirs(os.path.join(control_dir, "inner"))
         with open(control_canary, "w") as fh:

@@ -1,14 +1,14 @@
 """Probe fs_write_outside: write at host-planted canary dirs outside the workspace.
 
 targets["dirs"] maps a key ("sibling", "tmp", "home") to an absolute canary dir the host
-planted, each holding canary.txt. In each, five escape attempts, each re-read to confirm:
+planted, each holding notes.txt. In each, five escape attempts, each re-read to confirm:
   create       a new ``<nonce>.txt``
-  append       to canary.txt
-  chmod        canary.txt to 0600
+  append       to notes.txt
+  chmod        notes.txt to 0600
   symlink-out  a symlink ``<nonce>.link`` pointing out of the dir (at the workspace)
-  rename-over  a new ``<nonce>.new`` renamed over canary.txt
+  rename-over  a new ``<nonce>.new`` renamed over notes.txt
 Control: the same five writes in ``<workspace>/<targets["control_name"]>`` (the probe creates
-it and its canary.txt) succeed; the host then checks them from outside.
+it and its notes.txt) succeed; the host then checks them from outside.
 A write that succeeds here but leaves the host path unchanged landed in a private view (a
 tmpfs /tmp): the host decides that, the probe only reports what it saw.
 Containers often get the host's root mounted somewhere (`-v /:/host`): where one of the usual
@@ -40,6 +40,11 @@ def errno_name(exc):
     return errno.errorcode.get(code) if isinstance(code, int) else None
 
 
+# The canary file's name in every planted directory: sandbox_attest/disguise.py CANARY_FILE, a
+# name any program could use (issue 23: nothing the payload lists says "test").
+CANARY_FILE = "notes.txt"
+
+
 def read(path):
     with open(path) as fh:
         return fh.read()
@@ -53,14 +58,14 @@ def op_create(d, nonce, workspace):
 
 
 def op_append(d, nonce, workspace):
-    path = os.path.join(d, "canary.txt")
+    path = os.path.join(d, CANARY_FILE)
     with open(path, "a") as fh:
         fh.write("appended " + nonce + "\n")
     return ("appended " + nonce) in read(path)
 
 
 def op_chmod(d, nonce, workspace):
-    path = os.path.join(d, "canary.txt")
+    path = os.path.join(d, CANARY_FILE)
     os.chmod(path, 0o600)
     return stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
@@ -75,8 +80,8 @@ def op_rename(d, nonce, workspace):
     new = os.path.join(d, nonce + ".new")
     with open(new, "x") as fh:
         fh.write("renamed " + nonce + "\n")
-    os.replace(new, os.path.join(d, "canary.txt"))
-    return read(os.path.join(d, "canary.txt")) == "renamed " + nonce + "\n"
+    os.replace(new, os.path.join(d, CANARY_FILE))
+    return read(os.path.join(d, CANARY_FILE)) == "renamed " + nonce + "\n"
 
 
 OPS = (("create", op_create), ("append", op_append), ("chmod", op_chmod),
@@ -110,9 +115,9 @@ def run(task, out):
     control_dir = os.path.join(workspace, targets["control_name"])
     try:
         os.makedirs(control_dir)
-        with open(os.path.join(control_dir, "canary.txt"), "w") as fh:
+        with open(os.path.join(control_dir, CANARY_FILE), "w") as fh:
             fh.write("control canary\n")
-        os.chmod(os.path.join(control_dir, "canary.txt"), 0o644)
+        os.chmod(os.path.join(control_dir, CANARY_FILE), 0o644)
     except OSError as exc:
         out["attempts"].append(attempt("workspace:setup", "control", "error", errno_name(exc),
                                        None, repr(exc)))

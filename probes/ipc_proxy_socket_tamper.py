@@ -6,7 +6,7 @@ replace it cuts (or hijacks) the route of every other cell. Targets:
                       this cell's scratch dir, standing in for the host side of the route. On
                       the control leg (unsandboxed, often as root) only these are touched.
   targets["sandbox"]  {"socket", "shim"}: where this backend shows the payload the real socket
-                      and shim (the backend's own inside paths: /run/sandbox-attest/ for
+                      and shim (the backend's own inside paths: /run/kiln/ for
                       bubblewrap and docker, a wrapper's [run] *_inside).
                       Tried ONLY when task["proxy_url"] == targets["shim_url"], i.e. the task
                       says the route is a bound socket re-exposed by the in-sandbox shim; on

@@ -250,7 +250,7 @@ def mount_attempts(out, lib, how, task_dir, target, nonce):
     tmpfs = call(
         "inner:mount-tmpfs:" + how,
         "escape",
-        lib.mount(b"sandbox-attest", target.encode(), b"tmpfs", 0, None),
+        lib.mount(b"kiln-scratch", target.encode(), b"tmpfs", 0, None),
         "mount tmpfs on %s" % target,
     )
     out.append(tmpfs)

@@ -190,7 +190,7 @@ def memfd_execveat(libc, numbers):
     """Copy /bin/true into a memfd and execveat it in a child; an observation attempt."""
     what = "memfd-execveat"
     fd, err = raw(libc, numbers["memfd_create"], ctypes.addressof(ctypes.create_string_buffer(
-        b"sandbox-attest")), MFD_CLOEXEC)
+        b"kiln")), MFD_CLOEXEC)
     if fd < 0:
         return classify(what, err, "memfd_create -> %s" % err, "observation")
     try:

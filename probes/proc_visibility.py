@@ -1,8 +1,8 @@
 """Probe proc_visibility: see, read, signal and trace a host process the harness planted.
 
 The host starts one harmless "anchor" process per cell whose argv carries
-targets["marker"] (``sandbox-attest-anchor:<nonce>``) and whose environment carries a secret
-that exists nowhere else (not in the task). Escape attempts:
+targets["marker"] (``kiln-idle:<nonce>``: sandbox_attest.disguise.ANCHOR_MARKER) and whose
+environment carries a secret that exists nowhere else (not in the task). Escape attempts:
   scan-proc      look for the marker in every /proc/<pid>/cmdline
   read-environ   read the found process's /proc/<pid>/environ (report the secret if seen)
   kill-0         kill(targets["anchor_pid"], 0): signal 0 only, which delivers nothing

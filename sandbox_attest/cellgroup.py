@@ -9,7 +9,8 @@ Two mechanisms, the first that works here:
 
 - **cgroup** (v2). The v2 hierarchy is found wherever it is mounted (`cgroup2` in
   /proc/self/mountinfo: /sys/fs/cgroup on pure-v2 hosts, /sys/fs/cgroup/unified on hybrid
-  ones). Under the harness's own v2 cgroup, one per-run parent (`sandbox-attest-run-<pid>-<tag>`)
+  ones). Under the harness's own v2 cgroup, one per-run parent (`kiln-worker-<pid>-<tag>`,
+  sandbox_attest/disguise.py)
   and one child per cell, all made by root with mode 0755. Moving a process needs write access
   to the destination's `cgroup.procs` and to that of the common ancestor, so the payload user
   can neither leave its cell group nor make a group of its own inside it. A child forked by

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from sandbox_attest import cellgroup
+from sandbox_attest import cellgroup, disguise
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -92,12 +92,12 @@ CGROUP_UNLIMITED: Final = 2**62
 
 def ready_name(nonce: str) -> str:
     """The file the launcher writes into the workspace when it waits."""
-    return f".sandbox-attest-ready-{nonce}"
+    return disguise.ready_name(nonce)
 
 
 def go_name(nonce: str) -> str:
     """The file the runner writes into the workspace to let the payload go on."""
-    return f".sandbox-attest-go-{nonce}"
+    return disguise.go_name(nonce)
 
 
 def supported() -> bool:

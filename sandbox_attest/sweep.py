@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import cgroupfs
+from sandbox_attest import cgroupfs, disguise
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.safefs import UnsafePathError, open_dir
 
@@ -59,28 +59,43 @@ STALE_AGE_S: Final = 6 * 3600.0
 # catalog.fs/host).
 # A command wrapper's availability check works in `agent-check-*` (a neutral name: the wrapper
 # sees it, issue 23), never journalled; a run's scratch (`agent-*`) is journalled instead.
-TMP_NAMES: Final = re.compile(r"^(sandbox-attest-(canary-|link-)?|agent-check-)[A-Za-z0-9_]+$")
-HOME_NAMES: Final = re.compile(r"^\.sandbox-attest-canary-[A-Za-z0-9_-]+$")
-SECRET_NAMES: Final = re.compile(r"^sandbox-attest-canary-[A-Za-z0-9_-]+(\.json)?$")
+# Each pattern takes the current names (sandbox_attest/disguise.py) and, for one release, the
+# names before it (`sandbox-attest-*`), so a run interrupted before the upgrade is swept too.
+_CANARY: Final = f"(?:{re.escape(disguise.CANARY_PREFIX)}|sandbox-attest-canary-)"
+_LINK: Final = f"(?:{re.escape(disguise.LINK_PREFIX)}|sandbox-attest-link-)"
+TMP_NAMES: Final = re.compile(rf"^({_CANARY}|{_LINK}|sandbox-attest-|agent-check-)[A-Za-z0-9_]+$")
+HOME_NAMES: Final = re.compile(
+    rf"^(?:{re.escape(disguise.HOME_CANARY_PREFIX)}|\.sandbox-attest-canary-)[A-Za-z0-9_-]+$"
+)
+SECRET_NAMES: Final = re.compile(rf"^{_CANARY}[A-Za-z0-9_-]+(\.json)?$")
 # What a cell's payload leaves beside the egress route when a sandbox shows the host's run dir
 # (probes/ipc_proxy_socket_tamper.py), and the socket witnesses
 # (sandbox_attest.catalog.socket_witness): nonce-named, in the host's copy of the namespaced
 # backends' run dir (sandbox_attest.backends.base.SANDBOX_RUN_DIR) and in /run and /tmp themselves.
+_WITNESS: Final = f"(?:{re.escape(disguise.WITNESS_PREFIX)}|\\.sandbox-attest-witness-)"
 RUN_DIR_NAMES: Final = re.compile(
-    r"^(rogue-n[0-9a-f]{16}\.sock|shim-n[0-9a-f]{16}\.py|\.sandbox-attest-witness-n[0-9a-f]{16}\.sock)$"
+    rf"^(rogue-n[0-9a-f]{{16}}\.sock|shim-n[0-9a-f]{{16}}\.py|{_WITNESS}n[0-9a-f]{{16}}\.sock)$"
 )
-RUN_DIRS: Final = (Path("/run/sandbox-attest"), Path("/run"))
+RUN_DIRS: Final = (
+    Path(disguise.SANDBOX_RUN_DIR),
+    Path(disguise.LEGACY_RUN_DIR),
+    Path("/run"),
+)
 # Processes the harness starts that must never outlive it, matched on their exact argv shape
 # (not a substring: a shell or an editor whose command line mentions the marker is not one):
-# an anchor is `python -c CODE sandbox-attest-anchor:<nonce> ...` (sandbox_attest.catalog.proc), the
+# an anchor is `python -c CODE kiln-idle:<nonce> ...` (sandbox_attest.catalog.proc, disguise), the
 # proxy `python -m sandbox_attest.egress.proxy CONFIG` (sandbox_attest.egress.proxy.start_proxy).
-ANCHOR_MARKER: Final = b"sandbox-attest-anchor:"
+ANCHOR_MARKER: Final = disguise.ANCHOR_MARKER.encode()
+# An anchor a run before the rename left (for one release).
+LEGACY_ANCHOR_MARKER: Final = disguise.LEGACY_ANCHOR_MARKER.encode()
 # The package was called `harness` before it was `sandbox_attest`: a proxy orphaned by a run of
 # that version is still the harness's, and the first run after an upgrade sweeps it too.
 PROXY_MODULES: Final = (b"sandbox_attest.egress.proxy", b"harness.egress.proxy")
 # A run's cgroup (sandbox_attest/cellgroup.py RUN_PREFIX): the only kind of directory the sweep
 # kills in and removes from a journal entry's `cgroup`.
-RUN_CGROUP_PREFIX: Final = "sandbox-attest-run-"
+RUN_CGROUP_PREFIX: Final = disguise.RUN_CGROUP_PREFIX
+# A run's cgroup named before the rename (for one release): the sweep still removes it.
+RUN_CGROUP_PREFIXES: Final = (RUN_CGROUP_PREFIX, disguise.LEGACY_RUN_CGROUP_PREFIX)
 # Once up, the proxy shows `python -m relay <tmp>/proxy-config-*.json` instead (a neutral
 # title: sandbox_attest/proctitle.py, issue 23); the config's name tells it from another relay.
 PROXY_TITLE_MODULE: Final = b"relay"
@@ -91,7 +106,7 @@ def is_harness_child(argv: list[bytes]) -> bool:
     """Whether a process's argv (from /proc/<pid>/cmdline) is an anchor's or the proxy's."""
     if len(argv) < 4 or b"python" not in Path(os.fsdecode(argv[0])).name.encode():
         return False
-    anchor = argv[1] == b"-c" and argv[3].startswith(ANCHOR_MARKER)
+    anchor = argv[1] == b"-c" and argv[3].startswith((ANCHOR_MARKER, LEGACY_ANCHOR_MARKER))
     config = Path(os.fsdecode(argv[3])).name.encode()
     titled = argv[2] == PROXY_TITLE_MODULE and config.startswith(PROXY_CONFIG_PREFIX)
     proxy = argv[1] == b"-m" and (argv[2] in PROXY_MODULES or titled)
@@ -388,7 +403,7 @@ def _remove_run_cgroup(path: Path, why: str) -> Swept:
     Only a directory that is a run's cgroup by name, on a cgroup2 mount, is touched: the
     journal is the harness's alone, but a path that is anything else is refused, not acted on.
     """
-    if not path.name.startswith(RUN_CGROUP_PREFIX) or not cgroupfs.on_cgroup2(path):
+    if not path.name.startswith(RUN_CGROUP_PREFIXES) or not cgroupfs.on_cgroup2(path):
         return Swept("cgroup", str(path), f"{why}; not a run's cgroup on cgroup2", removed=False)
     members = cgroupfs.cgroup_members(path)
     notes = cgroupfs.remove_cgroup_tree(path)

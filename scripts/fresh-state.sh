@@ -51,14 +51,15 @@ FRESH=(
   # SANDBOX_RUN_DIR's host copy, test_faults' exec roots, sweep.RUN_DIR_NAMES, mktemp's
   # default names (the busy-host noise of tests/noise.py); libmount's table; an outside
   # engine's socket and runtime state
-  "/run|sandbox-attest sa-* rogue-n*.sock shim-n*.py .sandbox-attest-* tmp.* mount docker.sock docker.pid docker containerd"
+  # (the kiln* names: sandbox_attest/disguise.py; sandbox-attest* are the names before it)
+  "/run|kiln .kiln-* sandbox-attest sa-* rogue-n*.sock shim-n*.py .sandbox-attest-* tmp.* mount docker.sock docker.pid docker containerd"
   "/tmp|*"
   # the journal (sweep.ROOT_STATE_DIR), the payload user's home (trust.PAYLOAD_HOME: agent/,
   # sandbox-attest/ before), the tests' accounts' homes and data roots (sa-nonroot, sa-faults-*)
   "/var/lib|sandbox-attest sandbox-attest-* agent sa-* docker containerd"
   # the fs_write_outside canary classes (catalog/fs.py), tests' scratch outside /tmp
-  "/var/tmp|sandbox-attest* .sandbox-attest* sa-*"
-  "/dev/shm|sandbox-attest* .sandbox-attest* sa-*"
+  "/var/tmp|kiln-* .kiln-* sandbox-attest* .sandbox-attest* sa-*"
+  "/dev/shm|kiln-* .kiln-* sandbox-attest* .sandbox-attest* sa-*"
 )
 
 # True when NAME matches one of the globs in the space-separated list.

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
+from sandbox_attest import disguise
 from sandbox_attest.claims import (
     EnvironmentMode,
     NetworkCut,
@@ -66,7 +67,7 @@ START_MARKER = "SANDBOX-ATTEST-START"
 SHIM_PORT = 3128
 # Inside namespaced sandboxes (bubblewrap, docker) the proxy socket and the shim always sit
 # here, so the argv (and its digest) does not depend on where this run's scratch dir is.
-SANDBOX_RUN_DIR: Final = "/run/sandbox-attest"
+SANDBOX_RUN_DIR: Final = disguise.SANDBOX_RUN_DIR
 SANDBOX_PROXY_SOCKET: Final = f"{SANDBOX_RUN_DIR}/proxy.sock"
 SANDBOX_SHIM: Final = f"{SANDBOX_RUN_DIR}/shim.py"
 

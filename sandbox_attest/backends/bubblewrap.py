@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from sandbox_attest import disguise
 from sandbox_attest.backends.base import (
     NAMESPACED_INSIDE_PATHS,
     SANDBOX_PROXY_SOCKET,
@@ -101,12 +102,12 @@ WEAKENINGS: Final = frozenset(
 # With the host's / bound at /, every other mount point bwrap would need for the route (its
 # usual SANDBOX_RUN_DIR included) is a directory on the host, which bwrap must create through
 # the writable bind as the payload user: refused in the host's /run ("Can't mkdir
-# /run/sandbox-attest: Permission denied"), and a leftover on the host where it succeeds. A
+# /run/<SANDBOX_RUN_DIR>: Permission denied"), and a leftover on the host where it succeeds. A
 # host that already had the directory made the weakening work, so the tests' verdicts rested
 # on what an earlier run left behind. The private /tmp is a tmpfs bwrap itself made, so the
 # mount points are always creatable and vanish with the sandbox, and the rest of the host's
 # root (its /run with every daemon socket) stays in view, as the weakening promises.
-HOST_ROOT_RUN_DIR: Final = "/tmp/sandbox-attest"  # noqa: S108  (the sandbox's own tmpfs)
+HOST_ROOT_RUN_DIR: Final = f"/tmp/{disguise.STEM}"  # noqa: S108  (the sandbox's own tmpfs)
 # The same names as in SANDBOX_RUN_DIR, in this directory.
 HOST_ROOT_INSIDE_PATHS: Final = InsidePaths(
     SANDBOX_PROXY_SOCKET.replace(SANDBOX_RUN_DIR, HOST_ROOT_RUN_DIR, 1),
@@ -283,7 +284,7 @@ class BubblewrapBackend:
             "--unshare-uts",
             "--unshare-cgroup-try",
             "--hostname",
-            "sandbox-attest",
+            disguise.HOSTNAME,
         ]
         if "keep-caps" not in self.weaken:
             args += ["--cap-drop", "ALL"]

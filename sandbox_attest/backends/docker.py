@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
-from sandbox_attest import safefs
+from sandbox_attest import disguise, safefs
 from sandbox_attest.backends import docker_seccomp
 from sandbox_attest.backends.base import (
     NAMESPACED_INSIDE_PATHS,
@@ -118,7 +118,7 @@ CONFINEMENT: Final[dict[str, Any]] = {
     "security_opt": ["no-new-privileges"],
     "ipc_mode": "private",
     "privileged": False,
-    "hostname": "sandbox-attest",
+    "hostname": disguise.HOSTNAME,
     # json-file keeps the whole output for `logs()` after exit; the cap bounds the disk a noisy
     # payload can fill (the harness keeps only the first MAX_CAPTURE_BYTES anyway).
     "log_config": {"type": "json-file", "config": {"max-size": "16m", "max-file": "2"}},

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sandbox_attest import lifetime
+from sandbox_attest import disguise, lifetime
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -137,7 +137,7 @@ def _start_target(ctx: CellContext) -> _Target:
     Raises:
         FixtureError: it could not start or did not report ready in time.
     """
-    marker = f"sandbox-attest-xproc:{ctx.nonce}"
+    marker = f"{disguise.XPROC_MARKER}{ctx.nonce}"
     directory = ctx.cell_dir / "xproc-target"
     directory.mkdir(parents=True, exist_ok=True)
     python = payload_interpreter(ctx.user).path

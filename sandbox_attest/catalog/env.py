@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from sandbox_attest import disguise
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -258,7 +259,7 @@ class EnvInheritance(_Spec):
         """Set the canaries in os.environ and open an inheritable canary pipe."""
         salt = secrets.token_hex(16)
         values = {
-            name: f"sandbox-attest-secret-{secrets.token_hex(16)}" for name in self.names(ctx)
+            name: f"{disguise.SECRET_PREFIX}{secrets.token_hex(16)}" for name in self.names(ctx)
         }
         read_end, write_end = os.pipe()
         os.set_inheritable(read_end, True)  # noqa: FBT003  (the leak a careless spawner would pass on)

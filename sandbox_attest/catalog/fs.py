@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import safefs, sweep
+from sandbox_attest import disguise, safefs, sweep
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -70,7 +70,7 @@ from sandbox_attest.safefs import Identity, SafeDir, UnsafePathError, open_dir
 from sandbox_attest.trust import PayloadUser, measure_as, open_home
 from sandbox_attest.verdict import Assessment, Expectation
 
-CANARY_NAME = "canary.txt"
+CANARY_NAME = disguise.CANARY_FILE
 _BASELINE = "baseline.json"
 _PLANTED = "planted.json"
 # How often a canary is planted again when a concurrent cell removed its (empty) dir meanwhile.
@@ -244,7 +244,7 @@ class FsWriteOutside(_Spec):
         """
         tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())  # noqa: S108
         home = home_of(ctx)
-        name = f"sandbox-attest-canary-{ctx.nonce}"
+        name = f"{disguise.CANARY_PREFIX}{ctx.nonce}"
         dirs = {
             "sibling": ctx.cell_dir / "sibling",
             "tmp": tmp / name,
@@ -267,7 +267,7 @@ class FsWriteOutside(_Spec):
         covered = [d.parent for d in named.values()] + [home_of(ctx), ctx.cell_dir.parent]
         found = payload_writable_places(ctx.user).get("found") or []
         return {
-            _class_key(place): Path(place) / f"sandbox-attest-canary-{ctx.nonce}"
+            _class_key(place): Path(place) / f"{disguise.CANARY_PREFIX}{ctx.nonce}"
             for place in found
             if not _inside(Path(place), covered)
         }
@@ -281,7 +281,7 @@ class FsWriteOutside(_Spec):
         return {str(k): Path(v) for k, v in raw.get("dirs", {}).items()}
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """Plant a canary dir (canary.txt, its sha256 and mode recorded) in every class."""
+        """Plant a canary dir (CANARY_NAME, its sha256 and mode recorded) in every class."""
         named = self.canary_dirs(ctx)
         candidates = {**named, **self._found_dirs(ctx, named)}
         home = home_of(ctx)
@@ -350,7 +350,7 @@ class FsWriteOutside(_Spec):
                 # The payload user's own: unconfined it can write here, so a refusal inside a
                 # sandbox is the sandbox's doing, not file permissions.
                 made.create_file(
-                    CANARY_NAME, f"sandbox-attest canary {key} {ctx.nonce}\n", 0o644, _owner(ctx)
+                    CANARY_NAME, f"{disguise.STEM} cache {key} {ctx.nonce}\n", 0o644, _owner(ctx)
                 )
 
     def _hold(self, ctx: CellContext, key: str, directory: Path) -> None:
@@ -752,7 +752,7 @@ class FsReadSecrets(_Spec):
     def secret_paths(ctx: CellContext) -> dict[str, Path]:
         """Where the canaries go: new files named after the nonce, never the real ones."""
         home = home_of(ctx)
-        name = f"sandbox-attest-canary-{ctx.nonce}"
+        name = f"{disguise.CANARY_PREFIX}{ctx.nonce}"
         return {
             "ssh": home / ".ssh" / name,
             "aws": home / ".aws" / name,
@@ -858,7 +858,7 @@ class FsReadSecrets(_Spec):
         with open_home(ctx.user) as home:
             idents["home"] = home.identity()
             for key, path in self.secret_paths(ctx).items():
-                body = f"sandbox-attest canary {key} {ctx.nonce} secret={secrets.token_hex(16)}\n"
+                body = f"{disguise.STEM} cache {key} {ctx.nonce} secret={secrets.token_hex(16)}\n"
                 with planting(self.id, path):
                     if key == "dotenv":
                         # The cell dir is the harness's (root's, 0755): opened all the same.
@@ -872,7 +872,7 @@ class FsReadSecrets(_Spec):
                             ctx, home, path, body, owner, created, idents, in_home
                         )
                 hashes[key] = hashlib.sha256(body.encode()).hexdigest()
-        control = f"sandbox-attest control {ctx.nonce} {secrets.token_hex(16)}\n"
+        control = f"{disguise.STEM} control {ctx.nonce} {secrets.token_hex(16)}\n"
         # The workspace is still root's here (the runner hands it over after prepare).
         self.control_path(ctx).write_text(control)
         hashes["workspace"] = hashlib.sha256(control.encode()).hexdigest()
@@ -1190,7 +1190,7 @@ class FsProtectedInWorkspace(_Spec):
         git = ctx.workspace / ".git"
         (git / "hooks").mkdir(parents=True)
         (git / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = false\n")
-        (ctx.workspace / ".bashrc").write_text("# planted by sandbox-attest\n")
+        (ctx.workspace / ".bashrc").write_text(f"# {disguise.STEM}\n")
         return {"paths": dict(PROTECTED_PATHS), "control": self.control_name(ctx)}
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
@@ -1321,8 +1321,8 @@ class FsLinkEscape(_Spec):
         """A canary beside the workspace (same filesystem: hardlinks possible) and in /tmp."""
         tmp = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())  # noqa: S108
         return {
-            "sibling": ctx.cell_dir / "link-outside" / "canary.txt",
-            "tmp": tmp / f"sandbox-attest-link-{ctx.nonce}" / "canary.txt",
+            "sibling": ctx.cell_dir / "link-outside" / CANARY_NAME,
+            "tmp": tmp / f"{disguise.LINK_PREFIX}{ctx.nonce}" / CANARY_NAME,
         }
 
     @staticmethod
@@ -1340,7 +1340,7 @@ class FsLinkEscape(_Spec):
             # Through the place's descriptor: /tmp is everyone's (sandbox_attest/safefs.py).
             with planting(self.id, path), safefs.open_dir(path.parent.parent) as place:
                 made = place.mkdir(path.parent.name, 0o755, _owner(ctx))
-                text = f"sandbox-attest link canary {key} {secrets.token_hex(16)}\n"
+                text = f"{disguise.STEM} link {key} {secrets.token_hex(16)}\n"
                 made.create_file(path.name, text, 0o644, _owner(ctx))
             baseline[key] = dir_canary_state(path)
         _save_state(ctx, {"baseline": baseline})

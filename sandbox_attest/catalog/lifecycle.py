@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+from sandbox_attest import disguise
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -48,7 +49,7 @@ from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 # lifecycle_orphans
 
-ORPHAN_MARKER: Final = "sandbox-attest-orphan"
+ORPHAN_MARKER: Final = disguise.ORPHAN_MARKER
 ORPHAN_KINDS: Final = ("background", "setsid", "daemon")
 # Children stop by themselves after this long, so a failed cleanup never leaves an immortal
 # process; it is far longer than the payload lives (about half a second).

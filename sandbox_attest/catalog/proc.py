@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sandbox_attest import lifetime, safefs
+from sandbox_attest import disguise, lifetime, safefs
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -228,7 +228,7 @@ class _AnchoredSpec(_Spec):
         """
         directory = ctx.cell_dir / "anchor"
         directory.mkdir(parents=True, exist_ok=True)
-        marker = f"sandbox-attest-anchor:{ctx.nonce}"
+        marker = f"{disguise.ANCHOR_MARKER}{ctx.nonce}"
         env = {"PATH": "/usr/bin:/bin", SECRET_VAR: secrets.token_hex(16)}
         mode = "listen" if own_namespaces else "plain"
         python = payload_interpreter(ctx.user).path  # one the payload user can run

@@ -44,14 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from sandbox_attest import sweep
+from sandbox_attest import disguise, sweep
 from sandbox_attest.catalog.canary import call_as, site_moved
 from sandbox_attest.safefs import Identity, SafeDir, UnsafePathError, open_dir
 
 # The file name of a path witness and the abstract witness's name; the payload sends its
 # nonce only to sockets whose name starts with the prefix (probes/ipc_unix_socket_escape.py).
-WITNESS_PREFIX: Final = ".sandbox-attest-witness-"
-ABSTRACT_PREFIX: Final = "sandbox-attest-witness-"
+WITNESS_PREFIX: Final = disguise.WITNESS_PREFIX
+ABSTRACT_PREFIX: Final = disguise.ABSTRACT_WITNESS_PREFIX
 # The runtime trees: each (root, depth). /var/run is usually a symlink to /run; the walk
 # deduplicates by resolved path, so each directory is planted once.
 RUNTIME_ROOTS: Final = (("/run", 4), ("/var/run", 4))

@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import lifetime, safefs
+from sandbox_attest import disguise, lifetime, safefs
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -157,7 +157,7 @@ class ProcKernelTunables(_Spec):
         if parent is None:
             msg = f"proc_kernel_tunables: no run cgroup to delegate a group from ({why})"
             raise FixtureError(msg)
-        name = f"sandbox-attest-tunables-{ctx.nonce}"
+        name = f"{disguise.TUNABLES_PREFIX}{ctx.nonce}"
         owner = (ctx.user.uid, ctx.user.gid) if ctx.user is not None else None
         with safefs.open_dir(parent) as place:
             place.mkdir(name, 0o755, owner).close()

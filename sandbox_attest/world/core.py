@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from sandbox_attest import disguise
 from sandbox_attest.egress.rules import Rule
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.paths import fixtures_dir
@@ -317,7 +318,9 @@ def _start_daemons(path: Path, stack: contextlib.ExitStack) -> list[FakeDaemon]:
     """The fake daemons on a socket path and (Linux) an abstract name, stopped by `stack`."""
     daemons: list[FakeDaemon] = [FakeDaemon(path=path)]
     if sys.platform.startswith("linux"):
-        daemons.append(FakeDaemon(abstract=f"sandbox-attest-daemon-{secrets.token_hex(8)}"))
+        daemons.append(
+            FakeDaemon(abstract=f"{disguise.DAEMON_ABSTRACT_PREFIX}{secrets.token_hex(8)}")
+        )
     for daemon in daemons:
         daemon.start()
         stack.callback(daemon.stop)

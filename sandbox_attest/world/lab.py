@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from sandbox_attest import lifetime
+from sandbox_attest import disguise, lifetime
 from sandbox_attest.errors import HarnessError
 from sandbox_attest.world.netguard import current_netns, register_lab_namespaces
 
@@ -305,7 +305,7 @@ def _hold_internet_namespace(
 def _resolver_files(run_dir: Path) -> tuple[Path, Path]:
     """resolv.conf naming the DNS fixture, and the host's hosts file minus `.test` names."""
     resolv = run_dir / "resolv.conf"
-    resolv.write_text(f"# sandbox-attest lab: the DNS fixture\nnameserver {DNS_ADDRESS}\n")
+    resolv.write_text(f"# {disguise.STEM}: local resolver\nnameserver {DNS_ADDRESS}\n")
     hosts = run_dir / "hosts"
     try:
         lines = Path("/etc/hosts").read_text().splitlines()
@@ -384,7 +384,7 @@ def enter_lab() -> Lab:
     check_no_route_out(internet_path, {"lo", INTERNET_VETH}, "internet side")
     # The files are bound, then deleted: a mount holds its inode, and nothing is left in the
     # host's /tmp when the run ends, however it ends.
-    with tempfile.TemporaryDirectory(prefix="sandbox-attest-lab-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{disguise.STEM}-net-") as tmp:
         Path(tmp).chmod(0o755)
         resolv, hosts = _resolver_files(Path(tmp))
         _bind_over(resolv, Path("/etc/resolv.conf"))

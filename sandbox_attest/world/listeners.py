@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
+from sandbox_attest import disguise
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.world.info import NONCE_HEADER
 
@@ -390,7 +391,7 @@ class _DaemonHandler(BaseHTTPRequestHandler):
 
     server: _DaemonServer
     protocol_version = "HTTP/1.1"
-    server_version = "sandbox-attest-fake-daemon/1"
+    server_version = disguise.DAEMON_SERVER
     sys_version = ""
 
     def do_GET(self) -> None:

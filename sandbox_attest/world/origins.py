@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
+from sandbox_attest import disguise
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.paths import fixtures_dir
 from sandbox_attest.world.blob import DEFAULT_CHUNK, BlobSpec, iter_blob, load_blob_spec
@@ -155,7 +156,7 @@ class _OriginServer(ConnectionTrackingMixIn, socketserver.TCPServer):
 class _OriginHandler(BaseHTTPRequestHandler):
     server: _OriginServer
     protocol_version = "HTTP/1.1"  # keep-alive: pip reuses connections
-    server_version = "sandbox-attest-origin/1"
+    server_version = disguise.ORIGIN_SERVER
     sys_version = ""
 
     def do_GET(self) -> None:

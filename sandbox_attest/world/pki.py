@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import trustme
 
+from sandbox_attest import disguise
 from sandbox_attest.errors import FixtureError
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def _pem_path(name: str, data: bytes) -> Iterator[str]:
         finally:
             os.close(fd)
         return
-    with tempfile.TemporaryDirectory(prefix="sandbox-attest-pki-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{disguise.STEM}-tls-") as tmp:
         path = Path(tmp) / name
         path.touch(mode=0o600)
         path.write_bytes(data)
@@ -88,7 +89,7 @@ class Pki:
         """
         if not hosts:
             raise FixtureError("Pki.create needs at least one host name to issue a leaf for")
-        ca = trustme.CA(organization_name="sandbox-attest fixture world")
+        ca = trustme.CA(organization_name=f"{disguise.STEM} local CA")
         contexts: dict[str, ssl.SSLContext] = {}
         for host in hosts:
             leaf = ca.issue_cert(host, *_LOOPBACK_IDENTITIES, *extra_identities, common_name=host)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_attest import disguise
 from sandbox_attest.backends import bubblewrap as bw
 from sandbox_attest.backends.base import SANDBOX_RUN_DIR, SHIM_PORT, EgressRoute, ProbeRequest
 from sandbox_attest.errors import BackendUnavailable
@@ -225,7 +226,7 @@ class TestLive:
         assert facts["/usr/sandbox-attest-write-test"] == "EROFS"
         assert facts["/etc/sandbox-attest-write-test"] in {"EROFS", "EACCES", "ENOENT"}
         assert facts["docker_sock_visible"] is False
-        assert facts["hostname"] == "sandbox-attest"
+        assert facts["hostname"] == disguise.HOSTNAME
         assert (request.workspace / "inside.txt").read_text() == "written inside"
         # /root inside holds at most the directories on the way to a bound interpreter prefix
         # (pyenv lives there on some machines); the host's own home entries never show.

@@ -17,7 +17,7 @@ import pytest
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, base, probe_path
 from sandbox_attest.catalog.base import _conclude
-from sandbox_attest.catalog.fs import CORE_CLASSES, HOME_CLASSES
+from sandbox_attest.catalog.fs import CANARY_NAME, CORE_CLASSES, HOME_CLASSES
 from sandbox_attest.matrix import load_matrix
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.runner import inside_route
@@ -427,7 +427,7 @@ def _fs_workspace_done(ctx: CellContext) -> list[dict[str, Any]]:
     d.mkdir()
     (d / f"{ctx.nonce}.txt").write_text(f"{ctx.nonce}\n")
     (d / f"{ctx.nonce}.link").symlink_to(ctx.workspace)
-    (d / "canary.txt").write_text(f"renamed {ctx.nonce}\n")
+    (d / CANARY_NAME).write_text(f"renamed {ctx.nonce}\n")
     ops = ("create", "append", "chmod", "symlink-out", "rename-over")
     return [_a(f"workspace:{op}", "control", "succeeded") for op in ops]
 
@@ -451,7 +451,7 @@ class TestFsWriteOutside:
 
     def test_changed_canary_is_fail(self, fs_ctx: CellContext) -> None:
         """An appended canary on the host is FAIL even when the payload says 'refused'."""
-        canary = FsWriteOutside.canary_dirs(fs_ctx)["home"] / "canary.txt"
+        canary = FsWriteOutside.canary_dirs(fs_ctx)["home"] / CANARY_NAME
         with canary.open("a") as fh:
             fh.write("x")
         report = _fs_report(fs_ctx, "refused", "mnt:[1]")

@@ -22,6 +22,7 @@ from sandbox_attest import sweep
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.fs import (
+    CANARY_NAME,
     HOME_CLASSES,
     FsWriteOutside,
     _class_key,
@@ -135,7 +136,7 @@ class TestPlanting:
             assert named <= set(planted), sorted(planted)
             found = {k for k in planted if k.startswith("found-")}
             assert all(Path(p).parent.is_dir() for p in planted.values())
-            assert all((p / "canary.txt").is_file() for p in planted.values())
+            assert all((p / CANARY_NAME).is_file() for p in planted.values())
             assert SPEC.host_control(ctx)["ok"]
             journal = sweep.journal_dir() / f"canary-{SPEC.id}-{ctx.nonce}.json"
             entry = json.loads(journal.read_text())
@@ -164,7 +165,7 @@ def write_into_var_tmp(ctx: CellContext) -> Assessment:
     """Plant the canaries, append to /var/tmp's as a leaky payload would, assess, clean up."""
     targets = SPEC.prepare(ctx)
     try:
-        with (Path(targets["dirs"]["var_tmp"]) / "canary.txt").open("a") as fh:
+        with (Path(targets["dirs"]["var_tmp"]) / CANARY_NAME).open("a") as fh:
             fh.write(f"appended {ctx.nonce}\n")
         report: dict[str, Any] = {"attempts": [], "facts": {}}
         return SPEC.assess(ctx, report, Records(), {"ok": True})

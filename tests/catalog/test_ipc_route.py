@@ -45,7 +45,7 @@ def world() -> Iterator[World]:
 
 class TestInsidePaths:
     def test_bubblewrap_uses_the_sandbox_run_dir(self, world: World, tmp_path: Path) -> None:
-        """The bubblewrap backend shows the route at /run/sandbox-attest/ in every cell."""
+        """The bubblewrap backend shows the route at SANDBOX_RUN_DIR (/run/kiln/) in every cell."""
         route = inside_route(BubblewrapBackend(), world.info, tmp_path)
         assert route is not None
         assert (route.proxy_socket, route.shim) == (SANDBOX_PROXY_SOCKET, SANDBOX_SHIM)

@@ -190,7 +190,7 @@ class TestSweptIsAnEscape:
         ctx = make_ctx(tmp_path)
         plant_ticks(ctx)
         record_leftovers(
-            tmp_path, {4242: "4242 (python3 -c <code> …/setsid.ticks sandbox-attest-orphan n1)"}
+            tmp_path, {4242: f"4242 (python3 -c <code> …/setsid.ticks {ORPHAN_MARKER} n1)"}
         )
         control = SPEC.host_control(ctx)
         assessment = SPEC.assess(ctx, quiet_report(), Records(), control)

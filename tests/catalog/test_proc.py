@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
+from sandbox_attest import disguise
 from sandbox_attest.backends.base import Backend, DeclaredPolicy
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
@@ -221,17 +222,19 @@ class TestLive:
         assert isinstance(spec, proc_module.ProcVisibility)
         assert spec._anchors == {}
         markers = []
+        marker = disguise.ANCHOR_MARKER.encode()
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
             try:
-                markers += [a for a in cmdline.read_bytes().split(b"\0") if b"anchor:" in a]
+                markers += [a for a in cmdline.read_bytes().split(b"\0") if a.startswith(marker)]
             except OSError:
                 continue
-        assert f"sandbox-attest-anchor:{nonce}".encode() not in markers
+        assert f"{disguise.ANCHOR_MARKER}{nonce}".encode() not in markers
 
     def test_no_mount_leaked_to_the_host(self, live: Live) -> None:
         """The control leg's tmpfs and pivot_root stayed in the child's private namespace."""
         live.run("none", "proc_namespace_escape")
-        assert "sandbox-attest" not in Path("/proc/self/mountinfo").read_text()
+        # The probe names its tmpfs `kiln-scratch` (probes/proc_namespace_escape.py).
+        assert "kiln-scratch" not in Path("/proc/self/mountinfo").read_text()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from sandbox_attest import disguise
 from sandbox_attest.egress.proxy import PROXY_USER, ProxyConfig, start_proxy
 from sandbox_attest.egress.rules import Rule
 from sandbox_attest.world.dns import DnsFixture
@@ -95,7 +96,7 @@ class TestLab:
         scenario("enter")
         scenario("loopback-answer")
         assert host_state() == before
-        assert "sandbox-attest lab" not in Path("/etc/resolv.conf").read_text()
+        assert f"# {disguise.STEM}: local resolver" not in Path("/etc/resolv.conf").read_text()
 
     def test_curl_and_pip_resolve_fixture_names_through_the_system_resolver(self) -> None:
         """Under bubblewrap on the host side, getaddrinfo, curl and pip find the fixture hosts."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from sandbox_attest import disguise
 from sandbox_attest.backends.base import Backend
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command import CommandBackend
@@ -124,8 +125,8 @@ class TestControlLeg:
         assert entry["verdict"] == "PASS", entry["reason"]
         heard = {h["witness"] for h in sockets_of(entry)["heard"]}
         nonce = entry["nonce"]
-        assert f"/tmp/.sandbox-attest-witness-{nonce}.sock" in heard
-        assert f"@sandbox-attest-witness-{nonce}" in heard
+        assert f"/tmp/{disguise.WITNESS_PREFIX}{nonce}.sock" in heard
+        assert f"@{disguise.ABSTRACT_WITNESS_PREFIX}{nonce}" in heard
         assert all(nonce in h["line"] for h in sockets_of(entry)["heard"])
 
     def test_socketpair_works_inside(self, control: dict[str, Any]) -> None:
@@ -174,7 +175,7 @@ class TestWrappers:
         assert entry["verdict"] == "FAIL", entry["reason"]
         nonce = entry["nonce"]
         assert (
-            f"witness socket /run/.sandbox-attest-witness-{nonce}.sock heard the payload"
+            f"witness socket /run/{disguise.WITNESS_PREFIX}{nonce}.sock heard the payload"
             in (entry["reason"])
         )
         assert "do not bind /run" in entry["reason"]

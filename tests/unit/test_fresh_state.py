@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_attest.disguise import SANDBOX_RUN_DIR
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fresh-state.sh"
 
 pytestmark = pytest.mark.skipif(
@@ -46,7 +48,7 @@ def test_the_harness_state_is_absent_and_the_rest_stays() -> None:
             f"test ! -e {harness_own} && echo own-absent; "
             f"test -d {someone_elses} && echo other-present; "
             "test -e /run/docker.sock -o -e /var/lib/docker || echo no-outside-engine; "
-            "test -e /run/sandbox-attest || echo run-dir-absent; "
+            f"test -e {SANDBOX_RUN_DIR} || echo run-dir-absent; "
             'test -z "$(ls -A /tmp)" && echo tmp-empty'
         )
     finally:
@@ -65,7 +67,7 @@ def test_the_harness_state_is_absent_and_the_rest_stays() -> None:
 def test_what_the_command_writes_there_never_reaches_the_host() -> None:
     """A run dir and a state dir made inside are gone with the namespace; the host's unchanged."""
     tag = secrets.token_hex(6)
-    places = [Path("/run/sandbox-attest") / tag, Path("/var/lib/sandbox-attest") / tag]
+    places = [Path(SANDBOX_RUN_DIR) / tag, Path("/var/lib/sandbox-attest") / tag]
     before = {p.parent: p.parent.exists() for p in places}
     done = inside(" && ".join(f"mkdir -p {p} && test -d {p}" for p in places) + " && echo made")
     assert done.returncode == 0, done.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest import sweep
+from sandbox_attest import disguise, sweep
 from sandbox_attest.errors import ConfigError
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -46,9 +46,9 @@ def alive(pid: int) -> bool:
 class TestJournal:
     def test_dead_owners_paths_are_removed_with_the_entry(self, tmp_path: Path) -> None:
         """A canary journalled by a process that is gone is removed, and so is the entry."""
-        canary = tmp_path / "home" / ".sandbox-attest-canary-abc"
+        canary = tmp_path / "home" / f"{disguise.HOME_CANARY_PREFIX}abc"
         canary.mkdir(parents=True)
-        (canary / "canary.txt").write_text("x")
+        (canary / disguise.CANARY_FILE).write_text("x")
         record_from_a_process_that_exits("canary-x-abc", [canary], run_id="r1")
         swept, _ = sweep.sweep_journal()
         assert not canary.exists()
@@ -58,7 +58,7 @@ class TestJournal:
 
     def test_live_owners_entry_and_paths_are_kept(self, tmp_path: Path) -> None:
         """An entry of this (live) process is not swept: a concurrent run is never touched."""
-        canary = tmp_path / "sandbox-attest-canary-live"
+        canary = tmp_path / f"{disguise.CANARY_PREFIX}live"
         canary.write_text("x")
         sweep.record("canary-live", [canary])
         swept, _ = sweep.sweep_journal()
@@ -116,17 +116,24 @@ class TestJournal:
 
 class TestUnjournalled:
     def test_old_harness_named_leftovers_go_fresh_ones_stay(self, tmp_path: Path) -> None:
-        """Unclaimed harness-named leftovers untouched for over 6 h go; fresh ones stay."""
+        """Unclaimed harness-named leftovers (new and pre-rename names) older than 6 h go."""
         tmp, home = tmp_path / "tmp", tmp_path / "home"
         (home / ".ssh").mkdir(parents=True)
         tmp.mkdir()
         old = [
+            tmp / f"{disguise.CANARY_PREFIX}n1",
+            tmp / f"{disguise.LINK_PREFIX}n5",
+            tmp / f"{disguise.WITNESS_PREFIX}n0123456789abcdef.sock",
+            home / f"{disguise.HOME_CANARY_PREFIX}n2",
+            home / ".ssh" / f"{disguise.CANARY_PREFIX}n3",
+            # What a run before sandbox_attest/disguise.py left: swept for one more release.
             tmp / "sandbox-attest-abc123",
-            tmp / "sandbox-attest-canary-n1",
-            home / ".sandbox-attest-canary-n2",
-            home / ".ssh" / "sandbox-attest-canary-n3",
+            tmp / "sandbox-attest-canary-n6",
+            tmp / ".sandbox-attest-witness-nfedcba9876543210.sock",
+            home / ".sandbox-attest-canary-n7",
+            home / ".ssh" / "sandbox-attest-canary-n8",
         ]
-        fresh = tmp / "sandbox-attest-canary-n4"
+        fresh = tmp / f"{disguise.CANARY_PREFIX}n4"
         unrelated = tmp / "someone-elses-file"
         for path in [*old, fresh, unrelated]:
             path.write_text("x")
@@ -140,7 +147,7 @@ class TestUnjournalled:
 
     def test_old_leftover_claimed_by_a_live_entry_stays(self, tmp_path: Path) -> None:
         """An old file that a live run journalled is that run's: it is not swept."""
-        canary = tmp_path / "sandbox-attest-canary-claimed"
+        canary = tmp_path / f"{disguise.CANARY_PREFIX}claimed"
         canary.write_text("x")
         long_ago = time.time() - sweep.STALE_AGE_S - 60
         os.utime(canary, (long_ago, long_ago))
@@ -153,7 +160,7 @@ class TestUnjournalled:
 
     def test_leftover_of_another_uid_stays(self, tmp_path: Path) -> None:
         """An old harness-named file of a uid not given as an owner is not swept."""
-        canary = tmp_path / "sandbox-attest-canary-other"
+        canary = tmp_path / f"{disguise.CANARY_PREFIX}other"
         canary.write_text("x")
         long_ago = time.time() - sweep.STALE_AGE_S - 60
         os.utime(canary, (long_ago, long_ago))
@@ -165,6 +172,9 @@ class TestUnjournalled:
 class TestOrphans:
     def test_only_the_exact_argv_shapes_are_harness_children(self) -> None:
         """An anchor's and the proxy's argv match; a shell line mentioning the marker does not."""
+        anchor = disguise.ANCHOR_MARKER.encode()
+        assert sweep.is_harness_child([b"/usr/bin/python3", b"-c", b"code", anchor + b"n"])
+        # An anchor a run from before the rename left is the harness's for one more release.
         assert sweep.is_harness_child(
             [b"/usr/bin/python3", b"-c", b"code", b"sandbox-attest-anchor:n"]
         )
@@ -174,8 +184,8 @@ class TestOrphans:
         # The proxy of a version from before the package rename is the harness's too.
         assert sweep.is_harness_child([b"/v/bin/python", b"-m", b"harness.egress.proxy", b"/c"])
         assert not sweep.is_harness_child([b"/v/bin/python", b"-m", b"http.server", b"8000"])
-        assert not sweep.is_harness_child([b"/bin/bash", b"-c", b"x sandbox-attest-anchor:n", b"y"])
-        assert not sweep.is_harness_child([b"python", b"-c", b"print('sandbox-attest-anchor:')"])
+        assert not sweep.is_harness_child([b"/bin/bash", b"-c", b"x " + anchor + b"n", b"y"])
+        assert not sweep.is_harness_child([b"python", b"-c", b"print('" + anchor + b"')"])
 
     def test_orphaned_anchor_is_killed_a_parented_one_is_not(self) -> None:
         """An anchor re-parented to init is killed; one this harness parents lives on."""
@@ -186,7 +196,7 @@ class TestOrphans:
                 "-c",
                 (
                     "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
-                    f"{sleeper!r}, 'sandbox-attest-anchor:orphan-test'], start_new_session=True, "
+                    f"{sleeper!r}, '{disguise.ANCHOR_MARKER}orphan-test'], start_new_session=True, "
                     "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
                     "print(p.pid)"
                 ),
@@ -197,7 +207,7 @@ class TestOrphans:
         )
         orphan = int(driver.stdout)
         parented = subprocess.Popen(
-            [sys.executable, "-c", sleeper, "sandbox-attest-anchor:parented-test"]
+            [sys.executable, "-c", sleeper, f"{disguise.ANCHOR_MARKER}parented-test"]
         )
         try:
             swept = sweep.sweep_orphans()
