@@ -1,19 +1,26 @@
-"""Real third-party sandboxes, end to end: the whole matrix on srt and on Codex, in the lab.
+"""Real third-party sandboxes, end to end: the whole matrix on srt, Codex and firejail, in the lab.
 
-`matrix/backends/srt.toml` and `matrix/backends/codex.toml` are run as a user runs them
-(`sandbox-attest run --backend NAME --world lab -j 2`), each in about 20 s here. The verdicts
+`matrix/backends/srt.toml`, `matrix/backends/codex.toml` and `matrix/backends/firejail.toml`
+are run as a user runs them (`sandbox-attest run --backend NAME --world lab -j 2`), each in
+about a minute here. The verdicts
 asserted are the findings written up in README.md ("Real sandboxes, measured"): every FAIL is a
 true finding about that sandbox, and the INCONCLUSIVE cells allowed are named with why. A
 change in either sandbox, spec or assessor that moves a cell shows up here.
 
-`./run test` installs both (scripts/real-sandboxes.sh); this module installs them too when
-missing and skips, naming the install command, only if that install fails.
+`./run test` installs srt and Codex (scripts/real-sandboxes.sh); this module installs them too
+when missing and skips, naming the install command, only if that install fails. firejail is
+Debian's package: without it its run skips, naming `apt-get install firejail`.
+
+A probe this host cannot judge (tests/here.py: dev_access where no device beyond the harmless
+set opens for the payload user) is NOT_APPLICABLE with the host's reason on every sandbox, as
+in any run here; its recorded verdict below holds where the host can judge it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +28,9 @@ from typing import Any
 
 import pytest
 
+from sandbox_attest.catalog import PROBES
 from sandbox_attest.world.lab import lab_supported
+from tests.here import not_judgeable_here
 
 ROOT = Path(__file__).parent.parent.parent
 INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
@@ -40,13 +49,36 @@ FAILS: dict[str, set[str]] = {
 # (clone3, unshare) and reach the new mount API in them.
 FAILS["srt"] |= {"proc_syscall_surface_extended"}
 FAILS["codex"] |= {"proc_syscall_surface_extended", "proc_new_mount_api"}
+# firejail, no profile, --read-only=/ (README.md): host unix sockets, /dev/shm, every read and
+# the host's /dev stay in its view; it passes the environment through though the spec claims a
+# scrubbed one; children outlive the payload; its default filter leaves io_uring, TIOCSTI,
+# vsock and netlink sockets reachable. Issue 28: its 64-bit filter has no ioctl rule
+# (TIOCLINUX) and its i386 filter no socketcall (int 0x80 makes a netlink socket); the
+# open_by_handle canary is read by its plain path (open_by_handle_at itself gives EPERM).
+FAILS["firejail"] = {
+    "ipc_unix_socket_escape",
+    "fs_write_outside",
+    "fs_read_secrets",
+    "fs_link_escape",
+    "dev_access",
+    "env_inheritance",
+    "lifecycle_orphans",
+    "proc_syscall_surface",
+    "proc_syscall_surface_extended",
+    "fs_open_by_handle",
+}
 # Cells allowed to be INCONCLUSIVE: none. Each one measured so far was the harness's own
 # artefact (a probe bug, a missing host reading) and was fixed; a new one fails this test.
-INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {"srt": set(), "codex": set()}
+INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {"srt": set(), "codex": set(), "firejail": set()}
 # But one, a missing host reading not fixed yet: srt refuses clone3 (ENOSYS), unshare and the
 # new mount API (EPERM), and only its report says so; the host reads that a filter exists,
 # not what it refuses (PTRACE_SECCOMP_GET_FILTER at the rendezvous would, issue 28).
 INCONCLUSIVE_ALLOWED["srt"] |= {"proc_new_mount_api"}
+# The same cell on firejail: clone3 and unshare(CLONE_NEWUSER) give EPERM (util-linux's
+# unshare fails the same way inside it), though its printed filter (firejail
+# --seccomp.print) names neither call, so the refusal is the kernel's within firejail's
+# setup; the host has no reading that shows why, so the report stands alone.
+INCONCLUSIVE_ALLOWED["firejail"] |= {"proc_new_mount_api"}
 # Cells that do not apply, each for a claim the sandbox does not make or a route it does not
 # have: the reason is the runner's, decided before the cell runs.
 NOT_APPLICABLE: dict[str, set[str]] = {
@@ -54,11 +86,32 @@ NOT_APPLICABLE: dict[str, set[str]] = {
     "srt": {"ipc_proxy_socket_tamper", "resource_limits"},
     # network = "none": no egress route to tamper with; Codex sets no resource limits
     "codex": {"ipc_proxy_socket_tamper", "resource_limits"},
+    # no protected paths claimed; firejail sets no resource limits as configured
+    "firejail": {"fs_protected_in_workspace", "resource_limits"},
 }
 
 
-def _installed() -> str | None:
-    """Install srt and Codex if missing; the reason they cannot be used here, or None."""
+def expected(backend: str) -> tuple[dict[str, set[str]], dict[str, str]]:
+    """The recorded verdict sets for `backend` as a run on this host gives them.
+
+    Returns the FAIL, INCONCLUSIVE and NOT_APPLICABLE sets (keyed by verdict) less the probes
+    this host cannot judge, and those probes with the host's reason (their cells must be
+    NOT_APPLICABLE with exactly that reason, whatever the sandbox).
+    """
+    unjudged = {p: r for p in PROBES if (r := not_judgeable_here(p)) is not None}
+    sets = {
+        "FAIL": FAILS[backend] - set(unjudged),
+        "INCONCLUSIVE": INCONCLUSIVE_ALLOWED[backend] - set(unjudged),
+        "NOT_APPLICABLE": NOT_APPLICABLE[backend] - set(unjudged),
+    }
+    return sets, unjudged
+
+
+def _installed(backend: str) -> str | None:
+    """Install srt and Codex if missing; the reason `backend` cannot be used here, or None."""
+    if backend == "firejail":
+        found = shutil.which("firejail")
+        return None if found else "firejail missing: run `apt-get install firejail`"
     check = subprocess.run([str(INSTALL), "--check"], capture_output=True, text=True, check=False)
     if check.returncode == 0:
         return None
@@ -89,7 +142,7 @@ def run_matrix(backend: str, out: Path) -> dict[str, dict[str, Any]]:
     return {c["probe"]: c for c in cells if c["backend"] == backend}
 
 
-@pytest.fixture(scope="module", params=["srt", "codex"])
+@pytest.fixture(scope="module", params=["srt", "codex", "firejail"])
 def grid(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, dict[str, dict[str, Any]]]:
@@ -99,10 +152,10 @@ def grid(
     supported, why_not = lab_supported()
     if not supported:
         pytest.skip(f"the lab world needs root and network namespaces: {why_not}")
-    why = _installed()
+    backend = str(request.param)
+    why = _installed(backend)
     if why is not None:
         pytest.skip(why)
-    backend = str(request.param)
     return backend, run_matrix(backend, tmp_path_factory.mktemp(f"run-{backend}"))
 
 
@@ -115,8 +168,9 @@ class TestRealSandboxes:
     def test_fails_are_the_true_findings(self, grid: tuple[str, dict[str, Any]]) -> None:
         """Exactly the recorded true findings FAIL, each with the host's evidence."""
         backend, cells = grid
+        want = expected(backend)[0]["FAIL"]
         failed = {p for p, c in cells.items() if c["verdict"] == "FAIL"}
-        assert failed == FAILS[backend], _show(cells, failed ^ FAILS[backend])
+        assert failed == want, _show(cells, failed ^ want)
         assert all(
             c["reason"].startswith("escape observed by the host")
             for p, c in cells.items()
@@ -128,37 +182,48 @@ class TestRealSandboxes:
     ) -> None:
         """No ERROR or UNAVAILABLE cell; INCONCLUSIVE only where the reason is recorded here."""
         backend, cells = grid
+        want, unjudged = expected(backend)
         broken = {p for p, c in cells.items() if c["verdict"] in ("ERROR", "UNAVAILABLE")}
         assert not broken, _show(cells, broken)
         unsure = {p for p, c in cells.items() if c["verdict"] == "INCONCLUSIVE"}
-        assert unsure <= INCONCLUSIVE_ALLOWED[backend], _show(cells, unsure)
+        assert unsure <= want["INCONCLUSIVE"], _show(cells, unsure)
         skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}
-        assert skipped == NOT_APPLICABLE[backend], _show(cells, skipped)
+        assert skipped == want["NOT_APPLICABLE"] | set(unjudged), _show(cells, skipped)
+        assert {p: cells[p]["reason"] for p in unjudged} == unjudged
 
     def test_every_other_cell_passes(self, grid: tuple[str, dict[str, Any]]) -> None:
         """Every cell not listed above PASSes, the network probes among them."""
         backend, cells = grid
-        listed = FAILS[backend] | INCONCLUSIVE_ALLOWED[backend] | NOT_APPLICABLE[backend]
+        want, unjudged = expected(backend)
+        listed = set().union(*want.values(), unjudged)
         others = {p for p in cells if p not in listed}
         assert {p for p in others if cells[p]["verdict"] != "PASS"} == set()
         assert {"net_denied_host", "net_proxy_confusion", "dns_resolution"} <= others
 
     def test_pip_install_goes_where_the_claim_says(self, grid: tuple[str, dict[str, Any]]) -> None:
-        """The pip install goes through srt's own proxy (denied index: 403); Codex has none."""
+        """Through a proxy that 403s the denied index srt and firejail pip-install; Codex cannot."""
         backend, cells = grid
         pip = cells["pkg_pip_install"]
         assert pip["verdict"] == "PASS", pip["reason"]
-        if backend == "srt":
+        if backend in ("srt", "firejail"):
             assert "pip-install succeeded" in pip["reason"]
             assert "install from the denied host failed with the proxy's 403" in pip["reason"]
         else:
             assert "pip-install succeeded" not in pip["reason"]
 
     def test_passthrough_environment_is_recorded(self, grid: tuple[str, dict[str, Any]]) -> None:
-        """Both pass the environment through, as claimed: the planted credentials are named."""
-        _, cells = grid
+        """The environment passes through: as claimed on srt and Codex, a FAIL on firejail.
+
+        firejail's spec claims a scrubbed environment. Either way the planted credentials are
+        named in the reason.
+        """
+        backend, cells = grid
         env = cells["env_inheritance"]
-        assert env["verdict"] == "PASS", env["reason"]
-        assert "claims environment passthrough" in env["reason"]
+        if backend == "firejail":
+            assert env["verdict"] == "FAIL", env["reason"]
+            assert "claims a scrubbed environment" in env["reason"]
+        else:
+            assert env["verdict"] == "PASS", env["reason"]
+            assert "claims environment passthrough" in env["reason"]
         assert "AWS_SECRET_ACCESS_KEY" in env["reason"]
         assert "GITHUB_TOKEN" in env["reason"]
