@@ -27,10 +27,12 @@ from typing import Final
 __all__ = [
     "ABSTRACT_WITNESS_PREFIX",
     "ANCHOR_MARKER",
+    "ANCHOR_SECRET_VAR",
     "CANARY_FILE",
     "CANARY_PREFIX",
     "DAEMON_ABSTRACT_PREFIX",
     "DAEMON_SERVER",
+    "ENV_CANARY_PREFIX",
     "GO_PREFIX",
     "HOME_CANARY_PREFIX",
     "HOSTNAME",
@@ -74,6 +76,8 @@ TUNABLES_PREFIX: Final = f"{STEM}-pool-"
 ANCHOR_MARKER: Final = f"{STEM}-idle:"
 XPROC_MARKER: Final = f"{STEM}-peer:"
 ORPHAN_MARKER: Final = f"{STEM}-bg"
+# The variable holding the proc anchor's secret, which the payload user may read in its environ.
+ANCHOR_SECRET_VAR: Final = f"{STEM.upper()}_IDLE_TOKEN"
 
 # Host-planted files the payload may list: canaries in /tmp and other places outside the
 # workspace (catalog/fs.py), in homes (`.<...>`, and in ~/.ssh, ~/.aws, ~/.docker), the
@@ -82,7 +86,9 @@ CANARY_PREFIX: Final = f"{STEM}-cache-"
 HOME_CANARY_PREFIX: Final = f".{STEM}-cache-"
 LINK_PREFIX: Final = f"{STEM}-link-"
 CANARY_FILE: Final = "notes.txt"
-# A planted secret's value (catalog/env.py): the payload reads it if the environment leaks.
+# Planted secrets (catalog/env.py): the variables' names (`<prefix><NONCE>_API_KEY`) and their
+# values; the payload reads them if the environment leaks.
+ENV_CANARY_PREFIX: Final = f"{STEM.upper()}_CACHE_"
 SECRET_PREFIX: Final = f"{STEM}-token-"
 
 # Socket witnesses (catalog/socket_witness.py): a path socket's file name and an abstract name,

@@ -389,9 +389,10 @@ def require_reachable(path: Path, user: PayloadUser | None, what: str) -> None:
 # signal, so it is armed again (PR_SET_PDEATHSIG = 1), and a parent already gone ends it.
 _MEASURE_CODE = """
 import ctypes, importlib, json, os, signal, sys
-module, function, uid, gid, groups, parent, orphaned, given = sys.argv[1:9]
-measure = getattr(importlib.import_module(module), function)
-arguments = [json.load(sys.stdin)] if given == "argument" else []
+uid, gid, groups, parent, orphaned = sys.argv[1:6]
+job = json.load(sys.stdin)
+measure = getattr(importlib.import_module(job["module"]), job["function"])
+arguments = [job["argument"]] if "argument" in job else []
 os.setgroups([int(g) for g in groups.split(",") if g])
 os.setresgid(int(gid), int(gid), int(gid))
 os.setresuid(int(uid), int(uid), int(uid))
@@ -440,13 +441,17 @@ def measure_as(
         (the function's JSON-decoded result, "") or (None, why it could not be measured).
     """
     groups = ",".join(str(g) for g in sorted(user.groups))
-    given = "none" if argument is _NO_ARGUMENT else "argument"
-    argv = [sys.executable, "-c", _MEASURE_CODE, module, function]
+    # The module and function go on stdin, not argv: the payload user can read every command
+    # line, and `sandbox_attest.<module>` there would tell a wrapper it is under test (issue 23).
+    job: dict[str, object] = {"module": module, "function": function}
+    if argument is not _NO_ARGUMENT:
+        job["argument"] = argument
+    argv = [sys.executable, "-c", _MEASURE_CODE]
     argv += [str(user.uid), str(user.gid), groups, str(os.getpid()), str(lifetime.ORPHANED_EXIT)]
     try:
         done = subprocess.run(
-            [*argv, given],
-            input="" if given == "none" else json.dumps(argument),
+            argv,
+            input=json.dumps(job),
             capture_output=True,
             text=True,
             timeout=timeout,

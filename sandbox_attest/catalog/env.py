@@ -41,7 +41,7 @@ from sandbox_attest.claims import claims_of
 from sandbox_attest.payload import payload_env
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
-ENV_PREFIX: Final = "SANDBOX_ATTEST_CANARY_"
+ENV_PREFIX: Final = disguise.ENV_CANARY_PREFIX
 # Variables the interpreter or the sandbox sets by itself, whatever it was given: bwrap's
 # --chdir and shells set PWD (and OLDPWD, SHLVL, _); Python's PEP 538 locale coercion sets
 # LC_CTYPE=C.UTF-8 when no locale is declared, in the harness's own environment too, so an equal

@@ -86,7 +86,7 @@ LINUX_ONLY_REASON: Final = (
     "macOS and Windows get their own process probes"
 )
 
-SECRET_VAR: Final = "SANDBOX_ATTEST_ANCHOR_SECRET"  # noqa: S105  (a variable name, not a secret)
+SECRET_VAR: Final = disguise.ANCHOR_SECRET_VAR
 # The anchor exits on its own after this long, so a crashed run never leaves it behind.
 ANCHOR_LIFETIME_S: Final = 300
 # The anchor reports on its stdout, a pipe only the harness holds (no file a payload could

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sandbox_attest import disguise, hostview, sweep
 from sandbox_attest.backends import base
-from sandbox_attest.catalog import PROBES, fs, lifecycle, socket_witness
+from sandbox_attest.catalog import PROBES, env, fs, lifecycle, proc, socket_witness
 from sandbox_attest.payload import TELLTALE_WORDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +64,8 @@ def test_the_harness_uses_the_vocabulary() -> None:
     assert socket_witness.WITNESS_PREFIX == disguise.WITNESS_PREFIX
     assert socket_witness.ABSTRACT_PREFIX == disguise.ABSTRACT_WITNESS_PREFIX
     assert fs.CANARY_NAME == disguise.CANARY_FILE
+    assert env.ENV_PREFIX == disguise.ENV_CANARY_PREFIX
+    assert proc.SECRET_VAR == disguise.ANCHOR_SECRET_VAR
     assert base.SANDBOX_RUN_DIR == disguise.SANDBOX_RUN_DIR
 
 
@@ -74,6 +76,8 @@ def test_the_launcher_and_the_payload_copies_agree() -> None:
     assert f'GO_PREFIX = "{disguise.GO_PREFIX}"' in launcher
     writer = (REPO / "probes" / "fs_write_outside.py").read_text()
     assert f'CANARY_FILE = "{disguise.CANARY_FILE}"' in writer
+    looker = (REPO / "probes" / "proc_visibility.py").read_text()
+    assert f'SECRET_VAR = "{disguise.ANCHOR_SECRET_VAR}"' in looker
 
 
 # Strings in those modules that name the harness but never reach a payload, with the reason.
