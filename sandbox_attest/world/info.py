@@ -71,8 +71,8 @@ class IndexInfo:
 
     url_template: str
     denied_url_template: str  # the same index path on the denied host (the proxy must 403)
-    package: str  # distribution name, e.g. "sandbox-attest-canary"
-    module: str  # import name, e.g. "sandbox_attest_canary"
+    package: str  # distribution name, e.g. "kiln-helpers"
+    module: str  # import name, e.g. "kiln_helpers"
     version: str
     wheel_nonce: str  # the value the wheel's module exposes as NONCE
 

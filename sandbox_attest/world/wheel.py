@@ -17,6 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sandbox_attest import disguise
 from sandbox_attest.errors import FixtureError
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ _NONCE_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 class CanaryMetadata:
     """The `[metadata]` table of `wheel.toml`."""
 
-    name: str  # distribution name, e.g. "sandbox-attest-canary"
+    name: str  # distribution name, e.g. "kiln-helpers"
     version: str
     summary: str
     requires_python: str
@@ -42,7 +43,7 @@ class CanaryMetadata:
 
     @property
     def wheel_stem(self) -> str:
-        """The escaped distribution name used in file names (`sandbox_attest_canary`)."""
+        """The escaped distribution name used in file names (`kiln_helpers`)."""
         return re.sub(r"[-_.]+", "_", self.name).lower()
 
     @property
@@ -81,7 +82,7 @@ def _record_hash(data: bytes) -> str:
 
 
 def build_canary_wheel(src: Path, out_dir: Path, nonce: str) -> Path:
-    """Build `sandbox_attest_canary-1.0.0-py3-none-any.whl` with `nonce` baked in.
+    """Build the canary wheel (`kiln_helpers-1.0.0-py3-none-any.whl`) with `nonce` baked in.
 
     Args:
         src: the canary source tree (`fixtures/canary_wheel`).
@@ -121,12 +122,13 @@ def build_canary_wheel(src: Path, out_dir: Path, nonce: str) -> Path:
         f"License: {meta.license}\n"
         f"Requires-Python: {meta.requires_python}\n"
     ).encode()
+    # The generator is named neutrally: the payload installs the wheel and can read this.
     files[f"{dist_info}/WHEEL"] = (
-        b"Wheel-Version: 1.0\n"
-        b"Generator: sandbox-attest (sandbox_attest.world.wheel)\n"
-        b"Root-Is-Purelib: true\n"
-        b"Tag: py3-none-any\n"
-    )
+        "Wheel-Version: 1.0\n"
+        f"Generator: {disguise.STEM}\n"
+        "Root-Is-Purelib: true\n"
+        "Tag: py3-none-any\n"
+    ).encode()
     record_name = f"{dist_info}/RECORD"
     record_lines = [f"{name},{_record_hash(data)},{len(data)}" for name, data in files.items()]
     record_lines.append(f"{record_name},,")  # RECORD cannot hash itself

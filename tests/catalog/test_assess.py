@@ -73,8 +73,8 @@ def _info() -> WorldInfo:
         index=IndexInfo(
             url_template="https://index.test:1443/c/{nonce}/simple/",
             denied_url_template="https://denied.test:1443/c/{nonce}/simple/",
-            package="sandbox-attest-canary",
-            module="sandbox_attest_canary",
+            package="kiln-helpers",
+            module="kiln_helpers",
             version="1.0.0",
             wheel_nonce="wheel",
         ),

@@ -14,6 +14,7 @@ from sandbox_attest import disguise, hostview, sweep
 from sandbox_attest.backends import base
 from sandbox_attest.catalog import PROBES, env, fs, lifecycle, proc, socket_witness
 from sandbox_attest.payload import TELLTALE_WORDS
+from sandbox_attest.world.wheel import load_canary_metadata
 
 REPO = Path(__file__).resolve().parents[2]
 # Everything a wrapper or its payload can see by name (the LEGACY_* names are the sweep's).
@@ -121,3 +122,13 @@ def test_the_sweep_knows_the_new_and_the_old_names() -> None:
     for other in ("kiln", f"{disguise.STEM}-other-{nonce}", "cache-n1", ".kiln"):
         assert not sweep.TMP_NAMES.match(other), other
         assert not sweep.HOME_NAMES.match(other), other
+
+
+def test_the_canary_wheel_is_named_neutrally() -> None:
+    """The wheel the payload pip-installs by name carries no telltale word in its metadata."""
+    meta = load_canary_metadata(REPO / "fixtures" / "canary_wheel")
+    shown = f"{meta.name} {meta.wheel_stem} {meta.summary}"
+    loud = (*TELLTALE_WORDS, "test", *PROBES)
+    assert [w for w in loud if w in shown.lower()] == [], shown
+    package = REPO / "fixtures" / "canary_wheel" / meta.wheel_stem / "__init__.py"
+    assert [w for w in loud if w in package.read_text().lower()] == []

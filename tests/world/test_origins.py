@@ -170,10 +170,10 @@ class TestIndex:
         status, headers, body = get(pki, origins, "index", "/c/i-1/simple/")
         assert status == 200
         assert headers["Content-Type"].startswith("text/html")
-        assert b'<a href="sandbox-attest-canary/">' in body
+        assert b'<a href="kiln-helpers/">' in body
 
     @pytest.mark.parametrize("prefix", ["/c/i-2", ""], ids=["nonce-prefix", "bare"])
-    @pytest.mark.parametrize("spelling", ["sandbox-attest-canary", "Sandbox_Attest.Canary"])
+    @pytest.mark.parametrize("spelling", ["kiln-helpers", "Kiln_Helpers"])
     def test_project_page_links_files_host(
         self, pki: Pki, origins: Origins, wheel: Path, prefix: str, spelling: str
     ) -> None:
@@ -201,13 +201,13 @@ class TestIndex:
         self, pki: Pki, origins: Origins, wheel: Path
     ) -> None:
         """The denied host answers the index too, so a proxy leak would make pip succeed."""
-        status, _, _ = get(pki, origins, "denied", "/c/d-1/simple/sandbox-attest-canary/")
+        status, _, _ = get(pki, origins, "denied", "/c/d-1/simple/kiln-helpers/")
         assert status == 200
 
 
 def test_normalize_project() -> None:
     """PEP 503 normalization folds case and runs of -_. into one dash."""
-    assert normalize_project("Sandbox__Attest..-Canary") == "sandbox-attest-canary"
+    assert normalize_project("Kiln__..-Helpers") == "kiln-helpers"
 
 
 def test_load_hosts_order() -> None:
@@ -230,20 +230,20 @@ def test_real_pip_install_from_index(
         pip = subprocess.run(
             [sys.executable, "-m", "pip", "--isolated", "install", "--no-cache-dir",
              "--disable-pip-version-check", "--only-binary", ":all:", "--index-url", index,
-             "--cert", str(pki.ca_bundle), "--target", str(target), "sandbox-attest-canary"],
+             "--cert", str(pki.ca_bundle), "--target", str(target), "kiln-helpers"],
             capture_output=True, text=True, timeout=120, env=clean_env(), check=False,
         )  # fmt: skip
         assert pip.returncode == 0, pip.stdout + pip.stderr
         # The origin logs each request after its body went out, so pip may finish first.
         log = wait_for(lambda: _when_fetched(direct.records("pip-1")))
     out = subprocess.run(
-        [sys.executable, "-c", "import sandbox_attest_canary as c; print(c.NONCE)"],
+        [sys.executable, "-c", "import kiln_helpers as c; print(c.NONCE)"],
         capture_output=True, text=True, timeout=30, env=clean_env(PYTHONPATH=str(target)),
         check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "pipx1"
     fetched = {(e["host"], re.sub(r"/[^/]+\.whl$", "/WHEEL", e["path"])) for e in log}
-    assert ("index", "/c/pip-1/simple/sandbox-attest-canary/") in fetched
+    assert ("index", "/c/pip-1/simple/kiln-helpers/") in fetched
     assert ("files", "/c/pip-1/files/WHEEL") in fetched
     assert all(e["status"] == 200 for e in log)
 

@@ -21,18 +21,18 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 SRC = fixtures_dir() / "canary_wheel"
-DIST_INFO = "sandbox_attest_canary-1.0.0.dist-info"
+DIST_INFO = "kiln_helpers-1.0.0.dist-info"
 
 
 class TestBuild:
     def test_name_and_metadata(self, tmp_path: Path) -> None:
         """The wheel has the expected file name, METADATA name/version and WHEEL tag."""
         wheel = build_canary_wheel(SRC, tmp_path, "n1")
-        assert wheel.name == "sandbox_attest_canary-1.0.0-py3-none-any.whl"
+        assert wheel.name == "kiln_helpers-1.0.0-py3-none-any.whl"
         with zipfile.ZipFile(wheel) as zf:
             metadata = zf.read(f"{DIST_INFO}/METADATA").decode()
             tags = zf.read(f"{DIST_INFO}/WHEEL").decode()
-        assert "Name: sandbox-attest-canary\n" in metadata
+        assert "Name: kiln-helpers\n" in metadata
         assert "Version: 1.0.0\n" in metadata
         assert "Tag: py3-none-any\n" in tags
         assert "Root-Is-Purelib: true\n" in tags
@@ -60,8 +60,8 @@ class TestBuild:
         other = build_canary_wheel(SRC, tmp_path / "c", "zzz").read_bytes()
         assert first == again
         assert first != other
-        with zipfile.ZipFile(tmp_path / "a" / "sandbox_attest_canary-1.0.0-py3-none-any.whl") as zf:
-            source = zf.read("sandbox_attest_canary/__init__.py").decode()
+        with zipfile.ZipFile(tmp_path / "a" / "kiln_helpers-1.0.0-py3-none-any.whl") as zf:
+            source = zf.read("kiln_helpers/__init__.py").decode()
         assert 'NONCE = "abc-123"' in source
         assert "@NONCE@" not in source
 
@@ -85,7 +85,7 @@ def test_pip_installs_file_and_import_prints_nonce(
     )  # fmt: skip
     assert pip.returncode == 0, pip.stderr
     out = subprocess.run(
-        [sys.executable, "-c", "import sandbox_attest_canary as c; print(c.NONCE)"],
+        [sys.executable, "-c", "import kiln_helpers as c; print(c.NONCE)"],
         capture_output=True, text=True, timeout=30, env=clean_env(PYTHONPATH=str(target)),
         check=True,
     )  # fmt: skip

@@ -107,7 +107,7 @@ class TestInfo:
         assert set(data["hosts"]) == {"allowed", "denied", "index", "files"}
         assert data["blob"]["size"] == 18_874_368
         assert "{nonce}" in data["index"]["url_template"]
-        assert data["index"]["package"] == "sandbox-attest-canary"
+        assert data["index"]["package"] == "kiln-helpers"
         assert data["daemon"]["abstract"] if sys.platform.startswith("linux") else True
 
     def test_everything_lives_under_run_dir(self, world: World) -> None:
@@ -157,7 +157,7 @@ class TestThroughProxy:
             lambda found: found >= {"index", "files"},
         )
         assert hosts == {"index", "files"}
-        init = (target / "sandbox_attest_canary" / "__init__.py").read_text()
+        init = (target / "kiln_helpers" / "__init__.py").read_text()
         assert f'NONCE = "{world.info.index.wheel_nonce}"' in init
 
 
