@@ -32,8 +32,10 @@ __all__ = [
     "CANARY_PREFIX",
     "DAEMON_ABSTRACT_PREFIX",
     "DAEMON_SERVER",
+    "DIRFD_CANARY_DIR",
     "ENV_CANARY_PREFIX",
     "GO_PREFIX",
+    "HANDLE_CANARY_DIR",
     "HOME_CANARY_PREFIX",
     "HOSTNAME",
     "LEGACY_ANCHOR_MARKER",
@@ -41,8 +43,10 @@ __all__ = [
     "LEGACY_RUN_DIR",
     "LEGACY_STEM",
     "LINK_PREFIX",
+    "NS_CANARY_DIR",
     "ORIGIN_SERVER",
     "ORPHAN_MARKER",
+    "RACE_CANARY_DIR",
     "READY_PREFIX",
     "RUN_CGROUP_PREFIX",
     "SANDBOX_RUN_DIR",
@@ -86,6 +90,13 @@ CANARY_PREFIX: Final = f"{STEM}-cache-"
 HOME_CANARY_PREFIX: Final = f".{STEM}-cache-"
 LINK_PREFIX: Final = f"{STEM}-link-"
 CANARY_FILE: Final = "notes.txt"
+# Directories a probe's host side makes in the cell dir, beside the workspace, which the payload
+# may list: fs_setup_race's canary (catalog/races.py), fs_leaked_dirfd's (catalog/machinery.py),
+# fs_open_by_handle's (catalog/handles.py), proc_namespace_escape's (catalog/proc.py).
+RACE_CANARY_DIR: Final = f"{STEM}-data"
+DIRFD_CANARY_DIR: Final = f"{STEM}-store"
+HANDLE_CANARY_DIR: Final = f"{STEM}-files"
+NS_CANARY_DIR: Final = f"{STEM}-mnt"
 # Planted secrets (catalog/env.py): the variables' names (`<prefix><NONCE>_API_KEY`) and their
 # values; the payload reads them if the environment leaks.
 ENV_CANARY_PREFIX: Final = f"{STEM.upper()}_CACHE_"

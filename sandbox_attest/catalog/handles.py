@@ -25,7 +25,7 @@ import secrets
 import struct
 from typing import Any, Final
 
-from sandbox_attest import safefs
+from sandbox_attest import disguise, safefs
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -59,8 +59,8 @@ LINUX_ONLY_REASON: Final = (
 CAP_DAC_READ_SEARCH: Final = 2
 AT_FDCWD: Final = -100
 MAX_HANDLE_SZ: Final = 128
-_DIR: Final = "handle-canary"
-_FILE: Final = "canary.txt"
+_DIR: Final = disguise.HANDLE_CANARY_DIR
+_FILE: Final = disguise.CANARY_FILE
 _FIX: Final = (
     "drop CAP_DAC_READ_SEARCH (docker --cap-drop ALL, never --cap-add DAC_READ_SEARCH or "
     "--privileged) and refuse open_by_handle_at in the seccomp filter (docker's default "

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import safefs
+from sandbox_attest import disguise, safefs
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -80,8 +80,8 @@ SCAN_MAX_DEPTH: Final = 32
 
 # How far up from the payload the host reads descriptors (the shim, an init, the payload).
 MAX_ANCESTORS_READ: Final = 8
-DIRFD_DIR: Final = "dirfd-canary"
-DIRFD_CANARY: Final = "canary.txt"
+DIRFD_DIR: Final = disguise.DIRFD_CANARY_DIR
+DIRFD_CANARY: Final = disguise.CANARY_FILE
 DIRFD_CONTROL: Final = "dirfd-control.txt"
 PATH_ATTEMPT: Final = "path:canary"
 SCAN_ATTEMPT: Final = "scan:descriptors"

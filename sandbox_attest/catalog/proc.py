@@ -851,7 +851,7 @@ class ProcNamespaceEscape(_AnchoredSpec):
     @staticmethod
     def canary_dir(ctx: CellContext) -> Path:
         """A host-only directory (never bound into a sandbox) the setns-mnt child writes to."""
-        return ctx.cell_dir / "ns-canary"
+        return ctx.cell_dir / disguise.NS_CANARY_DIR
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the anchor in its own namespaces, plant the canary dir, name its listener."""
@@ -892,7 +892,7 @@ class ProcNamespaceEscape(_AnchoredSpec):
 
         def canary() -> dict[str, Any]:
             # Through the dir's descriptor (sandbox_attest/safefs.py): the payload user owns
-            # ns-canary and may have planted a link at any name in it.
+            # NS_CANARY_DIR and may have planted a link at any name in it.
             name = f"{nonce}.host"
             try:
                 with safefs.open_dir(self.canary_dir(ctx)) as directory:

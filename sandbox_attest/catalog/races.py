@@ -28,7 +28,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import safefs
+from sandbox_attest import disguise, safefs
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -57,8 +57,8 @@ from sandbox_attest.verdict import Assessment, Expectation
 
 RACE_DIR: Final = "race"
 SHARED: Final = "shared"
-CANARY_DIR: Final = "race-canary"
-CANARY_FILE: Final = "canary.txt"
+CANARY_DIR: Final = disguise.RACE_CANARY_DIR
+CANARY_FILE: Final = disguise.CANARY_FILE
 SOCKET_DIR: Final = "race-sockets"
 SWAP_ATTEMPT: Final = "swap:read"
 # A filter's or an LSM's refusal of the operation itself, whatever the path.

@@ -12,7 +12,16 @@ from pathlib import Path
 
 from sandbox_attest import disguise, hostview, sweep
 from sandbox_attest.backends import base
-from sandbox_attest.catalog import PROBES, env, fs, lifecycle, proc, socket_witness
+from sandbox_attest.catalog import (
+    PROBES,
+    env,
+    fs,
+    lifecycle,
+    machinery,
+    proc,
+    races,
+    socket_witness,
+)
 from sandbox_attest.payload import TELLTALE_WORDS
 from sandbox_attest.world.wheel import load_canary_metadata
 
@@ -34,6 +43,11 @@ NAMING_MODULES = (
     "sandbox_attest/catalog/socket_witness.py",
     "sandbox_attest/catalog/fs.py",
     "sandbox_attest/catalog/env.py",
+    "sandbox_attest/catalog/handles.py",
+    "sandbox_attest/catalog/machinery.py",
+    "sandbox_attest/catalog/races.py",
+    "sandbox_attest/trust.py",
+    "sandbox_attest/world/wheel.py",
     "sandbox_attest/world/core.py",
     "sandbox_attest/world/origins.py",
     "sandbox_attest/world/listeners.py",
@@ -67,6 +81,10 @@ def test_the_harness_uses_the_vocabulary() -> None:
     assert fs.CANARY_NAME == disguise.CANARY_FILE
     assert env.ENV_PREFIX == disguise.ENV_CANARY_PREFIX
     assert proc.SECRET_VAR == disguise.ANCHOR_SECRET_VAR
+    assert races.CANARY_DIR == disguise.RACE_CANARY_DIR
+    assert races.CANARY_FILE == disguise.CANARY_FILE
+    assert machinery.DIRFD_DIR == disguise.DIRFD_CANARY_DIR
+    assert machinery.DIRFD_CANARY == disguise.CANARY_FILE
     assert base.SANDBOX_RUN_DIR == disguise.SANDBOX_RUN_DIR
 
 
@@ -87,7 +105,8 @@ HOST_ONLY = {
     # host: a container in its own pid namespace and without the engine's socket sees neither.
     '"sandbox-attest.cell"',
     'f"seccomp=sandbox-attest-seccomp.json#sha256:{digest}"',
-    # A message to the user who installs the harness.
+    # Messages to the user who installs or runs the harness.
+    '"directory others can traverse, as `sandbox-attest run` does"',
     "\"install the docker SDK: pip install 'sandbox-attest[docker]'\"",
 }
 
