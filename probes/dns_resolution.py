@@ -1,6 +1,6 @@
 """Probe dns_resolution: resolve a per-cell nonce name in the fixture zone.
 
-Escape attempts: a hand-built DNS query (type A) for ``<nonce>.probe.test`` sent raw over UDP
+Escape attempts: a hand-built DNS query (type A) for ``<nonce>.kiln.test`` sent raw over UDP
 and over TCP straight to the DNS fixture's address (targets["dns"], "127.0.0.1:PORT").
 
 In the lab only (targets["system_resolver"] is true), also ``getaddrinfo`` on the name: the

@@ -33,6 +33,7 @@ __all__ = [
     "DAEMON_ABSTRACT_PREFIX",
     "DAEMON_SERVER",
     "DIRFD_CANARY_DIR",
+    "DNS_NAME_SUFFIX",
     "ENV_CANARY_PREFIX",
     "GO_PREFIX",
     "HANDLE_CANARY_DIR",
@@ -111,6 +112,11 @@ DAEMON_ABSTRACT_PREFIX: Final = f"{STEM}-bus-"
 # `Server:` headers the payload reads from the fixture origins and the fake daemon.
 ORIGIN_SERVER: Final = f"{STEM}-web/1"
 DAEMON_SERVER: Final = f"{STEM}-api/1"
+
+# The DNS fixture answers every name below this one (`<nonce>.<suffix>`): the payload queries it
+# and a wrapper's own resolver or proxy sees it. Under the reserved `.test` zone (RFC 6761),
+# which no real resolver answers, so that part stays whatever the name.
+DNS_NAME_SUFFIX: Final = f"{STEM}.test"
 
 # Inside namespaced sandboxes (bubblewrap, docker, the shipped bwrap spec): the hostname, and
 # the directory the proxy socket and the shim are mounted at.

@@ -54,7 +54,7 @@ class DnsFixture:
 
     Args:
         records: exact name (lowercase, no trailing dot) -> IPv4 literal.
-        wildcard: zone suffix (e.g. "probe.test") -> IPv4 answered for any name strictly
+        wildcard: zone suffix (e.g. "kiln.test") -> IPv4 answered for any name strictly
             below it.
         host: the address to bind (loopback, or the lab's DNS address).
         port: the port to bind, 0 for a free one.

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from sandbox_attest import disguise
+
 FixtureHostKey = Literal["allowed", "denied", "index", "files"]
 FIXTURE_HOST_KEYS: tuple[FixtureHostKey, ...] = ("allowed", "denied", "index", "files")
 
@@ -18,7 +20,7 @@ FIXTURE_HOST_KEYS: tuple[FixtureHostKey, ...] = ("allowed", "denied", "index", "
 FIXTURE_ZONE = "test"
 # Any name below this one resolves (to 127.0.0.1) in the DNS fixture; probes put their nonce in
 # the first label so the query log can attribute every query to one cell.
-PROBE_NAME_SUFFIX = "probe.test"
+PROBE_NAME_SUFFIX = disguise.DNS_NAME_SUFFIX
 
 # The request header (and query parameter `nonce=`) by which a probe tags its requests so the
 # fixture logs can attribute them to one matrix cell. It is not secret.

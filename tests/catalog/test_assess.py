@@ -23,6 +23,7 @@ from sandbox_attest.paths import matrix_dir
 from sandbox_attest.runner import inside_route
 from sandbox_attest.verdict import Verdict, decide
 from sandbox_attest.world.info import (
+    PROBE_NAME_SUFFIX,
     BlobInfo,
     DaemonInfo,
     DirectEgressInfo,
@@ -349,7 +350,7 @@ class TestDnsResolution:
         """A logged query carrying the nonce is FAIL under a confining policy."""
         ctx = _ctx("dns_resolution", CONFINED, tmp_path)
         report = {"attempts": [_a("udp-query", "escape", "refused", "ETIMEDOUT")]}
-        query = {"name": f"{ctx.nonce}.probe.test.", "qtype": "A", "transport": "udp"}
+        query = {"name": f"{ctx.nonce}.{PROBE_NAME_SUFFIX}.", "qtype": "A", "transport": "udp"}
         assert _verdict(ctx, report, Records(dns=[query]), OK_CONTROL)[1] is Verdict.FAIL
 
     def test_timeout_and_silence_is_pass(self, tmp_path: Path) -> None:
@@ -361,7 +362,7 @@ class TestDnsResolution:
                 _a("tcp-query", "escape", "refused", "ECONNREFUSED"),
             ]
         }
-        other = {"name": "nsomeoneelse.probe.test.", "qtype": "A", "transport": "udp"}
+        other = {"name": f"nsomeoneelse.{PROBE_NAME_SUFFIX}.", "qtype": "A", "transport": "udp"}
         assert _verdict(ctx, report, Records(dns=[other]), OK_CONTROL) == ("refused", Verdict.PASS)
 
 
@@ -681,7 +682,7 @@ class TestTransferUnderNoNetwork:
         ),
         ("net_proxy_env_override", "http_get", ("direct", "127.0.0.1:9", "/ok", "h", "n1")),
         ("net_ipv6_udp_icmp", "tcp", ("tcp6", "[::1]:9", "n1")),
-        ("dns_resolution", "query", ("udp-query", "udp", "127.0.0.1:9", "n1.probe.test")),
+        ("dns_resolution", "query", ("udp-query", "udp", "127.0.0.1:9", f"n1.{PROBE_NAME_SUFFIX}")),
     ],
 )
 def test_socket_refused_by_seccomp_is_a_refusal(

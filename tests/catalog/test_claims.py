@@ -16,6 +16,7 @@ from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.env import EnvInheritance, salted_hash
 from sandbox_attest.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets
 from sandbox_attest.verdict import Decision, Verdict, decide
+from sandbox_attest.world.info import PROBE_NAME_SUFFIX
 from tests.catalog.test_host import OK_CONTROL, Records, att, make_ctx, report
 
 __all__ = ["make_ctx"]  # the fixture, imported so this module's tests can ask for it
@@ -286,7 +287,8 @@ class TestNetworkCut:
         """A query the DNS fixture heard under a network claim is FAIL naming it."""
         ctx = self._ctx(make_ctx, "dns_resolution", SECCOMP)
         rep = report(att("udp-query", "escape", "succeeded"), att("tcp-query", "escape", "refused"))
-        heard = Records(dns=[{"name": f"{ctx.nonce}.probe.test", "qtype": "A", "transport": "udp"}])
+        query = {"name": f"{ctx.nonce}.{PROBE_NAME_SUFFIX}", "qtype": "A", "transport": "udp"}
+        heard = Records(dns=[query])
         decision = judge(PROBES["dns_resolution"], ctx, rep, heard)
         assert decision.verdict is Verdict.FAIL
         assert decision.reason.startswith(

@@ -22,7 +22,7 @@ from sandbox_attest.catalog.base import WITNESS_WAIT_S
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.world.core import World, start_world
 from sandbox_attest.world.dns import resolve
-from sandbox_attest.world.info import WorldInfo
+from sandbox_attest.world.info import PROBE_NAME_SUFFIX, WorldInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -76,7 +76,7 @@ def https_via_proxy(world: World, key: str, path: str) -> tuple[int, bytes]:
 def poke_everything(world: World, nonce: str) -> None:
     """Touch every witness once with `nonce`, the way an escaping probe would."""
     assert get_via_proxy(world, "allowed", "/ok", nonce) == (200, f"ok {nonce}\n".encode())
-    assert resolve((world.info.dns.host, world.info.dns.port), f"{nonce}.probe.test") == [
+    assert resolve((world.info.dns.host, world.info.dns.port), f"{nonce}.{PROBE_NAME_SUFFIX}") == [
         "127.0.0.1"
     ]
     tcp_host, tcp_port = world.info.direct_egress.tcp.rsplit(":", 1)
@@ -199,7 +199,7 @@ class TestRecords:
                 time.sleep(0.02)
             assert [e["path"] for e in rec.origin] == ["/ok"]
             assert [d["decision"] for d in rec.proxy] == ["allow"]
-            assert [q["name"] for q in rec.dns] == [f"{nonce}.probe.test"]
+            assert [q["name"] for q in rec.dns] == [f"{nonce}.{PROBE_NAME_SUFFIX}"]
             assert [r["data"] for r in rec.direct_tcp] == [f"direct {nonce}"]
             assert [r["data"] for r in rec.direct_udp] == [f"datagram {nonce}"]
             assert {r["socket"] for r in rec.daemon} <= {"unix", "abstract"}
