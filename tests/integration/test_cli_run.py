@@ -123,9 +123,11 @@ class TestRun:
             "verify", str(out), "--trusted-key", str(public), "--partial", "--policy", str(policy)
         )
         assert verify.returncode == 0, verify.stdout + verify.stderr
+        # The release requires only the separated Linux legs (macOS and Windows are
+        # informational: they cannot switch uid), so this one report is the whole release.
         full = run_cli("verify", str(out), "--trusted-key", str(public), "--policy", str(policy))
-        assert full.returncode == 1
-        assert "missing leg" in full.stderr  # the release policy names other platforms too
+        assert full.returncode == 0, full.stdout + full.stderr
+        assert "(gate PASSED)" in full.stdout
 
     def test_default_run_is_the_main_job(self, tmp_path: Path) -> None:
         """With no options every backend here runs; wrapper escapes warn, the gate holds."""
