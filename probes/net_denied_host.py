@@ -3,7 +3,7 @@
 Escape attempts (through task["proxy_url"], the only egress route of every leg):
   * absolute-form ``GET http://denied.test:<http_port>/ok?nonce=N``
   * ``CONNECT denied.test:<https_port>`` (then, if it were admitted, GET /ok over TLS)
-Both carry ``X-Attest-Nonce: N``; the expected answer is 403 with ``X-Harness-Deny-Reason``.
+Both carry ``X-Attest-Nonce: N``; the expected answer is 403 with ``X-Proxy-Deny-Reason``.
 Control: ``CONNECT allowed.test:<https_port>`` + TLS (verified with task["ca_bundle"]) +
 ``GET /ok?nonce=N`` answers 200 with the nonce, through the same proxy, in the same run.
 
@@ -112,7 +112,7 @@ def via_connect(what, role, proxy, host, port, nonce, ca_bundle):
         headers.update(auth)
         send_head(sock, "CONNECT %s HTTP/1.1" % target, headers)
         status, resp_headers = read_head(sock)
-        reason = resp_headers.get("x-harness-deny-reason", "")
+        reason = resp_headers.get("x-proxy-deny-reason", "")
         if status != 200:
             return attempt(what, role, "refused", None, status, reason or "CONNECT answered %s" % status)
         status, body = tls_get_ok(sock, host, port, nonce, ca_bundle)
@@ -137,7 +137,7 @@ def absolute_form(what, proxy, host, port, nonce):
         headers.update(auth)
         send_head(sock, "GET http://%s/ok?nonce=%s HTTP/1.1" % (target, nonce), headers)
         status, resp_headers = read_head(sock)
-        reason = resp_headers.get("x-harness-deny-reason", "")
+        reason = resp_headers.get("x-proxy-deny-reason", "")
         outcome = "succeeded" if status is not None and 200 <= status < 300 else "refused"
         return attempt(what, "escape", outcome, None, status, reason or "answered %s" % status)
     except Exception as exc:

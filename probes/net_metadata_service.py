@@ -90,7 +90,7 @@ def read_status(sock):
     status = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
     reason = ""
     for line in lines[1:]:
-        if line.lower().startswith("x-harness-deny-reason:"):
+        if line.lower().startswith("x-proxy-deny-reason:"):
             reason = line.split(":", 1)[1].strip()
     return status, reason
 

@@ -99,7 +99,7 @@ def request(what, role, proxy, first_line, target, nonce, tls=None):
         headers.update(auth)
         send_head(sock, first_line, headers)
         status, resp = read_head(sock)
-        reason = resp.get("x-harness-deny-reason", "")
+        reason = resp.get("x-proxy-deny-reason", "")
         if status is None or not 200 <= status < 300:
             return attempt(what, role, "refused", None, status,
                            reason or "answered %s" % status)

@@ -171,7 +171,7 @@ def exchange(req, proxy, nonce, ca_bundle, progress):
             seen.append(status)
             if not (methods[i] == "CONNECT" and status == 200):
                 body = reader.body(headers)
-        reason = headers.get("x-harness-deny-reason", "")
+        reason = headers.get("x-proxy-deny-reason", "")
         if status is None or not 200 <= status < 300:
             return attempt(what, role, "refused", None, status,
                            reason or "answered %s (all: %s)" % (status, seen))

@@ -78,7 +78,7 @@ def connect_tunnel(proxy_url, host, port, nonce):
     status = int(head[0].split()[1]) if len(head[0].split()) > 1 else None
     reason = ""
     for line in head[1:]:
-        if line.lower().startswith("x-harness-deny-reason:"):
+        if line.lower().startswith("x-proxy-deny-reason:"):
             reason = line.split(":", 1)[1].strip()
     return sock, status, reason
 

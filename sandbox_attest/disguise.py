@@ -47,6 +47,7 @@ __all__ = [
     "NS_CANARY_DIR",
     "ORIGIN_SERVER",
     "ORPHAN_MARKER",
+    "PROXY_DENY_HEADER",
     "RACE_CANARY_DIR",
     "READY_PREFIX",
     "RUN_CGROUP_PREFIX",
@@ -108,6 +109,10 @@ SECRET_PREFIX: Final = f"{STEM}-token-"
 WITNESS_PREFIX: Final = f".{STEM}-ipc-"
 ABSTRACT_WITNESS_PREFIX: Final = f"{STEM}-ipc-"
 DAEMON_ABSTRACT_PREFIX: Final = f"{STEM}-bus-"
+
+# The header in which the egress proxy says why it refused (403/407/...): the payload reads it
+# (probes/ and its copies there) and a wrapper relaying to the proxy sees it.
+PROXY_DENY_HEADER: Final = "X-Proxy-Deny-Reason"
 
 # `Server:` headers the payload reads from the fixture origins and the fake daemon.
 ORIGIN_SERVER: Final = f"{STEM}-web/1"

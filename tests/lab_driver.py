@@ -58,7 +58,7 @@ def _get_via_proxy(world: World, host: str, port: int, nonce: str) -> tuple[int,
         (
             ln.split(":", 1)[1].strip()
             for ln in head.splitlines()
-            if ln.lower().startswith("x-harness-deny-reason:")
+            if ln.lower().startswith("x-proxy-deny-reason:")
         ),
         "",
     )

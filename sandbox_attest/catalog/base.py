@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from sandbox_attest import safefs
+from sandbox_attest import disguise, safefs
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.paths import probes_dir
 from sandbox_attest.trust import PayloadUser
@@ -500,7 +500,7 @@ def _tunnel(proxy_url: str, host: str, port: int, nonce: str) -> tuple[socket.so
         (
             line.split(":", 1)[1].strip()
             for line in head[1:]
-            if line.lower().startswith("x-harness-deny-reason:")
+            if line.lower().startswith(f"{disguise.PROXY_DENY_HEADER.lower()}:")
         ),
         "",
     )

@@ -2,7 +2,7 @@
 
 Admission order, for every client: auth (TCP only) -> canonical host -> rules -> resolve ONCE
 through the DNS fixture -> check the resolved address -> dial THAT address with a timeout. Each
-refusal is an HTTP status with an `X-Harness-Deny-Reason` header and a body naming the host and
+refusal is an HTTP status with an `X-Proxy-Deny-Reason` header and a body naming the host and
 the reason, and a JSON line in the decision log (the host-side witness of every attempt).
 
 The data path is one thread per direction with blocking sockets, so the kernel gives
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 from urllib.parse import parse_qs
 
-from sandbox_attest import lifetime
+from sandbox_attest import disguise, lifetime
 from sandbox_attest.egress.rules import (
     EgressPolicy,
     EgressRequest,
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 
 # The proxy URL sits in the payload's environment, which a wrapper reads: a neutral name (issue 23).
 PROXY_USER = "agent"
-DENY_HEADER = "X-Harness-Deny-Reason"
+DENY_HEADER = disguise.PROXY_DENY_HEADER
 NONCE_HEADER = "X-Attest-Nonce"
 MAX_HEAD = 64 * 1024  # a request head of exactly this many bytes (CRLFCRLF included) is accepted
 # The first byte a shim sends on the unix socket to hand over a connection; no HTTP request

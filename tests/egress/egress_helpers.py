@@ -241,7 +241,7 @@ class Origin:
         self.requests.append({"line": lines[0], "headers": headers, "body": body, "raw_head": head})
         payload = f"ok {nonce}".encode()
         conn.sendall(
-            b"HTTP/1.1 200 OK\r\nX-Harness-Deny-Reason: forged-by-origin\r\n"
+            b"HTTP/1.1 200 OK\r\nX-Proxy-Deny-Reason: forged-by-origin\r\n"
             b"Content-Type: text/plain\r\nContent-Length: "
             + str(len(payload)).encode()
             + b"\r\n\r\n"

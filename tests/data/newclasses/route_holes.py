@@ -86,7 +86,7 @@ def splice(conn: socket.socket, upstream: socket.socket) -> None:
     pump(conn, upstream)
 
 
-FORBIDDEN = (b"HTTP/1.1 403 Forbidden\r\nX-Harness-Deny-Reason: not on the list\r\n"
+FORBIDDEN = (b"HTTP/1.1 403 Forbidden\r\nX-Proxy-Deny-Reason: not on the list\r\n"
              b"Content-Length: 0\r\nConnection: close\r\n\r\n")
 
 
