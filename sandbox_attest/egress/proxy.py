@@ -217,7 +217,8 @@ class ProxyProcess:
     """A running proxy child. Use as a context manager, or call `stop()`.
 
     Attributes:
-        url: `http://sandbox-attest:SECRET@127.0.0.1:PORT` when listening on TCP, else None.
+        url: `http://USER:SECRET@127.0.0.1:PORT` when listening on TCP, else None; the user
+            is `PROXY_USER`, a neutral name a wrapper may see in its environment.
         port: the TCP port, or None.
         socket: the unix socket path, or None.
         secret: the per-start secret (the Basic-auth password on TCP).

@@ -63,7 +63,8 @@ def test_own_proxy_admits_only_its_rules(attest_world, make_egress_proxy):
 
     def connect(name, port):
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
-            auth = __import__("base64").b64encode(f"sandbox-attest:{proxy.secret}".encode())
+            user = __import__("urllib.parse").parse.urlsplit(proxy.url).username
+            auth = __import__("base64").b64encode(f"{user}:{proxy.secret}".encode())
             sock.sendall(
                 f"CONNECT {name}:{port} HTTP/1.1\\r\\nHost: {name}:{port}\\r\\n"
                 f"Proxy-Authorization: Basic {auth.decode()}\\r\\n\\r\\n".encode()
