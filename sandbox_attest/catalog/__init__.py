@@ -59,14 +59,14 @@ from sandbox_attest.catalog.net import (
     NetTransfer18MiB,
 )
 from sandbox_attest.catalog.net.doh import NetDohBypass
+from sandbox_attest.catalog.net.ignored import NetProxyIgnored
+from sandbox_attest.catalog.net.metadata import NetMetadataService
 from sandbox_attest.catalog.net.protocol import (
     NetDnsRebinding,
     NetProxyRelay,
     NetProxySmuggling,
     NetProxyUpgrade,
 )
-from sandbox_attest.catalog.net.ignored import NetProxyIgnored
-from sandbox_attest.catalog.net.metadata import NetMetadataService
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.net.socks import NetSocks5
 from sandbox_attest.catalog.pkg import PkgPipInstall
