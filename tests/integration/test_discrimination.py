@@ -33,6 +33,9 @@ from tests.here import cell_here, not_judgeable_here
 pytestmark = pytest.mark.slow
 
 SPECS = Path(__file__).parent.parent / "data" / "specs"
+# The host network: net_proxy_ignored (issue 28) too, because a program that ignores the proxy
+# variables then reaches the allowed origin by address, which its access log records (seen
+# live on bwrap share-net and docker host-network; the strong legs refuse the connect).
 NET_HOLE = frozenset(
     {
         "net_direct_egress",
@@ -41,6 +44,7 @@ NET_HOLE = frozenset(
         "net_proxy_env_override",
         "net_loopback_services",
         "net_ipv6_udp_icmp",
+        "net_proxy_ignored",
     }
 )
 
@@ -219,9 +223,26 @@ def control(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 
 def unjudged(probe: str, entry: dict[str, Any]) -> bool:
-    """NOT_APPLICABLE for exactly the reason this host gives: a run here does not judge it."""
-    reason = not_judgeable_here(probe)
+    """NOT_APPLICABLE for exactly the reason this host or this world gives: not judged here.
+
+    The corpus runs in the loopback world (a lab needs a process with no threads, and pytest
+    has them), where net_dns_rebinding and net_metadata_service say they need the lab: a run
+    in this world marks them NOT_APPLICABLE on every leg alike, and
+    tests/integration/test_real_sandboxes.py judges them in the lab.
+    """
+    reason = not_judgeable_here(probe) or world_reason(probe)
     return reason is not None and (entry["verdict"], entry["reason"]) == ("NOT_APPLICABLE", reason)
+
+
+def world_reason(probe: str) -> str | None:
+    """Why `probe` does not apply in this (loopback) world on any route, or None.
+
+    Asked with no egress mode, as tests/catalog/test_live.py asks: a reason given then is the
+    world's, not a route's (ipc_proxy_socket_tamper's "own" egress reason needs a route).
+    """
+    inapplicable = getattr(PROBES[probe], "not_applicable", None)
+    reason = inapplicable("") if callable(inapplicable) else None
+    return None if reason is None else str(reason)
 
 
 @pytest.fixture(scope="module")
@@ -303,6 +324,9 @@ def test_corpus_is_wide_enough() -> None:
     assert {b.strong for b in CORPUS} == set(STRONG)
 
 
+# Three runs of the whole catalogue (42 probes since issue 28) outlast the default 300 s bound
+# on this shared 2-core machine; the bound stays, sized for three rounds.
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("name", CLEAN)
 def test_strong_configuration_is_clean_three_times(
     name: str, world: World, tmp_path: Path, control: dict[str, Any]
