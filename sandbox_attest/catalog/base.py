@@ -17,18 +17,21 @@ import base64
 import http.client
 import json
 import secrets
+import shlex
 import socket
 import ssl
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from sandbox_attest import disguise, safefs
+from sandbox_attest import disguise, lifetime, safefs
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.interpreter import payload_interpreter
 from sandbox_attest.paths import probes_dir
-from sandbox_attest.trust import PayloadUser
+from sandbox_attest.trust import PayloadUser, give
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -443,6 +446,60 @@ def _control(nonce: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _control_nonce() -> str:
     return "h" + secrets.token_hex(8)
+
+
+def run_payload_on_host(
+    ctx: CellContext, targets: dict[str, Any], nonce: str | None = None
+) -> tuple[int, dict[str, Any]]:
+    """Run the probe's own payload file unsandboxed, as the payload user; its pid and report.
+
+    The same file, the same attempts: a difference between this baseline and the sandboxed
+    report is the sandbox's doing, not a difference in how the two sides looked. It runs as the
+    payload user because the sandbox is judged against that user's own rights on this host,
+    never against root's. Its directory is the cell dir's `host-control` (root's); the
+    workspace is made there before `trust.give` hands it over.
+
+    Raises:
+        ValueError: the payload did not print exactly one report (a broken probe); the message
+            carries the argv and task to rerun it by hand, since the cell dir is gone by then.
+    """
+    directory = ctx.cell_dir / "host-control"
+    workspace = directory / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    give(workspace, ctx.user)
+    task = {
+        "probe": ctx.probe,
+        "nonce": nonce or _control_nonce(),
+        "workspace": str(workspace),
+        "targets": targets,
+    }
+    task_path = directory / "task.json"
+    task_path.write_text(json.dumps(task))
+    argv = [payload_interpreter(ctx.user).path, str(probe_path(ctx.probe)), str(task_path)]
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        cwd=workspace,
+        **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
+        **lifetime.popen_kwargs(),  # a killed harness must not leave the baseline running
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=HOST_TIMEOUT_S * 3)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+    reports = [ln for ln in stdout.splitlines() if ln.startswith("{") and '"attempts"' in ln]
+    if len(reports) != 1:
+        raise ValueError(
+            f"the {ctx.probe} payload printed {len(reports)} reports on the host "
+            f"(exit {process.returncode}, stderr {stderr[-300:]!r}); to see why, write this "
+            f"task to task.json and run {shlex.join(argv[:2])} task.json: {json.dumps(task)}"
+        )
+    report: dict[str, Any] = json.loads(reports[0])
+    return process.pid, report
 
 
 def _poll(read: Callable[[], T], found: Callable[[T], bool]) -> T:

@@ -20,8 +20,6 @@ is the sandboxed payload's doing.
 from __future__ import annotations
 
 import contextlib
-import json
-import shlex
 import subprocess
 import threading
 import time
@@ -49,12 +47,11 @@ from sandbox_attest.catalog.base import (
     _summary,
     attempts_of,
     host_processes,
-    probe_path,
+    run_payload_on_host,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.interpreter import payload_interpreter
-from sandbox_attest.trust import give
 from sandbox_attest.verdict import Assessment, Expectation
 
 __all__ = ["LINUX_ONLY_REASON", "SPECS", "ProcCrossProcess"]
@@ -189,45 +186,6 @@ def _stop(target: _Target) -> None:
         target.process.stdout.close()
 
 
-def _run_unconfined(ctx: CellContext, targets: dict[str, Any], nonce: str) -> tuple[int, Any]:
-    """Run the payload file unconfined as the payload user; its pid and its one report.
-
-    Raises:
-        ValueError: it did not print exactly one report (a broken probe).
-    """
-    directory = ctx.cell_dir / "host-control"
-    workspace = directory / "workspace"
-    workspace.mkdir(parents=True, exist_ok=True)
-    give(workspace, ctx.user)
-    task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": targets}
-    task_path = directory / "task.json"
-    task_path.write_text(json.dumps(task))
-    argv = [payload_interpreter(ctx.user).path, str(probe_path(ctx.probe)), str(task_path)]
-    with subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        cwd=workspace,
-        **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
-        **lifetime.popen_kwargs(),
-    ) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=HOST_TIMEOUT_S * 3)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            stdout, stderr = process.communicate()
-    reports = [ln for ln in stdout.splitlines() if ln.startswith("{") and '"attempts"' in ln]
-    if len(reports) != 1:
-        raise ValueError(
-            f"the {ctx.probe} payload printed {len(reports)} reports unconfined (exit "
-            f"{process.returncode}, stderr {stderr[-300:]!r}); to see why, run "
-            f"{shlex.join(argv[:2])} task.json with this task: {json.dumps(task)}"
-        )
-    return process.pid, json.loads(reports[0])
-
-
 class ProcCrossProcess(_Spec):
     """Read, write and signal a harness-made process of the payload user outside the sandbox."""
 
@@ -274,7 +232,7 @@ class ProcCrossProcess(_Spec):
         targets = self.prepare_targets(target)
 
         def unconfined() -> dict[str, Any]:
-            pid, report = _run_unconfined(ctx, targets, nonce)
+            pid, report = run_payload_on_host(ctx, targets, nonce)
             facts = report.get("facts") or {}
             read = facts.get("vm_readv") == target.secret and facts.get("mem_read") == target.secret
             expected = {f"mailbox 1 v:{nonce}", f"mailbox 2 m:{nonce}", f"signal {pid} "}

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import secrets
-import shlex
 import subprocess
 import sys
 import threading
@@ -59,7 +57,7 @@ from sandbox_attest.catalog.base import (
     _summary,
     attempts_of,
     host_processes,
-    probe_path,
+    run_payload_on_host,
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
@@ -321,49 +319,8 @@ class _AnchoredSpec(_Spec):
 
 
 def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
-    """Run the probe's own payload unsandboxed on the host; returns its report.
-
-    The same file, the same attempts: a difference between this baseline and the sandboxed
-    report is the sandbox's doing, not a difference in how the two sides looked.
-
-    Raises:
-        ValueError: the payload broke its output contract on the host (a broken probe).
-    """
-    nonce = _control_nonce()
-    directory = ctx.cell_dir / "host-control"
-    workspace = directory / "workspace"
-    workspace.mkdir(parents=True, exist_ok=True)
-    # The baseline stands for the payload unconfined, so it runs as the payload user: the
-    # sandbox is judged against that user's own rights on this host, never against root's.
-    give(workspace, ctx.user)
-    task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": targets}
-    task_path = directory / "task.json"
-    task_path.write_text(json.dumps(task))
-    argv = [payload_interpreter(ctx.user).path, str(probe_path(ctx.probe)), str(task_path)]
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=HOST_TIMEOUT_S * 3,
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        cwd=workspace,
-        check=False,
-        **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
-        **lifetime.popen_kwargs(),  # a killed harness must not leave the baseline running
-    )
-    reports = [
-        json.loads(line)
-        for line in done.stdout.splitlines()
-        if line.startswith("{") and '"attempts"' in line
-    ]
-    if len(reports) != 1:
-        raise ValueError(
-            f"the {ctx.probe} payload printed {len(reports)} reports on the host "
-            f"(exit {done.returncode}, stderr {done.stderr[-300:]!r}); to see why, write this "
-            f"task to task.json and run {shlex.join(argv[:2])} task.json: {json.dumps(task)}"
-        )
-    report: dict[str, Any] = reports[0]
-    return report
+    """The probe's own payload run unsandboxed on the host (`run_payload_on_host`): its report."""
+    return run_payload_on_host(ctx, targets)[1]
 
 
 def _baseline_control(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:

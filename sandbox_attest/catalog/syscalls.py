@@ -15,14 +15,10 @@ same file, run unsandboxed on the host as the payload user (the host control), r
 
 from __future__ import annotations
 
-import json
-import shlex
 import subprocess
 from typing import Any, Final, Literal
 
-from sandbox_attest import lifetime
 from sandbox_attest.catalog.base import (
-    HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
     PolicyLike,
@@ -38,63 +34,17 @@ from sandbox_attest.catalog.base import (
     _summary,
     attempts_of,
     host_processes,
-    probe_path,
+    run_payload_on_host,
 )
 from sandbox_attest.claims import claims_of, unclaimed
-from sandbox_attest.interpreter import payload_interpreter
-from sandbox_attest.trust import give
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 __all__ = ["SPECS", "ProcNewMountApi", "ProcSyscallSurfaceExtended"]
 
 
-# ---------------------------------------------------------------------------------------------
-# The host baseline: the payload file itself, unsandboxed, as the payload user.
-# This is the logic of catalog/proc.py's `_run_on_host`, copied because area modules may not
-# import one another (tests/unit/test_import_layers.py) and proc.py is being edited elsewhere;
-# it belongs in catalog/base.py once that settles, shared by both.
-
-
 def host_baseline(ctx: CellContext) -> dict[str, Any]:
-    """Run the probe's own payload unsandboxed on the host as the payload user; its report.
-
-    Raises:
-        ValueError: the payload broke its output contract on the host (a broken probe).
-    """
-    nonce = _control_nonce()
-    directory = ctx.cell_dir / "host-control"
-    workspace = directory / "workspace"
-    workspace.mkdir(parents=True, exist_ok=True)
-    # The sandbox is judged against the payload user's own rights on this host, never root's.
-    give(workspace, ctx.user)
-    task = {"probe": ctx.probe, "nonce": nonce, "workspace": str(workspace), "targets": {}}
-    task_path = directory / "task.json"
-    task_path.write_text(json.dumps(task))
-    argv = [payload_interpreter(ctx.user).path, str(probe_path(ctx.probe)), str(task_path)]
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=HOST_TIMEOUT_S * 3,
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        cwd=workspace,
-        check=False,
-        **(ctx.user.popen_kwargs() if ctx.user is not None else {}),
-        **lifetime.popen_kwargs(),  # a killed harness must not leave the baseline running
-    )
-    reports = [
-        json.loads(line)
-        for line in done.stdout.splitlines()
-        if line.startswith("{") and '"attempts"' in line
-    ]
-    if len(reports) != 1:
-        raise ValueError(
-            f"the {ctx.probe} payload printed {len(reports)} reports on the host "
-            f"(exit {done.returncode}, stderr {done.stderr[-300:]!r}); to see why, write this "
-            f"task to task.json and run {shlex.join(argv[:2])} task.json: {json.dumps(task)}"
-        )
-    report: dict[str, Any] = reports[0]
-    return report
+    """The payload file itself, unsandboxed, as the payload user (`run_payload_on_host`)."""
+    return run_payload_on_host(ctx, {})[1]
 
 
 def seccomp_filters(status: dict[str, Any]) -> int:

@@ -25,6 +25,7 @@ from sandbox_attest.backends.base import Backend, DeclaredPolicy
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext
+from sandbox_attest.catalog import base as catalog_base
 from sandbox_attest.catalog import proc as proc_module
 from sandbox_attest.catalog.base import _poll
 from sandbox_attest.catalog.proc import BOUNDS
@@ -579,10 +580,10 @@ def test_broken_baseline_says_how_to_rerun_it(
     """The cell dir is gone by the time anyone reads it: the message carries argv and task."""
     silent = tmp_path / "silent.py"
     silent.write_text("print('no report')\n")
-    monkeypatch.setattr(proc_module, "probe_path", lambda _: silent)
+    monkeypatch.setattr(catalog_base, "probe_path", lambda _: silent)
     ctx = make_ctx(tmp_path, "proc_privileges")
     with pytest.raises(ValueError, match="printed 0 reports") as raised:
-        proc_module._run_on_host(ctx, {"k": 1})
+        catalog_base.run_payload_on_host(ctx, {"k": 1})
     assert str(silent) in str(raised.value)
     assert '"targets": {"k": 1}' in str(raised.value)
 

@@ -85,16 +85,12 @@ ROOT_ONLY_FUNCTIONS: Final = {
     "catalog/ipc.py:IpcProxySocketTamper.cleanup": "the world's proxy socket (root's run dir)",
     "catalog/ipc.py:IpcProxySocketTamper._restore_real_shim": "the harness's shim source",
     "catalog/ipc.py:_bind_unix": "the decoy socket in the cell dir, bound before it is given",
+    "catalog/base.py:run_payload_on_host": "the host baseline's dir in the cell dir (root's); "
+    "its workspace is made there before trust.give hands it over",
     "catalog/proc.py:_AnchoredSpec._start_anchor": "the anchor dir in the cell dir: root's",
-    "catalog/proc.py:_run_on_host": "the host baseline's dir in the cell dir (root's); its "
-    "workspace is made there before trust.give hands it over",
     "catalog/proc.py:ProcNamespaceEscape.prepare": "the ns-canary dir in the cell dir, made "
     "before it is given",
     "catalog/crossproc.py:_start_target": "the target's dir in the cell dir: root's",
-    "catalog/syscalls.py:host_baseline": "the host baseline's dir in the cell dir (root's); "
-    "its workspace is made there before trust.give hands it over",
-    "catalog/crossproc.py:_run_unconfined": "the host control's dir in the cell dir (root's); "
-    "its workspace is made there before trust.give hands it over",
     "catalog/socket_witness.py:bind_unix": "called with /proc/self/fd/N/name of a directory "
     "held by safefs (WitnessSockets._plant_at), or an abstract name",
     "backends/command.py:CommandBackend._check_context": "a fresh root temp dir for the "
