@@ -282,7 +282,7 @@ class TestRebinding:
         """A second answer off loopback, or a first outside the lab and loopback, is refused."""
         _check_rebinding_answers("198.19.0.10", "127.9.9.9")
         with pytest.raises(FixtureError, match="plant loopback only"):
-            _check_rebinding_answers("198.19.0.10", "10.0.0.1")
+            _check_rebinding_answers("198.19.0.10", "192.0.2.77")
         with pytest.raises(FixtureError, match="origins' lab or loopback"):
             _check_rebinding_answers("192.0.2.1", "127.9.9.9")
 
