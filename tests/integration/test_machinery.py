@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from sandbox_attest import disguise
 from sandbox_attest.attest import EVIDENCE_NAME
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
@@ -147,6 +148,11 @@ class TestLeakedDirectoryDescriptor:
         assert leaked, cell["witness"]
         assert all(entry.startswith("fd 7 of pid ") for entry in leaked), leaked
         assert all(entry.endswith("(the canary dir)") for entry in leaked), leaked
+
+    def test_the_hole_holds_the_canary_dir_by_its_name(self) -> None:
+        """The hole's wrapper opens the directory the probe plants: the names agree."""
+        wrapper = (DATA / "fs_leaked_dirfd_hole.toml").read_text()
+        assert f'/{disguise.DIRFD_CANARY_DIR}"' in wrapper
 
     def test_the_other_probe_holds(self, run: Run) -> None:
         """The leaked descriptor writes no machinery: fs_machinery_overwrite is not FAIL."""
