@@ -127,12 +127,17 @@ def test_it_adds_no_mount_naming_the_harness() -> None:
 
 def test_the_docker_engine_record_is_the_namespaces_own() -> None:
     """docker-engine.sh keeps its record in the fresh /run, never in the shared checkout."""
+    mark = f"record-{secrets.token_hex(6)}"
     done = inside(
-        'echo "$DOCKER_ENGINE_STATE_DIR"; test -d "$DOCKER_ENGINE_STATE_DIR" && echo made'
+        'echo "$DOCKER_ENGINE_STATE_DIR"; test -d "$DOCKER_ENGINE_STATE_DIR" && echo made; '
+        f'touch "$DOCKER_ENGINE_STATE_DIR/{mark}"'
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["/run/fresh-state/docker-engine", "made"]
-    assert not Path("/run/fresh-state").exists()  # the namespace's /run, not the host's
+    # The namespace's /run, not the caller's: what it wrote there is not in the caller's view.
+    # By the file it wrote, not by the directory's absence: CI runs this suite inside an outer
+    # fresh-state namespace, whose own /run/fresh-state the caller does see.
+    assert not (Path("/run/fresh-state/docker-engine") / mark).exists()
 
 
 def test_a_command_that_fails_fails_the_wrapper() -> None:
@@ -142,9 +147,21 @@ def test_a_command_that_fails_fails_the_wrapper() -> None:
 
 def test_its_inner_step_refuses_the_hosts_own_namespace() -> None:
     """`--inside` run directly would cover the host's /run and /tmp: it refuses, naming why."""
+    before = covers(Path("/proc/self/mountinfo").read_text())
     done = subprocess.run(
         [str(SCRIPT), "--inside", "true"], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 1
     assert "run only in the mount namespace it makes" in done.stderr
-    assert " fresh-state " not in Path("/proc/self/mountinfo").read_text()  # nothing covered
+    # Nothing covered: the caller's mounts are as before (CI's caller already sits in an outer
+    # fresh-state namespace, so its covers are there from the start and must stay the same).
+    assert covers(Path("/proc/self/mountinfo").read_text()) == before
+
+
+def covers(mountinfo: str) -> list[str]:
+    """The mount ids and points of fresh-state's tmpfs covers in a mountinfo text."""
+    return [
+        f"{line.split()[0]} {line.split()[4]}"
+        for line in mountinfo.splitlines()
+        if " fresh-state " in line
+    ]
