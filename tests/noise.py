@@ -233,3 +233,23 @@ def busy_host(
         if held is not None:
             held[1].close()
             shutil.rmtree(held[0], ignore_errors=True)
+
+
+def main() -> int:
+    """`python3 -m tests.noise`: keep /tmp and /run busy until SIGTERM or SIGINT (a soak's noise).
+
+    Prints the summary line when it stops, so the soak's log says what the suite ran beside.
+    """
+    import signal  # noqa: PLC0415  (only the command needs it; importing modules stay lean)
+
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
+    with busy_host() as noise:
+        stopped.wait()
+    print(noise.summary(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
