@@ -18,14 +18,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from sandbox_attest import hostview
 from sandbox_attest.backends.base import ProbeRequest
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.backends.process import run_process
 from sandbox_attest.catalog.dev import read_view
+from sandbox_attest.host.trust import give, payload_user
 from sandbox_attest.payload import interpreter_paths
-from sandbox_attest.trust import give, payload_user
+from sandbox_attest.run import hostview
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,7 +91,7 @@ def inspection_cost(runs: int, *, looking: bool = False) -> tuple[float, float, 
     The third value is the median time the host held the payload at its rendezvous (ready
     file seen to go written): the readings' own cost, without the machine's noise around it.
 
-    Through the launcher under the none backend; the inspection is sandbox_attest/hostview.py.
+    Through the launcher under the none backend; the inspection is sandbox_attest/run/hostview.py.
     `looking` adds what the specs now ask of the rendezvous: fs_read_secrets' four canary
     paths looked at in the payload's view, and dev_access's listing of its /dev.
     """
@@ -156,7 +156,7 @@ def inspection_cost(runs: int, *, looking: bool = False) -> tuple[float, float, 
 def group_reading_cost(runs: int) -> dict[str, tuple[float, float]]:
     """Per backend: median ms the host held the payload, and median processes it read.
 
-    The rendezvous reads every process of the cell's group (sandbox_attest/cellgroup.py)
+    The rendezvous reads every process of the cell's group (sandbox_attest/run/cellgroup.py)
     before it lets the payload go, so `held_ms` is what reading all of them costs a cell:
     under bubblewrap its two bwrap processes and the payload, under none the payload alone.
     """

@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandbox_attest.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
-from sandbox_attest.egress.rules import Rule
 from sandbox_attest.world.dns import DnsFixture
+from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from sandbox_attest.world.egress.rules import Rule
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 MIB = 1024 * 1024
-SHIM = Path(__file__).resolve().parents[1] / "sandbox_attest" / "egress" / "shim.py"
+SHIM = Path(__file__).resolve().parents[1] / "sandbox_attest" / "world" / "egress" / "shim.py"
 ROUNDS = 7
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

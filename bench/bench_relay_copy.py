@@ -3,7 +3,7 @@
     python bench/bench_relay_copy.py [--mib 256] [--rounds 7]
 
 Each leg pulls the same 256 MiB from one source process through one relay process running
-the proxy's own copy functions (`_buffer_copy`, `_splice_copy` from sandbox_attest/egress/proxy.py),
+the proxy's own copy functions (`_buffer_copy`, `_splice_copy` from world/egress/proxy.py),
 alternating legs round by round; medians and ratios to a direct loopback read are printed.
 This backs the choice in `_pump`: a growing buffer (up to `_BUFFER_MAX`) for TCP -> TCP, which
 is every handed-over connection, and splice when a unix socket is an end. Linux only.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_proxy import MIB, drain, source_process
 
-from sandbox_attest.egress import proxy
+from sandbox_attest.world.egress import proxy
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

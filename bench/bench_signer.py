@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 
 from sandbox_attest.attest import SignerFacts, gate_for, sign_judged
 from sandbox_attest.attest.keys import SigningKey, private_key_pem
-from sandbox_attest.attest.policy import Policy, load_policy
-from sandbox_attest.attest.reportfs import make_report_dir, open_report_dir
 from sandbox_attest.attest.signer import Signer
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY
-from sandbox_attest.render import render_html, render_summary
+from sandbox_attest.report.files import make_report_dir, open_report_dir
+from sandbox_attest.report.policy import Policy, load_policy
+from sandbox_attest.report.views import render_html, render_summary
 from tests.attest.builder import build_report, make_cells, write_policy
 
 CELLS = 200

@@ -48,10 +48,10 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 ROOT = Path(__file__).resolve().parent.parent
-# Names the harness gives what it makes in /tmp (sandbox_attest.sweep.TMP_NAMES and the proxy's
+# Names the harness gives what it makes in /tmp (sandbox_attest.run.sweep.TMP_NAMES and the proxy's
 # config file, the world of `sandbox-attest serve`, the test suite's temp root), and a run's
 # scratch and availability-check dirs (sandbox_attest.payload.SCRATCH_PREFIX: `agent-`); the
-# canaries and witness sockets are `kiln-*` / `.kiln-*` (sandbox_attest.disguise), the
+# canaries and witness sockets are `kiln-*` / `.kiln-*` (sandbox_attest.host.disguise), the
 # `sandbox-attest-*` names are those before it.
 TMP_PREFIXES = (
     "kiln-",
@@ -360,7 +360,7 @@ def tmp_entries(private: Path) -> tuple[str, ...]:
     """
     found = [str(p) for p in private.iterdir()] if private.is_dir() else []
     try:
-        from sandbox_attest import sweep  # noqa: PLC0415  (the same journal the clone's runs use)
+        from sandbox_attest.run import sweep  # noqa: PLC0415  (the same journal the clone's runs use)
 
         live = sweep.live_entries()
     except Exception as exc:  # a snapshot says what it could not read

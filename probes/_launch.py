@@ -4,7 +4,7 @@ The runner stages this file as `main.py`, the probe as `job.py` and the task as 
 in the cell's input directory (sandbox_attest/payload.py), so nothing a wrapper sees in this
 command line says it is under test; the host finds the payload by that shape.
 
-The rendezvous (sandbox_attest/hostview.py): write `.kiln-lock-<nonce>` into the
+The rendezvous (sandbox_attest/run/hostview.py): write `.kiln-lock-<nonce>` into the
 workspace, wait for `.kiln-sync-<nonce>` (at most task["rendezvous_s"] seconds; 0
 skips the wait where the host cannot look), remove both, then run PROBE as __main__ with
 TASK as its argument. While this process waits, the host reads its namespaces, credentials,
@@ -20,7 +20,7 @@ import runpy
 import sys
 import time
 
-# The rendezvous files' prefixes: sandbox_attest/disguise.py READY_PREFIX and GO_PREFIX (this
+# The rendezvous files' prefixes: sandbox_attest/host/disguise.py READY_PREFIX and GO_PREFIX (this
 # file imports nothing of the harness; tests/unit/test_disguise.py checks they agree).
 READY_PREFIX = ".kiln-lock-"
 GO_PREFIX = ".kiln-sync-"

@@ -40,7 +40,7 @@ def errno_name(exc):
     return errno.errorcode.get(code) if isinstance(code, int) else None
 
 
-# The canary file's name in every planted directory: sandbox_attest/disguise.py CANARY_FILE, a
+# The canary file's name in every planted directory: sandbox_attest/host/disguise.py CANARY_FILE, a
 # name any program could use (issue 23: nothing the payload lists says "test").
 CANARY_FILE = "notes.txt"
 

@@ -1,7 +1,7 @@
 """Probe proc_visibility: see, read, signal and trace a host process the harness planted.
 
 The host starts one harmless "anchor" process per cell whose argv carries
-targets["marker"] (``kiln-idle:<nonce>``: sandbox_attest.disguise.ANCHOR_MARKER) and whose
+targets["marker"] (``kiln-idle:<nonce>``: sandbox_attest.host.disguise.ANCHOR_MARKER) and whose
 environment carries a secret that exists nowhere else (not in the task). Escape attempts:
   scan-proc      look for the marker in every /proc/<pid>/cmdline
   read-environ   read the found process's /proc/<pid>/environ (report the secret if seen)
@@ -25,7 +25,7 @@ import time
 
 PROBE = "proc_visibility"
 START_MARKER = "SANDBOX-ATTEST-START"
-SECRET_VAR = "KILN_IDLE_TOKEN"  # sandbox_attest/disguise.py ANCHOR_SECRET_VAR
+SECRET_VAR = "KILN_IDLE_TOKEN"  # sandbox_attest/host/disguise.py ANCHOR_SECRET_VAR
 PTRACE_SEIZE = 0x4206
 HOLD_S = 0.3
 

@@ -34,7 +34,7 @@ def _data_dir(name: str) -> Path:
 
 
 # A readable copy of the payload files, where the installed ones are out of the payload
-# user's reach (sandbox_attest/reach.py makes it in the run's scratch); None: the installed.
+# user's reach (sandbox_attest/run/reach.py makes it in the run's scratch); None: the installed.
 _payload_copy: Path | None = None
 
 

@@ -38,13 +38,13 @@ __all__ = [
 
 # The launcher as the repository keeps it (probes/_launch.py: the underscore keeps it out of
 # the probe catalogue), and the names every payload file gets where the wrapper sees them. The
-# staged launcher's name is what the host finds the payload by (sandbox_attest/hostview.py
+# staged launcher's name is what the host finds the payload by (sandbox_attest/run/hostview.py
 # LAUNCHER must equal it; tests/unit/test_payload_staging.py checks that).
 LAUNCHER_SOURCE: Final = "_launch.py"
 STAGED_LAUNCHER: Final = "main.py"
 STAGED_PROGRAM: Final = "job.py"
 STAGED_TASK: Final = "config.json"
-# The egress shim (sandbox_attest/egress/shim.py), staged beside them for command wrappers.
+# The egress shim (sandbox_attest/world/egress/shim.py), staged beside them for command wrappers.
 STAGED_SHIM: Final = "bridge.py"
 # The cell dir's subdirectory they are staged in (read-only for the payload).
 INPUT_DIR: Final = "input"
@@ -96,7 +96,7 @@ class StagedPayload:
     """The payload's files for one cell, under neutral names in one read-only directory.
 
     The payload runs as `PYTHON launcher program task`: the shape the host finds it by
-    (sandbox_attest.hostview.find_payloads).
+    (sandbox_attest.run.hostview.find_payloads).
     """
 
     directory: Path
@@ -144,7 +144,7 @@ def stage_shim(cell_dir: Path, shim: Path) -> Path:
     """Copy the egress shim into the cell's input directory as `STAGED_SHIM` (0644).
 
     A command wrapper runs it by this path, in the payload's argv; the installed one's path
-    (`.../sandbox_attest/egress/shim.py`) would name the harness. Staged before the probe
+    (`.../sandbox_attest/world/egress/shim.py`) would name the harness. Staged before the probe
     prepares the cell, so a probe that watches the shim watches the copy really run.
     """
     target = staged_shim_path(cell_dir)

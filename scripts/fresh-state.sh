@@ -52,7 +52,7 @@ FRESH=(
   # default names (the busy-host noise of tests/noise.py); libmount's table; an outside
   # engine's socket and runtime state; an enclosing fresh-state namespace's own record (a
   # nested run keeps its engine record apart from the one it runs in)
-  # (the kiln* names: sandbox_attest/disguise.py; sandbox-attest* are the names before it)
+  # (the kiln* names: sandbox_attest/host/disguise.py; sandbox-attest* are the names before it)
   "/run|kiln .kiln-* sandbox-attest sa-* rogue-n*.sock shim-n*.py .sandbox-attest-* tmp.* mount docker.sock docker.pid docker containerd fresh-state"
   "/tmp|*"
   # the journal (sweep.ROOT_STATE_DIR), the payload user's home (trust.PAYLOAD_HOME: agent/,

@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${1:-$ROOT/.venv/bin/python}
 WORK=$(mktemp -d /tmp/sa-wheel.XXXXXX)
-# The payload user (an unprivileged account, sandbox_attest/trust.py) must traverse the report and
+# The payload user (an unprivileged account, sandbox_attest/host/trust.py) must traverse the report and
 # scratch directories under it, as it must under /tmp.
 chmod 755 "$WORK"
 cleanup() { [ "${WHEEL_CHECK_KEEP:-0}" = 1 ] && echo "wheel-check: kept $WORK" >&2 || rm -rf "$WORK"; }
@@ -74,7 +74,7 @@ import json
 import sys
 from pathlib import Path
 
-from sandbox_attest.attest.policy import load_policy
+from sandbox_attest.report.policy import load_policy
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.paths import default_policy
 
@@ -178,8 +178,8 @@ grep -q '^matrix/matrix.toml::bubblewrap-fs_write_outside PASS' run-local.log \
 ! grep -n 'scripts/' ./*.log || fail "a message names scripts/, which the wheel does not carry"
 
 # Root installs Python tools where only root can enter: pipx under /root/.local, a venv in a
-# mktemp -d directory. The payload user (sandbox_attest/trust.py) can then neither start the
-# harness's interpreter nor read its probes; the run must still work (sandbox_attest/reach.py).
+# mktemp -d directory. The payload user (sandbox_attest/host/trust.py) can then neither start the
+# harness's interpreter nor read its probes; the run must still work (sandbox_attest/run/reach.py).
 if [ "$(id -u)" -eq 0 ]; then
   command -v pipx >/dev/null \
     || fail "pipx not found; install it (Debian: apt-get install pipx; ./run test does)"

@@ -1,6 +1,6 @@
 """Suite-wide fixtures: temporary directories the payload user can reach.
 
-As root the harness runs every sandboxed command as its payload user (sandbox_attest/trust.py), the
+As root the harness runs every sandboxed command as its payload user (host/trust.py), the
 way a real run does. pytest makes its temporary directories 0700 for the user running the
 suite, so a wrapper script, a workspace or a world under `tmp_path` would be out of that
 user's reach, and tests would measure file modes instead of sandboxes. A real run's scratch

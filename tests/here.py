@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.attest.policy import load_policy
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.report.policy import load_policy
+from sandbox_attest.run.matrix import Cell, ProbeRow
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

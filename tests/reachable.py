@@ -1,6 +1,6 @@
 """Scratch directories that the payload user can traverse, for tests that make their own.
 
-A real run's scratch is 0755 (sandbox_attest.session); the payload user (sandbox_attest/trust.py)
+A real run's scratch is 0755 (run.session); the payload user (sandbox_attest/host/trust.py)
 must reach the worlds, workspaces and task files under it. `tempfile` makes directories 0700.
 """
 

@@ -7,7 +7,7 @@ separate signer process (`sandbox_attest.attest.signer`), which alone holds the 
 renders every view from a finished directory's evidence.json, as a run does, and signs it
 in-process (tests, benchmarks, re-signing).
 `verify_report` and `merge_legs` are the release gate (`sandbox-attest verify` / `merge`,
-wired by `sandbox_attest.attest.cli.register`).
+wired by `sandbox_attest.cli.release.register`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.attest import dsse, reportfs, sigstore, subjects
+from sandbox_attest.attest import dsse, sigstore, subjects
 from sandbox_attest.attest.keys import (
     SigningKey,
     TrustedKey,
@@ -27,7 +27,6 @@ from sandbox_attest.attest.keys import (
     load_trusted_key,
     public_key_dict,
 )
-from sandbox_attest.attest.policy import CONTROL_BACKEND, Gate, Policy, evaluate, load_policy
 from sandbox_attest.attest.statement import (
     EVIDENCE_PREDICATE,
     TEST_RESULT_PREDICATE,
@@ -46,6 +45,8 @@ from sandbox_attest.attest.statement import (
     statement_bytes,
 )
 from sandbox_attest.errors import ConfigError, ReportError
+from sandbox_attest.report import files as reportfs
+from sandbox_attest.report.policy import CONTROL_BACKEND, Gate, Policy, evaluate, load_policy
 from sandbox_attest.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -373,7 +374,7 @@ def sign_report(
 
     Reads evidence.json once (a regular file, never through a link) and renders junit.xml,
     allure-results/, report.html and summary.md from it through the one verdict mapping
-    (`sandbox_attest.outcomes`), exactly as a run's session does, then hands them to `sign_judged`.
+    (`report.outcomes`), exactly as a run's session does, then hands them to `sign_judged`.
     The views on disk before are replaced, never signed: a stale or planted junit.xml cannot
     say something the signed gate does not. Other files already in allure-results/ are left
     in place and covered by its tree digest, as every file there is; re-sign into a fresh
@@ -397,11 +398,11 @@ def sign_report(
         ConfigError: the directory is not the harness's own, or is writable by others.
     """
     # Imported here: the renderers import this package (gate_for, SignerFacts).
-    from sandbox_attest.allure_results import render_allure, write_results  # noqa: PLC0415
-    from sandbox_attest.junit import render_junit  # noqa: PLC0415
-    from sandbox_attest.outcomes import run_outcomes  # noqa: PLC0415
-    from sandbox_attest.render import render_html, render_summary  # noqa: PLC0415
-    from sandbox_attest.sarif import render_sarif  # noqa: PLC0415
+    from sandbox_attest.report.allure import render_allure, write_results  # noqa: PLC0415
+    from sandbox_attest.report.junit import render_junit  # noqa: PLC0415
+    from sandbox_attest.report.outcomes import run_outcomes  # noqa: PLC0415
+    from sandbox_attest.report.sarif import render_sarif  # noqa: PLC0415
+    from sandbox_attest.report.views import render_html, render_summary  # noqa: PLC0415
 
     env = os.environ if env is None else env
     dir_fd = reportfs.open_report_dir(report_dir)

@@ -27,16 +27,16 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.attest.policy import CARRIER_KEY, CONTROL_BACKEND, Gate, evaluate, missing_legs
 from sandbox_attest.attest.statement import default_platform
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.report.policy import CARRIER_KEY, CONTROL_BACKEND, Gate, evaluate, missing_legs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from sandbox_attest.attest.policy import Policy
     from sandbox_attest.attest.verify import Verification
+    from sandbox_attest.report.policy import Policy
 
 _LEG_KEYS = frozenset({"platform", "backend", "informational"})
 

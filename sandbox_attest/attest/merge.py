@@ -7,7 +7,7 @@ digest, the union must contain every expected leg (`--expect-legs`, see
 written: every subject of each leg (evidence.json, junit.xml, report.html, summary.md,
 allure-results/ and the attestation) copied to `legs/NN-<dir>/` (the very bytes that were
 verified), the release's own report.html and summary.md (every leg's grid side by side,
-linking to the legs' pages; `sandbox_attest.render.release`), and one test-result statement signed
+linking to the legs' pages; `report.views.release`), and one test-result statement signed
 over all of them, recording the common commit, which `sandbox-attest verify` checks again. A
 leg that fails, a duplicate leg or a missing one refuses the merge and writes nothing.
 """
@@ -25,7 +25,6 @@ from sandbox_attest.attest import (
     ATTESTATION_NAME,
     UNTRUSTED_LOCAL_NOTE,
     SignerFacts,
-    reportfs,
     signer_info,
     sigstore,
     write_envelopes,
@@ -33,7 +32,6 @@ from sandbox_attest.attest import (
 )
 from sandbox_attest.attest.keys import ENV_VAR
 from sandbox_attest.attest.legs import ExpectedLegs, leg_digests, leg_label, load_expected_legs
-from sandbox_attest.attest.policy import CONTROL_BACKEND
 from sandbox_attest.attest.sigstore import sign_keyless
 from sandbox_attest.attest.statement import (
     TEST_RESULT_PREDICATE,
@@ -46,14 +44,16 @@ from sandbox_attest.attest.subjects import HTML, SUMMARY
 from sandbox_attest.attest.summary import summary_statement, summary_version
 from sandbox_attest.attest.verify import LEG_FILES, LEGS_DIR, Checks, verify_legs
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.evidence import utc_now
+from sandbox_attest.report import files as reportfs
+from sandbox_attest.report.evidence import utc_now
+from sandbox_attest.report.policy import CONTROL_BACKEND
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from sandbox_attest.attest.keys import SigningKey, TrustedKey
     from sandbox_attest.attest.legs import Combined
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 __all__ = ["ExpectedLegs", "MergeResult", "load_expected_legs", "merge_legs", "release_pages"]
 
@@ -201,7 +201,7 @@ def release_pages(
     Returns:
         `report.html` and `summary.md` -> their bytes.
     """
-    from sandbox_attest.render.release import (  # noqa: PLC0415  (rendering imports attest)
+    from sandbox_attest.report.views.release import (  # noqa: PLC0415  (rendering imports attest)
         release_view,
         render_release_html,
         render_release_summary,

@@ -32,7 +32,7 @@ JSON, requests on the child's stdin and replies on its stdout; bytes travel base
     <- {"ok": false, "error": "config"|"report", "message"} for any refused request
 
 Issue 23: a release key signs only a run whose trust domains were separated, as measured
-(`sandbox_attest.separation`): where any sandboxed process ran as root or as the harness's
+(`sandbox_attest.run.separation`): where any sandboxed process ran as root or as the harness's
 uid, that code could read the key (`/proc/<harness>/cmdline`, `environ`, the key file), and
 could forge what is signed. The signer then swaps the provided key for the per-machine one
 before signing (`refuse-release`, and again in `sign` from the evidence it signs, so a
@@ -72,17 +72,17 @@ from sandbox_attest.attest.keys import (
     load_signing_key,
     public_key_pem,
 )
-from sandbox_attest.attest.policy import Policy, parse_policy
-from sandbox_attest.attest.reportfs import open_report_dir
 from sandbox_attest.attest.sigstore import ED25519_ONLY, OPT_OUT_VAR, SigstoreDecision, decide
 from sandbox_attest.errors import ConfigError, HarnessError, ReportError
-from sandbox_attest.proctitle import set_title, signer_title
+from sandbox_attest.host.proctitle import set_title, signer_title
+from sandbox_attest.report.files import open_report_dir
+from sandbox_attest.report.policy import Policy, parse_policy
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, MutableMapping
     from types import TracebackType
 
-    from sandbox_attest.trust import PayloadUser
+    from sandbox_attest.host.trust import PayloadUser
 
 # Linux <linux/prctl.h>.
 PR_SET_PDEATHSIG = 1
@@ -106,7 +106,7 @@ SIGSTORE_VARS = (
 )
 _DEFAULT_PAYLOAD: Any = (
     object()
-)  # "ask sandbox_attest.trust" (None means "no separate payload uid")
+)  # "ask sandbox_attest.host.trust" (None means "no separate payload uid")
 
 
 def _package_root() -> Path:
@@ -483,7 +483,7 @@ class Signer:
             key_path: `--key FILE`; wins over the variable.
             env: the harness's environment (pass `os.environ`); the variable is removed.
             payload: the payload user the key file must be private from; by default
-                `sandbox_attest.trust.payload_user()` (None: the domains are not separated).
+                `sandbox_attest.host.trust.payload_user()` (None: the domains are not separated).
             timeout: seconds to wait for the signer's first answer.
 
         Returns:
@@ -499,7 +499,7 @@ class Signer:
         requested = "--key" if key_path is not None else f"${ENV_VAR}" if value.strip() else ""
         del value
         if payload is _DEFAULT_PAYLOAD:
-            from sandbox_attest.trust import payload_user  # noqa: PLC0415  (pwd/grp: POSIX only)
+            from sandbox_attest.host.trust import payload_user  # noqa: PLC0415  (pwd/grp: POSIX only)
 
             payload = payload_user()
         groups = sorted({payload.gid, *payload.groups}) if payload is not None else []

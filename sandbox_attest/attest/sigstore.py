@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.attest import reportfs
+from sandbox_attest.report import files as reportfs
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

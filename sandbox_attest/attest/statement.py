@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from sandbox_attest.attest.policy import Gate
+    from sandbox_attest.report.policy import Gate
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"

@@ -21,7 +21,7 @@ EVIDENCE = "evidence.json"
 JUNIT = "junit.xml"
 HTML = "report.html"
 SUMMARY = "summary.md"
-# Every FAIL cell as SARIF 2.1.0 for code scanning (sandbox_attest/sarif.py): what it says
+# Every FAIL cell as SARIF 2.1.0 for code scanning (sandbox_attest/report/sarif.py): what it says
 # is signed like the rest, so an upload cannot show escapes the signed gate does not.
 SARIF = "results.sarif"
 ALLURE_DIR = "allure-results"
@@ -30,7 +30,7 @@ ALLURE_SUBJECT = ALLURE_DIR + "/"
 FILE_SUBJECTS = (EVIDENCE, JUNIT, HTML, SUMMARY, SARIF)
 ALL_SUBJECTS = (*FILE_SUBJECTS, ALLURE_SUBJECT)
 # A merged release's own pages, at the top of the merged directory beside legs/: signed
-# subjects of the merged statement (sandbox_attest/render/release.py renders them).
+# subjects of the merged statement (sandbox_attest/report/views/release.py renders them).
 RELEASE_SUBJECTS = (HTML, SUMMARY)
 
 

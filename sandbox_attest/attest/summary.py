@@ -26,7 +26,7 @@ from sandbox_attest.attest.statement import VSA_PREDICATE, verification_summary
 
 if TYPE_CHECKING:
     from sandbox_attest.attest.legs import Combined
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 LEVEL_PREFIX = "sandbox-attest"
 

@@ -21,7 +21,7 @@ sees the whole picture in one go. It passes only if every check holds:
      is never read for this, since whoever holds a local key can sign any payload;
   7. the signed run finished no longer ago than `max_age` and not in the future;
   8. with `expect_commit`, the signed harness commit matches and the checkout was clean;
-  9. the signed trust-domains fact is measured (per backend, `sandbox_attest.separation`),
+  9. the signed trust-domains fact is measured (per backend, `sandbox_attest.run.separation`),
      follows from the signed cells, and says separated, unless explicitly allowed
      (`allow_shared_trust_domain`): a run in which sandboxed code ran as root or as the
      harness's uid could read the key and forge what was signed.
@@ -55,14 +55,6 @@ from sandbox_attest.attest import (
 )
 from sandbox_attest.attest.keys import read_untrusted_keyids, untrusted_registry_path
 from sandbox_attest.attest.legs import Combined, ExpectedLegs, combine, leg_digests
-from sandbox_attest.attest.policy import (
-    CONTROL_BACKEND,
-    Gate,
-    cell_leg,
-    claim_problems,
-    leg_claims,
-    missing_legs,
-)
 from sandbox_attest.attest.statement import (
     CONTROL_ROLE,
     EVIDENCE_PREDICATE,
@@ -88,12 +80,20 @@ from sandbox_attest.attest.subjects import (
 )
 from sandbox_attest.attest.summary import check_summary
 from sandbox_attest.errors import ConfigError, ReportError, SignatureError
+from sandbox_attest.report.policy import (
+    CONTROL_BACKEND,
+    Gate,
+    cell_leg,
+    claim_problems,
+    leg_claims,
+    missing_legs,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from sandbox_attest.attest.keys import TrustedKey
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 # Every subject of a leg report that a merge signs and copies under legs/NN-<dir>/.
 LEG_FILES = (*ALL_SUBJECTS, ATTESTATION_NAME)
@@ -683,7 +683,7 @@ def _check_trust_domains(v: Verification, allow_shared: bool) -> None:
     Read from the signed test-result statement (`v.trust_domains`), never from
     evidence.json's copy; re-derived from the signed cells (`separation.recheck`).
     """
-    from sandbox_attest import separation  # noqa: PLC0415  (only verify re-derives it)
+    from sandbox_attest.run import separation  # noqa: PLC0415  (only verify re-derives it)
 
     domains = v.trust_domains
     if v.evidence is not None and domains.get("measured") is True:

@@ -8,7 +8,7 @@ a failing CreateProcessW included, revokes and deletes what was made):
    modify on the workspace, whose label becomes Low (AppContainer tokens are Low integrity and
    no-write-up would refuse a Medium-labelled folder);
 3. start the pipe broker: a named pipe whose DACL names the user and the package SID, relayed
-   into the proxy's loopback TCP port (see `sandbox_attest.egress.pipe_broker`);
+   into the proxy's loopback TCP port (see `sandbox_attest.world.egress.pipe_broker`);
 4. a job object with JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE;
 5. stdio pipes; an attribute list with SECURITY_CAPABILITIES (no capabilities) and a
    HANDLE_LIST naming only the child's three pipe ends, so nothing else is inherited;
@@ -74,7 +74,7 @@ POLICY: Final = DeclaredPolicy(
     environment="scrubbed",
     network_cut="proxy-only",
 )
-SHIM_SCRIPT: Final = Path(__file__).resolve().parent.parent / "egress" / "pipe_shim.py"
+SHIM_SCRIPT: Final = Path(__file__).resolve().parent.parent / "world" / "egress" / "pipe_shim.py"
 # What the container may do on the pipe: read, write, read attributes, synchronize. Not
 # FILE_CREATE_PIPE_INSTANCE (0x4, the same bit as FILE_APPEND_DATA): a container able to
 # create its own server instance could answer the next client in the broker's place.
@@ -211,7 +211,7 @@ def shim_token_facts(stderr: str) -> str | None:
 
 
 def _start_real_broker(name: str, sddl: str, proxy_url: str) -> Broker:
-    from sandbox_attest.egress.pipe_broker import start_pipe_broker  # noqa: PLC0415  (Windows only)
+    from sandbox_attest.world.egress.pipe_broker import start_pipe_broker  # noqa: PLC0415  (Windows only)
 
     broker: Broker = start_pipe_broker(name, sddl, proxy_url)
     return broker
@@ -281,7 +281,7 @@ class AppContainerBackend:
             },
             executables=program_facts(),
             # The AppContainer token is the separation on Windows; the uid split of
-            # sandbox_attest/trust.py is Linux-only, and the statement's trust domains say so.
+            # sandbox_attest/host/trust.py is Linux-only, and the statement's trust domains say so.
             runs_as="an AppContainer token of the harness's own user",
         )
         return Availability(ok=True, reason="", identity=identity)

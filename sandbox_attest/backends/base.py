@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
-from sandbox_attest import disguise
 from sandbox_attest.claims import (
     EnvironmentMode,
     NetworkCut,
@@ -25,10 +24,11 @@ from sandbox_attest.claims import (
     claims_of,
 )
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.interpreter import run_interpreter
+from sandbox_attest.host import disguise
+from sandbox_attest.host.interpreter import run_interpreter
+from sandbox_attest.host.provenance import executable_facts
+from sandbox_attest.host.trust import PayloadUser, payload_user
 from sandbox_attest.paths import payload_copy
-from sandbox_attest.provenance import executable_facts
-from sandbox_attest.trust import PayloadUser, payload_user
 from sandbox_attest.world.info import WorldInfo
 
 # What a backend claims to enforce, so a verdict judges it against its own claim (the types
@@ -52,7 +52,7 @@ from sandbox_attest.world.info import WorldInfo
 #          "proxy-only" it shares the host network, and a profile lets it reach only the
 #                       proxy: seatbelt and AppContainer work this way
 #   runs_as: who the payload runs as on the host: "" (no claim), "non-root", "payload-user"
-#          (the harness's payload user, sandbox_attest/trust.py), a user name, or a uid as digits
+#          (the harness's payload user, host/trust.py), a user name, or a uid as digits
 NetworkMode = Literal["open", "proxy", "none"]
 FilesystemMode = Literal["open", "workspace"]
 IpcMode = Literal["open", "isolated"]
@@ -109,12 +109,12 @@ def shim_path() -> Path:
     """The stdlib-only shim script that bridges loopback to the proxy socket inside.
 
     The run's readable copy where the installed one is out of the payload user's reach
-    (sandbox_attest/reach.py).
+    (sandbox_attest/run/reach.py).
     """
     copy = payload_copy()
     if copy is not None:
         return copy / "shim.py"
-    return Path(__file__).resolve().parent.parent / "egress" / "shim.py"
+    return Path(__file__).resolve().parent.parent / "world" / "egress" / "shim.py"
 
 
 # How the payload inside reaches the proxy:
@@ -262,12 +262,12 @@ class ProbeRequest:
     # The fixture world's public description (with the proxy secret), for backends that render
     # per-cell files or argv placeholders from it (command wrappers). Others ignore it.
     world: WorldInfo | None = None
-    # The unprivileged user every sandboxed command runs as (sandbox_attest/trust.py); None where
+    # The unprivileged user every sandboxed command runs as (host/trust.py); None where
     # the harness cannot separate trust domains, and the command then runs as the harness's user.
     user: PayloadUser | None = None
     # The egress shim as staged for this cell, under a neutral name beside the payload
     # (sandbox_attest/payload.py): a command wrapper sees its path in the payload's argv, and
-    # the installed one's (`.../sandbox_attest/egress/shim.py`) names the harness. None: the
+    # the installed one's (`.../sandbox_attest/world/egress/shim.py`) names the harness. None: the
     # installed `shim_path()` (built-in backends mount it at a fixed inside path anyway).
     shim: Path | None = None
 
@@ -343,7 +343,7 @@ def program_facts(*programs: str) -> dict[str, Any]:
 
     Each is resolved on the harness's PATH (where the backend finds it), followed through
     symlinks and hashed; `{python}` is the interpreter every payload runs with, which is the
-    harness's own only where the payload user can run it (sandbox_attest/interpreter.py).
+    harness's own only where the payload user can run it (sandbox_attest/host/interpreter.py).
     """
     path = os.environ.get("PATH", os.defpath)
     facts = {program: executable_facts(program, path) for program in programs}

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from sandbox_attest import disguise
 from sandbox_attest.backends.base import (
     NAMESPACED_INSIDE_PATHS,
     SANDBOX_PROXY_SOCKET,
@@ -43,6 +42,7 @@ from sandbox_attest.backends.none import platform_string
 from sandbox_attest.backends.process import run_process
 from sandbox_attest.backends.seccomp import build_filter, denied_names
 from sandbox_attest.errors import BackendUnavailable
+from sandbox_attest.host import disguise
 from sandbox_attest.world.info import WorldInfo
 
 # The rlimits every sandboxed process inherits (applied with prlimit around bwrap, which has no

@@ -11,7 +11,7 @@ real wrappers demand:
   0 on SIGTERM, and a timeout is recorded by us, never inferred from their exit status);
 * after every run, a sweep for anything the run started that is still alive, including
   children that left the process group with setsid() or double-forked away with a fresh
-  environment: the wrapper starts inside the cell's group (sandbox_attest/cellgroup.py: a
+  environment: the wrapper starts inside the cell's group (sandbox_attest/run/cellgroup.py: a
   cgroup the payload user cannot leave, or where none can be made the harness's process
   subtree), and whatever is still in the group once the wrapper has exited is killed and named
   in the run's notes. Nothing in any environment marks the run (a wrapper that could see a run
@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
-from sandbox_attest import cellgroup, lifetime
 from sandbox_attest.backends.base import (
     SHIM_PORT,
     Availability,
@@ -81,13 +80,15 @@ from sandbox_attest.backends.spec import (
     shell_join,
 )
 from sandbox_attest.errors import BackendError
-from sandbox_attest.host_os import current_platform
-from sandbox_attest.interpreter import run_interpreter
+from sandbox_attest.host import lifetime
+from sandbox_attest.host.interpreter import run_interpreter
+from sandbox_attest.host.platform import current_platform
+from sandbox_attest.host.provenance import executable_facts
+from sandbox_attest.host.trust import PayloadUser, give, payload_user
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.payload import STAGED_SHIM, payload_env, staged_shim_path
-from sandbox_attest.provenance import executable_facts
-from sandbox_attest.sweep import record_leftovers
-from sandbox_attest.trust import PayloadUser, give, payload_user
+from sandbox_attest.run import cellgroup
+from sandbox_attest.run.sweep import record_leftovers
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
 from sandbox_attest.world.info import WorldInfo
 
@@ -149,7 +150,7 @@ CONFINEMENT_LINE: Final = "confinement="
 def harness_env() -> dict[str, str]:
     """The harness's own environment as an agent's wrapper would get it, minus its secrets.
 
-    Nothing secret is meant to be in it (the signing key never is: sandbox_attest/trust.py), but a
+    Nothing secret is meant to be in it (the signing key never is: host/trust.py), but a
     CI runner's own GITHUB_TOKEN or a developer's AWS key might be: every secret-looking name,
     every `SANDBOX_ATTEST_*` and the harness's proxy settings are dropped. So is every
     `PYTEST_*`: the matrix runs under pytest in this process, and its PYTEST_CURRENT_TEST names
@@ -232,7 +233,7 @@ class CommandBackend:
     """A third-party sandbox CLI driven by a spec file."""
 
     # `{shim}` is the cell's staged copy (ProbeRequest.shim), wherever a spec shows it inside:
-    # the runner watches that copy as the route's shim (sandbox_attest/runner.py inside_route).
+    # the runner watches that copy as the route's shim (sandbox_attest/run/runner.py inside_route).
     runs_staged_shim = True
 
     def __init__(self, spec: CommandSpec) -> None:
@@ -546,7 +547,7 @@ class CommandBackend:
         shim = root / STAGED_SHIM
         shutil.copyfile(shim_path(), shim)
         shim.chmod(0o644)
-        # The interpreter every cell's payload gets (sandbox_attest/interpreter.py).
+        # The interpreter every cell's payload gets (sandbox_attest/host/interpreter.py).
         python = run_interpreter()
         payload = [python.path, "-c", CONFINEMENT_PROBE]
         sample = sample_context()
@@ -819,7 +820,7 @@ class CommandBackend:
             finally:
                 watcher.finish()
         # What the sweep had to kill is the sandbox's escape, not its credit: lifecycle_orphans
-        # reads it from the cell dir (sandbox_attest/sweep.py).
+        # reads it from the cell dir (sandbox_attest/run/sweep.py).
         record_leftovers(request.cell_dir, watcher.killed)
         if watcher.killed:
             run.notes.append(
@@ -834,7 +835,7 @@ class CommandBackend:
 class LeftoverWatcher(threading.Thread):
     """Kills what a run leaves behind as soon as the wrapper itself has exited.
 
-    Members of the cell's group (sandbox_attest/cellgroup.py) are the wrapper and everything
+    Members of the cell's group (sandbox_attest/run/cellgroup.py) are the wrapper and everything
     it started, wherever they moved: another session or process group, a fresh environment,
     a double fork. Once no wrapper the group started is still running, every member left is
     a leftover: killed once it has outlived the wrapper by GRACE_S, and named.

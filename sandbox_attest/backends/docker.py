@@ -5,7 +5,7 @@ container the same way, all of it recorded in the identity profile so its digest
 
 - `network_mode="none"`: only `lo` inside, no bridge traffic at all. The only way out is the
   egress proxy's unix socket, mounted read-only and re-exposed on 127.0.0.1:SHIM_PORT by the
-  stdlib shim (`sandbox_attest/egress/shim.py`, also mounted read-only, never copied), with
+  stdlib shim (`sandbox_attest/world/egress/shim.py`, also mounted read-only, never copied), with
   `HTTP_PROXY`/`HTTPS_PROXY` pointing at it.
 - read-only root filesystem, `cap_drop=["ALL"]`, `no-new-privileges`, a private IPC
   namespace, a non-root user.
@@ -20,7 +20,7 @@ The user. Inside, the payload runs as an unprivileged uid. When the harness itse
 non-root user it is that uid (it owns the workspace already, and it cannot chown to another
 one). When the harness runs as root (CI here), a container running as root would be a weaker
 sandbox than the claim, so it runs as the payload user every other sandboxed command runs as
-(`sandbox_attest.trust`), so a canary that user owns means the same in a container as under
+(`sandbox_attest.host.trust`), so a canary that user owns means the same in a container as under
 bubblewrap; `SANDBOX_UID` (65532) only where no payload user can be had. The workspace is
 chowned to that uid for the run and handed back to its owner afterwards (only entries the
 sandbox uid owns, never through a symlink). Read-only inputs must be readable by that uid;
@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
-from sandbox_attest import disguise, safefs
 from sandbox_attest.backends import docker_seccomp
 from sandbox_attest.backends.base import (
     NAMESPACED_INSIDE_PATHS,
@@ -83,7 +82,8 @@ from sandbox_attest.backends.docker_image import (
 from sandbox_attest.backends.none import platform_string
 from sandbox_attest.backends.process import Capture, finish_run
 from sandbox_attest.errors import BackendError, BackendUnavailable
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host import disguise, safefs
+from sandbox_attest.host.trust import payload_user
 from sandbox_attest.world.info import WorldInfo
 
 if TYPE_CHECKING:
@@ -711,7 +711,7 @@ class DockerBackend:
         if os.geteuid() != 0:
             return lambda: None
         owner = workspace.stat()
-        # Through descriptors (sandbox_attest/safefs.py): the workspace is the payload user's,
+        # Through descriptors (sandbox_attest/host/safefs.py): the workspace is the payload user's,
         # and a path-based walk follows a directory swapped for a symlink mid-walk.
         with safefs.open_dir(workspace) as top:
             safefs.chown_tree(top, (self.uid, self.gid))
@@ -1002,7 +1002,7 @@ def sweep_stale_containers(
 ) -> list[tuple[str, str, bool]]:
     """Remove containers (and their volumes) labelled by a run that is gone; the next run's job.
 
-    A run removes its containers itself (`close`); a SIGKILLed one cannot. `sandbox_attest.sweep`
+    A run removes its containers itself (`close`); a SIGKILLed one cannot. `run.sweep`
     knows which run ids belonged to runs now dead (their journal entry's owner is gone) and
     which to live ones. A container of a live run is never touched; one whose run id no
     journal entry names (a harness that predates the journal, a test's backend) goes only

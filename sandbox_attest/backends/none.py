@@ -2,7 +2,7 @@
 
 It exists to prove the probes work. On an open host every escape a probe attempts must
 succeed and be seen by the host witness; a probe that cannot see it here is broken, and its
-PASS verdicts on real sandboxes in the same run are downgraded (see sandbox_attest.runner).
+PASS verdicts on real sandboxes in the same run are downgraded (see sandbox_attest.run.runner).
 """
 
 from __future__ import annotations

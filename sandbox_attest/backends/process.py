@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from sandbox_attest import cellgroup
 from sandbox_attest.backends.base import START_MARKER, ProbeRun
-from sandbox_attest.trust import PayloadUser
+from sandbox_attest.host.trust import PayloadUser
+from sandbox_attest.run import cellgroup
 
 # A probe prints two short lines. Anything beyond this is noise or an attack on the
 # harness's memory; keep the head (where the marker and the JSON line are) and say so.
@@ -138,9 +138,9 @@ def run_process(
             pass_fds=pass_fds,
             **(user.popen_kwargs() if user is not None else {}),
             # The wrapper dies with the harness even under SIGKILL (its group is killed on
-            # timeout by us; after our death only the kernel can): sandbox_attest/lifetime.py.
+            # timeout by us; after our death only the kernel can): sandbox_attest/host/lifetime.py.
             # It starts inside the cell's group, where the host finds every process it makes
-            # (sandbox_attest/cellgroup.py).
+            # (sandbox_attest/run/cellgroup.py).
             **cellgroup.spawn_kwargs(argv, env),
         )
     except (OSError, subprocess.SubprocessError) as exc:

@@ -49,7 +49,7 @@ from sandbox_attest.claims import (
 from sandbox_attest.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sandbox_attest.trust import PayloadUser
+    from sandbox_attest.host.trust import PayloadUser
 
 SpecEgress = Literal["harness-unix", "harness-tcp", "own"]
 

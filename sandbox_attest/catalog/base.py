@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from sandbox_attest import disguise, lifetime, safefs
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.interpreter import payload_interpreter
+from sandbox_attest.host import disguise, lifetime, safefs
+from sandbox_attest.host.interpreter import payload_interpreter
+from sandbox_attest.host.trust import PayloadUser, give
 from sandbox_attest.paths import probes_dir
-from sandbox_attest.trust import PayloadUser, give
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class CellContext:
         workspace: host path of the cell's workspace (empty dir, created by the runner).
         cell_dir: host-only scratch for this cell; canaries are planted below it.
         policy: the backend's declared confinement.
-        host_view: the host's readings of the payload process (see sandbox_attest/hostview.py).
+        host_view: the host's readings of the payload process (see sandbox_attest/run/hostview.py).
         route: where the sandbox's end of the egress route sits (see InsideRoute).
         user: the unprivileged user the payload runs as (None: the harness's own user). What
             an unconfined payload must reach (canaries, anchors, host baselines) is planted
@@ -183,7 +183,7 @@ class CellContext:
     # The in-sandbox end of the egress route (None: the runner did not say, and a probe that
     # attacks the route cannot run).
     route: InsideRoute | None = None
-    # What the host read of the confined payload at its rendezvous (sandbox_attest/hostview.py),
+    # What the host read of the confined payload at its rendezvous (sandbox_attest/run/hostview.py),
     # filled in by the runner after the run: the witness no wrapper can rewrite.
     host_view: dict[str, Any] = field(default_factory=dict)
 
@@ -191,7 +191,7 @@ class CellContext:
 def home_of(ctx: CellContext) -> Path:
     """The home of whoever runs the payload: where an ordinary user's secrets would live.
 
-    With trust separation that is the payload user's own home (sandbox_attest/trust.py), so a run
+    With trust separation that is the payload user's own home (host/trust.py), so a run
     never plants fake secrets in a real person's home; without it, the harness user's.
     """
     return ctx.user.home if ctx.user is not None else Path.home()
@@ -227,7 +227,7 @@ class ProbeSpec(Protocol):
         """Host paths the host looks for in the payload's view at its rendezvous.
 
         Called after `prepare`; the readings land in `ctx.host_view["looked"]` (see
-        sandbox_attest/hostview.py `look_at`).
+        sandbox_attest/run/hostview.py `look_at`).
         """
         ...
 
@@ -421,7 +421,7 @@ def _host_writes(what: str, directory: Path, nonce: str) -> dict[str, Any]:
     """
 
     def write() -> dict[str, Any]:
-        # Through the directory's descriptor (sandbox_attest/safefs.py): the payload user may
+        # Through the directory's descriptor (sandbox_attest/host/safefs.py): the payload user may
         # have made `directory` (or a dir above it) a symlink by now; root never writes there.
         name = f"host-control-{nonce}.txt"
         try:

@@ -18,15 +18,15 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.safefs import UnsafePathError
-from sandbox_attest.trust import measure_as
+from sandbox_attest.host.safefs import UnsafePathError
+from sandbox_attest.host.trust import measure_as
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from sandbox_attest.safefs import SafeDir
-    from sandbox_attest.trust import PayloadUser
+    from sandbox_attest.host.safefs import SafeDir
+    from sandbox_attest.host.trust import PayloadUser
 
 __all__ = [
     "call_as",

@@ -14,7 +14,7 @@ import socket
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
 )
-from sandbox_attest.trust import PayloadUser, measure_as
+from sandbox_attest.host.trust import PayloadUser, measure_as
 
 # The attempts with no host listener: judged by the payload's report and its namespace.
 LOCAL_CAPABILITIES = ("icmp-echo", "raw-socket", "packet-socket")

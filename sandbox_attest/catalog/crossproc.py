@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sandbox_attest import disguise, lifetime
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -51,7 +50,8 @@ from sandbox_attest.catalog.base import (
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.interpreter import payload_interpreter
+from sandbox_attest.host import disguise, lifetime
+from sandbox_attest.host.interpreter import payload_interpreter
 from sandbox_attest.verdict import Assessment, Expectation
 
 __all__ = ["LINUX_ONLY_REASON", "SPECS", "ProcCrossProcess"]

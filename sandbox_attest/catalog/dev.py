@@ -13,7 +13,7 @@ host reads that against its own device table:
   unconfined, opens the same sensitive devices (so a refusal inside is the sandbox's, not the
   file mode's).
 
-- the host witness: at the rendezvous (sandbox_attest/hostview.py, `DevAccess.at_rendezvous`), while
+- the host witness: at the rendezvous (run/hostview.py, `DevAccess.at_rendezvous`), while
   the payload waits, the host lists its own /dev through /proc/<pid>/root (lstat only, no
   symlink followed), which no wrapper can rewrite. A view with no node outside the harmless
   class backs a refusal whatever the report says; a device in the view that the report calls
@@ -59,7 +59,7 @@ from sandbox_attest.catalog.base import (
     _summary,
 )
 from sandbox_attest.errors import HarnessError
-from sandbox_attest.trust import PayloadUser, measure_as, payload_user
+from sandbox_attest.host.trust import PayloadUser, measure_as, payload_user
 from sandbox_attest.verdict import Assessment, Expectation
 
 DEV: Final = Path("/dev")
@@ -274,7 +274,7 @@ class DevAccess(_Spec):
     def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any]:
         """The host's listing of the payload's own /dev, taken while it waits (`read_view`).
 
-        The runner calls it at the host's rendezvous (sandbox_attest/hostview.py) and stores the
+        The runner calls it at the host's rendezvous (sandbox_attest/run/hostview.py) and stores the
         result in `ctx.host_view` under this probe's id.
         """
         del ctx

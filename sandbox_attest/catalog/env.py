@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import disguise
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -38,6 +37,7 @@ from sandbox_attest.catalog.base import (
     host_processes,
 )
 from sandbox_attest.claims import claims_of
+from sandbox_attest.host import disguise
 from sandbox_attest.payload import payload_env
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
@@ -217,7 +217,7 @@ class EnvInheritance(_Spec):
         del report
         processes = host_processes(ctx)
         # Every judged process of the cell must have been read: one whose environ the host
-        # could not read (sandbox_attest/hostview.py `unread`) backs nothing.
+        # could not read (sandbox_attest/run/hostview.py `unread`) backs nothing.
         if not processes or any(p.get("unread") for p in processes):
             return []
         if _host_view_hits(ctx, self.names(ctx)):

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import disguise, safefs, sweep
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -66,8 +65,10 @@ from sandbox_attest.catalog.canary import (
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.safefs import Identity, SafeDir, UnsafePathError, open_dir
-from sandbox_attest.trust import PayloadUser, measure_as, open_home
+from sandbox_attest.host import disguise, safefs
+from sandbox_attest.host.safefs import Identity, SafeDir, UnsafePathError, open_dir
+from sandbox_attest.host.trust import PayloadUser, measure_as, open_home
+from sandbox_attest.run import sweep
 from sandbox_attest.verdict import Assessment, Expectation
 
 CANARY_NAME = disguise.CANARY_FILE
@@ -292,7 +293,7 @@ class FsWriteOutside(_Spec):
         made = [p for parent in parents for p in (*reversed(parent.parents), parent)]
         made = list(dict.fromkeys(p for p in made if home in p.parents and not p.exists()))
         # Journalled before they exist: a killed run's canaries outside the scratch are
-        # removed by the next run (sandbox_attest/sweep.py); the sibling goes with the scratch.
+        # removed by the next run (sandbox_attest/run/sweep.py); the sibling goes with the scratch.
         outside = [d for k, d in candidates.items() if k != "sibling"]
         sweep.record(_journal_key(self.id, ctx), outside, dirs=tuple(made))
         for directory in made:
@@ -342,7 +343,7 @@ class FsWriteOutside(_Spec):
                 # A concurrent cell's cleanup may just have removed the (then empty) config dir
                 # this cell found: make it again rather than fail; it stays, empty, at worst.
                 _make_home_dirs(ctx, directory.parent)
-            # Through the place's descriptor (sandbox_attest/safefs.py): the payload user may
+            # Through the place's descriptor (sandbox_attest/host/safefs.py): the payload user may
             # have swapped the place (~/.config, a dir in /tmp) for a symlink to a root
             # directory; it is refused and named, and nothing is made where it points.
             with safefs.open_dir(directory.parent) as place:
@@ -699,7 +700,7 @@ def _remove_canary_dir(directory: Path) -> None:
 
 
 def _journal_key(probe: str, ctx: CellContext) -> str:
-    """The journal entry of a cell's canaries outside the scratch (sandbox_attest/sweep.py)."""
+    """The journal entry of a cell's canaries outside the scratch (sandbox_attest/run/sweep.py)."""
     return f"canary-{probe}-{ctx.nonce}"
 
 
@@ -841,7 +842,7 @@ class FsReadSecrets(_Spec):
 
         The home is the payload user's, who may have swapped ~/.ssh for a symlink to a root
         directory (issue 23): so everything here goes through directory descriptors
-        (sandbox_attest/safefs.py). A symlink is refused, named, and the cell is an ERROR;
+        (sandbox_attest/host/safefs.py). A symlink is refused, named, and the cell is an ERROR;
         nothing is ever made where it points. A canary dir the harness makes is root's (the
         payload user only reads the canary in it); one that exists is used through its
         descriptor. The identities of the home, of each dir and of each canary are kept, and
@@ -851,7 +852,7 @@ class FsReadSecrets(_Spec):
         hashes: dict[str, str] = {}
         idents: dict[str, Any] = {"dirs": {}, "files": {}}
         owner = (ctx.user.uid, ctx.user.gid) if ctx.user is not None else None
-        # Journalled before they exist (sandbox_attest/sweep.py): fake secrets in a home must not
+        # Journalled before they exist (run/sweep.py): fake secrets in a home must not
         # outlive a killed run. The .env is in the cell dir and goes with the scratch.
         in_home = [p for k, p in self.secret_paths(ctx).items() if k != "dotenv"]
         sweep.record(_journal_key(self.id, ctx), in_home)
@@ -1333,11 +1334,11 @@ class FsLinkEscape(_Spec):
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant each canary with a random token and record its state."""
         baseline: dict[str, Any] = {}
-        # The /tmp one is journalled before it exists (sandbox_attest/sweep.py); the sibling goes
+        # The /tmp one is journalled before it exists (run/sweep.py); the sibling goes
         # with the scratch.
         sweep.record(_journal_key(self.id, ctx), [self.canaries(ctx)["tmp"].parent])
         for key, path in self.canaries(ctx).items():
-            # Through the place's descriptor: /tmp is everyone's (sandbox_attest/safefs.py).
+            # Through the place's descriptor: /tmp is everyone's (sandbox_attest/host/safefs.py).
             with planting(self.id, path), safefs.open_dir(path.parent.parent) as place:
                 made = place.mkdir(path.parent.name, 0o755, _owner(ctx))
                 text = f"{disguise.STEM} link {key} {secrets.token_hex(16)}\n"

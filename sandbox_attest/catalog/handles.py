@@ -25,7 +25,6 @@ import secrets
 import struct
 from typing import Any, Final
 
-from sandbox_attest import disguise, safefs
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -48,6 +47,7 @@ from sandbox_attest.catalog.base import (
     host_processes,
 )
 from sandbox_attest.claims import claims_of
+from sandbox_attest.host import disguise, safefs
 from sandbox_attest.verdict import Assessment, Expectation
 
 __all__ = ["LINUX_ONLY_REASON", "SPECS", "FsOpenByHandle", "name_to_handle", "open_by_handle"]

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import sweep
 from sandbox_attest.catalog.base import (
     DOCKER_SOCKETS,
     HOST_TIMEOUT_S,
@@ -78,7 +77,8 @@ from sandbox_attest.catalog.socket_witness import (
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError, HarnessError
-from sandbox_attest.trust import PayloadUser, give
+from sandbox_attest.host.trust import PayloadUser, give
+from sandbox_attest.run import sweep
 from sandbox_attest.verdict import Assessment, Expectation
 
 # The names probes/ipc_proxy_socket_tamper.py gives what it plants beside the route's files.
@@ -535,7 +535,7 @@ def _route(ctx: CellContext) -> InsideRoute:
     if ctx.route is None:
         raise FixtureError(
             f"{ctx.probe}: the cell has no inside route; build its CellContext with "
-            "route=InsideRoute(...) as sandbox_attest.runner does"
+            "route=InsideRoute(...) as sandbox_attest.run.runner does"
         )
     return ctx.route
 

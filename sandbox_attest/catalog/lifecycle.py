@@ -6,12 +6,12 @@ exit, and finds survivors by their nonce-tagged marker in /proc. A tick still gr
 process still there, is an escape whatever the payload says.
 
 The host's reading must not be the harness's own cleanup. A command wrapper's run is swept
-for everything left in the cell's group once the wrapper exits (sandbox_attest/cellgroup.py,
+for everything left in the cell's group once the wrapper exits (sandbox_attest/run/cellgroup.py,
 sandbox_attest/backends/command.py), whatever session or environment a child took, and a
 sweep that kills the children leaves nothing for the watch to see: the sandbox would be
 credited with what the harness did. So the children are found here by their argv marker, and
 every process a backend's sweep had to kill, as it records in the cell dir
-(`sandbox_attest.sweep.record_leftovers`), is an escape of this probe, named by pid and command.
+(`sandbox_attest.run.sweep.record_leftovers`), is an escape of this probe, named by pid and command.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import disguise
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -44,7 +43,8 @@ from sandbox_attest.catalog.base import (
 from sandbox_attest.catalog.canary import (
     read_text,
 )
-from sandbox_attest.sweep import recorded_leftovers
+from sandbox_attest.host import disguise
+from sandbox_attest.run.sweep import recorded_leftovers
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 # lifecycle_orphans

@@ -18,7 +18,7 @@ Two classes of escape that attack the sandbox rather than the host's data:
 
 Nothing here writes to a real helper binary: the payload appends only to harness-made copies,
 and opens executables for write without writing a byte (an open that succeeds is the escape).
-Every root file operation under the cell directory goes through `sandbox_attest.safefs`.
+Every root file operation under the cell directory goes through `sandbox_attest.host.safefs`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import disguise, safefs
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -56,7 +55,8 @@ from sandbox_attest.catalog.base import (
     home_of,
 )
 from sandbox_attest.claims import claims_of
-from sandbox_attest.trust import unreachable_by
+from sandbox_attest.host import disguise, safefs
+from sandbox_attest.host.trust import unreachable_by
 from sandbox_attest.verdict import Assessment, Expectation
 
 MACHINERY_DIR: Final = "machinery"

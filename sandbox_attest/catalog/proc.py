@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sandbox_attest import disguise, lifetime, safefs
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -61,8 +60,9 @@ from sandbox_attest.catalog.base import (
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.interpreter import payload_interpreter
-from sandbox_attest.trust import give
+from sandbox_attest.host import disguise, lifetime, safefs
+from sandbox_attest.host.interpreter import payload_interpreter
+from sandbox_attest.host.trust import give
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 __all__ = [
@@ -154,7 +154,7 @@ ANCHOR_READY_S: Final = 10.0
 _ANCHOR_NAMESPACES: Final = ("unshare", "--user", "--map-root-user", "--mount", "--net", "--")
 
 
-# The runner's task dir under cell_dir (sandbox_attest.runner `inputs`), bound read-only into every
+# The runner's task dir under cell_dir (run.runner `inputs`), bound read-only into every
 # sandbox: the place the remount attempt writes to. This probe hands it to the payload user,
 # so that on an open host nothing but the read-only bind stands between the two.
 TASK_DIR: Final = "input"
@@ -617,7 +617,7 @@ class ProcPrivileges(_BaselineSpec):
             ),
         ]
         escape = _self_reported(observed, reasons)
-        # Every judged process of the cell (sandbox_attest/hostview.py), not only the one
+        # Every judged process of the cell (sandbox_attest/run/hostview.py), not only the one
         # carrying the launcher's name: the worst one decides.
         held = _with_capabilities(host_processes(ctx))
         if held:
@@ -732,7 +732,7 @@ def setns_control_refused() -> str | None:
     """
     if sys.platform != "linux":
         return None
-    from sandbox_attest.trust import payload_user  # noqa: PLC0415  (only where the probe runs)
+    from sandbox_attest.host.trust import payload_user  # noqa: PLC0415  (only where the probe runs)
 
     user = payload_user()
     as_user = user.popen_kwargs() if user is not None else {}
@@ -848,7 +848,7 @@ class ProcNamespaceEscape(_AnchoredSpec):
             )
 
         def canary() -> dict[str, Any]:
-            # Through the dir's descriptor (sandbox_attest/safefs.py): the payload user owns
+            # Through the dir's descriptor (sandbox_attest/host/safefs.py): the payload user owns
             # NS_CANARY_DIR and may have planted a link at any name in it.
             name = f"{nonce}.host"
             try:
@@ -1150,7 +1150,7 @@ def _held_to_declared(
 
 
 MIB: Final = 1024 * 1024
-# Where the host sees each declared limit on the payload (sandbox_attest/hostview.py): its row of
+# Where the host sees each declared limit on the payload (run/hostview.py): its row of
 # /proc/<pid>/limits, the unit of that row per unit of the limit, and the cgroup v2 file that
 # caps the same resource for the payload's whole group (None: no cgroup caps it).
 HOST_LIMITS: Final = {
@@ -1190,7 +1190,7 @@ def unapplied_limits(
     """The declared limits the host sees unset on one payload process, and those it cannot tell.
 
     Each is named with what the host saw ("fsize_mib=16 (Max file size unlimited)"); see
-    `_limit_state`. `process` is one reading of `sandbox_attest.hostview.read_process`.
+    `_limit_state`. `process` is one reading of `sandbox_attest.run.hostview.read_process`.
     """
     unset: list[str] = []
     unknown: list[str] = []

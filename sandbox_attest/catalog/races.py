@@ -16,7 +16,7 @@ tree is in view: reading it is fs_read_secrets' claim, noted and not judged here
 The payload also binds a unix socket named by the nonce in a directory outside the workspace
 that the payload user may write unconfined (`race-sockets`): the host looks for that socket
 after the cell (a socket left where a host process would trust it is the start-up race's
-payoff). Every root file operation below the cell dir goes through `sandbox_attest.safefs`.
+payoff). Every root file operation below the cell dir goes through `sandbox_attest.host.safefs`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import subprocess
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import disguise, safefs
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
@@ -52,7 +51,8 @@ from sandbox_attest.catalog.base import (
     home_of,
 )
 from sandbox_attest.claims import claims_of
-from sandbox_attest.trust import unreachable_by
+from sandbox_attest.host import disguise, safefs
+from sandbox_attest.host.trust import unreachable_by
 from sandbox_attest.verdict import Assessment, Expectation
 
 RACE_DIR: Final = "race"

@@ -16,7 +16,7 @@ daemon, which the probe judges by their own witnesses.
 
 Each witness is `0666` and the harness's: connectable by the payload uid wherever the
 directory lets it search, removable only by the harness. What `plant` is about to make is
-journalled through `sandbox_attest.sweep` first, so a killed run's witnesses are swept by the next.
+journalled through `run.sweep` first, so a killed run's witnesses are swept by the next.
 
 A busy host (issue 24, part 3): directories under /tmp and /run come and go, and many are
 private to another program. A witness goes only where the payload user can search
@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from sandbox_attest import disguise, sweep
 from sandbox_attest.catalog.canary import call_as, site_moved
-from sandbox_attest.safefs import Identity, SafeDir, UnsafePathError, open_dir
+from sandbox_attest.host import disguise
+from sandbox_attest.host.safefs import Identity, SafeDir, UnsafePathError, open_dir
+from sandbox_attest.run import sweep
 
 # The file name of a path witness and the abstract witness's name; the payload sends its
 # nonce only to sockets whose name starts with the prefix (probes/ipc_unix_socket_escape.py).
@@ -69,7 +70,7 @@ _UNIX_PATH_MAX: Final = 100
 REACH_S: Final = 15.0
 
 if TYPE_CHECKING:
-    from sandbox_attest.trust import PayloadUser
+    from sandbox_attest.host.trust import PayloadUser
 
 
 def witness_name(nonce: str) -> str:
@@ -501,7 +502,7 @@ def remove_nonce_files(directories: list[Path], nonce: str) -> list[str]:
     """
     removed: list[str] = []
     for directory in dict.fromkeys(directories):
-        # Through the directory's descriptor (sandbox_attest/safefs.py): /tmp and /run dirs
+        # Through the directory's descriptor (sandbox_attest/host/safefs.py): /tmp and /run dirs
         # are other users' to change, and a directory swapped for a symlink is not entered.
         try:
             place = open_dir(Path(directory))

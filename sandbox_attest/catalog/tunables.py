@@ -26,7 +26,6 @@ import subprocess
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest import disguise, lifetime, safefs
 from sandbox_attest.catalog.base import (
     HOST_TIMEOUT_S,
     AttemptTable,
@@ -49,11 +48,12 @@ from sandbox_attest.catalog.base import (
     attempts_of,
     host_processes,
 )
-from sandbox_attest.cellgroup import run_cgroup
-from sandbox_attest.cgroupfs import own_v2_dir, remove_cgroup_tree
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.interpreter import payload_interpreter
+from sandbox_attest.host import disguise, lifetime, safefs
+from sandbox_attest.host.cgroupfs import own_v2_dir, remove_cgroup_tree
+from sandbox_attest.host.interpreter import payload_interpreter
+from sandbox_attest.run.cellgroup import run_cgroup
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 __all__ = ["LINUX_ONLY_REASON", "ProcKernelTunables"]
@@ -151,7 +151,7 @@ class ProcKernelTunables(_Spec):
         Raises:
             FixtureError: there is no cgroup v2 group of the harness's here.
         """
-        # Inside the run's own cgroup (sandbox_attest/cellgroup.py): journalled before it was
+        # Inside the run's own cgroup (sandbox_attest/run/cellgroup.py): journalled before it was
         # made, so a killed run's delegated groups are swept by the next run, never left behind.
         parent, why = run_cgroup()
         if parent is None:

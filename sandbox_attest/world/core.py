@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from sandbox_attest import disguise
-from sandbox_attest.egress.rules import Rule
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.host import disguise
+from sandbox_attest.host.trust import payload_user, require_reachable
 from sandbox_attest.paths import fixtures_dir
-from sandbox_attest.trust import payload_user, require_reachable
 from sandbox_attest.world.blob import load_blob_spec
 from sandbox_attest.world.dns import DnsFixture, resolve
+from sandbox_attest.world.egress.rules import Rule
 from sandbox_attest.world.faults import FaultHook, fault_dir
 from sandbox_attest.world.info import (
     PROBE_NAME_SUFFIX,
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType
 
-    from sandbox_attest.egress.proxy import ProxyConfig, ProxyProcess
+    from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess
 
 # The roles the proxy admits, with exactly their origin ports. `denied` has no rule on purpose:
 # every request to it must end in the proxy's 403.
@@ -365,7 +365,7 @@ def _proxy_config(
     On loopback the fixture origins need a carve-out (`allow_private`); in the lab they are
     remote hosts, and the proxy's address rules apply as they would in production.
     """
-    from sandbox_attest.egress.proxy import ProxyConfig  # noqa: PLC0415  (see start_world)
+    from sandbox_attest.world.egress.proxy import ProxyConfig  # noqa: PLC0415  (see start_world)
 
     rules = (
         *(
@@ -428,9 +428,9 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
     Raises:
         FixtureError: a step failed; the message names it, and nothing is left running.
     """
-    # Imported here: sandbox_attest.egress.proxy is loaded lazily by its package (it also runs as
+    # Imported here: world.egress.proxy is loaded lazily by its package (it also runs as
     # its own process), and a world is the only thing that needs it.
-    from sandbox_attest.egress.proxy import start_proxy  # noqa: PLC0415
+    from sandbox_attest.world.egress.proxy import start_proxy  # noqa: PLC0415
 
     run_dir = run_dir.resolve()
     stack = contextlib.ExitStack()

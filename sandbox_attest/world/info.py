@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from sandbox_attest import disguise
+from sandbox_attest.host import disguise
 
 FixtureHostKey = Literal["allowed", "denied", "index", "files"]
 FIXTURE_HOST_KEYS: tuple[FixtureHostKey, ...] = ("allowed", "denied", "index", "files")

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from sandbox_attest import disguise, lifetime
 from sandbox_attest.errors import HarnessError
+from sandbox_attest.host import disguise, lifetime
 from sandbox_attest.world.netguard import current_netns, register_lab_namespaces
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
-from sandbox_attest import disguise
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.host import disguise
 from sandbox_attest.world.info import NONCE_HEADER
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
-from sandbox_attest import disguise
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.host import disguise
 from sandbox_attest.paths import fixtures_dir
 from sandbox_attest.world.blob import DEFAULT_CHUNK, BlobSpec, iter_blob, load_blob_spec
 from sandbox_attest.world.info import FIXTURE_HOST_KEYS, NONCE_HEADER, FixtureHostKey, HostInfo

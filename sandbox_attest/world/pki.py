@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import trustme
 
-from sandbox_attest import disguise
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.host import disguise
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence

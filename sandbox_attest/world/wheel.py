@@ -17,8 +17,8 @@ import zipfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sandbox_attest import disguise
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.host import disguise
 
 if TYPE_CHECKING:
     from pathlib import Path

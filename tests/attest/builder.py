@@ -17,20 +17,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.allure_results import render_allure
 from sandbox_attest.attest import ATTESTATION_NAME, policy_from_evidence, sign_report
 from sandbox_attest.attest.statement import EVIDENCE_PREDICATE
 from sandbox_attest.attest.subjects import ALLURE_DIR
-from sandbox_attest.junit import render_junit
-from sandbox_attest.outcomes import run_outcomes
-from sandbox_attest.render import render_html, render_summary
-from sandbox_attest.sarif import render_sarif
-from sandbox_attest.separation import Launch, backend_fact, summarize
-from sandbox_attest.trust import PayloadUser
+from sandbox_attest.host.trust import PayloadUser
+from sandbox_attest.report.allure import render_allure
+from sandbox_attest.report.junit import render_junit
+from sandbox_attest.report.outcomes import run_outcomes
+from sandbox_attest.report.sarif import render_sarif
+from sandbox_attest.report.views import render_html, render_summary
+from sandbox_attest.run.separation import Launch, backend_fact, summarize
 
 if TYPE_CHECKING:
     from sandbox_attest.attest.keys import SigningKey
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 COMMIT = "5f3c9a1e2b4d6f8091a2b3c4d5e6f708192a3b4c"
 # The payload user of a built run (nobody), as the host reads it: real, effective, saved, fs.
@@ -129,7 +129,7 @@ def make_cell(
 def measured_domains(
     cells: list[dict[str, Any]], launched_uid: int = PAYLOAD_UID
 ) -> dict[str, Any]:
-    """The trust-domains fact a root run measures over `cells` (sandbox_attest/separation.py).
+    """The trust-domains fact a root run measures over `cells` (sandbox_attest/run/separation.py).
 
     Every backend's commands were started as `launched_uid` (the payload user `nobody` by
     default); the harness is uid 0.
@@ -170,7 +170,7 @@ def make_cells(
 
 
 def write_junit(path: Path, evidence: dict[str, Any], policy: Policy | None = None) -> None:
-    """junit.xml as a run renders it (`sandbox_attest.junit.render_junit`), from `evidence`."""
+    """junit.xml as a run renders it (`report.junit.render_junit`), from `evidence`."""
     path.write_bytes(render_junit(evidence, run_outcomes(evidence, policy)))
 
 

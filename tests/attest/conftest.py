@@ -8,7 +8,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sandbox_attest.attest.keys import SigningKey, TrustedKey
-from sandbox_attest.attest.policy import Policy, load_policy
+from sandbox_attest.report.policy import Policy, load_policy
 from tests.attest.builder import build_report, sign, write_policy
 
 if TYPE_CHECKING:

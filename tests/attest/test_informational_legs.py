@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from sandbox_attest.attest.keys import TrustedKey
     from sandbox_attest.attest.merge import ExpectedLegs, MergeResult
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 EXPECT = """
 [[leg]]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from sandbox_attest.attest.keys import SigningKey, TrustedKey
     from sandbox_attest.attest.merge import ExpectedLegs, MergeResult
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 EXPECT = """
 [[leg]]

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sandbox_attest.attest import dsse
-from sandbox_attest.attest.cli import register
 from sandbox_attest.attest.keys import (
     SigningKey,
     TrustedKey,
@@ -34,13 +33,14 @@ from sandbox_attest.attest.verify import (
     parse_max_age,
     verify_report,
 )
+from sandbox_attest.cli.release import register
 from sandbox_attest.errors import ConfigError
 from tests.attest.builder import COMMIT, build_report, make_cells, sign
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 ATT = "attestation.intoto.jsonl"
 

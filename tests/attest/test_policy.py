@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.attest.policy import evaluate, load_policy, missing_legs
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.report.policy import evaluate, load_policy, missing_legs
 from tests.attest.builder import make_cells, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 
 class TestLoadPolicy:

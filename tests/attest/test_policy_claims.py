@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.attest.cli import claims_line, register
 from sandbox_attest.attest.keys import SigningKey, TrustedKey, public_key_pem
-from sandbox_attest.attest.policy import claim_problems, leg_claims, load_policy, parse_policy
 from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.backends.bubblewrap import POLICY as BUBBLEWRAP
 from sandbox_attest.backends.docker import DockerBackend
 from sandbox_attest.backends.none import POLICY as NONE
+from sandbox_attest.cli.release import claims_line, register
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.report.policy import claim_problems, leg_claims, load_policy, parse_policy
 from tests.attest.builder import CORE_PROBES, build_report, sign
 
 REPO = Path(__file__).parent.parent.parent

@@ -12,18 +12,18 @@ import pytest
 
 import sandbox_attest.attest.merge
 import sandbox_attest.attest.verify
-from sandbox_attest.attest.cli import register
 from sandbox_attest.attest.keys import private_key_pem, public_key_pem
 from sandbox_attest.attest.legs import load_expected_legs
 from sandbox_attest.attest.merge import merge_legs
+from sandbox_attest.cli.release import register
 from tests.attest.builder import build_report, make_cells, sign
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from sandbox_attest.attest.keys import SigningKey, TrustedKey
-    from sandbox_attest.attest.policy import Policy
     from sandbox_attest.attest.verify import Verification
+    from sandbox_attest.report.policy import Policy
 
 LEGS_TOML = (
     '[[leg]]\nplatform = "linux"\nbackend = "bubblewrap"\n'

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sandbox_attest.attest.keys import SigningKey, TrustedKey
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 EXPECT = '[[leg]]\nplatform = "linux"\nbackend = "bubblewrap"\n'
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.attest import reportfs
 from sandbox_attest.errors import ConfigError, ReportError
-from sandbox_attest.evidence import EvidenceWriter
+from sandbox_attest.report import files as reportfs
+from sandbox_attest.report.evidence import EvidenceWriter
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -15,11 +15,11 @@ import jsonschema
 import pytest
 
 from sandbox_attest.attest.keys import SigningKey, TrustedKey
-from sandbox_attest.attest.policy import Policy
 from sandbox_attest.attest.subjects import FILE_SUBJECTS, SARIF
 from sandbox_attest.attest.verify import verify_report
-from sandbox_attest.explain import probe_docs
-from sandbox_attest.sarif import render_sarif
+from sandbox_attest.report.explain import probe_docs
+from sandbox_attest.report.policy import Policy
+from sandbox_attest.report.sarif import render_sarif
 from tests.attest.builder import build_report, make_cells, sign, signed_subjects
 
 SCHEMA = Path(__file__).parents[1] / "data" / "sarif" / "sarif-schema-2.1.0.json"

@@ -23,7 +23,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 import sandbox_attest
 from sandbox_attest.attest import ATTESTATION_NAME, SignerFacts, gate_for
 from sandbox_attest.attest.keys import ENV_VAR, SigningKey, TrustedKey, keyid_of, private_key_pem
-from sandbox_attest.attest.reportfs import make_report_dir
 from sandbox_attest.attest.signer import SIGN_TIMEOUT, Signer
 from sandbox_attest.attest.subjects import (
     ALL_SUBJECTS,
@@ -36,14 +35,15 @@ from sandbox_attest.attest.subjects import (
 )
 from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.errors import ConfigError, ReportError
-from sandbox_attest.render import render_html, render_summary
-from sandbox_attest.sarif import render_sarif
+from sandbox_attest.report.files import make_report_dir
+from sandbox_attest.report.sarif import render_sarif
+from sandbox_attest.report.views import render_html, render_summary
 from tests.attest.builder import build_report, make_cells
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="prctl and /proc are Linux")
 ROOT = os.geteuid() == 0
@@ -300,7 +300,7 @@ class TestKey:
     @pytest.mark.skipif(not ROOT, reason="only root separates the payload uid")
     def test_key_file_of_the_payload_uid_is_refused(self, key_file: Path) -> None:
         """A key file owned by the payload user is refused, whatever its mode."""
-        from sandbox_attest.trust import payload_user  # noqa: PLC0415
+        from sandbox_attest.host.trust import payload_user  # noqa: PLC0415
 
         user = payload_user()
         assert user is not None

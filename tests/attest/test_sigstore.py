@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.attest import reportfs, sigstore
+from sandbox_attest.attest import sigstore
 from sandbox_attest.attest.sigstore import (
     BUNDLES_NAME,
     ED25519_ONLY,
@@ -17,6 +17,7 @@ from sandbox_attest.attest.sigstore import (
     decide,
     sign_keyless,
 )
+from sandbox_attest.report import files as reportfs
 
 if TYPE_CHECKING:
     from pathlib import Path

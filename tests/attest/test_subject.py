@@ -15,7 +15,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.attest import dsse, gate_for, policy_from_evidence
-from sandbox_attest.attest.cli import register
 from sandbox_attest.attest.keys import public_key_pem
 from sandbox_attest.attest.statement import (
     EVIDENCE_PREDICATE,
@@ -30,6 +29,7 @@ from sandbox_attest.attest.statement import (
 )
 from sandbox_attest.attest.subjects import ALLURE_DIR, FILE_SUBJECTS, tree_sha256
 from sandbox_attest.attest.verify import PRE_ISSUE_30_NOTE, verify_report
+from sandbox_attest.cli.release import register
 from tests.attest.builder import build_report, make_cells, read_statements, sign
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import pytest
 
     from sandbox_attest.attest.keys import SigningKey, TrustedKey
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 ATT = "attestation.intoto.jsonl"
 BWRAP = b"#!/bin/sh\n# a stand-in bwrap build\n"

@@ -1,6 +1,6 @@
 """Trust domains are measured, signed, and enforced (issue 23, part 2).
 
-The measurement (`sandbox_attest.separation`) over host readings shaped as hostview writes
+The measurement (`sandbox_attest.run.separation`) over host readings shaped as hostview writes
 them; the signer's refusal of a release key for a run that is not separated (the real signer
 process, with a per-machine key under a temporary HOME); and `verify`'s refusal of such a run
 and of a report whose fact was declared rather than measured.
@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from sandbox_attest import separation
-from sandbox_attest.attest.cli import register
 from sandbox_attest.attest.keys import (
     ENV_VAR,
     TrustedKey,
@@ -30,18 +28,20 @@ from sandbox_attest.attest.keys import (
 )
 from sandbox_attest.attest.legs import load_expected_legs
 from sandbox_attest.attest.merge import MergeResult, merge_legs
-from sandbox_attest.attest.reportfs import make_report_dir
 from sandbox_attest.attest.signer import Signer
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
 from sandbox_attest.attest.verify import Checks, verify_report
-from sandbox_attest.render import render_html, render_summary
-from sandbox_attest.sarif import render_sarif
-from sandbox_attest.trust import PayloadUser, trust_domains
+from sandbox_attest.cli.release import register
+from sandbox_attest.host.trust import PayloadUser, trust_domains
+from sandbox_attest.report.files import make_report_dir
+from sandbox_attest.report.sarif import render_sarif
+from sandbox_attest.report.views import render_html, render_summary
+from sandbox_attest.run import separation
 from tests.attest.builder import PAYLOAD_UID, build_report, make_cells, measured_domains, sign
 
 if TYPE_CHECKING:
     from sandbox_attest.attest.keys import SigningKey
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="the signer process is Linux-only")
 HARNESS = (0, 0)

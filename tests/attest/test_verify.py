@@ -11,7 +11,6 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sandbox_attest.attest import dsse
-from sandbox_attest.attest.cli import register
 from sandbox_attest.attest.keys import (
     SigningKey,
     TrustedKey,
@@ -23,12 +22,13 @@ from sandbox_attest.attest.keys import (
 from sandbox_attest.attest.statement import STATEMENT_TYPE, statement_bytes
 from sandbox_attest.attest.subjects import FILE_SUBJECTS
 from sandbox_attest.attest.verify import Checks, verify_report
+from sandbox_attest.cli.release import register
 from tests.attest.builder import build_report, make_cells, sign, write_policy
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from sandbox_attest.attest.policy import Policy
+    from sandbox_attest.report.policy import Policy
 
 ATT = "attestation.intoto.jsonl"
 

@@ -38,8 +38,8 @@ from sandbox_attest.backends.appcontainer import (
     profile_name,
 )
 from sandbox_attest.backends.base import SHIM_PORT, START_MARKER, Backend, EgressRoute, ProbeRequest
-from sandbox_attest.egress.pipe_broker import PipeBroker, rewrite_head
 from sandbox_attest.errors import BackendUnavailable, ConfigError
+from sandbox_attest.world.egress.pipe_broker import PipeBroker, rewrite_head
 from tests.listening import stop_accept_loop
 
 # ruff: noqa: D102, D107  (the fakes implement the seam Protocols documented in _win32.py)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest import disguise
 from sandbox_attest.backends import bubblewrap as bw
 from sandbox_attest.backends.base import SANDBOX_RUN_DIR, SHIM_PORT, EgressRoute, ProbeRequest
 from sandbox_attest.errors import BackendUnavailable
+from sandbox_attest.host import disguise
 from sandbox_attest.payload import interpreter_paths, payload_env
 from tests.backends.standin import take_client
 from tests.listening import stop_accept_loop

@@ -32,9 +32,9 @@ from sandbox_attest.backends.command import (
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.backends.spec import load_spec
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.matrix import Cell, ProbeRow
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
 
 SPECS = Path(__file__).parent.parent / "data" / "specs"

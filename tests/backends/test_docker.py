@@ -39,9 +39,9 @@ from sandbox_attest.backends.docker import (
     engine_socket_path,
 )
 from sandbox_attest.backends.none import NoneBackend
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host.trust import payload_user
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
 from tests.backends.standin import take_client
 from tests.listening import stop_accept_loop

@@ -18,7 +18,7 @@ from sandbox_attest.backends.base import EgressRoute, ProbeRequest
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command import CommandBackend
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host.trust import payload_user
 from sandbox_attest.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 

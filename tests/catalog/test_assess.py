@@ -18,9 +18,9 @@ from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, base, probe_path
 from sandbox_attest.catalog.base import _conclude
 from sandbox_attest.catalog.fs import CANARY_NAME, CORE_CLASSES, HOME_CLASSES
-from sandbox_attest.matrix import load_matrix
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.runner import inside_route
+from sandbox_attest.run.matrix import load_matrix
+from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import Verdict, decide
 from sandbox_attest.world.info import (
     PROBE_NAME_SUFFIX,

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest import sweep
 from sandbox_attest.catalog import fs
 from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.canary import call_as, site_moved
@@ -33,8 +32,9 @@ from sandbox_attest.catalog.socket_witness import (
     reachable_dirs,
     witness_name,
 )
-from sandbox_attest.safefs import open_dir
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host.safefs import open_dir
+from sandbox_attest.host.trust import payload_user
+from sandbox_attest.run import sweep
 from tests.catalog.test_fs_write_outside import CONFINED, WorldLike
 from tests.catalog.test_proc import Records
 from tests.noise import busy_host

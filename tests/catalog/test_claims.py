@@ -1,7 +1,7 @@
 """Each assessor judges against the claim, and each FAIL names the claim it broke.
 
 Hand-made reports against real planted files and real evidence shapes (the host view as
-sandbox_attest/hostview.py writes it, witness records as the world logs them): for every probe that
+run/hostview.py writes it, witness records as the world logs them): for every probe that
 reads a new claim, the branch where the claim holds, where it breaks (FAIL naming it), and
 where it is not made (not judged, or NOT_APPLICABLE through `not_claimed`).
 """

@@ -2,7 +2,7 @@
 
 `believe` downgrades a PASS that rests on the payload's report alone where that report crossed
 a wrapper the harness does not control; each spec names the host readings behind its reading
-(`corroboration`). Host views here are shaped as sandbox_attest/hostview.py writes them.
+(`corroboration`). Host views here are shaped as sandbox_attest/run/hostview.py writes them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.base import host_seen_own_network
-from sandbox_attest.runner import inside_route
+from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import UNCORROBORATED, Assessment, Decision, Verdict, believe
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")

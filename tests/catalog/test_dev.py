@@ -33,9 +33,9 @@ from sandbox_attest.catalog.dev import (
     sensitive,
     view_sensitive,
 )
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host.trust import payload_user
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import decide
 from sandbox_attest.world.core import World, start_world
 

@@ -1,6 +1,6 @@
 """The worst judged process of a cell decides, not the one carrying the launcher's name.
 
-Host views here are shaped as sandbox_attest/hostview.py writes them when it reads a cell's
+Host views here are shaped as sandbox_attest/run/hostview.py writes them when it reads a cell's
 group: the launcher's process at the top, every other judged member under `others`.
 """
 

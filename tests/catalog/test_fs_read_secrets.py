@@ -19,7 +19,7 @@ import pytest
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import CellContext
 from sandbox_attest.catalog.fs import FsReadSecrets
-from sandbox_attest.hostview import read_process
+from sandbox_attest.run.hostview import read_process
 from sandbox_attest.verdict import Decision, Verdict, believe, decide
 from tests.catalog.test_host import OK_CONTROL, Records, att, make_ctx, report
 from tests.unit.test_hostview import SLEEPER, sandboxed, started, wait_for

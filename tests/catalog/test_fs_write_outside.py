@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest import sweep
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.fs import (
@@ -29,7 +28,8 @@ from sandbox_attest.catalog.fs import (
     payload_writable_places,
     writable_places,
 )
-from sandbox_attest.trust import PayloadUser, payload_user
+from sandbox_attest.host.trust import PayloadUser, payload_user
+from sandbox_attest.run import sweep
 from sandbox_attest.verdict import Assessment
 from tests.catalog.test_proc import Records
 

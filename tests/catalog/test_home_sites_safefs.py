@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.fs import FsWriteOutside
-from sandbox_attest.trust import PayloadUser
+from sandbox_attest.host.trust import PayloadUser
 from tests.catalog.test_fs_write_outside import CONFINED, WorldLike
 
 pytestmark = pytest.mark.skipif(

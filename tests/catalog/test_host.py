@@ -42,10 +42,10 @@ from sandbox_attest.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsRe
 from sandbox_attest.catalog.ipc import IpcProxySocketTamper
 from sandbox_attest.catalog.lifecycle import ORPHAN_MARKER, LifecycleOrphans, find_orphans
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.matrix import Cell, ProbeRow
+from sandbox_attest.host.trust import payload_user
 from sandbox_attest.payload import payload_env
-from sandbox_attest.runner import CellRunner, inside_route
-from sandbox_attest.trust import payload_user
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner, inside_route
 from sandbox_attest.verdict import Verdict, decide
 from sandbox_attest.world.core import World, start_world
 from sandbox_attest.world.info import (

@@ -27,7 +27,7 @@ from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, InsideRoute
 from sandbox_attest.catalog.ipc import TAMPER_OPS, IpcProxySocketTamper
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.runner import inside_route
+from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import Verdict, decide
 from sandbox_attest.world.core import World, start_world
 from tests.catalog.test_proc import CONFINED, att

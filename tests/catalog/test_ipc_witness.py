@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest import sweep
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.catalog.base import _save_state
 from sandbox_attest.catalog.ipc import IpcUnixSocketEscape
@@ -33,6 +32,7 @@ from sandbox_attest.catalog.socket_witness import (
     walk_socket_dirs,
     witness_name,
 )
+from sandbox_attest.run import sweep
 from sandbox_attest.verdict import Verdict, decide
 from tests.catalog.test_proc import CONFINED, OK_CONTROL, OPEN, Records, att, make_ctx
 

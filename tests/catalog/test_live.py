@@ -19,7 +19,7 @@ import pytest
 
 from sandbox_attest.backends.base import START_MARKER, DeclaredPolicy
 from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, WorldLike, probe_path
-from sandbox_attest.runner import inside_route
+from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import Assessment, Decision, Verdict, decide
 from sandbox_attest.world.core import World, start_world
 from tests.reachable import reachable_tempdir

@@ -9,6 +9,7 @@ record, a refusal of every bind) decides the verdict, never the report alone.
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import socket
 from pathlib import Path
@@ -26,7 +27,7 @@ from sandbox_attest.catalog.machinery import (
     _marker,
 )
 from sandbox_attest.catalog.races import SOCKET_DIR, FsSetupRace, _refused_as_a_kind
-from sandbox_attest.runner import inside_route
+from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import Verdict, decide
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
@@ -214,8 +215,14 @@ class TestSetupRace:
         spec = FsSetupRace()
         ctx = _ctx(spec.id, tmp_path)
         targets = spec.prepare(ctx)
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.bind(str(ctx.cell_dir / SOCKET_DIR / targets["socket_name"]))
+        # Bound through a descriptor of its dir: the cell dir under a pytest-xdist worker's
+        # tmp_path is longer than AF_UNIX's 108 bytes allow.
+        place = os.open(ctx.cell_dir / SOCKET_DIR, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.bind(f"/proc/self/fd/{place}/{targets['socket_name']}")
+        finally:
+            os.close(place)
         attempts = [
             _a("control:socket", "succeeded", "control"),
             _a("swap:read", "refused", err="ENOENT"),

@@ -31,13 +31,13 @@ from sandbox_attest.catalog.net import direct, route
 from sandbox_attest.catalog.net.direct import NetIpv6UdpIcmp, NetLoopbackServices
 from sandbox_attest.catalog.net.route import NetPrivateAddress, NetProxyConfusion
 from sandbox_attest.catalog.net.witness import LoopbackWitness
-from sandbox_attest.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
-from sandbox_attest.egress.rules import Rule
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import Verdict, decide
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX, WitnessRecords, World, start_world
+from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from sandbox_attest.world.egress.rules import Rule
 from sandbox_attest.world.info import ProxyInfo, WorldInfo
 from tests.reachable import reachable_tempdir
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
-from sandbox_attest import disguise
 from sandbox_attest.backends.base import Backend, DeclaredPolicy
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
@@ -29,9 +28,10 @@ from sandbox_attest.catalog import base as catalog_base
 from sandbox_attest.catalog import proc as proc_module
 from sandbox_attest.catalog.base import _poll
 from sandbox_attest.catalog.proc import BOUNDS
-from sandbox_attest.hostview import read_process
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.host import disguise
+from sandbox_attest.run.hostview import read_process
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import Verdict, believe, decide
 from sandbox_attest.world.core import World, start_world
 from tests.reachable import reachable_tempdir

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest import safefs
 from sandbox_attest.catalog import CellContext
 from sandbox_attest.catalog.fs import FsReadSecrets
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.runner import inside_route
+from sandbox_attest.host import safefs
+from sandbox_attest.run.runner import inside_route
 from tests.catalog.test_host import CONFINED, StubWorld, stub_info
 
 if TYPE_CHECKING:

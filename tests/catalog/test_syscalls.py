@@ -22,8 +22,8 @@ from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, probe_path
 from sandbox_attest.catalog.base import _control
 from sandbox_attest.catalog.syscalls import SPECS
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import Verdict
 from sandbox_attest.world.core import start_world
 from tests.catalog.test_proc import CONFINED, att, make_ctx, verdict_of
@@ -153,7 +153,7 @@ class TestMountApiReading:
 @pytest.mark.parametrize("probe", [EXTENDED, MOUNT_API])
 def test_the_payload_reaches_every_door_unconfined(tmp_path: Path, probe: str) -> None:
     """Run unconfined as an unprivileged user, the payload reports each door it tried reached."""
-    from sandbox_attest.trust import payload_user  # noqa: PLC0415
+    from sandbox_attest.host.trust import payload_user  # noqa: PLC0415
 
     user = payload_user()
     assert user is not None, "no payload user on this host: run as root (it makes one)"

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 import pytest
 import trustme
 
-from sandbox_attest.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
 from sandbox_attest.world.dns import DnsFixture
+from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
 from tests.egress.egress_helpers import Origin, OriginMode
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
 
-    from sandbox_attest.egress.rules import Rule
+    from sandbox_attest.world.egress.rules import Rule
 
 
 @pytest.fixture(scope="session")

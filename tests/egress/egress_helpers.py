@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sandbox_attest.catalog.base import WITNESS_WAIT_S
-from sandbox_attest.egress.proxy import PROXY_USER
+from sandbox_attest.world.egress.proxy import PROXY_USER
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from sandbox_attest.egress.proxy import ProxyProcess
+    from sandbox_attest.world.egress.proxy import ProxyProcess
 
-SHIM = Path(__file__).resolve().parents[2] / "sandbox_attest" / "egress" / "shim.py"
+SHIM = Path(__file__).resolve().parents[2] / "sandbox_attest" / "world" / "egress" / "shim.py"
 BLOCK = 1024 * 1024
 _BASE = random.Random(20261130).randbytes(BLOCK)  # noqa: S311  (test data, not secrets)
 

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.egress import shim
-from sandbox_attest.egress.proxy import DENY_HEADER, HANDOFF_MARKER
-from sandbox_attest.egress.rules import Rule
+from sandbox_attest.world.egress import shim
+from sandbox_attest.world.egress.proxy import DENY_HEADER, HANDOFF_MARKER
+from sandbox_attest.world.egress.rules import Rule
 from tests.egress.egress_helpers import (
     connect_request,
     fd_count,
@@ -34,7 +34,7 @@ from tests.py38 import python38
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from sandbox_attest.egress.proxy import ProxyProcess
+    from sandbox_attest.world.egress.proxy import ProxyProcess
     from tests.egress.egress_helpers import Origin
 
 

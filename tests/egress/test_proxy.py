@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.egress.proxy import DENY_HEADER, MAX_HEAD, ProxyConfig, start_proxy
-from sandbox_attest.egress.rules import Rule
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.jsonlines import LogLineError
+from sandbox_attest.host.jsonlines import LogLineError
+from sandbox_attest.world.egress.proxy import DENY_HEADER, MAX_HEAD, ProxyConfig, start_proxy
+from sandbox_attest.world.egress.rules import Rule
 from tests.egress.egress_helpers import (
     BLOCK,
     Origin,
@@ -41,8 +41,8 @@ from tests.egress.egress_helpers import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from sandbox_attest.egress.proxy import ProxyProcess
     from sandbox_attest.world.dns import DnsFixture
+    from sandbox_attest.world.egress.proxy import ProxyProcess
 
 MakeProxy = "Callable[..., ProxyProcess]"
 

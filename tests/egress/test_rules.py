@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox_attest.egress.rules import (
+from sandbox_attest.world.egress.rules import (
     EgressPolicy,
     EgressRequest,
     HostError,

@@ -7,14 +7,14 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from sandbox_attest.egress.rules import Rule
+from sandbox_attest.world.egress.rules import Rule
 from tests.egress.egress_helpers import SHIM, read_all, read_head
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from sandbox_attest.egress.proxy import ProxyProcess
+    from sandbox_attest.world.egress.proxy import ProxyProcess
     from tests.egress.egress_helpers import Origin
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from sandbox_attest.attest.legs import load_expected_legs
-from sandbox_attest.attest.policy import load_policy
+from sandbox_attest.report.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"

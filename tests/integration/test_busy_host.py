@@ -32,8 +32,8 @@ from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import fs
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
 from tests.noise import Noise, busy_host
 from tests.reachable import reachable_tempdir

@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.matrix import load_matrix
 from sandbox_attest.paths import default_policy, matrix_dir
+from sandbox_attest.run.matrix import load_matrix
 from tests.here import not_judgeable_here, policy_judged_here
 
 CLI = [sys.executable, "-m", "sandbox_attest.cli"]
@@ -387,7 +387,7 @@ class TestSmallMatrix:
         assert proc.returncode == pytest.ExitCode.INTERRUPTED, proc.stdout + proc.stderr
         assert f"sandbox-attest: error: --key {hostname}: not a PEM private key" in proc.stdout
         assert "Traceback" not in proc.stdout
-        assert "sandbox_attest/plugin.py" not in proc.stdout
+        assert "sandbox_attest/plugin/__init__.py" not in proc.stdout
         assert not (out / "evidence.jsonl").exists()
 
 

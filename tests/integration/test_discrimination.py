@@ -24,9 +24,9 @@ from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.matrix import Cell, ProbeRow, load_matrix
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.run.matrix import Cell, ProbeRow, load_matrix
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
 from tests.here import cell_here, not_judgeable_here
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest import sweep
-from sandbox_attest.jsonlines import read_complete_lines
+from sandbox_attest.host.jsonlines import read_complete_lines
 from sandbox_attest.payload import SCRATCH_PREFIX
+from sandbox_attest.run import sweep
 from sandbox_attest.world.faults import FAULTS_ENV
 from tests.integration.test_cli_run import CLI, keypair, run_cli
 from tests.integration.test_signals import anchor_in_flight, descendants, still_alive

@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from sandbox_attest.attest import sign_report
 from sandbox_attest.attest.keys import ENV_VAR, SigningKey
-from sandbox_attest.attest.policy import load_policy
+from sandbox_attest.report.policy import load_policy
 from tests.integration.test_cli_run import keypair
 from tests.integration.test_nonroot import ensure_user
 

@@ -15,7 +15,7 @@ bwrap-generic.toml with one hole, go through a real `sandbox-attest run` with th
 A fourth, leaves_helper.toml, starts bwrap-generic from a shell that first leaves a helper
 running in a new session: the harness's leftover sweep kills it (by the cell's group), and that kill
 must count as this sandbox's escape in `lifecycle_orphans`, not as its cleanup: the command
-backend records what its sweep killed (`sandbox_attest.sweep.record_leftovers`) and the catalogue
+backend records what its sweep killed (`run.sweep.record_leftovers`) and the catalogue
 reads it from the cell dir.
 
 Each hole FAILs its own probe and no other; none of them earns a PASS gate. Real bubblewrap,
@@ -36,7 +36,7 @@ import pytest
 from sandbox_attest.attest import EVIDENCE_NAME
 from sandbox_attest.catalog.dev import payload_user_devices, sensitive
 from sandbox_attest.catalog.lifecycle import find_orphans
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host.trust import payload_user
 from tests.here import not_judgeable_here
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
@@ -195,7 +195,7 @@ class TestOrphansOutliveTheWrapper:
 
         They stay in the cell's group whatever session or environment they take, so the
         harness's sweep ends them once the wrapper is gone, and names each as the sandbox's
-        escape (sandbox_attest/cellgroup.py): none is left for the watch to see alive.
+        escape (sandbox_attest/run/cellgroup.py): none is left for the watch to see alive.
         """
         cell = run.cell("hole-orphans", "lifecycle_orphans")
         assert cell["verdict"] == "FAIL", cell["reason"]

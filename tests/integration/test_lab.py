@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest import disguise
-from sandbox_attest.egress.proxy import PROXY_USER, ProxyConfig, start_proxy
-from sandbox_attest.egress.rules import Rule
+from sandbox_attest.host import disguise
 from sandbox_attest.world.dns import DnsFixture
+from sandbox_attest.world.egress.proxy import PROXY_USER, ProxyConfig, start_proxy
+from sandbox_attest.world.egress.rules import Rule
 from sandbox_attest.world.lab import INTERNET_NET, ORIGIN_ADDRESS, lab_possible, lab_supported
 from sandbox_attest.world.netguard import OutsideLabError, check_destination, current_netns
 

@@ -16,8 +16,8 @@ import pytest
 
 from sandbox_attest.backends.command import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
 from tests.reachable import reachable_tempdir
 

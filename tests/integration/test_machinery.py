@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest import disguise
 from sandbox_attest.attest import EVIDENCE_NAME
+from sandbox_attest.host import disguise
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
 

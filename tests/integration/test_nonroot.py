@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.attest.policy import load_policy
 from sandbox_attest.paths import default_policy
+from sandbox_attest.report.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = "sa-nonroot"

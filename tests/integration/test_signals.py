@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest import sweep
+from sandbox_attest.run import sweep
 from tests.integration.test_cli_run import CLI, keypair, run_cli, small_policy
 
 REPO = Path(__file__).parent.parent.parent

@@ -24,14 +24,14 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest import disguise
 from sandbox_attest.backends.base import Backend
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog.ipc import TAMPER_OPS
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.host import disguise
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
 from tests.integration.test_cli_run import run_cli
 from tests.reachable import reachable_tempdir

@@ -39,7 +39,7 @@ import pytest
 
 from sandbox_attest.attest import EVIDENCE_NAME
 from sandbox_attest.attest.keys import ENV_VAR
-from sandbox_attest.trust import USER_ENV
+from sandbox_attest.host.trust import USER_ENV
 from tests.integration.test_cli_run import CLI, keypair
 
 pytestmark = [
@@ -55,7 +55,7 @@ ATTACKER = Path(__file__).parent.parent / "data" / "symlink_attacker"
 PROBES = ("fs_read_secrets", "fs_write_outside")
 BACKEND = "symlinker"
 # This test's own payload account, with its home under a root-owned 0755 parent (the layout
-# the harness requires of the default account too: sandbox_attest/trust.py).
+# the harness requires of the default account too: sandbox_attest/host/trust.py).
 ACCOUNT = "sa-symlink-test"
 ACCOUNT_BASE = Path("/var/lib/sandbox-attest-symlink-test")
 ACCOUNT_HOME = ACCOUNT_BASE / "home"

@@ -36,11 +36,11 @@ import pytest
 
 from sandbox_attest.attest import ATTESTATION_NAME, EVIDENCE_NAME, dsse
 from sandbox_attest.attest.keys import ENV_VAR, load_trusted_key
-from sandbox_attest.attest.policy import load_policy
 from sandbox_attest.attest.statement import TEST_RESULT_PREDICATE, parse_statement
 from sandbox_attest.attest.verify import Checks, verify_report
 from sandbox_attest.backends.command import CommandBackend
-from sandbox_attest.hostview import LAUNCHER
+from sandbox_attest.report.policy import load_policy
+from sandbox_attest.run.hostview import LAUNCHER
 from tests.integration.test_cli_run import CLI, keypair
 
 if TYPE_CHECKING:
@@ -361,7 +361,7 @@ class TestAttacksFail:
 
         It once outlived the run (no run tag followed it) and retried its plants through the
         signing; now the harness's sweep kills every member of the cell's group once the
-        wrapper is gone (sandbox_attest/cellgroup.py), so it never reaches its own end.
+        wrapper is gone (sandbox_attest/run/cellgroup.py), so it never reaches its own end.
         """
         start = run.one("helper-start")
         assert start["outs"] == [str(run.out)]

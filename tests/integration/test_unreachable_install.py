@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host.trust import payload_user
 
 REPO = Path(__file__).resolve().parents[2]
 PROBES = ("net_denied_host", "fs_write_outside", "proc_privileges")

@@ -1,7 +1,7 @@
 """The verdict logic cannot be fooled: forged, broken and blind payloads against a real world.
 
 Each test runs the real runner with a real backend and the real fixture world; only the
-payload script is swapped (the narrow seam `sandbox_attest.runner.probe_path`) for one in
+payload script is swapped (the narrow seam `sandbox_attest.run.runner.probe_path`) for one in
 tests/data/forged/ that lies, crashes, stays silent or cannot see.
 """
 
@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest import runner as runner_module
 from sandbox_attest.backends.base import Availability, Backend, EgressMode, ProbeRequest, ProbeRun
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.backends.process import run_process
 from sandbox_attest.catalog import probe_path
-from sandbox_attest.matrix import Cell, ProbeRow
-from sandbox_attest.runner import CellRunner
+from sandbox_attest.run import runner as runner_module
+from sandbox_attest.run.matrix import Cell, ProbeRow
+from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
 
 FORGED = Path(__file__).parent.parent / "data" / "forged"

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest import disguise
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.hostview import LAUNCHER
+from sandbox_attest.host import disguise
 from sandbox_attest.payload import TELLTALE_WORDS
+from sandbox_attest.run.hostview import LAUNCHER
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

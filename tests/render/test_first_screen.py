@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.attest.policy import load_policy
-from sandbox_attest.outcomes import count_failures, run_outcomes
-from sandbox_attest.render import render_html, render_summary
+from sandbox_attest.report.outcomes import count_failures, run_outcomes
+from sandbox_attest.report.policy import load_policy
+from sandbox_attest.report.views import render_html, render_summary
 from tests.attest.builder import CORE_PROBES, build_report, make_cells, write_policy
 from tests.render.cdp import Browser
 from tests.render.test_html import chromium

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sandbox_attest.attest import SignerFacts, gate_for, policy_from_evidence
 from sandbox_attest.attest.sigstore import ED25519_ONLY
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, SUMMARY
-from sandbox_attest.render import NOT_SIGNED, render_html, render_summary, view_of
+from sandbox_attest.report.views import NOT_SIGNED, render_html, render_summary, view_of
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -83,7 +83,7 @@ class TestBrowser:
         cells = re.findall(r'<td class="v-(\w+) s-(\w+)[^"]*" data-cell="([\w-]+)"', dom)
         assert len(cells) == 21
         # The policy requires none and bubblewrap: the FAIL there is a failure; docker is
-        # optional, so its UNAVAILABLE cell is skipped (sandbox_attest/outcomes.py).
+        # optional, so its UNAVAILABLE cell is skipped (sandbox_attest/report/outcomes.py).
         assert ("FAIL", "failed", "bubblewrap-fs_write_outside") in cells
         assert ("UNAVAILABLE", "skipped", "docker-dns_resolution") in cells
         # The grid cell links to the cell's own section, which is open because it FAILed.
@@ -121,7 +121,7 @@ class TestBrowser:
 
 def test_header_names_the_world_and_the_trust_domains() -> None:
     """The run table says which world the fixtures lived in and who ran the judged code."""
-    from sandbox_attest.render import render_html  # noqa: PLC0415
+    from sandbox_attest.report.views import render_html  # noqa: PLC0415
 
     evidence = {
         "schema": "sandbox-attest/evidence/v1",

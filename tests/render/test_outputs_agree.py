@@ -2,7 +2,7 @@
 
 The run has required FAIL, ERROR and INCONCLUSIVE cells, an optional FAIL, an UNAVAILABLE
 cell and a missing required cell; every output is rendered the way the session renders it
-(sandbox_attest/outcomes.py) and read back the way its consumer reads it: JUnit as XML, Allure
+(report/outcomes.py) and read back the way its consumer reads it: JUnit as XML, Allure
 through the real Allure 3 CLI, the page in headless Chromium. They must agree cell by cell,
 with the gate, and on the one count (`count_failures`) the terminal prints too.
 """
@@ -21,7 +21,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from sandbox_attest.allure_results import (
+from sandbox_attest.report.allure import (
     CATEGORIES,
     CONTROL_DIR,
     NOT_GATING,
@@ -29,16 +29,16 @@ from sandbox_attest.allure_results import (
     render_allure,
     write_results,
 )
-from sandbox_attest.attest.policy import Policy, load_policy
-from sandbox_attest.junit import render_junit
-from sandbox_attest.outcomes import (
+from sandbox_attest.report.junit import render_junit
+from sandbox_attest.report.outcomes import (
     GATE_ID,
     RunOutcomes,
     count_failures,
     count_line_of,
     run_outcomes,
 )
-from sandbox_attest.render import render_html, render_summary
+from sandbox_attest.report.policy import Policy, load_policy
+from sandbox_attest.report.views import render_html, render_summary
 from tests.attest.builder import build_report, make_cells, write_policy
 from tests.render.cdp import Browser
 from tests.render.test_html import chromium
@@ -249,7 +249,7 @@ class TestOneCount:
         evidence, policy, report = run
         line = count_failures(outcomes).line()
         assert line.startswith("cells: 4 failing the gate (")
-        # The terminal's line under the grid (sandbox_attest/plugin.py) over the same cells.
+        # The terminal's line under the grid (plugin/__init__.py) over the same cells.
         assert count_line_of(evidence["cells"], "linux", policy) == line
         assert f"**{line}**" in (report / "summary.md").read_text()
         assert f"<p id=count><strong>{line}</strong></p>" in (report / "report.html").read_text()

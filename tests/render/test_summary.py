@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sandbox_attest.attest.subjects import SUMMARY
-from sandbox_attest.render.summary import (
+from sandbox_attest.report.views.summary import (
     STEP_SUMMARY_LIMIT,
     TRUNCATED_NOTE,
     append_step_summary,

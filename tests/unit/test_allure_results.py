@@ -2,7 +2,7 @@
 
 Allure 2 matches `messageRegex` against the whole message (Java `matches`), Allure 3 with
 JavaScript's `RegExp.test`; the categories must work in both, so both are checked here.
-The messages are the ones `sandbox_attest.outcomes` gives every format.
+The messages are the ones `sandbox_attest.report.outcomes` gives every format.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.allure_results import (
+from sandbox_attest.report.allure import (
     CATEGORIES,
     CONTROL_DIR,
     NOT_GATING,
@@ -24,7 +24,7 @@ from sandbox_attest.allure_results import (
     write_results,
     write_run_files,
 )
-from sandbox_attest.outcomes import _outcome, run_outcomes
+from sandbox_attest.report.outcomes import _outcome, run_outcomes
 from tests.attest.builder import build_report, make_cells, write_policy
 
 

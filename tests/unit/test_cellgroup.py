@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest import cellgroup, cgroupfs, sweep
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host import cgroupfs
+from sandbox_attest.host.trust import payload_user
+from sandbox_attest.run import cellgroup, sweep
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest.cli import main
-from sandbox_attest.diff import EXIT_WORSE, compare
+from sandbox_attest.report.diff import EXIT_WORSE, compare
 from tests.attest.builder import build_report, make_cell, make_cells, write_policy
 
 

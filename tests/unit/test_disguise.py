@@ -1,4 +1,4 @@
-"""sandbox_attest.disguise: one neutral vocabulary for what a wrapper sees (issue 23, part 4).
+"""sandbox_attest.host.disguise: one neutral vocabulary for what a wrapper sees (issue 23, part 4).
 
 The live audit (tests/integration/test_what_a_wrapper_sees.py) shows a cell's view is clean;
 these tests hold the vocabulary itself to it, check the copies that cannot import it agree,
@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sandbox_attest import disguise, hostview, sweep
 from sandbox_attest.backends import base
 from sandbox_attest.catalog import (
     PROBES,
@@ -22,7 +21,9 @@ from sandbox_attest.catalog import (
     races,
     socket_witness,
 )
+from sandbox_attest.host import disguise
 from sandbox_attest.payload import TELLTALE_WORDS
+from sandbox_attest.run import hostview, sweep
 from sandbox_attest.world.wheel import load_canary_metadata
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,8 +35,8 @@ VISIBLE = {
 }
 # The modules that name something the payload can list, read or see in /proc.
 NAMING_MODULES = (
-    "sandbox_attest/hostview.py",
-    "sandbox_attest/cellgroup.py",
+    "sandbox_attest/run/hostview.py",
+    "sandbox_attest/run/cellgroup.py",
     "sandbox_attest/catalog/proc.py",
     "sandbox_attest/catalog/crossproc.py",
     "sandbox_attest/catalog/tunables.py",
@@ -46,7 +47,7 @@ NAMING_MODULES = (
     "sandbox_attest/catalog/handles.py",
     "sandbox_attest/catalog/machinery.py",
     "sandbox_attest/catalog/races.py",
-    "sandbox_attest/trust.py",
+    "sandbox_attest/host/trust.py",
     "sandbox_attest/world/wheel.py",
     "sandbox_attest/world/core.py",
     "sandbox_attest/world/origins.py",
@@ -73,7 +74,7 @@ def test_no_visible_name_carries_a_telltale_word_or_a_probe_id() -> None:
 
 
 def test_the_harness_uses_the_vocabulary() -> None:
-    """The places that name visible things take their names from sandbox_attest.disguise."""
+    """The places that name visible things take their names from sandbox_attest.host.disguise."""
     assert hostview.ready_name("n1") == f"{disguise.READY_PREFIX}n1"
     assert hostview.go_name("n1") == f"{disguise.GO_PREFIX}n1"
     assert sweep.RUN_CGROUP_PREFIX == disguise.RUN_CGROUP_PREFIX

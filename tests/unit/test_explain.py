@@ -12,14 +12,14 @@ import pytest
 
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.cli import main
-from sandbox_attest.explain import (
+from sandbox_attest.paths import probes_dir
+from sandbox_attest.report.explain import (
     FIELDS,
     probe_docs,
     readme_section,
     readme_with_section,
     with_fix,
 )
-from sandbox_attest.paths import probes_dir
 
 ROOT = Path(__file__).parents[2]
 
@@ -36,7 +36,7 @@ class TestDocs:
         """probes/README.md holds the section generated from docs.toml, unchanged."""
         readme = (probes_dir() / "README.md").read_text(encoding="utf-8")
         assert readme_with_section(readme, readme_section()) == readme, (
-            "probes/README.md is stale; run: python -m sandbox_attest.explain --write-readme"
+            "probes/README.md is stale; run: python -m sandbox_attest.report.explain --write-readme"
         )
 
     def test_readme_section_is_replaced_not_appended(self) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.attest.policy import load_policy
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.focus import FOCUS_POLICY_NAME, dumps, focused, focused_inputs
-from sandbox_attest.matrix import load_matrix
 from sandbox_attest.paths import default_matrix, default_policy
+from sandbox_attest.report.policy import load_policy
+from sandbox_attest.run.focus import FOCUS_POLICY_NAME, dumps, focused, focused_inputs
+from sandbox_attest.run.matrix import load_matrix
 
 SPEC = Path(__file__).parents[2] / "matrix" / "backends" / "bwrap-generic.toml"
 

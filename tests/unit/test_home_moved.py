@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.runner import _home_moved, _unless_home_moved
-from sandbox_attest.trust import PayloadUser, home_identity
+from sandbox_attest.host.trust import PayloadUser, home_identity
+from sandbox_attest.run.runner import _home_moved, _unless_home_moved
 from sandbox_attest.verdict import Decision, Verdict
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="directory descriptors are POSIX")

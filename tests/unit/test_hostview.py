@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.hostview import (
+from sandbox_attest.paths import probes_dir
+from sandbox_attest.payload import LAUNCHER_SOURCE
+from sandbox_attest.run.hostview import (
     LAUNCHER,
     MAX_LOOK,
     Rendezvous,
@@ -31,8 +33,6 @@ from sandbox_attest.hostview import (
     read_limits,
     read_process,
 )
-from sandbox_attest.paths import probes_dir
-from sandbox_attest.payload import LAUNCHER_SOURCE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

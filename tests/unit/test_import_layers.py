@@ -21,9 +21,9 @@ HARNESS = Path(sandbox_attest.__file__).resolve().parent
 
 # The modules that drive a run; nothing below them may import them.
 ABOVE = (
-    "sandbox_attest.runner",
-    "sandbox_attest.matrix",
-    "sandbox_attest.session",
+    "sandbox_attest.run.runner",
+    "sandbox_attest.run.matrix",
+    "sandbox_attest.run.session",
     "sandbox_attest.cli",
     "sandbox_attest.plugin",
 )
@@ -154,11 +154,11 @@ class TestTheReader:
         (root / "catalog" / "__init__.py").write_text("from sandbox_attest.catalog import fs\n")
         (root / "catalog" / "fs.py").write_text("")
         (root / "catalog" / "env.py").write_text(
-            "def f():\n    from sandbox_attest.runner import x\n    from . import fs\n"
+            "def f():\n    from sandbox_attest.run.runner import x\n    from . import fs\n"
         )
         assert sorted(violations(root)) == [
             (
-                "sandbox_attest.catalog.env (line 2) imports sandbox_attest.runner: "
+                "sandbox_attest.catalog.env (line 2) imports sandbox_attest.run.runner: "
                 "the catalogue must not import the runner or backends"
             ),
             (

@@ -19,7 +19,7 @@ import pytest
 from sandbox_attest.paths import probes_dir
 from tests.py38 import python38
 
-EGRESS = Path(__file__).resolve().parents[2] / "sandbox_attest" / "egress"
+EGRESS = Path(__file__).resolve().parents[2] / "sandbox_attest" / "world" / "egress"
 SCRIPTS = sorted([EGRESS / "shim.py", EGRESS / "pipe_shim.py", *probes_dir().glob("*.py")])
 BUILTIN_GENERICS = frozenset({"list", "dict", "tuple", "set", "frozenset", "type"})
 # Attribute names that exist only on Python >= 3.9 (str, socket, random, math, pathlib,

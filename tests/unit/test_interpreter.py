@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.interpreter import bind_paths_of, choose, describe_as
-from sandbox_attest.trust import payload_user
+from sandbox_attest.host.interpreter import bind_paths_of, choose, describe_as
+from sandbox_attest.host.trust import payload_user
 
 USER = payload_user()
 needs_user = pytest.mark.skipif(USER is None, reason="needs the root harness's payload user")

@@ -19,11 +19,9 @@ from typing import Any, cast
 
 import pytest
 
-from sandbox_attest.attest.cli import register
 from sandbox_attest.attest.keys import SigningKey, public_key_pem
 from sandbox_attest.cli import MISSING_PREFIX, _print_gate, build_parser
-from sandbox_attest.grid import render_grid
-from sandbox_attest.matrix import load_matrix
+from sandbox_attest.cli.release import register
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.plugin import (
     SESSION_KEY,
@@ -32,6 +30,8 @@ from sandbox_attest.plugin import (
     MatrixItem,
     pytest_report_teststatus,
 )
+from sandbox_attest.report.grid import render_grid
+from sandbox_attest.run.matrix import load_matrix
 from tests.attest.builder import build_report, make_cell, make_cells, sign, write_policy
 from tests.attest.conftest import FIXED_SEED
 
@@ -321,8 +321,8 @@ class TestUnavailableRequiredBackend:
 class TestDemonstrationInTheReport:
     def test_report_html_badges_the_demonstration_column(self, tmp_path: Path) -> None:
         """A backend the evidence marks as a demonstration is labelled in the grid and table."""
-        from sandbox_attest.attest.policy import load_policy  # noqa: PLC0415
-        from sandbox_attest.render import render_html  # noqa: PLC0415
+        from sandbox_attest.report.policy import load_policy  # noqa: PLC0415
+        from sandbox_attest.report.views import render_html  # noqa: PLC0415
 
         policy_path = write_policy(tmp_path / "policy.toml")
         cells = [*make_cells(), make_cell("bwrap-generic", "net_denied_host", "FAIL")]
@@ -370,8 +370,8 @@ class TestBackendsListsTheDemonstration:
 class TestDemonstrationInTheSummary:
     def test_summary_md_labels_the_demonstration_column(self, tmp_path: Path) -> None:
         """summary.md's grid header and a line under it say bwrap-generic is a demonstration."""
-        from sandbox_attest.attest.policy import load_policy  # noqa: PLC0415
-        from sandbox_attest.render import render_summary  # noqa: PLC0415
+        from sandbox_attest.report.policy import load_policy  # noqa: PLC0415
+        from sandbox_attest.report.views import render_summary  # noqa: PLC0415
 
         policy_path = write_policy(tmp_path / "policy.toml")
         cells = [*make_cells(), make_cell("bwrap-generic", "net_denied_host", "FAIL")]

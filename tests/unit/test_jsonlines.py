@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.jsonlines import LogLineError, read_complete_lines
+from sandbox_attest.host.jsonlines import LogLineError, read_complete_lines
 
 if TYPE_CHECKING:
     from pathlib import Path

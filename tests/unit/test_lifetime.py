@@ -1,4 +1,4 @@
-"""sandbox_attest.lifetime: real children, real SIGKILLs, read back from /proc."""
+"""sandbox_attest.host.lifetime: real children, real SIGKILLs, read back from /proc."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest import lifetime
+from sandbox_attest.host import lifetime
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only"
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 ROOT = str(Path(__file__).resolve().parents[2])
 READ_OWN = (
     f"import sys; sys.path.insert(0, {ROOT!r}); "
-    "from sandbox_attest.lifetime import own_parent_death_signal as f; print(f())"
+    "from sandbox_attest.host.lifetime import own_parent_death_signal as f; print(f())"
 )
 
 
@@ -95,7 +95,7 @@ class TestDeath:
             textwrap.dedent(
                 """
                 import subprocess, time
-                from sandbox_attest import lifetime
+                from sandbox_attest.host import lifetime
                 armed = subprocess.Popen(["sleep", "300"], **lifetime.popen_kwargs())
                 bare = subprocess.Popen(["sleep", "300"], start_new_session=True)
                 print(armed.pid, bare.pid, flush=True)
@@ -121,7 +121,7 @@ class TestDeath:
             textwrap.dedent(
                 """
                 import subprocess, threading, time
-                from sandbox_attest import lifetime
+                from sandbox_attest.host import lifetime
                 pids = []
                 def spawn():
                     pids.append(subprocess.Popen(["sleep", "300"], **lifetime.popen_kwargs()).pid)
@@ -151,7 +151,7 @@ class TestDeath:
             textwrap.dedent(
                 """
                 import os, subprocess
-                from sandbox_attest import lifetime
+                from sandbox_attest.host import lifetime
                 arm = lifetime.die_with_harness()  # captures this pid
                 child = os.fork()
                 if child == 0:

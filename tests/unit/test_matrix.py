@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.matrix import load_matrix
 from sandbox_attest.paths import matrix_dir
+from sandbox_attest.run.matrix import load_matrix
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sandbox_attest.trust import measure_as, payload_user
+from sandbox_attest.host.trust import measure_as, payload_user
 
 USER = payload_user()
 pytestmark = pytest.mark.skipif(USER is None, reason="needs the root harness's payload user")

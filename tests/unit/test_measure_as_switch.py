@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.trust import measure_as, payload_user
+from sandbox_attest.host.trust import measure_as, payload_user
 
 USER = payload_user()
 pytestmark = pytest.mark.skipif(USER is None, reason="needs the root harness's payload user")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import stat
 from typing import TYPE_CHECKING
 
-from sandbox_attest import hostview, proctitle, sweep
 from sandbox_attest.backends.base import shim_path
 from sandbox_attest.catalog import probe_path
+from sandbox_attest.host import proctitle
 from sandbox_attest.paths import probes_dir
 from sandbox_attest.payload import (
     INPUT_DIR,
@@ -21,6 +21,7 @@ from sandbox_attest.payload import (
     stage_payload,
     stage_shim,
 )
+from sandbox_attest.run import hostview, sweep
 
 if TYPE_CHECKING:
     from pathlib import Path

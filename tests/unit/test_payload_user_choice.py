@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest import trust
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.host import trust
 from sandbox_attest.payload import TELLTALE_WORDS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The harness's processes show neutral titles in /proc (sandbox_attest/proctitle.py, issue 23)."""
+"""The harness's processes show neutral titles in /proc (host/proctitle.py, issue 23)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 # set_title saw, and waits for stdin to close, so this test reads its /proc entries meanwhile.
 CHILD = """
 import json, os, sys
-from sandbox_attest import proctitle
+from sandbox_attest.host import proctitle
 done = proctitle.set_title(json.loads(os.environ["TITLE"]))
 print(json.dumps({"comm": done.comm, "cmdline": done.cmdline, "notes": done.notes}), flush=True)
 sys.stdin.read()
@@ -69,7 +69,7 @@ def test_a_title_longer_than_the_command_line_is_cut_and_said() -> None:
 
 def test_a_word_with_a_nul_is_refused() -> None:
     """A NUL would split one word into two in /proc; such a title is a caller's error."""
-    from sandbox_attest.proctitle import set_title  # noqa: PLC0415
+    from sandbox_attest.host.proctitle import set_title  # noqa: PLC0415
 
     with pytest.raises(ValueError, match="without NUL"):
         set_title(["py\0thon"])
@@ -81,7 +81,7 @@ PLUGIN_CHILD = """
 import json, os, sys
 from pathlib import Path
 from sandbox_attest import plugin
-from sandbox_attest.trust import USER_ENV
+from sandbox_attest.host.trust import USER_ENV
 
 class Config:
     def getoption(self, name):

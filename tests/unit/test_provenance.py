@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox_attest import __version__
-from sandbox_attest.provenance import (
+from sandbox_attest.host.provenance import (
     NOT_FOUND,
     executable_facts,
     git_facts,

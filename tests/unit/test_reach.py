@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest.backends.base import shim_path
-from sandbox_attest.interpreter import payload_interpreter
+from sandbox_attest.host.interpreter import payload_interpreter
+from sandbox_attest.host.trust import payload_user
 from sandbox_attest.paths import matrix_dir, payload_copy, probes_dir
-from sandbox_attest.reach import (
+from sandbox_attest.run.reach import (
     Need,
     Preflight,
     Problem,
@@ -22,7 +23,6 @@ from sandbox_attest.reach import (
     stage_payload_files,
     unstage,
 )
-from sandbox_attest.trust import payload_user
 
 USER = payload_user()
 pytestmark = pytest.mark.skipif(USER is None, reason="needs the root harness's payload user")

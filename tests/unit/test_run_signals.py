@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox_attest.lifetime import RunInterrupted, RunSignals
+from sandbox_attest.host.lifetime import RunInterrupted, RunSignals
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest import safefs
 from sandbox_attest.catalog.canary import read_text, sha256
-from sandbox_attest.safefs import UnsafePathError, chown_tree, open_dir
+from sandbox_attest.host import safefs
+from sandbox_attest.host.safefs import UnsafePathError, chown_tree, open_dir
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="directory descriptors are POSIX")
 

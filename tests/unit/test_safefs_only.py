@@ -1,9 +1,9 @@
-"""Root changes no payload-reachable path by path: sandbox_attest/safefs.py does (issue 23).
+"""Root changes no payload-reachable path by path: sandbox_attest/host/safefs.py does (issue 23).
 
 Every call under sandbox_attest/ that creates, writes, chmods, chowns, links, renames, binds or
 removes by path is found with `ast` (nothing is imported), and each must sit in a module or
 function listed below with the reason its paths are root's alone. Anything new fails here until
-it goes through `sandbox_attest.safefs` (a `SafeDir`, `trust.give`) or is listed with a reason.
+it goes through `sandbox_attest.host.safefs` (a `SafeDir`, `trust.give`) or is listed with a reason.
 
 How a call is told from a SafeDir call without types: a `SafeDir` method takes the entry's name
 as its first argument (`site.mkdir(name, mode)`, `site.unlink(name)`, `site.chmod(name,
@@ -38,29 +38,29 @@ FUNCTIONS: Final = frozenset(
 # Modules whose every such path is root's alone (the payload user can write none of them).
 ROOT_ONLY_MODULES: Final = {
     # The implementation itself: every call there is relative to a directory descriptor.
-    "safefs.py": "the safe layer itself: names relative to held directory descriptors",
+    "host/safefs.py": "the safe layer itself: names relative to held directory descriptors",
     # The report dir, keys, merge output: root's, 0700, written O_EXCL | O_NOFOLLOW.
     "attest/keys.py": "the key store: root's 0700 directories",
     "attest/merge.py": "the merged report dir: root's, made by the harness",
-    "attest/reportfs.py": "the report dir: root's 0700, O_EXCL | O_NOFOLLOW writes",
+    "report/files.py": "the report dir: root's 0700, O_EXCL | O_NOFOLLOW writes",
     "attest/sigstore.py": "a root-made temp file for the keyless signature",
     # cgroup dirs: made by root with mode 0755 in cgroupfs; the payload user can write none.
-    "cellgroup.py": "the per-run and per-cell cgroups: root's 0755 in cgroupfs",
-    "cgroupfs.py": "cgroupfs control files and dirs: root's",
+    "run/cellgroup.py": "the per-run and per-cell cgroups: root's 0755 in cgroupfs",
+    "host/cgroupfs.py": "cgroupfs control files and dirs: root's",
     # The proxy and the pipe broker live in the world's run dir (root's 0711).
-    "egress/proxy.py": "the proxy's socket and config in the world run dir (root's 0711)",
-    "egress/pipe_broker.py": "the broker's socket in the world run dir (root's 0711)",
+    "world/egress/proxy.py": "the proxy's socket and config in the world run dir (root's 0711)",
+    "world/egress/pipe_broker.py": "the broker's socket in the world run dir (root's 0711)",
     # The harness's scratch root: made fresh per run, root's 0755 (traversable, not writable).
-    "fixtures.py": "the plugin's scratch root: root's 0755, made per session",
-    "session.py": "the run's scratch root and world dir: root's, made per run",
-    "reach.py": "the payload copy under the scratch: root's 0755/0644",
+    "testing.py": "the plugin's scratch root: root's 0755, made per session",
+    "run/session.py": "the run's scratch root and world dir: root's, made per run",
+    "run/reach.py": "the payload copy under the scratch: root's 0755/0644",
     "payload.py": "the cell's input dir: root's 0755, written before the payload starts",
-    "runner.py": "cell dirs under scratch/cells (root's 0755); the workspace is handed over "
+    "run/runner.py": "cell dirs under scratch/cells (root's 0755); the workspace is handed over "
     "by trust.give (safefs) only after prepare",
     "backends/seatbelt.py": "the cell dir (macOS; the harness's own)",
-    "focus.py": "the derived matrix and policy, in a private temp dir the caller made",
-    "explain.py": "a developer's tool rewriting probes/README.md in the checkout, no run's",
-    "sweep.py": "the journal dir (root's 0700); journalled paths are removed through safefs",
+    "run/focus.py": "the derived matrix and policy, in a private temp dir the caller made",
+    "report/explain.py": "a developer's tool rewriting probes/README.md in the checkout, no run's",
+    "run/sweep.py": "the journal dir (root's 0700); journalled paths are removed through safefs",
     # The world: its run dir (root's 0711), the PKI's files, the lab's private mount ns.
     "world/blob.py": "the blob's sha256 beside it in the world dir",
     "world/core.py": "the world run dir: root's 0711",
@@ -69,7 +69,7 @@ ROOT_ONLY_MODULES: Final = {
     "world/listeners.py": "listener sockets in the world run dir",
     "world/pki.py": "the session CA and leaf files: root's",
     "world/wheel.py": "the canary wheel build dir under the world dir",
-    "trust.py": "the home's parent (/var/lib/...): root's; _ensure_home checks it right after",
+    "host/trust.py": "the home's parent (/var/lib/...): root's; _ensure_home checks it right after",
 }
 
 # Single functions in modules that also touch payload-reachable paths (through safefs there).
@@ -196,7 +196,7 @@ def test_no_path_based_change_outside_the_lists() -> None:
     stray = [str(c) for c in path_based_calls() if not allowed(c)]
     assert stray == [], (
         "path-based filesystem changes outside the allow-lists; route them through "
-        "sandbox_attest.safefs (a SafeDir, trust.give), or list them in "
+        "sandbox_attest.host.safefs (a SafeDir, trust.give), or list them in "
         "tests/unit/test_safefs_only.py with why only root can write there:\n  "
         + "\n  ".join(stray)
     )

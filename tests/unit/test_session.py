@@ -21,12 +21,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sandbox_attest.attest import ATTESTATION_NAME
 from sandbox_attest.attest.keys import ENV_VAR, private_key_pem
-from sandbox_attest.attest.policy import load_policy
 from sandbox_attest.attest.subjects import ALL_SUBJECTS, JUNIT
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.matrix import Cell, Matrix, ProbeRow, load_matrix
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.session import RunSession, check_names
+from sandbox_attest.report.policy import load_policy
+from sandbox_attest.run.matrix import Cell, Matrix, ProbeRow, load_matrix
+from sandbox_attest.run.session import RunSession, check_names
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the gate rules use Linux legs")
 

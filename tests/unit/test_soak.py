@@ -55,7 +55,7 @@ class TestCompare:
         """A snapshot with one proxy process, one mount, one container and one /tmp entry."""
         base: dict[str, object] = {
             "descriptors": {"soak": 5, "processes": 10},
-            "processes": ("1 python -m sandbox_attest.egress.proxy cfg",),
+            "processes": ("1 python -m sandbox_attest.world.egress.proxy cfg",),
             "mounts": ("/tmp/sandbox-attest-x",),
             "containers": ("container sa-1",),
             "tmp_entries": ("/tmp/sandbox-attest-abc",),
@@ -71,7 +71,7 @@ class TestCompare:
     def test_a_left_process_and_tmp_entry_are_named(self) -> None:
         """What appeared after the runs is listed as added, and the category is not equal."""
         after = self.snap(
-            processes=("1 python -m sandbox_attest.egress.proxy cfg", "7 python -c anchor"),
+            processes=("1 python -m sandbox_attest.world.egress.proxy cfg", "7 python -c anchor"),
             tmp_entries=("/tmp/sandbox-attest-abc", "/tmp/sandbox-attest-def"),
         )
         result = soak.compare(self.snap(), after)
@@ -225,7 +225,7 @@ def test_only_journal_entries_of_gone_runs_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A live run's journal entry and the scratch it claims are its; a dead owner's is left."""
-    from sandbox_attest import sweep  # noqa: PLC0415  (after the state dir is set)
+    from sandbox_attest.run import sweep  # noqa: PLC0415  (after the state dir is set)
 
     monkeypatch.setenv(sweep.STATE_ENV, str(tmp_path / "state"))
     live = sweep.record("run-live", [tmp_path / "scratch"], run_id="live")

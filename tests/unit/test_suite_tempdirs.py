@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.trust import payload_user, unreachable_by
+from sandbox_attest.host.trust import payload_user, unreachable_by
 
 # pytest's own base for every run of this user (`_pytest.tmpdir`'s naming).
 SHARED = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"

@@ -1,4 +1,4 @@
-"""sandbox_attest.sweep: real journal files, real dead and live owners, real orphaned processes."""
+"""run.sweep: real journal files, real dead and live owners, real orphaned processes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest import disguise, sweep
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.host import disguise
+from sandbox_attest.run import sweep
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -28,7 +29,7 @@ def record_from_a_process_that_exits(key: str, paths: list[Path], **facts: str) 
     """Journal `paths` from a child process that then exits (a run killed after planting)."""
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-        "from sandbox_attest import sweep; "
+        "from sandbox_attest.run import sweep; "
         f"sweep.record({key!r}, [Path(p) for p in {list(map(str, paths))!r}], **{facts!r})"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
@@ -78,7 +79,7 @@ class TestJournal:
         """The docker run ids a dead run journalled come back for the container sweep."""
         code = (
             f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-            "from sandbox_attest import sweep; "
+            "from sandbox_attest.run import sweep; "
             f"sweep.record('run-x', [Path({str(tmp_path / 'gone')!r})], docker_run_ids=['d1'])"
         )
         subprocess.run([sys.executable, "-c", code], check=True)
@@ -93,7 +94,7 @@ class TestJournal:
         (full / "credentials").write_text("real")
         code = (
             f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-            "from sandbox_attest import sweep; "
+            "from sandbox_attest.run import sweep; "
             f"sweep.record('k', [], dirs=(Path({str(empty)!r}), Path({str(full)!r})))"
         )
         subprocess.run([sys.executable, "-c", code], check=True)
@@ -126,7 +127,7 @@ class TestUnjournalled:
             tmp / f"{disguise.WITNESS_PREFIX}n0123456789abcdef.sock",
             home / f"{disguise.HOME_CANARY_PREFIX}n2",
             home / ".ssh" / f"{disguise.CANARY_PREFIX}n3",
-            # What a run before sandbox_attest/disguise.py left: swept for one more release.
+            # What a run before sandbox_attest/host/disguise.py left: swept for one more release.
             tmp / "sandbox-attest-abc123",
             tmp / "sandbox-attest-canary-n6",
             tmp / ".sandbox-attest-witness-nfedcba9876543210.sock",
@@ -179,7 +180,7 @@ class TestOrphans:
             [b"/usr/bin/python3", b"-c", b"code", b"sandbox-attest-anchor:n"]
         )
         assert sweep.is_harness_child(
-            [b"/v/bin/python", b"-m", b"sandbox_attest.egress.proxy", b"/tmp/c"]
+            [b"/v/bin/python", b"-m", b"sandbox_attest.world.egress.proxy", b"/tmp/c"]
         )
         # The proxy of a version from before the package rename is the harness's too.
         assert sweep.is_harness_child([b"/v/bin/python", b"-m", b"harness.egress.proxy", b"/c"])
@@ -239,7 +240,7 @@ class TestSweepFollowsNoPayloadLink:
         os.lchown(home / ".ssh", 65534, 65534)
         code = (
             f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-            "from sandbox_attest import sweep; "
+            "from sandbox_attest.run import sweep; "
             f"sweep.record('k', [Path({str(home / '.ssh' / 'canary')!r})], "
             f"dirs=(Path({str(home / '.ssh' / 'share')!r}),))"
         )

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.safefs import UnsafePathError
-from sandbox_attest.trust import PayloadUser, _ensure_home, give, home_identity, open_home
+from sandbox_attest.host.safefs import UnsafePathError
+from sandbox_attest.host.trust import PayloadUser, _ensure_home, give, home_identity, open_home
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another uid needs root"

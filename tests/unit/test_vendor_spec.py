@@ -16,8 +16,8 @@ import pytest
 from sandbox_attest.backends.command import CommandBackend
 from sandbox_attest.backends.spec import claim_sources, load_spec, payload_ids, sample_context
 from sandbox_attest.claims import claims_of
-from sandbox_attest.claimview import claim_rows
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.report.claimview import claim_rows
 
 SPEC = """
 [backend]

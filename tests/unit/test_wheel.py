@@ -49,7 +49,7 @@ class TestWheel:
             "sandbox_attest/_data/matrix/matrix.toml",
             "sandbox_attest/_data/matrix/policy.toml",
             "sandbox_attest/_data/fixtures/blob.toml",
-            "sandbox_attest/egress/shim.py",
+            "sandbox_attest/world/egress/shim.py",
         ):
             assert required in names
         # The one import package: no top-level probes/fixtures/matrix to shadow PyPI's.

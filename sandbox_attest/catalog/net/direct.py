@@ -197,7 +197,7 @@ class NetDirectEgress(_Spec):
 def host_seen_path_out(ctx: CellContext) -> str:
     """A path out that the host saw in the payload's network namespace, or "".
 
-    Read from /proc at the rendezvous (sandbox_attest/hostview.py), so no packet had to be sent and
+    Read from /proc at the rendezvous (run/hostview.py), so no packet had to be sent and
     no report could hide it: under a claim of no network, or of the proxy as the only route,
     the payload sharing the harness's network namespace, or a default route in its own, is
     a way out.

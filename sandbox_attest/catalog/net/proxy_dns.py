@@ -6,7 +6,7 @@ the secret label to whoever answers for the zone, although every request was ref
 payload asks the proxy for names carrying the cell's nonce (a CONNECT and an absolute-form
 GET under the denied host, a CONNECT under a name no origin knows); the DNS fixture's query
 log is the witness. The harness's own proxy checks its rules before it resolves
-(sandbox_attest/egress/proxy.py: auth, canonical host, rules, resolve once), so it must pass.
+(sandbox_attest/world/egress/proxy.py: auth, canonical host, rules, resolve once), so it must pass.
 
 Safety: the names travel only inside requests to the proxy. A wrapper's own proxy resolves
 them through the system resolver, which is the DNS fixture only in the lab world; outside the

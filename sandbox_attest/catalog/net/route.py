@@ -46,11 +46,11 @@ from sandbox_attest.catalog.base import (
     _with_nonce,
     attempts_of,
 )
-from sandbox_attest.egress.rules import Rule, address_allowed
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
 from sandbox_attest.world.dns import ResolveError, resolve
+from sandbox_attest.world.egress.rules import Rule, address_allowed
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -187,7 +187,7 @@ def attack_ancestors() -> list[str]:
         for key in keys:
             try_read("key-file", who, str(base / key))
         outs += [str(base / out) for out in outs_here]
-    # The harness shows a neutral title (sandbox_attest/proctitle.py), so `--out` is no longer
+    # The harness shows a neutral title (sandbox_attest/host/proctitle.py), so `--out` is no longer
     # in its cmdline; the test hands the path over as the worst case, an attacker who guessed.
     told_key = os.environ.get(KEY_FILE_ENV)
     if told_key:

@@ -5,7 +5,7 @@ Usage: protocol_hole_proxy.py MISTAKE DNS_HOST DNS_PORT ALLOWED_DOMAINS_JSON -- 
 
 The wrapper starts a small HTTP proxy on 127.0.0.1 (absolute-form GET only), runs the payload
 with HTTP_PROXY/HTTPS_PROXY naming it (a command spec with egress = "own"), and stops. The
-proxy does what the harness's proxy does (sandbox_attest/egress/proxy.py): it admits a request
+proxy does what the harness's proxy does (sandbox_attest/world/egress/proxy.py): it admits a request
 only for an allowlisted host:port (ALLOWED_DOMAINS_JSON, the spec's {allowed_domains_json}),
 refuses a Host: header that differs from the target, refuses ambiguous body framing, resolves
 the name through the DNS fixture, refuses a non-lab answer, dials that address once and ends

@@ -253,7 +253,7 @@ def start_helper() -> None:
     """Double fork a detached helper: one per run when planting, one per wrapper when racing.
 
     The harness kills what a cell's wrapper leaves behind when the cell ends (its cell group,
-    sandbox_attest/cellgroup.py), so a racing helper lives as long as its own cell: each
+    sandbox_attest/run/cellgroup.py), so a racing helper lives as long as its own cell: each
     wrapper starts its own, and it races the host's look at that cell and the next.
     """
     if os.environ.get(MODE_ENV) != "race":

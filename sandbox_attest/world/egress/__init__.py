@@ -1,0 +1,49 @@
+"""The egress route out of a sandbox: allowlist rules, the proxy process, the in-sandbox shim.
+
+`rules` is pure matching; `proxy` runs as its own process (`start_proxy`); `shim.py` is a
+stdlib-only script copied or bound into sandboxes (never imported by host code) that hands each
+connection it accepts to the proxy's unix socket.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sandbox_attest.world.egress.rules import (
+    Decision,
+    EgressPolicy,
+    EgressRequest,
+    HostError,
+    Rule,
+    address_allowed,
+    canonical_host,
+)
+
+if TYPE_CHECKING:
+    from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+
+_PROXY_NAMES = frozenset({"ProxyConfig", "ProxyProcess", "start_proxy"})
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy on purpose: the proxy runs as `python -m world.egress.proxy`, and importing it
+    # here eagerly would load it twice in that process (runpy warns about exactly that).
+    if name in _PROXY_NAMES:
+        from sandbox_attest.world.egress import proxy  # noqa: PLC0415
+
+        return getattr(proxy, name)
+    raise AttributeError(f"module 'sandbox_attest.world.egress' has no attribute {name!r}")
+
+
+__all__ = [
+    "Decision",
+    "EgressPolicy",
+    "EgressRequest",
+    "HostError",
+    "ProxyConfig",
+    "ProxyProcess",
+    "Rule",
+    "address_allowed",
+    "canonical_host",
+    "start_proxy",
+]
