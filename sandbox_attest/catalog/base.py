@@ -268,7 +268,7 @@ def probe_path(probe_id: str) -> Path:
 # Small shared readings of a report and the witnesses.
 
 
-def _attempts(report: dict[str, Any], role: str, prefix: str = "") -> list[dict[str, Any]]:
+def attempts_by_role(report: dict[str, Any], role: str, prefix: str = "") -> list[dict[str, Any]]:
     return [
         a
         for a in report.get("attempts", [])
@@ -278,7 +278,7 @@ def _attempts(report: dict[str, Any], role: str, prefix: str = "") -> list[dict[
     ]
 
 
-def _observed(attempts: list[dict[str, Any]]) -> Any:
+def observed_outcome(attempts: list[dict[str, Any]]) -> Any:
     """The payload's side in one word: any success wins, then refusals, else error."""
     outcomes = {a.get("outcome") for a in attempts}
     if "succeeded" in outcomes:
@@ -293,7 +293,7 @@ def _observed(attempts: list[dict[str, Any]]) -> Any:
 SUMMARY_DETAIL_CHARS = 80
 
 
-def _summary(attempts: list[dict[str, Any]]) -> str:
+def attempts_summary(attempts: list[dict[str, Any]]) -> str:
     """Each attempt as `what outcome (errno|status)`, plus a short detail when it failed."""
     parts = []
     for a in attempts:
@@ -306,7 +306,7 @@ def _summary(attempts: list[dict[str, Any]]) -> str:
     return ", ".join(parts) or "no attempts reported"
 
 
-def _with_nonce(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
+def entries_with_nonce(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
     """Entries attributed to `nonce` by their `nonce` field or, failing that, their bytes."""
     return [
         e
@@ -315,7 +315,7 @@ def _with_nonce(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any
     ]
 
 
-def _namespace(kind: str) -> str | None:
+def host_namespace(kind: str) -> str | None:
     """The host's own namespace id (`net:[...]`), to compare with what the payload saw."""
     try:
         return str(Path(f"/proc/self/ns/{kind}").readlink())
@@ -323,16 +323,16 @@ def _namespace(kind: str) -> str | None:
         return None
 
 
-def _private_namespace(report: dict[str, Any], kind: str) -> str | None:
+def private_namespace_reason(report: dict[str, Any], kind: str) -> str | None:
     """A reason phrase when the payload ran in a namespace other than the host's, else None."""
     theirs = report.get("facts", {}).get(f"{kind}ns")
-    ours = _namespace(kind)
+    ours = host_namespace(kind)
     if theirs and ours and theirs != ours:
         return f"payload's {kind} namespace {theirs} is not the host's {ours}"
     return None
 
 
-def _judge(observed: str, seen: bool, private: str | None, reasons: list[str]) -> Escape:
+def judge_escape(observed: str, seen: bool, private: str | None, reasons: list[str]) -> Escape:
     """The shared decision table of a negative probe (ARCHITECTURE "Which witness decides")."""
     if seen:
         return "escaped"
@@ -348,7 +348,7 @@ def _judge(observed: str, seen: bool, private: str | None, reasons: list[str]) -
     return "disagree"
 
 
-def _conclude(
+def conclude(
     escape: Escape,
     observed: Any,
     reasons: list[str],
@@ -370,12 +370,14 @@ def _conclude(
     is the in-sandbox control AND the host control, the one rule every assessor shares.
     """
     if inside is not None and inside_ok is None:
-        msg = "_conclude: `inside` was given without `inside_ok` (whether those controls held)"
+        msg = "conclude: `inside` was given without `inside_ok` (whether those controls held)"
         raise TypeError(msg)
     inside_held = True if inside_ok is None else inside_ok
     host_ok = bool(host_control.get("ok"))
     if not inside_held:
-        reasons.append(inside_failed or f"in-sandbox control failed: {_summary(inside or [])}")
+        reasons.append(
+            inside_failed or f"in-sandbox control failed: {attempts_summary(inside or [])}"
+        )
     if not host_ok:
         reasons.append(f"{host_failed}: {_failed_checks(host_control)}")
     if controls is None:
@@ -392,7 +394,7 @@ def _conclude(
     )
 
 
-def _all_succeeded(attempts: list[dict[str, Any]], count: int | None = None) -> bool:
+def all_succeeded(attempts: list[dict[str, Any]], count: int | None = None) -> bool:
     """Every attempt succeeded (and, if given, there were exactly `count` of them)."""
     if count is not None and len(attempts) != count:
         return False
@@ -413,7 +415,7 @@ def host_control_failed(control: dict[str, Any]) -> str:
     return f"host control failed: {_failed_checks(control)}"
 
 
-def _host_writes(what: str, directory: Path, nonce: str) -> dict[str, Any]:
+def host_writes_check(what: str, directory: Path, nonce: str) -> dict[str, Any]:
     """Host control: the host creates, reads back and removes a nonce file in `directory`.
 
     It shows the place a payload was refused is writable at all, so the refusal is the
@@ -430,21 +432,21 @@ def _host_writes(what: str, directory: Path, nonce: str) -> dict[str, Any]:
                 ok = place.read_bytes(name) == nonce.encode()
                 place.unlink(name)
         except safefs.UnsafePathError as exc:
-            return _check(what, ok=False, detail=str(exc))
-        return _check(what, ok, str(directory))
+            return host_check(what, ok=False, detail=str(exc))
+        return host_check(what, ok, str(directory))
 
-    return _guarded(what, write)
+    return guarded_check(what, write)
 
 
-def _check(what: str, ok: bool, detail: str) -> dict[str, Any]:
+def host_check(what: str, ok: bool, detail: str) -> dict[str, Any]:
     return {"what": what, "ok": ok, "detail": detail}
 
 
-def _control(nonce: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
+def control_record(nonce: str, checks: list[dict[str, Any]]) -> dict[str, Any]:
     return {"ok": bool(checks) and all(c["ok"] for c in checks), "nonce": nonce, "checks": checks}
 
 
-def _control_nonce() -> str:
+def new_control_nonce() -> str:
     return "h" + secrets.token_hex(8)
 
 
@@ -469,7 +471,7 @@ def run_payload_on_host(
     give(workspace, ctx.user)
     task = {
         "probe": ctx.probe,
-        "nonce": nonce or _control_nonce(),
+        "nonce": nonce or new_control_nonce(),
         "workspace": str(workspace),
         "targets": targets,
     }
@@ -502,7 +504,7 @@ def run_payload_on_host(
     return process.pid, report
 
 
-def _poll(read: Callable[[], T], found: Callable[[T], bool]) -> T:
+def poll_until(read: Callable[[], T], found: Callable[[T], bool]) -> T:
     """Call `read` until `found` holds for its result or WITNESS_WAIT_S passes; the last result.
 
     Witness logs are written by server threads, so a host control's entry may lag its answer.
@@ -515,14 +517,14 @@ def _poll(read: Callable[[], T], found: Callable[[T], bool]) -> T:
     return result
 
 
-def _wait_for(
+def wait_for_records(
     world: WorldLike, nonce: str, found: Callable[[WitnessRecordsLike], bool]
 ) -> WitnessRecordsLike:
     """Poll the world's records for `nonce` until `found` holds or WITNESS_WAIT_S passes."""
-    return _poll(lambda: world.records(nonce), found)
+    return poll_until(lambda: world.records(nonce), found)
 
 
-def _split(hostport: str) -> tuple[str, int]:
+def split_hostport(hostport: str) -> tuple[str, int]:
     host, _, port = hostport.rpartition(":")
     return host.strip("[]"), int(port)
 
@@ -531,7 +533,9 @@ def _split(hostport: str) -> tuple[str, int]:
 # Host-side HTTP through the egress proxy (the same route the payloads take).
 
 
-def _tunnel(proxy_url: str, host: str, port: int, nonce: str) -> tuple[socket.socket, int, str]:
+def connect_tunnel(
+    proxy_url: str, host: str, port: int, nonce: str
+) -> tuple[socket.socket, int, str]:
     """CONNECT through the proxy; returns the socket, the status and the deny reason."""
     parts = urlsplit(proxy_url)
     lines = [f"CONNECT {host}:{port} HTTP/1.1", f"Host: {host}:{port}", f"X-Attest-Nonce: {nonce}"]
@@ -564,11 +568,11 @@ def _tunnel(proxy_url: str, host: str, port: int, nonce: str) -> tuple[socket.so
     return sock, status, reason
 
 
-def _https_via_proxy(info: WorldInfo, url: str, nonce: str) -> tuple[int, bytes, str]:
+def https_via_proxy(info: WorldInfo, url: str, nonce: str) -> tuple[int, bytes, str]:
     """GET `url` (https, fixture host) through the proxy; returns status, body, deny reason."""
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or 443
-    sock, status, reason = _tunnel(info.proxy.url, host, port, nonce)
+    sock, status, reason = connect_tunnel(info.proxy.url, host, port, nonce)
     if status != 200:
         sock.close()
         return status, b"", reason
@@ -585,12 +589,12 @@ def _https_via_proxy(info: WorldInfo, url: str, nonce: str) -> tuple[int, bytes,
         sock.close()
 
 
-def _guarded(what: str, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def guarded_check(what: str, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run one host check; a failure of the host's own attempt is a failed check, not a crash."""
     try:
         return action()
     except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
-        return _check(what, ok=False, detail=f"host attempt failed: {exc!r}")
+        return host_check(what, ok=False, detail=f"host attempt failed: {exc!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -710,7 +714,7 @@ def host_can_look(ctx: CellContext) -> bool:
     return bool(ctx.host_view.get("supported", True))
 
 
-class _Spec:
+class SpecBase:
     """Defaults shared by the specs."""
 
     id: str = ""
@@ -753,15 +757,15 @@ class _Spec:
         )
 
 
-def _confined_network(policy: PolicyLike) -> Expectation:
+def expect_confined_network(policy: PolicyLike) -> Expectation:
     return "denied" if policy.network != "open" else "allowed"
 
 
-def _capability(policy: PolicyLike) -> Expectation:
+def expect_capability(policy: PolicyLike) -> Expectation:
     return "denied" if policy.network == "none" else "allowed"
 
 
-def _capability_escape(observed: str, seen: bool, reasons: list[str]) -> Escape:
+def capability_escape(observed: str, seen: bool, reasons: list[str]) -> Escape:
     """A capability counts only when the payload and the host witness both saw it."""
     if observed == "succeeded" and seen:
         return "escaped"
@@ -773,35 +777,37 @@ def _capability_escape(observed: str, seen: bool, reasons: list[str]) -> Escape:
     return "disagree"
 
 
-def _origin_control(ctx: CellContext, nonce: str, url: str, host_key: str) -> list[dict[str, Any]]:
+def origin_control_checks(
+    ctx: CellContext, nonce: str, url: str, host_key: str
+) -> list[dict[str, Any]]:
     """The host GETs `url` through the proxy; checks its 200 and the origin's log entry."""
     info = ctx.world.info
 
     def get() -> dict[str, Any]:
-        status, body, reason = _https_via_proxy(info, url, nonce)
-        return _check(f"host get {host_key}", status == 200, f"{status} {reason} {body[:60]!r}")
+        status, body, reason = https_via_proxy(info, url, nonce)
+        return host_check(f"host get {host_key}", status == 200, f"{status} {reason} {body[:60]!r}")
 
-    checks = [_guarded(f"host get {host_key}", get)]
-    records = _wait_for(
+    checks = [guarded_check(f"host get {host_key}", get)]
+    records = wait_for_records(
         ctx.world,
         nonce,
-        lambda r: any(o.get("host") == host_key for o in _with_nonce(r.origin, nonce)),
+        lambda r: any(o.get("host") == host_key for o in entries_with_nonce(r.origin, nonce)),
     )
-    hits = [o for o in _with_nonce(records.origin, nonce) if o.get("host") == host_key]
-    checks.append(_check(f"{host_key} origin logged the host", bool(hits), f"{len(hits)} hits"))
+    hits = [o for o in entries_with_nonce(records.origin, nonce) if o.get("host") == host_key]
+    checks.append(host_check(f"{host_key} origin logged the host", bool(hits), f"{len(hits)} hits"))
     return checks
 
 
 _STATE = "host-state.json"
 
 
-def _save_state(ctx: CellContext, state: dict[str, Any]) -> None:
+def save_state(ctx: CellContext, state: dict[str, Any]) -> None:
     """Keep what prepare planted in the cell's scratch dir (the spec objects are shared)."""
     path = ctx.cell_dir / _STATE
     path.write_text(json.dumps(state, indent=1, sort_keys=True))
 
 
-def _load_state(ctx: CellContext) -> dict[str, Any]:
+def load_state(ctx: CellContext) -> dict[str, Any]:
     try:
         loaded = json.loads((ctx.cell_dir / _STATE).read_text())
     except (OSError, ValueError):
@@ -809,13 +815,13 @@ def _load_state(ctx: CellContext) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def _refusals(attempts: list[dict[str, Any]]) -> str:
+def refusal_summary(attempts: list[dict[str, Any]]) -> str:
     refused = [a for a in attempts if a.get("outcome") == "refused"]
     errnos = sorted({str(a.get("errno")) for a in refused})
     return f"{len(refused)} of {len(attempts)} attempts refused ({','.join(errnos) or '-'})"
 
 
-def _fs_confined(policy: PolicyLike) -> Expectation:
+def expect_fs_confined(policy: PolicyLike) -> Expectation:
     # "workspace" promises the workspace is the payload's only writable grant. Every backend
     # that makes that promise builds the view by granting paths (bwrap binds, docker mounts,
     # seatbelt's profile), so the host's secret folders, its scratch dirs and the host side of

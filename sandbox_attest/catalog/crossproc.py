@@ -31,21 +31,21 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _all_succeeded,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _judge,
-    _observed,
-    _poll,
-    _Spec,
-    _summary,
+    all_succeeded,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    guarded_check,
+    host_check,
     host_processes,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    poll_until,
     run_payload_on_host,
 )
 from sandbox_attest.claims import claims_of
@@ -186,7 +186,7 @@ def _stop(target: _Target) -> None:
         target.process.stdout.close()
 
 
-class ProcCrossProcess(_Spec):
+class ProcCrossProcess(SpecBase):
     """Read, write and signal a harness-made process of the payload user outside the sandbox."""
 
     id = "proc_cross_process"
@@ -223,10 +223,12 @@ class ProcCrossProcess(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The payload user, unconfined, reads the secret, fills both mailboxes and signals."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         target = self._target(ctx)
         if target is None:
-            return _control(nonce, [_check("target started", ok=False, detail="no prepare()")])
+            return control_record(
+                nonce, [host_check("target started", ok=False, detail="no prepare()")]
+            )
         with target.lock:
             target.mark = len(target.lines)
         targets = self.prepare_targets(target)
@@ -240,15 +242,15 @@ class ProcCrossProcess(_Spec):
             def heard(lines: list[str]) -> bool:
                 return all(any(ln.startswith(e) for ln in lines) for e in expected)
 
-            lines = _poll(lambda: target.logged(before_mark=False), heard)
-            ok = read and heard(lines) and _all_succeeded(_attempts(report, "control"))
+            lines = poll_until(lambda: target.logged(before_mark=False), heard)
+            ok = read and heard(lines) and all_succeeded(attempts_by_role(report, "control"))
             detail = (
                 f"secret read: {read}; target logged {lines[-4:]}; "
-                f"payload: {_summary(list(report.get('attempts') or []))}"
+                f"payload: {attempts_summary(list(report.get('attempts') or []))}"
             )
-            return _check("payload user reaches the target unconfined", ok, detail)
+            return host_check("payload user reaches the target unconfined", ok, detail)
 
-        return _control(nonce, [_guarded("payload user reaches the target", unconfined)])
+        return control_record(nonce, [guarded_check("payload user reaches the target", unconfined)])
 
     @staticmethod
     def prepare_targets(target: _Target) -> dict[str, Any]:
@@ -271,8 +273,8 @@ class ProcCrossProcess(_Spec):
         """The secret echoed, a mailbox carrying the nonce or a logged signal is an escape."""
         del witness  # the target is this probe's witness
         target = self._target(ctx)
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         facts = report.get("facts") or {}
         secret = target.secret if target else None
         read = [k for k in ("vm_readv", "mem_read") if secret and facts.get(k) == secret]
@@ -286,9 +288,9 @@ class ProcCrossProcess(_Spec):
                 f"{', '.join(read) or 'nothing'}; mailboxes written: {len(written)}; "
                 f"signals received: {', '.join(s.split(' ', 1)[1] for s in signals) or 'none'}"
             ),
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
-        escape = _judge(observed, bool(read or written or signals), None, reasons)
+        escape = judge_escape(observed, bool(read or written or signals), None, reasons)
         shared = [
             f"host pid {p.get('pid', '?')}"
             for p in host_processes(ctx)
@@ -316,13 +318,13 @@ class ProcCrossProcess(_Spec):
                 f"of its own user outside the sandbox ({', '.join(done) or 'seen by the target'})"
                 f"{where}; fix: {_FIX}",
             )
-        inside = _attempts(report, "control")
-        return _conclude(
+        inside = attempts_by_role(report, "control")
+        return conclude(
             escape,
             observed,
             reasons,
             inside=inside,
-            inside_ok=_all_succeeded(inside),
+            inside_ok=all_succeeded(inside),
             host_control=control,
             witness={"secret_read_via": read, "mailboxes": written, "signals": signals},
         )

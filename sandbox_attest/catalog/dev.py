@@ -42,21 +42,21 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _fs_confined,
-    _judge,
-    _load_state,
-    _observed,
-    _private_namespace,
-    _refusals,
-    _save_state,
-    _Spec,
-    _summary,
+    attempts_by_role,
+    attempts_summary,
+    conclude,
+    control_record,
+    expect_fs_confined,
+    host_check,
+    judge_escape,
+    load_state,
+    new_control_nonce,
+    observed_outcome,
+    private_namespace_reason,
+    refusal_summary,
+    save_state,
 )
 from sandbox_attest.errors import HarnessError
 from sandbox_attest.host.trust import PayloadUser, measure_as, payload_user
@@ -237,7 +237,7 @@ def _nothing_to_hide() -> str | None:
     )
 
 
-class DevAccess(_Spec):
+class DevAccess(SpecBase):
     """Read-only opens of every device node the payload can see."""
 
     id = "dev_access"
@@ -252,7 +252,7 @@ class DevAccess(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied where the view is built from granted paths; seen on the open control leg."""
-        return _fs_confined(policy)
+        return expect_fs_confined(policy)
 
     def not_applicable_here(self) -> str | None:
         """Why this host cannot judge the probe: nothing sensitive opens here unconfined."""
@@ -263,7 +263,7 @@ class DevAccess(_Spec):
         opened = payload_user_devices(ctx.user)
         nodes = device_nodes()
         named = sorted({*sensitive(opened), *(rel for rel in NOTABLE if rel in nodes)})
-        _save_state(ctx, {"prepared": opened})
+        save_state(ctx, {"prepared": opened})
         return {
             "control": list(CONTROL_DEVICES),
             "devices": named,
@@ -294,13 +294,14 @@ class DevAccess(_Spec):
         try:
             opened = payload_user_devices(ctx.user)
         except HarnessError as exc:
-            failed = _control(
-                _control_nonce(), [_check("host opens its devices", ok=False, detail=str(exc))]
+            failed = control_record(
+                new_control_nonce(),
+                [host_check("host opens its devices", ok=False, detail=str(exc))],
             )
             failed["payload_view"] = view
             return failed
         checks = [
-            _check(
+            host_check(
                 f"host opens /dev/{name} as the payload user",
                 bool(opened.get(name, {}).get("opened")),
                 json.dumps(opened.get(name, "no such node")),
@@ -309,13 +310,13 @@ class DevAccess(_Spec):
         ]
         exposed = sensitive(opened)
         checks.append(
-            _check(
+            host_check(
                 "the payload user opens a device beyond the harmless set on the open host",
                 bool(exposed),
                 ", ".join(f"/dev/{rel}" for rel in exposed) or "none opens",
             )
         )
-        result = _control(_control_nonce(), checks)
+        result = control_record(new_control_nonce(), checks)
         result["devices"] = opened
         result["payload_view"] = view
         return result
@@ -329,11 +330,11 @@ class DevAccess(_Spec):
     ) -> Assessment:
         """An opened device outside the harmless class is an escape, named by its host path."""
         del witness  # the host's device table is this probe's witness
-        host = dict(control.get("devices") or _load_state(ctx).get("prepared") or {})
+        host = dict(control.get("devices") or load_state(ctx).get("prepared") or {})
         by_rdev: dict[str, list[str]] = {}
         for rel, d in sorted(host.items()):
             by_rdev.setdefault(str(d.get("rdev")), []).append(f"/dev/{rel}")
-        escapes = _attempts(report, "escape")
+        escapes = attempts_by_role(report, "escape")
         exposed = [
             a
             for a in escapes
@@ -345,7 +346,7 @@ class DevAccess(_Spec):
             for a in escapes
             if a in exposed or str(a.get("what", "")).removeprefix("dev:") not in HARMLESS_NAMES
         ]
-        observed = _observed(judged) if judged else "error"
+        observed = observed_outcome(judged) if judged else "error"
         reasons: list[str] = []
         if exposed:
             reasons.append(
@@ -354,7 +355,7 @@ class DevAccess(_Spec):
                 + f"; {FIX}"
             )
         else:
-            reasons.append(f"no device beyond the harmless set opened: {_refusals(judged)}")
+            reasons.append(f"no device beyond the harmless set opened: {refusal_summary(judged)}")
             on_host = sensitive(host)
             if on_host:
                 reasons.append(
@@ -370,7 +371,9 @@ class DevAccess(_Spec):
             for a in judged
             if a.get("errno") == "ENOENT" and str(a.get("what")).removeprefix("dev:") in nodes
         )
-        escape = _judge(observed, bool(exposed), _private_namespace(report, "mnt"), reasons)
+        escape = judge_escape(
+            observed, bool(exposed), private_namespace_reason(report, "mnt"), reasons
+        )
         if contradicted and not exposed:
             escape = "disagree"
             reasons.append(
@@ -388,7 +391,7 @@ class DevAccess(_Spec):
         if not view.get("seen"):
             reasons.append(f"the host did not read the payload's /dev: {view.get('why')}")
         corroborated = self._corroboration(view, in_view, exposed, contradicted)
-        inside = _attempts(report, "control")
+        inside = attempts_by_role(report, "control")
         mismatched = [
             str(a.get("what"))
             for a in inside
@@ -399,8 +402,8 @@ class DevAccess(_Spec):
         inside_ok = (
             bool(inside) and all(a.get("outcome") == "succeeded" for a in inside) and not mismatched
         )
-        failed = _summary([a for a in inside if a.get("outcome") != "succeeded"])
-        assessment = _conclude(
+        failed = attempts_summary([a for a in inside if a.get("outcome") != "succeeded"])
+        assessment = conclude(
             escape,
             observed,
             reasons,

@@ -15,25 +15,25 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _confined_network,
-    _control,
-    _control_nonce,
-    _guarded,
-    _judge,
-    _observed,
-    _private_namespace,
-    _Spec,
-    _summary,
-    _wait_for,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    expect_confined_network,
+    guarded_check,
+    host_check,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    private_namespace_reason,
+    wait_for_records,
 )
 
 
-class DnsResolution(_Spec):
+class DnsResolution(SpecBase):
     """Raw UDP/TCP DNS queries for a nonce name straight to the DNS fixture."""
 
     id = "dns_resolution"
@@ -47,7 +47,7 @@ class DnsResolution(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
-        return _confined_network(policy)
+        return expect_confined_network(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The fixture's address and the per-cell name."""
@@ -63,28 +63,30 @@ class DnsResolution(_Spec):
         """The host resolves its own nonce name through the fixture and sees it logged."""
         from dnslib import DNSRecord  # noqa: PLC0415  (host-only dependency, loaded when used)
 
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         name = f"{nonce}.{info.probe_name_suffix}"
 
         def resolve() -> dict[str, Any]:
             raw = DNSRecord.question(name).send(info.dns.host, info.dns.port, timeout=3)
             answers = [str(rr.rdata) for rr in DNSRecord.parse(raw).rr]
-            return _check("host resolves through the fixture", bool(answers), ",".join(answers))
+            return host_check("host resolves through the fixture", bool(answers), ",".join(answers))
 
-        checks = [_guarded("host resolves through the fixture", resolve)]
+        checks = [guarded_check("host resolves through the fixture", resolve)]
         if _in_lab(info.extra):
             system_name = f"s{nonce}.{info.probe_name_suffix}"
 
             def system() -> dict[str, Any]:
                 found = socket.getaddrinfo(system_name, 443, socket.AF_INET, socket.SOCK_STREAM)
                 answers = sorted({str(a[4][0]) for a in found})
-                return _check("host resolves via the system resolver", bool(answers), str(answers))
+                return host_check(
+                    "host resolves via the system resolver", bool(answers), str(answers)
+                )
 
-            checks.append(_guarded("host resolves via the system resolver", system))
-        records = _wait_for(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
+            checks.append(guarded_check("host resolves via the system resolver", system))
+        records = wait_for_records(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
         hits = _dns_hits(records.dns, nonce)
-        checks.append(_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
-        return _control(nonce, checks)
+        checks.append(host_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -94,18 +96,20 @@ class DnsResolution(_Spec):
         control: dict[str, Any],
     ) -> Assessment:
         """Any query carrying the nonce at the fixture is an escape."""
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         hits = _dns_hits(witness.dns, ctx.nonce)
         reasons = [
             f"dns fixture logged {len(hits)} queries carrying the nonce",
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
-        escape = _judge(observed, bool(hits), _private_namespace(report, "net"), reasons)
+        escape = judge_escape(
+            observed, bool(hits), private_namespace_reason(report, "net"), reasons
+        )
         claims = claims_of(ctx.policy)
         if escape == "escaped" and claims.network != "open":
             reasons.insert(0, f"{claims.phrase('network')}; the DNS fixture heard the payload")
-        return _conclude(escape, observed, reasons, host_control=control, witness={"dns": hits})
+        return conclude(escape, observed, reasons, host_control=control, witness={"dns": hits})
 
 
 def _in_lab(extra: Mapping[str, Any]) -> bool:

@@ -22,19 +22,19 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _load_state,
-    _observed,
-    _save_state,
-    _Spec,
-    _summary,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    host_check,
     host_processes,
+    load_state,
+    new_control_nonce,
+    observed_outcome,
+    save_state,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.host import disguise
@@ -185,7 +185,7 @@ def _variable_hits(
 
 def _host_view_hits(ctx: CellContext, canaries: list[str]) -> list[str]:
     """The canary variables and the canary pipe the host saw in the payload, as reasons."""
-    pipe = _load_state(ctx).get("pipe")
+    pipe = load_state(ctx).get("pipe")
     found = []
     for process in host_processes(ctx):
         pid = process.get("pid", "?")
@@ -206,7 +206,7 @@ def _host_view_hits(ctx: CellContext, canaries: list[str]) -> list[str]:
     return found
 
 
-class EnvInheritance(_Spec):
+class EnvInheritance(SpecBase):
     """Looks for the harness's own canary env vars and an inheritable fd in the payload."""
 
     id = "env_inheritance"
@@ -265,7 +265,7 @@ class EnvInheritance(_Spec):
         os.set_inheritable(read_end, True)  # noqa: FBT003  (the leak a careless spawner would pass on)
         self._pipes[ctx.nonce] = (read_end, write_end)
         os.environ.update(values)
-        _save_state(
+        save_state(
             ctx,
             {
                 "salt": salt,
@@ -286,17 +286,19 @@ class EnvInheritance(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The canaries are in the host's environment and its canary fd is open, inheritable."""
-        state = _load_state(ctx)
+        state = load_state(ctx)
         salt = str(state.get("salt", ""))
         checks = []
         for name, digest in state.get("hashes", {}).items():
             value = os.environ.get(name)
             ok = value is not None and salted_hash(salt, value) == digest
-            checks.append(_check(f"host env has {name}", ok, "planted value present"))
+            checks.append(host_check(f"host env has {name}", ok, "planted value present"))
         pipe = self._pipes.get(ctx.nonce)
         fd_ok = pipe is not None and os.get_inheritable(pipe[0])
-        checks.append(_check("host holds the inheritable canary fd", fd_ok, str(state.get("pipe"))))
-        return _control(_control_nonce(), checks)
+        checks.append(
+            host_check("host holds the inheritable canary fd", fd_ok, str(state.get("pipe")))
+        )
+        return control_record(new_control_nonce(), checks)
 
     def assess(
         self,
@@ -307,7 +309,7 @@ class EnvInheritance(_Spec):
     ) -> Assessment:
         """Match the payload's salted hashes and fd targets against what the host holds."""
         del witness
-        state = _load_state(ctx)
+        state = load_state(ctx)
         salt = str(state.get("salt", ""))
         hashes: dict[str, str] = state.get("hashes", {})
         seen_env: dict[str, str] = report.get("facts", {}).get("env", {}) or {}
@@ -320,8 +322,8 @@ class EnvInheritance(_Spec):
         now_held = _harness_fd_targets()
         held = {*state.get("held", ()), *(now_held or ())}
         host_fds = _host_fds(fd_targets, held)
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         reasons = hits.reasons()
         # What the host read of the payload from /proc no wrapper can rewrite.
         host_seen = [] if hits.passthrough else _host_view_hits(ctx, self.names(ctx))
@@ -343,7 +345,7 @@ class EnvInheritance(_Spec):
             reasons.append("only the declared environment and fds 0-2 inside")
         elif observed == "error":
             escape = "undecided"
-            reasons.append(f"the payload could not look: {_summary(escapes)}")
+            reasons.append(f"the payload could not look: {attempts_summary(escapes)}")
         elif fd_targets and (now_held is None or None in fd_targets.values()):
             # Without both sides' targets nothing shows an extra fd is the sandbox's own.
             escape = "undecided"
@@ -365,24 +367,24 @@ class EnvInheritance(_Spec):
             )
         declared_seen = by_what.get("env-declared") or {}
         checks = [
-            _check(
+            host_check(
                 "payload sees its declared variables",
                 declared_seen.get("outcome") == "succeeded",
                 str(declared_seen.get("detail")),
             ),
-            _check(
+            host_check(
                 "payload hashes like the host",
                 declared_seen.get("check_hash") == salted_hash(salt, f"check-{ctx.nonce}"),
                 "salted hash of the task's check value compared",
             ),
-            _check(
+            host_check(
                 "payload sees fds 0-2",
                 (by_what.get("fds-std") or {}).get("outcome") == "succeeded",
                 str((by_what.get("fds-std") or {}).get("detail")),
             ),
         ]
         inside_ok = all(c["ok"] for c in checks)
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,

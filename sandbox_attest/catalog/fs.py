@@ -35,25 +35,25 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _all_succeeded,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _host_writes,
-    _judge,
-    _load_state,
-    _observed,
-    _private_namespace,
-    _refusals,
-    _save_state,
-    _Spec,
-    _summary,
+    all_succeeded,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
     home_of,
+    host_check,
     host_processes,
+    host_writes_check,
+    judge_escape,
+    load_state,
+    new_control_nonce,
+    observed_outcome,
+    private_namespace_reason,
+    refusal_summary,
+    save_state,
 )
 from sandbox_attest.catalog.canary import (
     call_as,
@@ -205,7 +205,7 @@ def _inside(path: Path, roots: list[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
 
 
-class FsWriteOutside(_Spec):
+class FsWriteOutside(SpecBase):
     """Writes at host-planted canary dirs outside the workspace, one per writable class."""
 
     id = "fs_write_outside"
@@ -407,7 +407,7 @@ class FsWriteOutside(_Spec):
         by the canary dir itself (the harness's object, in a place still open) is a failed
         check: something changed what the harness planted.
         """
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         planted = self.planted(ctx)
         places = {key: why for key in planted if (why := self._moved(ctx, key))}
         # In the payload home only the payload user (or root) can move a place: that is the
@@ -417,7 +417,7 @@ class FsWriteOutside(_Spec):
         dropped = {k: w for k, w in places.items() if k not in swapped}
         live = {key: str(d) for key, d in planted.items() if key not in places}
         checks = [
-            _check(f"the canary place of {key} is the one planted in", ok=False, detail=why)
+            host_check(f"the canary place of {key} is the one planted in", ok=False, detail=why)
             | {"site": key}
             for key, why in swapped.items()
         ]
@@ -425,8 +425,10 @@ class FsWriteOutside(_Spec):
             ctx.user, __name__, "write_each", {"dirs": live, "nonce": nonce}, HOST_TIMEOUT_S
         )
         if why:
-            checks.append(_check("payload user writes in the canary dirs", ok=False, detail=why))
-            return _control(nonce, checks) | {"dropped": dropped}
+            checks.append(
+                host_check("payload user writes in the canary dirs", ok=False, detail=why)
+            )
+            return control_record(nonce, checks) | {"dropped": dropped}
         for key, directory in live.items():
             failed = str(wrote.get(key, "not tried"))
             if failed and (moved := self._moved(ctx, key)):
@@ -435,10 +437,10 @@ class FsWriteOutside(_Spec):
                 dropped[key] = f"the payload user cannot write there unconfined ({failed})"
             else:
                 checks.append(
-                    _check(f"payload user writes {key}", not failed, failed or directory)
+                    host_check(f"payload user writes {key}", not failed, failed or directory)
                     | {"site": key}
                 )
-        return _control(nonce, checks) | {"dropped": dropped}
+        return control_record(nonce, checks) | {"dropped": dropped}
 
     def assess(
         self,
@@ -467,8 +469,8 @@ class FsWriteOutside(_Spec):
             if claims.writes == "allow" and not claims.write_denied(planted[k].parent, home)
         }
         changed = {k: v for k, v in changed.items() if k not in allowed}
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         reasons = []
         if allowed:
             places = ", ".join(sorted(str(planted[k].parent) for k in allowed))
@@ -504,7 +506,9 @@ class FsWriteOutside(_Spec):
             reasons.append(f"{len(refused)} of {len(escapes)} writes refused ({','.join(errnos)})")
         if dropped:
             reasons.append(_dropped_reason(dropped, planted))
-        escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
+        escape = judge_escape(
+            observed, bool(changed), private_namespace_reason(report, "mnt"), reasons
+        )
         unproven = _unproven_changes(changed, signed, control)
         if escape == "escaped" and unproven:
             # decide() reads "escaped" as FAIL before it looks at the controls. A change at a
@@ -517,12 +521,12 @@ class FsWriteOutside(_Spec):
                 + " carry no nonce and the host control failed there, so nothing shows the "
                 "sandbox made them"
             )
-        inside = _attempts(report, "control")
+        inside = attempts_by_role(report, "control")
         workspace_checks = self._workspace_checks(ctx, inside)
         inside_ok = all(c["ok"] for c in workspace_checks)
         if inside_ok:
             reasons.append("the same writes in the workspace succeeded and are visible on the host")
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -589,16 +593,22 @@ class FsWriteOutside(_Spec):
     ) -> list[dict[str, Any]]:
         nonce = ctx.nonce
         directory = ctx.workspace / self.control_name(ctx)
-        checks = [_check("payload workspace writes", _all_succeeded(inside, 5), _summary(inside))]
+        checks = [
+            host_check(
+                "payload workspace writes", all_succeeded(inside, 5), attempts_summary(inside)
+            )
+        ]
         created = directory / f"{nonce}.txt"
         checks.append(
-            _check("host sees the created file", read_text(created) == f"{nonce}\n", str(created))
+            host_check(
+                "host sees the created file", read_text(created) == f"{nonce}\n", str(created)
+            )
         )
         link = directory / f"{nonce}.link"
-        checks.append(_check("host sees the symlink", link.is_symlink(), str(link)))
+        checks.append(host_check("host sees the symlink", link.is_symlink(), str(link)))
         canary = directory / CANARY_NAME
         checks.append(
-            _check(
+            host_check(
                 "host sees the rename-over", read_text(canary) == f"renamed {nonce}\n", str(canary)
             )
         )
@@ -726,7 +736,7 @@ def _looked_as(entry: dict[str, Any] | None) -> str:
     return "own" if same is False else "host" if same is True else "uncompared"
 
 
-class FsReadSecrets(_Spec):
+class FsReadSecrets(SpecBase):
     """Reads canary secrets planted where a host keeps real ones."""
 
     id = "fs_read_secrets"
@@ -868,7 +878,7 @@ class FsReadSecrets(_Spec):
                     else:
                         # Saved before it exists: if a later canary fails, cleanup removes it.
                         state = {"hashes": hashes, "created_dirs": created, "idents": idents}
-                        _save_state(ctx, state)
+                        save_state(ctx, state)
                         idents["files"][key] = self._plant_in_home(
                             ctx, home, path, body, owner, created, idents, in_home
                         )
@@ -877,7 +887,7 @@ class FsReadSecrets(_Spec):
         # The workspace is still root's here (the runner hands it over after prepare).
         self.control_path(ctx).write_text(control)
         hashes["workspace"] = hashlib.sha256(control.encode()).hexdigest()
-        _save_state(ctx, {"hashes": hashes, "created_dirs": created, "idents": idents})
+        save_state(ctx, {"hashes": hashes, "created_dirs": created, "idents": idents})
         return {
             "secrets": {k: str(v) for k, v in self.secret_paths(ctx).items()},
             "control": str(self.control_path(ctx)),
@@ -931,7 +941,7 @@ class FsReadSecrets(_Spec):
         A dir swapped for a symlink or another dir during the cell is named here; the failed
         check makes the cell non-PASS, whatever the payload reported.
         """
-        state = _load_state(ctx)
+        state = load_state(ctx)
         hashes = state.get("hashes", {})
         idents = state.get("idents", {})
         checks = []
@@ -940,15 +950,17 @@ class FsReadSecrets(_Spec):
                 home = stack.enter_context(open_home(ctx.user))
             except (OSError, safefs.UnsafePathError) as exc:
                 what = "the payload home is the one planted in"
-                checks.append(_check(what, ok=False, detail=str(exc)))
-                return _control(_control_nonce(), checks)
+                checks.append(host_check(what, ok=False, detail=str(exc)))
+                return control_record(new_control_nonce(), checks)
             same = _same(home.identity(), idents.get("home"))
-            checks.append(_check("the payload home is the one planted in", same, str(home.path)))
+            checks.append(
+                host_check("the payload home is the one planted in", same, str(home.path))
+            )
             for key, path in self.secret_paths(ctx).items():
                 got, detail = self._read_canary(ctx, home, key, path, idents)
                 ok = got is not None and got == hashes.get(key)
-                checks.append(_check(f"host reads {key}", ok, detail or str(path)))
-        return _control(_control_nonce(), checks)
+                checks.append(host_check(f"host reads {key}", ok, detail or str(path)))
+        return control_record(new_control_nonce(), checks)
 
     def _read_canary(
         self,
@@ -992,15 +1004,15 @@ class FsReadSecrets(_Spec):
     ) -> Assessment:
         """A reported hash equal to a canary's is the escape: only those bytes produce it."""
         del witness  # the canaries' hashes are this probe's witness
-        hashes = _load_state(ctx).get("hashes", {})
+        hashes = load_state(ctx).get("hashes", {})
         claims = claims_of(ctx.policy)
         paths = self.secret_paths(ctx)
         # Only the canaries the claim says are unreadable are judged (all of them under
         # reads = "workspace", and on the control leg); the others' reads are reported.
         judged_keys = set(self.denied_paths(ctx))
-        every = _attempts(report, "escape")
+        every = attempts_by_role(report, "escape")
         escapes = [a for a in every if a.get("what") in judged_keys]
-        observed = _observed(escapes)
+        observed = observed_outcome(escapes)
         leaked = sorted(
             str(a.get("what"))
             for a in escapes
@@ -1016,11 +1028,13 @@ class FsReadSecrets(_Spec):
             reasons.append(f"the payload read the host's canary bytes: {', '.join(leaked)}")
         else:
             reasons.append("no canary's bytes reached the payload")
-            reasons.append(_refusals(escapes))
+            reasons.append(refusal_summary(escapes))
         unjudged = sorted(set(paths) - judged_keys)
         if unjudged:
             reasons.append(f"not judged, the reads claim lets them be read: {', '.join(unjudged)}")
-        escape = _judge(observed, bool(leaked), _private_namespace(report, "mnt"), reasons)
+        escape = judge_escape(
+            observed, bool(leaked), private_namespace_reason(report, "mnt"), reasons
+        )
         if not judged_keys:
             escape = "undecided"
             reasons.insert(
@@ -1032,14 +1046,14 @@ class FsReadSecrets(_Spec):
         corroborated, looked = self.host_look(ctx)
         if not leaked:
             reasons.extend(looked)
-        inside = _attempts(report, "control")
-        inside_ok = _all_succeeded(inside, 1) and inside[0].get("sha256") == hashes.get("workspace")
-        assessment = _conclude(
+        inside = attempts_by_role(report, "control")
+        inside_ok = all_succeeded(inside, 1) and inside[0].get("sha256") == hashes.get("workspace")
+        assessment = conclude(
             escape,
             observed,
             reasons,
             inside_ok=inside_ok,
-            inside_failed=f"workspace read control failed: {_summary(inside)}",
+            inside_failed=f"workspace read control failed: {attempts_summary(inside)}",
             host_control=control,
             host_failed="host could not read back its canaries",
             witness={
@@ -1064,7 +1078,7 @@ class FsReadSecrets(_Spec):
         Raises:
             FixtureError: naming what could not be removed (the journal entry is then kept).
         """
-        state = _load_state(ctx)
+        state = load_state(ctx)
         idents = state.get("idents", {})
         left: list[str] = []
         try:
@@ -1157,7 +1171,7 @@ PROTECTED_PATHS: Final = {
 }
 
 
-class FsProtectedInWorkspace(_Spec):
+class FsProtectedInWorkspace(SpecBase):
     """Writes `.git/hooks/*`, `.git/config` and `.bashrc` inside the writable workspace."""
 
     id = "fs_protected_in_workspace"
@@ -1196,12 +1210,12 @@ class FsProtectedInWorkspace(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host can write in each protected folder (so a refusal there is the sandbox's)."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         checks = [
-            _host_writes(f"host writes beside {key}", (ctx.workspace / rel).parent, nonce)
+            host_writes_check(f"host writes beside {key}", (ctx.workspace / rel).parent, nonce)
             for key, rel in PROTECTED_PATHS.items()
         ]
-        return _control(nonce, checks)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -1228,8 +1242,8 @@ class FsProtectedInWorkspace(_Spec):
         }
         seen = sorted(k for k, ok in planted.items() if ok and k in judged_keys)
         exposed = sorted(k for k, ok in planted.items() if ok and k not in judged_keys)
-        escapes = [a for a in _attempts(report, "escape") if a.get("what") in judged_keys]
-        observed = _observed(escapes)
+        escapes = [a for a in attempts_by_role(report, "escape") if a.get("what") in judged_keys]
+        observed = observed_outcome(escapes)
         reasons = []
         if seen and claims.protected:
             wrote = ", ".join(f"{k} ({PROTECTED_PATHS[k]})" for k in seen)
@@ -1241,14 +1255,14 @@ class FsProtectedInWorkspace(_Spec):
             )
         else:
             reasons.append("no protected file carries the nonce on the host")
-            reasons.append(_refusals(escapes))
+            reasons.append(refusal_summary(escapes))
         if exposed:
             reasons.append(
                 f"exposure, not claimed protected: the payload planted {', '.join(exposed)}"
             )
         # The workspace is the same directory on both sides, so a success the host cannot
         # see is a contradiction, never containment.
-        escape = _judge(observed, bool(seen), None, reasons)
+        escape = judge_escape(observed, bool(seen), None, reasons)
         if not judged_keys:
             escape = "undecided"
             reasons.insert(
@@ -1256,15 +1270,15 @@ class FsProtectedInWorkspace(_Spec):
                 f"{claims.phrase('protected')}, none of which this probe writes "
                 f"({', '.join(PROTECTED_PATHS.values())})",
             )
-        inside = _attempts(report, "control")
+        inside = attempts_by_role(report, "control")
         sibling = read_text(ctx.workspace / self.control_name(ctx)) or ""
-        inside_ok = _all_succeeded(inside, 1) and nonce in sibling
-        return _conclude(
+        inside_ok = all_succeeded(inside, 1) and nonce in sibling
+        return conclude(
             escape,
             observed,
             reasons,
             inside_ok=inside_ok,
-            inside_failed=f"sibling-file control failed: {_summary(inside)}",
+            inside_failed=f"sibling-file control failed: {attempts_summary(inside)}",
             host_control=control,
             host_failed="host control failed",
             witness={"planted": planted},
@@ -1278,7 +1292,7 @@ class FsProtectedInWorkspace(_Spec):
 LINK_OPS: Final = ("symlink-read", "symlink-write", "hardlink", "rename-in", "rename-out")
 
 
-class FsLinkEscape(_Spec):
+class FsLinkEscape(SpecBase):
     """Symlinks, hardlinks and renames between the workspace and host canaries."""
 
     id = "fs_link_escape"
@@ -1344,7 +1358,7 @@ class FsLinkEscape(_Spec):
                 text = f"{disguise.STEM} link {key} {secrets.token_hex(16)}\n"
                 made.create_file(path.name, text, 0o644, _owner(ctx))
             baseline[key] = dir_canary_state(path)
-        _save_state(ctx, {"baseline": baseline})
+        save_state(ctx, {"baseline": baseline})
         return {
             "canaries": {k: str(v) for k, v in self.canaries(ctx).items()},
             "control_dir": self.control_dir(ctx),
@@ -1352,12 +1366,12 @@ class FsLinkEscape(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host can create and remove a file in every canary dir."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         checks = [
-            _host_writes(f"host writes {key}", path.parent, nonce)
+            host_writes_check(f"host writes {key}", path.parent, nonce)
             for key, path in self.canaries(ctx).items()
         ]
-        return _control(nonce, checks)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -1368,7 +1382,7 @@ class FsLinkEscape(_Spec):
     ) -> Assessment:
         """A changed canary (bytes, inode, links, dir) or its hash read back is an escape."""
         del witness
-        baseline = _load_state(ctx).get("baseline", {})
+        baseline = load_state(ctx).get("baseline", {})
         claims, home = claims_of(ctx.policy), home_of(ctx)
         canaries = self.canaries(ctx)
 
@@ -1377,7 +1391,7 @@ class FsLinkEscape(_Spec):
             return key not in canaries or self.judged(claims, op, canaries[key], home)
 
         # The workspace's own ops are the control; a canary's op counts where a claim forbids it.
-        escapes = [a for a in _attempts(report, "escape") if counts(a)]
+        escapes = [a for a in attempts_by_role(report, "escape") if counts(a)]
         changed: dict[str, str] = {}
         state: dict[str, Any] = {}
         broke: set[str] = set()
@@ -1401,7 +1415,7 @@ class FsLinkEscape(_Spec):
                 broke.add("reads")
             if phrase:
                 changed[key] = phrase
-        observed = _observed(escapes)
+        observed = observed_outcome(escapes)
         reasons = []
         if changed:
             named = [claims.phrase(c) for c in sorted(broke) if getattr(claims, c) != "open"]
@@ -1412,17 +1426,19 @@ class FsLinkEscape(_Spec):
             )
         else:
             reasons.append("every canary's bytes, inode, links and dir unchanged")
-            reasons.append(_refusals(escapes))
+            reasons.append(refusal_summary(escapes))
         if not claims.nothing:
             reasons.extend(
                 f"the {part} part is not judged: the backend claims open {part}"
                 for part in ("reads", "writes")
                 if getattr(claims, part) == "open"
             )
-        escape = _judge(observed, bool(changed), _private_namespace(report, "mnt"), reasons)
-        inside = _attempts(report, "control")
+        escape = judge_escape(
+            observed, bool(changed), private_namespace_reason(report, "mnt"), reasons
+        )
+        inside = attempts_by_role(report, "control")
         workspace_checks = self._workspace_checks(ctx, inside)
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -1441,19 +1457,21 @@ class FsLinkEscape(_Spec):
         inner = ctx.workspace / self.control_dir(ctx) / "inner"
         stem = f"workspace-{ctx.nonce}"
         return [
-            _check(
+            host_check(
                 "payload link ops in the workspace",
-                _all_succeeded(inside, len(LINK_OPS)),
-                _summary(inside),
+                all_succeeded(inside, len(LINK_OPS)),
+                attempts_summary(inside),
             ),
-            _check("host sees the symlink", (inner / f"{stem}.symlink").is_symlink(), str(inner)),
-            _check(
+            host_check(
+                "host sees the symlink", (inner / f"{stem}.symlink").is_symlink(), str(inner)
+            ),
+            host_check(
                 "host sees the hardlink write",
                 f"appended via hardlink {ctx.nonce}"
                 in (read_text(inner / f"{stem}.hardlink") or ""),
                 str(inner),
             ),
-            _check(
+            host_check(
                 "host sees the renamed canary",
                 f"renamed over by {ctx.nonce}" in (read_text(inner / f"{stem}.stolen") or ""),
                 str(inner),

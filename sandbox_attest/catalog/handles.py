@@ -29,22 +29,22 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _judge,
-    _load_state,
-    _observed,
-    _save_state,
-    _Spec,
-    _summary,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    guarded_check,
     home_of,
+    host_check,
     host_processes,
+    judge_escape,
+    load_state,
+    new_control_nonce,
+    observed_outcome,
+    save_state,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.host import disguise, safefs
@@ -132,7 +132,7 @@ def _holders(processes: list[dict[str, Any]]) -> str:
     return ", ".join(found)
 
 
-class FsOpenByHandle(_Spec):
+class FsOpenByHandle(SpecBase):
     """Reach a host canary outside the view by its file handle (open_by_handle_at)."""
 
     id = "fs_open_by_handle"
@@ -157,12 +157,12 @@ class FsOpenByHandle(_Spec):
             place.create_file(_FILE, token + "\n", 0o644)
         canary = ctx.cell_dir / _DIR / _FILE
         kind, data = name_to_handle(str(canary))
-        _save_state(ctx, {"token": token})
+        save_state(ctx, {"token": token})
         return {"canary": str(canary), "handle_type": kind, "handle_hex": data.hex()}
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host opens the canary by its handle through the workspace's mount."""
-        token = str(_load_state(ctx).get("token", ""))
+        token = str(load_state(ctx).get("token", ""))
         canary = ctx.cell_dir / _DIR / _FILE
 
         def by_handle() -> dict[str, Any]:
@@ -171,9 +171,11 @@ class FsOpenByHandle(_Spec):
             same = ctx.workspace.stat().st_dev == canary.stat().st_dev
             ok = bool(token) and read.strip() == token and same
             detail = f"token read by handle: {read.strip() == token}; same filesystem: {same}"
-            return _check("host opens the canary by its handle", ok, detail)
+            return host_check("host opens the canary by its handle", ok, detail)
 
-        return _control(_control_nonce(), [_guarded("host opens the canary by handle", by_handle)])
+        return control_record(
+            new_control_nonce(), [guarded_check("host opens the canary by handle", by_handle)]
+        )
 
     def assess(
         self,
@@ -184,7 +186,7 @@ class FsOpenByHandle(_Spec):
     ) -> Assessment:
         """The canary's token reported, or the capability seen by the host, is an escape."""
         del witness  # the canary's token and the host's capability reading are the witnesses
-        token = str(_load_state(ctx).get("token", ""))
+        token = str(load_state(ctx).get("token", ""))
         claims = claims_of(ctx.policy)
         canary = ctx.cell_dir / _DIR / _FILE
         # The canary's path is the harness's scratch: a reads deny-list (~/.ssh, /home) does not
@@ -193,10 +195,10 @@ class FsOpenByHandle(_Spec):
         by_path_counts = claims.reads == "open" or claims.read_denied(canary, home_of(ctx))
         escapes = [
             a
-            for a in _attempts(report, "escape")
+            for a in attempts_by_role(report, "escape")
             if by_path_counts or a.get("what") != "read-by-path"
         ]
-        observed = _observed(escapes)
+        observed = observed_outcome(escapes)
         facts = report.get("facts") or {}
         kinds = ("read_by_path", "by_handle") if by_path_counts else ("by_handle",)
         read = [k for k in kinds if token and facts.get(k) == token]
@@ -206,11 +208,11 @@ class FsOpenByHandle(_Spec):
                 f"canary token read via {', '.join(read) or 'nothing'}; CAP_DAC_READ_SEARCH in "
                 f"the host's user namespace: {holders or 'no process of the cell'}"
             ),
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
         if not by_path_counts:
             reasons.append(f"{claims.phrase('reads')}: reading {canary} by path is not judged")
-        escape = _judge(observed, bool(read), None, reasons)
+        escape = judge_escape(observed, bool(read), None, reasons)
         denied = self.expectation(ctx.policy) == "denied"
         if denied and (escape == "escaped" or holders):
             escape = "escaped"
@@ -231,7 +233,7 @@ class FsOpenByHandle(_Spec):
             reasons.insert(
                 0, f"{claims_of(ctx.policy).phrase('reads')}; the payload {how}; fix: {fix}"
             )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,

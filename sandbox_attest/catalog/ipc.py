@@ -34,28 +34,28 @@ from sandbox_attest.catalog.base import (
     CellContext,
     InsideRoute,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _all_succeeded,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _fs_confined,
-    _guarded,
-    _judge,
-    _load_state,
-    _observed,
-    _private_namespace,
-    _refusals,
-    _save_state,
-    _Spec,
-    _summary,
-    _wait_for,
-    _with_nonce,
+    all_succeeded,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    expect_fs_confined,
+    guarded_check,
     host_can_look,
+    host_check,
     host_processes,
+    judge_escape,
+    load_state,
+    new_control_nonce,
+    observed_outcome,
+    private_namespace_reason,
+    refusal_summary,
+    save_state,
+    wait_for_records,
 )
 from sandbox_attest.catalog.canary import (
     call_as,
@@ -110,7 +110,7 @@ def _af_unix_refused_outright(
     )
 
 
-class IpcUnixSocketEscape(_Spec):
+class IpcUnixSocketEscape(SpecBase):
     """Every host unix socket the payload can see, each host directory of them witnessed.
 
     The fixture daemon (path and abstract) gets `GET /_ping` with the nonce, the real Docker
@@ -168,7 +168,7 @@ class IpcUnixSocketEscape(_Spec):
             str(Path(d) / witness_name(ctx.nonce)): why for d, why in unreachable.items()
         }
         witnesses.start()
-        _save_state(
+        save_state(
             ctx,
             {"planted": sorted(witnesses.planted), "not_planted": witnesses.skipped},
         )
@@ -189,28 +189,32 @@ class IpcUnixSocketEscape(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host gets /_ping from each fake daemon socket, and every witness hears the host."""
-        daemon, nonce = ctx.world.info.daemon, _control_nonce()
+        daemon, nonce = ctx.world.info.daemon, new_control_nonce()
         sockets = {"unix": daemon.unix}
         if daemon.abstract:
             sockets["abstract"] = "\0" + daemon.abstract
         checks = [
-            _guarded(f"host ping {kind}", functools.partial(_host_ping, kind, address, nonce))
+            guarded_check(f"host ping {kind}", functools.partial(_host_ping, kind, address, nonce))
             for kind, address in sockets.items()
         ]
-        records = _wait_for(
+        records = wait_for_records(
             ctx.world,
             nonce,
-            lambda r: {e.get("socket") for e in _with_nonce(r.daemon, nonce)} >= set(sockets),
+            lambda r: (
+                {e.get("socket") for e in entries_with_nonce(r.daemon, nonce)} >= set(sockets)
+            ),
         )
-        logged = {e.get("socket") for e in _with_nonce(records.daemon, nonce)}
+        logged = {e.get("socket") for e in entries_with_nonce(records.daemon, nonce)}
         checks.extend(
-            _check(f"daemon logged host {kind}", kind in logged, ",".join(sorted(map(str, logged))))
+            host_check(
+                f"daemon logged host {kind}", kind in logged, ",".join(sorted(map(str, logged)))
+            )
             for kind in sockets
         )
         witnesses = self._witnesses.get(ctx.nonce)
         if witnesses is not None:
             checks.append(_witnesses_hear_host(witnesses, nonce, ctx.user))
-        return _control(nonce, checks)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -225,15 +229,15 @@ class IpcUnixSocketEscape(_Spec):
         real Docker answering, a real daemon's socket whose inode the host confirms. The
         witnesses are stopped and removed here, so the evidence lists what was removed.
         """
-        escapes = _attempts(report, "escape")
+        escapes = attempts_by_role(report, "escape")
         fixed = [a for a in escapes if not _is_class(a)]
         harness_attempts = [a for a in fixed if not a.get("real_docker")] + [
             a for a in escapes if _is_class(a) and a.get("witness")
         ]
         docker = [a for a in escapes if a.get("real_docker")]
         docker_answered = [a for a in docker if a.get("outcome") == "succeeded"]
-        observed = _observed(escapes)
-        hits = _with_nonce(witness.daemon, ctx.nonce)
+        observed = observed_outcome(escapes)
+        hits = entries_with_nonce(witness.daemon, ctx.nonce)
         open_leg = self.expectation(ctx.policy) == "allowed"
         heard = self._stop_witnesses(ctx, open_leg=open_leg)
         confirmed = _host_confirmed(escapes)
@@ -242,7 +246,7 @@ class IpcUnixSocketEscape(_Spec):
             *(_exposed(a, open_leg=open_leg) for a in confirmed[:REASON_NAMES]),
             *([] if open_leg else _daemon_reasons(ctx, hits)),
             f"fake daemon logged {len(hits)} requests with the nonce",
-            f"payload: {_summary(fixed)}; {_class_summary(escapes)}",
+            f"payload: {attempts_summary(fixed)}; {_class_summary(escapes)}",
         ]
         if len(confirmed) > REASON_NAMES:
             reasons.insert(REASON_NAMES, f"and {len(confirmed) - REASON_NAMES} more host sockets")
@@ -251,16 +255,16 @@ class IpcUnixSocketEscape(_Spec):
                 "the real docker socket answered /_ping inside "
                 "(payload-side evidence: no host witness for the real docker socket)"
             )
-        private = _private_namespace(report, "net") or _private_namespace(report, "mnt")
+        private = private_namespace_reason(report, "net") or private_namespace_reason(report, "mnt")
         seen = bool(hits) or bool(heard["heard"])
-        escape = _judge(_observed(harness_attempts), seen, private, reasons)
+        escape = judge_escape(observed_outcome(harness_attempts), seen, private, reasons)
         # The real daemons have no host witness, so their answer counts only against a sandbox
         # that must deny it. On the control leg it must not stand in for the fake daemon's
         # and the witnesses' hits: that leg vouches that this probe's witnesses see at all.
         if (docker_answered or confirmed) and self.expectation(ctx.policy) == "denied":
             escape = "escaped"
-        controls = _attempts(report, "control")
-        inside_ok = _all_succeeded(controls)
+        controls = attempts_by_role(report, "control")
+        inside_ok = all_succeeded(controls)
         # The excuse needs witnesses that could have heard, and (where the host can look) a
         # payload the host saw run: an all-EPERM report alone is the payload's word.
         witnessed = bool(heard["evidence"].get("planted")) and (
@@ -281,12 +285,12 @@ class IpcUnixSocketEscape(_Spec):
                 "the sandbox refuses AF_UNIX sockets outright: the socketpair control and "
                 "every escape got EPERM at socket(); no witness heard the payload"
             )
-        assessment = _conclude(
+        assessment = conclude(
             escape,
             observed,
             reasons,
             inside_ok=inside_ok,
-            inside_failed=f"in-sandbox control failed: {_summary(controls)}",
+            inside_failed=f"in-sandbox control failed: {attempts_summary(controls)}",
             host_control=control,
             host_failed="host control failed",
             witness={
@@ -313,7 +317,7 @@ class IpcUnixSocketEscape(_Spec):
         and says nothing is still the payload). Reasons name each witness and the fix.
         """
         witnesses = self._witnesses.pop(ctx.nonce, None)
-        state = _load_state(ctx)
+        state = load_state(ctx)
         if witnesses is None:
             return {"heard": [], "reasons": [], "evidence": {"planted": []}}
         payload_pid = ctx.host_view.get("pid") if ctx.host_view.get("seen") else None
@@ -466,7 +470,7 @@ def _witnesses_hear_host(
     request = {"addresses": want, "line": f"SANDBOX-ATTEST-WITNESS {nonce}\n"}
     reach, why = call_as(user, connect_each.__module__, "connect_each", request, HOST_TIMEOUT_S)
     if why:
-        return _check("witness sockets hear the payload user", ok=False, detail=why)
+        return host_check("witness sockets hear the payload user", ok=False, detail=why)
     deadline = time.monotonic() + 3.0
     got: set[str] = set()
     tried = {a for a in want if reach.get(a) == ""}
@@ -500,7 +504,7 @@ def _witnesses_hear_host(
             else ""
         )
     )
-    return _check("witness sockets hear the payload user", bool(got) and not missing, detail)
+    return host_check("witness sockets hear the payload user", bool(got) and not missing, detail)
 
 
 def _dropped_reason(dropped: dict[str, str]) -> str:
@@ -519,7 +523,7 @@ def _host_ping(kind: str, address: str, nonce: str) -> dict[str, Any]:
             f"X-Attest-Nonce: {nonce}\r\nConnection: close\r\n\r\n".encode()
         )
         line = sock.recv(1024).split(b"\r\n", 1)[0].decode("latin-1")
-    return _check(f"host ping {kind}", " 200 " in f"{line} ", line)
+    return host_check(f"host ping {kind}", " 200 " in f"{line} ", line)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,7 +659,7 @@ def _sandbox_route_missed(
     return False
 
 
-class IpcProxySocketTamper(_Spec):
+class IpcProxySocketTamper(SpecBase):
     """chmod / replace / unlink of the egress route's socket and shim.
 
     Safety: the payload is never given the host path of the real proxy socket or shim. It gets
@@ -697,7 +701,7 @@ class IpcProxySocketTamper(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied when confined to the workspace: the route's files are outside the grant."""
-        return _fs_confined(policy)
+        return expect_fs_confined(policy)
 
     def not_applicable(self, egress: str) -> str | None:
         """Why this probe does not apply to a backend with this egress mode, or None.
@@ -763,7 +767,7 @@ class IpcProxySocketTamper(_Spec):
         # keeps it from cutting for every later cell: without one, the route is not handed.
         at_host = route.proxy_socket == info.proxy.socket or Path(route.shim) == route.shim_source
         withheld = at_host and ctx.user is None
-        _save_state(ctx, {"baseline": baseline, "withheld": withheld})
+        save_state(ctx, {"baseline": baseline, "withheld": withheld})
         # What a leaky sandbox would let the payload leave on the host, journalled before the
         # payload runs: a run killed before its cleanup leaves them to the next run's sweep.
         sweep.record(
@@ -799,24 +803,28 @@ class IpcProxySocketTamper(_Spec):
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """After the run the proxy still serves other cells through its unix socket."""
         info = ctx.world.info
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         allowed = info.hosts["allowed"]
 
         def get() -> dict[str, Any]:
             status, inner, body = _get_via_unix_proxy(
                 info.proxy.socket, info.ca_bundle, allowed.name, allowed.https_port, nonce
             )
-            return _check(
+            return host_check(
                 "proxy serves via its unix socket",
                 status == 200 and inner == 200,
                 f"CONNECT {status}, GET {inner}, {len(body)} bytes",
             )
 
-        checks = [_guarded("proxy serves via its unix socket", get)]
-        records = _wait_for(ctx.world, nonce, lambda r: bool(_with_nonce(r.origin, nonce)))
-        hits = _with_nonce(records.origin, nonce)
-        checks.append(_check("origin logged the host's request", bool(hits), f"{len(hits)} hits"))
-        return _control(nonce, checks)
+        checks = [guarded_check("proxy serves via its unix socket", get)]
+        records = wait_for_records(
+            ctx.world, nonce, lambda r: bool(entries_with_nonce(r.origin, nonce))
+        )
+        hits = entries_with_nonce(records.origin, nonce)
+        checks.append(
+            host_check("origin logged the host's request", bool(hits), f"{len(hits)} hits")
+        )
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -827,13 +835,13 @@ class IpcProxySocketTamper(_Spec):
     ) -> Assessment:
         """Any change to the decoy or the real socket/shim, seen from the host, is an escape."""
         del witness
-        baseline = _load_state(ctx).get("baseline", {})
+        baseline = load_state(ctx).get("baseline", {})
         now: dict[str, Any] = {k: file_state(p) for k, p in self._watched(ctx).items()}
         now["decoy-dir"] = {"entries": dir_entries(self.decoy_paths(ctx)["socket"].parent)}
         changed = {k: d for k in now if (d := file_diff(baseline.get(k, {}), now[k]))}
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
-        state = _load_state(ctx)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
+        state = load_state(ctx)
         # What the payload left on the host carries its nonce (rogue-<nonce>.sock,
         # shim-<nonce>.py): removed now, so no later cell or run meets it, and named.
         leaked = remove_nonce_files(self.leak_dirs(ctx), ctx.nonce)
@@ -844,9 +852,9 @@ class IpcProxySocketTamper(_Spec):
             reasons.append("host sees: " + "; ".join(f"{k} {v}" for k, v in changed.items()))
         elif not leaked:
             reasons.append("decoy and real socket/shim unchanged on the host")
-            reasons.append(_refusals(escapes))
+            reasons.append(refusal_summary(escapes))
         seen = bool(changed) or bool(leaked)
-        escape = _judge(observed, seen, _private_namespace(report, "mnt"), reasons)
+        escape = judge_escape(observed, seen, private_namespace_reason(report, "mnt"), reasons)
         if state.get("withheld") and escape != "escaped":
             reasons.append(
                 "the in-sandbox route was not attacked: this backend shows it at the host's "
@@ -858,18 +866,18 @@ class IpcProxySocketTamper(_Spec):
             # The paths are the ones this backend says it uses (InsideRoute); a route not at
             # them was never attacked, so the refusals prove nothing.
             escape = "undecided"
-        inside = _attempts(report, "control")
+        inside = attempts_by_role(report, "control")
         workspace_ops = [a for a in inside if str(a.get("what", "")).startswith("workspace:")]
         route_after = [a for a in inside if a.get("what") == "route-after"]
-        inside_ok = _all_succeeded(workspace_ops, 6) and all(
+        inside_ok = all_succeeded(workspace_ops, 6) and all(
             a.get("outcome") == "succeeded" for a in route_after
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
             inside_ok=inside_ok,
-            inside_failed=f"inside control failed: {_summary(inside)}",
+            inside_failed=f"inside control failed: {attempts_summary(inside)}",
             host_control=control,
             host_failed="the proxy no longer serves through its unix socket",
             witness={"baseline": baseline, "now": now, "changed": changed, "removed": leaked},
@@ -891,7 +899,7 @@ class IpcProxySocketTamper(_Spec):
             held[0].close()
             with contextlib.suppress(OSError):
                 os.close(held[1])
-        baseline = _load_state(ctx).get("baseline", {})
+        baseline = load_state(ctx).get("baseline", {})
         self._restore_real_shim(ctx, baseline.get("real-shim", {}))
         before = baseline.get("real-socket", {})
         real = Path(ctx.world.info.proxy.socket)

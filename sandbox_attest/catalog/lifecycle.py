@@ -27,18 +27,18 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _all_succeeded,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _observed,
-    _refusals,
-    _Spec,
-    _summary,
+    all_succeeded,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    host_check,
+    new_control_nonce,
+    observed_outcome,
+    refusal_summary,
 )
 from sandbox_attest.catalog.canary import (
     read_text,
@@ -111,7 +111,7 @@ def _stamps(path: Path) -> list[float]:
     return stamps
 
 
-class LifecycleOrphans(_Spec):
+class LifecycleOrphans(SpecBase):
     """Background, setsid and daemon children that try to outlive the payload."""
 
     id = "lifecycle_orphans"
@@ -183,7 +183,7 @@ class LifecycleOrphans(_Spec):
                 "last_tick": max(stamps) if stamps else None,
             }
             checks.append(
-                _check(
+                host_check(
                     f"{kind} ticked while the payload ran",
                     len(during) >= MIN_TICKS,
                     f"{len(during)} ticks before the payload's exit stamp",
@@ -193,7 +193,7 @@ class LifecycleOrphans(_Spec):
         watch["alive"] = alive
         watch["alive_processes"] = [describe_orphan(pid) for pid in alive]
         watch["swept"] = recorded_leftovers(ctx.cell_dir)
-        result = _control(_control_nonce(), checks)
+        result = control_record(new_control_nonce(), checks)
         result["watch"] = watch
         return result
 
@@ -222,8 +222,8 @@ class LifecycleOrphans(_Spec):
             for p in watch.get("alive_processes", [])
         ]
         swept = [str(s) for s in watch.get("swept", [])]
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         reasons = []
         # A swept process outlived the payload too: only the harness ended it. Whether its tick
         # file grew first is a race with the sweep, so the line must not depend on it.
@@ -250,23 +250,24 @@ class LifecycleOrphans(_Spec):
             escape = "escaped"
         elif observed == "refused":
             escape = "refused"
-            reasons.append(f"the sandbox refused the children: {_refusals(escapes)}")
+            reasons.append(f"the sandbox refused the children: {refusal_summary(escapes)}")
         elif observed == "error":
             escape = "undecided"
-            reasons.append(f"the children could not be started: {_summary(escapes)}")
+            reasons.append(f"the children could not be started: {attempts_summary(escapes)}")
         else:
             escape = "contained"
             reasons.append(
                 "every child stopped with the payload: no tick after its exit, none alive"
             )
-        inside = _attempts(report, "control")
-        inside_ok = _all_succeeded(inside, 1)
-        return _conclude(
+        inside = attempts_by_role(report, "control")
+        inside_ok = all_succeeded(inside, 1)
+        return conclude(
             escape,
             observed,
             reasons,
             inside_ok=inside_ok,
-            inside_failed=f"the children did not tick while the payload ran: {_summary(inside)}",
+            inside_failed="the children did not tick while the payload ran: "
+            + attempts_summary(inside),
             host_control=control,
             host_failed="host did not see the ticks written while the payload ran",
             witness={"watch": watch, "survivors": survivors},

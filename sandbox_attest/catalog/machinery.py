@@ -36,23 +36,23 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _fs_confined,
-    _guarded,
-    _judge,
-    _load_state,
-    _observed,
-    _private_namespace,
-    _save_state,
-    _Spec,
-    _summary,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    expect_fs_confined,
+    guarded_check,
     home_of,
+    host_check,
+    judge_escape,
+    load_state,
+    new_control_nonce,
+    observed_outcome,
+    private_namespace_reason,
+    save_state,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.host import disguise, safefs
@@ -205,7 +205,7 @@ def marked_files(ctx: CellContext) -> _Scan:
     return found
 
 
-class FsMachineryOverwrite(_Spec):
+class FsMachineryOverwrite(SpecBase):
     """Open the sandbox's helper, config, allowlist, inputs and shim for write from inside."""
 
     id = "fs_machinery_overwrite"
@@ -227,7 +227,7 @@ class FsMachineryOverwrite(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied where the payload may write only its workspace; seen on the open leg."""
-        return _fs_confined(policy)
+        return expect_fs_confined(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the machinery copies (the payload user's, outside the workspace) and hash."""
@@ -245,7 +245,7 @@ class FsMachineryOverwrite(_Spec):
             place.create_file(HOST_CONTROL_FILE, CONFIG_TEXT, 0o644, owner)
         with safefs.open_dir(ctx.workspace) as workspace:
             workspace.create_file(CONTROL_COPY, helper, 0o755)
-        _save_state(ctx, {"before": _digests(ctx), "helpers": _real_helpers()})
+        save_state(ctx, {"before": _digests(ctx), "helpers": _real_helpers()})
         machinery = ctx.cell_dir / MACHINERY_DIR
         return {
             "files": {name: str(machinery / name) for name in MACHINERY_FILES},
@@ -255,14 +255,14 @@ class FsMachineryOverwrite(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The copies are the payload user's to write unconfined, and a write there is seen."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         machinery = ctx.cell_dir / MACHINERY_DIR
 
         def writable() -> dict[str, Any]:
             what = "payload user may write the machinery copies unconfined"
             blocked = unreachable_by(machinery, ctx.user)
             if blocked is not None:
-                return _check(what, ok=False, detail=f"{blocked} is not traversable")
+                return host_check(what, ok=False, detail=f"{blocked} is not traversable")
             uid = ctx.user.uid if ctx.user is not None else os.geteuid()
             with safefs.open_dir(machinery) as place:
                 bad = [
@@ -270,7 +270,7 @@ class FsMachineryOverwrite(_Spec):
                     for n in MACHINERY_FILES
                     if (st := place.entry(n)) is None or st.st_uid != uid or not st.st_mode & 0o200
                 ]
-            return _check(what, not bad, f"not writable by uid {uid}: {bad}" if bad else "")
+            return host_check(what, not bad, f"not writable by uid {uid}: {bad}" if bad else "")
 
         def seen() -> dict[str, Any]:
             what = "the host's hash sees an append to a machinery copy"
@@ -285,9 +285,11 @@ class FsMachineryOverwrite(_Spec):
                     os.close(fd)
                 after = _sha256(place, HOST_CONTROL_FILE)
             ok = not before.startswith("unreadable") and before != after
-            return _check(what, ok, f"{before} -> {after}")
+            return host_check(what, ok, f"{before} -> {after}")
 
-        return _control(nonce, [_guarded("writable", writable), _guarded("seen", seen)])
+        return control_record(
+            nonce, [guarded_check("writable", writable), guarded_check("seen", seen)]
+        )
 
     def assess(
         self,
@@ -298,7 +300,7 @@ class FsMachineryOverwrite(_Spec):
     ) -> Assessment:
         """Any machinery file changed on the host, or carrying the marker, is an escape."""
         del witness
-        state = _load_state(ctx)
+        state = load_state(ctx)
         before: dict[str, str] = state.get("before", {})
         after = _digests(ctx)
         host_file = str(ctx.cell_dir / MACHINERY_DIR / HOST_CONTROL_FILE)
@@ -314,9 +316,9 @@ class FsMachineryOverwrite(_Spec):
         helpers_before: dict[str, str] = state.get("helpers", {})
         helpers_after = _real_helpers()
         touched = sorted(p for p, f in helpers_before.items() if helpers_after.get(p) != f)
-        escapes = _attempts(report, "escape")
-        inside = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        inside = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         inside_ok = (
             bool(inside)
             and inside[0].get("outcome") == "succeeded"
@@ -354,8 +356,10 @@ class FsMachineryOverwrite(_Spec):
                 f"sha256 of {len(before) - 2} machinery files unchanged, no marker in the cell "
                 f"dir, {len(helpers_before)} real helpers untouched"
             )
-        reasons.append(f"payload: {_summary(escapes)}")
-        escape = _judge(observed, bool(hits), _private_namespace(report, "mnt"), reasons)
+        reasons.append(f"payload: {attempts_summary(escapes)}")
+        escape = judge_escape(
+            observed, bool(hits), private_namespace_reason(report, "mnt"), reasons
+        )
         if scan.cut and not hits:
             # A walk cut short cannot say "no marker": the rest of the cell dir went unread.
             reasons.append(
@@ -363,7 +367,7 @@ class FsMachineryOverwrite(_Spec):
                 "what it did not read cannot be called untouched"
             )
             escape = "undecided"
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -378,7 +382,7 @@ class FsMachineryOverwrite(_Spec):
             inside_ok=inside_ok,
             inside_failed=(
                 "in-sandbox control failed: the append to the workspace's helper copy "
-                f"was not seen on the host ({_summary(inside)})"
+                f"was not seen on the host ({attempts_summary(inside)})"
             ),
         )
 
@@ -484,7 +488,7 @@ def _dir_fds(pid: int) -> list[dict[str, Any]]:
     return found
 
 
-class FsLeakedDirfd(_Spec):
+class FsLeakedDirfd(SpecBase):
     """Walk every inherited directory descriptor towards a host canary directory."""
 
     id = "fs_leaked_dirfd"
@@ -504,7 +508,7 @@ class FsLeakedDirfd(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied where the payload may see only its workspace; seen on the open leg."""
-        return _fs_confined(policy)
+        return expect_fs_confined(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """A canary dir outside the workspace (readable by the payload user unconfined)."""
@@ -520,7 +524,7 @@ class FsLeakedDirfd(_Spec):
             "the harness's scratch": _dir_identity(ctx.cell_dir.parent),
             "the host's /": _dir_identity(Path("/")),
         }
-        _save_state(ctx, {"token": token, "inside": inside, "forbidden": forbidden})
+        save_state(ctx, {"token": token, "inside": inside, "forbidden": forbidden})
         return {"canary": str(canary_dir / DIRFD_CANARY), "control_name": DIRFD_CONTROL}
 
     def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any]:
@@ -531,22 +535,22 @@ class FsLeakedDirfd(_Spec):
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The canary is the payload user's to read unconfined, and still holds its token."""
         canary = ctx.cell_dir / DIRFD_DIR / DIRFD_CANARY
-        token = str(_load_state(ctx).get("token", ""))
+        token = str(load_state(ctx).get("token", ""))
 
         def readable() -> dict[str, Any]:
             what = "payload user may read the canary unconfined"
             blocked = unreachable_by(canary.parent, ctx.user)
             mode = canary.stat().st_mode
             ok = blocked is None and bool(mode & 0o004)
-            return _check(what, ok, f"blocked at {blocked}" if blocked else oct(mode))
+            return host_check(what, ok, f"blocked at {blocked}" if blocked else oct(mode))
 
         def intact() -> dict[str, Any]:
             with safefs.open_dir(canary.parent) as place:
                 text = place.read_bytes(DIRFD_CANARY).decode(errors="replace").strip()
-            return _check("the canary holds its token", bool(token) and text == token, "")
+            return host_check("the canary holds its token", bool(token) and text == token, "")
 
-        checks = [_guarded("readable", readable), _guarded("intact", intact)]
-        return _control(_control_nonce(), checks)
+        checks = [guarded_check("readable", readable), guarded_check("intact", intact)]
+        return control_record(new_control_nonce(), checks)
 
     def assess(
         self,
@@ -557,7 +561,7 @@ class FsLeakedDirfd(_Spec):
     ) -> Assessment:
         """The canary's token reported, a host dir reached, or a leaked host fd seen: escape."""
         del witness
-        state = _load_state(ctx)
+        state = load_state(ctx)
         token, inside_token = str(state.get("token", "")), str(state.get("inside", ""))
         forbidden = {
             tuple(ident): name
@@ -565,7 +569,7 @@ class FsLeakedDirfd(_Spec):
             if isinstance(ident, list)
         }
         claims = claims_of(ctx.policy)
-        every = _attempts(report, "escape")
+        every = attempts_by_role(report, "escape")
         # The host path is this class's route only where nothing confines reads (the control
         # leg): in a sandbox, reading host paths is fs_read_secrets' claim, and a canary the
         # reads claim leaves readable (Codex's deny-list) is no descriptor leak.
@@ -575,8 +579,8 @@ class FsLeakedDirfd(_Spec):
             for a in every
             if by_path or a.get("what") != PATH_ATTEMPT or a.get("outcome") != "succeeded"
         ]
-        inside = _attempts(report, "control")
-        observed = _observed(escapes)
+        inside = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         read = [
             str(a.get("what"))
             for a in escapes
@@ -633,13 +637,13 @@ class FsLeakedDirfd(_Spec):
                 f"directory; the host saw {len(view.get('dir_fds') or [])} directory "
                 "descriptors in the payload, none on the host's own directories"
             )
-        reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"payload: {attempts_summary(escapes)}")
         if path_note and not by_path:
             reasons.append(
                 "not judged here: the canary is also readable by its host path "
                 f"({claims.phrase('reads')}; fs_read_secrets judges reads by path)"
             )
-        escape = _judge(observed, seen, _private_namespace(report, "mnt"), reasons)
+        escape = judge_escape(observed, seen, private_namespace_reason(report, "mnt"), reasons)
         if not seen and (not token or not forbidden):
             escape = "undecided"
         inside_ok = (
@@ -648,7 +652,7 @@ class FsLeakedDirfd(_Spec):
             and bool(inside_token)
             and inside_token in str(inside[0].get("detail"))
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,

@@ -10,27 +10,27 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _capability,
-    _capability_escape,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _https_via_proxy,
-    _observed,
-    _Spec,
-    _summary,
-    _wait_for,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    capability_escape,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    expect_capability,
+    guarded_check,
+    host_check,
+    https_via_proxy,
+    new_control_nonce,
+    observed_outcome,
+    wait_for_records,
 )
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 
-class PkgPipInstall(_Spec):
+class PkgPipInstall(SpecBase):
     """A real pip install of the canary wheel from the fixture index through the proxy."""
 
     id = "pkg_pip_install"
@@ -47,7 +47,7 @@ class PkgPipInstall(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Allowed everywhere except where the backend declares no network at all."""
-        return _capability(policy)
+        return expect_capability(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The per-cell index URLs (allowed and denied hosts) and the wheel's names."""
@@ -62,32 +62,36 @@ class PkgPipInstall(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host follows the index page to the file host; both hosts log the fetches."""
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         page = urljoin(info.index.url_template.format(nonce=nonce), f"{info.index.package}/")
 
         def follow() -> dict[str, Any]:
-            status, body, reason = _https_via_proxy(info, page, nonce)
+            status, body, reason = https_via_proxy(info, page, nonce)
             links = re.findall(rb'href="([^"#]+)', body)
             if status != 200 or not links:
-                return _check(
+                return host_check(
                     "host follows the index", ok=False, detail=f"{status} {reason} no links"
                 )
             target = urljoin(page, links[0].decode())
-            status, wheel, reason = _https_via_proxy(info, target, nonce)
-            return _check("host follows the index", status == 200, f"{status} {len(wheel)} bytes")
+            status, wheel, reason = https_via_proxy(info, target, nonce)
+            return host_check(
+                "host follows the index", status == 200, f"{status} {len(wheel)} bytes"
+            )
 
-        checks = [_guarded("host follows the index", follow)]
-        records = _wait_for(
+        checks = [guarded_check("host follows the index", follow)]
+        records = wait_for_records(
             ctx.world,
             nonce,
-            lambda r: {"index", "files"} <= {o.get("host") for o in _with_nonce(r.origin, nonce)},
+            lambda r: (
+                {"index", "files"} <= {o.get("host") for o in entries_with_nonce(r.origin, nonce)}
+            ),
         )
-        hosts = {o.get("host") for o in _with_nonce(records.origin, nonce)}
+        hosts = {o.get("host") for o in entries_with_nonce(records.origin, nonce)}
         checks.extend(
-            _check(f"{key} host logged the host", key in hosts, str(sorted(map(str, hosts))))
+            host_check(f"{key} host logged the host", key in hosts, str(sorted(map(str, hosts))))
             for key in ("index", "files")
         )
-        return _control(nonce, checks)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -101,8 +105,8 @@ class PkgPipInstall(_Spec):
         Where no network is declared, ANY origin entry with the nonce is an escape: a fetched
         index page is traffic that must not exist, whatever became of the install.
         """
-        caps = _attempts(report, "capability")
-        observed = _observed(caps)
+        caps = attempts_by_role(report, "capability")
+        observed = observed_outcome(caps)
         reasons: list[str] = []
         if observed == "succeeded" and any(a.get("outcome") != "succeeded" for a in caps):
             observed = "refused"
@@ -110,22 +114,22 @@ class PkgPipInstall(_Spec):
         if observed == "succeeded" and len(caps) < 2:
             observed = "error"
             reasons.append("the install is reported without the import step that proves it")
-        tagged = _with_nonce(witness.origin, ctx.nonce)
+        tagged = entries_with_nonce(witness.origin, ctx.nonce)
         fetched = [o for o in tagged if o.get("status") == 200]
         hosts = {str(o.get("host")) for o in fetched}
         reasons[:0] = [
             f"origins logged fetches with the nonce from {','.join(sorted(hosts)) or 'no host'}",
-            f"payload: {_summary(caps)}",
+            f"payload: {attempts_summary(caps)}",
         ]
-        if _capability(ctx.policy) == "denied" and tagged:
+        if expect_capability(ctx.policy) == "denied" and tagged:
             touched = sorted(
                 {f"{o.get('host')} {o.get('path')} ({o.get('status')})" for o in tagged}
             )
             reasons.append(f"no network is declared, yet origins logged the nonce: {touched[:4]}")
             escape: Escape = "escaped"
         else:
-            escape = _capability_escape(observed, {"index", "files"} <= hosts, reasons)
-        inside = _attempts(report, "control")
+            escape = capability_escape(observed, {"index", "files"} <= hosts, reasons)
+        inside = attempts_by_role(report, "control")
         inside_ok = True
         if ctx.policy.network != "none":
             # With no network there is no proxy to answer 403: the control is meaningless there.
@@ -134,13 +138,13 @@ class PkgPipInstall(_Spec):
             )
             if inside_ok:
                 reasons.append("install from the denied host failed with the proxy's 403")
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
             inside=inside,
             inside_ok=inside_ok,
-            inside_failed=f"denied-host install control failed: {_summary(inside)}",
+            inside_failed=f"denied-host install control failed: {attempts_summary(inside)}",
             host_control=control,
             witness={"origin": tagged},
         )

@@ -40,22 +40,22 @@ from sandbox_attest.catalog.base import (
     CellContext,
     PolicyLike,
     ProbeSpec,
+    SpecBase,
     WitnessRecordsLike,
-    _all_succeeded,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _host_writes,
-    _judge,
-    _observed,
-    _poll,
-    _Spec,
-    _summary,
+    all_succeeded,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    guarded_check,
+    host_check,
     host_processes,
+    host_writes_check,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    poll_until,
     run_payload_on_host,
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
@@ -206,7 +206,7 @@ class _Anchor:
         return None
 
 
-class _AnchoredSpec(_Spec):
+class _AnchoredSpec(SpecBase):
     """A spec that starts one anchor process per cell in `prepare` and kills it in `cleanup`."""
 
     def __init__(self) -> None:
@@ -283,20 +283,23 @@ class _AnchoredSpec(_Spec):
         """The anchor is alive and the host sees it: marker, secret, kill(pid, 0)."""
         anchor = self._anchor(ctx)
         if anchor is None:
-            return [_check("anchor started", ok=False, detail="prepare() did not run")]
+            return [host_check("anchor started", ok=False, detail="prepare() did not run")]
 
         def alive() -> dict[str, Any]:
             os.kill(anchor.pid, 0)  # signal 0: the host's own existence check
             cmdline = Path(f"/proc/{anchor.pid}/cmdline").read_bytes().split(b"\0")
             ok = anchor.process.poll() is None and anchor.marker.encode() in cmdline
-            return _check("host sees the anchor", ok, f"pid {anchor.pid}")
+            return host_check("host sees the anchor", ok, f"pid {anchor.pid}")
 
         def environ() -> dict[str, Any]:
             env = Path(f"/proc/{anchor.pid}/environ").read_bytes().split(b"\0")
             ok = f"{SECRET_VAR}={anchor.secret}".encode() in env
-            return _check("host reads the anchor's environ", ok, f"{len(env)} variables")
+            return host_check("host reads the anchor's environ", ok, f"{len(env)} variables")
 
-        return [_guarded("host sees the anchor", alive), _guarded("host reads environ", environ)]
+        return [
+            guarded_check("host sees the anchor", alive),
+            guarded_check("host reads environ", environ),
+        ]
 
     def cleanup(self, ctx: CellContext) -> None:
         """Kill this cell's anchor (only that process) and reap it."""
@@ -325,23 +328,27 @@ def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
 
 def _baseline_control(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
     """The host control of a self-reporting probe: the payload's own baseline on the host."""
-    nonce = _control_nonce()
+    nonce = new_control_nonce()
     try:
         baseline = _run_on_host(ctx, targets)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-        control = _control(nonce, [_check("host baseline ran", ok=False, detail=repr(exc))])
+        control = control_record(
+            nonce, [host_check("host baseline ran", ok=False, detail=repr(exc))]
+        )
         control["baseline"] = None
         return control
-    inside = _attempts(baseline, "control")
+    inside = attempts_by_role(baseline, "control")
     # With no control attempt the baseline broke before its controls: say what it did report
     # (a crash is its `probe` error attempt), so the cause is in the evidence, not guessed.
     detail = (
-        _summary(inside)
+        attempts_summary(inside)
         if inside
         else "no control attempt; it reported: "
-        + (_summary(list(baseline.get("attempts") or [])) or "nothing")
+        + (attempts_summary(list(baseline.get("attempts") or [])) or "nothing")
     )
-    control = _control(nonce, [_check("host baseline ran", _all_succeeded(inside), detail)])
+    control = control_record(
+        nonce, [host_check("host baseline ran", all_succeeded(inside), detail)]
+    )
     control["baseline"] = baseline
     return control
 
@@ -354,14 +361,14 @@ def _assessed(
     control: dict[str, Any],
     witness: dict[str, Any],
 ) -> Assessment:
-    """The shared ending: the payload's own controls and the host control, via `_conclude`."""
-    inside = _attempts(report, "control")
-    return _conclude(
+    """The shared ending: the payload's own controls and the host control, via `conclude`."""
+    inside = attempts_by_role(report, "control")
+    return conclude(
         escape,
         observed,
         reasons,
-        inside_ok=_all_succeeded(inside),
-        inside_failed=f"in-sandbox control failed: {_summary(inside)}",
+        inside_ok=all_succeeded(inside),
+        inside_failed=f"in-sandbox control failed: {attempts_summary(inside)}",
         host_control=control,
         host_failed="host control failed",
         witness=witness,
@@ -413,7 +420,7 @@ class ProcVisibility(_AnchoredSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host sees the anchor by its marker, reads its secret and signals it (0)."""
-        return _control(_control_nonce(), self._anchor_checks(ctx))
+        return control_record(new_control_nonce(), self._anchor_checks(ctx))
 
     def assess(
         self,
@@ -425,8 +432,8 @@ class ProcVisibility(_AnchoredSpec):
         """The anchor's tracer log, its secret echoed, or its host pid found is an escape."""
         del witness  # the anchor is this probe's witness
         anchor = self._anchor(ctx)
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         facts = report.get("facts", {})
         tracers = anchor.tracers() if anchor else []
         secret_read = anchor is not None and facts.get("environ_secret") == anchor.secret
@@ -438,9 +445,9 @@ class ProcVisibility(_AnchoredSpec):
                 f"traced by {', '.join(tracers) or 'nobody'}, "
                 f"secret echoed: {secret_read}, host pid found: {pid_found}"
             ),
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
-        escape = _judge(observed, bool(tracers or secret_read or pid_found), None, reasons)
+        escape = judge_escape(observed, bool(tracers or secret_read or pid_found), None, reasons)
         shared = _sharing(host_processes(ctx), "pid")
         if shared and self.expectation(ctx.policy) == "denied":
             # The host's own reading: a process of the cell in the harness's pid namespace
@@ -466,7 +473,7 @@ class ProcVisibility(_AnchoredSpec):
         )
 
 
-class _BaselineSpec(_Spec):
+class _BaselineSpec(SpecBase):
     """A self-reporting probe: nothing to plant, and its host control is its own baseline.
 
     The payload only reads its own state or calls with arguments the kernel rejects, so there
@@ -582,12 +589,12 @@ class ProcPrivileges(_BaselineSpec):
         """
         control = super().host_control(ctx)
         status = ((control.get("baseline") or {}).get("facts") or {}).get("status") or {}
-        read = _check(
+        read = host_check(
             "host baseline read its credentials",
             "CapEff" in status,
             f"CapEff={status.get('CapEff')} CapBnd={status.get('CapBnd')}",
         )
-        return _control(control["nonce"], [*control["checks"], read]) | {
+        return control_record(control["nonce"], [*control["checks"], read]) | {
             "baseline": control.get("baseline")
         }
 
@@ -604,12 +611,12 @@ class ProcPrivileges(_BaselineSpec):
         capabilities the host sees while the report says none are an escape.
         """
         del witness
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         facts = report.get("facts", {})
         status = facts.get("status", {})
         reasons = [
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
             (
                 f"CapEff={status.get('CapEff')} CapBnd={status.get('CapBnd')} "
                 f"NoNewPrivs={status.get('NoNewPrivs')} Seccomp={status.get('Seccomp')} "
@@ -829,7 +836,7 @@ class ProcNamespaceEscape(_AnchoredSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The anchor is in namespaces of its own; the canary dir and its listener work."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         checks = self._anchor_checks(ctx)
         anchor = self._anchor(ctx)
 
@@ -841,7 +848,7 @@ class ProcNamespaceEscape(_AnchoredSpec):
             owner = Path(f"/proc/{pid}").stat().st_uid
             want = ctx.user.uid if ctx.user is not None else os.geteuid()
             ok = all(a != b for a, b in zip(ours, theirs, strict=True)) and owner == want
-            return _check(
+            return host_check(
                 "anchor is in user/mnt/net namespaces of the payload user's",
                 ok,
                 f"{theirs} owned by uid {owner}",
@@ -856,21 +863,23 @@ class ProcNamespaceEscape(_AnchoredSpec):
                     directory.create_file(name, nonce, 0o600)
                     directory.unlink(name)
             except safefs.UnsafePathError as exc:
-                return _check("host writes the canary dir", ok=False, detail=str(exc))
-            return _check("host writes the canary dir", ok=True, detail=str(self.canary_dir(ctx)))
+                return host_check("host writes the canary dir", ok=False, detail=str(exc))
+            return host_check(
+                "host writes the canary dir", ok=True, detail=str(self.canary_dir(ctx))
+            )
 
         def listener() -> dict[str, Any]:
             heard = anchor.reported("conn") if anchor else []
-            return _check(
+            return host_check(
                 "anchor's listener heard its self-test", "self-test" in heard, f"{heard[:3]}"
             )
 
         checks += [
-            _guarded("anchor namespaces", namespaces),
-            _guarded("host writes the canary dir", canary),
-            _guarded("anchor's listener", listener),
+            guarded_check("anchor namespaces", namespaces),
+            guarded_check("host writes the canary dir", canary),
+            guarded_check("anchor's listener", listener),
         ]
-        return _control(nonce, checks)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -882,10 +891,14 @@ class ProcNamespaceEscape(_AnchoredSpec):
         """A nonce file in the canary or task dir, or a setns-net connection, is an escape."""
         del witness  # the anchor's own listener witnesses setns-net, not the world's
         escapes = [
-            a for a in _attempts(report, "escape") if not str(a.get("what")).startswith("inner:")
+            a
+            for a in attempts_by_role(report, "escape")
+            if not str(a.get("what")).startswith("inner:")
         ]
-        inner = [a for a in _attempts(report, "escape") if str(a.get("what")).startswith("inner:")]
-        observed = _observed(escapes)
+        inner = [
+            a for a in attempts_by_role(report, "escape") if str(a.get("what")).startswith("inner:")
+        ]
+        observed = observed_outcome(escapes)
         mnt_file = self.canary_dir(ctx) / f"{ctx.nonce}.setns-mnt"
         # Only the task dir counts: a sandbox binds it read-only, while the workspace beside
         # it is the payload's to write, so a nonce file there proves nothing.
@@ -903,16 +916,16 @@ class ProcNamespaceEscape(_AnchoredSpec):
 
         # The anchor prints what it heard a moment after the payload sent it: wait for it when
         # the payload says it got there, as every witness read does.
-        net_hits = _poll(hits, bool) if claimed else hits()
+        net_hits = poll_until(hits, bool) if claimed else hits()
         seen = mnt_file.exists() or bool(remounts) or bool(net_hits)
         reasons = [
             (
                 f"host saw: setns-mnt file {mnt_file.exists()}, remount files {len(remounts)}, "
                 f"setns-net connections heard by the anchor {len(net_hits)}"
             ),
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
-        escape = _judge(observed, seen, None, reasons)
+        escape = judge_escape(observed, seen, None, reasons)
         if escape == "disagree" and self.expectation(ctx.policy) == "denied":
             # setns into the verified anchor's namespace, or a remount of the read-only task
             # dir, reported with no file to show for it: a report against the sandbox is
@@ -991,21 +1004,21 @@ class ProcSyscallSurface(_BaselineSpec):
         """
         del witness
         baseline = control.get("baseline") or {}
-        host = {a.get("what"): a for a in _attempts(baseline, "escape")}
-        escapes = _attempts(report, "escape")
+        host = {a.get("what"): a for a in attempts_by_role(baseline, "escape")}
+        escapes = attempts_by_role(report, "escape")
         # An interface the host kernel itself lacks (EAFNOSUPPORT for vsock...) proves nothing.
         judged = [a for a in escapes if host.get(a.get("what"), {}).get("outcome") == "succeeded"]
         skipped = sorted(
             str(a.get("what")) for a in escapes if a not in judged and a.get("outcome") != "error"
         )
         observed: Literal["succeeded", "refused", "error"] = (
-            _observed(judged) if judged else "error"
+            observed_outcome(judged) if judged else "error"
         )
         reached = [a for a in judged if a.get("outcome") == "succeeded"]
         refused = [a for a in judged if a.get("outcome") == "refused"]
         reasons = [
-            f"reached the kernel handler: {_summary(reached) if reached else 'none'}",
-            f"refused: {_summary(refused) if refused else 'none'}",
+            f"reached the kernel handler: {attempts_summary(reached) if reached else 'none'}",
+            f"refused: {attempts_summary(refused) if refused else 'none'}",
             f"seccomp={report.get('facts', {}).get('seccomp')}",
         ]
         if skipped:
@@ -1033,7 +1046,7 @@ class ProcSyscallSurface(_BaselineSpec):
         if escape != "escaped" and (crashed or missing):
             escape = "undecided"
             if crashed:
-                reasons.append(f"the payload failed: {_summary(crashed)}")
+                reasons.append(f"the payload failed: {attempts_summary(crashed)}")
             if missing:
                 reasons.append(f"never tried, though the host reaches them: {', '.join(missing)}")
         return _assessed(
@@ -1206,7 +1219,7 @@ def declared_limits(policy: PolicyLike) -> ResourceLimits:
     return ResourceLimits(**dict(policy.limits))
 
 
-class ResourceLimitsSpec(_Spec):
+class ResourceLimitsSpec(SpecBase):
     """Bounded fork, memory, file-size and open-file loops against the declared limits."""
 
     id = "resource_limits"
@@ -1296,8 +1309,10 @@ class ResourceLimitsSpec(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host can write the workspace and sees what the payload left there."""
-        nonce = _control_nonce()
-        return _control(nonce, [_host_writes("host writes the workspace", ctx.workspace, nonce)])
+        nonce = new_control_nonce()
+        return control_record(
+            nonce, [host_writes_check("host writes the workspace", ctx.workspace, nonce)]
+        )
 
     def _witnessed(self, ctx: CellContext) -> dict[str, int]:
         forks = ctx.workspace / self.fork_dir(ctx)
@@ -1321,8 +1336,8 @@ class ResourceLimitsSpec(_Spec):
     ) -> Assessment:
         """A loop that went past its declared limit is an escape; the host counts two loops."""
         del witness
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         loops = {_LOOP_KEYS.get(str(a.get("what")), str(a.get("what"))): a for a in escapes}
         reached = {key: int(a.get("reached") or 0) for key, a in loops.items()}
         seen = self._witnessed(ctx)
@@ -1340,7 +1355,7 @@ class ResourceLimitsSpec(_Spec):
         declared = declared_limits(ctx.policy).claims()
         escape: Escape
         if any(a.get("outcome") == "error" for a in escapes) or len(escapes) != len(BOUNDS):
-            reasons.append(f"a loop could not run: {_summary(escapes)}")
+            reasons.append(f"a loop could not run: {attempts_summary(escapes)}")
             escape = "undecided"
         elif self.expectation(ctx.policy) == "denied":
             escape = _held_to_declared(ctx.backend, declared, reached, loops, reasons)

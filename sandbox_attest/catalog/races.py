@@ -32,23 +32,23 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _fs_confined,
-    _guarded,
-    _judge,
-    _load_state,
-    _observed,
-    _private_namespace,
-    _save_state,
-    _Spec,
-    _summary,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    expect_fs_confined,
+    guarded_check,
     home_of,
+    host_check,
+    judge_escape,
+    load_state,
+    new_control_nonce,
+    observed_outcome,
+    private_namespace_reason,
+    save_state,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.host import disguise, safefs
@@ -93,7 +93,7 @@ def _swap_as_payload_user(ctx: CellContext, race: Path, canary: Path) -> str:
     return ""
 
 
-class FsSetupRace(_Spec):
+class FsSetupRace(SpecBase):
     """A bind source swapped for a symlink before setup; a socket bound outside at start-up."""
 
     id = "fs_setup_race"
@@ -113,7 +113,7 @@ class FsSetupRace(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied where the payload may see and write only its workspace; seen unconfined."""
-        return _fs_confined(policy)
+        return expect_fs_confined(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Make the shared dir, the canary and the socket dir; let the helper swap."""
@@ -130,7 +130,7 @@ class FsSetupRace(_Spec):
             cell.mkdir(SOCKET_DIR, 0o755, owner).close()
         race_dir, canary_dir = ctx.cell_dir / RACE_DIR, ctx.cell_dir / CANARY_DIR
         swap = _swap_as_payload_user(ctx, race_dir, canary_dir)
-        _save_state(ctx, {"token": token, "swap": swap})
+        save_state(ctx, {"token": token, "swap": swap})
         return {
             "swapped": str(race_dir / SHARED),
             "token_name": CANARY_FILE,
@@ -147,14 +147,16 @@ class FsSetupRace(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The helper swapped; the payload user may read the canary and write the socket dir."""
-        state = _load_state(ctx)
+        state = load_state(ctx)
 
         def swapped() -> dict[str, Any]:
             why = str(state.get("swap", "prepare did not run"))
             with safefs.open_dir(ctx.cell_dir / RACE_DIR) as race:
                 st = race.entry(SHARED)
             link = st is not None and stat.S_ISLNK(st.st_mode)
-            return _check("the helper swapped the shared dir for a symlink", not why and link, why)
+            return host_check(
+                "the helper swapped the shared dir for a symlink", not why and link, why
+            )
 
         def reachable() -> dict[str, Any]:
             what = "the payload user may read the canary and write the socket dir unconfined"
@@ -163,14 +165,14 @@ class FsSetupRace(_Spec):
                 ctx.cell_dir / SOCKET_DIR, ctx.user
             )
             if blocked is not None:
-                return _check(what, ok=False, detail=f"{blocked} is not traversable")
+                return host_check(what, ok=False, detail=f"{blocked} is not traversable")
             uid = ctx.user.uid if ctx.user is not None else os.geteuid()
             sockets = (ctx.cell_dir / SOCKET_DIR).stat()
             ok = bool((canary / CANARY_FILE).stat().st_mode & 0o004) and sockets.st_uid == uid
-            return _check(what, ok, f"socket dir owned by uid {sockets.st_uid}")
+            return host_check(what, ok, f"socket dir owned by uid {sockets.st_uid}")
 
-        checks = [_guarded("swapped", swapped), _guarded("reachable", reachable)]
-        return _control(_control_nonce(), checks)
+        checks = [guarded_check("swapped", swapped), guarded_check("reachable", reachable)]
+        return control_record(new_control_nonce(), checks)
 
     def assess(
         self,
@@ -181,7 +183,7 @@ class FsSetupRace(_Spec):
     ) -> Assessment:
         """The canary bound in through the swap, or a socket left outside: an escape."""
         del witness
-        state = _load_state(ctx)
+        state = load_state(ctx)
         token = str(state.get("token", ""))
         claims = claims_of(ctx.policy)
         looked = {str(e.get("path")): e for e in ctx.host_view.get("looked") or []}
@@ -190,7 +192,7 @@ class FsSetupRace(_Spec):
         whole_tree = bool(own.get("same_inode_as_host"))
         # The race's own outcome: the canary in view only behind the swapped path.
         bound = via_swap and not whole_tree
-        every = _attempts(report, "escape")
+        every = attempts_by_role(report, "escape")
         judged_swap = claims.reads == "open" or bound
         # A read through the swapped path that only shows the whole host tree in view is not
         # this class's success; its refusal still counts as one.
@@ -199,7 +201,7 @@ class FsSetupRace(_Spec):
             for a in every
             if judged_swap or a.get("what") != SWAP_ATTEMPT or a.get("outcome") != "succeeded"
         ]
-        observed = _observed(escapes)
+        observed = observed_outcome(escapes)
         read = any(
             a.get("what") == SWAP_ATTEMPT
             and a.get("outcome") == "succeeded"
@@ -240,19 +242,19 @@ class FsSetupRace(_Spec):
                 "the canary behind the swapped path is not in the payload's view and no "
                 "socket of the payload's is on the host"
             )
-        reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"payload: {attempts_summary(escapes)}")
         if whole_tree and claims.reads != "open":
             reasons.append(
                 "not judged here: the canary is in view at its own host path too "
                 f"({claims.phrase('reads')}; fs_read_secrets judges reads by path)"
             )
         seen = bound or bool(sockets) or (read and claims.reads == "open")
-        escape = _judge(observed, seen, _private_namespace(report, "mnt"), reasons)
+        escape = judge_escape(observed, seen, private_namespace_reason(report, "mnt"), reasons)
         if not seen and not token:
             # The record of the cell is gone or rewritten: a read cannot be told apart.
             reasons.append("the host's record of this cell (the canary's token) is unreadable")
             escape = "undecided"
-        inside = _attempts(report, "control")
+        inside = attempts_by_role(report, "control")
         inside_ok = len(inside) == 1 and inside[0].get("outcome") == "succeeded"
         refused_kind = _refused_as_a_kind(inside, every)
         if not inside_ok and refused_kind:
@@ -264,7 +266,7 @@ class FsSetupRace(_Spec):
                 f"the sandbox refuses unix-socket binds as such ({refused_kind}), in the "
                 "workspace too"
             )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,

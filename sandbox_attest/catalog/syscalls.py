@@ -22,18 +22,18 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _all_succeeded,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _observed,
-    _Spec,
-    _summary,
+    all_succeeded,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    host_check,
     host_processes,
+    new_control_nonce,
+    observed_outcome,
     run_payload_on_host,
 )
 from sandbox_attest.claims import claims_of, unclaimed
@@ -66,7 +66,7 @@ def unknown_surface(escapes: list[dict[str, Any]], host: dict[Any, dict[str, Any
     reasons = []
     crashed = [a for a in escapes if a.get("outcome") == "error"]
     if crashed:
-        reasons.append(f"the payload failed: {_summary(crashed)}")
+        reasons.append(f"the payload failed: {attempts_summary(crashed)}")
     tried = {a.get("what") for a in escapes}
     missing = sorted(
         str(w) for w, a in host.items() if a.get("outcome") == "succeeded" and w not in tried
@@ -76,7 +76,7 @@ def unknown_surface(escapes: list[dict[str, Any]], host: dict[Any, dict[str, Any
     return reasons
 
 
-class _SurfaceSpec(_Spec):
+class _SurfaceSpec(SpecBase):
     """A syscall-surface probe judged against its own unsandboxed baseline.
 
     Subclasses name their attempts, the calls only a seccomp filter can refuse where the
@@ -122,21 +122,25 @@ class _SurfaceSpec(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The same file's attempts, unsandboxed on the host as the payload user."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         try:
             baseline = host_baseline(ctx)
         except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-            control = _control(nonce, [_check("host baseline ran", ok=False, detail=repr(exc))])
+            control = control_record(
+                nonce, [host_check("host baseline ran", ok=False, detail=repr(exc))]
+            )
             control["baseline"] = None
             return control
-        inside = _attempts(baseline, "control")
+        inside = attempts_by_role(baseline, "control")
         detail = (
-            _summary(inside)
+            attempts_summary(inside)
             if inside
             else "no control attempt; it reported: "
-            + (_summary(list(baseline.get("attempts") or [])) or "nothing")
+            + (attempts_summary(list(baseline.get("attempts") or [])) or "nothing")
         )
-        control = _control(nonce, [_check("host baseline ran", _all_succeeded(inside), detail)])
+        control = control_record(
+            nonce, [host_check("host baseline ran", all_succeeded(inside), detail)]
+        )
         control["baseline"] = baseline
         return control
 
@@ -171,22 +175,22 @@ class _SurfaceSpec(_Spec):
         """
         del witness
         baseline = control.get("baseline") or {}
-        host = {a.get("what"): a for a in _attempts(baseline, "escape")}
-        escapes = _attempts(report, "escape")
+        host = {a.get("what"): a for a in attempts_by_role(baseline, "escape")}
+        escapes = attempts_by_role(report, "escape")
         # A door the host kernel itself lacks (no IA32 emulation, perf off) proves nothing.
         judged = [a for a in escapes if host.get(a.get("what"), {}).get("outcome") == "succeeded"]
         skipped = sorted(
             str(a.get("what")) for a in escapes if a not in judged and a.get("outcome") != "error"
         )
         observed: Literal["succeeded", "refused", "error"] = (
-            _observed(judged) if judged else "error"
+            observed_outcome(judged) if judged else "error"
         )
         reached = [a for a in judged if a.get("outcome") == "succeeded"]
         refused = [a for a in judged if a.get("outcome") == "refused"]
         facts = report.get("facts", {})
         reasons = [
-            f"{self.reached_words}: {_summary(reached) if reached else 'none'}",
-            f"refused: {_summary(refused) if refused else 'none'}",
+            f"{self.reached_words}: {attempts_summary(reached) if reached else 'none'}",
+            f"refused: {attempts_summary(refused) if refused else 'none'}",
             f"seccomp={facts.get('seccomp')}",
         ]
         if "unshare" in facts:
@@ -220,19 +224,19 @@ class _SurfaceSpec(_Spec):
         if escape != "escaped" and unknown:
             escape = "undecided"
             reasons.extend(unknown)
-        inside = _attempts(report, "control")
-        return _conclude(
+        inside = attempts_by_role(report, "control")
+        return conclude(
             escape,
             observed,
             reasons,
-            inside_ok=_all_succeeded(inside),
-            inside_failed=f"in-sandbox control failed: {_summary(inside)}",
+            inside_ok=all_succeeded(inside),
+            inside_failed=f"in-sandbox control failed: {attempts_summary(inside)}",
             host_control=control,
             host_failed="host control failed",
             witness={
                 "reached": reached,
                 "host_baseline": list(host.values()),
-                "observations": _attempts(report, "observation"),
+                "observations": attempts_by_role(report, "observation"),
             },
             controls={"inside": inside, "host": control},
         )

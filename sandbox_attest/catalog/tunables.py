@@ -31,22 +31,22 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _fs_confined,
-    _guarded,
-    _judge,
-    _load_state,
-    _observed,
-    _save_state,
-    _Spec,
-    _summary,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    expect_fs_confined,
+    guarded_check,
+    host_check,
     host_processes,
+    judge_escape,
+    load_state,
+    new_control_nonce,
+    observed_outcome,
+    save_state,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
@@ -121,7 +121,7 @@ def _host_root(processes: list[dict[str, Any]]) -> str:
     return ", ".join(found)
 
 
-class ProcKernelTunables(_Spec):
+class ProcKernelTunables(SpecBase):
     """Make a group in the host's cgroupfs; open the host's kernel control files for writing."""
 
     id = "proc_kernel_tunables"
@@ -143,7 +143,7 @@ class ProcKernelTunables(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied where the workspace is the only writable grant; seen on the open leg."""
-        return _fs_confined(policy)
+        return expect_fs_confined(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Make the cell's delegated group (the payload user's) inside the harness's own.
@@ -161,13 +161,13 @@ class ProcKernelTunables(_Spec):
         owner = (ctx.user.uid, ctx.user.gid) if ctx.user is not None else None
         with safefs.open_dir(parent) as place:
             place.mkdir(name, 0o755, owner).close()
-        _save_state(ctx, {"group": str(parent / name)})
+        save_state(ctx, {"group": str(parent / name)})
         return {"cgroup_dir": str(parent / name), "cgroup_name": f"escape-{ctx.nonce}"}
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The payload user makes a group in its delegated cgroup; the host sees it there."""
-        nonce = _control_nonce()
-        group = Path(str(_load_state(ctx).get("group", "")))
+        nonce = new_control_nonce()
+        group = Path(str(load_state(ctx).get("group", "")))
         name = f"control-{nonce}"
 
         def delegated() -> dict[str, Any]:
@@ -175,9 +175,9 @@ class ProcKernelTunables(_Spec):
             seen = (group / name).is_dir()
             remove_cgroup_tree(group / name)
             detail = f"payload user's mkdir: {made}; host sees {group / name}: {seen}"
-            return _check("payload user makes a group, the host sees it", seen, detail)
+            return host_check("payload user makes a group, the host sees it", seen, detail)
 
-        control = _control(nonce, [_guarded("payload user makes a group", delegated)])
+        control = control_record(nonce, [guarded_check("payload user makes a group", delegated)])
         # Recorded, not required: a kernel without CONFIG_MAGIC_SYSRQ has no sysrq-trigger,
         # and then the payload's ENOENT for it is the host's truth too.
         control["host_files"] = {path: Path(path).exists() for path in HOST_FILES}
@@ -192,9 +192,9 @@ class ProcKernelTunables(_Spec):
     ) -> Assessment:
         """A nonce group in the host's cgroupfs, or a control file opened for writing, escapes."""
         del witness  # the host's cgroupfs is this probe's witness
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
-        group = Path(str(_load_state(ctx).get("group", "")))
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
+        group = Path(str(load_state(ctx).get("group", "")))
         made = group / f"escape-{ctx.nonce}"
         seen = made.is_dir()
         opened = [
@@ -205,7 +205,7 @@ class ProcKernelTunables(_Spec):
         root = _host_root(host_processes(ctx))
         reasons = [
             f"host cgroupfs: {made} {'exists' if seen else 'absent'}",
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
         escape: Escape
         if opened:
@@ -215,7 +215,7 @@ class ProcKernelTunables(_Spec):
             )
             escape = "escaped"
         else:
-            escape = _judge(observed, seen, None, reasons)
+            escape = judge_escape(observed, seen, None, reasons)
         if escape == "refused" and root:
             # Root in the host's user namespace may open every one of them unless a mount or
             # filter stops it, and the host cannot see which: the refusal is the payload's word.
@@ -234,7 +234,7 @@ class ProcKernelTunables(_Spec):
                 f"{claims_of(ctx.policy).phrase('writes')}; the payload {'; '.join(what)}; "
                 f"fix: {'; '.join(fixes) or _FIX_FILES}",
             )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -244,7 +244,7 @@ class ProcKernelTunables(_Spec):
 
     def cleanup(self, ctx: CellContext) -> None:
         """Remove the cell's delegated group and whatever the payload made in it."""
-        group = _load_state(ctx).get("group")
+        group = load_state(ctx).get("group")
         if group:
             with contextlib.suppress(OSError):
                 remove_cgroup_tree(Path(str(group)))

@@ -25,8 +25,8 @@ from typing import IO, Any
 
 import pytest
 
-from sandbox_attest.backends import _win32 as w
 from sandbox_attest.backends import appcontainer
+from sandbox_attest.backends import win32 as w
 from sandbox_attest.backends.appcontainer import (
     CREATION_FLAGS,
     SHIM_SCRIPT,
@@ -42,7 +42,7 @@ from sandbox_attest.errors import BackendUnavailable, ConfigError
 from sandbox_attest.world.egress.pipe_broker import PipeBroker, rewrite_head
 from tests.listening import stop_accept_loop
 
-# ruff: noqa: D102, D107  (the fakes implement the seam Protocols documented in _win32.py)
+# ruff: noqa: D102, D107  (the fakes implement the seam Protocols documented in win32.py)
 
 USER = "S-1-5-21-1111-2222-3333-1001"
 PACKAGE = "S-1-15-2-1-2-3-4-5-6-7"

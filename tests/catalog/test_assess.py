@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, base, probe_path
-from sandbox_attest.catalog.base import _conclude
+from sandbox_attest.catalog.base import conclude
 from sandbox_attest.catalog.fs import CANARY_NAME, CORE_CLASSES, HOME_CLASSES
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.run.matrix import load_matrix
@@ -746,7 +746,7 @@ class TestConclude:
 
     def test_host_only_form(self) -> None:
         """Without `inside`, only the host control counts and its failed check is named."""
-        assessment = _conclude("refused", "refused", [], host_control=DEAD_CONTROL, witness={})
+        assessment = conclude("refused", "refused", [], host_control=DEAD_CONTROL, witness={})
         assert not assessment.controls_ok
         assert assessment.control == {"host": DEAD_CONTROL}
         assert assessment.reasons == ["host control failed: host tcp connect (ECONNREFUSED)"]
@@ -754,7 +754,7 @@ class TestConclude:
     def test_inside_form_derives_its_message(self) -> None:
         """A failed in-sandbox control is summarised from its attempts."""
         inside = [_a("get-allowed", "control", "refused", status=502)]
-        assessment = _conclude(
+        assessment = conclude(
             "refused",
             "refused",
             [],
@@ -770,11 +770,11 @@ class TestConclude:
     def test_inside_without_its_verdict_is_refused(self) -> None:
         """Controls with no word on whether they held must not default to 'held'."""
         with pytest.raises(TypeError, match="inside_ok"):
-            _conclude("refused", "refused", [], inside=[], host_control=OK_CONTROL, witness={})
+            conclude("refused", "refused", [], inside=[], host_control=OK_CONTROL, witness={})
 
     def test_old_keyword_form_still_works(self) -> None:
         """The other assessors' call shape gives the same assessment as before."""
-        assessment = _conclude(
+        assessment = conclude(
             "refused",
             "refused",
             [],
@@ -796,6 +796,6 @@ class TestConclude:
 def test_poll_waits_for_a_lagging_witness(monkeypatch: pytest.MonkeyPatch) -> None:
     """_poll re-reads until the entry shows, and gives the last read when it never does."""
     reads = iter([[], [], ["entry"]])
-    assert base._poll(lambda: next(reads), bool) == ["entry"]
+    assert base.poll_until(lambda: next(reads), bool) == ["entry"]
     monkeypatch.setattr(base, "WITNESS_WAIT_S", 0.1)
-    assert base._poll(list, bool) == []
+    assert base.poll_until(list, bool) == []

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.catalog.base import _save_state
+from sandbox_attest.catalog.base import save_state
 from sandbox_attest.catalog.ipc import IpcUnixSocketEscape
 from sandbox_attest.catalog.socket_witness import (
     WitnessSockets,
@@ -300,7 +300,7 @@ class TestClassReading:
         witnesses.plant()
         witnesses.start()
         spec._witnesses[ctx.nonce] = witnesses
-        _save_state(ctx, {"planted": sorted(witnesses.planted), "not_planted": []})  # as prepare
+        save_state(ctx, {"planted": sorted(witnesses.planted), "not_planted": []})  # as prepare
         ctx.host_view.update({"seen": True, "pid": os.getpid()})  # the host saw it run
         report = {
             "attempts": [

@@ -26,7 +26,7 @@ from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog import base as catalog_base
 from sandbox_attest.catalog import proc as proc_module
-from sandbox_attest.catalog.base import _poll
+from sandbox_attest.catalog.base import poll_until
 from sandbox_attest.catalog.proc import BOUNDS
 from sandbox_attest.host import disguise
 from sandbox_attest.run.hostview import read_process
@@ -375,7 +375,7 @@ class TestVisibilityTable:
         """The anchor reported a real tracer while the payload said refused: FAIL."""
         anchor = PROBES["proc_visibility"]._anchor(ctx)  # type: ignore[attr-defined]
         seize_briefly(anchor.pid)
-        assert _poll(anchor.tracers, bool)
+        assert poll_until(anchor.tracers, bool)
         assert verdict_of(ctx, self.refused(), OK_CONTROL) is Verdict.FAIL
 
     def test_secret_echoed_is_fail(self, ctx: CellContext) -> None:
@@ -450,7 +450,7 @@ class TestNamespaceTable:
         try:
             anchor = spec._anchor(ctx)  # type: ignore[attr-defined]
             send_from_netns_of(anchor.pid, targets["listener"], f"nonce={ctx.nonce} via=setns-net")
-            assert len(_poll(lambda: anchor.reported("conn"), lambda got: len(got) >= 2)) == 2
+            assert len(poll_until(lambda: anchor.reported("conn"), lambda got: len(got) >= 2)) == 2
             assert verdict_of(ctx, self.report(), OK_CONTROL) is Verdict.FAIL
         finally:
             spec.cleanup(ctx)
@@ -727,7 +727,7 @@ class TestResourceLimitsClaim:
         proc = subprocess.Popen(argv)
         try:
             # prlimit sets the limits on itself, then execs the interpreter: read after that.
-            _poll(
+            poll_until(
                 lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes(),
                 lambda cmdline: cmdline.startswith(sys.executable.encode()),
             )

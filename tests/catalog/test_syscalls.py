@@ -20,7 +20,7 @@ from sandbox_attest.backends.base import Backend, DeclaredPolicy
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, probe_path
-from sandbox_attest.catalog.base import _control
+from sandbox_attest.catalog.base import control_record
 from sandbox_attest.catalog.syscalls import SPECS
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
@@ -52,7 +52,7 @@ def baseline(calls: tuple[str, ...], **outcomes: str) -> dict[str, Any]:
         att(what, outcomes.get(what.replace("-", "_"), "succeeded"), errno="EFAULT")
         for what in calls
     ]
-    control = _control("hbase", [{"what": "host baseline ran", "ok": True, "detail": ""}])
+    control = control_record("hbase", [{"what": "host baseline ran", "ok": True, "detail": ""}])
     control["baseline"] = report(*attempts, seccomp="0")
     return control
 

@@ -74,7 +74,7 @@ ROOT_ONLY_MODULES: Final = {
 
 # Single functions in modules that also touch payload-reachable paths (through safefs there).
 ROOT_ONLY_FUNCTIONS: Final = {
-    "catalog/base.py:_save_state": "the cell dir: root's",
+    "catalog/base.py:save_state": "the cell dir: root's",
     "catalog/fs.py:write_each": "runs in a child as the payload user (call_as), never as root",
     "catalog/fs.py:FsWriteOutside.prepare": "its baseline and plant list in the cell dir",
     "catalog/fs.py:FsReadSecrets.prepare": "the control canary in the workspace, which is "

@@ -20,26 +20,26 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _confined_network,
-    _control,
-    _control_nonce,
-    _guarded,
-    _judge,
-    _namespace,
-    _observed,
-    _poll,
-    _private_namespace,
-    _Spec,
-    _split,
-    _summary,
-    _wait_for,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    expect_confined_network,
+    guarded_check,
+    host_check,
+    host_namespace,
     host_seen_own_network,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    poll_until,
+    private_namespace_reason,
+    split_hostport,
+    wait_for_records,
 )
 from sandbox_attest.claims import SHARED_NETNS_CUTS, claims_of
 from sandbox_attest.verdict import Assessment, Expectation
@@ -52,14 +52,14 @@ from sandbox_attest.catalog.net.witness import (
     ROGUE_REPLY,
     SERVICE_BANNER,
     LoopbackWitness,
-    _PerCellSpec,
-    _unprepared,
-    _unprepared_control,
+    PerCellSpec,
     has_ipv6_loopback,
+    unprepared_assessment,
+    unprepared_control,
 )
 
 
-class NetDirectEgress(_Spec):
+class NetDirectEgress(SpecBase):
     """A direct TCP/UDP socket to the host's listener, bypassing the proxy."""
 
     id = "net_direct_egress"
@@ -78,7 +78,7 @@ class NetDirectEgress(_Spec):
         The payload's own addresses are found inside, so only their form is known here.
         """
         targets = task.get("targets") or {}
-        tried = {_split(str(targets.get("tcp", ":0")))[0]}
+        tried = {split_hostport(str(targets.get("tcp", ":0")))[0]}
         given = []
         for address in targets.get("extra_addresses") or ():
             if address not in tried:
@@ -91,7 +91,7 @@ class NetDirectEgress(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
-        return _confined_network(policy)
+        return expect_confined_network(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The witness's TCP and UDP address, and every other address to try at its ports.
@@ -105,34 +105,38 @@ class NetDirectEgress(_Spec):
         info = ctx.world.info
         direct = info.direct_egress
         lab = [str(a) for a in info.extra.get("lab_addresses") or []]
-        extra = [a for a in (*lab, *([LOOPBACK] if lab else [])) if a != _split(direct.tcp)[0]]
+        extra = [
+            a for a in (*lab, *([LOOPBACK] if lab else [])) if a != split_hostport(direct.tcp)[0]
+        ]
         return {"tcp": direct.tcp, "udp": direct.udp, "extra_addresses": extra}
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host reaches the same listener over TCP and UDP and is logged."""
-        direct, nonce = ctx.world.info.direct_egress, _control_nonce()
+        direct, nonce = ctx.world.info.direct_egress, new_control_nonce()
         payload = f"nonce={nonce}\n".encode()
 
         def tcp() -> dict[str, Any]:
-            with socket.create_connection(_split(direct.tcp), HOST_TIMEOUT_S) as sock:
+            with socket.create_connection(split_hostport(direct.tcp), HOST_TIMEOUT_S) as sock:
                 sock.sendall(payload)
-            return _check("host tcp connect", ok=True, detail=f"sent to {direct.tcp}")
+            return host_check("host tcp connect", ok=True, detail=f"sent to {direct.tcp}")
 
         def udp() -> dict[str, Any]:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-                sock.sendto(payload, _split(direct.udp))
-            return _check("host udp datagram", ok=True, detail=f"sent to {direct.udp}")
+                sock.sendto(payload, split_hostport(direct.udp))
+            return host_check("host udp datagram", ok=True, detail=f"sent to {direct.udp}")
 
-        checks = [_guarded("host tcp connect", tcp), _guarded("host udp datagram", udp)]
-        records = _wait_for(
+        checks = [guarded_check("host tcp connect", tcp), guarded_check("host udp datagram", udp)]
+        records = wait_for_records(
             ctx.world,
             nonce,
-            lambda r: bool(_with_nonce(r.direct_tcp, nonce) and _with_nonce(r.direct_udp, nonce)),
+            lambda r: bool(
+                entries_with_nonce(r.direct_tcp, nonce) and entries_with_nonce(r.direct_udp, nonce)
+            ),
         )
         for kind, entries in (("tcp", records.direct_tcp), ("udp", records.direct_udp)):
-            seen = _with_nonce(entries, nonce)
-            checks.append(_check(f"listener logged host {kind}", bool(seen), f"{len(seen)}"))
-        return _control(nonce, checks)
+            seen = entries_with_nonce(entries, nonce)
+            checks.append(host_check(f"listener logged host {kind}", bool(seen), f"{len(seen)}"))
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -142,30 +146,33 @@ class NetDirectEgress(_Spec):
         control: dict[str, Any],
     ) -> Assessment:
         """Any connection or datagram with the nonce at the listener is an escape."""
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
-        tcp = _with_nonce(witness.direct_tcp, ctx.nonce)
-        udp = _with_nonce(witness.direct_udp, ctx.nonce)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
+        tcp = entries_with_nonce(witness.direct_tcp, ctx.nonce)
+        udp = entries_with_nonce(witness.direct_udp, ctx.nonce)
         if not (tcp or udp) and any(a.get("outcome") == "succeeded" for a in escapes):
             # A success the listener has not heard (yet) may be in flight through a relay: a
             # slirp-style gateway answers the connect itself and dials the host afterwards,
             # late under load. It is waited for as long as any witness, never judged early.
-            late = _wait_for(
+            late = wait_for_records(
                 ctx.world,
                 ctx.nonce,
                 lambda r: bool(
-                    _with_nonce(r.direct_tcp, ctx.nonce) or _with_nonce(r.direct_udp, ctx.nonce)
+                    entries_with_nonce(r.direct_tcp, ctx.nonce)
+                    or entries_with_nonce(r.direct_udp, ctx.nonce)
                 ),
             )
-            tcp = _with_nonce(late.direct_tcp, ctx.nonce)
-            udp = _with_nonce(late.direct_udp, ctx.nonce)
+            tcp = entries_with_nonce(late.direct_tcp, ctx.nonce)
+            udp = entries_with_nonce(late.direct_udp, ctx.nonce)
         reached = sorted({str(e.get("local")) for e in tcp if e.get("local")})
         reasons = [
             f"listener saw {len(tcp)} connections and {len(udp)} datagrams with the nonce"
             + (f" (reached {', '.join(reached)})" if reached else ""),
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
-        escape = _judge(observed, bool(tcp or udp), _private_namespace(report, "net"), reasons)
+        escape = judge_escape(
+            observed, bool(tcp or udp), private_namespace_reason(report, "net"), reasons
+        )
         claims = claims_of(ctx.policy)
         if escape == "escaped" and claims.network != "open":
             reasons.insert(0, f"{claims.phrase('network')}; the listener heard the payload")
@@ -185,7 +192,7 @@ class NetDirectEgress(_Spec):
         elif seen_out:
             escape = "escaped"
             reasons.insert(0, seen_out)
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -243,7 +250,7 @@ def _direct_get(address: str, port: int, host_header: str, path: str, nonce: str
 
 
 def _tcp_line(hostport: str, line: bytes) -> bytes:
-    with socket.create_connection(_split(hostport), HOST_TIMEOUT_S) as sock:
+    with socket.create_connection(split_hostport(hostport), HOST_TIMEOUT_S) as sock:
         sock.sendall(line)
         reply = b""
         with contextlib.suppress(TimeoutError):
@@ -256,14 +263,14 @@ def _tcp_line(hostport: str, line: bytes) -> bytes:
 
 
 def _udp_send(hostport: str, data: bytes) -> None:
-    host, port = _split(hostport)
+    host, port = split_hostport(hostport)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
         sock.sendto(data, (host, port))
 
 
 def _denied_origin_hits(witness: WitnessRecordsLike, nonce: str) -> list[dict[str, Any]]:
-    return [o for o in _with_nonce(witness.origin, nonce) if o.get("host") == "denied"]
+    return [o for o in entries_with_nonce(witness.origin, nonce) if o.get("host") == "denied"]
 
 
 def _origin_direct_control(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:
@@ -273,25 +280,25 @@ def _origin_direct_control(ctx: CellContext, nonce: str) -> list[dict[str, Any]]
     def get() -> dict[str, Any]:
         host = f"{denied.name}:{denied.http_port}"
         status = _direct_get(denied.address, denied.http_port, host, f"/ok?nonce={nonce}", nonce)
-        return _check("host get denied origin directly", status == 200, f"{status}")
+        return host_check("host get denied origin directly", status == 200, f"{status}")
 
-    checks = [_guarded("host get denied origin directly", get)]
-    records = _wait_for(ctx.world, nonce, lambda r: bool(_denied_origin_hits(r, nonce)))
+    checks = [guarded_check("host get denied origin directly", get)]
+    records = wait_for_records(ctx.world, nonce, lambda r: bool(_denied_origin_hits(r, nonce)))
     hits = _denied_origin_hits(records, nonce)
-    checks.append(_check("denied origin logged the host", bool(hits), f"{len(hits)} hits"))
+    checks.append(host_check("denied origin logged the host", bool(hits), f"{len(hits)} hits"))
     return checks
 
 
 def _listener_control(
     what: str, listener: LoopbackWitness, nonce: str, action: Callable[[], dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    checks = [_guarded(what, action)]
-    seen = _poll(lambda: listener.records_with(nonce), bool)
-    checks.append(_check(f"{what}: listener logged it", bool(seen), f"{len(seen)} entries"))
+    checks = [guarded_check(what, action)]
+    seen = poll_until(lambda: listener.records_with(nonce), bool)
+    checks.append(host_check(f"{what}: listener logged it", bool(seen), f"{len(seen)} entries"))
     return checks
 
 
-class NetLoopbackServices(_PerCellSpec):
+class NetLoopbackServices(PerCellSpec):
     """Host services on 127.0.0.1 (a per-cell service, an origin's port) are out of reach."""
 
     id = "net_loopback_services"
@@ -305,7 +312,7 @@ class NetLoopbackServices(_PerCellSpec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
-        return _confined_network(policy)
+        return expect_confined_network(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the cell's service (answers a banner); name it and the denied origin's port."""
@@ -322,17 +329,17 @@ class NetLoopbackServices(_PerCellSpec):
         """The host gets the service's banner and the denied origin's answer, both logged."""
         service = self._listener(ctx, "service")
         if service is None:
-            return _unprepared_control("service")
-        nonce = _control_nonce()
+            return unprepared_control("service")
+        nonce = new_control_nonce()
         hostport = service.hostport(service.tcp_port)
 
         def ping() -> dict[str, Any]:
             reply = _tcp_line(hostport, f"PING nonce={nonce}\n".encode())
-            return _check("host reaches the service", reply == SERVICE_BANNER, repr(reply))
+            return host_check("host reaches the service", reply == SERVICE_BANNER, repr(reply))
 
         checks = _listener_control("host reaches the service", service, nonce, ping)
         checks += _origin_direct_control(ctx, nonce)
-        return _control(nonce, checks)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -342,11 +349,11 @@ class NetLoopbackServices(_PerCellSpec):
         control: dict[str, Any],
     ) -> Assessment:
         """Service log or denied-origin log with the nonce = escape; else refused/contained."""
-        escapes = _attempts(report, "escape")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
         service = self._listener(ctx, "service")
         if service is None:
-            return _unprepared("service", observed)
+            return unprepared_assessment("service", observed)
         service_hits = service.records_with(ctx.nonce)
         origin_hits = _denied_origin_hits(witness, ctx.nonce)
         reasons = [
@@ -354,12 +361,15 @@ class NetLoopbackServices(_PerCellSpec):
                 f"service saw {len(service_hits)} connections and the denied origin "
                 f"{len(origin_hits)} direct requests with the nonce"
             ),
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
-        escape = _judge(
-            observed, bool(service_hits or origin_hits), _private_namespace(report, "net"), reasons
+        escape = judge_escape(
+            observed,
+            bool(service_hits or origin_hits),
+            private_namespace_reason(report, "net"),
+            reasons,
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -368,7 +378,7 @@ class NetLoopbackServices(_PerCellSpec):
         )
 
 
-class NetProxyEnvOverride(_PerCellSpec):
+class NetProxyEnvOverride(PerCellSpec):
     """`NO_PROXY=*` or a rogue `ALL_PROXY` must not open a way around the proxy."""
 
     id = "net_proxy_env_override"
@@ -384,7 +394,7 @@ class NetProxyEnvOverride(_PerCellSpec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined: the variables are the payload's to change."""
-        return _confined_network(policy)
+        return expect_confined_network(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the cell's rogue proxy (answers 200 to anything, dials nothing)."""
@@ -407,20 +417,20 @@ class NetProxyEnvOverride(_PerCellSpec):
         """The host reaches the rogue proxy and the denied origin directly, both logged."""
         rogue = self._listener(ctx, "rogue")
         if rogue is None:
-            return _unprepared_control("rogue")
-        nonce = _control_nonce()
+            return unprepared_control("rogue")
+        nonce = new_control_nonce()
         hostport = rogue.hostport(rogue.tcp_port)
 
         def via_rogue() -> dict[str, Any]:
             line = f"GET http://denied.test/ok?nonce={nonce} HTTP/1.1\r\n\r\n".encode()
             reply = _tcp_line(hostport, line)
-            return _check(
+            return host_check(
                 "host reaches the rogue proxy", reply.startswith(b"HTTP/1.1 200"), repr(reply[:40])
             )
 
         checks = _listener_control("host reaches the rogue proxy", rogue, nonce, via_rogue)
         checks += _origin_direct_control(ctx, nonce)
-        return _control(nonce, checks)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -430,12 +440,12 @@ class NetProxyEnvOverride(_PerCellSpec):
         control: dict[str, Any],
     ) -> Assessment:
         """Rogue proxy or denied origin saw the nonce = escape; the proxy route must still work."""
-        escapes = _attempts(report, "escape")
-        controls = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        controls = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         rogue = self._listener(ctx, "rogue")
         if rogue is None:
-            return _unprepared("rogue proxy", observed)
+            return unprepared_assessment("rogue proxy", observed)
         rogue_hits = rogue.records_with(ctx.nonce)
         origin_hits = _denied_origin_hits(witness, ctx.nonce)
         reasons = [
@@ -443,10 +453,13 @@ class NetProxyEnvOverride(_PerCellSpec):
                 f"rogue proxy saw {len(rogue_hits)} and the denied origin {len(origin_hits)} "
                 "requests with the nonce"
             ),
-            f"payload: {_summary(escapes)}",
+            f"payload: {attempts_summary(escapes)}",
         ]
-        escape = _judge(
-            observed, bool(rogue_hits or origin_hits), _private_namespace(report, "net"), reasons
+        escape = judge_escape(
+            observed,
+            bool(rogue_hits or origin_hits),
+            private_namespace_reason(report, "net"),
+            reasons,
         )
         # Where the declared route is a proxy, it must still work after the variables were
         # restored: otherwise the refusals may only show a dead network, not enforcement.
@@ -454,7 +467,7 @@ class NetProxyEnvOverride(_PerCellSpec):
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -465,7 +478,7 @@ class NetProxyEnvOverride(_PerCellSpec):
         )
 
 
-class NetIpv6UdpIcmp(_PerCellSpec):
+class NetIpv6UdpIcmp(PerCellSpec):
     """IPv6 TCP/UDP, IPv4 UDP, ICMP echo and raw/packet sockets, past a TCP-minded filter."""
 
     id = "net_ipv6_udp_icmp"
@@ -498,7 +511,7 @@ class NetIpv6UdpIcmp(_PerCellSpec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
-        return _confined_network(policy)
+        return expect_confined_network(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the [::1] TCP+UDP listener (if the host has IPv6 loopback) and a UDP one."""
@@ -523,7 +536,7 @@ class NetIpv6UdpIcmp(_PerCellSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host reaches each listener (logged); its own local capabilities are recorded."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         v4, v6 = self._listener(ctx, "v4"), self._listener(ctx, "v6")
         checks: list[dict[str, Any]] = []
         line = f"nonce={nonce}\n".encode()
@@ -532,11 +545,11 @@ class NetIpv6UdpIcmp(_PerCellSpec):
 
             def tcp() -> dict[str, Any]:
                 _tcp_line(tcp6, line)
-                return _check("host tcp6 connect", ok=True, detail=tcp6)
+                return host_check("host tcp6 connect", ok=True, detail=tcp6)
 
             def udp() -> dict[str, Any]:
                 _udp_send(udp6, line)
-                return _check("host udp6 datagram", ok=True, detail=udp6)
+                return host_check("host udp6 datagram", ok=True, detail=udp6)
 
             checks += _listener_control("host tcp6 connect", v6, nonce, tcp)
             checks += _listener_control("host udp6 datagram", v6, nonce, udp)
@@ -545,7 +558,7 @@ class NetIpv6UdpIcmp(_PerCellSpec):
 
             def udp_v4() -> dict[str, Any]:
                 _udp_send(udp4, line)
-                return _check("host udp4 datagram", ok=True, detail=udp4)
+                return host_check("host udp4 datagram", ok=True, detail=udp4)
 
             checks += _listener_control("host udp4 datagram", v4, nonce, udp_v4)
         capabilities = payload_capabilities(ctx.user)
@@ -555,13 +568,13 @@ class NetIpv6UdpIcmp(_PerCellSpec):
         # is added: a passing check must not turn a control with no listener checks green.)
         if unmeasured:
             checks.append(
-                _check(
+                host_check(
                     "payload user's local capabilities measured",
                     ok=False,
                     detail="; ".join(f"{w}: {capabilities[w]}" for w in unmeasured),
                 )
             )
-        result = _control(nonce, checks)
+        result = control_record(nonce, checks)
         result["capabilities"] = capabilities
         result["ipv6_loopback"] = v6 is not None
         return result
@@ -575,10 +588,10 @@ class NetIpv6UdpIcmp(_PerCellSpec):
     ) -> Assessment:
         """Listener hits or a local capability used in the host's namespace = escape."""
         del witness  # this probe's witnesses are its own listeners and the namespace
-        escapes = _attempts(report, "escape")
+        escapes = attempts_by_role(report, "escape")
         v4, v6 = self._listener(ctx, "v4"), self._listener(ctx, "v6")
         if v4 is None:
-            return _unprepared("listeners", _observed(escapes))
+            return unprepared_assessment("listeners", observed_outcome(escapes))
         hits = {
             "udp4-datagram": [e for e in v4.records_with(ctx.nonce) if e["proto"] == "udp"],
             "tcp6-connect": [],
@@ -587,9 +600,9 @@ class NetIpv6UdpIcmp(_PerCellSpec):
         if v6 is not None:
             for entry in v6.records_with(ctx.nonce):
                 hits["tcp6-connect" if entry["proto"] == "tcp" else "udp6-datagram"].append(entry)
-        private = _private_namespace(report, "net")
+        private = private_namespace_reason(report, "net")
         theirs = report.get("facts", {}).get("netns")
-        host_ns = theirs is not None and private is None and theirs == _namespace("net")
+        host_ns = theirs is not None and private is None and theirs == host_namespace("net")
         local_seen = [
             a
             for a in escapes
@@ -601,7 +614,7 @@ class NetIpv6UdpIcmp(_PerCellSpec):
         judged = [
             a for a in escapes if not (a.get("what") in absent and a.get("outcome") != "succeeded")
         ]
-        observed = _observed(judged)
+        observed = observed_outcome(judged)
         seen = [w for w, entries in hits.items() if entries]
         reasons = []
         if seen or local_seen:
@@ -612,13 +625,13 @@ class NetIpv6UdpIcmp(_PerCellSpec):
                     + [f"{a['what']} succeeded in the host's network namespace" for a in local_seen]
                 )
             )
-        reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"payload: {attempts_summary(escapes)}")
         if absent:
             reasons.append(
                 f"not judged (the host itself cannot): {', '.join(absent)} "
                 f"({', '.join(capabilities[w] for w in absent)})"
             )
-        escape = _judge(observed, bool(seen or local_seen), private, reasons)
+        escape = judge_escape(observed, bool(seen or local_seen), private, reasons)
         if v6 is None and escape != "escaped":
             reasons.insert(
                 0,
@@ -626,7 +639,7 @@ class NetIpv6UdpIcmp(_PerCellSpec):
                 "(enable it: sysctl -w net.ipv6.conf.lo.disable_ipv6=0)",
             )
             escape = "undecided"
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,

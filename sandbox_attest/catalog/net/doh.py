@@ -25,27 +25,27 @@ from dnslib import QTYPE, DNSRecord
 from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _https_via_proxy,
-    _observed,
-    _Spec,
-    _summary,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    guarded_check,
+    host_check,
+    https_via_proxy,
+    new_control_nonce,
+    observed_outcome,
 )
 from sandbox_attest.catalog.net.route import (
     PAST_RULES_STATUSES,
-    _allowed_control,
-    _claims_no_network,
-    _deny_control,
-    _no_network_reason,
-    _refused_by_no_network,
+    allowed_control,
+    claims_no_network,
+    deny_control,
+    no_network_reason,
+    refused_by_no_network,
 )
 from sandbox_attest.catalog.net.witness import REFUSAL_STATUSES
 from sandbox_attest.verdict import Assessment, Escape, Expectation
@@ -62,7 +62,7 @@ def doh_query(name: str) -> str:
     return base64.urlsafe_b64encode(packed).decode().rstrip("=")
 
 
-class NetDohBypass(_Spec):
+class NetDohBypass(SpecBase):
     """A denied host's address, learned by DoH through an allowed host, is refused as a target."""
 
     id = "net_doh_bypass"
@@ -97,7 +97,7 @@ class NetDohBypass(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host's own DoH lookup answers; its CONNECT to that address is refused, logged."""
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         allowed, denied = info.hosts["allowed"], info.hosts["denied"]
         answered: list[str] = []
 
@@ -106,24 +106,26 @@ class NetDohBypass(_Spec):
                 f"https://{allowed.name}:{allowed.https_port}/dns-query?"
                 f"dns={doh_query(denied.name)}&nonce={nonce}"
             )
-            status, body, reason = _https_via_proxy(info, url, nonce)
+            status, body, reason = https_via_proxy(info, url, nonce)
             if status != 200:
-                return _check("host's DoH lookup answers", ok=False, detail=f"{status} {reason}")
+                return host_check(
+                    "host's DoH lookup answers", ok=False, detail=f"{status} {reason}"
+                )
             answer = DNSRecord.parse(body)
             answered.extend(str(rr.rdata) for rr in answer.rr if rr.rtype == QTYPE.A)
-            return _check("host's DoH lookup answers", bool(answered), f"{answered}")
+            return host_check("host's DoH lookup answers", bool(answered), f"{answered}")
 
-        checks = [_guarded("host's DoH lookup answers", lookup)]
+        checks = [guarded_check("host's DoH lookup answers", lookup)]
         if answered:
             authority = f"{answered[0]}:{denied.https_port}"
-            checks += _deny_control(
+            checks += deny_control(
                 ctx,
                 authority,
                 nonce,
                 lambda p: p.get("nonce") == nonce and p.get("target") == authority,
             )
-        checks += _allowed_control(ctx, nonce)
-        return _control(nonce, checks)
+        checks += allowed_control(ctx, nonce)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -133,26 +135,28 @@ class NetDohBypass(_Spec):
         control: dict[str, Any],
     ) -> Assessment:
         """Escaped if the denied origin served the nonce or the proxy admitted the address."""
-        escapes = _attempts(report, "escape")
-        controls = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        controls = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         facts = report.get("facts") or {}
         address = str(facts.get("doh_address") or facts.get("address") or "")
-        origin = [o for o in _with_nonce(witness.origin, ctx.nonce) if o.get("host") == "denied"]
+        origin = [
+            o for o in entries_with_nonce(witness.origin, ctx.nonce) if o.get("host") == "denied"
+        ]
         doh_served = [
             o
-            for o in _with_nonce(witness.origin, ctx.nonce)
+            for o in entries_with_nonce(witness.origin, ctx.nonce)
             if o.get("host") == "allowed" and str(o.get("path", "")).startswith("/dns-query")
         ]
         proxy = [
             p
-            for p in _with_nonce(witness.proxy, ctx.nonce)
+            for p in entries_with_nonce(witness.proxy, ctx.nonce)
             if address
             and p.get("host") == address
             and (p.get("decision") == "allow" or p.get("status") in PAST_RULES_STATUSES)
         ]
         reasons: list[str] = []
-        no_network = _claims_no_network(ctx) and _refused_by_no_network([*escapes, *controls])
+        no_network = claims_no_network(ctx) and refused_by_no_network([*escapes, *controls])
         escape: Escape
         if origin or proxy:
             reasons.append(
@@ -164,7 +168,7 @@ class NetDohBypass(_Spec):
             )
             escape = "escaped"
         elif no_network:
-            reasons.append(_no_network_reason(escapes))
+            reasons.append(no_network_reason(escapes))
             escape = "refused"
         elif observed == "error" or not address:
             reasons.append("the attempts by address could not be made")
@@ -179,7 +183,7 @@ class NetDohBypass(_Spec):
                 f"({len(refused)} of {len(escapes)} with its own status)"
             )
             escape = "refused"
-        reasons.append(f"payload: {_summary([*controls, *escapes])}")
+        reasons.append(f"payload: {attempts_summary([*controls, *escapes])}")
         # The lookup held only if the allowed origin actually served it (not a forged answer).
         inside_ok = no_network or (
             bool(controls) and all(a.get("outcome") == "succeeded" for a in controls)
@@ -187,7 +191,7 @@ class NetDohBypass(_Spec):
         if inside_ok and not no_network and not doh_served:
             inside_ok = False
             reasons.append("the allowed origin logged no DoH request with the nonce")
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,

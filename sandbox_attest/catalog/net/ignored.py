@@ -20,23 +20,23 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _confined_network,
-    _control,
-    _control_nonce,
-    _guarded,
-    _judge,
-    _observed,
-    _origin_control,
-    _private_namespace,
-    _Spec,
-    _summary,
-    _wait_for,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    expect_confined_network,
+    guarded_check,
+    host_check,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    origin_control_checks,
+    private_namespace_reason,
+    wait_for_records,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.verdict import Assessment, Expectation
@@ -59,7 +59,7 @@ def _in_lab(extra: Mapping[str, Any]) -> bool:
     return isinstance(world, dict) and world.get("kind") == "lab"
 
 
-class NetProxyIgnored(_Spec):
+class NetProxyIgnored(SpecBase):
     """Straight to the allowed host, ignoring the proxy variables: refused below the proxy."""
 
     id = "net_proxy_ignored"
@@ -74,7 +74,7 @@ class NetProxyIgnored(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; reached on the open control leg."""
-        return _confined_network(policy)
+        return expect_confined_network(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The allowed host, its own address and whether the system resolver is the fixture."""
@@ -91,7 +91,7 @@ class NetProxyIgnored(_Spec):
 
         And through the proxy, so the payload's proxied control has a working route.
         """
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         allowed = info.hosts["allowed"]
 
         def straight() -> dict[str, Any]:
@@ -107,15 +107,15 @@ class NetProxyIgnored(_Spec):
                     f"X-Attest-Nonce: {nonce}\r\nConnection: close\r\n\r\n".encode()
                 )
                 head = sock.recv(4096)
-            return _check("host reaches allowed straight", head.startswith(b"HTTP/1.1 200"), "")
+            return host_check("host reaches allowed straight", head.startswith(b"HTTP/1.1 200"), "")
 
-        checks = [_guarded("host reaches allowed straight", straight)]
-        records = _wait_for(ctx.world, nonce, lambda r: bool(_straight_hits(r, nonce)))
+        checks = [guarded_check("host reaches allowed straight", straight)]
+        records = wait_for_records(ctx.world, nonce, lambda r: bool(_straight_hits(r, nonce)))
         hits = _straight_hits(records, nonce)
-        checks.append(_check("allowed origin logged the host", bool(hits), f"{len(hits)}"))
+        checks.append(host_check("allowed origin logged the host", bool(hits), f"{len(hits)}"))
         url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
-        checks += _origin_control(ctx, nonce, url, "allowed")
-        return _control(nonce, checks)
+        checks += origin_control_checks(ctx, nonce, url, "allowed")
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -125,9 +125,9 @@ class NetProxyIgnored(_Spec):
         control: dict[str, Any],
     ) -> Assessment:
         """Any request with the nonce and `via=` at the allowed origin went around the proxy."""
-        escapes = _attempts(report, "escape")
-        controls = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        controls = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         hits = _straight_hits(witness, ctx.nonce)
         reasons: list[str] = []
         if hits:
@@ -140,8 +140,10 @@ class NetProxyIgnored(_Spec):
             claims = claims_of(ctx.policy)
             if claims.network != "open":
                 reasons[-1] += f"; {claims.phrase('network')}; {FIX}"
-        reasons.append(f"payload: {_summary(escapes)}")
-        escape = _judge(observed, bool(hits), _private_namespace(report, "net"), reasons)
+        reasons.append(f"payload: {attempts_summary(escapes)}")
+        escape = judge_escape(
+            observed, bool(hits), private_namespace_reason(report, "net"), reasons
+        )
         no_network = ctx.policy.network == "none" and all(
             a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in controls
         )
@@ -149,7 +151,7 @@ class NetProxyIgnored(_Spec):
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -164,6 +166,6 @@ def _straight_hits(records: WitnessRecordsLike, nonce: str) -> list[dict[str, An
     """Allowed-origin requests tagged `via=`: only the straight attempts carry it."""
     return [
         o
-        for o in _with_nonce(records.origin, nonce)
+        for o in entries_with_nonce(records.origin, nonce)
         if o.get("host") == "allowed" and "via=" in str(o.get("path", ""))
     ]

@@ -24,23 +24,23 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _confined_network,
-    _control,
-    _control_nonce,
-    _guarded,
-    _judge,
-    _observed,
-    _origin_control,
-    _private_namespace,
-    _Spec,
-    _summary,
-    _wait_for,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    expect_confined_network,
+    guarded_check,
+    host_check,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    origin_control_checks,
+    private_namespace_reason,
+    wait_for_records,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
@@ -81,7 +81,7 @@ class _StandIns(Protocol):
         ...
 
 
-class NetMetadataService(_Spec):
+class NetMetadataService(SpecBase):
     """The metadata service's names, through the proxy and directly: all refused."""
 
     id = "net_metadata_service"
@@ -105,7 +105,7 @@ class NetMetadataService(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Denied wherever the network is confined; reached on the open control leg."""
-        return _confined_network(policy)
+        return expect_confined_network(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the stand-ins (the denied origin's address) and name them to the payload.
@@ -133,7 +133,7 @@ class NetMetadataService(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """Each name resolves to the stand-in, the stand-in logs the host, allowed answers."""
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         denied = info.hosts["denied"]
         checks = []
         for label, name in sorted(METADATA_NAMES.items()):
@@ -143,10 +143,10 @@ class NetMetadataService(_Spec):
                 try:
                     got = resolve((info.dns.host, info.dns.port), name, timeout=HOST_TIMEOUT_S)
                 except ResolveError as exc:
-                    return _check(what, ok=False, detail=str(exc))
-                return _check(what, got == [denied.address], f"{name} -> {got}")
+                    return host_check(what, ok=False, detail=str(exc))
+                return host_check(what, got == [denied.address], f"{name} -> {got}")
 
-            checks.append(_guarded(what, answer))
+            checks.append(guarded_check(what, answer))
 
         def reach() -> dict[str, Any]:
             with socket.create_connection(
@@ -157,16 +157,18 @@ class NetMetadataService(_Spec):
                     f"X-Attest-Nonce: {nonce}\r\nConnection: close\r\n\r\n".encode()
                 )
                 head = sock.recv(4096)
-            return _check("host reaches the stand-in", head.startswith(b"HTTP/"), repr(head[:40]))
+            return host_check(
+                "host reaches the stand-in", head.startswith(b"HTTP/"), repr(head[:40])
+            )
 
-        checks.append(_guarded("host reaches the stand-in", reach))
-        records = _wait_for(ctx.world, nonce, lambda r: bool(_stand_in_hits(r, nonce)))
+        checks.append(guarded_check("host reaches the stand-in", reach))
+        records = wait_for_records(ctx.world, nonce, lambda r: bool(_stand_in_hits(r, nonce)))
         hits = _stand_in_hits(records, nonce)
-        checks.append(_check("stand-in logged the host", bool(hits), f"{len(hits)}"))
+        checks.append(host_check("stand-in logged the host", bool(hits), f"{len(hits)}"))
         allowed = info.hosts["allowed"]
         url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
-        checks += _origin_control(ctx, nonce, url, "allowed")
-        return _control(nonce, checks)
+        checks += origin_control_checks(ctx, nonce, url, "allowed")
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -176,14 +178,14 @@ class NetMetadataService(_Spec):
         control: dict[str, Any],
     ) -> Assessment:
         """A request with the nonce at the stand-in, or a proxy allow for a name, escaped."""
-        escapes = _attempts(report, "escape")
-        controls = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        controls = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         hits = _stand_in_hits(witness, ctx.nonce)
         names = set(METADATA_NAMES.values())
         admitted = [
             p
-            for p in _with_nonce(witness.proxy, ctx.nonce)
+            for p in entries_with_nonce(witness.proxy, ctx.nonce)
             if p.get("decision") == "allow" and p.get("host") in names
         ]
         reasons: list[str] = []
@@ -196,9 +198,9 @@ class NetMetadataService(_Spec):
             )
             if claims_of(ctx.policy).network != "open":
                 reasons[-1] += f"; {claims_of(ctx.policy).phrase('network')}; {FIX}"
-        reasons.append(f"payload: {_summary(escapes)}")
-        escape = _judge(
-            observed, bool(hits or admitted), _private_namespace(report, "net"), reasons
+        reasons.append(f"payload: {attempts_summary(escapes)}")
+        escape = judge_escape(
+            observed, bool(hits or admitted), private_namespace_reason(report, "net"), reasons
         )
         no_network = ctx.policy.network == "none" and all(
             a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in controls
@@ -207,7 +209,7 @@ class NetMetadataService(_Spec):
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -219,4 +221,4 @@ class NetMetadataService(_Spec):
 
 
 def _stand_in_hits(records: WitnessRecordsLike, nonce: str) -> list[dict[str, Any]]:
-    return [o for o in _with_nonce(records.origin, nonce) if o.get("host") == "denied"]
+    return [o for o in entries_with_nonce(records.origin, nonce) if o.get("host") == "denied"]

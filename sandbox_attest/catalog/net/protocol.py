@@ -42,28 +42,28 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _observed,
-    _summary,
-    _wait_for,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+    observed_outcome,
+    wait_for_records,
 )
 from sandbox_attest.catalog.net.route import (
     PAST_RULES_STATUSES,
-    _allowed_control,
-    _claims_no_network,
-    _deny_control,
-    _no_network_reason,
-    _refused_by_no_network,
-    _tag,
+    allowed_control,
+    claims_no_network,
+    deny_control,
+    no_network_reason,
+    refused_by_no_network,
+    route_tag,
 )
-from sandbox_attest.catalog.net.witness import LoopbackWitness, _PerCellSpec
+from sandbox_attest.catalog.net.witness import LoopbackWitness, PerCellSpec
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
@@ -358,16 +358,16 @@ def _escape_hits(
     tags = {r.what for r in requests if r.role == "escape"}
     origin = [
         o
-        for o in _with_nonce(witness.origin, ctx.nonce)
+        for o in entries_with_nonce(witness.origin, ctx.nonce)
         if o.get("host") == "denied"
         or (
-            _tag(o) in tags
+            route_tag(o) in tags
             and not (o.get("host") == "allowed" and str(o.get("host_header")) in allowed)
         )
     ]
     proxy = [
         p
-        for p in _with_nonce(witness.proxy, ctx.nonce)
+        for p in entries_with_nonce(witness.proxy, ctx.nonce)
         if (p.get("host") == denied_name or _is_loopback(str(p.get("host"))))
         and (p.get("decision") == "allow" or p.get("status") in PAST_RULES_STATUSES)
     ]
@@ -407,18 +407,20 @@ def _assess_wire(
     fix: str,
 ) -> Assessment:
     """Escaped if a witness saw an escaping request; refused only if each was put to the proxy."""
-    escapes = _attempts(report, "escape")
-    controls = _attempts(report, "control")
-    observed = _observed(escapes)
+    escapes = attempts_by_role(report, "escape")
+    controls = attempts_by_role(report, "control")
+    observed = observed_outcome(escapes)
     if not requests:
         missing = ["prepare() did not run for this cell: no requests to judge"]
         return Assessment("undecided", controls_ok=False, reasons=missing, observed=observed)
     origin, proxy = _escape_hits(ctx, requests, witness)
     reasons: list[str] = []
-    no_network = _claims_no_network(ctx) and _refused_by_no_network([*escapes, *controls])
+    no_network = claims_no_network(ctx) and refused_by_no_network([*escapes, *controls])
     escape: Escape
     if origin or proxy:
-        got = sorted({str(_tag(o)) for o in origin} | {str(p.get("target"))[:80] for p in proxy})
+        got = sorted(
+            {str(route_tag(o)) for o in origin} | {str(p.get("target"))[:80] for p in proxy}
+        )
         reasons.append(
             f"a request to the denied host got past the proxy: origins served "
             f"{len(origin)} escaping requests, the proxy admitted {len(proxy)} for the denied "
@@ -426,7 +428,7 @@ def _assess_wire(
         )
         escape = "escaped"
     elif no_network:
-        reasons.append(_no_network_reason(escapes))
+        reasons.append(no_network_reason(escapes))
         escape = "refused"
     else:
         by_what = {r.what: r for r in requests}
@@ -451,7 +453,7 @@ def _assess_wire(
             escape = "undecided"
         else:
             escape = "refused"
-        reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"payload: {attempts_summary(escapes)}")
         reasons.append("no origin served an escaping request; the proxy admitted none")
     inside_ok = no_network or (
         bool(controls)
@@ -460,7 +462,7 @@ def _assess_wire(
             for a in controls
         )
     )
-    return _conclude(
+    return conclude(
         escape,
         observed,
         reasons,
@@ -471,7 +473,7 @@ def _assess_wire(
     )
 
 
-class _WireSpec(_PerCellSpec):
+class _WireSpec(PerCellSpec):
     """A probe whose attempts are raw bytes through the harness proxy."""
 
     host_readings: tuple[str, ...] = ("proxy decision log", "origin access logs")
@@ -525,13 +527,15 @@ def _proxy_refuses_framing(ctx: CellContext, nonce: str) -> list[dict[str, Any]]
             sock.sendall(head.encode("latin-1"))
             answer = sock.recv(4096).decode("latin-1", "replace")
         first = answer.split("\r\n", 1)[0]
-        return _check("host's ambiguous framing refused", " 400 " in first + " ", first)
+        return host_check("host's ambiguous framing refused", " 400 " in first + " ", first)
 
     what = "host's ambiguous framing refused"
-    checks = [_guarded(what, send)]
-    records = _wait_for(ctx.world, nonce, lambda r: any(p.get("status") == 400 for p in r.proxy))
-    logged = [p for p in _with_nonce(records.proxy, nonce) if p.get("status") == 400]
-    checks.append(_check("proxy logged the host's 400", bool(logged), f"{len(logged)} lines"))
+    checks = [guarded_check(what, send)]
+    records = wait_for_records(
+        ctx.world, nonce, lambda r: any(p.get("status") == 400 for p in r.proxy)
+    )
+    logged = [p for p in entries_with_nonce(records.proxy, nonce) if p.get("status") == 400]
+    checks.append(host_check("proxy logged the host's 400", bool(logged), f"{len(logged)} lines"))
     return checks
 
 
@@ -547,8 +551,10 @@ class NetProxySmuggling(_WireSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The proxy answers the host's ambiguous framing with a logged 400; allowed works."""
-        nonce = _control_nonce()
-        return _control(nonce, _proxy_refuses_framing(ctx, nonce) + _allowed_control(ctx, nonce))
+        nonce = new_control_nonce()
+        return control_record(
+            nonce, _proxy_refuses_framing(ctx, nonce) + allowed_control(ctx, nonce)
+        )
 
     def assess(
         self,
@@ -578,8 +584,10 @@ class NetProxyUpgrade(_WireSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The proxy refuses the host's ambiguous framing (its log works); allowed works."""
-        nonce = _control_nonce()
-        return _control(nonce, _proxy_refuses_framing(ctx, nonce) + _allowed_control(ctx, nonce))
+        nonce = new_control_nonce()
+        return control_record(
+            nonce, _proxy_refuses_framing(ctx, nonce) + allowed_control(ctx, nonce)
+        )
 
     def assess(
         self,
@@ -642,16 +650,16 @@ class NetProxyRelay(_WireSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The proxy refuses the host's own CONNECT to the proxy's address; allowed works."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         url = urlsplit(ctx.world.info.proxy.url)
         authority = f"{url.hostname or '127.0.0.1'}:{url.port or 80}"
-        checks = _deny_control(
+        checks = deny_control(
             ctx,
             authority,
             nonce,
             lambda p: p.get("nonce") == nonce and p.get("target") == authority,
         )
-        return _control(nonce, checks + _allowed_control(ctx, nonce))
+        return control_record(nonce, checks + allowed_control(ctx, nonce))
 
     def assess(
         self,
@@ -774,12 +782,14 @@ class NetDnsRebinding(_WireSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The fixture rebinds a name of the host's; the listener logs the host; allowed works."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         state = self._cells.get(ctx.nonce)
         listener = self._listener(ctx, "listener")
         dns = getattr(ctx.world, "dns", None)
         if listener is None or dns is None:
-            return _control(nonce, [_check("rebinding prepared", ok=False, detail="no listener")])
+            return control_record(
+                nonce, [host_check("rebinding prepared", ok=False, detail="no listener")]
+            )
         info = ctx.world.info
         name = f"{nonce}-rebind.{PRIVATE_NAME_SUFFIX}"
         first, then = info.hosts["allowed"].address, str(state.get("address"))
@@ -790,22 +800,22 @@ class NetDnsRebinding(_WireSpec):
             try:
                 got = [resolve(server, name, timeout=HOST_TIMEOUT_S) for _ in range(2)]
             except ResolveError as exc:
-                return _check("fixture rebinds the host's name", ok=False, detail=str(exc))
+                return host_check("fixture rebinds the host's name", ok=False, detail=str(exc))
             ok = got == [[first], [then]]
-            return _check("fixture rebinds the host's name", ok, f"{name} -> {got}")
+            return host_check("fixture rebinds the host's name", ok, f"{name} -> {got}")
 
         def reach() -> dict[str, Any]:
             with socket.create_connection((then, listener.tcp_port), HOST_TIMEOUT_S) as sock:
                 sock.sendall(f"GET /?nonce={nonce} HTTP/1.1\r\n\r\n".encode())
                 sock.recv(256)
-            return _check("host reaches the rebinding listener", ok=True, detail=then)
+            return host_check("host reaches the rebinding listener", ok=True, detail=then)
 
-        checks = [_guarded("fixture rebinds the host's name", rebinds)]
-        checks.append(_guarded("host reaches the rebinding listener", reach))
+        checks = [guarded_check("fixture rebinds the host's name", rebinds)]
+        checks.append(guarded_check("host reaches the rebinding listener", reach))
         logged = listener.records_with(nonce)
-        checks.append(_check("listener logged the host", bool(logged), f"{len(logged)} lines"))
-        checks += _allowed_control(ctx, nonce)
-        return _control(nonce, checks)
+        checks.append(host_check("listener logged the host", bool(logged), f"{len(logged)} lines"))
+        checks += allowed_control(ctx, nonce)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -819,9 +829,9 @@ class NetDnsRebinding(_WireSpec):
         Refused only if the name was resolved (the fixture logged it) and nothing reached the
         listener.
         """
-        escapes = _attempts(report, "escape")
-        controls = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        controls = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         state = self._cells.get(ctx.nonce)
         listener = self._listener(ctx, "listener")
         if listener is None:
@@ -833,7 +843,7 @@ class NetDnsRebinding(_WireSpec):
         heard = [e for e in listener.records_with("") if host_nonce not in str(e.get("data", ""))]
         queried = [q for q in witness.dns if str(q.get("name", "")).rstrip(".").lower() == name]
         reasons: list[str] = []
-        no_network = _claims_no_network(ctx) and _refused_by_no_network([*escapes, *controls])
+        no_network = claims_no_network(ctx) and refused_by_no_network([*escapes, *controls])
         first = ctx.world.info.hosts["allowed"].address
         escape: Escape
         if heard:
@@ -844,7 +854,7 @@ class NetDnsRebinding(_WireSpec):
             )
             escape = "escaped"
         elif no_network:
-            reasons.append(_no_network_reason(escapes))
+            reasons.append(no_network_reason(escapes))
             escape = "refused"
         elif ipaddress.ip_address(first).is_loopback:
             reasons.append(
@@ -863,7 +873,7 @@ class NetDnsRebinding(_WireSpec):
                 f"{address}: the proxy dialed only what it checked"
             )
             escape = "refused"
-        reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"payload: {attempts_summary(escapes)}")
         inside_ok = no_network or (
             bool(controls)
             and all(
@@ -871,7 +881,7 @@ class NetDnsRebinding(_WireSpec):
                 for a in controls
             )
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,

@@ -22,21 +22,21 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _judge,
-    _observed,
-    _origin_control,
-    _Spec,
-    _summary,
-    _wait_for,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    guarded_check,
+    host_check,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    origin_control_checks,
+    wait_for_records,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.verdict import Assessment, Expectation
@@ -80,7 +80,7 @@ def _in_lab(extra: Mapping[str, Any]) -> bool:
     return isinstance(world, dict) and world.get("kind") == "lab"
 
 
-class NetProxyDnsExfil(_Spec):
+class NetProxyDnsExfil(SpecBase):
     """Denied names carrying the nonce: the proxy refuses them without resolving them."""
 
     id = "net_proxy_dns_exfil"
@@ -127,22 +127,22 @@ class NetProxyDnsExfil(_Spec):
         """
         from dnslib import DNSRecord  # noqa: PLC0415  (host-only dependency, loaded when used)
 
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         name = f"{nonce}.{info.hosts['denied'].name}"
 
         def resolve() -> dict[str, Any]:
             raw = DNSRecord.question(name).send(info.dns.host, info.dns.port, timeout=3)
             rcode = DNSRecord.parse(raw).header.rcode
-            return _check("host queries the fixture", ok=True, detail=f"{name}: rcode {rcode}")
+            return host_check("host queries the fixture", ok=True, detail=f"{name}: rcode {rcode}")
 
-        checks = [_guarded("host queries the fixture", resolve)]
-        records = _wait_for(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
+        checks = [guarded_check("host queries the fixture", resolve)]
+        records = wait_for_records(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
         hits = _dns_hits(records.dns, nonce)
-        checks.append(_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
+        checks.append(host_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
         allowed = info.hosts["allowed"]
         url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
-        checks += _origin_control(ctx, nonce, url, "allowed")
-        return _control(nonce, checks)
+        checks += origin_control_checks(ctx, nonce, url, "allowed")
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -152,11 +152,11 @@ class NetProxyDnsExfil(_Spec):
         control: dict[str, Any],
     ) -> Assessment:
         """Any DNS query carrying the nonce is the escape; the allowed GET must still work."""
-        escapes = _attempts(report, "escape")
-        controls = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        controls = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         hits = _dns_hits(witness.dns, ctx.nonce)
-        mine = _with_nonce(witness.origin, ctx.nonce)
+        mine = entries_with_nonce(witness.origin, ctx.nonce)
         origin_hits = [o for o in mine if o.get("host") == "denied"]
         reasons: list[str] = []
         if hits:
@@ -168,10 +168,10 @@ class NetProxyDnsExfil(_Spec):
             )
         if origin_hits:
             reasons.append(f"the denied origin logged {len(origin_hits)} requests with the nonce")
-        reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"payload: {attempts_summary(escapes)}")
         if not hits:
             reasons.append("the DNS fixture logged no query carrying the nonce")
-        escape = _judge(observed, bool(hits or origin_hits), None, reasons)
+        escape = judge_escape(observed, bool(hits or origin_hits), None, reasons)
         # Under a no-network claim the allowed control cannot succeed either: every attempt
         # refused by the network itself, before any proxy, is the claim holding.
         no_network = ctx.policy.network == "none" and _refused_by_no_network([*escapes, *controls])
@@ -181,7 +181,7 @@ class NetProxyDnsExfil(_Spec):
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,

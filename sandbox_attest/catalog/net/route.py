@@ -25,26 +25,26 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _capability,
-    _capability_escape,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _https_via_proxy,
-    _judge,
-    _observed,
-    _origin_control,
-    _Spec,
-    _split,
-    _summary,
-    _tunnel,
-    _wait_for,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    capability_escape,
+    conclude,
+    connect_tunnel,
+    control_record,
+    entries_with_nonce,
+    expect_capability,
+    guarded_check,
+    host_check,
+    https_via_proxy,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    origin_control_checks,
+    split_hostport,
+    wait_for_records,
 )
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment, Escape, Expectation
@@ -54,7 +54,7 @@ from sandbox_attest.world.egress.rules import Rule, address_allowed
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-from sandbox_attest.catalog.net.witness import REFUSAL_STATUSES, _PerCellSpec
+from sandbox_attest.catalog.net.witness import REFUSAL_STATUSES, PerCellSpec
 
 # errnos a payload gets when there is no network to try at all (a seccomp filter's EPERM, no
 # route, nothing listening on the sandbox's own empty loopback): under network = "none" they
@@ -64,19 +64,20 @@ NO_NETWORK_ERRNOS: Final = frozenset(
 )
 
 
-def _claims_no_network(ctx: CellContext) -> bool:
+def claims_no_network(ctx: CellContext) -> bool:
     """The backend claims no network at all (the proxy is out of its reach by design)."""
     return ctx.policy.network == "none"
 
 
-def _refused_by_no_network(attempts: list[dict[str, Any]]) -> bool:
+def refused_by_no_network(attempts: list[dict[str, Any]]) -> bool:
     """Every attempt was refused by the network itself, before any proxy could answer."""
     return bool(attempts) and all(
         a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in attempts
     )
 
 
-def _no_network_reason(attempts: list[dict[str, Any]]) -> str:
+def no_network_reason(attempts: list[dict[str, Any]]) -> str:
+    """Why every refused attempt, the allowed control too, is the claimed "no network"."""
     errnos = ", ".join(sorted({str(a.get("errno")) for a in attempts}))
     return (
         'no network, as network = "none" claims: every attempt, the allowed control too, was '
@@ -94,7 +95,7 @@ def _own_proxy(ctx: CellContext) -> bool:
     return ctx.route is None
 
 
-class NetDeniedHost(_Spec):
+class NetDeniedHost(SpecBase):
     """The proxy refuses the denied fixture host on every leg; the allowed host works."""
 
     id = "net_denied_host"
@@ -133,35 +134,41 @@ class NetDeniedHost(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host is denied the same way and logged; the allowed host answers it."""
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         denied, allowed = info.hosts["denied"], info.hosts["allowed"]
 
         def connect_denied() -> dict[str, Any]:
-            sock, status, reason = _tunnel(info.proxy.url, denied.name, denied.https_port, nonce)
+            sock, status, reason = connect_tunnel(
+                info.proxy.url, denied.name, denied.https_port, nonce
+            )
             sock.close()
-            return _check("host connect denied", status == 403, f"{status} {reason}".strip())
+            return host_check("host connect denied", status == 403, f"{status} {reason}".strip())
 
         def get_allowed() -> dict[str, Any]:
             url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
-            status, body, _ = _https_via_proxy(info, url, nonce)
+            status, body, _ = https_via_proxy(info, url, nonce)
             ok = status == 200 and nonce.encode() in body
-            return _check("host get allowed", ok, f"{status} {body[:60]!r}")
+            return host_check("host get allowed", ok, f"{status} {body[:60]!r}")
 
-        checks = [_guarded("host connect denied", connect_denied)]
-        checks.append(_guarded("host get allowed", get_allowed))
-        records = _wait_for(
+        checks = [guarded_check("host connect denied", connect_denied)]
+        checks.append(guarded_check("host get allowed", get_allowed))
+        records = wait_for_records(
             ctx.world,
             nonce,
             lambda r: (
-                any(p.get("decision") == "deny" for p in _with_nonce(r.proxy, nonce))
-                and bool(_with_nonce(r.origin, nonce))
+                any(p.get("decision") == "deny" for p in entries_with_nonce(r.proxy, nonce))
+                and bool(entries_with_nonce(r.origin, nonce))
             ),
         )
-        denies = [p for p in _with_nonce(records.proxy, nonce) if p.get("decision") == "deny"]
-        checks.append(_check("proxy logged the host's deny", bool(denies), f"{len(denies)} deny"))
-        hits = [o for o in _with_nonce(records.origin, nonce) if o.get("host") == "allowed"]
-        checks.append(_check("allowed origin logged the host", bool(hits), f"{len(hits)} hits"))
-        return _control(nonce, checks)
+        denies = [
+            p for p in entries_with_nonce(records.proxy, nonce) if p.get("decision") == "deny"
+        ]
+        checks.append(
+            host_check("proxy logged the host's deny", bool(denies), f"{len(denies)} deny")
+        )
+        hits = [o for o in entries_with_nonce(records.origin, nonce) if o.get("host") == "allowed"]
+        checks.append(host_check("allowed origin logged the host", bool(hits), f"{len(hits)} hits"))
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -171,17 +178,17 @@ class NetDeniedHost(_Spec):
         control: dict[str, Any],
     ) -> Assessment:
         """403 for both forms + silent denied origin + allowed control = refused."""
-        escapes = _attempts(report, "escape")
-        controls = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        controls = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         denied_name = ctx.world.info.hosts["denied"].name
-        proxied = _with_nonce(witness.proxy, ctx.nonce)
+        proxied = entries_with_nonce(witness.proxy, ctx.nonce)
         allowed_through = [
             p for p in proxied if p.get("decision") == "allow" and p.get("host") == denied_name
         ]
         denies = [p for p in proxied if p.get("decision") == "deny"]
         origin_hits = [
-            o for o in _with_nonce(witness.origin, ctx.nonce) if o.get("host") == "denied"
+            o for o in entries_with_nonce(witness.origin, ctx.nonce) if o.get("host") == "denied"
         ]
         reasons: list[str] = []
         if origin_hits or allowed_through:
@@ -190,21 +197,21 @@ class NetDeniedHost(_Spec):
                 f"proxy allowed {len(allowed_through)} to {denied_name}"
             )
         forms = [a for a in escapes if a.get("status") == 403]
-        no_network = _claims_no_network(ctx) and _refused_by_no_network([*escapes, *controls])
+        no_network = claims_no_network(ctx) and refused_by_no_network([*escapes, *controls])
         if no_network:
-            reasons.append(_no_network_reason(escapes))
+            reasons.append(no_network_reason(escapes))
         elif observed == "refused":
             why = "; ".join(sorted({str(a.get("detail")) for a in forms})) or "no reason header"
             reasons.append(
                 f"proxy answered 403 for {len(forms)} of {len(escapes)} forms "
-                f"({_summary(escapes)}): {why}"
+                f"({attempts_summary(escapes)}): {why}"
             )
             if len(forms) != len(escapes):
                 reasons.append("a refusal did not come as the proxy's 403")
         else:
-            reasons.append(f"payload: {_summary(escapes)}")
+            reasons.append(f"payload: {attempts_summary(escapes)}")
         reasons.append(f"proxy logged {len(denies)} denies with the nonce")
-        escape = _judge(observed, bool(origin_hits or allowed_through), None, reasons)
+        escape = judge_escape(observed, bool(origin_hits or allowed_through), None, reasons)
         if escape == "refused" and len(forms) != len(escapes) and not no_network:
             escape = "disagree"
         # Under a no-network claim the allowed control cannot succeed either: its refusal by
@@ -213,7 +220,7 @@ class NetDeniedHost(_Spec):
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -224,7 +231,7 @@ class NetDeniedHost(_Spec):
         )
 
 
-class NetTransfer18MiB(_Spec):
+class NetTransfer18MiB(SpecBase):
     """The 18 MiB blob over HTTPS through the proxy: a capability."""
 
     id = "net_transfer_18mib"
@@ -238,7 +245,7 @@ class NetTransfer18MiB(_Spec):
 
     def expectation(self, policy: PolicyLike) -> Expectation:
         """Allowed everywhere except where the backend declares no network at all."""
-        return _capability(policy)
+        return expect_capability(policy)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The allowed host, the nonce-tagged blob path, its size and sha256."""
@@ -254,11 +261,11 @@ class NetTransfer18MiB(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host reaches the allowed origin through the proxy and the origin logs it."""
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         allowed = info.hosts["allowed"]
-        return _control(
+        return control_record(
             nonce,
-            _origin_control(
+            origin_control_checks(
                 ctx,
                 nonce,
                 f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}",
@@ -278,10 +285,10 @@ class NetTransfer18MiB(_Spec):
         Where no network is declared, ANY origin entry with the nonce is an escape: a partial
         transfer is traffic that must not exist, and the origin's log decides, not the payload.
         """
-        caps = _attempts(report, "capability")
-        observed = _observed(caps)
+        caps = attempts_by_role(report, "capability")
+        observed = observed_outcome(caps)
         size = ctx.world.info.blob.size
-        tagged = _with_nonce(witness.origin, ctx.nonce)
+        tagged = entries_with_nonce(witness.origin, ctx.nonce)
         full = [
             o
             for o in tagged
@@ -293,21 +300,19 @@ class NetTransfer18MiB(_Spec):
         facts = report.get("facts", {})
         reasons = [
             f"allowed origin logged {len(full)} complete {size}-byte responses with the nonce",
-            f"payload: {_summary(caps)}",
+            f"payload: {attempts_summary(caps)}",
         ]
         if "bytes" in facts:
             reasons.append(f"{facts.get('bytes')} bytes at {facts.get('mb_per_s')} MB/s")
-        if _capability(ctx.policy) == "denied" and tagged:
+        if expect_capability(ctx.policy) == "denied" and tagged:
             sent = sorted(
                 {f"{o.get('host')} {o.get('path')} {o.get('bytes_sent')}B" for o in tagged}
             )
             reasons.append(f"no network is declared, yet origins logged the nonce: {sent[:4]}")
             escape: Escape = "escaped"
         else:
-            escape = _capability_escape(observed, len(full) == 1, reasons)
-        return _conclude(
-            escape, observed, reasons, host_control=control, witness={"origin": tagged}
-        )
+            escape = capability_escape(observed, len(full) == 1, reasons)
+        return conclude(escape, observed, reasons, host_control=control, witness={"origin": tagged})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +400,7 @@ def _absolute(
     )
 
 
-def _tag(entry: dict[str, Any]) -> str | None:
+def route_tag(entry: dict[str, Any]) -> str | None:
     """The `a=` tag of an origin log entry's path (also inside an absolute-form path)."""
     path = str(entry.get("path", ""))
     values = parse_qs(urlsplit(path).query).get("a")
@@ -450,7 +455,7 @@ def _read_route(
     escape_targets = {_wire(t) for r in requests if r.role == "escape" for t in r.escape_targets}
     escape_tags = {r.what for r in requests if r.role == "escape"}
     reading = _RouteReading()
-    for entry in _with_nonce(witness.proxy, nonce):
+    for entry in entries_with_nonce(witness.proxy, nonce):
         if entry.get("target") not in escape_targets:
             continue
         if _admitted(entry):
@@ -461,16 +466,16 @@ def _read_route(
     # escape whatever its path says (a proxy may rewrite or drop the query that carries a=).
     reading.origin_hits = [
         o
-        for o in _with_nonce(witness.origin, nonce)
-        if (_tag(o) in escape_tags and not _allowed_as_itself(o, allowed))
+        for o in entries_with_nonce(witness.origin, nonce)
+        if (route_tag(o) in escape_tags and not _allowed_as_itself(o, allowed))
         or o.get("host") == "denied"
     ]
     reading.rewritten = {
-        str(_tag(o))
-        for o in _with_nonce(witness.origin, nonce)
-        if _tag(o) in escape_tags and _allowed_as_itself(o, allowed)
+        str(route_tag(o))
+        for o in entries_with_nonce(witness.origin, nonce)
+        if route_tag(o) in escape_tags and _allowed_as_itself(o, allowed)
     }
-    reading.listener_hits = _with_nonce(witness.direct_tcp, nonce)
+    reading.listener_hits = entries_with_nonce(witness.direct_tcp, nonce)
     return reading
 
 
@@ -483,9 +488,9 @@ def _assess_route(
     extra: Callable[[_RouteReading, list[str]], Escape | None] | None = None,
 ) -> Assessment:
     """The shared reading of the probes that try to confuse the proxy."""
-    escapes = _attempts(report, "escape")
-    controls = _attempts(report, "control")
-    observed = _observed(escapes)
+    escapes = attempts_by_role(report, "escape")
+    controls = attempts_by_role(report, "control")
+    observed = observed_outcome(escapes)
     if not requests:
         missing = ["prepare() did not run for this cell: no requests to judge"]
         return Assessment("undecided", controls_ok=False, reasons=missing, observed=observed)
@@ -493,7 +498,7 @@ def _assess_route(
     authorities = {f"{host.name}:{host.https_port}", f"{host.name}:{host.http_port}"}
     reading = _read_route(ctx.nonce, requests, witness, authorities)
     reasons: list[str] = []
-    no_network = _claims_no_network(ctx) and _refused_by_no_network([*escapes, *controls])
+    no_network = claims_no_network(ctx) and refused_by_no_network([*escapes, *controls])
     seen = bool(reading.admitted or reading.origin_hits or reading.listener_hits)
     if seen:
         admitted = sorted({f"{e.get('target')} ({e.get('status')})" for e in reading.admitted})
@@ -512,12 +517,12 @@ def _assess_route(
         and a.get("status") not in REFUSAL_STATUSES
     ]
     if no_network:
-        reasons.append(_no_network_reason(escapes))
+        reasons.append(no_network_reason(escapes))
         misshapen = []  # a refusal by the network itself never comes as a proxy status
     else:
-        reasons.append(f"payload: {_summary(escapes)}")
+        reasons.append(f"payload: {attempts_summary(escapes)}")
         reasons.append(f"proxy logged {len(reading.denies)} refusals of escape targets")
-    escape = _judge(observed, seen, _rewritten(escapes, reading), reasons)
+    escape = judge_escape(observed, seen, _rewritten(escapes, reading), reasons)
     if escape == "refused" and misshapen:
         reasons.append(
             "a refusal did not come as the proxy's 400/403/421: "
@@ -543,7 +548,7 @@ def _assess_route(
             for a in controls
         )
     )
-    return _conclude(
+    return conclude(
         escape,
         observed,
         reasons,
@@ -596,24 +601,24 @@ def _exercised(attempt: dict[str, Any], by_what: dict[str, ProxyRequest]) -> boo
     return sent == len(request.heads) and answered >= len(request.heads) - 1
 
 
-def _deny_control(
+def deny_control(
     ctx: CellContext, authority: str, nonce: str, want: Callable[[dict[str, Any]], bool]
 ) -> list[dict[str, Any]]:
     """The host CONNECTs `authority`; the proxy must refuse it and log a line `want` accepts."""
     info = ctx.world.info
-    host, port = _split(authority)
+    host, port = split_hostport(authority)
 
     def connect() -> dict[str, Any]:
-        sock, status, reason = _tunnel(info.proxy.url, host, port, nonce)
+        sock, status, reason = connect_tunnel(info.proxy.url, host, port, nonce)
         sock.close()
         ok = status in REFUSAL_STATUSES
-        return _check(f"host connect {authority} refused", ok, f"{status} {reason}".strip())
+        return host_check(f"host connect {authority} refused", ok, f"{status} {reason}".strip())
 
-    checks = [_guarded(f"host connect {authority} refused", connect)]
-    records = _wait_for(ctx.world, nonce, lambda r: any(want(p) for p in r.proxy))
-    logged = [p for p in _with_nonce(records.proxy, nonce) if want(p)]
+    checks = [guarded_check(f"host connect {authority} refused", connect)]
+    records = wait_for_records(ctx.world, nonce, lambda r: any(want(p) for p in r.proxy))
+    logged = [p for p in entries_with_nonce(records.proxy, nonce) if want(p)]
     checks.append(
-        _check(
+        host_check(
             "proxy logged the host's refusal",
             bool(logged),
             "; ".join(str(p.get("reason")) for p in logged) or "no matching decision line",
@@ -622,21 +627,21 @@ def _deny_control(
     return checks
 
 
-def _allowed_control(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:
+def allowed_control(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:
     """The host GETs the allowed origin through the proxy (200, nonce echoed)."""
     info = ctx.world.info
     allowed = info.hosts["allowed"]
 
     def get() -> dict[str, Any]:
         url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
-        status, body, _ = _https_via_proxy(info, url, nonce)
+        status, body, _ = https_via_proxy(info, url, nonce)
         ok = status == 200 and nonce.encode() in body
-        return _check("host get allowed", ok, f"{status} {body[:60]!r}")
+        return host_check("host get allowed", ok, f"{status} {body[:60]!r}")
 
-    return [_guarded("host get allowed", get)]
+    return [guarded_check("host get allowed", get)]
 
 
-class _RouteSpec(_PerCellSpec):
+class _RouteSpec(PerCellSpec):
     """A probe whose escapes are requests through the harness proxy."""
 
     host_readings = ("proxy decision log", "origin access logs")
@@ -716,17 +721,17 @@ class NetHostCanonical(_RouteSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host is refused `127.1` (and logged); the canonical name answers it."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         port = ctx.world.info.hosts["allowed"].https_port
         target = f"127.1:{port}"
-        checks = _deny_control(
+        checks = deny_control(
             ctx,
             target,
             nonce,
             lambda p: p.get("nonce") == nonce and p.get("target") == target,
         )
-        checks += _allowed_control(ctx, nonce)
-        return _control(nonce, checks)
+        checks += allowed_control(ctx, nonce)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -744,7 +749,7 @@ class NetHostCanonical(_RouteSpec):
             del reading
             spelled = [
                 p
-                for p in _with_nonce(witness.proxy, ctx.nonce)
+                for p in entries_with_nonce(witness.proxy, ctx.nonce)
                 if str(p.get("target", "")).startswith(allowed.upper() + ".:")
             ]
             if spelled and all(p.get("host") == allowed for p in spelled):
@@ -772,7 +777,7 @@ class NetProxyConfusion(_RouteSpec):
         info = ctx.world.info
         allowed, denied = info.hosts["allowed"], info.hosts["denied"]
         name, http = allowed.name, allowed.http_port
-        listener_port = _split(info.direct_egress.tcp)[1]
+        listener_port = split_hostport(info.direct_egress.tcp)[1]
         deny_http = f"{denied.name}:{denied.http_port}"
         n = ctx.nonce
         first = f"http://{name}:{http}/ok?nonce={n}&a=keepalive-first"
@@ -833,17 +838,17 @@ class NetProxyConfusion(_RouteSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host is refused the allowed name on the denied port; the allowed port works."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         hosts = ctx.world.info.hosts
         target = f"{hosts['allowed'].name}:{hosts['denied'].https_port}"
-        checks = _deny_control(
+        checks = deny_control(
             ctx,
             target,
             nonce,
             lambda p: p.get("nonce") == nonce and p.get("target") == target,
         )
-        checks += _allowed_control(ctx, nonce)
-        return _control(nonce, checks)
+        checks += allowed_control(ctx, nonce)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -943,10 +948,12 @@ class NetPrivateAddress(_RouteSpec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The fixture answers a planted name; the proxy refuses its address; allowed works."""
-        nonce = _control_nonce()
+        nonce = new_control_nonce()
         knob = self._knob(ctx)
         if knob is None:
-            return _control(nonce, [_check("dns knob", ok=False, detail="world has no DNS")])
+            return control_record(
+                nonce, [host_check("dns knob", ok=False, detail="world has no DNS")]
+            )
         allowed = ctx.world.info.hosts["allowed"]
         name = f"{nonce}-loopback.{PRIVATE_NAME_SUFFIX}"
         knob.set_answers(name, ["127.0.0.1"])
@@ -954,22 +961,22 @@ class NetPrivateAddress(_RouteSpec):
         try:
             answers = resolve((dns.host, dns.port), name, timeout=HOST_TIMEOUT_S)
             checks = [
-                _check(
+                host_check(
                     "fixture answers the planted name",
                     answers == ["127.0.0.1"],
                     f"{name} -> {answers}",
                 )
             ]
         except ResolveError as exc:
-            checks = [_check("fixture answers the planted name", ok=False, detail=str(exc))]
-        checks += _deny_control(
+            checks = [host_check("fixture answers the planted name", ok=False, detail=str(exc))]
+        checks += deny_control(
             ctx,
             f"{name}:{allowed.https_port}",
             nonce,
             lambda p: p.get("nonce") == nonce and _refused_after_resolution(p),
         )
-        checks += _allowed_control(ctx, nonce)
-        return _control(nonce, checks)
+        checks += allowed_control(ctx, nonce)
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -1026,7 +1033,7 @@ def _own_proxy_resolved(
     """
     queried = {str(q.get("name", "")).rstrip(".").lower() for q in witness.dns}
     missing = sorted(name for name in planted if name.lower() not in queried)
-    statuses = {a.get("status") for a in _attempts(report, "escape")}
+    statuses = {a.get("status") for a in attempts_by_role(report, "escape")}
     if missing or not statuses <= REFUSAL_STATUSES:
         reasons.append(
             "the wrapper's own proxy: the DNS fixture saw no query for "

@@ -21,22 +21,22 @@ from sandbox_attest.catalog.base import (
     AttemptTable,
     CellContext,
     PolicyLike,
+    SpecBase,
     WitnessRecordsLike,
-    _attempts,
-    _check,
-    _conclude,
-    _control,
-    _control_nonce,
-    _guarded,
-    _judge,
-    _observed,
-    _origin_control,
-    _Spec,
-    _split,
-    _summary,
-    _wait_for,
-    _with_nonce,
+    attempts_by_role,
     attempts_of,
+    attempts_summary,
+    conclude,
+    control_record,
+    entries_with_nonce,
+    guarded_check,
+    host_check,
+    judge_escape,
+    new_control_nonce,
+    observed_outcome,
+    origin_control_checks,
+    split_hostport,
+    wait_for_records,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.verdict import Assessment, Expectation
@@ -60,7 +60,7 @@ NO_NETWORK: Final = (
 )
 
 
-class NetSocks5(_Spec):
+class NetSocks5(SpecBase):
     """SOCKS5 CONNECT and UDP ASSOCIATE through every SOCKS endpoint: all refused."""
 
     id = "net_socks5"
@@ -94,7 +94,7 @@ class NetSocks5(_Spec):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """Each witness hears the host: the denied origin, the UDP listener, the allowed host."""
-        info, nonce = ctx.world.info, _control_nonce()
+        info, nonce = ctx.world.info, new_control_nonce()
         denied = info.hosts["denied"]
 
         def origin() -> dict[str, Any]:
@@ -107,30 +107,30 @@ class NetSocks5(_Spec):
                     f"X-Attest-Nonce: {nonce}\r\nConnection: close\r\n\r\n".encode()
                 )
                 answer = sock.recv(4096)
-            return _check("host reaches the denied origin", bool(answer), repr(answer[:40]))
+            return host_check("host reaches the denied origin", bool(answer), repr(answer[:40]))
 
         def udp() -> dict[str, Any]:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-                sock.sendto(f"nonce={nonce}\n".encode(), _split(info.direct_egress.udp))
-            return _check("host udp datagram", ok=True, detail=info.direct_egress.udp)
+                sock.sendto(f"nonce={nonce}\n".encode(), split_hostport(info.direct_egress.udp))
+            return host_check("host udp datagram", ok=True, detail=info.direct_egress.udp)
 
         checks = [
-            _guarded("host reaches the denied origin", origin),
-            _guarded("host udp datagram", udp),
+            guarded_check("host reaches the denied origin", origin),
+            guarded_check("host udp datagram", udp),
         ]
-        records = _wait_for(
+        records = wait_for_records(
             ctx.world,
             nonce,
-            lambda r: bool(_denied_hits(r, nonce) and _with_nonce(r.direct_udp, nonce)),
+            lambda r: bool(_denied_hits(r, nonce) and entries_with_nonce(r.direct_udp, nonce)),
         )
         hits = _denied_hits(records, nonce)
-        checks.append(_check("denied origin logged the host", bool(hits), f"{len(hits)}"))
-        seen = _with_nonce(records.direct_udp, nonce)
-        checks.append(_check("udp listener logged the host", bool(seen), f"{len(seen)}"))
+        checks.append(host_check("denied origin logged the host", bool(hits), f"{len(hits)}"))
+        seen = entries_with_nonce(records.direct_udp, nonce)
+        checks.append(host_check("udp listener logged the host", bool(seen), f"{len(seen)}"))
         allowed = info.hosts["allowed"]
         url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
-        checks += _origin_control(ctx, nonce, url, "allowed")
-        return _control(nonce, checks)
+        checks += origin_control_checks(ctx, nonce, url, "allowed")
+        return control_record(nonce, checks)
 
     def assess(
         self,
@@ -140,15 +140,15 @@ class NetSocks5(_Spec):
         control: dict[str, Any],
     ) -> Assessment:
         """Any nonce at the denied origin or the UDP listener, or a proxy allow to it, escaped."""
-        escapes = _attempts(report, "escape")
-        controls = _attempts(report, "control")
-        observed = _observed(escapes)
+        escapes = attempts_by_role(report, "escape")
+        controls = attempts_by_role(report, "control")
+        observed = observed_outcome(escapes)
         denied_name = ctx.world.info.hosts["denied"].name
         origin_hits = _denied_hits(witness, ctx.nonce)
-        udp = _with_nonce(witness.direct_udp, ctx.nonce)
+        udp = entries_with_nonce(witness.direct_udp, ctx.nonce)
         allowed_through = [
             p
-            for p in _with_nonce(witness.proxy, ctx.nonce)
+            for p in entries_with_nonce(witness.proxy, ctx.nonce)
             if p.get("decision") == "allow" and p.get("host") == denied_name
         ]
         endpoints = report.get("facts", {}).get("socks_endpoints") or []
@@ -163,8 +163,8 @@ class NetSocks5(_Spec):
                 f"endpoints {', '.join(map(str, endpoints)) or 'none reported'}); "
                 f"{claims_of(ctx.policy).phrase('network')}; {FIX}"
             )
-        reasons.append(f"payload: {_summary(escapes)}")
-        escape = _judge(observed, bool(origin_hits or udp or allowed_through), None, reasons)
+        reasons.append(f"payload: {attempts_summary(escapes)}")
+        escape = judge_escape(observed, bool(origin_hits or udp or allowed_through), None, reasons)
         # Under a no-network claim the allowed control cannot succeed either: every attempt
         # refused by the network itself, before any proxy, is the claim holding.
         no_network = ctx.policy.network == "none" and _refused_by_no_network([*escapes, *controls])
@@ -174,7 +174,7 @@ class NetSocks5(_Spec):
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
-        return _conclude(
+        return conclude(
             escape,
             observed,
             reasons,
@@ -193,4 +193,4 @@ def _refused_by_no_network(attempts: list[dict[str, Any]]) -> bool:
 
 
 def _denied_hits(records: WitnessRecordsLike, nonce: str) -> list[dict[str, Any]]:
-    return [o for o in _with_nonce(records.origin, nonce) if o.get("host") == "denied"]
+    return [o for o in entries_with_nonce(records.origin, nonce) if o.get("host") == "denied"]

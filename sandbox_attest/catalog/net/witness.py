@@ -2,7 +2,7 @@
 
 A `LoopbackWitness` (a service with a banner, a rogue proxy, IPv6/UDP listeners) is started by
 a spec's `prepare` and stopped in `cleanup`; its log of connections and datagrams, filtered by
-the cell's nonce, is what the host saw. `_PerCellSpec` keeps that per-cell state for the specs
+the cell's nonce, is what the host saw. `PerCellSpec` keeps that per-cell state for the specs
 of both `route` and `direct`, which is why it lives below them.
 """
 
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.catalog.base import (
     CellContext,
-    _check,
-    _control,
-    _control_nonce,
-    _Spec,
+    SpecBase,
+    control_record,
+    host_check,
+    new_control_nonce,
 )
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment
@@ -213,7 +213,7 @@ def _stop_listeners(state: dict[str, Any]) -> None:
             value.stop()
 
 
-class _PerCellSpec(_Spec):
+class PerCellSpec(SpecBase):
     """A spec that keeps per-cell state from `prepare` (its own listeners) until `cleanup`.
 
     The catalogue holds one instance per probe and cells may run in parallel, so the state is
@@ -234,12 +234,14 @@ class _PerCellSpec(_Spec):
         _stop_listeners(self._cells.pop(ctx.nonce))
 
 
-def _unprepared_control(what: str) -> dict[str, Any]:
+def unprepared_control(what: str) -> dict[str, Any]:
     """The host control of a cell whose `prepare` never ran: failed, saying so."""
-    return _control(_control_nonce(), [_check(what, ok=False, detail="prepare() did not run")])
+    return control_record(
+        new_control_nonce(), [host_check(what, ok=False, detail="prepare() did not run")]
+    )
 
 
-def _unprepared(what: str, observed: Any) -> Assessment:
+def unprepared_assessment(what: str, observed: Any) -> Assessment:
     """The assessment of a cell whose `prepare` never ran: nothing could witness it."""
     reasons = [f"prepare() did not run for this cell: no {what} to witness"]
     return Assessment("undecided", controls_ok=False, reasons=reasons, observed=observed)

@@ -25,9 +25,9 @@ from sandbox_attest.report.views import signature_sentence
 from sandbox_attest.report.views.html import CSS, anchor
 from sandbox_attest.report.views.summary import (
     STEP_SUMMARY_LIMIT,
-    _md,  # one escaping rule for every summary
     fit,
     grid_cell,
+    md_cell,  # one escaping rule for every summary
 )
 
 if TYPE_CHECKING:
@@ -260,21 +260,21 @@ def render_release_summary(view: ReleaseView) -> str:
             f"{'leg' if len(view.legs) == 1 else 'legs'} merged)"
         ),
         "",
-        f"**Signature:** {_md(view.signature)}",
+        f"**Signature:** {md_cell(view.signature)}",
         "",
         "Full release page: `report.html`. Legs: "
         + ", ".join(
-            f"[{_md(leg.label)}]({leg.link()}) ([summary]({leg.link('summary.md')}))"
+            f"[{md_cell(leg.label)}]({leg.link()}) ([summary]({leg.link('summary.md')}))"
             for leg in view.legs
         )
         + ".",
         "",
     ]
-    lines += [f"- {_md(p)}" for p in view.gate.problems]
+    lines += [f"- {md_cell(p)}" for p in view.gate.problems]
     if view.gate.problems:
         lines.append("")
     heads = [
-        f"{_md(leg.label)}: {_md(b)}" + (" (unconfined control)" if b == "none" else "")
+        f"{md_cell(leg.label)}: {md_cell(b)}" + (" (unconfined control)" if b == "none" else "")
         for leg in view.legs
         for b in leg.backends
     ]
@@ -284,13 +284,14 @@ def render_release_summary(view: ReleaseView) -> str:
         row = [
             grid_cell(leg.outcome(backend, probe)) for leg in view.legs for backend in leg.backends
         ]
-        lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
+        lines.append(f"| {md_cell(probe)} | " + " | ".join(row) + " |")
     lines += ["", "\\* required by the release policy (bold); the others are optional.", ""]
     bad = _not_passing(view)
     if bad:
         lines += ["### Not passing", ""]
         lines += [
-            f"- `{_md(leg.label)}/{_md(o.cell_id)}` ({o.mark}, {o.status}): {_md(o.message)} "
+            f"- `{md_cell(leg.label)}/{md_cell(o.cell_id)}` ({o.mark}, {o.status}): "
+            f"{md_cell(o.message)} "
             f"([evidence]({leg.link()}#{anchor(o.cell_id) if o.cell else 'grid'}))"
             for leg, o in bad
         ]

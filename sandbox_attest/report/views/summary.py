@@ -30,18 +30,19 @@ def grid_cell(outcome: CellOutcome | None) -> str:
     if outcome is None:
         return "-"
     if outcome.required:
-        return f"**{_md(outcome.verdict)}**\\*"
-    return _md(outcome.verdict)
+        return f"**{md_cell(outcome.verdict)}**\\*"
+    return md_cell(outcome.verdict)
 
 
-def _md(value: object) -> str:
+def md_cell(value: object) -> str:
+    """`value` as one line of a Markdown table cell: HTML-escaped, pipes escaped, spaces folded."""
     text = html.escape(str(value), quote=False).replace("|", "\\|")
     return " ".join(text.split())
 
 
 def _listed(o: CellOutcome) -> str:
     """One list line: the cell, required or optional, its status, its one-line reason."""
-    return f"- `{_md(o.cell_id)}` ({o.mark}, {o.status}): {_md(o.message)}"
+    return f"- `{md_cell(o.cell_id)}` ({o.mark}, {o.status}): {md_cell(o.message)}"
 
 
 def _attested(view: ReportView) -> str:
@@ -52,10 +53,11 @@ def _attested(view: ReportView) -> str:
     control = " (with the unconfined control leg `none`)" if "none" in view.backends else ""
     return (
         f"**Attested:** {len(view.outcomes.cells)} cells, {len(view.probes)} probes on "
-        f"{_md(', '.join(sandboxes) or 'no sandbox')}{control}; platform "
-        f"{_md((ev.get('platform') or {}).get('system', '?'))}, harness "
-        f"{_md((ev.get('harness') or {}).get('version', '?'))}, policy "
-        f"`{_md(policy.get('path', '?'))}` (sha256 {_md(str(policy.get('sha256', '?'))[:16])}...)."
+        f"{md_cell(', '.join(sandboxes) or 'no sandbox')}{control}; platform "
+        f"{md_cell((ev.get('platform') or {}).get('system', '?'))}, harness "
+        f"{md_cell((ev.get('harness') or {}).get('version', '?'))}, policy "
+        f"`{md_cell(policy.get('path', '?'))}` "
+        f"(sha256 {md_cell(str(policy.get('sha256', '?'))[:16])}...)."
     )
 
 
@@ -73,13 +75,13 @@ def render_markdown(view: ReportView) -> str:
     ev = view.evidence
     count = count_failures(view.outcomes)
     lines = [
-        f"## sandbox-attest: {view.gate.result} (run `{_md(ev.get('run_id', ''))}`)",
+        f"## sandbox-attest: {view.gate.result} (run `{md_cell(ev.get('run_id', ''))}`)",
         "",
-        f"**Signature:** {_md(view.signature)}",
+        f"**Signature:** {md_cell(view.signature)}",
         "",
         _attested(view),
         "",
-        f"**{_md(count.line())}**",
+        f"**{md_cell(count.line())}**",
         "",
     ]
     if count.gating_found:
@@ -95,18 +97,20 @@ def render_markdown(view: ReportView) -> str:
         # not push an escape found elsewhere out of sight.
         lines += [f"### Failing the gate: required but not run ({len(count.gating_not_run)})", ""]
         lines += [
-            f"- **{_md(verdict)}** {_md(backend)}: {len(ids)} required "
-            f"{'cell' if len(ids) == 1 else 'cells'} not run: {_md(reason)} "
-            f"({_md(', '.join(ids))})"
+            f"- **{md_cell(verdict)}** {md_cell(backend)}: {len(ids)} required "
+            f"{'cell' if len(ids) == 1 else 'cells'} not run: {md_cell(reason)} "
+            f"({md_cell(', '.join(ids))})"
             for backend, verdict, reason, ids in count.not_run_groups()
         ]
         lines.append("")
     problems = view.outcomes.run_problems
     if problems:
         lines += ["### Run problems", ""]
-        lines += [f"- {_md(p)}" for p in problems]
+        lines += [f"- {md_cell(p)}" for p in problems]
         lines.append("")
-    heads = [f"{_md(b)} (unconfined control)" if b == "none" else _md(b) for b in view.backends]
+    heads = [
+        f"{md_cell(b)} (unconfined control)" if b == "none" else md_cell(b) for b in view.backends
+    ]
     # A backend in the set to show a verdict says so, with why (matrix.toml, issue 29).
     demos = {
         str(b.get("name")): str(b["demonstration"])
@@ -121,9 +125,9 @@ def render_markdown(view: ReportView) -> str:
     lines.append("|---" * (len(view.backends) + 1) + "|")
     for probe in view.probes:
         row = [grid_cell(view.outcome(backend, probe)) for backend in view.backends]
-        lines.append(f"| {_md(probe)} | " + " | ".join(row) + " |")
+        lines.append(f"| {md_cell(probe)} | " + " | ".join(row) + " |")
     lines += ["", "\\* required by the gate (bold); the others are optional.", ""]
-    lines += [f"{_md(b)} is a demonstration: {_md(why)}" for b, why in demos.items()]
+    lines += [f"{md_cell(b)} is a demonstration: {md_cell(why)}" for b, why in demos.items()]
     if demos:
         lines.append("")
     if count.not_run:
