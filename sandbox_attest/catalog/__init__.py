@@ -23,17 +23,7 @@ both, hands a cell everything a spec needs (tests/unit/test_import_layers.py hol
 from __future__ import annotations
 
 from sandbox_attest.catalog import machinery, proc, races
-from sandbox_attest.catalog.base import (
-    AttemptTable,
-    CellContext,
-    InsideRoute,
-    PolicyLike,
-    ProbeSpec,
-    WitnessRecordsLike,
-    WorldLike,
-    probe_path,
-    report_mismatch,
-)
+from sandbox_attest.catalog.attempts import report_mismatch
 from sandbox_attest.catalog.crossproc import ProcCrossProcess
 from sandbox_attest.catalog.dev import DevAccess
 from sandbox_attest.catalog.dns import DnsResolution
@@ -70,6 +60,16 @@ from sandbox_attest.catalog.net.protocol import (
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
 from sandbox_attest.catalog.net.socks import NetSocks5
 from sandbox_attest.catalog.pkg import PkgPipInstall
+from sandbox_attest.catalog.spec import (
+    AttemptTable,
+    CellContext,
+    InsideRoute,
+    PolicyLike,
+    ProbeSpec,
+    WitnessRecordsLike,
+    WorldLike,
+    probe_path,
+)
 from sandbox_attest.catalog.syscalls import SPECS as SYSCALL_SPECS
 from sandbox_attest.catalog.tunables import ProcKernelTunables
 

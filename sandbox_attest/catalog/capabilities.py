@@ -11,9 +11,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from sandbox_attest.catalog.base import (
-    HOST_TIMEOUT_S,
-)
+from sandbox_attest.catalog.spec import HOST_TIMEOUT_S
 from sandbox_attest.host.trust import PayloadUser, measure_as
 
 # The attempts with no host listener: judged by the payload's report and its namespace.

@@ -26,27 +26,30 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    all_succeeded,
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+    run_payload_on_host,
+)
+from sandbox_attest.catalog.judging import conclude, judge_escape
+from sandbox_attest.catalog.records import poll_until
+from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    all_succeeded,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    guarded_check,
-    host_check,
     host_processes,
-    judge_escape,
-    new_control_nonce,
-    observed_outcome,
-    poll_until,
-    run_payload_on_host,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError

@@ -37,26 +37,32 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_summary,
+    observed_outcome,
+    refusal_summary,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    host_check,
+    load_state,
+    new_control_nonce,
+    save_state,
+)
+from sandbox_attest.catalog.judging import (
+    conclude,
+    expect_fs_confined,
+    judge_escape,
+    private_namespace_reason,
+)
+from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_summary,
-    conclude,
-    control_record,
-    expect_fs_confined,
-    host_check,
-    judge_escape,
-    load_state,
-    new_control_nonce,
-    observed_outcome,
-    private_namespace_reason,
-    refusal_summary,
-    save_state,
 )
 from sandbox_attest.errors import HarnessError
 from sandbox_attest.host.trust import PayloadUser, measure_as, payload_user

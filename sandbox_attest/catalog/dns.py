@@ -11,25 +11,31 @@ from sandbox_attest.verdict import Assessment, Expectation
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+)
+from sandbox_attest.catalog.judging import (
+    conclude,
+    expect_confined_network,
+    judge_escape,
+    private_namespace_reason,
+)
+from sandbox_attest.catalog.records import wait_for_records
+from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    expect_confined_network,
-    guarded_check,
-    host_check,
-    judge_escape,
-    new_control_nonce,
-    observed_outcome,
-    private_namespace_reason,
-    wait_for_records,
 )
 
 

@@ -18,23 +18,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    host_check,
+    load_state,
+    new_control_nonce,
+    save_state,
+)
+from sandbox_attest.catalog.judging import conclude
+from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    host_check,
     host_processes,
-    load_state,
-    new_control_nonce,
-    observed_outcome,
-    save_state,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.host import disguise

@@ -30,30 +30,13 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest.catalog.base import (
-    HOST_TIMEOUT_S,
-    AttemptTable,
-    CellContext,
-    PolicyLike,
-    SpecBase,
-    WitnessRecordsLike,
+from sandbox_attest.catalog.attempts import (
     all_succeeded,
     attempts_by_role,
     attempts_of,
     attempts_summary,
-    conclude,
-    control_record,
-    home_of,
-    host_check,
-    host_processes,
-    host_writes_check,
-    judge_escape,
-    load_state,
-    new_control_nonce,
     observed_outcome,
-    private_namespace_reason,
     refusal_summary,
-    save_state,
 )
 from sandbox_attest.catalog.canary import (
     call_as,
@@ -62,6 +45,25 @@ from sandbox_attest.catalog.canary import (
     planting,
     read_text,
     site_moved,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    host_check,
+    host_writes_check,
+    load_state,
+    new_control_nonce,
+    save_state,
+)
+from sandbox_attest.catalog.judging import conclude, judge_escape, private_namespace_reason
+from sandbox_attest.catalog.spec import (
+    HOST_TIMEOUT_S,
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    SpecBase,
+    WitnessRecordsLike,
+    home_of,
+    host_processes,
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError

@@ -27,35 +27,13 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest.catalog.base import (
-    DOCKER_SOCKETS,
-    HOST_TIMEOUT_S,
-    AttemptTable,
-    CellContext,
-    InsideRoute,
-    PolicyLike,
-    SpecBase,
-    WitnessRecordsLike,
+from sandbox_attest.catalog.attempts import (
     all_succeeded,
     attempts_by_role,
     attempts_of,
     attempts_summary,
-    conclude,
-    control_record,
-    entries_with_nonce,
-    expect_fs_confined,
-    guarded_check,
-    host_can_look,
-    host_check,
-    host_processes,
-    judge_escape,
-    load_state,
-    new_control_nonce,
     observed_outcome,
-    private_namespace_reason,
     refusal_summary,
-    save_state,
-    wait_for_records,
 )
 from sandbox_attest.catalog.canary import (
     call_as,
@@ -63,6 +41,21 @@ from sandbox_attest.catalog.canary import (
     file_diff,
     file_state,
 )
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    load_state,
+    new_control_nonce,
+    save_state,
+)
+from sandbox_attest.catalog.judging import (
+    conclude,
+    expect_fs_confined,
+    judge_escape,
+    private_namespace_reason,
+)
+from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
 from sandbox_attest.catalog.socket_witness import (
     ABSTRACT_PREFIX,
     RUNTIME_ROOTS,
@@ -74,6 +67,18 @@ from sandbox_attest.catalog.socket_witness import (
     remove_nonce_files,
     socket_dirs,
     witness_name,
+)
+from sandbox_attest.catalog.spec import (
+    DOCKER_SOCKETS,
+    HOST_TIMEOUT_S,
+    AttemptTable,
+    CellContext,
+    InsideRoute,
+    PolicyLike,
+    SpecBase,
+    WitnessRecordsLike,
+    host_can_look,
+    host_processes,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError, HarnessError

@@ -23,25 +23,25 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest.catalog.base import (
-    AttemptTable,
-    CellContext,
-    PolicyLike,
-    SpecBase,
-    WitnessRecordsLike,
+from sandbox_attest.catalog.attempts import (
     all_succeeded,
     attempts_by_role,
     attempts_of,
     attempts_summary,
-    conclude,
-    control_record,
-    host_check,
-    new_control_nonce,
     observed_outcome,
     refusal_summary,
 )
 from sandbox_attest.catalog.canary import (
     read_text,
+)
+from sandbox_attest.catalog.controls import control_record, host_check, new_control_nonce
+from sandbox_attest.catalog.judging import conclude
+from sandbox_attest.catalog.spec import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    SpecBase,
+    WitnessRecordsLike,
 )
 from sandbox_attest.host import disguise
 from sandbox_attest.run.sweep import recorded_leftovers

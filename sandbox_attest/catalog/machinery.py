@@ -32,27 +32,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    load_state,
+    new_control_nonce,
+    save_state,
+)
+from sandbox_attest.catalog.judging import (
+    conclude,
+    expect_fs_confined,
+    judge_escape,
+    private_namespace_reason,
+)
+from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    expect_fs_confined,
-    guarded_check,
     home_of,
-    host_check,
-    judge_escape,
-    load_state,
-    new_control_nonce,
-    observed_outcome,
-    private_namespace_reason,
-    save_state,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.host import disguise, safefs

@@ -6,26 +6,27 @@ import re
 from typing import Any
 from urllib.parse import urljoin
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+)
+from sandbox_attest.catalog.judging import capability_escape, conclude, expect_capability
+from sandbox_attest.catalog.proxyclient import https_via_proxy
+from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
+from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    capability_escape,
-    conclude,
-    control_record,
-    entries_with_nonce,
-    expect_capability,
-    guarded_check,
-    host_check,
-    https_via_proxy,
-    new_control_nonce,
-    observed_outcome,
-    wait_for_records,
 )
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 

@@ -34,7 +34,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    all_succeeded,
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    host_writes_check,
+    new_control_nonce,
+    run_payload_on_host,
+)
+from sandbox_attest.catalog.judging import conclude, judge_escape
+from sandbox_attest.catalog.records import poll_until
+from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
@@ -42,21 +59,7 @@ from sandbox_attest.catalog.base import (
     ProbeSpec,
     SpecBase,
     WitnessRecordsLike,
-    all_succeeded,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    guarded_check,
-    host_check,
     host_processes,
-    host_writes_check,
-    judge_escape,
-    new_control_nonce,
-    observed_outcome,
-    poll_until,
-    run_payload_on_host,
 )
 from sandbox_attest.claims import Claims, claims_of, unclaimed
 from sandbox_attest.errors import FixtureError

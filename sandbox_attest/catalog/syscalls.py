@@ -18,23 +18,27 @@ from __future__ import annotations
 import subprocess
 from typing import Any, Final, Literal
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    all_succeeded,
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    host_check,
+    new_control_nonce,
+    run_payload_on_host,
+)
+from sandbox_attest.catalog.judging import conclude
+from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    all_succeeded,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    host_check,
     host_processes,
-    new_control_nonce,
-    observed_outcome,
-    run_payload_on_host,
 )
 from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.verdict import Assessment, Escape, Expectation

@@ -558,7 +558,7 @@ class Rendezvous:
     run Python, is recorded as a supervisor (`CellGroup.is_supervisor`); every other member
     is judged, and the worst decides: the top of the view
     is the launcher's reading, `others` holds every other judged member (the assessors' loop,
-    `catalog.base.host_processes`), and `processes` one summary per member (`summarize`), a
+    `catalog.spec.host_processes`), and `processes` one summary per member (`summarize`), a
     member the host could not read named with why. Where the group holds no member at all
     (a backend whose payload the harness does not start, such as docker's daemon-made
     containers), the launcher's command line is the only way to find it, and `mechanism` says

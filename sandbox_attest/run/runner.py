@@ -352,7 +352,7 @@ class CellRunner:
             policy=identity.policy,
             user=self.user,
             # A wrapper with its own proxy (egress "own") has no harness route inside it: no
-            # proxy socket, no shim. None tells the catalogue so (sandbox_attest/catalog/base.py).
+            # proxy socket, no shim. None tells the catalogue so (sandbox_attest/catalog/spec.py).
             route=inside_route(backend, self.world.info, cell_dir),
         )
         expected = spec.expectation(identity.policy)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy
-from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, base, probe_path
-from sandbox_attest.catalog.base import conclude
+from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, probe_path, records
 from sandbox_attest.catalog.fs import CANARY_NAME, CORE_CLASSES, HOME_CLASSES
+from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.run.matrix import load_matrix
 from sandbox_attest.run.runner import inside_route
@@ -796,6 +796,6 @@ class TestConclude:
 def test_poll_waits_for_a_lagging_witness(monkeypatch: pytest.MonkeyPatch) -> None:
     """_poll re-reads until the entry shows, and gives the last read when it never does."""
     reads = iter([[], [], ["entry"]])
-    assert base.poll_until(lambda: next(reads), bool) == ["entry"]
-    monkeypatch.setattr(base, "WITNESS_WAIT_S", 0.1)
-    assert base.poll_until(list, bool) == []
+    assert records.poll_until(lambda: next(reads), bool) == ["entry"]
+    monkeypatch.setattr(records, "WITNESS_WAIT_S", 0.1)
+    assert records.poll_until(list, bool) == []

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from sandbox_attest.catalog import PROBES, AttemptTable, report_mismatch
-from sandbox_attest.catalog.base import CRASH_ATTEMPT, attempts_of
+from sandbox_attest.catalog.attempts import attempts_of
+from sandbox_attest.catalog.spec import CRASH_ATTEMPT
 
 # A task for every probe whose table reads its targets, shaped as its spec's prepare makes it.
 TASKS: dict[str, dict[str, Any]] = {

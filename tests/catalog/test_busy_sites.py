@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from sandbox_attest.catalog import fs
-from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.canary import call_as, site_moved
 from sandbox_attest.catalog.fs import CANARY_NAME, FsWriteOutside, _unproven_changes
 from sandbox_attest.catalog.ipc import _witnesses_hear_host
@@ -32,6 +31,7 @@ from sandbox_attest.catalog.socket_witness import (
     reachable_dirs,
     witness_name,
 )
+from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.host.safefs import open_dir
 from sandbox_attest.host.trust import payload_user
 from sandbox_attest.run import sweep

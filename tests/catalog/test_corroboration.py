@@ -15,7 +15,7 @@ import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import PROBES, CellContext
-from sandbox_attest.catalog.base import host_seen_own_network
+from sandbox_attest.catalog.spec import host_seen_own_network
 from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import UNCORROBORATED, Assessment, Decision, Verdict, believe
 

@@ -21,7 +21,6 @@ from sandbox_attest.backends.base import Backend, DeclaredPolicy
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.dev import (
     CONTROL_DEVICES,
     DevAccess,
@@ -33,6 +32,7 @@ from sandbox_attest.catalog.dev import (
     sensitive,
     view_sensitive,
 )
+from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.host.trust import payload_user
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy
-from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.fs import (
     CANARY_NAME,
     HOME_CLASSES,
@@ -28,6 +27,7 @@ from sandbox_attest.catalog.fs import (
     payload_writable_places,
     writable_places,
 )
+from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.host.trust import PayloadUser, payload_user
 from sandbox_attest.run import sweep
 from sandbox_attest.verdict import Assessment

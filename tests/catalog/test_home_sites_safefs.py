@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.fs import FsWriteOutside
+from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.host.trust import PayloadUser
 from tests.catalog.test_fs_write_outside import CONFINED, WorldLike
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.catalog.base import save_state
+from sandbox_attest.catalog.controls import save_state
 from sandbox_attest.catalog.ipc import IpcUnixSocketEscape
 from sandbox_attest.catalog.socket_witness import (
     WitnessSockets,

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy
-from sandbox_attest.catalog.base import CellContext
 from sandbox_attest.catalog.lifecycle import (
     ORPHAN_KINDS,
     ORPHAN_MARKER,
@@ -30,6 +29,7 @@ from sandbox_attest.catalog.lifecycle import (
     describe_orphan,
     find_orphans,
 )
+from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.run.sweep import LEFTOVERS_FILE, record_leftovers, recorded_leftovers
 from sandbox_attest.verdict import decide
 

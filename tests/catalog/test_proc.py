@@ -24,10 +24,10 @@ from sandbox_attest.backends.base import Backend, DeclaredPolicy
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext
-from sandbox_attest.catalog import base as catalog_base
+from sandbox_attest.catalog import controls as catalog_controls
 from sandbox_attest.catalog import proc as proc_module
-from sandbox_attest.catalog.base import poll_until
 from sandbox_attest.catalog.proc import BOUNDS
+from sandbox_attest.catalog.records import poll_until
 from sandbox_attest.host import disguise
 from sandbox_attest.run.hostview import read_process
 from sandbox_attest.run.matrix import Cell, ProbeRow
@@ -580,10 +580,10 @@ def test_broken_baseline_says_how_to_rerun_it(
     """The cell dir is gone by the time anyone reads it: the message carries argv and task."""
     silent = tmp_path / "silent.py"
     silent.write_text("print('no report')\n")
-    monkeypatch.setattr(catalog_base, "probe_path", lambda _: silent)
+    monkeypatch.setattr(catalog_controls, "probe_path", lambda _: silent)
     ctx = make_ctx(tmp_path, "proc_privileges")
     with pytest.raises(ValueError, match="printed 0 reports") as raised:
-        catalog_base.run_payload_on_host(ctx, {"k": 1})
+        catalog_controls.run_payload_on_host(ctx, {"k": 1})
     assert str(silent) in str(raised.value)
     assert '"targets": {"k": 1}' in str(raised.value)
 

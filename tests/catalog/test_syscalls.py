@@ -20,7 +20,7 @@ from sandbox_attest.backends.base import Backend, DeclaredPolicy
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, probe_path
-from sandbox_attest.catalog.base import control_record
+from sandbox_attest.catalog.controls import control_record
 from sandbox_attest.catalog.syscalls import SPECS
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner

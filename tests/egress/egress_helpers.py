@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from sandbox_attest.catalog.base import WITNESS_WAIT_S
+from sandbox_attest.catalog.records import WITNESS_WAIT_S
 from sandbox_attest.world.egress.proxy import PROXY_USER
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class Origin:
         Args:
             n: how many accepts the test expects.
             timeout: seconds to wait; the default is the deadline the assessors give a
-                lagging witness (`sandbox_attest.catalog.base.WITNESS_WAIT_S`).
+                lagging witness (`sandbox_attest.catalog.records.WITNESS_WAIT_S`).
         """
         with self._counted:
             self._counted.wait_for(lambda: self.accepts >= n, timeout=timeout)

@@ -34,7 +34,8 @@ AREAS |= {"crossproc", "tunables", "handles"}  # issue 28: processes, tunables, 
 AREAS |= {"machinery"}  # issue 28: the sandbox's own machinery (helper, descriptors)
 AREAS |= {"races"}  # issue 28: paths swapped and sockets bound around setup
 # What several areas share lives below them, named by concept.
-HELPERS = frozenset({"base", "canary", "capabilities", "witness", "socket_witness"})
+HELPERS = frozenset({"spec", "attempts", "judging", "controls", "records", "proxyclient"})
+HELPERS |= {"canary", "capabilities", "witness", "socket_witness"}
 
 
 @dataclass(frozen=True)

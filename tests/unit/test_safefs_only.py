@@ -74,7 +74,7 @@ ROOT_ONLY_MODULES: Final = {
 
 # Single functions in modules that also touch payload-reachable paths (through safefs there).
 ROOT_ONLY_FUNCTIONS: Final = {
-    "catalog/base.py:save_state": "the cell dir: root's",
+    "catalog/controls.py:save_state": "the cell dir: root's",
     "catalog/fs.py:write_each": "runs in a child as the payload user (call_as), never as root",
     "catalog/fs.py:FsWriteOutside.prepare": "its baseline and plant list in the cell dir",
     "catalog/fs.py:FsReadSecrets.prepare": "the control canary in the workspace, which is "
@@ -85,7 +85,7 @@ ROOT_ONLY_FUNCTIONS: Final = {
     "catalog/ipc.py:IpcProxySocketTamper.cleanup": "the world's proxy socket (root's run dir)",
     "catalog/ipc.py:IpcProxySocketTamper._restore_real_shim": "the harness's shim source",
     "catalog/ipc.py:_bind_unix": "the decoy socket in the cell dir, bound before it is given",
-    "catalog/base.py:run_payload_on_host": "the host baseline's dir in the cell dir (root's); "
+    "catalog/controls.py:run_payload_on_host": "the host baseline's dir in the cell dir (root's); "
     "its workspace is made there before trust.give hands it over",
     "catalog/proc.py:_AnchoredSpec._start_anchor": "the anchor dir in the cell dir: root's",
     "catalog/proc.py:ProcNamespaceEscape.prepare": "the ns-canary dir in the cell dir, made "

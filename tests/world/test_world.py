@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from sandbox_attest.catalog.base import WITNESS_WAIT_S
+from sandbox_attest.catalog.records import WITNESS_WAIT_S
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.world.core import World, start_world
 from sandbox_attest.world.dns import resolve

@@ -15,31 +15,35 @@ import http.client
 import socket
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+)
+from sandbox_attest.catalog.judging import (
+    conclude,
+    expect_confined_network,
+    host_namespace,
+    judge_escape,
+    private_namespace_reason,
+)
+from sandbox_attest.catalog.proxyclient import split_hostport
+from sandbox_attest.catalog.records import entries_with_nonce, poll_until, wait_for_records
+from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    entries_with_nonce,
-    expect_confined_network,
-    guarded_check,
-    host_check,
-    host_namespace,
     host_seen_own_network,
-    judge_escape,
-    new_control_nonce,
-    observed_outcome,
-    poll_until,
-    private_namespace_reason,
-    split_hostport,
-    wait_for_records,
 )
 from sandbox_attest.claims import SHARED_NETNS_CUTS, claims_of
 from sandbox_attest.verdict import Assessment, Expectation

@@ -22,23 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 from dnslib import QTYPE, DNSRecord
 
-from sandbox_attest.catalog.base import (
-    AttemptTable,
-    CellContext,
-    SpecBase,
-    WitnessRecordsLike,
+from sandbox_attest.catalog.attempts import (
     attempts_by_role,
     attempts_of,
     attempts_summary,
-    conclude,
-    control_record,
-    entries_with_nonce,
-    guarded_check,
-    host_check,
-    https_via_proxy,
-    new_control_nonce,
     observed_outcome,
 )
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+)
+from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.catalog.net.route import (
     PAST_RULES_STATUSES,
     allowed_control,
@@ -48,10 +44,13 @@ from sandbox_attest.catalog.net.route import (
     refused_by_no_network,
 )
 from sandbox_attest.catalog.net.witness import REFUSAL_STATUSES
+from sandbox_attest.catalog.proxyclient import https_via_proxy
+from sandbox_attest.catalog.records import entries_with_nonce
+from sandbox_attest.catalog.spec import AttemptTable, CellContext, SpecBase, WitnessRecordsLike
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
-    from sandbox_attest.catalog.base import PolicyLike
+    from sandbox_attest.catalog.spec import PolicyLike
 
 ESCAPES = ("get-doh-address", "connect-doh-address")
 

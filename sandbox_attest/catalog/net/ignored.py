@@ -15,28 +15,33 @@ import socket
 import ssl
 from typing import TYPE_CHECKING, Any, Final
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+    origin_control_checks,
+)
+from sandbox_attest.catalog.judging import (
+    conclude,
+    expect_confined_network,
+    judge_escape,
+    private_namespace_reason,
+)
+from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
+from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    entries_with_nonce,
-    expect_confined_network,
-    guarded_check,
-    host_check,
-    judge_escape,
-    new_control_nonce,
-    observed_outcome,
-    origin_control_checks,
-    private_namespace_reason,
-    wait_for_records,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.verdict import Assessment, Expectation

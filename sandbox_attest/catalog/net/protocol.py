@@ -37,23 +37,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote, urlsplit
 
-from sandbox_attest.catalog.base import (
-    HOST_TIMEOUT_S,
-    AttemptTable,
-    CellContext,
-    WitnessRecordsLike,
+from sandbox_attest.catalog.attempts import (
     attempts_by_role,
     attempts_of,
     attempts_summary,
-    conclude,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
     control_record,
-    entries_with_nonce,
     guarded_check,
     host_check,
     new_control_nonce,
-    observed_outcome,
-    wait_for_records,
 )
+from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.catalog.net.route import (
     PAST_RULES_STATUSES,
     allowed_control,
@@ -64,6 +60,13 @@ from sandbox_attest.catalog.net.route import (
     route_tag,
 )
 from sandbox_attest.catalog.net.witness import LoopbackWitness, PerCellSpec
+from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
+from sandbox_attest.catalog.spec import (
+    HOST_TIMEOUT_S,
+    AttemptTable,
+    CellContext,
+    WitnessRecordsLike,
+)
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
@@ -71,7 +74,7 @@ from sandbox_attest.world.dns import ResolveError, resolve
 from sandbox_attest.world.lab import current_lab
 
 if TYPE_CHECKING:
-    from sandbox_attest.catalog.base import PolicyLike
+    from sandbox_attest.catalog.spec import PolicyLike
 
 # The payload replaces this with the Proxy-Authorization line (or nothing) in every part.
 AUTH: Final = "{auth}"

@@ -20,31 +20,34 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+    origin_control_checks,
+)
+from sandbox_attest.catalog.judging import (
+    capability_escape,
+    conclude,
+    expect_capability,
+    judge_escape,
+)
+from sandbox_attest.catalog.proxyclient import connect_tunnel, https_via_proxy, split_hostport
+from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
+from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    capability_escape,
-    conclude,
-    connect_tunnel,
-    control_record,
-    entries_with_nonce,
-    expect_capability,
-    guarded_check,
-    host_check,
-    https_via_proxy,
-    judge_escape,
-    new_control_nonce,
-    observed_outcome,
-    origin_control_checks,
-    split_hostport,
-    wait_for_records,
 )
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment, Escape, Expectation

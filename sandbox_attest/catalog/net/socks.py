@@ -16,27 +16,29 @@ from __future__ import annotations
 import socket
 from typing import Any, Final
 
-from sandbox_attest.catalog.base import (
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+    origin_control_checks,
+)
+from sandbox_attest.catalog.judging import conclude, judge_escape
+from sandbox_attest.catalog.proxyclient import split_hostport
+from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
+from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
     PolicyLike,
     SpecBase,
     WitnessRecordsLike,
-    attempts_by_role,
-    attempts_of,
-    attempts_summary,
-    conclude,
-    control_record,
-    entries_with_nonce,
-    guarded_check,
-    host_check,
-    judge_escape,
-    new_control_nonce,
-    observed_outcome,
-    origin_control_checks,
-    split_hostport,
-    wait_for_records,
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.verdict import Assessment, Expectation

@@ -15,13 +15,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.catalog.base import (
-    CellContext,
-    SpecBase,
-    control_record,
-    host_check,
-    new_control_nonce,
-)
+from sandbox_attest.catalog.controls import control_record, host_check, new_control_nonce
+from sandbox_attest.catalog.spec import CellContext, SpecBase
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment
 
