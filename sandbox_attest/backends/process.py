@@ -127,34 +127,10 @@ def run_process(
     """
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-            pass_fds=pass_fds,
-            **(user.popen_kwargs() if user is not None else {}),
-            # The wrapper dies with the harness even under SIGKILL (its group is killed on
-            # timeout by us; after our death only the kernel can): sandbox_attest/host/lifetime.py.
-            # It starts inside the cell's group, where the host finds every process it makes
-            # (sandbox_attest/run/cellgroup.py).
-            **cellgroup.spawn_kwargs(argv, env),
-        )
+        proc = _spawn(argv, env, cwd, pass_fds, user)
     except (OSError, subprocess.SubprocessError) as exc:
         cellgroup.spawn_failed()
-        return ProbeRun(
-            cell_id=cell_id,
-            started=False,
-            exit_code=None,
-            stdout="",
-            stderr=f"could not execute {argv[0]!r}: {exc}",
-            timed_out=False,
-            duration_s=time.monotonic() - start,
-            argv=argv,
-        )
+        return _not_started(cell_id, argv, exc, time.monotonic() - start)
     cellgroup.started(proc.pid)
     assert proc.stdout is not None  # noqa: S101  (PIPE was requested just above)
     assert proc.stderr is not None  # noqa: S101
@@ -167,6 +143,67 @@ def run_process(
     ]
     for reader in readers:
         reader.start()
+    timed_out, kill_notes = _wait_then_kill_group(proc, timeout)
+    held_open = _stop_readers(readers, stop)
+    proc.stdout.close()
+    proc.stderr.close()
+    duration = time.monotonic() - start
+    stdout = out[0] if out else Capture(b"", truncated=False)
+    stderr = err[0] if err else Capture(b"", truncated=False)
+    run = finish_run(
+        cell_id, argv, proc.returncode, stdout, stderr, timed_out=timed_out, duration=duration
+    )
+    run.notes.extend(kill_notes)
+    if held_open:
+        run.notes.append(
+            f"output pipes still held open {PIPE_GRACE_S:.0f}s after the process group was "
+            "killed: a process outside the group (setsid?) survived the run"
+        )
+    return run
+
+
+def _spawn(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    pass_fds: tuple[int, ...],
+    user: PayloadUser | None,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session with piped output, as `user`, in the cell's group."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        pass_fds=pass_fds,
+        **(user.popen_kwargs() if user is not None else {}),
+        # The wrapper dies with the harness even under SIGKILL (its group is killed on
+        # timeout by us; after our death only the kernel can): sandbox_attest/host/lifetime.py.
+        # It starts inside the cell's group, where the host finds every process it makes
+        # (sandbox_attest/run/cellgroup.py).
+        **cellgroup.spawn_kwargs(argv, env),
+    )
+
+
+def _not_started(cell_id: str, argv: list[str], exc: Exception, duration: float) -> ProbeRun:
+    """The run of a command that could not be executed at all."""
+    return ProbeRun(
+        cell_id=cell_id,
+        started=False,
+        exit_code=None,
+        stdout="",
+        stderr=f"could not execute {argv[0]!r}: {exc}",
+        timed_out=False,
+        duration_s=duration,
+        argv=argv,
+    )
+
+
+def _wait_then_kill_group(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bool, list[str]]:
+    """Wait for `proc` until `timeout`, then kill its group; (timed out, notes on the kill)."""
     timed_out = False
     kill_notes: list[str] = []
     try:
@@ -187,6 +224,11 @@ def run_process(
                 f"the wrapper (pid {proc.pid}) was still running {KILL_WAIT_S:.0f}s after "
                 "SIGKILL of its group; it was left behind and its exit code is unknown"
             )
+    return timed_out, kill_notes
+
+
+def _stop_readers(readers: list[threading.Thread], stop: threading.Event) -> bool:
+    """Let the readers finish within PIPE_GRACE_S; True when they had to be stopped."""
     held_open = False
     grace_end = time.monotonic() + PIPE_GRACE_S
     for reader in readers:
@@ -197,21 +239,7 @@ def run_process(
         stop.set()
         for reader in readers:
             reader.join()
-    proc.stdout.close()
-    proc.stderr.close()
-    duration = time.monotonic() - start
-    stdout = out[0] if out else Capture(b"", truncated=False)
-    stderr = err[0] if err else Capture(b"", truncated=False)
-    run = finish_run(
-        cell_id, argv, proc.returncode, stdout, stderr, timed_out=timed_out, duration=duration
-    )
-    run.notes.extend(kill_notes)
-    if held_open:
-        run.notes.append(
-            f"output pipes still held open {PIPE_GRACE_S:.0f}s after the process group was "
-            "killed: a process outside the group (setsid?) survived the run"
-        )
-    return run
+    return held_open
 
 
 def finish_run(
