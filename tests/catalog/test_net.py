@@ -27,9 +27,11 @@ from sandbox_attest.backends.base import START_MARKER, Backend, DeclaredPolicy
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, probe_path
-from sandbox_attest.catalog.net import direct, route
+from sandbox_attest.catalog.net import direct
+from sandbox_attest.catalog.net import private_address as route
+from sandbox_attest.catalog.net.confusion import NetProxyConfusion
 from sandbox_attest.catalog.net.direct import NetIpv6UdpIcmp, NetLoopbackServices
-from sandbox_attest.catalog.net.route import NetPrivateAddress, NetProxyConfusion
+from sandbox_attest.catalog.net.private_address import NetPrivateAddress
 from sandbox_attest.catalog.net.witness import LoopbackWitness
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.run.matrix import Cell, ProbeRow

@@ -1,24 +1,24 @@
-"""The network probes, host side: through the egress proxy (`route`) and around it (`direct`).
+"""The network probes, host side: through the egress proxy and around it (`direct`).
 
-`witness` holds the per-cell loopback listeners both kinds use; `route` and `direct` never
-import each other.
+Through the proxy, each module is one mechanism: `allowlist` (a denied host refused, an allowed
+one carrying 18 MiB), `confusion` (spellings, ports, Host headers, keep-alive), `private_address`
+(a name resolving to a non-global address), `protocol` (raw bytes that hide a request, DNS
+rebinding), and `doh`, `proxy_dns`, `socks`, `ignored`, `metadata`. `route` reads requests
+through the proxy for those probes to share. `witness` holds the per-cell loopback listeners
+both kinds use; `route` and `direct` never import each other.
 """
 
 from __future__ import annotations
 
+from sandbox_attest.catalog.net.allowlist import NetDeniedHost, NetTransfer18MiB
+from sandbox_attest.catalog.net.confusion import NetHostCanonical, NetProxyConfusion
 from sandbox_attest.catalog.net.direct import (
     NetDirectEgress,
     NetIpv6UdpIcmp,
     NetLoopbackServices,
     NetProxyEnvOverride,
 )
-from sandbox_attest.catalog.net.route import (
-    NetDeniedHost,
-    NetHostCanonical,
-    NetPrivateAddress,
-    NetProxyConfusion,
-    NetTransfer18MiB,
-)
+from sandbox_attest.catalog.net.private_address import NetPrivateAddress
 
 __all__ = [
     "NetDeniedHost",
