@@ -11,8 +11,9 @@ created on first use. That is also how real agents run: as an ordinary user.
 
 What this does not do: it does not confine anything. The payload uid can still do whatever an
 ordinary user can do on the host; the probes measure what the sandbox takes away from that.
-Where the harness is not root (or not on Linux) it cannot switch uid, and `trust_domains()`
-says so; the signed statement carries that fact and `verify` prints it.
+Where the harness is not root (or not on Linux) it cannot switch uid, and the run's measured
+trust domains (`sandbox_attest.run.separation.trust_domains`) say so; the signed statement
+carries that fact and `verify` prints it.
 """
 
 from __future__ import annotations
@@ -27,13 +28,10 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandbox_attest.errors import ConfigError, FixtureError
 from sandbox_attest.host import lifetime, safefs
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
 
 # The default payload user. A system account: no password, its own group. A neutral name,
 # as an agent's own account would have: a wrapper reads it (`id`, /etc/passwd), and one named
@@ -272,43 +270,6 @@ def home_identity(user: PayloadUser | None) -> tuple[safefs.Identity | None, str
             return home.identity(), ""
     except (OSError, safefs.UnsafePathError) as exc:
         return None, str(exc)
-
-
-def trust_domains(
-    user: PayloadUser | None,
-    backends: Mapping[str, object] | None = None,
-    cells: Iterable[Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The fact the signed statement records: who judged, and who ran the judged code.
-
-    Measured, not declared (issue 23): with the run's `backends` and judged `cells`, every
-    uid and gid the host read of each backend's processes, and the uid the harness started
-    its commands with, decide (`sandbox_attest.run.separation.measure`). Without them (the run
-    has not judged anything yet) the fact says "not measured" and is never separated.
-
-    Args:
-        user: the run's payload user (None: the harness cannot switch users).
-        backends: name -> backend object, every backend the run selected.
-        cells: the run's evidence cells, each with its `host_view`.
-    """
-    from sandbox_attest.run import separation  # noqa: PLC0415  (only a finished run measures)
-
-    ok, reason = separation_possible()
-    unsupported = "" if ok else reason
-    if ok and user is None:
-        unsupported = "uid separation was turned off for this run"
-    if backends is None or cells is None:
-        uid, _ = separation.harness_ids()
-        return {
-            "separated": False,
-            "measured": False,
-            "harness_uid": uid,
-            "payload_uid": user.uid if user is not None else uid,
-            "payload_user": user.name if user is not None else None,
-            "reason": "not measured yet: the run has judged no cell"
-            + (f" ({unsupported})" if unsupported else ""),
-        }
-    return separation.measure(user, backends, cells, unsupported=unsupported)
 
 
 def give(path: Path, user: PayloadUser | None, *, recursive: bool = False) -> None:

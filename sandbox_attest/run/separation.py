@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from sandbox_attest.host.trust import separation_possible
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
@@ -290,6 +292,41 @@ def measure(
         for name, rows in sorted(by_backend.items())
     }
     return summarize(facts, harness, user, unsupported)
+
+
+def trust_domains(
+    user: PayloadUser | None,
+    backends: Mapping[str, object] | None = None,
+    cells: Iterable[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The fact the signed statement records: who judged, and who ran the judged code.
+
+    Measured, not declared (issue 23): with the run's `backends` and judged `cells`, every
+    uid and gid the host read of each backend's processes, and the uid the harness started
+    its commands with, decide (`measure`). Without them (the run
+    has not judged anything yet) the fact says "not measured" and is never separated.
+
+    Args:
+        user: the run's payload user (None: the harness cannot switch users).
+        backends: name -> backend object, every backend the run selected.
+        cells: the run's evidence cells, each with its `host_view`.
+    """
+    ok, reason = separation_possible()
+    unsupported = "" if ok else reason
+    if ok and user is None:
+        unsupported = "uid separation was turned off for this run"
+    if backends is None or cells is None:
+        uid, _ = harness_ids()
+        return {
+            "separated": False,
+            "measured": False,
+            "harness_uid": uid,
+            "payload_uid": user.uid if user is not None else uid,
+            "payload_user": user.name if user is not None else None,
+            "reason": "not measured yet: the run has judged no cell"
+            + (f" ({unsupported})" if unsupported else ""),
+        }
+    return measure(user, backends, cells, unsupported=unsupported)
 
 
 def summarize(

@@ -26,7 +26,7 @@ from sandbox_attest.backends.base import Availability
 from sandbox_attest.errors import ConfigError, FixtureError, HarnessError
 from sandbox_attest.host.lifetime import RunInterrupted, caught_signal
 from sandbox_attest.host.provenance import file_sha256
-from sandbox_attest.host.trust import payload_user, trust_domains
+from sandbox_attest.host.trust import payload_user
 from sandbox_attest.payload import SCRATCH_PREFIX
 from sandbox_attest.report.evidence import EvidenceWriter
 from sandbox_attest.report.policy import (
@@ -40,21 +40,15 @@ from sandbox_attest.report.policy import (
 from sandbox_attest.run.matrix import BackendRow, Cell, Matrix, current_platform
 from sandbox_attest.run.reach import Preflight, preflight, stage_payload_files, unstage
 from sandbox_attest.run.runner import CellRunner
+from sandbox_attest.run.separation import trust_domains
 from sandbox_attest.verdict import Verdict
 from sandbox_attest.world.core import World, start_world
 from sandbox_attest.world.lab import current_lab, world_fact
 
 if TYPE_CHECKING:
-    from sandbox_attest.attest import SignerFacts
     from sandbox_attest.attest.signer import Signer
-
-
-@dataclass(frozen=True)
-class Views:
-    """The rendered views of one run: report files by name, and allure-results/ files."""
-
-    files: dict[str, bytes]
-    allure: dict[str, bytes]
+    from sandbox_attest.report.build import Views
+    from sandbox_attest.report.signature import SignerFacts
 
 
 def new_run_id() -> str:
@@ -771,28 +765,10 @@ class RunSession:
         return attached
 
     def _render_views(self, evidence: dict[str, Any], signer: SignerFacts | None) -> Views:
-        """Every view of the judged evidence, through the one verdict mapping.
+        """Every view of the judged evidence, rendered once by `report.build.render_views`."""
+        from sandbox_attest.report.build import render_views  # noqa: PLC0415
 
-        junit.xml, report.html, summary.md and allure-results/ all come from `run_outcomes`
-        over these cells, so a CI check, an Allure dashboard and a reviewer's page decide
-        as the signed gate does (sandbox_attest/report/outcomes.py).
-        """
-        from sandbox_attest.attest.subjects import HTML, JUNIT, SARIF, SUMMARY  # noqa: PLC0415
-        from sandbox_attest.report.allure import render_allure  # noqa: PLC0415
-        from sandbox_attest.report.junit import render_junit  # noqa: PLC0415
-        from sandbox_attest.report.outcomes import run_outcomes  # noqa: PLC0415
-        from sandbox_attest.report.sarif import render_sarif  # noqa: PLC0415
-        from sandbox_attest.report.views import render_html, render_summary  # noqa: PLC0415
-
-        missing = self.missing_required()
-        outcomes = run_outcomes(evidence, self.policy, also_missing=missing)
-        files = {
-            JUNIT: render_junit(evidence, outcomes),
-            HTML: render_html(evidence, signer, self.policy, also_missing=missing).encode(),
-            SUMMARY: render_summary(evidence, signer, self.policy, also_missing=missing).encode(),
-            SARIF: render_sarif(evidence),
-        }
-        return Views(files, render_allure(evidence, outcomes))
+        return render_views(evidence, signer, self.policy, also_missing=self.missing_required())
 
     def _sign_and_render(self, evidence_bytes: bytes) -> list[str]:
         """Render the views from the judged evidence and have the signer write and sign all.
@@ -806,8 +782,8 @@ class RunSession:
         """
         import json  # noqa: PLC0415
 
-        from sandbox_attest.attest.subjects import ALLURE_DIR, EVIDENCE, HTML, JUNIT, SUMMARY  # noqa: PLC0415
-        from sandbox_attest.report.allure import write_results  # noqa: PLC0415
+        from sandbox_attest.report.build import write_allure  # noqa: PLC0415
+        from sandbox_attest.report.files import EVIDENCE, HTML, JUNIT, SUMMARY  # noqa: PLC0415
         from sandbox_attest.report.views.summary import append_step_summary  # noqa: PLC0415
 
         lines: list[str] = []
@@ -825,7 +801,7 @@ class RunSession:
                     lines.append(refusal)
             rendered = self._render_views(evidence, signer.facts)
             views = rendered.files
-            write_results(self.report_dir / ALLURE_DIR, rendered.allure)
+            write_allure(self.report_dir, rendered)
             reply = signer.sign_report(
                 self.report_dir,
                 {EVIDENCE: evidence_bytes, **views},
@@ -862,9 +838,8 @@ class RunSession:
         Returns:
             The files written (allure-results/ not included).
         """
-        from sandbox_attest.attest.subjects import ALLURE_DIR  # noqa: PLC0415
         from sandbox_attest.report import files as reportfs  # noqa: PLC0415
-        from sandbox_attest.report.allure import write_results  # noqa: PLC0415
+        from sandbox_attest.report.build import write_allure  # noqa: PLC0415
 
         written: dict[str, bytes] = {}
         rendered = self._render_views(evidence, None)
@@ -884,9 +859,9 @@ class RunSession:
         finally:
             os.close(dir_fd)
         try:
-            write_results(self.report_dir / ALLURE_DIR, rendered.allure)
+            write_allure(self.report_dir, rendered)
         except (HarnessError, OSError) as exc:
-            self.artifact_errors.append(f"{ALLURE_DIR}/ was not written: {exc}")
+            self.artifact_errors.append(f"{reportfs.ALLURE_DIR}/ was not written: {exc}")
         return written
 
     def _close_own_signer(self) -> None:

@@ -32,11 +32,12 @@ from sandbox_attest.attest.signer import Signer
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
 from sandbox_attest.attest.verify import Checks, verify_report
 from sandbox_attest.cli.release import register
-from sandbox_attest.host.trust import PayloadUser, trust_domains
+from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.report.files import make_report_dir
 from sandbox_attest.report.sarif import render_sarif
 from sandbox_attest.report.views import render_html, render_summary
 from sandbox_attest.run import separation
+from sandbox_attest.run.separation import trust_domains
 from tests.attest.builder import PAYLOAD_UID, build_report, make_cells, measured_domains, sign
 
 if TYPE_CHECKING:
