@@ -165,7 +165,12 @@ def home_of(ctx: CellContext) -> Path:
 
 
 class ProbeSpec(Protocol):
-    """The host side of one probe."""
+    """The host side of one probe: every hook the runner and the plugin call, by name.
+
+    A spec subclasses SpecBase, which gives the optional hooks (`corroboration`,
+    `look_paths`, `cleanup`, `not_applicable_here`, `not_applicable`, `not_claimed`,
+    `at_rendezvous`) defaults that change nothing; the rest each spec writes itself.
+    """
 
     id: str
     area: str  # net / dns / ipc / fs / env / proc / lifecycle / pkg: its module here
@@ -210,6 +215,37 @@ class ProbeSpec(Protocol):
 
     def cleanup(self, ctx: CellContext) -> None:
         """Remove what `prepare` planted outside `cell_dir` (the runner removes cell_dir)."""
+        ...
+
+    def not_applicable_here(self) -> str | None:
+        """Why this host cannot judge the probe at all (its control cannot work here), or None.
+
+        Asked before the run (sandbox_attest.plugin.applicable_here): every cell of the probe
+        is then NOT_APPLICABLE with this reason instead of INCONCLUSIVE.
+        """
+        ...
+
+    def not_applicable(self, egress: str) -> str | None:
+        """Why the probe tests nothing under a backend of this egress mode, or None.
+
+        `egress` is the backend's `egress_mode` ("direct-tcp", "shim", "own"); a reason
+        makes the cell NOT_APPLICABLE before anything is planted.
+        """
+        ...
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """Why the probe tests only a claim `policy` does not make, or None.
+
+        A reason makes the cell NOT_APPLICABLE, never FAIL (asked after `not_applicable`).
+        """
+        ...
+
+    def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any] | None:
+        """The spec's own host reading of the payload (host pid `pid`) while it waits.
+
+        Called at the host's rendezvous (sandbox_attest/run/hostview.py); a dict is stored in
+        `ctx.host_view` under the probe's id, None means the spec takes no reading.
+        """
         ...
 
 
@@ -346,6 +382,25 @@ class SpecBase:
     def cleanup(self, ctx: CellContext) -> None:
         """Nothing is planted outside `cell_dir` by default."""
         del ctx
+
+    def not_applicable_here(self) -> str | None:
+        """Every host can judge the probe by default."""
+        return None
+
+    def not_applicable(self, egress: str) -> str | None:
+        """The probe applies under every egress mode by default."""
+        del egress
+        return None
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """The probe tests no claim a backend may leave out, by default."""
+        del policy
+        return None
+
+    def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any] | None:
+        """No reading of the spec's own at the rendezvous by default (nothing is stored)."""
+        del ctx, pid
+        return None
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """No default: each spec lists its payload's attempts itself.

@@ -277,8 +277,8 @@ def applicable_here(cell: Cell) -> Cell:
         return cell
     from sandbox_attest.catalog import PROBES  # noqa: PLC0415
 
-    check = getattr(PROBES.get(cell.probe.id), "not_applicable_here", None)
-    reason = check() if callable(check) else None
+    spec = PROBES.get(cell.probe.id)
+    reason = spec.not_applicable_here() if spec is not None else None
     if reason is None:
         return cell
     import dataclasses  # noqa: PLC0415

@@ -567,15 +567,16 @@ class Rendezvous:
     Attributes:
         look: host paths the cell's spec asks about in the payload's view (`look_at`).
         hooks: readings a spec takes itself while the payload waits, by name: each is
-            called with the payload's host pid and its result stored under its name; one
-            that raises is recorded as not seen, with why, and never stops the others.
+            called with the payload's host pid and its result stored under its name (None:
+            no reading, nothing stored); one that raises is recorded as not seen, with why,
+            and never stops the others.
     """
 
     workspace: Path
     task_path: Path
     nonce: str
     look: Sequence[str] = ()
-    hooks: Mapping[str, Callable[[int], dict[str, Any]]] = field(default_factory=dict)
+    hooks: Mapping[str, Callable[[int], dict[str, Any] | None]] = field(default_factory=dict)
     view: dict[str, Any] = field(default_factory=dict)
     group: cellgroup.CellGroup | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -804,7 +805,12 @@ class Rendezvous:
         results: dict[str, Any] = {}
         for name, hook in self.hooks.items():
             try:
-                results[name] = hook(pid)
+                reading = hook(pid)
             except Exception as exc:  # a spec's reading must not end the view
                 results[name] = {"seen": False, "why": f"{type(exc).__name__}: {exc}"}
+                continue
+            # None: the spec takes no reading of its own (SpecBase.at_rendezvous); nothing
+            # is stored under its name, as if it had no hook.
+            if reading is not None:
+                results[name] = reading
         return results

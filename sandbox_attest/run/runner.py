@@ -222,8 +222,7 @@ def run_watched(
     look = spec.look_paths(ctx) if spec is not None else []
     # A spec-owned reading (dev_access lists the payload's /dev) runs at the same rendezvous,
     # so no spec keeps a polling thread of its own to find the payload.
-    at_rendezvous = getattr(spec, "at_rendezvous", None)
-    hooks = {ctx.probe: functools.partial(at_rendezvous, ctx)} if at_rendezvous is not None else {}
+    hooks = {ctx.probe: functools.partial(spec.at_rendezvous, ctx)} if spec is not None else {}
     watch = hostview.Rendezvous(request.workspace, task_path, ctx.nonce, look, hooks)
     watch.start()
     try:
@@ -270,14 +269,13 @@ class CellRunner:
             return entry | {"verdict": Verdict.UNAVAILABLE.value, "reason": avail.reason}
         # A probe that tests only something this backend's egress mode does not have (the
         # harness's in-sandbox route, under a wrapper's own proxy) says so, with the reason.
-        inapplicable = getattr(PROBES[cell.probe.id], "not_applicable", None)
+        spec = PROBES[cell.probe.id]
         egress = getattr(self.backends[cell.backend], "egress_mode", "")
-        why = inapplicable(egress) if inapplicable is not None else None
+        why = spec.not_applicable(egress)
         # A probe that tests only a claim this backend does not make (open reads, a
         # passthrough environment, no protected paths) is NOT_APPLICABLE, never FAIL.
-        claimed = getattr(PROBES[cell.probe.id], "not_claimed", None)
-        if not why and claimed is not None and avail.identity is not None:
-            why = claimed(avail.identity.policy)
+        if not why and avail.identity is not None:
+            why = spec.not_claimed(avail.identity.policy)
         if why:
             return entry | {"verdict": Verdict.NOT_APPLICABLE.value, "reason": why}
         try:
@@ -487,9 +485,7 @@ class CellRunner:
                 "control": {"host": control, "assessed": assessment.control},
             }
         finally:
-            cleanup = getattr(spec, "cleanup", None)
-            if cleanup is not None:
-                # Cleanup of canaries must not turn a verdict into a crash.
-                with contextlib.suppress(OSError, HarnessError):
-                    cleanup(ctx)
+            # Cleanup of canaries must not turn a verdict into a crash.
+            with contextlib.suppress(OSError, HarnessError):
+                spec.cleanup(ctx)
             shutil.rmtree(cell_dir, ignore_errors=True)
