@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final, Protocol
 
-from sandbox_attest.backends import win32 as w
+import sandbox_attest.backends.win32 as w
 from sandbox_attest.backends.base import (
     SHIM_PORT,
     Availability,
