@@ -51,14 +51,12 @@ from sandbox_attest.catalog.net import (
 from sandbox_attest.catalog.net.doh import NetDohBypass
 from sandbox_attest.catalog.net.ignored import NetProxyIgnored
 from sandbox_attest.catalog.net.metadata import NetMetadataService
-from sandbox_attest.catalog.net.protocol import (
-    NetDnsRebinding,
-    NetProxyRelay,
-    NetProxySmuggling,
-    NetProxyUpgrade,
-)
 from sandbox_attest.catalog.net.proxy_dns import NetProxyDnsExfil
+from sandbox_attest.catalog.net.rebinding import NetDnsRebinding
+from sandbox_attest.catalog.net.relay import NetProxyRelay
+from sandbox_attest.catalog.net.smuggling import NetProxySmuggling
 from sandbox_attest.catalog.net.socks import NetSocks5
+from sandbox_attest.catalog.net.upgrade import NetProxyUpgrade
 from sandbox_attest.catalog.pkg import PkgPipInstall
 from sandbox_attest.catalog.spec import (
     AttemptTable,

@@ -19,15 +19,11 @@ import pytest
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import CellContext
 from sandbox_attest.catalog.net.doh import NetDohBypass, doh_query
-from sandbox_attest.catalog.net.protocol import (
-    AUTH,
-    NetDnsRebinding,
-    NetProxyRelay,
-    NetProxySmuggling,
-    NetProxyUpgrade,
-    WireRequest,
-    _check_rebinding_answers,
-)
+from sandbox_attest.catalog.net.proxy_wire import AUTH, WireRequest
+from sandbox_attest.catalog.net.rebinding import NetDnsRebinding, _check_rebinding_answers
+from sandbox_attest.catalog.net.relay import NetProxyRelay
+from sandbox_attest.catalog.net.smuggling import NetProxySmuggling
+from sandbox_attest.catalog.net.upgrade import NetProxyUpgrade
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Verdict, decide
 from sandbox_attest.world.core import WitnessRecords

@@ -2,10 +2,11 @@
 
 Through the proxy, each module is one mechanism: `allowlist` (a denied host refused, an allowed
 one carrying 18 MiB), `confusion` (spellings, ports, Host headers, keep-alive), `private_address`
-(a name resolving to a non-global address), `protocol` (raw bytes that hide a request, DNS
-rebinding), and `doh`, `proxy_dns`, `socks`, `ignored`, `metadata`. `route` reads requests
-through the proxy for those probes to share. `witness` holds the per-cell loopback listeners
-both kinds use; `route` and `direct` never import each other.
+(a name resolving to a non-global address), `smuggling`, `upgrade` and `relay` (raw bytes
+that hide a request), `rebinding` (a DNS answer that changes between check and dial), and `doh`,
+`proxy_dns`, `socks`, `ignored`, `metadata`. `route` reads requests through the proxy and
+`proxy_wire` raw bytes through it, for those probes to share. `witness` holds the per-cell
+loopback listeners both kinds use; `route` and `direct` never import each other.
 """
 
 from __future__ import annotations
