@@ -360,7 +360,7 @@ def tmp_entries(private: Path) -> tuple[str, ...]:
     """
     found = [str(p) for p in private.iterdir()] if private.is_dir() else []
     try:
-        from sandbox_attest.run import sweep  # noqa: PLC0415  (the same journal the clone's runs use)
+        from sandbox_attest.host import journal as sweep  # noqa: PLC0415  (the same journal the clone's runs use)
 
         live = sweep.live_entries()
     except Exception as exc:  # a snapshot says what it could not read

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import IO
 
 from sandbox_attest.backends.base import START_MARKER, ProbeRun
+from sandbox_attest.host import cellgroup
 from sandbox_attest.host.trust import PayloadUser
-from sandbox_attest.run import cellgroup
 
 # A probe prints two short lines. Anything beyond this is noise or an attack on the
 # harness's memory; keep the head (where the marker and the JSON line are) and say so.
@@ -183,7 +183,7 @@ def _spawn(
         # The wrapper dies with the harness even under SIGKILL (its group is killed on
         # timeout by us; after our death only the kernel can): sandbox_attest/host/lifetime.py.
         # It starts inside the cell's group, where the host finds every process it makes
-        # (sandbox_attest/run/cellgroup.py).
+        # (sandbox_attest/host/cellgroup.py).
         **cellgroup.spawn_kwargs(argv, env),
     )
 

@@ -44,7 +44,7 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
 )
 from sandbox_attest.host import disguise
-from sandbox_attest.run.sweep import recorded_leftovers
+from sandbox_attest.host.journal import recorded_leftovers
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 # lifecycle_orphans

@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest.catalog.canary import call_as, site_moved
 from sandbox_attest.host import disguise
+from sandbox_attest.host import journal as sweep
 from sandbox_attest.host.safefs import Identity, SafeDir, UnsafePathError, open_dir
-from sandbox_attest.run import sweep
 
 # The file name of a path witness and the abstract witness's name; the payload sends its
 # nonce only to sockets whose name starts with the prefix (probes/ipc_unix_socket_escape.py).

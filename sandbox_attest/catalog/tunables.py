@@ -53,9 +53,9 @@ from sandbox_attest.catalog.spec import (
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host import disguise, lifetime, safefs
+from sandbox_attest.host.cellgroup import run_cgroup
 from sandbox_attest.host.cgroupfs import own_v2_dir, remove_cgroup_tree
 from sandbox_attest.host.interpreter import payload_interpreter
-from sandbox_attest.run.cellgroup import run_cgroup
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 __all__ = ["LINUX_ONLY_REASON", "ProcKernelTunables"]

@@ -47,8 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from sandbox_attest.host import disguise
-from sandbox_attest.run import cellgroup
+from sandbox_attest.host import cellgroup, disguise
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

@@ -68,8 +68,10 @@ def with_spec_backends(
         The matrix with the specs' rows, and the chosen names with the specs' names added.
     """
     from sandbox_attest.backends import register_spec  # noqa: PLC0415
-    from sandbox_attest.backends.command import resolve_spec  # noqa: PLC0415
-    from sandbox_attest.backends.spec import load_spec  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec_load import (
+        load_spec,
+        resolve_spec,
+    )
 
     known = {row.name for row in matrix.backends}
     files = [
@@ -119,7 +121,7 @@ def check_names(matrix: Matrix, policy: Policy) -> None:
     Raises:
         ConfigError: naming the unknown name, the file it is in, and the known names.
     """
-    from sandbox_attest.backends.command import resolve_spec, specs_dir  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec_load import resolve_spec, specs_dir  # noqa: PLC0415
     from sandbox_attest.catalog import PROBES  # noqa: PLC0415
 
     for row in matrix.probes:
@@ -705,7 +707,7 @@ class RunSession:
         A SIGKILLed run cannot remove its scratch or containers; the next run's sweep finds
         them through this entry once this process is gone.
         """
-        from sandbox_attest.run import sweep  # noqa: PLC0415
+        from sandbox_attest.host import journal as sweep  # noqa: PLC0415
 
         if self.scratch is None:
             return
@@ -720,7 +722,7 @@ class RunSession:
             self.swept_lines = [*self.swept_lines, f"swept: scratch not journalled: {exc}"]
 
     def _unjournal_scratch(self) -> None:
-        from sandbox_attest.run import sweep  # noqa: PLC0415
+        from sandbox_attest.host import journal as sweep  # noqa: PLC0415
 
         try:
             sweep.forget(self._journal_key())

@@ -1,23 +1,18 @@
-"""What a killed run left behind: a journal written before it is made, and the next run's sweep.
+"""What a killed run left behind: the next run's sweep of it.
 
 A run plants files on the host (the world's scratch directory under /tmp, nonce-named
 canaries in the payload user's home and in /tmp) and starts processes and containers. When it
 ends normally it removes them itself; SIGKILL leaves them. So, before it makes any of them, a
-run writes a journal entry saying what it is about to make and who it is (pid, the pid's start
-time, the boot), and removes the entry when the thing is gone. The next run starts with
-`sweep()`: every entry whose owner is no longer that live process is acted on (its paths
-removed, its empty created directories removed) and the entry deleted.
+run writes a journal entry saying what it is about to make and who it is
+(`sandbox_attest.host.journal`: the record half, below the backends and the catalogue that
+write it). The next run starts with `sweep()`: every entry whose owner is no longer that live
+process is acted on (its paths removed, its empty created directories removed) and the entry
+deleted.
 
 Never a live run's: an entry is swept only when its owner is provably gone (no such pid, or
 a pid reused since, or another boot), so two concurrent runs never sweep each other. Things
 no entry claims (left by a harness that predates the journal) are swept only when they are
 the harness's by name and owner and have not changed for `STALE_AGE_S`: longer than any run.
-
-Where the journal lives: `/var/lib/sandbox-attest/journal/` as root, else
-`$XDG_STATE_HOME/sandbox-attest/journal/` (default `~/.local/state`), 0700 and the harness's
-own, or `$SANDBOX_ATTEST_STATE_DIR/journal/`. It is the harness's, never the payload user's:
-a payload that could write an entry could make the next run (as root) remove a path of its
-choosing.
 
 Why canaries still go into a home (issue 18, item 4): `fs_read_secrets` asks whether a sandbox
 shows untrusted code the home it runs in, so the canaries must be where that home is. As root
@@ -26,14 +21,13 @@ harness user's real home, and the journal is what guarantees a killed run's fake
 
 What it does not do: it never kills a process that is not an orphaned anchor or proxy of the
 harness (payloads that daemonize on purpose are a live cell's evidence), and it never removes
-a docker container itself (`sandbox_attest.backends.docker.sweep_stale_containers` does, asked
-here).
+a docker container itself (`sandbox_attest.backends.docker.stale.sweep_stale_containers` does,
+asked here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -41,17 +35,14 @@ import stat
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sandbox_attest.errors import ConfigError
 from sandbox_attest.host import cgroupfs, disguise
+from sandbox_attest.host.journal import entry_owner, journal_dir, live_entries, read_entry
 from sandbox_attest.host.safefs import UnsafePathError, open_dir
 
-STATE_ENV: Final = "SANDBOX_ATTEST_STATE_DIR"
-ROOT_STATE_DIR: Final = Path("/var/lib/sandbox-attest")
-JOURNAL: Final = "journal"
 # Longer than any run (the full matrix takes minutes): an unjournalled leftover older than this
 # belongs to no live run, even one of a harness that predates the journal.
 STALE_AGE_S: Final = 6 * 3600.0
@@ -91,7 +82,7 @@ LEGACY_ANCHOR_MARKER: Final = disguise.LEGACY_ANCHOR_MARKER.encode()
 # The package was called `harness` before it was `sandbox_attest`: a proxy orphaned by a run of
 # that version is still the harness's, and the first run after an upgrade sweeps it too.
 PROXY_MODULES: Final = (b"sandbox_attest.world.egress.proxy", b"harness.egress.proxy")
-# A run's cgroup (sandbox_attest/run/cellgroup.py RUN_PREFIX): the only kind of directory the sweep
+# A run's cgroup (sandbox_attest/host/cellgroup.py RUN_PREFIX): the only kind of directory the sweep
 # kills in and removes from a journal entry's `cgroup`.
 RUN_CGROUP_PREFIX: Final = disguise.RUN_CGROUP_PREFIX
 # A run's cgroup named before the rename (for one release): the sweep still removes it.
@@ -111,164 +102,6 @@ def is_harness_child(argv: list[bytes]) -> bool:
     titled = argv[2] == PROXY_TITLE_MODULE and config.startswith(PROXY_CONFIG_PREFIX)
     proxy = argv[1] == b"-m" and (argv[2] in PROXY_MODULES or titled)
     return anchor or proxy
-
-
-def state_dir() -> Path:
-    """The harness's state directory (see the module docstring for which one)."""
-    override = os.environ.get(STATE_ENV)
-    if override:
-        return Path(override)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return ROOT_STATE_DIR
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "sandbox-attest"
-
-
-def journal_dir() -> Path:
-    """The journal directory, created 0700 and checked to be this user's alone.
-
-    Raises:
-        ConfigError: it exists but is a symlink, someone else's, or writable by others
-            (the message names the path and the fix).
-    """
-    path = state_dir() / JOURNAL
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.lstat()
-    if (
-        not stat.S_ISDIR(info.st_mode)
-        or info.st_uid != os.geteuid()
-        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    ):
-        raise ConfigError(
-            f"the harness journal {path} is not a directory that only uid {os.geteuid()} "
-            f"can write (mode {stat.filemode(info.st_mode)}, owner {info.st_uid}); remove it "
-            f"or point ${STATE_ENV} elsewhere"
-        )
-    return path
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (start time since boot), or None if there is no such pid."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has finished; only its parent's wait is missing
-        return None
-    return int(fields[19])
-
-
-@dataclass(frozen=True)
-class Owner:
-    """A process, identified so that a reused pid is not mistaken for it.
-
-    Get the current one from `Owner.current()`.
-    """
-
-    pid: int
-    start: int | None
-    boot: str
-
-    @classmethod
-    def current(cls) -> Owner:
-        """This process."""
-        return cls(os.getpid(), _start_ticks(os.getpid()), _boot_id())
-
-    def alive(self) -> bool:
-        """Whether this very process still runs (same boot, same pid, same start time)."""
-        if self.boot != _boot_id():
-            return False
-        ticks = _start_ticks(self.pid)
-        return ticks is not None and ticks == self.start
-
-
-def record(key: str, paths: list[Path], *, dirs: tuple[Path, ...] = (), **facts: Any) -> Path:
-    """Journal that this process is about to make `paths`; call before making them.
-
-    Call it again with the same key to change the entry (a directory created after all).
-    The write is atomic (a new file renamed over the old), so a SIGKILL leaves the old
-    entry or the new one, never half of one.
-
-    Args:
-        key: unique per thing made (e.g. "canary-fs_read_secrets-<nonce>"); [A-Za-z0-9_.-].
-        paths: files or directories to remove if the owner dies first.
-        dirs: directories this process created to hold them: removed only if empty.
-        **facts: more JSON facts for the sweep (e.g. `run_id`, `docker_run_ids`).
-
-    Returns:
-        The entry's path.
-
-    Raises:
-        ConfigError: the journal directory is unsafe (see `journal_dir`).
-        ValueError: `key` has characters outside [A-Za-z0-9_.-].
-    """
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", key):
-        msg = f"journal key {key!r} must be made of [A-Za-z0-9_.-] only"
-        raise ValueError(msg)
-    directory = journal_dir()
-    entry = {
-        "owner": asdict(Owner.current()),
-        "paths": [str(p) for p in paths],
-        "dirs": [str(d) for d in dirs],
-        "recorded_at": time.time(),
-        **facts,
-    }
-    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(entry, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    target = directory / f"{key}.json"
-    Path(tmp).replace(target)
-    return target
-
-
-def forget(key: str) -> None:
-    """Remove the journal entry `key` (what it listed is gone); missing is fine."""
-    with contextlib.suppress(FileNotFoundError):
-        (journal_dir() / f"{key}.json").unlink()
-
-
-# What a backend's own sweep killed after one cell's run (sandbox_attest/backends/command.py's
-# LeftoverWatcher), kept in the cell dir for the assessors: `lifecycle_orphans` counts each as
-# an escape, since the sandbox let it outlive the payload and only the harness ended it. The
-# cell dir is the harness's, never the payload user's, so the payload cannot write or hide it.
-LEFTOVERS_FILE: Final = "leftovers.json"
-
-
-def record_leftovers(cell_dir: Path, killed: dict[int, str]) -> None:
-    """Record in `cell_dir` the processes a run's sweep killed (`pid -> "pid (command)"`).
-
-    Nothing is written when nothing was killed. A symlink planted in its place is refused
-    (O_NOFOLLOW), not followed.
-    """
-    if not killed:
-        return
-    body = json.dumps({"killed": {str(pid): what for pid, what in sorted(killed.items())}})
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-    fd = os.open(cell_dir / LEFTOVERS_FILE, flags, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(body)
-
-
-def recorded_leftovers(cell_dir: Path) -> list[str]:
-    """What `record_leftovers` wrote for this cell, by pid; [] when nothing was killed."""
-    try:
-        data = json.loads((cell_dir / LEFTOVERS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    killed = data.get("killed") if isinstance(data, dict) else None
-    if not isinstance(killed, dict):
-        return []
-    return [str(v) for _, v in sorted(killed.items(), key=lambda kv: str(kv[0]))]
 
 
 @dataclass(frozen=True)
@@ -317,49 +150,6 @@ def _remove_path(path: Path, why: str) -> Swept | None:
     return Swept("path", str(path), why)
 
 
-def _load(entry: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(entry.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _owner_of(data: dict[str, Any]) -> Owner | None:
-    raw = data.get("owner")
-    if not isinstance(raw, dict):
-        return None
-    try:
-        return Owner(int(raw["pid"]), raw.get("start"), str(raw.get("boot", "")))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def live_entries() -> list[dict[str, Any]]:
-    """Journal entries whose owner still runs (a concurrent run's), parsed."""
-    out = []
-    for entry in sorted(journal_dir().glob("*.json")):
-        data = _load(entry)
-        owner = _owner_of(data) if data is not None else None
-        if data is not None and owner is not None and owner.alive():
-            out.append(data)
-    return out
-
-
-def dead_entries() -> list[Path]:
-    """Journal entries whose owner is gone (or unreadable): what the next sweep acts on.
-
-    A soak (bench/soak.py) counts these as left behind; entries of live runs are not.
-    """
-    found = []
-    for entry in sorted(journal_dir().glob("*.json")):
-        data = _load(entry)
-        owner = _owner_of(data) if data is not None else None
-        if owner is None or not owner.alive():
-            found.append(entry)
-    return found
-
-
 def sweep_journal() -> tuple[list[Swept], set[str]]:
     """Act on every entry whose owner is gone, then delete the entry.
 
@@ -369,8 +159,8 @@ def sweep_journal() -> tuple[list[Swept], set[str]]:
     swept: list[Swept] = []
     dead_docker: set[str] = set()
     for entry in sorted(journal_dir().glob("*.json")):
-        data = _load(entry)
-        owner = _owner_of(data) if data is not None else None
+        data = read_entry(entry)
+        owner = entry_owner(data) if data is not None else None
         if data is not None and owner is not None and owner.alive():
             continue
         why = (
@@ -398,7 +188,7 @@ def sweep_journal() -> tuple[list[Swept], set[str]]:
 
 
 def _remove_run_cgroup(path: Path, why: str) -> Swept:
-    """Kill what a dead run left in its cgroup (sandbox_attest/run/cellgroup.py), remove the groups.
+    """Kill what a dead run left in its cgroup (host/cellgroup.py), remove the groups.
 
     Only a directory that is a run's cgroup by name, on a cgroup2 mount, is touched: the
     journal is the harness's alone, but a path that is anything else is refused, not acted on.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import time
 
-from sandbox_attest.backends.command import LeftoverWatcher
-from sandbox_attest.run import cellgroup
+from sandbox_attest.backends.command.leftovers import LeftoverWatcher
+from sandbox_attest.host import cellgroup
 
 
 def test_a_child_ending_on_its_own_is_not_the_harness_kill() -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.catalog.controls import save_state
-from sandbox_attest.catalog.ipc import IpcUnixSocketEscape
+from sandbox_attest.catalog.ipc.unix_socket import IpcUnixSocketEscape
 from sandbox_attest.catalog.socket_witness import (
     WitnessSockets,
     abstract_names,
@@ -32,6 +32,7 @@ from sandbox_attest.catalog.socket_witness import (
     walk_socket_dirs,
     witness_name,
 )
+from sandbox_attest.host.journal import JOURNAL, STATE_ENV
 from sandbox_attest.run import sweep
 from sandbox_attest.verdict import Verdict, decide
 from tests.catalog.test_proc import CONFINED, OK_CONTROL, OPEN, Records, att, make_ctx
@@ -41,8 +42,8 @@ from tests.catalog.test_proc import CONFINED, OK_CONTROL, OPEN, Records, att, ma
 def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The sweep journal lives in this test's directory."""
     state = tmp_path / "state"
-    monkeypatch.setenv(sweep.STATE_ENV, str(state))
-    return state / sweep.JOURNAL
+    monkeypatch.setenv(STATE_ENV, str(state))
+    return state / JOURNAL
 
 
 @pytest.fixture

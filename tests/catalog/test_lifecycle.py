@@ -30,7 +30,7 @@ from sandbox_attest.catalog.lifecycle import (
     find_orphans,
 )
 from sandbox_attest.catalog.spec import CellContext
-from sandbox_attest.run.sweep import LEFTOVERS_FILE, record_leftovers, recorded_leftovers
+from sandbox_attest.host.journal import LEFTOVERS_FILE, record_leftovers, recorded_leftovers
 from sandbox_attest.verdict import decide
 
 CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_attest.host import journal
 from sandbox_attest.host.jsonlines import read_complete_lines
 from sandbox_attest.payload import SCRATCH_PREFIX
 from sandbox_attest.run import sweep
@@ -142,7 +143,7 @@ class FaultRun:
             assert self.proc.poll() is None, self.proc.communicate()
             assert time.monotonic() < deadline, "the sandbox leg's first cell never started"
             time.sleep(0.02)
-        entry = sweep.journal_dir() / f"run-{self.run_id}.json"
+        entry = journal.journal_dir() / f"run-{self.run_id}.json"
         self.scratch = Path(json.loads(entry.read_text())["paths"][0])
         self.processes = descendants(self.proc.pid)
 
@@ -164,7 +165,7 @@ class FaultRun:
         assert still_alive(self.processes) == []
         assert self.scratch is not None
         assert not self.scratch.exists()
-        assert not (sweep.journal_dir() / f"run-{self.run_id}.json").exists()
+        assert not (journal.journal_dir() / f"run-{self.run_id}.json").exists()
         # Mounts of others (a docker engine's overlays) may come and go meanwhile: only a
         # mount that names this run, its scratch or the harness counts as left behind.
         new = mounts() - self.mounts_before

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_attest.host import journal
 from sandbox_attest.run import sweep
 from tests.integration.test_cli_run import CLI, keypair, run_cli, small_policy
 
@@ -117,7 +118,7 @@ class Run:
             assert self.proc.poll() is None, self.proc.communicate()
             assert time.monotonic() < deadline, "the proc_visibility cell never started"
             time.sleep(0.02)
-        entry = sweep.journal_dir() / f"run-{self.run_id}.json"
+        entry = journal.journal_dir() / f"run-{self.run_id}.json"
         scratch = Path(json.loads(entry.read_text())["paths"][0])
         processes = descendants(self.proc.pid)
         self.proc.send_signal(signum)
@@ -153,7 +154,7 @@ def test_signal_ends_in_a_signed_incomplete_report_and_nothing_left(
     # Nothing of the run is left: proxy, anchor, payloads, signer, and the scratch directory.
     assert still_alive(processes) == []
     assert not scratch.exists()
-    assert not (sweep.journal_dir() / f"run-{run.run_id}.json").exists()
+    assert not (journal.journal_dir() / f"run-{run.run_id}.json").exists()
 
 
 def test_sigkill_leaves_what_the_next_run_sweeps_and_reports(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.host import cgroupfs
+from sandbox_attest.host import cellgroup, cgroupfs, journal
 from sandbox_attest.host.trust import payload_user
-from sandbox_attest.run import cellgroup, sweep
+from sandbox_attest.run import sweep
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -141,7 +141,7 @@ class TestCgroup:
         sleeper = subprocess.Popen(["sleep", "30"])
         (path / "cell-1" / "cgroup.procs").write_text(str(sleeper.pid))
         key = f"cgroup-test-{os.getpid()}"
-        entry = sweep.record(key, [], cgroup=str(path))
+        entry = journal.record(key, [], cgroup=str(path))
         # Owned by a process that is gone: pid 0 never matches a live start time.
         data = entry.read_text().replace(f'"pid": {os.getpid()}', '"pid": 999999999')
         entry.write_text(data)

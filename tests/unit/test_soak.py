@@ -225,7 +225,7 @@ def test_only_journal_entries_of_gone_runs_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A live run's journal entry and the scratch it claims are its; a dead owner's is left."""
-    from sandbox_attest.run import sweep  # noqa: PLC0415  (after the state dir is set)
+    from sandbox_attest.host import journal as sweep  # noqa: PLC0415  (after the state dir is set)
 
     monkeypatch.setenv(sweep.STATE_ENV, str(tmp_path / "state"))
     live = sweep.record("run-live", [tmp_path / "scratch"], run_id="live")

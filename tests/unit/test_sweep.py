@@ -1,4 +1,4 @@
-"""run.sweep: real journal files, real dead and live owners, real orphaned processes."""
+"""host.journal and run.sweep: real journal files, dead and live owners, orphaned processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.host import disguise
+from sandbox_attest.host import disguise, journal
 from sandbox_attest.run import sweep
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -21,7 +21,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A state directory of the test's own, so no real run's journal is read or swept."""
     directory = tmp_path / "state"
-    monkeypatch.setenv(sweep.STATE_ENV, str(directory))
+    monkeypatch.setenv(journal.STATE_ENV, str(directory))
     return directory
 
 
@@ -29,8 +29,8 @@ def record_from_a_process_that_exits(key: str, paths: list[Path], **facts: str) 
     """Journal `paths` from a child process that then exits (a run killed after planting)."""
     code = (
         f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-        "from sandbox_attest.run import sweep; "
-        f"sweep.record({key!r}, [Path(p) for p in {list(map(str, paths))!r}], **{facts!r})"
+        "from sandbox_attest.host import journal; "
+        f"journal.record({key!r}, [Path(p) for p in {list(map(str, paths))!r}], **{facts!r})"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
 
@@ -55,32 +55,32 @@ class TestJournal:
         assert not canary.exists()
         assert [s.target for s in swept] == [str(canary)]
         assert "left by run r1" in swept[0].why
-        assert list(sweep.journal_dir().glob("*.json")) == []
+        assert list(journal.journal_dir().glob("*.json")) == []
 
     def test_live_owners_entry_and_paths_are_kept(self, tmp_path: Path) -> None:
         """An entry of this (live) process is not swept: a concurrent run is never touched."""
         canary = tmp_path / f"{disguise.CANARY_PREFIX}live"
         canary.write_text("x")
-        sweep.record("canary-live", [canary])
+        journal.record("canary-live", [canary])
         swept, _ = sweep.sweep_journal()
         assert swept == []
         assert canary.exists()
-        sweep.forget("canary-live")
-        assert list(sweep.journal_dir().glob("*.json")) == []
+        journal.forget("canary-live")
+        assert list(journal.journal_dir().glob("*.json")) == []
 
     def test_a_reused_pid_is_not_the_owner(self) -> None:
         """The same pid with another start time is another process: not alive as the owner."""
-        me = sweep.Owner.current()
+        me = journal.Owner.current()
         assert me.alive()
-        assert not sweep.Owner(me.pid, (me.start or 0) + 1, me.boot).alive()
-        assert not sweep.Owner(me.pid, me.start, "another-boot").alive()
+        assert not journal.Owner(me.pid, (me.start or 0) + 1, me.boot).alive()
+        assert not journal.Owner(me.pid, me.start, "another-boot").alive()
 
     def test_docker_run_ids_of_dead_runs_are_returned(self, tmp_path: Path) -> None:
         """The docker run ids a dead run journalled come back for the container sweep."""
         code = (
             f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-            "from sandbox_attest.run import sweep; "
-            f"sweep.record('run-x', [Path({str(tmp_path / 'gone')!r})], docker_run_ids=['d1'])"
+            "from sandbox_attest.host import journal; "
+            f"journal.record('run-x', [Path({str(tmp_path / 'gone')!r})], docker_run_ids=['d1'])"
         )
         subprocess.run([sys.executable, "-c", code], check=True)
         _, dead = sweep.sweep_journal()
@@ -94,8 +94,8 @@ class TestJournal:
         (full / "credentials").write_text("real")
         code = (
             f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-            "from sandbox_attest.run import sweep; "
-            f"sweep.record('k', [], dirs=(Path({str(empty)!r}), Path({str(full)!r})))"
+            "from sandbox_attest.host import journal; "
+            f"journal.record('k', [], dirs=(Path({str(empty)!r}), Path({str(full)!r})))"
         )
         subprocess.run([sys.executable, "-c", code], check=True)
         sweep.sweep_journal()
@@ -106,13 +106,13 @@ class TestJournal:
         """A journal directory others can write is refused, naming the fix."""
         (state / "journal").mkdir(parents=True)
         (state / "journal").chmod(0o777)
-        with pytest.raises(ConfigError, match=sweep.STATE_ENV):
-            sweep.journal_dir()
+        with pytest.raises(ConfigError, match=journal.STATE_ENV):
+            journal.journal_dir()
 
     def test_key_with_a_slash_is_refused(self) -> None:
         """A key cannot name a file outside the journal."""
         with pytest.raises(ValueError, match="A-Za-z0-9"):
-            sweep.record("../escape", [])
+            journal.record("../escape", [])
 
 
 class TestUnjournalled:
@@ -152,12 +152,12 @@ class TestUnjournalled:
         canary.write_text("x")
         long_ago = time.time() - sweep.STALE_AGE_S - 60
         os.utime(canary, (long_ago, long_ago))
-        sweep.record("claimed", [canary])
+        journal.record("claimed", [canary])
         try:
             assert sweep.sweep_unjournalled(tmp_path, [], {os.geteuid()}) == []
             assert canary.exists()
         finally:
-            sweep.forget("claimed")
+            journal.forget("claimed")
 
     def test_leftover_of_another_uid_stays(self, tmp_path: Path) -> None:
         """An old harness-named file of a uid not given as an owner is not swept."""
@@ -240,8 +240,8 @@ class TestSweepFollowsNoPayloadLink:
         os.lchown(home / ".ssh", 65534, 65534)
         code = (
             f"import sys; sys.path.insert(0, {ROOT!r}); from pathlib import Path; "
-            "from sandbox_attest.run import sweep; "
-            f"sweep.record('k', [Path({str(home / '.ssh' / 'canary')!r})], "
+            "from sandbox_attest.host import journal; "
+            f"journal.record('k', [Path({str(home / '.ssh' / 'canary')!r})], "
             f"dirs=(Path({str(home / '.ssh' / 'share')!r}),))"
         )
         subprocess.run([sys.executable, "-c", code], check=True)

@@ -37,8 +37,8 @@ switch).
 
 Leftovers are found through the group too (no run tag in any environment): whatever is still
 in a cell's group once its wrapper has exited is a leftover. The per-run parent's path is
-journalled (`sandbox_attest.run.sweep`), so the next run kills what a killed run left in it and
-removes the groups.
+journalled (`sandbox_attest.host.journal`), so the next run's sweep (`sandbox_attest.run.sweep`)
+kills what a killed run left in it and removes the groups.
 """
 
 from __future__ import annotations
@@ -58,14 +58,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.host import lifetime
+from sandbox_attest.host import disguise, journal, lifetime
 from sandbox_attest.host.cgroupfs import (
     cgroup_members,
     kernel_at_least,
     own_v2_dir,
     remove_cgroup_tree,
 )
-from sandbox_attest.run import sweep
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterator, Sequence
@@ -73,7 +72,7 @@ if TYPE_CHECKING:
 CGROUP: Final = "cgroup"
 SUBTREE: Final = "subtree"
 # The per-run parent's name: the harness's pid and a random tag (a reused pid is a new name).
-RUN_PREFIX: Final = sweep.RUN_CGROUP_PREFIX
+RUN_PREFIX: Final = disguise.RUN_CGROUP_PREFIX
 # The kernel that checks a move against the opener's credentials (see the module docstring).
 OPEN_TIME_CREDS: Final = (5, 16)
 # Linux <linux/prctl.h>.
@@ -122,14 +121,14 @@ def _make_run_cgroup() -> _RunCgroup:  # noqa: PLR0911  (one return per reason i
     key = JOURNAL_PREFIX + path.name
     # Journalled before it exists: a run killed right after the mkdir still has it swept.
     try:
-        sweep.record(key, [], cgroup=str(path))
+        journal.record(key, [], cgroup=str(path))
     except (OSError, ValueError, ConfigError) as exc:
         # Unjournalled, a killed run's group would stay for good: use the subtree instead.
         return _RunCgroup(None, f"cannot journal the run's cgroup ({exc})")
     try:
         path.mkdir(mode=0o755)
     except OSError as exc:
-        sweep.forget(key)
+        journal.forget(key)
         return _RunCgroup(None, f"cannot create a cgroup under {base}: {exc.strerror}")
     run = _RunCgroup(path, "", key)
     atexit.register(_close_run, run)
@@ -142,7 +141,7 @@ def _close_run(run: _RunCgroup) -> None:
     notes = remove_cgroup_tree(run.path)
     if not notes:
         with contextlib.suppress(OSError, ValueError, ConfigError):
-            sweep.forget(run.journal_key)
+            journal.forget(run.journal_key)
 
 
 def run_cgroup() -> tuple[Path | None, str]:
