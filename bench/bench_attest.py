@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 
-from sandbox_attest.attest import SignerFacts, gate_for, sign_judged
+from sandbox_attest.attest import sign_judged
 from sandbox_attest.attest.keys import SigningKey, TrustedKey, private_key_pem
 from sandbox_attest.attest.signer import Signer
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
@@ -30,8 +30,9 @@ from sandbox_attest.attest.verify import Checks, verify_report
 from sandbox_attest.report import files as reportfs
 from sandbox_attest.report.junit import render_junit
 from sandbox_attest.report.outcomes import run_outcomes
-from sandbox_attest.report.policy import Policy, load_policy
+from sandbox_attest.report.policy import Policy, gate_for, load_policy
 from sandbox_attest.report.sarif import render_sarif
+from sandbox_attest.report.signature import SignerFacts
 from sandbox_attest.report.views import render_html, render_summary
 from tests.attest.builder import build_report, make_cells, write_policy
 

@@ -24,12 +24,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 
-from sandbox_attest.attest import SignerFacts, gate_for, sign_judged
+from sandbox_attest.attest import sign_judged
 from sandbox_attest.attest.keys import SigningKey, private_key_pem
 from sandbox_attest.attest.signer import Signer
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SUMMARY
 from sandbox_attest.report.files import make_report_dir, open_report_dir
-from sandbox_attest.report.policy import Policy, load_policy
+from sandbox_attest.report.policy import Policy, gate_for, load_policy
+from sandbox_attest.report.signature import SignerFacts
 from sandbox_attest.report.views import render_html, render_summary
 from tests.attest.builder import build_report, make_cells, write_policy
 

@@ -4,8 +4,10 @@
 junit, the two rendered views), re-derives the gate from them, writes every file itself into
 the report directory (`reportfs`), and signs their digests. A run reaches it through the
 separate signer process (`sandbox_attest.attest.signer`), which alone holds the key; `sign_report`
-renders every view from a finished directory's evidence.json, as a run does, and signs it
-in-process (tests, benchmarks, re-signing).
+renders every view from a finished directory's evidence.json with `report.build`, as a run
+does, and signs it in-process (tests, benchmarks, re-signing). Imports flow one way: this
+package reads `report/` (the gate, the views' bytes, the report directory's files); nothing
+in `report/` imports it.
 `verify_report` and `merge_legs` are the release gate (`sandbox-attest verify` / `merge`,
 wired by `sandbox_attest.cli.release.register`).
 """
@@ -33,7 +35,6 @@ from sandbox_attest.attest.statement import (
     backend_records,
     ci_url,
     configuration,
-    default_platform,
     evidence_predicate,
     parse_evidence,
     report_entries,
@@ -46,7 +47,16 @@ from sandbox_attest.attest.statement import (
 )
 from sandbox_attest.errors import ConfigError, ReportError
 from sandbox_attest.report import files as reportfs
-from sandbox_attest.report.policy import CONTROL_BACKEND, Gate, Policy, evaluate, load_policy
+from sandbox_attest.report.build import render_views, write_allure
+from sandbox_attest.report.policy import (
+    CONTROL_BACKEND,
+    Gate,
+    Policy,
+    default_platform,
+    gate_for,
+    load_policy,
+)
+from sandbox_attest.report.signature import ED25519_ONLY, UNTRUSTED_LOCAL_NOTE, SignerFacts
 from sandbox_attest.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -58,17 +68,13 @@ EVIDENCE_NAME = subjects.EVIDENCE
 JUNIT_NAME = subjects.JUNIT
 HTML_NAME = subjects.HTML
 SUMMARY_NAME = subjects.SUMMARY
-UNTRUSTED_LOCAL_NOTE = "signed by an untrusted local key"
 
 __all__ = [
     "ATTESTATION_NAME",
     "SIGNING_NAME",
-    "UNTRUSTED_LOCAL_NOTE",
     "SignedReport",
-    "SignerFacts",
     "SigningKey",
     "TrustedKey",
-    "gate_for",
     "keyid_of",
     "load_signing_key",
     "load_trusted_key",
@@ -99,21 +105,6 @@ def policy_from_evidence(evidence: Mapping[str, Any]) -> Policy | None:
             # A policy edited since the run is not the one the run was held to.
             return policy if policy.sha256 == recorded.get("sha256") else None
     return None
-
-
-def gate_for(evidence: Mapping[str, Any], policy: Policy | None) -> Gate:
-    """The gate of one run's evidence under `policy` (None: the cells judged alone).
-
-    The one place signer, renderer and verify turn evidence into a gate, so they agree.
-    """
-    world = evidence.get("world")
-    return evaluate(
-        evidence["cells"],
-        policy,
-        default_platform=default_platform(evidence),
-        complete=evidence.get("complete") is True,
-        world=str(world.get("kind")) if isinstance(world, dict) else "not recorded",
-    )
 
 
 def _required_anywhere(
@@ -199,26 +190,6 @@ def signer_info(key: SigningKey) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class SignerFacts:
-    """What report.html and summary.md say about the signature, known before signing.
-
-    The views are signed subjects themselves, so they cannot quote the signature; they say
-    who signs (keyid, trust) and what keyless signing was set to do. Get one from
-    `SignerFacts.of` or from `sandbox_attest.attest.signer.Signer.facts`.
-    """
-
-    keyid: str
-    trust: str
-    sigstore_status: str
-    sigstore_reason: str
-
-    @classmethod
-    def of(cls, keyid: str, trust: str, decision: sigstore.SigstoreDecision) -> SignerFacts:
-        """Facts from the key's keyid and trust and `sigstore.decide`'s decision."""
-        return cls(keyid, trust, decision.status, decision.reason)
-
-
-@dataclass(frozen=True)
 class SignedReport:
     """What `sign_judged` did: the attestation's path, the gate it signed, keyless's outcome."""
 
@@ -271,6 +242,58 @@ def write_signing_sidecar(
         os.close(fd)
 
 
+def judged_gate(
+    report_dir: Path,
+    files: Mapping[str, bytes],
+    policy: Policy | None,
+    expected_gate: str | None,
+) -> tuple[dict[str, Any], Gate]:
+    """Steps 1 and 2 of `sign_judged`: the evidence handed over and the gate it gives.
+
+    Raises:
+        ReportError: a file is missing, evidence.json is malformed, or the gates differ.
+    """
+    missing = [name for name in subjects.FILE_SUBJECTS if name not in files]
+    if missing:
+        raise ReportError(
+            f"cannot sign {report_dir}: {missing[0]} was not handed to the signer; a signature "
+            f"must cover {', '.join(subjects.ALL_SUBJECTS)}"
+        )
+    evidence = parse_evidence(files[EVIDENCE_NAME], f"{report_dir / EVIDENCE_NAME}")
+    gate = gate_for(evidence, policy)
+    if expected_gate is not None and gate.result != expected_gate:
+        raise ReportError(
+            f"refusing to sign {report_dir}: the session judged the gate {expected_gate}, but "
+            f"the evidence handed to the signer gives {gate.result}"
+            + (f" ({gate.problems[0]})" if gate.problems else "")
+            + "; the evidence changed between judging and signing, so nothing is signed "
+            "(re-run into a new --out directory, and report it if it happens again)"
+        )
+    return evidence, gate
+
+
+def run_payloads(
+    evidence: Mapping[str, Any],
+    policy: Policy | None,
+    gate: Gate,
+    key: SigningKey,
+    report_files: Mapping[str, bytes],
+    allure: str,
+    env: Mapping[str, str],
+) -> list[bytes]:
+    """Step 5's statements: one test-result statement per backend, then the evidence one."""
+    return [
+        *sandbox_payloads(evidence, policy, report_entries(report_files, allure), env),
+        statement_bytes(
+            statement(
+                report_subjects(report_files, allure),
+                EVIDENCE_PREDICATE,
+                evidence_predicate(evidence, signer_info(key), gate),
+            )
+        ),
+    ]
+
+
 def sign_judged(
     report_dir: Path,
     dir_fd: int,
@@ -316,43 +339,18 @@ def sign_judged(
         ReportError: a file is missing, evidence.json is malformed, the gates differ, or a
             file cannot be written.
     """
-    missing = [name for name in subjects.FILE_SUBJECTS if name not in files]
-    if missing:
-        raise ReportError(
-            f"cannot sign {report_dir}: {missing[0]} was not handed to the signer; a signature "
-            f"must cover {', '.join(subjects.ALL_SUBJECTS)}"
-        )
-    evidence = parse_evidence(files[EVIDENCE_NAME], f"{report_dir / EVIDENCE_NAME}")
-    gate = gate_for(evidence, policy)
-    if expected_gate is not None and gate.result != expected_gate:
-        raise ReportError(
-            f"refusing to sign {report_dir}: the session judged the gate {expected_gate}, but "
-            f"the evidence handed to the signer gives {gate.result}"
-            + (f" ({gate.problems[0]})" if gate.problems else "")
-            + "; the evidence changed between judging and signing, so nothing is signed "
-            "(re-run into a new --out directory, and report it if it happens again)"
-        )
+    evidence, gate = judged_gate(report_dir, files, policy, expected_gate)
     for name in subjects.FILE_SUBJECTS:
         reportfs.write_new(dir_fd, name, files[name])
     here = reportfs.dir_path(dir_fd, report_dir)
     allure = subjects.tree_sha256(here / subjects.ALLURE_DIR)
     report_files = {n: files[n] for n in subjects.FILE_SUBJECTS}
-    subject_list = report_subjects(report_files, allure)
-    payloads = [
-        *sandbox_payloads(evidence, policy, report_entries(report_files, allure), env),
-        statement_bytes(
-            statement(
-                subject_list,
-                EVIDENCE_PREDICATE,
-                evidence_predicate(evidence, signer_info(key), gate),
-            )
-        ),
-    ]
+    payloads = run_payloads(evidence, policy, gate, key, report_files, allure, env)
     envelopes = envelope_lines(payloads, key)
     reportfs.write_new(dir_fd, ATTESTATION_NAME, envelopes)
     if keyless_refused:
         decision = sigstore.SigstoreDecision(
-            attempt=False, status=sigstore.ED25519_ONLY, reason=keyless_refused
+            attempt=False, status=ED25519_ONLY, reason=keyless_refused
         )
     else:
         decision = sigstore.sign_keyless(payloads, dir_fd, env)
@@ -397,13 +395,6 @@ def sign_report(
         ReportError: evidence.json is missing or malformed, or a view cannot be written.
         ConfigError: the directory is not the harness's own, or is writable by others.
     """
-    # Imported here: the renderers import this package (gate_for, SignerFacts).
-    from sandbox_attest.report.allure import render_allure, write_results  # noqa: PLC0415
-    from sandbox_attest.report.junit import render_junit  # noqa: PLC0415
-    from sandbox_attest.report.outcomes import run_outcomes  # noqa: PLC0415
-    from sandbox_attest.report.sarif import render_sarif  # noqa: PLC0415
-    from sandbox_attest.report.views import render_html, render_summary  # noqa: PLC0415
-
     env = os.environ if env is None else env
     dir_fd = reportfs.open_report_dir(report_dir)
     try:
@@ -412,16 +403,9 @@ def sign_report(
         if policy is None:
             policy = policy_from_evidence(evidence)
         facts = SignerFacts.of(key.keyid, key.trust, sigstore.decide(env))
-        outcomes = run_outcomes(evidence, policy)
-        here = reportfs.dir_path(dir_fd, report_dir)
-        write_results(here / subjects.ALLURE_DIR, render_allure(evidence, outcomes))
-        files = {
-            EVIDENCE_NAME: evidence_bytes,
-            JUNIT_NAME: render_junit(evidence, outcomes),
-            HTML_NAME: render_html(evidence, facts, policy).encode("utf-8"),
-            SUMMARY_NAME: render_summary(evidence, facts, policy).encode("utf-8"),
-            subjects.SARIF: render_sarif(evidence),
-        }
+        views = render_views(evidence, facts, policy)
+        write_allure(reportfs.dir_path(dir_fd, report_dir), views)
+        files = {EVIDENCE_NAME: evidence_bytes, **views.files}
         signed = sign_judged(
             report_dir, dir_fd, key, files, policy=policy, expected_gate=None, env=env
         )

@@ -27,9 +27,15 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.attest.statement import default_platform
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.report.policy import CARRIER_KEY, CONTROL_BACKEND, Gate, evaluate, missing_legs
+from sandbox_attest.report.policy import (
+    CARRIER_KEY,
+    CONTROL_BACKEND,
+    Gate,
+    default_platform,
+    evaluate,
+    missing_legs,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

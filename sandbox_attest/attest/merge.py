@@ -23,8 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.attest import (
     ATTESTATION_NAME,
-    UNTRUSTED_LOCAL_NOTE,
-    SignerFacts,
     signer_info,
     sigstore,
     write_envelopes,
@@ -47,6 +45,7 @@ from sandbox_attest.errors import ConfigError
 from sandbox_attest.report import files as reportfs
 from sandbox_attest.report.evidence import utc_now
 from sandbox_attest.report.policy import CONTROL_BACKEND
+from sandbox_attest.report.signature import UNTRUSTED_LOCAL_NOTE, SignerFacts
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
-from sandbox_attest.attest import EVIDENCE_NAME, SignerFacts, sign_judged
+from sandbox_attest.attest import EVIDENCE_NAME, sign_judged
 from sandbox_attest.attest.keys import (
     ENV_VAR,
     SigningKey,
@@ -72,11 +72,12 @@ from sandbox_attest.attest.keys import (
     load_signing_key,
     public_key_pem,
 )
-from sandbox_attest.attest.sigstore import ED25519_ONLY, OPT_OUT_VAR, SigstoreDecision, decide
+from sandbox_attest.attest.sigstore import OPT_OUT_VAR, SigstoreDecision, decide
 from sandbox_attest.errors import ConfigError, HarnessError, ReportError
 from sandbox_attest.host.proctitle import set_title, signer_title
 from sandbox_attest.report.files import open_report_dir
 from sandbox_attest.report.policy import Policy, parse_policy
+from sandbox_attest.report.signature import ED25519_ONLY, SignerFacts
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, MutableMapping

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.report import files as reportfs
+from sandbox_attest.report.signature import ED25519_ONLY, KEYLESS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -31,9 +32,7 @@ BUNDLES_NAME = "attestation.sigstore.jsonl"
 # The Ed25519 envelopes as Sigstore bundles with public-key verification material (issue 30).
 KEY_BUNDLES_NAME = "attestation.bundle.jsonl"
 OPT_OUT_VAR = "SANDBOX_ATTEST_SIGSTORE"  # "0" turns keyless signing off even in CI
-ED25519_ONLY = "ed25519 only"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
-KEYLESS = "ed25519 + sigstore keyless"
 
 
 @dataclass(frozen=True)

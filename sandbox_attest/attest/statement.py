@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.attest.subjects import ALLURE_SUBJECT, FILE_SUBJECTS
 from sandbox_attest.errors import ReportError
+from sandbox_attest.report.policy import default_platform
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -118,14 +119,6 @@ def read_evidence(path: Path) -> tuple[bytes, dict[str, Any]]:
             f"{path}: cannot read ({exc.strerror}); is this a report directory?"
         ) from exc
     return data, parse_evidence(data, str(path))
-
-
-def default_platform(evidence: Mapping[str, Any]) -> str:
-    """The run's platform name (`platform.system`), used for cells that do not name one."""
-    platform = evidence.get("platform")
-    if isinstance(platform, dict):
-        return str(platform.get("system", "unknown")).lower()
-    return "unknown"
 
 
 def _pinned(value: object) -> str:

@@ -15,16 +15,12 @@ from pathlib import Path
 
 from sandbox_attest.errors import ReportError
 
+# The report's file names are the report's own (`report.files`); they are named here again as
+# the signed subjects, so signer and verifier read `subjects.JUNIT` beside `FILE_SUBJECTS`.
+from sandbox_attest.report.files import ALLURE_DIR, EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, where verify runs too
 
-EVIDENCE = "evidence.json"
-JUNIT = "junit.xml"
-HTML = "report.html"
-SUMMARY = "summary.md"
-# Every FAIL cell as SARIF 2.1.0 for code scanning (sandbox_attest/report/sarif.py): what it says
-# is signed like the rest, so an upload cannot show escapes the signed gate does not.
-SARIF = "results.sarif"
-ALLURE_DIR = "allure-results"
 # A directory subject is named with a trailing slash, so a reader sees it is a tree digest.
 ALLURE_SUBJECT = ALLURE_DIR + "/"
 FILE_SUBJECTS = (EVIDENCE, JUNIT, HTML, SUMMARY, SARIF)
@@ -32,6 +28,22 @@ ALL_SUBJECTS = (*FILE_SUBJECTS, ALLURE_SUBJECT)
 # A merged release's own pages, at the top of the merged directory beside legs/: signed
 # subjects of the merged statement (sandbox_attest/report/views/release.py renders them).
 RELEASE_SUBJECTS = (HTML, SUMMARY)
+
+__all__ = [
+    "ALLURE_DIR",
+    "ALLURE_SUBJECT",
+    "ALL_SUBJECTS",
+    "EVIDENCE",
+    "FILE_SUBJECTS",
+    "HTML",
+    "JUNIT",
+    "RELEASE_SUBJECTS",
+    "SARIF",
+    "SUMMARY",
+    "read_tree",
+    "tree_digest_of",
+    "tree_sha256",
+]
 
 
 def tree_sha256(root: Path) -> str:

@@ -48,10 +48,8 @@ from typing import TYPE_CHECKING, Any
 from sandbox_attest.attest import (
     ATTESTATION_NAME,
     EVIDENCE_NAME,
-    UNTRUSTED_LOCAL_NOTE,
     backend_gate,
     dsse,
-    gate_for,
 )
 from sandbox_attest.attest.keys import read_untrusted_keyids, untrusted_registry_path
 from sandbox_attest.attest.legs import Combined, ExpectedLegs, combine, leg_digests
@@ -63,7 +61,6 @@ from sandbox_attest.attest.statement import (
     TEST_RESULT_PREDICATE,
     VSA_PREDICATE,
     backend_records,
-    default_platform,
     parse_evidence,
     parse_statement,
     sandbox_subjects,
@@ -85,9 +82,12 @@ from sandbox_attest.report.policy import (
     Gate,
     cell_leg,
     claim_problems,
+    default_platform,
+    gate_for,
     leg_claims,
     missing_legs,
 )
+from sandbox_attest.report.signature import UNTRUSTED_LOCAL_NOTE
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

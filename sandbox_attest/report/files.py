@@ -37,6 +37,18 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 DIR_MODE = 0o700
 FIX_OUT = "pass a new or empty directory"
 
+# The files of a report directory a person reads. `sandbox_attest.attest.subjects` names
+# which of them a signature covers; they are named here, below it, so the renderers
+# (`report/build.py`) and the signer agree on the names without the views importing `attest`.
+EVIDENCE = "evidence.json"
+JUNIT = "junit.xml"
+HTML = "report.html"
+SUMMARY = "summary.md"
+# Every FAIL cell as SARIF 2.1.0 for code scanning (sandbox_attest/report/sarif.py): what it says
+# is signed like the rest, so an upload cannot show escapes the signed gate does not.
+SARIF = "results.sarif"
+ALLURE_DIR = "allure-results"
+
 
 def _euid() -> int | None:
     return os.geteuid() if hasattr(os, "geteuid") else None

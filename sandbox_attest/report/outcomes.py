@@ -41,8 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from sandbox_attest.attest import gate_for
-from sandbox_attest.report.policy import CONTROL_BACKEND, cell_leg
+from sandbox_attest.report.policy import CONTROL_BACKEND, cell_leg, gate_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

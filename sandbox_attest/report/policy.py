@@ -349,6 +349,28 @@ def _world_problems(
     ]
 
 
+def _coverage_problems(
+    required: set[tuple[str, str, str]],
+    seen: set[tuple[str, str, str]],
+    has_cells: bool,
+    confined_judged: bool,
+) -> list[str]:
+    """A required cell the evidence lacks, and a run whose only judged leg is the control."""
+    problems = [
+        f"missing required cell {backend}-{probe} on {platform}: the policy requires it to "
+        "PASS but the evidence has no such cell"
+        for platform, backend, probe in required
+        if (platform, backend, probe) not in seen
+    ]
+    if has_cells and not confined_judged:
+        problems.append(
+            f"no required cell of a sandbox backend was judged: the control leg "
+            f"`{CONTROL_BACKEND}` alone attests nothing (require a sandbox backend in the "
+            "policy, or name one with --backend)"
+        )
+    return problems
+
+
 def evaluate(
     cells: Sequence[Mapping[str, Any]],
     policy: Policy | None,
@@ -415,21 +437,33 @@ def evaluate(
             lists[bucket].append(name)
         if problem:
             problems.append(problem)
-    problems.extend(
-        f"missing required cell {backend}-{probe} on {platform}: the policy requires it to "
-        "PASS but the evidence has no such cell"
-        for platform, backend, probe in required
-        if (platform, backend, probe) not in seen
-    )
-    if cells and not confined_judged:
-        problems.append(
-            f"no required cell of a sandbox backend was judged: the control leg "
-            f"`{CONTROL_BACKEND}` alone attests nothing (require a sandbox backend in the "
-            "policy, or name one with --backend)"
-        )
+    problems.extend(_coverage_problems(required, seen, bool(cells), confined_judged))
     problems.extend(_world_problems(policy, cells, default_platform, world))
     result: GateResult = "FAILED" if problems or failed else "WARNED" if warned else "PASSED"
     return Gate(result, tuple(passed), tuple(warned), tuple(failed), tuple(problems))
+
+
+def default_platform(evidence: Mapping[str, Any]) -> str:
+    """The run's platform name (`platform.system`), used for cells that do not name one."""
+    platform = evidence.get("platform")
+    if isinstance(platform, dict):
+        return str(platform.get("system", "unknown")).lower()
+    return "unknown"
+
+
+def gate_for(evidence: Mapping[str, Any], policy: Policy | None) -> Gate:
+    """The gate of one run's evidence under `policy` (None: the cells judged alone).
+
+    The one place signer, renderer and verify turn evidence into a gate, so they agree.
+    """
+    world = evidence.get("world")
+    return evaluate(
+        evidence["cells"],
+        policy,
+        default_platform=default_platform(evidence),
+        complete=evidence.get("complete") is True,
+        world=str(world.get("kind")) if isinstance(world, dict) else "not recorded",
+    )
 
 
 def leg_claims(evidence: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

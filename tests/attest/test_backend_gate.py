@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.attest import backend_gate, gate_for, policy_from_evidence
+from sandbox_attest.attest import backend_gate, policy_from_evidence
+from sandbox_attest.report.policy import gate_for
 from tests.attest.builder import build_report, make_cells
 
 if TYPE_CHECKING:

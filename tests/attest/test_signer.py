@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import sandbox_attest
-from sandbox_attest.attest import ATTESTATION_NAME, SignerFacts, gate_for
+from sandbox_attest.attest import ATTESTATION_NAME
 from sandbox_attest.attest.keys import ENV_VAR, SigningKey, TrustedKey, keyid_of, private_key_pem
 from sandbox_attest.attest.signer import SIGN_TIMEOUT, Signer
 from sandbox_attest.attest.subjects import (
@@ -36,7 +36,9 @@ from sandbox_attest.attest.subjects import (
 from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.errors import ConfigError, ReportError
 from sandbox_attest.report.files import make_report_dir
+from sandbox_attest.report.policy import gate_for
 from sandbox_attest.report.sarif import render_sarif
+from sandbox_attest.report.signature import SignerFacts
 from sandbox_attest.report.views import render_html, render_summary
 from tests.attest.builder import build_report, make_cells
 

@@ -11,13 +11,12 @@ import pytest
 from sandbox_attest.attest import sigstore
 from sandbox_attest.attest.sigstore import (
     BUNDLES_NAME,
-    ED25519_ONLY,
-    KEYLESS,
     SigstoreDecision,
     decide,
     sign_keyless,
 )
 from sandbox_attest.report import files as reportfs
+from sandbox_attest.report.signature import ED25519_ONLY, KEYLESS
 
 if TYPE_CHECKING:
     from pathlib import Path

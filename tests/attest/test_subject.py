@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.attest import dsse, gate_for, policy_from_evidence
+from sandbox_attest.attest import dsse, policy_from_evidence
 from sandbox_attest.attest.keys import public_key_pem
 from sandbox_attest.attest.statement import (
     EVIDENCE_PREDICATE,
@@ -30,6 +30,7 @@ from sandbox_attest.attest.statement import (
 from sandbox_attest.attest.subjects import ALLURE_DIR, FILE_SUBJECTS, tree_sha256
 from sandbox_attest.attest.verify import PRE_ISSUE_30_NOTE, verify_report
 from sandbox_attest.cli.release import register
+from sandbox_attest.report.policy import gate_for
 from tests.attest.builder import build_report, make_cells, read_statements, sign
 
 if TYPE_CHECKING:

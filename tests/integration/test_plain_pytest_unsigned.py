@@ -17,7 +17,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.report.views import NOT_SIGNED
+from sandbox_attest.report.views.model import NOT_SIGNED
 from tests.integration.test_cli_run import small_matrix, small_policy
 
 ROOT = Path(__file__).resolve().parent.parent.parent

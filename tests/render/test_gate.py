@@ -6,10 +6,12 @@ import base64
 import json
 from typing import TYPE_CHECKING
 
-from sandbox_attest.attest import SignerFacts, gate_for, policy_from_evidence
-from sandbox_attest.attest.sigstore import ED25519_ONLY
+from sandbox_attest.attest import policy_from_evidence
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, SUMMARY
-from sandbox_attest.report.views import NOT_SIGNED, render_html, render_summary, view_of
+from sandbox_attest.report.policy import gate_for
+from sandbox_attest.report.signature import ED25519_ONLY, SignerFacts
+from sandbox_attest.report.views import render_html, render_summary
+from sandbox_attest.report.views.model import NOT_SIGNED, view_of
 
 if TYPE_CHECKING:
     from pathlib import Path

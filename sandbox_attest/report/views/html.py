@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from sandbox_attest.report.outcomes import CellOutcome
-    from sandbox_attest.report.views import ReportView
+    from sandbox_attest.report.views.model import ReportView
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:1.5em;color:#1b1b1b;background:#fff}

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from sandbox_attest.report.outcomes import CellOutcome, RunOutcomes, run_outcomes
 from sandbox_attest.report.policy import CONTROL_BACKEND
-from sandbox_attest.report.views import signature_sentence
 from sandbox_attest.report.views.html import CSS, anchor
+from sandbox_attest.report.views.model import signature_sentence
 from sandbox_attest.report.views.summary import (
     STEP_SUMMARY_LIMIT,
     fit,
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from sandbox_attest.attest import SignerFacts
     from sandbox_attest.report.policy import Gate, Policy
+    from sandbox_attest.report.signature import SignerFacts
 
 __all__ = [
     "LegView",

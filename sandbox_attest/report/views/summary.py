@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from sandbox_attest.report.outcomes import CellOutcome
-    from sandbox_attest.report.views import ReportView
+    from sandbox_attest.report.views.model import ReportView
 
 STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub's per-step limit
 _MARGIN = 4096  # room for the truncation note and for other tools appending later
