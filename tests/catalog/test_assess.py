@@ -16,7 +16,8 @@ import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy
 from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, probe_path, records
-from sandbox_attest.catalog.fs import CANARY_NAME, CORE_CLASSES, HOME_CLASSES
+from sandbox_attest.catalog.fs import CANARY_NAME
+from sandbox_attest.catalog.fs.write_outside import CORE_CLASSES, HOME_CLASSES
 from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.run.matrix import load_matrix

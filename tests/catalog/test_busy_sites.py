@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.catalog import fs
 from sandbox_attest.catalog.canary import call_as, site_moved
-from sandbox_attest.catalog.fs import CANARY_NAME, FsWriteOutside, _unproven_changes
+from sandbox_attest.catalog.fs import CANARY_NAME, FsWriteOutside
+from sandbox_attest.catalog.fs import write_outside as fs
+from sandbox_attest.catalog.fs.write_outside import _unproven_changes
 from sandbox_attest.catalog.ipc import _witnesses_hear_host
 from sandbox_attest.catalog.socket_witness import (
     WitnessSockets,

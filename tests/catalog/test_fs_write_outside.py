@@ -19,14 +19,9 @@ from typing import Any
 import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy
-from sandbox_attest.catalog.fs import (
-    CANARY_NAME,
-    HOME_CLASSES,
-    FsWriteOutside,
-    _class_key,
-    payload_writable_places,
-    writable_places,
-)
+from sandbox_attest.catalog.fs import CANARY_NAME, FsWriteOutside
+from sandbox_attest.catalog.fs.writable import payload_writable_places, writable_places
+from sandbox_attest.catalog.fs.write_outside import HOME_CLASSES, _class_key
 from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.host.trust import PayloadUser, payload_user
 from sandbox_attest.run import sweep
@@ -60,7 +55,7 @@ class WorldLike:
 def scan_as(user: PayloadUser, root: Path) -> dict[str, Any]:
     """`writable_places(root)` in a child running as `user`."""
     code = (
-        "import json, sys; from sandbox_attest.catalog.fs import writable_places; "
+        "import json, sys; from sandbox_attest.catalog.fs.writable import writable_places; "
         "print(json.dumps(writable_places(sys.argv[1])))"
     )
     done = subprocess.run(

@@ -31,7 +31,7 @@ from sandbox_attest.backends.base import Backend
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
-from sandbox_attest.catalog import fs
+from sandbox_attest.catalog.fs import writable as fs
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world

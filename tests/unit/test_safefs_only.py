@@ -75,11 +75,14 @@ ROOT_ONLY_MODULES: Final = {
 # Single functions in modules that also touch payload-reachable paths (through safefs there).
 ROOT_ONLY_FUNCTIONS: Final = {
     "catalog/controls.py:save_state": "the cell dir: root's",
-    "catalog/fs.py:write_each": "runs in a child as the payload user (call_as), never as root",
-    "catalog/fs.py:FsWriteOutside.prepare": "its baseline and plant list in the cell dir",
-    "catalog/fs.py:FsReadSecrets.prepare": "the control canary in the workspace, which is "
-    "root's while prepare runs (runner.py hands it over after)",
-    "catalog/fs.py:FsProtectedInWorkspace.prepare": "the workspace: root's during prepare",
+    "catalog/fs/writable.py:write_each": "runs in a child as the payload user (call_as), never "
+    "as root",
+    "catalog/fs/write_outside.py:FsWriteOutside.prepare": "its baseline and plant list in the "
+    "cell dir",
+    "catalog/fs/read_secrets.py:FsReadSecrets.prepare": "the control canary in the workspace, "
+    "which is root's while prepare runs (runner.py hands it over after)",
+    "catalog/fs/protected.py:FsProtectedInWorkspace.prepare": "the workspace: root's during "
+    "prepare",
     "catalog/ipc.py:IpcProxySocketTamper.prepare": "the decoy route dir in the cell dir, made "
     "fresh (mkdir fails if it exists) and filled before it is given",
     "catalog/ipc.py:IpcProxySocketTamper.cleanup": "the world's proxy socket (root's run dir)",
