@@ -27,6 +27,7 @@ from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog import controls as catalog_controls
 from sandbox_attest.catalog import proc as proc_module
 from sandbox_attest.catalog.proc import BOUNDS
+from sandbox_attest.catalog.proc import baseline as proc_baseline
 from sandbox_attest.catalog.records import poll_until
 from sandbox_attest.host import disguise
 from sandbox_attest.run.hostview import read_process
@@ -601,7 +602,7 @@ class TestPrivilegesBaseline:
     ) -> None:
         """A baseline that ran but read no CapEff cannot vouch for a 'no capability' inside."""
         ran = {"ok": True, "nonce": "h", "checks": [], "baseline": {"attempts": [], "facts": {}}}
-        monkeypatch.setattr(proc_module, "_baseline_control", lambda *_: dict(ran))
+        monkeypatch.setattr(proc_baseline, "_baseline_control", lambda *_: dict(ran))
         ctx = make_ctx(tmp_path, "proc_privileges")
         control = PROBES[ctx.probe].host_control(ctx)
         assert not control["ok"]

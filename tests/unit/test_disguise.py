@@ -37,7 +37,8 @@ VISIBLE = {
 NAMING_MODULES = (
     "sandbox_attest/run/hostview.py",
     "sandbox_attest/run/cellgroup.py",
-    "sandbox_attest/catalog/proc.py",
+    "sandbox_attest/catalog/proc/anchor.py",
+    "sandbox_attest/catalog/proc/namespace.py",
     "sandbox_attest/catalog/crossproc.py",
     "sandbox_attest/catalog/tunables.py",
     "sandbox_attest/catalog/lifecycle.py",

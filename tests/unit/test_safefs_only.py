@@ -90,9 +90,9 @@ ROOT_ONLY_FUNCTIONS: Final = {
     "catalog/ipc.py:_bind_unix": "the decoy socket in the cell dir, bound before it is given",
     "catalog/controls.py:run_payload_on_host": "the host baseline's dir in the cell dir (root's); "
     "its workspace is made there before trust.give hands it over",
-    "catalog/proc.py:_AnchoredSpec._start_anchor": "the anchor dir in the cell dir: root's",
-    "catalog/proc.py:ProcNamespaceEscape.prepare": "the ns-canary dir in the cell dir, made "
-    "before it is given",
+    "catalog/proc/anchor.py:AnchoredSpec._start_anchor": "the anchor dir in the cell dir: root's",
+    "catalog/proc/namespace.py:ProcNamespaceEscape.prepare": "the ns-canary dir in the cell dir, "
+    "made before it is given",
     "catalog/crossproc.py:_start_target": "the target's dir in the cell dir: root's",
     "catalog/socket_witness.py:bind_unix": "called with /proc/self/fd/N/name of a directory "
     "held by safefs (WitnessSockets._plant_at), or an abstract name",

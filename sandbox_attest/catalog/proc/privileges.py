@@ -1,0 +1,187 @@
+"""proc_privileges: capabilities held, setuid elevation, and the `runs_as` claim.
+
+Self-reported (`BaselineSpec`): the host cannot see what a capability would let the payload
+do, but it reads the payload's status itself (CapEff, NoNewPrivs, uids), and that reading
+wins over the report.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.controls import control_record, host_check
+from sandbox_attest.catalog.proc.baseline import (
+    BaselineSpec,
+    conclude_with_controls,
+    confines_anything,
+    judge_self_reported,
+)
+from sandbox_attest.catalog.proc.readings import with_capabilities, without_no_new_privs
+from sandbox_attest.catalog.spec import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    host_processes,
+)
+from sandbox_attest.claims import Claims, claims_of
+from sandbox_attest.verdict import Assessment, Expectation
+
+__all__ = ["ProcPrivileges"]
+
+
+class ProcPrivileges(BaselineSpec):
+    """Capabilities held, and setuid elevation possible, inside the sandbox."""
+
+    id = "proc_privileges"
+    area = "proc"
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The host's read of the payload's status: no effective capability, NoNewPrivs set."""
+        del report
+        processes = host_processes(ctx)
+        statuses = [p.get("status") or {} for p in processes]
+        if not statuses or with_capabilities(processes):
+            return []
+        if any(s.get("NoNewPrivs") != "1" for s in statuses):
+            return []
+        return ["host view: CapEff 0", "host view: NoNewPrivs 1"]
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """Reading its status (the control), then three attempts; none without the status."""
+        del task
+        later = attempts_of("effective-capabilities", "setuid-elevation", "writable-root-path")
+        return AttemptTable(required=later | {"read-status"}, excuses=(("read-status", later),))
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied wherever anything is confined: privilege can undo any confinement."""
+        return "denied" if confines_anything(policy) else "allowed"
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The same read, by the same file, unsandboxed on the host, must find CapEff there.
+
+        The host need not hold a capability itself (it usually runs unprivileged): the
+        baseline shows the payload's reading works, so "no capability" inside is a reading,
+        not a status file the payload failed to parse.
+        """
+        control = super().host_control(ctx)
+        status = ((control.get("baseline") or {}).get("facts") or {}).get("status") or {}
+        read = host_check(
+            "host baseline read its credentials",
+            "CapEff" in status,
+            f"CapEff={status.get('CapEff')} CapBnd={status.get('CapBnd')}",
+        )
+        return control_record(control["nonce"], [*control["checks"], read]) | {
+            "baseline": control.get("baseline")
+        }
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """Any effective capability or a usable setuid route is an escape (self-reported).
+
+        The host's own read of the payload's status wins over the report: effective
+        capabilities the host sees while the report says none are an escape.
+        """
+        del witness
+        escapes = attempts_by_role(report, "escape")
+        observed = observed_outcome(escapes)
+        facts = report.get("facts", {})
+        status = facts.get("status", {})
+        reasons = [
+            f"payload: {attempts_summary(escapes)}",
+            (
+                f"CapEff={status.get('CapEff')} CapBnd={status.get('CapBnd')} "
+                f"NoNewPrivs={status.get('NoNewPrivs')} Seccomp={status.get('Seccomp')} "
+                f"uid_map={facts.get('uid_map')}"
+            ),
+        ]
+        escape = judge_self_reported(observed, reasons)
+        # Every judged process of the cell (sandbox_attest/run/hostview.py), not only the one
+        # carrying the launcher's name: the worst one decides.
+        held = with_capabilities(host_processes(ctx))
+        if held:
+            escape = "escaped"
+            reasons.insert(0, f"the host sees effective capabilities on the payload: {held}")
+        unset = without_no_new_privs(host_processes(ctx))
+        if unset and str(status.get("NoNewPrivs")) == "1":
+            # The report speaks for one process; the kernel shows another of the cell free to
+            # gain privileges through a setuid program: the report is not the cell's state.
+            escape = "escaped"
+            reasons.insert(
+                0,
+                f"the report says NoNewPrivs 1, but the host sees a process of the cell "
+                f"without it: {unset}",
+            )
+        claims = claims_of(ctx.policy)
+        if claims.runs_as:
+            broke, seen = _runs_as_reading(ctx, claims)
+            if broke:
+                escape = "escaped"
+                reasons.insert(0, broke)
+            elif seen:
+                reasons.append(f"{claims.phrase('runs_as')}: the host sees {seen}")
+        baseline = control.get("baseline") or {}
+        host_status = baseline.get("facts", {}).get("status", {})
+        return conclude_with_controls(
+            escape,
+            observed,
+            reasons,
+            report,
+            control,
+            {"payload_status": status, "host_status": host_status},
+        )
+
+
+def _wanted_uid(ctx: CellContext, claim: str) -> int | None:
+    """The one uid a `runs_as` claim names (None: "non-root", or a name unknown here)."""
+    if claim == "payload-user":
+        return ctx.user.uid if ctx.user is not None else os.geteuid()
+    if claim.isdigit():
+        return int(claim)
+    if claim == "non-root":
+        return None
+    import pwd  # noqa: PLC0415  (POSIX only, and only a named user needs it)
+
+    try:
+        return pwd.getpwnam(claim).pw_uid
+    except KeyError:
+        return None
+
+
+def _runs_as_reading(ctx: CellContext, claims: Claims) -> tuple[str, str]:
+    """(how the host's uid reading breaks the `runs_as` claim, or ""; what it saw, or "").
+
+    The uids come from /proc/<pid>/status on the host (real, effective, saved, fs), read at
+    the rendezvous for every payload process: the report's own uid_map is not believed.
+    """
+    claim = claims.runs_as
+    wanted = _wanted_uid(ctx, claim)
+    if wanted is None and claim != "non-root":
+        return f"{claims.phrase('runs_as')}, a user this host does not know", ""
+    seen = []
+    for process in host_processes(ctx):
+        pid = process.get("pid", "?")
+        text = str((process.get("status") or {}).get("Uid", ""))
+        uids = {int(u) for u in text.split() if u.isdigit()}
+        if not uids:
+            continue
+        seen.append(f"host pid {pid} with uids {text}")
+        wrong = 0 in uids if wanted is None else uids != {wanted}
+        if wrong:
+            return (
+                f"{claims.phrase('runs_as')}; the host sees the payload (host pid {pid}) "
+                f"run with uids {text} (real, effective, saved, fs)"
+            ), ""
+    return "", "; ".join(seen)

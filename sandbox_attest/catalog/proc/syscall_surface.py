@@ -1,0 +1,164 @@
+"""proc_syscall_surface: io_uring, keyctl, bpf, TIOCSTI and odd socket families.
+
+Self-reported (`BaselineSpec`): whether a syscall reached its kernel handler is seen by the
+payload alone. A call is judged only where the host baseline reaches it; a refusal the host's
+own reading rules out (no seccomp filter on the payload) is an escape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from sandbox_attest.catalog.attempts import (
+    attempts_by_role,
+    attempts_of,
+    attempts_summary,
+    observed_outcome,
+)
+from sandbox_attest.catalog.proc.baseline import (
+    BaselineSpec,
+    conclude_with_controls,
+    judge_self_reported,
+)
+from sandbox_attest.catalog.proc.readings import seccomp_filter_count
+from sandbox_attest.catalog.spec import (
+    AttemptTable,
+    CellContext,
+    PolicyLike,
+    WitnessRecordsLike,
+    host_processes,
+)
+from sandbox_attest.claims import claims_of, unclaimed
+from sandbox_attest.verdict import Assessment, Expectation
+
+__all__ = ["SECCOMP_ONLY", "ProcSyscallSurface"]
+
+# Raw syscalls only a seccomp filter refuses where the host baseline reaches them (the probe
+# calls them with arguments the kernel rejects, so no capability or namespace is involved).
+# TIOCSTI and the socket families are left out: a new session or an LSM refuses those too.
+SECCOMP_ONLY: Final = frozenset({"io_uring_setup", "keyctl", "bpf"})
+
+
+def _refused_without_filter(ctx: CellContext, refused: list[dict[str, Any]]) -> str:
+    """Why refusals of seccomp-only calls cannot be the kernel's, or "" when they can be."""
+    names = sorted(str(a.get("what")) for a in refused if a.get("what") in SECCOMP_ONLY)
+    bare = [p for p in host_processes(ctx) if seccomp_filter_count(p.get("status") or {}) < 1]
+    if not names or not bare:
+        return ""
+    pids = ", ".join(
+        f"{p.get('pid', '?')} (Seccomp {(p.get('status') or {}).get('Seccomp', '?')})" for p in bare
+    )
+    return (
+        f"the report says {', '.join(names)} were refused, calls the host baseline reaches, "
+        f"but the host sees no seccomp filter on the payload (host pid {pids}): nothing could "
+        "have refused them, so the report is not what the kernel said"
+    )
+
+
+class ProcSyscallSurface(BaselineSpec):
+    """io_uring, keyctl, bpf, TIOCSTI and vsock/netlink/packet sockets, with bad arguments."""
+
+    id = "proc_syscall_surface"
+    area = "proc"
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """None: a seccomp filter the host sees shows that one exists, not what it refuses.
+
+        So a filter backs no PASS (a wrapper could filter nothing of these and rewrite the
+        report), and no filter at all rules the refusals out (`assess`: FAIL). Across a
+        command wrapper this probe's PASS is therefore INCONCLUSIVE at best.
+        """
+        del ctx, report
+        return []
+
+    def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
+        """The getpid control, four raw syscalls and three socket families.
+
+        Where the payload has no syscall table for its machine it says so in one `syscalls`
+        error instead of the four calls.
+        """
+        del task
+        calls = attempts_of("io_uring_setup", "keyctl", "bpf", "ioctl-tiocsti")
+        families = attempts_of("socket-vsock", "socket-netlink", "socket-packet")
+        return AttemptTable(required=calls | families | {"getpid"}, excuses=(("syscalls", calls),))
+
+    def expectation(self, policy: PolicyLike) -> Expectation:
+        """Denied under a filtered-syscalls claim (the default where ipc is "isolated").
+
+        Keyrings are per-uid across namespaces, vsock talks to the hypervisor, TIOCSTI types
+        into a terminal: each is a channel to the host that isolation has to close. A kernel
+        interface reached at all is also kernel attack surface the payload shares with the host.
+        """
+        return "denied" if claims_of(policy).syscalls == "filtered" else "allowed"
+
+    def not_claimed(self, policy: PolicyLike) -> str | None:
+        """NOT_APPLICABLE under an open syscall surface: this probe tests that claim alone."""
+        return unclaimed(self.id, claims_of(policy))
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """A call the host baseline reaches and the payload reaches too is an escape.
+
+        So is a refusal the host's own reading rules out: a raw syscall the baseline reaches,
+        reported refused while the host sees no seccomp filter on the payload.
+        """
+        del witness
+        baseline = control.get("baseline") or {}
+        host = {a.get("what"): a for a in attempts_by_role(baseline, "escape")}
+        escapes = attempts_by_role(report, "escape")
+        # An interface the host kernel itself lacks (EAFNOSUPPORT for vsock...) proves nothing.
+        judged = [a for a in escapes if host.get(a.get("what"), {}).get("outcome") == "succeeded"]
+        skipped = sorted(
+            str(a.get("what")) for a in escapes if a not in judged and a.get("outcome") != "error"
+        )
+        observed: Literal["succeeded", "refused", "error"] = (
+            observed_outcome(judged) if judged else "error"
+        )
+        reached = [a for a in judged if a.get("outcome") == "succeeded"]
+        refused = [a for a in judged if a.get("outcome") == "refused"]
+        reasons = [
+            f"reached the kernel handler: {attempts_summary(reached) if reached else 'none'}",
+            f"refused: {attempts_summary(refused) if refused else 'none'}",
+            f"seccomp={report.get('facts', {}).get('seccomp')}",
+        ]
+        if skipped:
+            reasons.append(
+                f"not judged (the host baseline does not reach them): {', '.join(skipped)}"
+            )
+        if not judged:
+            reasons.append("no call the host baseline reaches was reported")
+        escape = judge_self_reported(observed, reasons)
+        unfiltered = _refused_without_filter(ctx, refused)
+        if unfiltered:
+            escape = "escaped"
+            reasons.insert(0, unfiltered)
+        claims = claims_of(ctx.policy)
+        if escape == "escaped" and claims.syscalls == "filtered":
+            names = ", ".join(str(a.get("what")) for a in reached) or "a forged refusal"
+            reasons.insert(0, f"{claims.phrase('syscalls')}; the payload reached {names}")
+        # A refusal counts only for a surface that was tried: a crash, or a call the host
+        # reaches that the report never mentions, leaves that surface unknown.
+        crashed = [a for a in escapes if a.get("outcome") == "error"]
+        tried = {a.get("what") for a in escapes}
+        missing = sorted(
+            str(w) for w, a in host.items() if a.get("outcome") == "succeeded" and w not in tried
+        )
+        if escape != "escaped" and (crashed or missing):
+            escape = "undecided"
+            if crashed:
+                reasons.append(f"the payload failed: {attempts_summary(crashed)}")
+            if missing:
+                reasons.append(f"never tried, though the host reaches them: {', '.join(missing)}")
+        return conclude_with_controls(
+            escape,
+            observed,
+            reasons,
+            report,
+            control,
+            {"reached": reached, "host_baseline": list(host.values())},
+        )
