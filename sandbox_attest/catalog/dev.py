@@ -66,7 +66,7 @@ from sandbox_attest.catalog.spec import (
 )
 from sandbox_attest.errors import HarnessError
 from sandbox_attest.host.trust import PayloadUser, measure_as, payload_user
-from sandbox_attest.verdict import Assessment, Expectation
+from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 DEV: Final = Path("/dev")
 # The harmless devices every sandbox hands its payload: the in-sandbox control. Each must
@@ -243,6 +243,85 @@ def _nothing_to_hide() -> str | None:
     )
 
 
+def _exposed_and_judged(
+    escapes: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(opened devices outside the harmless class, the attempts the verdict rests on)."""
+    exposed = [
+        a
+        for a in escapes
+        if a.get("outcome") == "succeeded" and not harmless_rdev(str(a.get("rdev", "")))
+    ]
+    # The harmless class by name is noise when refused (no /dev/tty inside is fine).
+    judged = [
+        a
+        for a in escapes
+        if a in exposed or str(a.get("what", "")).removeprefix("dev:") not in HARMLESS_NAMES
+    ]
+    return exposed, judged
+
+
+def _contradicted_by_view(judged: list[dict[str, Any]], view: dict[str, Any]) -> list[str]:
+    """The nodes the report calls absent (ENOENT) that the host sees in the payload's /dev."""
+    nodes = view.get("nodes") or {}
+    # The report calls a node absent that the host sees in the payload's own /dev.
+    return sorted(
+        str(a.get("what")).removeprefix("dev:")
+        for a in judged
+        if a.get("errno") == "ENOENT" and str(a.get("what")).removeprefix("dev:") in nodes
+    )
+
+
+def _weigh_view(
+    escape: Escape,
+    view: dict[str, Any],
+    in_view: list[str],
+    exposed: list[dict[str, Any]],
+    contradicted: list[str],
+    reasons: list[str],
+) -> Escape:
+    """The escape once the host's listing of the payload's /dev is weighed; adds its reasons."""
+    if contradicted and not exposed:
+        escape = "disagree"
+        reasons.append(
+            "the host sees "
+            + ", ".join(f"/dev/{rel}" for rel in contradicted)
+            + " in the payload's /dev, which its report calls absent (ENOENT): the report "
+            "is not what ran"
+        )
+    elif in_view and not exposed:
+        reasons.append(
+            "the host sees "
+            + ", ".join(f"/dev/{rel}" for rel in in_view)
+            + " in the payload's /dev: their refusal rests on the payload's word"
+        )
+    if not view.get("seen"):
+        reasons.append(f"the host did not read the payload's /dev: {view.get('why')}")
+    return escape
+
+
+def _inside_control(inside: list[dict[str, Any]], host: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the harmless devices opened inside as the host's own, and if not, why not."""
+    mismatched = [
+        str(a.get("what"))
+        for a in inside
+        if a.get("outcome") == "succeeded"
+        and a.get("rdev")
+        != host.get(str(a.get("what", "")).removeprefix("control:"), {}).get("rdev")
+    ]
+    inside_ok = (
+        bool(inside) and all(a.get("outcome") == "succeeded" for a in inside) and not mismatched
+    )
+    failed = attempts_summary([a for a in inside if a.get("outcome") != "succeeded"])
+    inside_failed = (
+        f"the harmless devices did not open inside: {failed}"
+        if not mismatched
+        else f"inside, {', '.join(mismatched)} opened a device the host does not "
+        "have under that name: the report does not describe this host's devices"
+    )
+    return inside_ok, inside_failed
+
+
 class DevAccess(SpecBase):
     """Read-only opens of every device node the payload can see."""
 
@@ -337,22 +416,51 @@ class DevAccess(SpecBase):
         """An opened device outside the harmless class is an escape, named by its host path."""
         del witness  # the host's device table is this probe's witness
         host = dict(control.get("devices") or load_state(ctx).get("prepared") or {})
+        escapes = attempts_by_role(report, "escape")
+        exposed, judged = _exposed_and_judged(escapes)
+        observed = observed_outcome(judged) if judged else "error"
+        reasons = self._opened_reasons(exposed, judged, host)
+        view = dict(control.get("payload_view") or {})
+        in_view = view_sensitive(view) if view.get("seen") else []
+        contradicted = _contradicted_by_view(judged, view)
+        escape = judge_escape(
+            observed, bool(exposed), private_namespace_reason(report, "mnt"), reasons
+        )
+        escape = _weigh_view(escape, view, in_view, exposed, contradicted, reasons)
+        corroborated = self._corroboration(view, in_view, exposed, contradicted)
+        inside = attempts_by_role(report, "control")
+        inside_ok, inside_failed = _inside_control(inside, host)
+        assessment = conclude(
+            escape,
+            observed,
+            reasons,
+            inside_ok=inside_ok,
+            inside_failed=inside_failed,
+            host_control=control,
+            host_failed="host control failed",
+            witness={
+                "exposed": {
+                    str(a.get("what")): {"rdev": a.get("rdev"), "kind": a.get("kind")}
+                    for a in exposed
+                },
+                "host_devices": host,
+                "payload_view": view,
+            },
+            controls={"inside": inside, "host": control},
+        )
+        assessment.corroborated_by = corroborated
+        return assessment
+
+    def _opened_reasons(
+        self,
+        exposed: list[dict[str, Any]],
+        judged: list[dict[str, Any]],
+        host: dict[str, Any],
+    ) -> list[str]:
+        """The first reasons: the devices the sandbox exposes, or what the payload user opens."""
         by_rdev: dict[str, list[str]] = {}
         for rel, d in sorted(host.items()):
             by_rdev.setdefault(str(d.get("rdev")), []).append(f"/dev/{rel}")
-        escapes = attempts_by_role(report, "escape")
-        exposed = [
-            a
-            for a in escapes
-            if a.get("outcome") == "succeeded" and not harmless_rdev(str(a.get("rdev", "")))
-        ]
-        # The harmless class by name is noise when refused (no /dev/tty inside is fine).
-        judged = [
-            a
-            for a in escapes
-            if a in exposed or str(a.get("what", "")).removeprefix("dev:") not in HARMLESS_NAMES
-        ]
-        observed = observed_outcome(judged) if judged else "error"
         reasons: list[str] = []
         if exposed:
             reasons.append(
@@ -368,72 +476,7 @@ class DevAccess(SpecBase):
                     "unconfined, the payload user opens "
                     + ", ".join(f"/dev/{rel}" for rel in on_host)
                 )
-        view = dict(control.get("payload_view") or {})
-        in_view = view_sensitive(view) if view.get("seen") else []
-        nodes = view.get("nodes") or {}
-        # The report calls a node absent that the host sees in the payload's own /dev.
-        contradicted = sorted(
-            str(a.get("what")).removeprefix("dev:")
-            for a in judged
-            if a.get("errno") == "ENOENT" and str(a.get("what")).removeprefix("dev:") in nodes
-        )
-        escape = judge_escape(
-            observed, bool(exposed), private_namespace_reason(report, "mnt"), reasons
-        )
-        if contradicted and not exposed:
-            escape = "disagree"
-            reasons.append(
-                "the host sees "
-                + ", ".join(f"/dev/{rel}" for rel in contradicted)
-                + " in the payload's /dev, which its report calls absent (ENOENT): the report "
-                "is not what ran"
-            )
-        elif in_view and not exposed:
-            reasons.append(
-                "the host sees "
-                + ", ".join(f"/dev/{rel}" for rel in in_view)
-                + " in the payload's /dev: their refusal rests on the payload's word"
-            )
-        if not view.get("seen"):
-            reasons.append(f"the host did not read the payload's /dev: {view.get('why')}")
-        corroborated = self._corroboration(view, in_view, exposed, contradicted)
-        inside = attempts_by_role(report, "control")
-        mismatched = [
-            str(a.get("what"))
-            for a in inside
-            if a.get("outcome") == "succeeded"
-            and a.get("rdev")
-            != host.get(str(a.get("what", "")).removeprefix("control:"), {}).get("rdev")
-        ]
-        inside_ok = (
-            bool(inside) and all(a.get("outcome") == "succeeded" for a in inside) and not mismatched
-        )
-        failed = attempts_summary([a for a in inside if a.get("outcome") != "succeeded"])
-        assessment = conclude(
-            escape,
-            observed,
-            reasons,
-            inside_ok=inside_ok,
-            inside_failed=(
-                f"the harmless devices did not open inside: {failed}"
-                if not mismatched
-                else f"inside, {', '.join(mismatched)} opened a device the host does not "
-                "have under that name: the report does not describe this host's devices"
-            ),
-            host_control=control,
-            host_failed="host control failed",
-            witness={
-                "exposed": {
-                    str(a.get("what")): {"rdev": a.get("rdev"), "kind": a.get("kind")}
-                    for a in exposed
-                },
-                "host_devices": host,
-                "payload_view": view,
-            },
-            controls={"inside": inside, "host": control},
-        )
-        assessment.corroborated_by = corroborated
-        return assessment
+        return reasons
 
     @staticmethod
     def _corroboration(

@@ -210,6 +210,70 @@ def _host_view_hits(ctx: CellContext, canaries: list[str]) -> list[str]:
     return found
 
 
+def _escape_of(
+    seen: bool,
+    observed: str,
+    escapes: list[dict[str, Any]],
+    fd_targets: dict[str, Any],
+    now_held: set[str] | None,
+    hits: _VariableHits,
+    by_what: dict[str, dict[str, Any]],
+    reasons: list[str],
+) -> Escape:
+    """The escape once the host's own objects were looked for inside; adds its reason."""
+    escape: Escape
+    if seen:
+        escape = "escaped"
+    elif observed == "refused":
+        escape = "refused"
+        reasons.append("only the declared environment and fds 0-2 inside")
+    elif observed == "error":
+        escape = "undecided"
+        reasons.append(f"the payload could not look: {attempts_summary(escapes)}")
+    elif fd_targets and (now_held is None or None in fd_targets.values()):
+        # Without both sides' targets nothing shows an extra fd is the sandbox's own.
+        escape = "undecided"
+        reasons.append(
+            f"extra fds that cannot be compared with the harness's: {_fd_list(fd_targets)}"
+        )
+    else:
+        # What it found is none of the host's: variables or fds the sandbox itself added.
+        escape = "contained"
+        names = (by_what.get("env-undeclared") or {}).get("names", [])
+        # Under a passthrough claim the variables are the wrapper's, as claimed (its
+        # `hits.reasons()` said so): only the descriptors are left to account for.
+        added = "" if hits.passthrough else f"variables {', '.join(map(str, names)) or 'none'}; "
+        reasons.append(
+            "extras the sandbox added itself, none held by the harness: "
+            f"{added}fds {_fd_list(fd_targets)}"
+        )
+    return escape
+
+
+def _inside_checks(
+    by_what: dict[str, dict[str, Any]], salt: str, nonce: str
+) -> list[dict[str, Any]]:
+    """The in-sandbox controls: declared variables seen, hashed like the host, fds 0-2 open."""
+    declared_seen = by_what.get("env-declared") or {}
+    return [
+        host_check(
+            "payload sees its declared variables",
+            declared_seen.get("outcome") == "succeeded",
+            str(declared_seen.get("detail")),
+        ),
+        host_check(
+            "payload hashes like the host",
+            declared_seen.get("check_hash") == salted_hash(salt, f"check-{nonce}"),
+            "salted hash of the task's check value compared",
+        ),
+        host_check(
+            "payload sees fds 0-2",
+            (by_what.get("fds-std") or {}).get("outcome") == "succeeded",
+            str((by_what.get("fds-std") or {}).get("detail")),
+        ),
+    ]
+
+
 class EnvInheritance(SpecBase):
     """Looks for the harness's own canary env vars and an inheritable fd in the payload."""
 
@@ -341,52 +405,8 @@ class EnvInheritance(SpecBase):
                 f"descriptors the harness holds are open in the payload: {', '.join(host_fds)}"
             )
         seen = bool(canary_hits or host_hits or planted_hits or fd_hits or host_fds or host_seen)
-        escape: Escape
-        if seen:
-            escape = "escaped"
-        elif observed == "refused":
-            escape = "refused"
-            reasons.append("only the declared environment and fds 0-2 inside")
-        elif observed == "error":
-            escape = "undecided"
-            reasons.append(f"the payload could not look: {attempts_summary(escapes)}")
-        elif fd_targets and (now_held is None or None in fd_targets.values()):
-            # Without both sides' targets nothing shows an extra fd is the sandbox's own.
-            escape = "undecided"
-            reasons.append(
-                f"extra fds that cannot be compared with the harness's: {_fd_list(fd_targets)}"
-            )
-        else:
-            # What it found is none of the host's: variables or fds the sandbox itself added.
-            escape = "contained"
-            names = (by_what.get("env-undeclared") or {}).get("names", [])
-            # Under a passthrough claim the variables are the wrapper's, as claimed (said
-            # above): only the descriptors are left to account for.
-            added = (
-                "" if hits.passthrough else f"variables {', '.join(map(str, names)) or 'none'}; "
-            )
-            reasons.append(
-                "extras the sandbox added itself, none held by the harness: "
-                f"{added}fds {_fd_list(fd_targets)}"
-            )
-        declared_seen = by_what.get("env-declared") or {}
-        checks = [
-            host_check(
-                "payload sees its declared variables",
-                declared_seen.get("outcome") == "succeeded",
-                str(declared_seen.get("detail")),
-            ),
-            host_check(
-                "payload hashes like the host",
-                declared_seen.get("check_hash") == salted_hash(salt, f"check-{ctx.nonce}"),
-                "salted hash of the task's check value compared",
-            ),
-            host_check(
-                "payload sees fds 0-2",
-                (by_what.get("fds-std") or {}).get("outcome") == "succeeded",
-                str((by_what.get("fds-std") or {}).get("detail")),
-            ),
-        ]
+        escape = _escape_of(seen, observed, escapes, fd_targets, now_held, hits, by_what, reasons)
+        checks = _inside_checks(by_what, salt, ctx.nonce)
         inside_ok = all(c["ok"] for c in checks)
         return conclude(
             escape,
