@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandbox_attest.world.dns import DnsFixture
-from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from sandbox_attest.world.egress.config import ProxyConfig
+from sandbox_attest.world.egress.proxy import ProxyProcess, start_proxy
 from sandbox_attest.world.egress.rules import Rule
 
 if TYPE_CHECKING:

@@ -3,9 +3,9 @@
     python bench/bench_relay_copy.py [--mib 256] [--rounds 7]
 
 Each leg pulls the same 256 MiB from one source process through one relay process running
-the proxy's own copy functions (`_buffer_copy`, `_splice_copy` from world/egress/proxy.py),
+the proxy's own copy functions (`buffer_copy`, `splice_copy` from world/egress/wire.py),
 alternating legs round by round; medians and ratios to a direct loopback read are printed.
-This backs the choice in `_pump`: a growing buffer (up to `_BUFFER_MAX`) for TCP -> TCP, which
+This backs the choice in `pump`: a growing buffer (up to `BUFFER_MAX`) for TCP -> TCP, which
 is every handed-over connection, and splice when a unix socket is an end. Linux only.
 """
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_proxy import MIB, drain, source_process
 
-from sandbox_attest.world.egress import proxy
+from sandbox_attest.world.egress import wire
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -39,7 +39,7 @@ class Hop:
     label: str
     unix: bool  # the reader connects over a unix socket (the proxy -> relaying shim hop)
     copy: str  # "buffer" or "splice"
-    buffer_max: int = proxy._BUFFER_MAX
+    buffer_max: int = wire.BUFFER_MAX
 
 
 @dataclass
@@ -62,8 +62,8 @@ HOPS = (
 
 def relay(hop: Hop, source_port: int, unix_path: str, ready: Connection) -> None:
     """Child process: accept readers, copy the source to each with the hop's copy function."""
-    proxy._BUFFER_MAX = hop.buffer_max
-    copy = proxy._splice_copy if hop.copy == "splice" else proxy._buffer_copy
+    wire.BUFFER_MAX = hop.buffer_max
+    copy = wire.splice_copy if hop.copy == "splice" else wire.buffer_copy
     if hop.unix:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(unix_path)

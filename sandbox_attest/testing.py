@@ -302,7 +302,8 @@ def make_egress_proxy(attest_world: World) -> Iterator[Callable[..., ProxyProces
     a rule may resolve to a private address only in the loopback world, where the fixture
     hosts live on 127.0.0.1 (`allow_private=` overrides). Stopped at the test's end.
     """
-    from sandbox_attest.world.egress.proxy import ProxyConfig, start_proxy  # noqa: PLC0415
+    from sandbox_attest.world.egress.config import ProxyConfig  # noqa: PLC0415
+    from sandbox_attest.world.egress.proxy import start_proxy  # noqa: PLC0415
     from sandbox_attest.world.lab import INTERNET_NET, INTERNET_NET6  # noqa: PLC0415
 
     lab = attest_world.lab

@@ -60,10 +60,13 @@ from sandbox_attest.world.pki import Pki
 from sandbox_attest.world.wheel import build_canary_wheel, load_canary_metadata
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from types import FrameType
 
-    from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess
+    from sandbox_attest.world.blob import BlobSpec
+    from sandbox_attest.world.egress.config import ProxyConfig
+    from sandbox_attest.world.egress.proxy import ProxyProcess
+    from sandbox_attest.world.origins import FixtureHost
 
 # The roles the proxy admits, with exactly their origin ports. `denied` has no rule on purpose:
 # every request to it must end in the proxy's 403.
@@ -365,7 +368,7 @@ def _proxy_config(
     On loopback the fixture origins need a carve-out (`allow_private`); in the lab they are
     remote hosts, and the proxy's address rules apply as they would in production.
     """
-    from sandbox_attest.world.egress.proxy import ProxyConfig  # noqa: PLC0415  (see start_world)
+    from sandbox_attest.world.egress.config import ProxyConfig  # noqa: PLC0415  (see _start_proxy)
 
     rules = (
         *(
@@ -411,6 +414,84 @@ def _start_fault_hook(dns: DnsFixture, origins: Origins, stack: contextlib.ExitS
     stack.callback(hook.stop)
 
 
+def _prepare_run_dir(run_dir: Path) -> tuple[Path, Path]:
+    """Make `run_dir` and a directory per socket in it; return the proxy's and daemon's paths."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Traversable, not listable, and writable only by the harness: the payload user (who
+    # runs every sandboxed command) must open the CA bundle and connect to the sockets by
+    # their names, and must never rename or replace a witness log.
+    run_dir.chmod(0o711)
+    require_reachable(run_dir, payload_user(), "the world's run directory")
+    # Each socket in a directory of its own: a wrapper that binds "the egress socket's
+    # directory" must get the egress socket, never the fake daemon (a host daemon to the
+    # probes) or the CA bundle's neighbours with it. Traversable, not listable, as above.
+    proxy_sock = run_dir / "egress" / "proxy.sock"
+    daemon_sock = run_dir / "daemons" / "daemon.sock"
+    for path in (proxy_sock, daemon_sock):
+        _socket_dir(path)
+    return proxy_sock, daemon_sock
+
+
+def _start_dns(
+    hosts: Sequence[FixtureHost], address: str, lab: Lab | None, stack: contextlib.ExitStack
+) -> DnsFixture:
+    """The DNS fixture answering every fixture host with `address`, stopped by `stack`."""
+    dns = DnsFixture(
+        records={h.name: address for h in hosts},
+        wildcard={PROBE_NAME_SUFFIX: address},
+        host=DNS_ADDRESS if lab is not None else LOOPBACK,
+        # The system resolver (the lab's resolv.conf) can only name port 53.
+        port=53 if lab is not None else 0,
+    )
+    with _on_internet_side(lab):
+        dns.start()
+    stack.callback(dns.stop)
+    return dns
+
+
+def _start_origins(
+    pki: Pki,
+    hosts: Sequence[FixtureHost],
+    blob: BlobSpec,
+    address: str,
+    lab: Lab | None,
+    stack: contextlib.ExitStack,
+) -> Origins:
+    """The HTTPS/HTTP fixture hosts on `address`, stopped by `stack`."""
+    origins = Origins(pki, hosts, blob=blob, address=address)
+    with _on_internet_side(lab):
+        origins.start()
+    stack.callback(origins.stop)
+    return origins
+
+
+def _on_internet_side(lab: Lab | None) -> contextlib.AbstractContextManager[None]:
+    """Where a fixture host binds: in the lab, its internet side; without one, right here."""
+    return lab.internet() if lab is not None else contextlib.nullcontext()
+
+
+def _publish_canary_wheel(run_dir: Path, origins: Origins) -> tuple[str, Path]:
+    """Build the canary wheel with a fresh nonce and publish it; returns (nonce, wheel)."""
+    wheel_nonce = f"w{secrets.token_hex(8)}"
+    wheel = build_canary_wheel(fixtures_dir() / "canary_wheel", run_dir / "wheels", wheel_nonce)
+    origins.publish_wheel(wheel)
+    return wheel_nonce, wheel
+
+
+def _start_proxy(
+    config: ProxyConfig, proxy_sock: Path, stack: contextlib.ExitStack
+) -> ProxyProcess:
+    """The world's egress proxy, stopped by `stack` (its socket removed after)."""
+    # Imported here: world.egress.proxy is loaded lazily by its package (it also runs as
+    # its own process), and a world is the only thing that needs it.
+    from sandbox_attest.world.egress.proxy import start_proxy  # noqa: PLC0415
+
+    proxy = start_proxy(config)
+    stack.callback(_unlink_quietly(proxy_sock))
+    stack.callback(proxy.stop)
+    return proxy
+
+
 def start_world(run_dir: Path, lab: Lab | None = None) -> World:
     """Start the whole fixture world with its files under `run_dir`.
 
@@ -428,76 +509,34 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
     Raises:
         FixtureError: a step failed; the message names it, and nothing is left running.
     """
-    # Imported here: world.egress.proxy is loaded lazily by its package (it also runs as
-    # its own process), and a world is the only thing that needs it.
-    from sandbox_attest.world.egress.proxy import start_proxy  # noqa: PLC0415
-
     run_dir = run_dir.resolve()
     stack = contextlib.ExitStack()
     step = "run directory"
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # Traversable, not listable, and writable only by the harness: the payload user (who
-        # runs every sandboxed command) must open the CA bundle and connect to the sockets by
-        # their names, and must never rename or replace a witness log.
-        run_dir.chmod(0o711)
-        require_reachable(run_dir, payload_user(), "the world's run directory")
-        # Each socket in a directory of its own: a wrapper that binds "the egress socket's
-        # directory" must get the egress socket, never the fake daemon (a host daemon to the
-        # probes) or the CA bundle's neighbours with it. Traversable, not listable, as above.
-        proxy_sock = run_dir / "egress" / "proxy.sock"
-        daemon_sock = run_dir / "daemons" / "daemon.sock"
-        for path in (proxy_sock, daemon_sock):
-            _socket_dir(path)
+        proxy_sock, daemon_sock = _prepare_run_dir(run_dir)
         hosts = load_hosts()
         blob = load_blob_spec()
-
         # In the lab the fixture hosts live on the internet side: bound there, on addresses
         # the lab assigned; without one, on loopback as before.
-        side = lab.internet if lab is not None else contextlib.nullcontext
         address = ORIGIN_ADDRESS if lab is not None else LOOPBACK
-
         step = "pki"
         extra = (ORIGIN_ADDRESS, ORIGIN_ADDRESS6) if lab is not None else ()
         pki = Pki.create(run_dir, [h.name for h in hosts], extra_identities=extra)
-
         step = "dns"
-        dns = DnsFixture(
-            records={h.name: address for h in hosts},
-            wildcard={PROBE_NAME_SUFFIX: address},
-            host=DNS_ADDRESS if lab is not None else LOOPBACK,
-            # The system resolver (the lab's resolv.conf) can only name port 53.
-            port=53 if lab is not None else 0,
-        )
-        with side():
-            dns.start()
-        stack.callback(dns.stop)
-
+        dns = _start_dns(hosts, address, lab, stack)
         step = "origins"
-        origins = Origins(pki, hosts, blob=blob, address=address)
-        with side():
-            origins.start()
-        stack.callback(origins.stop)
-
+        origins = _start_origins(pki, hosts, blob, address, lab, stack)
         step = "direct-egress listener"
         listener, extra_listeners = _start_listeners(lab, stack)
-
         step = "fake daemons"
         daemons = _start_daemons(daemon_sock, stack)
-
         step = "canary wheel"
-        wheel_nonce = f"w{secrets.token_hex(8)}"
-        wheel = build_canary_wheel(fixtures_dir() / "canary_wheel", run_dir / "wheels", wheel_nonce)
-        origins.publish_wheel(wheel)
-
+        wheel_nonce, wheel = _publish_canary_wheel(run_dir, origins)
         step = "egress proxy"
-        proxy = start_proxy(_proxy_config(origins, dns, proxy_sock, run_dir, lab))
-        stack.callback(_unlink_quietly(proxy_sock))
-        stack.callback(proxy.stop)
-
+        config = _proxy_config(origins, dns, proxy_sock, run_dir, lab)
+        proxy = _start_proxy(config, proxy_sock, stack)
         step = "test fault hook"
         _start_fault_hook(dns, origins, stack)
-
         step = "world info"
         info = _world_info(
             run_dir=run_dir,

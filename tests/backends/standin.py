@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
-from sandbox_attest.world.egress.proxy import HANDOFF_MARKER
+from sandbox_attest.world.egress.handoff import HANDOFF_MARKER
 
 
 def take_client(conn: socket.socket) -> tuple[socket.socket, bytes, str]:

@@ -38,7 +38,8 @@ from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import Verdict, decide
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX, WitnessRecords, World, start_world
-from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from sandbox_attest.world.egress.config import ProxyConfig
+from sandbox_attest.world.egress.proxy import ProxyProcess, start_proxy
 from sandbox_attest.world.egress.rules import Rule
 from sandbox_attest.world.info import ProxyInfo, WorldInfo
 from tests.reachable import reachable_tempdir

@@ -13,7 +13,8 @@ import pytest
 import trustme
 
 from sandbox_attest.world.dns import DnsFixture
-from sandbox_attest.world.egress.proxy import ProxyConfig, ProxyProcess, start_proxy
+from sandbox_attest.world.egress.config import ProxyConfig
+from sandbox_attest.world.egress.proxy import ProxyProcess, start_proxy
 from tests.egress.egress_helpers import Origin, OriginMode
 
 if TYPE_CHECKING:

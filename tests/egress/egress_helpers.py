@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sandbox_attest.catalog.records import WITNESS_WAIT_S
-from sandbox_attest.world.egress.proxy import PROXY_USER
+from sandbox_attest.world.egress.wire import PROXY_USER
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox_attest.world.egress import shim
-from sandbox_attest.world.egress.proxy import DENY_HEADER, HANDOFF_MARKER
+from sandbox_attest.world.egress.handoff import HANDOFF_MARKER
 from sandbox_attest.world.egress.rules import Rule
+from sandbox_attest.world.egress.wire import DENY_HEADER
 from tests.egress.egress_helpers import (
     connect_request,
     fd_count,

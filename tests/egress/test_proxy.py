@@ -20,8 +20,10 @@ import pytest
 
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host.jsonlines import LogLineError
-from sandbox_attest.world.egress.proxy import DENY_HEADER, MAX_HEAD, ProxyConfig, start_proxy
+from sandbox_attest.world.egress.config import ProxyConfig
+from sandbox_attest.world.egress.proxy import start_proxy
 from sandbox_attest.world.egress.rules import Rule
+from sandbox_attest.world.egress.wire import DENY_HEADER, MAX_HEAD
 from tests.egress.egress_helpers import (
     BLOCK,
     Origin,

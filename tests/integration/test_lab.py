@@ -21,8 +21,10 @@ import pytest
 
 from sandbox_attest.host import disguise
 from sandbox_attest.world.dns import DnsFixture
-from sandbox_attest.world.egress.proxy import PROXY_USER, ProxyConfig, start_proxy
+from sandbox_attest.world.egress.config import ProxyConfig
+from sandbox_attest.world.egress.proxy import start_proxy
 from sandbox_attest.world.egress.rules import Rule
+from sandbox_attest.world.egress.wire import PROXY_USER
 from sandbox_attest.world.lab import INTERNET_NET, ORIGIN_ADDRESS, lab_possible, lab_supported
 from sandbox_attest.world.netguard import OutsideLabError, check_destination, current_netns
 
