@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandbox_attest.backends.base import ProbeRequest
-from sandbox_attest.backends.docker import DockerBackend
+from sandbox_attest.backends.docker.backend import DockerBackend
 
 PYTHON = "/usr/bin/python3"
 

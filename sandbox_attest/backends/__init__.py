@@ -48,7 +48,7 @@ def register_spec(path: Path) -> str:
         ConfigError: the spec is invalid (the message names the file, the key and the fix), or
             another spec file is already registered under its name.
     """
-    from sandbox_attest.backends.spec import load_spec  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec_load import load_spec  # noqa: PLC0415
 
     spec = load_spec(path)
     earlier = _REGISTERED_SPECS.get(spec.name)
@@ -101,7 +101,7 @@ def create_backend(name: str) -> Backend:  # noqa: PLR0911  (one return per back
         return BubblewrapBackend()
     if name == "docker":
         try:
-            from sandbox_attest.backends.docker import DockerBackend  # noqa: PLC0415
+            from sandbox_attest.backends.docker.backend import DockerBackend  # noqa: PLC0415
         except ImportError as exc:
             return MissingBackend(
                 name,
@@ -119,14 +119,14 @@ def create_backend(name: str) -> Backend:  # noqa: PLR0911  (one return per back
         return AppContainerBackend()
     # Not a built-in: a command-wrapper spec, registered by path, named in matrix/backends/,
     # or a path to a spec file.
-    from sandbox_attest.backends.command import (  # noqa: PLC0415
-        CommandBackend,
+    from sandbox_attest.backends.command.backend import CommandBackend  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec import BUILTIN_BACKENDS  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec_load import (  # noqa: PLC0415
         available_specs,
         looks_like_path,
         resolve_spec,
         specs_dir,
     )
-    from sandbox_attest.backends.spec import BUILTIN_BACKENDS  # noqa: PLC0415
 
     spec_path = _REGISTERED_SPECS.get(name) or resolve_spec(name)
     if spec_path is not None:

@@ -324,7 +324,7 @@ def sweep(*, homes: list[Path], owners: set[int], docker: bool = False) -> list[
     if sys.platform.startswith("linux"):
         swept += sweep_orphans()
     if docker:
-        from sandbox_attest.backends.docker import (  # noqa: PLC0415
+        from sandbox_attest.backends.docker.stale import (  # noqa: PLC0415
             sweep_stale_containers,
             sweep_stale_images,
         )

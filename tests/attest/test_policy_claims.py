@@ -18,7 +18,7 @@ import pytest
 from sandbox_attest.attest.keys import SigningKey, TrustedKey, public_key_pem
 from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.backends.bubblewrap import POLICY as BUBBLEWRAP
-from sandbox_attest.backends.docker import DockerBackend
+from sandbox_attest.backends.docker.backend import DockerBackend
 from sandbox_attest.backends.none import POLICY as NONE
 from sandbox_attest.cli.release import claims_line, register
 from sandbox_attest.errors import ConfigError

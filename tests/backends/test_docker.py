@@ -27,17 +27,12 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.backends import docker_seccomp, seccomp
+from sandbox_attest.backends import seccomp
 from sandbox_attest.backends.base import START_MARKER, Backend, EgressRoute, ProbeRequest, ProbeRun
 from sandbox_attest.backends.bubblewrap import LIMITS
-from sandbox_attest.backends.docker import (
-    ENGINE_FIX,
-    HOST_ROOT_TARGET,
-    PIDS_LIMIT,
-    DockerBackend,
-    DockerEngineError,
-    engine_socket_path,
-)
+from sandbox_attest.backends.docker import seccomp as docker_seccomp
+from sandbox_attest.backends.docker.backend import HOST_ROOT_TARGET, PIDS_LIMIT, DockerBackend
+from sandbox_attest.backends.docker.engine import ENGINE_FIX, DockerEngineError, engine_socket_path
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.host.trust import payload_user
 from sandbox_attest.run.matrix import Cell, ProbeRow

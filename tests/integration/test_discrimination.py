@@ -21,7 +21,7 @@ import pytest
 from sandbox_attest.backends import create_backend
 from sandbox_attest.backends.base import Backend, Identity
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
-from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.paths import matrix_dir
@@ -58,7 +58,7 @@ def docker(*weaken: str) -> Callable[[], Backend]:
     """A docker backend with the named holes (imported lazily: the SDK is an extra)."""
 
     def make() -> Backend:
-        from sandbox_attest.backends.docker import DockerBackend  # noqa: PLC0415
+        from sandbox_attest.backends.docker.backend import DockerBackend  # noqa: PLC0415
 
         return DockerBackend(weaken=frozenset(weaken))
 

@@ -598,7 +598,7 @@ def test_next_run_untags_the_images_of_gone_runs(
     """A gone run's per-run image tag is removed by the sweep; a live or fresh one stays."""
     import docker  # noqa: PLC0415  (optional extra, skipped by the fixture when missing)
 
-    from sandbox_attest.backends.docker import sweep_stale_images  # noqa: PLC0415
+    from sandbox_attest.backends.docker.stale import sweep_stale_images  # noqa: PLC0415
 
     monkeypatch.setenv("DOCKER_HOST", private_engine.host)
     empty = tmp_path / "empty.tar"
@@ -630,8 +630,8 @@ def test_next_run_removes_the_containers_of_gone_runs(
     """A gone run's container is removed in one listing; a live run's and a fresh one stay."""
     import docker  # noqa: PLC0415  (optional extra, skipped by the fixture when missing)
 
-    from sandbox_attest.backends.docker import sweep_stale_containers  # noqa: PLC0415
-    from sandbox_attest.backends.docker_image import RUN_LABEL  # noqa: PLC0415
+    from sandbox_attest.backends.docker.image import RUN_LABEL  # noqa: PLC0415
+    from sandbox_attest.backends.docker.stale import sweep_stale_containers  # noqa: PLC0415
 
     monkeypatch.setenv("DOCKER_HOST", private_engine.host)
     empty = tmp_path / "empty.tar"

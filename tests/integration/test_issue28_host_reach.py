@@ -185,7 +185,7 @@ class TestKernelTunables:
 @pytest.fixture(scope="module")
 def shocker() -> Iterator[dict[str, dict[str, Any]]]:
     """fs_open_by_handle on the control leg and on docker with the Shocker configuration."""
-    from sandbox_attest.backends.docker import DockerBackend  # noqa: PLC0415  (an extra)
+    from sandbox_attest.backends.docker.backend import DockerBackend  # noqa: PLC0415  (an extra)
     from sandbox_attest.backends.none import NoneBackend  # noqa: PLC0415
     from sandbox_attest.run.runner import CellRunner  # noqa: PLC0415
     from sandbox_attest.world.core import start_world  # noqa: PLC0415

@@ -26,9 +26,9 @@ import pytest
 
 from sandbox_attest.backends.base import Backend
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
-from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
-from sandbox_attest.catalog.ipc import TAMPER_OPS
+from sandbox_attest.catalog.ipc.proxy_socket import TAMPER_OPS
 from sandbox_attest.host import disguise
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
@@ -65,7 +65,7 @@ def world() -> Iterator[World]:
 @pytest.fixture(scope="module")
 def runner(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CellRunner]:
     """A runner over the control leg, both release legs and the three socket wrappers."""
-    from sandbox_attest.backends.docker import DockerBackend  # noqa: PLC0415  (the SDK is an extra)
+    from sandbox_attest.backends.docker.backend import DockerBackend  # noqa: PLC0415  (the SDK is an extra)
 
     docker = DockerBackend()
     backends: dict[str, Backend] = {

@@ -36,7 +36,7 @@ VISIBLE = {
 # The modules that name something the payload can list, read or see in /proc.
 NAMING_MODULES = (
     "sandbox_attest/run/hostview.py",
-    "sandbox_attest/run/cellgroup.py",
+    "sandbox_attest/host/cellgroup.py",
     "sandbox_attest/catalog/proc/anchor.py",
     "sandbox_attest/catalog/proc/namespace.py",
     "sandbox_attest/catalog/crossproc.py",
@@ -57,7 +57,8 @@ NAMING_MODULES = (
     "sandbox_attest/world/lab.py",
     "sandbox_attest/backends/base.py",
     "sandbox_attest/backends/bubblewrap.py",
-    "sandbox_attest/backends/docker.py",
+    "sandbox_attest/backends/docker/backend.py",
+    "sandbox_attest/backends/docker/container.py",
     "probes/_launch.py",
     "matrix/backends/bwrap-generic.toml",
 )

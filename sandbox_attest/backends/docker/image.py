@@ -16,8 +16,8 @@ carried by the image's tag (`sandbox-attest/hostroot:<run id>`), removed when th
 A user can name any local image instead (`DockerBackend(image=...)`); `describe_image` records
 its id and repo digests.
 
-Functions here let docker SDK exceptions propagate; `sandbox_attest.backends.docker` translates them
-into harness errors at its boundary.
+Functions here let docker SDK exceptions propagate; the backend translates them into harness
+errors at its boundary (`sandbox_attest.backends.docker.engine`).
 """
 
 from __future__ import annotations
