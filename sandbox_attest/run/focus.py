@@ -160,7 +160,7 @@ def focused(
         return
     import tempfile  # noqa: PLC0415
 
-    from sandbox_attest.backends.spec import load_spec  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec_load import load_spec  # noqa: PLC0415
     from sandbox_attest.host.platform import current_platform  # noqa: PLC0415
 
     chosen = [*backends, *(load_spec(Path(spec)).name for spec in specs)]

@@ -193,7 +193,7 @@ def _declared_open(name: str) -> str | None:
     qualifies: the built-in `none`, or a command-wrapper spec that declares exactly that.
     """
     from sandbox_attest.backends import create_backend  # noqa: PLC0415  (matrix stays import-light)
-    from sandbox_attest.backends.command import CommandBackend  # noqa: PLC0415
+    from sandbox_attest.backends.command.backend import CommandBackend  # noqa: PLC0415
     from sandbox_attest.backends.none import POLICY as NONE_POLICY  # noqa: PLC0415
 
     if name == "none":

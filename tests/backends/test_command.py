@@ -21,16 +21,11 @@ import sandbox_attest.backends
 from sandbox_attest.backends import create_backend, register_spec
 from sandbox_attest.backends.base import Backend, EgressRoute, ProbeRequest
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
-from sandbox_attest.backends.command import (
-    AGENT_CANARIES,
-    RUN_TAG_VAR,
-    WRAPPER_ENV_FILE,
-    CommandBackend,
-    resolve_spec,
-    tagged_pids,
-)
+from sandbox_attest.backends.command.backend import CommandBackend
+from sandbox_attest.backends.command.env import AGENT_CANARIES, WRAPPER_ENV_FILE
+from sandbox_attest.backends.command.leftovers import RUN_TAG_VAR, tagged_pids
+from sandbox_attest.backends.command.spec_load import load_spec, resolve_spec
 from sandbox_attest.backends.none import NoneBackend
-from sandbox_attest.backends.spec import load_spec
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.run.matrix import Cell, ProbeRow

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox_attest.backends.base import EgressRoute, ProbeRequest
-from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.payload import TELLTALE_WORDS, staged_shim_path
 from sandbox_attest.world.core import World, start_world
 

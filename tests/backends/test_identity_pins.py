@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_attest.backends.base import EgressRoute, ProbeRequest
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
-from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.host.trust import payload_user
 from sandbox_attest.world.core import World, start_world

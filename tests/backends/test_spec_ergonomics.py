@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from sandbox_attest.backends.base import EgressRoute, ProbeRequest
-from sandbox_attest.backends.command import WRAPPER_ENV_FILE, CommandBackend
-from sandbox_attest.backends.spec import load_spec
+from sandbox_attest.backends.command.backend import CommandBackend
+from sandbox_attest.backends.command.env import WRAPPER_ENV_FILE
+from sandbox_attest.backends.command.spec_load import load_spec
 from sandbox_attest.catalog import env as env_catalog
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.world.core import World, start_world

@@ -29,7 +29,7 @@ import pytest
 from sandbox_attest.backends import create_backend
 from sandbox_attest.backends.base import Backend
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
-from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog.fs import writable as fs
 from sandbox_attest.run.matrix import Cell, ProbeRow

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner

@@ -15,8 +15,8 @@ import pytest
 
 from sandbox_attest.backends.base import DeclaredPolicy, Identity
 from sandbox_attest.backends.bubblewrap import POLICY as BUBBLEWRAP
+from sandbox_attest.backends.command.spec_load import load_spec
 from sandbox_attest.backends.none import POLICY as NONE
-from sandbox_attest.backends.spec import load_spec
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.claims import claims_of, expand, unclaimed
 from sandbox_attest.errors import ConfigError

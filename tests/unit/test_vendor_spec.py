@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.backends.command import CommandBackend
-from sandbox_attest.backends.spec import claim_sources, load_spec, payload_ids, sample_context
+from sandbox_attest.backends.command.backend import CommandBackend
+from sandbox_attest.backends.command.spec import payload_ids, sample_context
+from sandbox_attest.backends.command.spec_load import load_spec
+from sandbox_attest.backends.command.spec_policy import claim_sources
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.report.claimview import claim_rows

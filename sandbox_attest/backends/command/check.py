@@ -1,0 +1,420 @@
+"""Whether a command wrapper is AVAILABLE here: it ran a test command, and that command started.
+
+The harness runs a Python one-liner under the spec's own `[run] argv` and reads back what it saw
+(namespaces, seccomp, NoNewPrivs, uid). Those are facts in the identity, not a verdict: a
+wrapper that silently fell back to no sandbox at all (firejail inside a container) is
+AVAILABLE, and its cells FAIL on their own host readings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from sandbox_attest.backends.base import Availability, Identity, shim_path
+from sandbox_attest.backends.command.leftovers import LeftoverWatcher
+from sandbox_attest.backends.command.spec import (
+    LIST_NAMES,
+    CommandSpec,
+    RenderContext,
+    json_list,
+    payload_ids,
+    sample_context,
+    shell_join,
+)
+from sandbox_attest.backends.none import platform_string
+from sandbox_attest.host import cellgroup, lifetime
+from sandbox_attest.host.interpreter import run_interpreter
+from sandbox_attest.host.platform import current_platform
+from sandbox_attest.host.trust import give, payload_user
+from sandbox_attest.payload import STAGED_SHIM, payload_env
+
+if TYPE_CHECKING:
+    from sandbox_attest.backends.command.wrapper import SpecWrapper
+
+DETECT_TIMEOUT_S: Final = 30.0
+# Run under the wrapper at availability time: what confinement the payload would get.
+CONFINEMENT_PROBE: Final = (
+    "import json, os\n"
+    "ns = {}\n"
+    "for n in ('net', 'mnt', 'pid', 'user', 'ipc', 'uts'):\n"
+    "    try: ns[n] = os.readlink('/proc/self/ns/' + n)\n"
+    "    except OSError: ns[n] = None\n"
+    "st = {}\n"
+    "for line in open('/proc/self/status'):\n"
+    "    k, _, v = line.partition(':')\n"
+    "    if k in ('Seccomp', 'NoNewPrivs', 'CapEff'): st[k] = v.strip()\n"
+    "print('confinement=' + json.dumps({'ns': ns, 'status': st, 'uid': os.getuid()}))\n"
+)
+CONFINEMENT_LINE: Final = "confinement="
+NAMESPACES: Final = ("net", "mnt", "pid", "user", "ipc", "uts")
+# After the test command reported, how long its wrapper may take to exit by itself.
+TEST_GRACE_S: Final = 5.0
+KILL_WAIT_S: Final = 10.0
+
+
+def check_availability(wrapper: SpecWrapper) -> Availability:
+    """Find the wrapper on its PATH, run its check, then a test command under its argv.
+
+    AVAILABLE means the test command started under the wrapper and reported what it
+    saw; what it saw (a private network namespace or the harness's, seccomp, no new
+    privileges) goes into the identity as facts, for the probes to judge.
+    """
+    spec = wrapper.spec
+    path = wrapper.run_path()
+    fix = spec.install or f"install it, or fix [detect] executables in {spec.source}"
+    here = current_platform()
+    if here not in spec.platforms:
+        return _unavailable(
+            f"{spec.name} is declared for {list(spec.platforms)} "
+            f"in {spec.source}; this machine is {here}",
+        )
+    for exe in spec.executables:
+        if wrapper.which(exe) is None:
+            where = "[run] path" if spec.path else "the payload's PATH (set [run] path)"
+            return _unavailable(
+                f"{exe} not found on {where} {path} (needed by the {spec.name} spec "
+                f"{spec.source}); {fix}",
+            )
+    # A neutral name: the test command's workspace is the wrapper's to see (issue 23).
+    with tempfile.TemporaryDirectory(prefix="agent-check-") as tmp:
+        ctx, run_dir, cwd = _check_context(wrapper, Path(tmp))
+        env = wrapper.wrapper_env(_check_payload_env(wrapper, ctx), ctx, {})
+        version = "unknown"
+        if spec.version_argv:
+            result = _detect(wrapper, spec.version_argv, env)
+            if isinstance(result, subprocess.CompletedProcess):
+                version = _first_line(result.stdout) or _first_line(result.stderr) or version
+        failure = _detect_check(wrapper, env)
+        if failure:
+            return _unavailable(failure)
+        wrapper.render_files(ctx, run_dir)
+        give(Path(tmp), wrapper.user(), recursive=True)
+        seen = _confinement_check(wrapper, ctx, env, cwd)
+    if isinstance(seen, str):
+        return _unavailable(seen)
+    facts = _confinement_facts(seen)
+    note = ""
+    if facts["unconfined"]:
+        note = (
+            f"{spec.name} ran its test command with no confinement at all (the harness's "
+            "namespaces, no seccomp filter, no NoNewPrivs), as a wrapper that silently "
+            "falls back looks (firejail inside a container, its warning hidden by "
+            "--quiet); its cells are judged on that, and each probe of a claim it "
+            "cannot keep FAILs"
+        )
+    identity = Identity(
+        name=spec.name,
+        version=version,
+        platform=platform_string(),
+        policy=spec.policy,
+        profile={
+            "kind": "command",
+            "spec": json.loads(json.dumps(spec.raw, sort_keys=True, default=str)),
+            "egress": wrapper.egress_mode,
+            "path": path,
+            "check": shell_join(wrapper.static_argv(spec.check_argv))
+            if spec.check_argv
+            else "none",
+            # Stable facts only (no namespace inode numbers): the digest pins the profile.
+            "test_command": facts,
+        },
+        executables=wrapper.executables(),
+        spec_sha256=hashlib.sha256(spec.source.read_bytes()).hexdigest(),
+        runs_as=wrapper.runs_as(),
+    )
+    return Availability(ok=True, reason=note, identity=identity)
+
+
+def _detect_check(wrapper: SpecWrapper, env: dict[str, str]) -> str:
+    """Run [detect] check if the spec has one; '' if it passed, else the reason."""
+    spec = wrapper.spec
+    if not spec.check_argv:
+        return ""
+    result = _detect(wrapper, spec.check_argv, env)
+    if isinstance(result, str):
+        said = result
+    elif result.returncode != 0:
+        output = (result.stderr.strip() or result.stdout.strip())[-400:]
+        said = f"exit {result.returncode}: {output or 'no output'}"
+    else:
+        return ""
+    return (
+        f"{spec.name} is installed but cannot confine here: "
+        f"`{shell_join(wrapper.static_argv(spec.check_argv))}` failed ({said}); check the "
+        f"wrapper works on this machine, or fix [detect] check in {spec.source}"
+    )
+
+
+def _confinement_check(
+    wrapper: SpecWrapper, ctx: RenderContext, env: dict[str, str], cwd: Path
+) -> dict[str, Any] | str:
+    """Run a one-liner under the spec's own [run] argv: what it saw, or why it did not run.
+
+    A wrapper's exit status does not show it started anything, so the one-liner must
+    report back, run with the argv the cells will use: one extra process.
+    """
+    spec = wrapper.spec
+    try:
+        mine = {n: str(Path(f"/proc/self/ns/{n}").readlink()) for n in NAMESPACES}
+    except OSError as exc:
+        return (
+            f"{spec.name}: cannot read the harness's own namespaces ({exc}), so cannot "
+            "compare the wrapper's; run the harness on Linux with /proc mounted"
+        )
+    said, stdout = _run_test_command(wrapper, ctx.render_argv(spec), env, cwd)
+    seen = _confinement_line(stdout)
+    if seen is None:
+        return _no_test_command(spec, said)
+    seen["harness_ns"] = mine
+    return seen
+
+
+def _run_test_command(
+    wrapper: SpecWrapper, argv: list[str], env: dict[str, str], cwd: Path
+) -> tuple[str, str]:
+    """Run the test command as a cell runs: own session, own group, swept afterwards.
+
+    It returns soon after the one-liner reported: a wrapper that lingers (a helper left
+    running, a `wait` on a daemon) gets TEST_GRACE_S to exit, then its process group is
+    killed and everything left in its cell group swept, so availability never waits on
+    a leftover.
+
+    Returns:
+        (what happened in words, the stdout read).
+    """
+    with cellgroup.open_cell() as group:
+        return _run_test_command_in(wrapper, group, argv, env, cwd)
+
+
+def _run_test_command_in(
+    wrapper: SpecWrapper,
+    group: cellgroup.CellGroup,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+) -> tuple[str, str]:
+    watcher = LeftoverWatcher(group)
+    watcher.start()
+    out: list[bytes] = []
+    err: list[bytes] = []
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            **wrapper.user_kwargs(),
+            # In the group, and a killed harness takes the wrapper with it.
+            **cellgroup.spawn_kwargs(argv, env),
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        cellgroup.spawn_failed()
+        watcher.finish()
+        return f"{type(exc).__name__}: {exc}", ""
+    cellgroup.started(proc.pid)
+    readers = [
+        threading.Thread(target=_read_all, args=(stream, sink), daemon=True)
+        for stream, sink in ((proc.stdout, out), (proc.stderr, err))
+    ]
+    for reader in readers:
+        reader.start()
+    start = time.monotonic()
+    _wait_for_report(proc, out)
+    lingered = proc.poll() is None
+    if lingered:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=KILL_WAIT_S)
+    watcher.finish()
+    for reader in readers:
+        reader.join(timeout=2.0)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    stdout = b"".join(out).decode("utf-8", "replace")
+    stderr = b"".join(err).decode("utf-8", "replace")
+    output = (stderr.strip() or stdout.strip())[-400:] or "no output"
+    if lingered:
+        return f"killed after {time.monotonic() - start:.0f} s: {output}", stdout
+    return f"exit {proc.returncode}: {output}", stdout
+
+
+def _check_payload_env(wrapper: SpecWrapper, ctx: RenderContext) -> dict[str, str]:
+    """The payload env the test command gets (as a cell's, with the check's workspace)."""
+    proxy = {"harness-tcp": ctx.scalars["proxy_url"]}.get(wrapper.spec.egress)
+    return payload_env(proxy, Path(ctx.scalars["workspace"]))
+
+
+def _check_context(wrapper: SpecWrapper, root: Path) -> tuple[RenderContext, Path, Path]:
+    """A render context for the test command: real paths under `root`, sample rest.
+
+    Returns:
+        (context, run dir, the wrapper's cwd).
+    """
+    spec = wrapper.spec
+    workspace, run_dir, socket = root / "workspace", root / "run", root / "proxy.sock"
+    workspace.mkdir()
+    run_dir.mkdir()
+    socket.touch()  # wrappers bind it in; nothing connects during the check
+    # A spec may bind {shim}: a copy under the cells' neutral name (issue 23).
+    shim = root / STAGED_SHIM
+    shutil.copyfile(shim_path(), shim)
+    shim.chmod(0o644)
+    # The interpreter every cell's payload gets (sandbox_attest/host/interpreter.py).
+    python = run_interpreter()
+    payload = [python.path, "-c", CONFINEMENT_PROBE]
+    sample = sample_context()
+    read_only = [str(p) for p in python.bind_paths()]
+    env = [f"{k}={v}" for k, v in payload_env(None, workspace).items()]
+    # No fixture world at availability time: the host lists are empty (no network), the
+    # value a wrapper's settings file can always take.
+    lists = sample.lists | {"read_only": read_only, "payload_env": env}
+    lists |= {name: [] for name in LIST_NAMES if name.startswith(("allowed_", "denied_"))}
+    hosts = {
+        f"{n}_{form}": "[]" if form == "json" else ""
+        for n in lists
+        if n.startswith(("allowed_", "denied_"))
+        for form in ("json", "csv")
+    }
+    scalars = (
+        sample.scalars
+        | hosts
+        | {
+            "workspace": str(workspace),
+            "run_dir": str(run_dir),
+            "cell_id": f"{spec.name}-availability",
+            "python": python.path,
+            "probe_argv": shell_join(payload),
+            "payload_shell": shell_join(payload),
+            "proxy_socket": str(socket),
+            "shim": str(shim),
+            "world_dir": str(root),
+            "read_only_json": json_list(read_only),
+            "read_only_csv": ",".join(read_only),
+            "payload_env_json": json_list(env),
+            "payload_env_csv": ",".join(env),
+            "wrapper_home": str(wrapper.wrapper_home()),
+            **payload_ids(payload_user()),
+            **spec.static_scalars(),
+        }
+    )
+    base = RenderContext(scalars, lists, payload)
+    scalars["proxy_socket_inside"] = base.render(
+        spec.proxy_socket_inside, f"{spec.source}: [run] proxy_socket_inside"
+    )
+    scalars["shim_inside"] = base.render(spec.shim_inside, f"{spec.source}: [run] shim_inside")
+    ctx = RenderContext(scalars, lists, payload).with_spec_lists(spec)
+    return ctx, run_dir, wrapper.cwd(ctx)
+
+
+def _detect(
+    wrapper: SpecWrapper, argv: tuple[str, ...], env: dict[str, str]
+) -> subprocess.CompletedProcess[str] | str:
+    # The wrapper is third-party code under test: even its --version runs as the user its
+    # cells run as, never as the harness's (root's) own, and on the PATH its cells use.
+    # Its own session, and on timeout its whole group goes: a --version that forks a
+    # helper must not leave it running, and a killed harness takes it along.
+    try:
+        proc = subprocess.Popen(
+            wrapper.static_argv(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            cwd="/",
+            **wrapper.user_kwargs(),
+            **lifetime.popen_kwargs(),
+        )
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        stdout, stderr = proc.communicate(timeout=DETECT_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"{type(exc).__name__}: {exc}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+def _wait_for_report(proc: subprocess.Popen[bytes], out: list[bytes]) -> None:
+    """Wait for the test command's wrapper to exit: at most TEST_GRACE_S after it reported."""
+    start, seen_at = time.monotonic(), None
+    while proc.poll() is None and time.monotonic() - start < DETECT_TIMEOUT_S:
+        if seen_at is None and CONFINEMENT_LINE.encode() in b"".join(out):
+            seen_at = time.monotonic()
+        if seen_at is not None and time.monotonic() - seen_at > TEST_GRACE_S:
+            return
+        time.sleep(0.05)
+
+
+def _read_all(stream: Any, sink: list[bytes]) -> None:
+    """Read a pipe to EOF into `sink` (a daemon thread: a leftover may hold it open)."""
+    with contextlib.suppress(OSError, ValueError):
+        while chunk := stream.read1(65536):
+            sink.append(chunk)
+
+
+def _confinement_line(stdout: str) -> dict[str, Any] | None:
+    """What CONFINEMENT_PROBE printed, or None if it printed nothing readable."""
+    for line in stdout.splitlines():
+        if line.startswith(CONFINEMENT_LINE):
+            with contextlib.suppress(ValueError):
+                seen = json.loads(line.removeprefix(CONFINEMENT_LINE))
+                if isinstance(seen, dict):
+                    return seen
+    return None
+
+
+def _confinement_facts(seen: dict[str, Any]) -> dict[str, Any]:
+    """The test command's readings as stable facts for the identity (no inode numbers).
+
+    `unconfined` is the silent fall-back: every namespace the harness's, no seccomp filter,
+    no NoNewPrivs. It is a fact, not a verdict: the probes FAIL what that leaves open.
+    """
+    ns, mine = seen.get("ns") or {}, seen.get("harness_ns") or {}
+    status = seen.get("status") or {}
+    shared = sorted(n for n in NAMESPACES if ns.get(n) is not None and ns.get(n) == mine.get(n))
+    seccomp = str(status.get("Seccomp", "unknown"))
+    no_new_privs = str(status.get("NoNewPrivs", "unknown"))
+    return {
+        "started": True,
+        "network_namespace": "the harness's own" if "net" in shared else "private",
+        "namespaces_shared_with_harness": shared,
+        "seccomp": seccomp,
+        "no_new_privs": no_new_privs,
+        "uid": seen.get("uid"),
+        "unconfined": set(shared) == set(NAMESPACES) and seccomp == "0" and no_new_privs == "0",
+    }
+
+
+def _no_test_command(spec: CommandSpec, said: str) -> str:
+    return (
+        f"{spec.name} did not run a test command under its [run] argv ({said}); "
+        f"check the wrapper works on this machine, or fix [run] argv in {spec.source}"
+    )
+
+
+def _unavailable(reason: str) -> Availability:
+    return Availability(ok=False, reason=reason, identity=None)
