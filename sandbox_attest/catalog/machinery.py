@@ -60,7 +60,7 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     home_of,
 )
-from sandbox_attest.claims import claims_of
+from sandbox_attest.claims import Claims, claims_of
 from sandbox_attest.host import disguise, safefs
 from sandbox_attest.host.trust import unreachable_by
 from sandbox_attest.verdict import Assessment, Expectation
@@ -340,28 +340,7 @@ class FsMachineryOverwrite(SpecBase):
         ]
         opened = _host_binaries_opened(escapes)
         hits = [p for p in [*changed, *marked] if p not in allowed] + touched + opened
-        reasons: list[str] = []
-        if allowed:
-            reasons.append(
-                f"not judged: {', '.join(allowed)} changed, and the backend "
-                f"{claims.phrase('writes')}, so those writes are its to allow"
-            )
-        if hits:
-            reasons.append(
-                (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
-                + "the host sees the sandbox's machinery written: "
-                + ", ".join(hits)
-            )
-            reasons.append(
-                "fix: bind the sandbox's helper, its config, its allowlist and its run dir "
-                "read-only or leave them out of the view (bwrap --ro-bind, docker :ro), and "
-                "never run the sandbox from a file the payload user can write"
-            )
-        else:
-            reasons.append(
-                f"sha256 of {len(before) - 2} machinery files unchanged, no marker in the cell "
-                f"dir, {len(helpers_before)} real helpers untouched"
-            )
+        reasons = _machinery_reasons(claims, allowed, hits, len(before) - 2, len(helpers_before))
         reasons.append(f"payload: {attempts_summary(escapes)}")
         escape = judge_escape(
             observed, bool(hits), private_namespace_reason(report, "mnt"), reasons
@@ -391,6 +370,38 @@ class FsMachineryOverwrite(SpecBase):
                 f"was not seen on the host ({attempts_summary(inside)})"
             ),
         )
+
+
+def _machinery_reasons(
+    claims: Claims, allowed: list[str], hits: list[str], copies: int, helpers: int
+) -> list[str]:
+    """The verdict's phrases for the machinery: what the claim allows, what was hit, or none.
+
+    `copies` and `helpers` count the planted copies and the real helpers looked at.
+    """
+    reasons: list[str] = []
+    if allowed:
+        reasons.append(
+            f"not judged: {', '.join(allowed)} changed, and the backend "
+            f"{claims.phrase('writes')}, so those writes are its to allow"
+        )
+    if hits:
+        reasons.append(
+            (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
+            + "the host sees the sandbox's machinery written: "
+            + ", ".join(hits)
+        )
+        reasons.append(
+            "fix: bind the sandbox's helper, its config, its allowlist and its run dir "
+            "read-only or leave them out of the view (bwrap --ro-bind, docker :ro), and "
+            "never run the sandbox from a file the payload user can write"
+        )
+    else:
+        reasons.append(
+            f"sha256 of {copies} machinery files unchanged, no marker in the cell "
+            f"dir, {helpers} real helpers untouched"
+        )
+    return reasons
 
 
 def _host_binaries_opened(escapes: list[dict[str, Any]]) -> list[str]:
@@ -569,11 +580,7 @@ class FsLeakedDirfd(SpecBase):
         del witness
         state = load_state(ctx)
         token, inside_token = str(state.get("token", "")), str(state.get("inside", ""))
-        forbidden = {
-            tuple(ident): name
-            for name, ident in (state.get("forbidden") or {}).items()
-            if isinstance(ident, list)
-        }
+        forbidden = _forbidden_dirs(state)
         claims = claims_of(ctx.policy)
         every = attempts_by_role(report, "escape")
         # The host path is this class's route only where nothing confines reads (the control
@@ -587,14 +594,7 @@ class FsLeakedDirfd(SpecBase):
         ]
         inside = attempts_by_role(report, "control")
         observed = observed_outcome(escapes)
-        read = [
-            str(a.get("what"))
-            for a in escapes
-            if a.get("outcome") == "succeeded"
-            and token
-            and token in str(a.get("detail"))
-            and a.get("what") != SCAN_ATTEMPT
-        ]
+        read = _token_read_via(escapes, token)
         path_note = [
             a for a in every if a.get("what") == PATH_ATTEMPT and a.get("outcome") == "succeeded"
         ]
@@ -603,15 +603,7 @@ class FsLeakedDirfd(SpecBase):
             {forbidden[tuple(r)] for r in facts.get("reached") or [] if tuple(r) in forbidden}
         )
         view = dict(ctx.host_view.get(self.id) or {})
-        leaked = [
-            f"fd {d.get('fd')} of pid {d.get('pid')} on {d.get('target')} "
-            f"({forbidden[tuple(d['identity'])]})"
-            for d in view.get("dir_fds") or []
-            if tuple(d.get("identity") or ()) in forbidden
-        ]
-        cwd = view.get("cwd")
-        if isinstance(cwd, list) and tuple(cwd) in forbidden:
-            leaked.append(f"cwd on {forbidden[tuple(cwd)]}")
+        leaked = _leaked_in_view(view, forbidden)
         seen = bool(read or reached or leaked)
         reasons: list[str] = []
         if not token or not forbidden:
@@ -620,29 +612,9 @@ class FsLeakedDirfd(SpecBase):
                 "rewritten, so no read can be told from a refusal"
             )
         if seen:
-            parts = []
-            if read:
-                parts.append(f"the payload read the canary's token via {', '.join(read)}")
-            if reached:
-                parts.append(f"its descriptors reached {', '.join(reached)}")
-            if leaked:
-                parts.append(f"the host sees the sandbox holding {', '.join(leaked)}")
-            reasons.append(
-                (f"{claims.phrase('reads')}; " if claims.reads != "open" else "") + "; ".join(parts)
-            )
-            if any(w != PATH_ATTEMPT for w in read) or reached or leaked:
-                reasons.append(
-                    "fix: close every descriptor but 0-2 before starting the sandbox (bwrap "
-                    "keeps what it inherits; pass only the --*-fd descriptors it needs) and "
-                    "never start it with a working directory outside its view"
-                )
+            reasons += _reached_reasons(claims, read, reached, leaked)
         else:
-            reasons.append(
-                "no canary token in the report; none of the payload's "
-                f"{len(facts.get('directory_fds') or [])} directory descriptors reached a host "
-                f"directory; the host saw {len(view.get('dir_fds') or [])} directory "
-                "descriptors in the payload, none on the host's own directories"
-            )
+            reasons.append(_nothing_reached_reason(facts, view))
         reasons.append(f"payload: {attempts_summary(escapes)}")
         if path_note and not by_path:
             reasons.append(
@@ -667,6 +639,75 @@ class FsLeakedDirfd(SpecBase):
             inside=inside,
             inside_ok=inside_ok,
         )
+
+
+def _forbidden_dirs(state: dict[str, Any]) -> dict[tuple[int, ...], str]:
+    """The host's own directories kept at prepare, by (device, inode), each with its name."""
+    return {
+        tuple(ident): name
+        for name, ident in (state.get("forbidden") or {}).items()
+        if isinstance(ident, list)
+    }
+
+
+def _token_read_via(escapes: list[dict[str, Any]], token: str) -> list[str]:
+    """The attempts that reported the canary's token (the descriptor scan's own aside)."""
+    return [
+        str(a.get("what"))
+        for a in escapes
+        if a.get("outcome") == "succeeded"
+        and token
+        and token in str(a.get("detail"))
+        and a.get("what") != SCAN_ATTEMPT
+    ]
+
+
+def _leaked_in_view(view: dict[str, Any], forbidden: dict[tuple[int, ...], str]) -> list[str]:
+    """The payload's descriptors and cwd the host saw on one of its own directories."""
+    leaked = [
+        f"fd {d.get('fd')} of pid {d.get('pid')} on {d.get('target')} "
+        f"({forbidden[tuple(d['identity'])]})"
+        for d in view.get("dir_fds") or []
+        if tuple(d.get("identity") or ()) in forbidden
+    ]
+    cwd = view.get("cwd")
+    if isinstance(cwd, list) and tuple(cwd) in forbidden:
+        leaked.append(f"cwd on {forbidden[tuple(cwd)]}")
+    return leaked
+
+
+def _reached_reasons(
+    claims: Claims, read: list[str], reached: list[str], leaked: list[str]
+) -> list[str]:
+    """The verdict's phrases when the canary was reached: how, and the fix where it applies."""
+    reasons = []
+    parts = []
+    if read:
+        parts.append(f"the payload read the canary's token via {', '.join(read)}")
+    if reached:
+        parts.append(f"its descriptors reached {', '.join(reached)}")
+    if leaked:
+        parts.append(f"the host sees the sandbox holding {', '.join(leaked)}")
+    reasons.append(
+        (f"{claims.phrase('reads')}; " if claims.reads != "open" else "") + "; ".join(parts)
+    )
+    if any(w != PATH_ATTEMPT for w in read) or reached or leaked:
+        reasons.append(
+            "fix: close every descriptor but 0-2 before starting the sandbox (bwrap "
+            "keeps what it inherits; pass only the --*-fd descriptors it needs) and "
+            "never start it with a working directory outside its view"
+        )
+    return reasons
+
+
+def _nothing_reached_reason(facts: dict[str, Any], view: dict[str, Any]) -> str:
+    """The verdict's phrase when neither the payload nor the host saw the canary reached."""
+    return (
+        "no canary token in the report; none of the payload's "
+        f"{len(facts.get('directory_fds') or [])} directory descriptors reached a host "
+        f"directory; the host saw {len(view.get('dir_fds') or [])} directory "
+        "descriptors in the payload, none on the host's own directories"
+    )
 
 
 SPECS: Final = (FsMachineryOverwrite(), FsLeakedDirfd())

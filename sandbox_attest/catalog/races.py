@@ -56,7 +56,7 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     home_of,
 )
-from sandbox_attest.claims import claims_of
+from sandbox_attest.claims import Claims, claims_of
 from sandbox_attest.host import disguise, safefs
 from sandbox_attest.host.trust import unreachable_by
 from sandbox_attest.verdict import Assessment, Expectation
@@ -208,41 +208,14 @@ class FsSetupRace(SpecBase):
             if judged_swap or a.get("what") != SWAP_ATTEMPT or a.get("outcome") != "succeeded"
         ]
         observed = observed_outcome(escapes)
-        read = any(
-            a.get("what") == SWAP_ATTEMPT
-            and a.get("outcome") == "succeeded"
-            and token
-            and token in str(a.get("detail"))
-            for a in escapes
-        )
+        read = _token_read_through_swap(escapes, token)
         sockets = [
             p
             for p in self._sockets_left(ctx)
             if claims.writes == "open" or claims.write_denied(Path(p).parent, home_of(ctx))
         ]
-        reasons: list[str] = []
-        if bound or (read and claims.reads == "open"):
-            reasons.append(
-                (f"{claims.phrase('reads')}; " if claims.reads != "open" else "")
-                + "the canary swapped in before setup is in the payload's view"
-                + (" (the host sees its token behind the swapped path)" if bound else "")
-                + (" and the payload read its token" if read else "")
-            )
-            if bound:
-                reasons.append(
-                    "fix: never bind a source the payload user can change; open each bind "
-                    "source without following symlinks (O_NOFOLLOW, openat2 RESOLVE_NO_SYMLINKS) "
-                    "and bind that descriptor, or make the sources root's"
-                )
-        if sockets:
-            reasons.append(
-                (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
-                + f"a unix socket of the payload's is left on the host: {', '.join(sockets)}"
-            )
-            reasons.append(
-                "fix: bind nothing outside the workspace writable, and refuse bind() of unix "
-                "sockets outside it (a private /tmp, seccomp or Landlock on AF_UNIX)"
-            )
+        reasons = _swap_reasons(claims, bound=bound, read=read)
+        reasons += _socket_reasons(claims, sockets)
         if not reasons:
             reasons.append(
                 "the canary behind the swapped path is not in the payload's view and no "
@@ -292,6 +265,51 @@ class FsSetupRace(SpecBase):
         if st is not None and stat.S_ISSOCK(st.st_mode):
             return [str(ctx.cell_dir / SOCKET_DIR / name)]
         return []
+
+
+def _token_read_through_swap(escapes: list[dict[str, Any]], token: str) -> bool:
+    """Whether the payload reported the canary's token read through the swapped path."""
+    return any(
+        a.get("what") == SWAP_ATTEMPT
+        and a.get("outcome") == "succeeded"
+        and token
+        and token in str(a.get("detail"))
+        for a in escapes
+    )
+
+
+def _swap_reasons(claims: Claims, *, bound: bool, read: bool) -> list[str]:
+    """The verdict's phrases for the swapped path: the canary in view, and the fix if bound."""
+    reasons: list[str] = []
+    if bound or (read and claims.reads == "open"):
+        reasons.append(
+            (f"{claims.phrase('reads')}; " if claims.reads != "open" else "")
+            + "the canary swapped in before setup is in the payload's view"
+            + (" (the host sees its token behind the swapped path)" if bound else "")
+            + (" and the payload read its token" if read else "")
+        )
+        if bound:
+            reasons.append(
+                "fix: never bind a source the payload user can change; open each bind "
+                "source without following symlinks (O_NOFOLLOW, openat2 RESOLVE_NO_SYMLINKS) "
+                "and bind that descriptor, or make the sources root's"
+            )
+    return reasons
+
+
+def _socket_reasons(claims: Claims, sockets: list[str]) -> list[str]:
+    """The verdict's phrases for the payload's sockets left on the host, and the fix."""
+    reasons: list[str] = []
+    if sockets:
+        reasons.append(
+            (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
+            + f"a unix socket of the payload's is left on the host: {', '.join(sockets)}"
+        )
+        reasons.append(
+            "fix: bind nothing outside the workspace writable, and refuse bind() of unix "
+            "sockets outside it (a private /tmp, seccomp or Landlock on AF_UNIX)"
+        )
+    return reasons
 
 
 def _refused_as_a_kind(inside: list[dict[str, Any]], every: list[dict[str, Any]]) -> str:

@@ -57,12 +57,12 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     home_of,
 )
-from sandbox_attest.claims import claims_of
+from sandbox_attest.claims import Claims, claims_of
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host import disguise, journal, safefs
 from sandbox_attest.host.safefs import Identity, SafeDir, UnsafePathError, open_dir
 from sandbox_attest.host.trust import open_home
-from sandbox_attest.verdict import Assessment, Expectation
+from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 _BASELINE = "baseline.json"
 _PLANTED = "planted.json"
@@ -367,56 +367,14 @@ class FsWriteOutside(SpecBase):
         changed = {k: v for k, v in changed.items() if k not in allowed}
         escapes = attempts_by_role(report, "escape")
         observed = observed_outcome(escapes)
-        reasons = []
-        if allowed:
-            places = ", ".join(sorted(str(planted[k].parent) for k in allowed))
-            reasons.append(
-                f"not judged: the payload wrote in {places}; the backend "
-                f"{claims.phrase('writes')}, so those writes are its to allow"
-            )
-        if changed:
-            reasons.append(
-                (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
-                + "host sees canary changes: "
-                + "; ".join(f"{k} ({planted[k].parent}): {v}" for k, v in changed.items())
-            )
-            places = ", ".join(sorted({str(planted[k].parent) for k in changed}))
-            reasons.append(
-                f"fix: do not bind {places} writable into the sandbox; leave it out of the "
-                "view, or mount a private tmpfs there (bwrap --tmpfs, docker --tmpfs)"
-            )
-        else:
-            kept = sorted(k for k in planted if k not in dropped)
-            reasons.append(
-                f"every canary's sha256 and mode unchanged in {len(kept)} writable classes "
-                f"({', '.join(kept)}), no nonce file on the host"
-            )
-        landed = sorted(
-            {str(a["what"]).rsplit(":", 1)[0] for a in escapes if a.get("outcome") == "succeeded"}
-        )
-        if landed:
-            reasons.append(f"payload writes succeeded inside in {','.join(landed)}")
-        refused = [a for a in escapes if a.get("outcome") == "refused"]
-        if refused:
-            errnos = sorted({str(a.get("errno")) for a in refused})
-            reasons.append(f"{len(refused)} of {len(escapes)} writes refused ({','.join(errnos)})")
+        reasons = _canary_reasons(claims, planted, changed, allowed, dropped)
+        reasons += _payload_write_reasons(escapes)
         if dropped:
             reasons.append(_dropped_reason(dropped, planted))
         escape = judge_escape(
             observed, bool(changed), private_namespace_reason(report, "mnt"), reasons
         )
-        unproven = _unproven_changes(changed, signed, control)
-        if escape == "escaped" and unproven:
-            # decide() reads "escaped" as FAIL before it looks at the controls. A change at a
-            # site whose own control failed, without the nonce, is no proof that the sandbox
-            # made it (the host itself could not write there either): not an escape.
-            escape = "undecided"
-            reasons.append(
-                "not an escape: the canary changes at "
-                + ", ".join(sorted(unproven))
-                + " carry no nonce and the host control failed there, so nothing shows the "
-                "sandbox made them"
-            )
+        escape = _unless_unproven(escape, _unproven_changes(changed, signed, control), reasons)
         inside = attempts_by_role(report, "control")
         workspace_checks = self._workspace_checks(ctx, inside)
         inside_ok = all(c["ok"] for c in workspace_checks)
@@ -560,6 +518,72 @@ def _unproven_changes(
     whole = any(not c.get("ok") and not c.get("site") for c in control.get("checks") or [])
     unproven = {k for k in changed if k not in signed and (whole or k in failed)}
     return unproven if unproven == set(changed) else set()
+
+
+def _canary_reasons(
+    claims: Claims,
+    planted: dict[str, Path],
+    changed: dict[str, str],
+    allowed: dict[str, str],
+    dropped: dict[str, str],
+) -> list[str]:
+    """The verdict's phrases for the canaries: those the claim allows, those changed, or none."""
+    reasons = []
+    if allowed:
+        places = ", ".join(sorted(str(planted[k].parent) for k in allowed))
+        reasons.append(
+            f"not judged: the payload wrote in {places}; the backend "
+            f"{claims.phrase('writes')}, so those writes are its to allow"
+        )
+    if changed:
+        reasons.append(
+            (f"{claims.phrase('writes')}; " if claims.writes != "open" else "")
+            + "host sees canary changes: "
+            + "; ".join(f"{k} ({planted[k].parent}): {v}" for k, v in changed.items())
+        )
+        places = ", ".join(sorted({str(planted[k].parent) for k in changed}))
+        reasons.append(
+            f"fix: do not bind {places} writable into the sandbox; leave it out of the "
+            "view, or mount a private tmpfs there (bwrap --tmpfs, docker --tmpfs)"
+        )
+    else:
+        kept = sorted(k for k in planted if k not in dropped)
+        reasons.append(
+            f"every canary's sha256 and mode unchanged in {len(kept)} writable classes "
+            f"({', '.join(kept)}), no nonce file on the host"
+        )
+    return reasons
+
+
+def _payload_write_reasons(escapes: list[dict[str, Any]]) -> list[str]:
+    """The payload's own word on its writes outside: where they landed, which were refused."""
+    reasons = []
+    landed = sorted(
+        {str(a["what"]).rsplit(":", 1)[0] for a in escapes if a.get("outcome") == "succeeded"}
+    )
+    if landed:
+        reasons.append(f"payload writes succeeded inside in {','.join(landed)}")
+    refused = [a for a in escapes if a.get("outcome") == "refused"]
+    if refused:
+        errnos = sorted({str(a.get("errno")) for a in refused})
+        reasons.append(f"{len(refused)} of {len(escapes)} writes refused ({','.join(errnos)})")
+    return reasons
+
+
+def _unless_unproven(escape: Escape, unproven: set[str], reasons: list[str]) -> Escape:
+    """`escape`, or "undecided" (said in `reasons`) when every change is unproven."""
+    if escape == "escaped" and unproven:
+        # decide() reads "escaped" as FAIL before it looks at the controls. A change at a
+        # site whose own control failed, without the nonce, is no proof that the sandbox
+        # made it (the host itself could not write there either): not an escape.
+        escape = "undecided"
+        reasons.append(
+            "not an escape: the canary changes at "
+            + ", ".join(sorted(unproven))
+            + " carry no nonce and the host control failed there, so nothing shows the "
+            "sandbox made them"
+        )
+    return escape
 
 
 def _dropped_reason(dropped: dict[str, str], planted: dict[str, Path]) -> str:
