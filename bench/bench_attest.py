@@ -26,7 +26,8 @@ from sandbox_attest.attest import sign_judged
 from sandbox_attest.attest.keys import SigningKey, TrustedKey, private_key_pem
 from sandbox_attest.attest.signer import Signer
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
-from sandbox_attest.attest.verify import Checks, verify_report
+from sandbox_attest.attest.verification import Checks
+from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.report import files as reportfs
 from sandbox_attest.report.junit import render_junit
 from sandbox_attest.report.outcomes import run_outcomes

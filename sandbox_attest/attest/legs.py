@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from sandbox_attest.attest.verify import Verification
+    from sandbox_attest.attest.verification import Verification
     from sandbox_attest.report.policy import Policy
 
 _LEG_KEYS = frozenset({"platform", "backend", "informational"})

@@ -40,7 +40,8 @@ from sandbox_attest.attest.statement import (
 )
 from sandbox_attest.attest.subjects import HTML, SUMMARY
 from sandbox_attest.attest.summary import summary_statement, summary_version
-from sandbox_attest.attest.verify import LEG_FILES, LEGS_DIR, Checks, verify_legs
+from sandbox_attest.attest.verification import Checks
+from sandbox_attest.attest.verify import LEG_FILES, LEGS_DIR, verify_legs
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.report import files as reportfs
 from sandbox_attest.report.evidence import utc_now

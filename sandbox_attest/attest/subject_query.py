@@ -27,14 +27,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sandbox_attest.attest.verify import PRE_ISSUE_30_NOTE
+from sandbox_attest.attest.verification import PRE_ISSUE_30_NOTE
 from sandbox_attest.errors import ConfigError
 
 if TYPE_CHECKING:
     import argparse
     from pathlib import Path
 
-    from sandbox_attest.attest.verify import SandboxResult, Verification
+    from sandbox_attest.attest.verification import SandboxResult, Verification
 
 _DIGEST = re.compile(r"sha256:(?P<hex>[0-9a-f]{64})")
 

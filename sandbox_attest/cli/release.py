@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 from sandbox_attest.attest.keys import load_signing_key, load_trusted_key
 from sandbox_attest.attest.merge import load_expected_legs, merge_legs
-from sandbox_attest.attest.verify import (
+from sandbox_attest.attest.verification import (
     DEFAULT_MAX_AGE,
     Checks,
     format_duration,
     parse_commit,
     parse_max_age,
-    verify_report,
 )
+from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.errors import HarnessError
 from sandbox_attest.paths import default_legs, default_policy
 from sandbox_attest.report.policy import load_policy
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    from sandbox_attest.attest.verify import Verification
+    from sandbox_attest.attest.verification import Verification
 
 EXIT_OK = 0
 EXIT_REFUSED = 1

@@ -27,12 +27,8 @@ from sandbox_attest.attest.legs import load_expected_legs
 from sandbox_attest.attest.merge import merge_legs
 from sandbox_attest.attest.statement import configuration, statement_bytes
 from sandbox_attest.attest.subjects import read_tree, tree_digest_of, tree_sha256
-from sandbox_attest.attest.verify import (
-    Checks,
-    parse_commit,
-    parse_max_age,
-    verify_report,
-)
+from sandbox_attest.attest.verification import Checks, parse_commit, parse_max_age
+from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.cli.release import register
 from sandbox_attest.errors import ConfigError
 from tests.attest.builder import COMMIT, build_report, make_cells, sign

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sandbox_attest.attest.keys import SigningKey, TrustedKey
-    from sandbox_attest.attest.verify import Verification
+    from sandbox_attest.attest.verification import Verification
     from sandbox_attest.report.policy import Policy
 
 LEGS_TOML = (

@@ -28,7 +28,8 @@ from sandbox_attest.attest.statement import (
     test_result_predicate as result_predicate,
 )
 from sandbox_attest.attest.subjects import ALLURE_DIR, FILE_SUBJECTS, tree_sha256
-from sandbox_attest.attest.verify import PRE_ISSUE_30_NOTE, verify_report
+from sandbox_attest.attest.verification import PRE_ISSUE_30_NOTE
+from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.cli.release import register
 from sandbox_attest.report.policy import gate_for
 from tests.attest.builder import build_report, make_cells, read_statements, sign

@@ -30,7 +30,8 @@ from sandbox_attest.attest.legs import load_expected_legs
 from sandbox_attest.attest.merge import MergeResult, merge_legs
 from sandbox_attest.attest.signer import Signer
 from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
-from sandbox_attest.attest.verify import Checks, verify_report
+from sandbox_attest.attest.verification import Checks
+from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.cli.release import register
 from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.report.files import make_report_dir

@@ -21,7 +21,8 @@ from sandbox_attest.attest.keys import (
 )
 from sandbox_attest.attest.statement import STATEMENT_TYPE, statement_bytes
 from sandbox_attest.attest.subjects import FILE_SUBJECTS
-from sandbox_attest.attest.verify import Checks, verify_report
+from sandbox_attest.attest.verification import Checks
+from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.cli.release import register
 from tests.attest.builder import build_report, make_cells, sign, write_policy
 

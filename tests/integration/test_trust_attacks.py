@@ -37,8 +37,9 @@ import pytest
 from sandbox_attest.attest import ATTESTATION_NAME, EVIDENCE_NAME, dsse
 from sandbox_attest.attest.keys import ENV_VAR, load_trusted_key
 from sandbox_attest.attest.statement import TEST_RESULT_PREDICATE, parse_statement
-from sandbox_attest.attest.verify import Checks, verify_report
-from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.attest.verification import Checks
+from sandbox_attest.attest.verify import verify_report
+from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.report.policy import load_policy
 from sandbox_attest.run.hostview import LAUNCHER
 from tests.integration.test_cli_run import CLI, keypair
