@@ -25,7 +25,7 @@ from sandbox_attest.catalog.canary import call_as, site_moved
 from sandbox_attest.catalog.fs import CANARY_NAME, FsWriteOutside
 from sandbox_attest.catalog.fs import write_outside as fs
 from sandbox_attest.catalog.fs.write_outside import _unproven_changes
-from sandbox_attest.catalog.ipc import _witnesses_hear_host
+from sandbox_attest.catalog.ipc.unix_socket import _witnesses_hear_host
 from sandbox_attest.catalog.socket_witness import (
     WitnessSockets,
     bind_unix,
@@ -33,9 +33,9 @@ from sandbox_attest.catalog.socket_witness import (
     witness_name,
 )
 from sandbox_attest.catalog.spec import CellContext
+from sandbox_attest.host import journal as sweep
 from sandbox_attest.host.safefs import open_dir
 from sandbox_attest.host.trust import payload_user
-from sandbox_attest.run import sweep
 from tests.catalog.test_fs_write_outside import CONFINED, WorldLike
 from tests.catalog.test_proc import Records
 from tests.noise import busy_host

@@ -39,7 +39,7 @@ from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.canary import dir_canary_diff, dir_canary_state
 from sandbox_attest.catalog.env import ENV_PREFIX, EnvInheritance, salted_hash
 from sandbox_attest.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets
-from sandbox_attest.catalog.ipc import IpcProxySocketTamper
+from sandbox_attest.catalog.ipc.proxy_socket import IpcProxySocketTamper
 from sandbox_attest.catalog.lifecycle import ORPHAN_MARKER, LifecycleOrphans, find_orphans
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host.trust import payload_user

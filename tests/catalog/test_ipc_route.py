@@ -22,10 +22,10 @@ from sandbox_attest.backends.base import (
     DeclaredPolicy,
 )
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
-from sandbox_attest.backends.command import CommandBackend
+from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, InsideRoute
-from sandbox_attest.catalog.ipc import TAMPER_OPS, IpcProxySocketTamper
+from sandbox_attest.catalog.ipc.proxy_socket import TAMPER_OPS, IpcProxySocketTamper
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import Verdict, decide

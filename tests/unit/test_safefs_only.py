@@ -45,14 +45,15 @@ ROOT_ONLY_MODULES: Final = {
     "report/files.py": "the report dir: root's 0700, O_EXCL | O_NOFOLLOW writes",
     "attest/sigstore.py": "a root-made temp file for the keyless signature",
     # cgroup dirs: made by root with mode 0755 in cgroupfs; the payload user can write none.
-    "run/cellgroup.py": "the per-run and per-cell cgroups: root's 0755 in cgroupfs",
+    "host/cellgroup.py": "the per-run and per-cell cgroups: root's 0755 in cgroupfs",
     "host/cgroupfs.py": "cgroupfs control files and dirs: root's",
     # The proxy and the pipe broker live in the world's run dir (root's 0711).
     "world/egress/proxy.py": "the proxy's socket and config in the world run dir (root's 0711)",
+    "world/egress/server.py": "the proxy's own socket in the world run dir (root's 0711)",
     "world/egress/pipe_broker.py": "the broker's socket in the world run dir (root's 0711)",
     # The harness's scratch root: made fresh per run, root's 0755 (traversable, not writable).
     "testing.py": "the plugin's scratch root: root's 0755, made per session",
-    "run/session.py": "the run's scratch root and world dir: root's, made per run",
+    "run/world.py": "the run's scratch root and world dir: root's, made per run",
     "run/reach.py": "the payload copy under the scratch: root's 0755/0644",
     "payload.py": "the cell's input dir: root's 0755, written before the payload starts",
     "run/runner.py": "cell dirs under scratch/cells (root's 0755); the workspace is handed over "
@@ -60,7 +61,8 @@ ROOT_ONLY_MODULES: Final = {
     "backends/seatbelt.py": "the cell dir (macOS; the harness's own)",
     "run/focus.py": "the derived matrix and policy, in a private temp dir the caller made",
     "report/explain.py": "a developer's tool rewriting probes/README.md in the checkout, no run's",
-    "run/sweep.py": "the journal dir (root's 0700); journalled paths are removed through safefs",
+    "host/journal.py": "the journal dir (root's 0700) and its entries",
+    "run/sweep.py": "journal entries; journalled paths are removed through safefs",
     # The world: its run dir (root's 0711), the PKI's files, the lab's private mount ns.
     "world/blob.py": "the blob's sha256 beside it in the world dir",
     "world/core.py": "the world run dir: root's 0711",
@@ -83,11 +85,14 @@ ROOT_ONLY_FUNCTIONS: Final = {
     "which is root's while prepare runs (runner.py hands it over after)",
     "catalog/fs/protected.py:FsProtectedInWorkspace.prepare": "the workspace: root's during "
     "prepare",
-    "catalog/ipc.py:IpcProxySocketTamper.prepare": "the decoy route dir in the cell dir, made "
-    "fresh (mkdir fails if it exists) and filled before it is given",
-    "catalog/ipc.py:IpcProxySocketTamper.cleanup": "the world's proxy socket (root's run dir)",
-    "catalog/ipc.py:IpcProxySocketTamper._restore_real_shim": "the harness's shim source",
-    "catalog/ipc.py:_bind_unix": "the decoy socket in the cell dir, bound before it is given",
+    "catalog/ipc/proxy_socket.py:IpcProxySocketTamper.prepare": "the decoy route dir in the cell "
+    "dir, made fresh (mkdir fails if it exists) and filled before it is given",
+    "catalog/ipc/proxy_socket.py:IpcProxySocketTamper.cleanup": "the world's proxy socket "
+    "(root's run dir)",
+    "catalog/ipc/proxy_socket.py:IpcProxySocketTamper._restore_real_shim": "the harness's shim "
+    "source",
+    "catalog/ipc/proxy_socket.py:_bind_unix": "the decoy socket in the cell dir, bound before it "
+    "is given",
     "catalog/controls.py:run_payload_on_host": "the host baseline's dir in the cell dir (root's); "
     "its workspace is made there before trust.give hands it over",
     "catalog/proc/anchor.py:AnchoredSpec._start_anchor": "the anchor dir in the cell dir: root's",
@@ -96,11 +101,10 @@ ROOT_ONLY_FUNCTIONS: Final = {
     "catalog/crossproc.py:_start_target": "the target's dir in the cell dir: root's",
     "catalog/socket_witness.py:bind_unix": "called with /proc/self/fd/N/name of a directory "
     "held by safefs (WitnessSockets._plant_at), or an abstract name",
-    "backends/command.py:CommandBackend._check_context": "a fresh root temp dir for the "
-    "availability check",
-    "backends/command.py:CommandBackend.prepare": "the cell's run dir, made fresh in the cell "
-    "dir, filled before trust.give hands it over",
-    "backends/command.py:CommandBackend.render_files": "the run dir, before it is given",
+    "backends/command/check.py:_check_context": "a fresh root temp dir for the availability check",
+    "backends/command/backend.py:CommandBackend.prepare": "the cell's run dir, made fresh in "
+    "the cell dir, filled before trust.give hands it over",
+    "backends/command/wrapper.py:SpecWrapper.render_files": "the run dir, before it is given",
 }
 
 # Payload-reachable, not routed yet: each is a known gap, with what makes it narrow today.
