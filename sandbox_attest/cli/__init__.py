@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,12 +15,16 @@ from sandbox_attest.errors import ConfigError, HarnessError
 from sandbox_attest.host.console import readers_may_leave
 from sandbox_attest.host.lifetime import RunInterrupted, catch_run_signals, caught_signal
 from sandbox_attest.host.proctitle import harness_title, set_title
-from sandbox_attest.host.trust import USER_ENV
 from sandbox_attest.paths import default_matrix, default_policy, default_pytest_ini
 from sandbox_attest.plugin import HELP_PAYLOAD_USER
 from sandbox_attest.report.files import make_report_dir
-from sandbox_attest.run.session import new_run_id
-from sandbox_attest.world.lab import ensure_lab
+from sandbox_attest.run.setup import (
+    check_inputs,
+    check_payload_user,
+    start_run,
+    start_signer,
+    use_payload_user,
+)
 
 if TYPE_CHECKING:
     from sandbox_attest.attest.signer import Signer
@@ -114,27 +117,23 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_with(args: argparse.Namespace, matrix: Path, policy: Path) -> int:
-    _preflight(matrix, policy, args.backend, args.backend_spec)
-    if args.payload_user:
-        # Before the signer starts (it checks that this user cannot read the key) and before
-        # pytest runs in this process: host/trust.py reads the variable on each lookup.
-        os.environ[USER_ENV] = args.payload_user
-    _preflight_payload_user()
-    # The lab before anything else starts: namespaces are entered per thread, and the
-    # signer's reader thread (and every child) must be born inside it.
-    ensure_lab(args.world)
-    with _check_key(Path(args.key) if args.key else None) as signer:
+    check_inputs(matrix, policy, args.backend, args.backend_spec)
+    # Before the signer starts (it checks that this user cannot read the key) and before
+    # pytest runs in this process: host/trust.py reads the variable on each lookup.
+    use_payload_user(args.payload_user)
+    check_payload_user()
+    # The lab, the signer, the run id and the report directory, as every run starts
+    # (sandbox_attest/run/setup.py); the signer is handed to the plugin and closed here.
+    key = Path(args.key) if args.key else None
+    start = start_run(world=args.world, key=key, signer_for=start_signer, report_dir=args.out)
+    with start.signer as signer:
         _warn_unseparated(signer)
-        # The run id is made once, here: the report directory's name and every file inside
-        # (evidence, JUnit, Allure, the pages, the attestation) carry the same one.
-        run_id = new_run_id()
-        out = Path(args.out) if args.out else Path("reports") / run_id
         try:
             # 0700 and empty: only this run's harness writes there (sandbox_attest.report.files).
-            make_report_dir(out)
+            make_report_dir(start.report_dir)
         except ConfigError as exc:
             raise ConfigError(f"--out {exc}") from exc
-        return _run_pytest(args, matrix, policy, out, signer, run_id)
+        return _run_pytest(args, matrix, policy, start.report_dir, signer, start.run_id)
 
 
 def _run_pytest(
@@ -362,66 +361,6 @@ def _warn_unseparated(signer: Signer) -> None:
         )
 
 
-def _check_key(key: Path | None) -> Signer:
-    """Start the signer process with the signing key now, so a bad key stops the run first.
-
-    The key `finish` signs with: --key, else $SANDBOX_ATTEST_SIGNING_KEY (removed from this
-    process's environment right here, before pytest or any cell starts), else the
-    per-machine one. The signer holds it from then on; nothing else of the harness does.
-
-    Returns:
-        The started signer; the caller closes it (it is a context manager).
-
-    Raises:
-        ConfigError: the key cannot be read, the payload uid could read it, it is encrypted,
-            or it is not Ed25519.
-        ReportError: the signer process did not start.
-    """
-    from sandbox_attest.attest.signer import Signer  # noqa: PLC0415
-
-    return Signer.start(key, os.environ)
-
-
-def _preflight(matrix: Path, policy: Path, backends: list[str], specs: list[str]) -> None:
-    """Check the inputs before any fixture starts, so a typo is one clear line, not a trace.
-
-    Raises:
-        HarnessError: the matrix, the policy, a spec or a backend name is wrong (the message
-            names the file or the name and the fix).
-    """
-    from sandbox_attest.backends.command import available_specs, resolve_spec, specs_dir  # noqa: PLC0415
-    from sandbox_attest.report.policy import load_policy  # noqa: PLC0415
-    from sandbox_attest.run.matrix import load_matrix  # noqa: PLC0415
-    from sandbox_attest.run.session import check_names, with_spec_backends  # noqa: PLC0415
-
-    loaded, chosen = with_spec_backends(load_matrix(matrix), list(backends), list(specs))
-    check_names(loaded, load_policy(policy))
-    known = [row.name for row in loaded.backends]
-    for name in chosen:
-        if name not in known and resolve_spec(name) is None:
-            raise ConfigError(
-                f"unknown backend {name!r}: not a [[backend]] of {matrix} "
-                f"({', '.join(known)}) nor a spec in {specs_dir()} "
-                f"({', '.join(available_specs()) or 'none'}); put {name}.toml there or pass "
-                "--backend-spec FILE"
-            )
-
-
-def _preflight_payload_user() -> None:
-    """Check that the payload user reaches what every backend runs and binds, before any cell.
-
-    One line and exit 2 here (the path, why, the fix), never an ERROR in every cell; the
-    session asks again and gets this same answer (sandbox_attest/run/reach.py).
-
-    Raises:
-        ConfigError: no interpreter the payload user can run, or a directory it cannot enter.
-    """
-    from sandbox_attest.host.trust import payload_user  # noqa: PLC0415
-    from sandbox_attest.run.reach import preflight  # noqa: PLC0415
-
-    preflight(payload_user())
-
-
 def _claims(policy: dict[str, Any]) -> str:
     """Declared claims in plain words: "network proxy, limits nofile=256 forks=32"."""
 
@@ -442,7 +381,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 
     from sandbox_attest.backends import create_backend  # noqa: PLC0415
     from sandbox_attest.run.matrix import current_platform, load_matrix  # noqa: PLC0415
-    from sandbox_attest.run.session import with_spec_backends  # noqa: PLC0415
+    from sandbox_attest.run.setup import with_spec_backends  # noqa: PLC0415
 
     matrix = load_matrix(Path(args.matrix) if args.matrix else default_matrix())
     # A spec given here is loaded (a broken one stops with its file, key and fix) and shown
@@ -513,7 +452,8 @@ def _print_backend_rows(rows: list[dict[str, Any]]) -> None:
 
 def _claim_rows(backend: object, policy: Any) -> list[dict[str, str]]:
     """The backend's claims with their sources (sandbox_attest/report/claimview.py)."""
-    from sandbox_attest.backends.spec import CommandSpec, claim_sources  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec import CommandSpec  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec_policy import claim_sources  # noqa: PLC0415
     from sandbox_attest.report.claimview import claim_rows  # noqa: PLC0415
 
     spec = getattr(backend, "spec", None)
@@ -529,17 +469,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve(Path(args.run_dir) if args.run_dir else None, args.world)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the whole CLI."""
-    parser = argparse.ArgumentParser(
-        prog="sandbox-attest",
-        description="Attest that a sandbox holds: live escape probes, host witnesses, signed.",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"sandbox-attest {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`run`: the probe matrix, judged, signed and rendered."""
     run = sub.add_parser("run", help="run the probe matrix and write a signed report")
     run.add_argument(
         "--backend",
@@ -586,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--payload-user", metavar="NAME", help=HELP_PAYLOAD_USER)
     run.set_defaults(func=_cmd_run)
 
+
+def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`backends`: each backend of the matrix and whether it runs here."""
     backends = sub.add_parser("backends", help="list backends and whether they run here")
     backends.add_argument("--matrix", help=HELP_MATRIX)
     backends.add_argument("--json", action="store_true", help="print the list as JSON")
@@ -599,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backends.set_defaults(func=_cmd_backends)
 
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`serve`: the fixture world alone, for a person to look at."""
     serve = sub.add_parser("serve", help="start the fixture world, print it as JSON, wait")
     serve.add_argument("--run-dir", help="where sockets, logs and the CA bundle go")
     serve.add_argument(
@@ -606,6 +543,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_cmd_serve)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the whole CLI."""
+    parser = argparse.ArgumentParser(
+        prog="sandbox-attest",
+        description="Attest that a sandbox holds: live escape probes, host witnesses, signed.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"sandbox-attest {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_run(sub)
+    _add_backends(sub)
+    _add_serve(sub)
     try:
         from sandbox_attest.cli.release import register  # noqa: PLC0415
     except ImportError:

@@ -16,7 +16,6 @@ evidence.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -189,79 +188,46 @@ def _hide_the_harness(config: pytest.Config) -> None:
     already (sandbox_attest/host/proctitle.py, issue 23).
     """
     from sandbox_attest.host.proctitle import harness_title, retitled, set_title  # noqa: PLC0415
-    from sandbox_attest.host.trust import USER_ENV  # noqa: PLC0415
+    from sandbox_attest.run.setup import use_payload_user  # noqa: PLC0415
 
-    user = config.getoption(OPT_PAYLOAD_USER)
-    if user:
-        os.environ[USER_ENV] = user
+    use_payload_user(config.getoption(OPT_PAYLOAD_USER))
     if not retitled():
         set_title(harness_title())
 
 
 def _session(config: pytest.Config, matrix_path: Path) -> RunSession:
+    """The run of this pytest session, set up (sandbox_attest/run/setup.py) on first use."""
     if SESSION_KEY not in config.stash:
         from sandbox_attest.host.lifetime import catch_run_signals  # noqa: PLC0415
-        from sandbox_attest.run.matrix import current_platform, load_matrix  # noqa: PLC0415
+        from sandbox_attest.run.setup import RunOptions, open_session  # noqa: PLC0415
 
         # SIGTERM and SIGHUP end a matrix run as Ctrl-C does (host/lifetime.py): the cell
         # in flight becomes ERROR and the report is still written and signed, as incomplete.
         # Installed here, not in pytest_configure: the self-tests keep pytest's own handling.
         catch_run_signals()
         _hide_the_harness(config)
-        from sandbox_attest.paths import default_policy  # noqa: PLC0415
-        from sandbox_attest.run.session import RunSession, new_run_id, with_spec_backends  # noqa: PLC0415
-
-        matrix = load_matrix(matrix_path)
-
-        platform = current_platform()
-        chosen = config.getoption(OPT_BACKEND) or [
-            row.name for row in matrix.backends if platform in row.platforms
-        ]
-        # Backends named on purpose (a backend or a spec option) are attested on purpose:
-        # an escape there fails the run. Default-included ones are held to the policy only.
-        named = set(config.getoption(OPT_BACKEND))
-        before = set(chosen)
-        matrix, chosen = with_spec_backends(matrix, chosen, config.getoption(OPT_SPEC))
-        named |= set(chosen) - before  # the spec files
-        report_dir = config.getoption(OPT_REPORT_DIR)
-        policy = config.getoption(OPT_POLICY)
-        key = config.getoption(OPT_KEY)
-        # The lab first (namespaces are entered per thread: nothing may have started yet),
-        # then the signer, before anything else of the run: it takes the key (and the
-        # variable out of os.environ) before any backend is even asked, and a bad key stops
-        # collection in one line instead of being found after every cell ran.
-        from sandbox_attest.world.lab import ensure_lab  # noqa: PLC0415
-
-        ensure_lab(config.getoption(OPT_WORLD))
-        signer = _signer(config, Path(key) if key else None)
-        # One run id everywhere: the directory name and every file inside say the same one.
-        run_id = config.getoption(OPT_RUN_ID) or new_run_id()
-        session = RunSession(
-            matrix=matrix,
-            backend_names=list(chosen),
-            # A fresh directory per run: the journal is created O_EXCL, so a report directory
-            # is never shared by two runs.
-            report_dir=Path(report_dir) if report_dir else Path("reports") / run_id,
-            run_id=run_id,
-            policy_path=Path(policy) if policy else default_policy(),
-            required_backends=set(config.getoption(OPT_REQUIRE)),
-            named_backends=named - {matrix.control},
-            key_path=Path(key) if key else None,
-            jobs=max(1, int(config.getoption(OPT_JOBS))),
+        options = RunOptions(
+            matrix=matrix_path,
+            backends=list(config.getoption(OPT_BACKEND)),
+            specs=list(config.getoption(OPT_SPEC)),
+            required=list(config.getoption(OPT_REQUIRE)),
+            report_dir=config.getoption(OPT_REPORT_DIR),
+            policy=config.getoption(OPT_POLICY),
+            key=config.getoption(OPT_KEY),
+            jobs=int(config.getoption(OPT_JOBS)),
+            world=config.getoption(OPT_WORLD),
+            run_id=config.getoption(OPT_RUN_ID),
         )
-        session.use_signer(signer)
-        config.stash[SESSION_KEY] = session
+        config.stash[SESSION_KEY] = open_session(options, lambda key: _signer(config, key))
     return config.stash[SESSION_KEY]
 
 
 def _signer(config: pytest.Config, key_path: Path | None) -> Signer:
     """The run's signer: the one `sandbox-attest run` handed over, else one started now."""
     if SIGNER_KEY not in config.stash:
-        import os  # noqa: PLC0415
+        from sandbox_attest.run.setup import start_signer  # noqa: PLC0415
 
-        from sandbox_attest.attest.signer import Signer  # noqa: PLC0415
-
-        config.stash[SIGNER_KEY] = Signer.start(key_path, os.environ)
+        config.stash[SIGNER_KEY] = start_signer(key_path)
         config.stash[OWNS_SIGNER_KEY] = True
     return config.stash[SIGNER_KEY]
 

@@ -26,7 +26,8 @@ from sandbox_attest.errors import ConfigError
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.report.policy import load_policy
 from sandbox_attest.run.matrix import Cell, Matrix, ProbeRow, load_matrix
-from sandbox_attest.run.session import RunSession, check_names
+from sandbox_attest.run.requirements import check_names
+from sandbox_attest.run.session import RunSession
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the gate rules use Linux legs")
 
