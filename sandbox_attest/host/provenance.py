@@ -23,10 +23,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import sandbox_attest
 from sandbox_attest import __version__
 from sandbox_attest.paths import probes_dir
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+# The whole package, wherever this module sits in it (a module one floor down once digested
+# only its own floor, host/, when the package moved into floors).
+_PACKAGE_DIR = Path(sandbox_attest.__file__).resolve().parent
 # Byte-compiled caches differ per interpreter and are not what was imported from; _data is
 # the wheel's copy of probes/, fixtures/ and matrix/, each pinned on its own (probes here,
 # matrix and policy as the run's inputs).

@@ -6,10 +6,11 @@ import hashlib
 import os
 import shutil
 import subprocess
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
+import sandbox_attest
 from sandbox_attest import __version__
 from sandbox_attest.host.provenance import (
     NOT_FOUND,
@@ -18,9 +19,6 @@ from sandbox_attest.host.provenance import (
     harness_provenance,
     tree_digest,
 )
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -131,6 +129,12 @@ class TestHarnessProvenance:
             assert len(facts[key]) == 64
             int(facts[key], 16)
         assert facts["commit"] is None or len(facts["commit"]) == 40
+
+    def test_package_digest_covers_every_floor(self) -> None:
+        """package_sha256 is the digest of the whole package, not of the floor it sits on."""
+        whole = Path(sandbox_attest.__file__).resolve().parent
+        assert harness_provenance()["package_sha256"] == tree_digest(whole)
+        assert tree_digest(whole) != tree_digest(whole / "host")
 
     def test_copy_per_call(self) -> None:
         """Editing one returned dict does not change the next call's answer."""

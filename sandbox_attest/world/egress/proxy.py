@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
+import sandbox_attest
 from sandbox_attest.errors import ConfigError, FixtureError
 from sandbox_attest.host import lifetime
 from sandbox_attest.host.jsonlines import read_complete_lines
@@ -148,7 +149,8 @@ def start_proxy(config: ProxyConfig) -> ProxyProcess:
     fd, config_name = tempfile.mkstemp(prefix="proxy-config-", suffix=".json")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(config.to_json(), handle)
-    package_root = str(Path(__file__).resolve().parents[2])
+    # The directory holding the package (a clone or site-packages), for the child's imports.
+    package_root = str(Path(sandbox_attest.__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
