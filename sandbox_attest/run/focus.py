@@ -54,43 +54,8 @@ def focused_inputs(
             backend chosen (naming the flags that choose one).
     """
     data = _read(matrix)
-    rows = [row for row in data.get("probe", []) if isinstance(row, dict)]
-    known = [str(row.get("id")) for row in rows]
-    unknown = [p for p in probes if p not in known]
-    if unknown:
-        raise ConfigError(
-            f"--probe {unknown[0]}: not a probe of {matrix}; its probes: {', '.join(known)} "
-            "(sandbox-attest explain PROBE says what each one attempts)"
-        )
-    if not backends:
-        raise ConfigError(
-            "--probe runs the named probes on the backends you name, and none was named: add "
-            "--backend NAME or --backend-spec FILE (the control leg runs beside it by itself)"
-        )
-    wanted = list(dict.fromkeys(probes))
-    data["probe"] = [row for row in rows if row.get("id") in wanted]
-    control = str(data.get("matrix", {}).get("control", "none"))
-    # Only the legs that run: a spec's row is added from its file by the run itself.
-    data["backend"] = [
-        row
-        for row in data.get("backend", [])
-        if isinstance(row, dict) and row.get("name") in (control, *backends)
-    ]
-    legs = {str(row.get("name")) for row in data["backend"]}
-    data["exclude"] = [
-        row
-        for row in data.get("exclude", [])
-        if isinstance(row, dict) and row.get("probe") in wanted and row.get("backend") in legs
-    ]
-    # A cell the matrix itself makes NOT_APPLICABLE (another platform, an [[exclude]]) is
-    # never required: it would fail the derived gate for a reason the vendor did not cause.
-    for row in data["probe"]:
-        platforms = row.get("platforms", ["linux", "darwin", "windows"])
-        if platform not in platforms:
-            raise ConfigError(
-                f"--probe {row.get('id')}: it does not run on {platform} "
-                f"({row.get('reason') or 'the matrix limits it to ' + ', '.join(platforms)})"
-            )
+    wanted = _asked_probes(data, matrix, probes, backends)
+    control = _focus_matrix(data, wanted, backends, platform)
     not_applicable = {(str(r.get("backend")), str(r.get("probe"))) for r in data["exclude"]}
     excludes = [
         ex
@@ -123,6 +88,78 @@ def focused_inputs(
             for req in requires
         )
     ]
+    return _write_focused(into, matrix, policy, wanted, data, requires, kept)
+
+
+def _asked_probes(
+    data: dict[str, Any], matrix: Path, probes: list[str], backends: list[str]
+) -> list[str]:
+    """The probes asked for, each once, in order.
+
+    Raises:
+        ConfigError: a probe the matrix does not have, or no backend chosen.
+    """
+    rows = [row for row in data.get("probe", []) if isinstance(row, dict)]
+    known = [str(row.get("id")) for row in rows]
+    unknown = [p for p in probes if p not in known]
+    if unknown:
+        raise ConfigError(
+            f"--probe {unknown[0]}: not a probe of {matrix}; its probes: {', '.join(known)} "
+            "(sandbox-attest explain PROBE says what each one attempts)"
+        )
+    if not backends:
+        raise ConfigError(
+            "--probe runs the named probes on the backends you name, and none was named: add "
+            "--backend NAME or --backend-spec FILE (the control leg runs beside it by itself)"
+        )
+    return list(dict.fromkeys(probes))
+
+
+def _focus_matrix(
+    data: dict[str, Any], wanted: list[str], backends: list[str], platform: str
+) -> str:
+    """Keep in the matrix `data` only the probes wanted and the legs that run; its control leg.
+
+    Raises:
+        ConfigError: a wanted probe that does not run on `platform`.
+    """
+    rows = [row for row in data.get("probe", []) if isinstance(row, dict)]
+    data["probe"] = [row for row in rows if row.get("id") in wanted]
+    control = str(data.get("matrix", {}).get("control", "none"))
+    # Only the legs that run: a spec's row is added from its file by the run itself.
+    data["backend"] = [
+        row
+        for row in data.get("backend", [])
+        if isinstance(row, dict) and row.get("name") in (control, *backends)
+    ]
+    legs = {str(row.get("name")) for row in data["backend"]}
+    data["exclude"] = [
+        row
+        for row in data.get("exclude", [])
+        if isinstance(row, dict) and row.get("probe") in wanted and row.get("backend") in legs
+    ]
+    # A cell the matrix itself makes NOT_APPLICABLE (another platform, an [[exclude]]) is
+    # never required: it would fail the derived gate for a reason the vendor did not cause.
+    for row in data["probe"]:
+        platforms = row.get("platforms", ["linux", "darwin", "windows"])
+        if platform not in platforms:
+            raise ConfigError(
+                f"--probe {row.get('id')}: it does not run on {platform} "
+                f"({row.get('reason') or 'the matrix limits it to ' + ', '.join(platforms)})"
+            )
+    return control
+
+
+def _write_focused(
+    into: Path,
+    matrix: Path,
+    policy: Path,
+    wanted: list[str],
+    data: dict[str, Any],
+    requires: list[dict[str, Any]],
+    kept: list[dict[str, Any]],
+) -> tuple[Path, Path]:
+    """Write the derived matrix and policy into `into`; their paths."""
     out_matrix = into / "matrix.toml"
     out_policy = into / "policy.toml"
     out_matrix.write_text(

@@ -26,6 +26,7 @@ from sandbox_attest.backends.base import (
     Availability,
     Backend,
     EgressRoute,
+    Identity,
     ProbeRequest,
     ProbeRun,
     inside_paths_of,
@@ -53,8 +54,8 @@ from sandbox_attest.payload import (
 from sandbox_attest.report.explain import with_fix
 from sandbox_attest.run import hostview
 from sandbox_attest.run.matrix import Cell
-from sandbox_attest.verdict import Assessment, Decision, Verdict, believe, decide
-from sandbox_attest.world.core import World
+from sandbox_attest.verdict import Assessment, Decision, Expectation, Verdict, believe, decide
+from sandbox_attest.world.core import WitnessRecords, World
 from sandbox_attest.world.info import WorldInfo
 
 # Seconds a probe keeps in reserve below the backend's hard timeout, so that a slow attempt
@@ -201,6 +202,15 @@ def _home_moved(user: PayloadUser | None, before: tuple[int, int] | None, why_be
     return ""
 
 
+def proxy_url_for(egress_mode: str, info: WorldInfo) -> str:
+    """The proxy URL a payload is told, by its backend's egress mode."""
+    return {
+        "direct-tcp": info.proxy.url,
+        "shim": f"http://127.0.0.1:{SHIM_PORT}",
+        "own": PROXY_FROM_ENV,
+    }[egress_mode]
+
+
 def run_watched(
     backend: Backend, request: ProbeRequest, ctx: CellContext, task_path: Path
 ) -> ProbeRun:
@@ -317,22 +327,8 @@ class CellRunner:
         identity = self.availability[cell.backend].identity
         assert identity is not None  # noqa: S101  (available backends always carry one)
         nonce = "n" + secrets.token_hex(8)
-        # Named by the nonce alone: the cell dir is the parent of the workspace (the payload's
-        # cwd and HOME) and of its inputs, so a wrapper sees its name; the cell id would tell
-        # it the escape being tried (issue 23). The evidence keys cells by id, not by this dir.
-        cell_dir = self.scratch / "cells" / nonce
+        cell_dir = self._make_cell_dir(nonce)
         workspace = cell_dir / "workspace"
-        inputs = cell_dir / INPUT_DIR
-        # Modes set explicitly, never left to the umask: the payload user must traverse the
-        # cell dir and read its inputs, whatever umask this process (or a thread of a library
-        # that changes it for a moment) has. A 0700 directory here makes a cell fail on file
-        # modes, not on the sandbox.
-        for directory in (self.scratch / "cells", cell_dir, workspace, inputs):
-            directory.mkdir(exist_ok=directory == self.scratch / "cells")
-            directory.chmod(0o755)
-        # The shim a command wrapper's payload runs, under a neutral name (issue 23); before
-        # the probe prepares, so a probe that watches the route watches this copy.
-        stage_shim(cell_dir, shim_path())
         # The payload owns its workspace (the one writable grant), but only once `prepare` has
         # planted in it (below): while root writes there, a payload user's leftover helper
         # must not be able to swap a name in it for a symlink (issue 23). The cell dir stays
@@ -354,62 +350,13 @@ class CellRunner:
             route=inside_route(backend, self.world.info, cell_dir),
         )
         expected = spec.expectation(identity.policy)
-        info = self.world.info
-        proxy_url = {
-            "direct-tcp": info.proxy.url,
-            "shim": f"http://127.0.0.1:{SHIM_PORT}",
-            "own": PROXY_FROM_ENV,
-        }[backend.egress_mode]
+        proxy_url = proxy_url_for(backend.egress_mode, self.world.info)
         run: ProbeRun | None = None
         try:
             targets = spec.prepare(ctx)
             # What the probe planted in the workspace is the payload's, as the workspace is.
             give(workspace, self.user, recursive=True)
-            task = {
-                "probe": cell.probe.id,
-                "nonce": nonce,
-                "cell_id": cell.cell_id,
-                "workspace": str(workspace),
-                "proxy_url": proxy_url,
-                "ca_bundle": info.ca_bundle,
-                "world": info.for_probe(),
-                "targets": targets,
-                "deadline_s": max(5.0, cell.probe.timeout - PROBE_DEADLINE_MARGIN_S),
-                # The launcher waits this long for the host to look (0: it cannot here).
-                "rendezvous_s": hostview.RENDEZVOUS_S if hostview.supported() else 0,
-            }
-            # The launcher and the probe are copied beside the task under neutral names
-            # (`python .../input/main.py .../input/job.py .../input/config.json`): the
-            # repository's paths would tell a wrapper it is under test (issue 23).
-            staged = stage_payload(
-                inputs, probes_dir() / LAUNCHER_SOURCE, probe_path(cell.probe.id), task
-            )
-            task_path = staged.task
-            read_only = (
-                # The interpreter the payload user can run (the harness's own, or the system's
-                # where the harness is installed out of its reach: host/interpreter.py).
-                *payload_interpreter(self.user).bind_paths(),
-                inputs,  # the staged launcher, probe and task: nothing of probes/ itself
-                Path(info.ca_bundle),
-            )
-            request = ProbeRequest(
-                cell_id=cell.cell_id,
-                argv=(
-                    payload_interpreter(self.user).path,
-                    str(staged.launcher),
-                    str(staged.program),
-                    str(staged.task),
-                ),
-                env=payload_env(None if proxy_url == PROXY_FROM_ENV else proxy_url, workspace),
-                workspace=workspace,
-                read_only=read_only,
-                egress=EgressRoute(unix_socket=Path(info.proxy.socket), tcp_url=info.proxy.url),
-                timeout=cell.probe.timeout,
-                cell_dir=cell_dir,
-                world=info,
-                user=self.user,
-                shim=staged_shim_path(cell_dir),
-            )
+            task, request, task_path = self._stage_request(cell, ctx, targets, proxy_url)
             # Wall clock, for the views (Allure's start and stop); durations stay monotonic.
             started_ms = time.time_ns() // 1_000_000
             run = run_watched(backend, request, ctx, task_path)
@@ -426,66 +373,161 @@ class CellRunner:
                 "control": control,
                 "host_view": ctx.host_view,
             }
-            failure = run_failure(run)
-            if failure is not None:
-                return facts | {
-                    "verdict": failure.verdict.value,
-                    "reason": failure.reason,
-                    "observed": "error",
-                    "witness": vars(witness),
-                }
-            try:
-                report = parse_report(run)
-                check_identity(report, cell.probe.id, nonce)
-            except ProbeOutputError as exc:
-                return facts | {
-                    "verdict": Verdict.ERROR.value,
-                    "observed": "error",
-                    "reason": f"probe {cell.probe.id} broke its output contract: "
-                    f"{exc} (exit {run.exit_code}); see run.stdout/stderr",
-                    "witness": vars(witness),
-                }
-            # Believed only as far as the host can check it: first, the report must list
-            # exactly the attempts this probe makes for this task.
-            mismatch = report_mismatch(spec, task, report)
-            if mismatch is not None:
-                return facts | {
-                    "verdict": Verdict.ERROR.value,
-                    "observed": "error",
-                    "reason": mismatch,
-                    "attempts": report.get("attempts", []),
-                    "witness": vars(witness),
-                }
-            assessment: Assessment = spec.assess(ctx, report, witness, control)
-            if not assessment.corroborated_by:
-                assessment.corroborated_by = spec.corroboration(ctx, report)
-            # The report crossed a wrapper the harness does not control (a command wrapper,
-            # the only kind with a spec file): there only a host reading makes a PASS.
-            decision = _unless_home_moved(
-                believe(
-                    decide(expected, assessment),
-                    assessment,
-                    crossed_wrapper=bool(identity.spec_sha256),
-                ),
-                home_moved,
+            return facts | self._judge_run(
+                cell, ctx, task, run, witness, control, expected, identity, home_moved
             )
-            return facts | {
-                "verdict": decision.verdict.value,
-                # Every FAIL says what to change: the probe's usual fix (probes/docs.toml)
-                # where the assessor's reason names none.
-                "reason": with_fix(cell.probe.id, decision.reason)
-                if decision.verdict is Verdict.FAIL
-                else decision.reason,
-                "observed": assessment.observed,
-                "escape": assessment.escape,
-                "corroborated_by": assessment.corroborated_by,
-                "attempts": report.get("attempts", []),
-                "probe_facts": report.get("facts", {}),
-                "witness": assessment.witness or vars(witness),
-                "control": {"host": control, "assessed": assessment.control},
-            }
         finally:
             # Cleanup of canaries must not turn a verdict into a crash.
             with contextlib.suppress(OSError, HarnessError):
                 spec.cleanup(ctx)
             shutil.rmtree(cell_dir, ignore_errors=True)
+
+    def _make_cell_dir(self, nonce: str) -> Path:
+        """The cell's dir, its workspace and its inputs dir, made 0755; the shim staged in it."""
+        # Named by the nonce alone: the cell dir is the parent of the workspace (the payload's
+        # cwd and HOME) and of its inputs, so a wrapper sees its name; the cell id would tell
+        # it the escape being tried (issue 23). The evidence keys cells by id, not by this dir.
+        cell_dir = self.scratch / "cells" / nonce
+        workspace = cell_dir / "workspace"
+        inputs = cell_dir / INPUT_DIR
+        # Modes set explicitly, never left to the umask: the payload user must traverse the
+        # cell dir and read its inputs, whatever umask this process (or a thread of a library
+        # that changes it for a moment) has. A 0700 directory here makes a cell fail on file
+        # modes, not on the sandbox.
+        for directory in (self.scratch / "cells", cell_dir, workspace, inputs):
+            directory.mkdir(exist_ok=directory == self.scratch / "cells")
+            directory.chmod(0o755)
+        # The shim a command wrapper's payload runs, under a neutral name (issue 23); before
+        # the probe prepares, so a probe that watches the route watches this copy.
+        stage_shim(cell_dir, shim_path())
+        return cell_dir
+
+    def _stage_request(
+        self, cell: Cell, ctx: CellContext, targets: dict[str, Any], proxy_url: str
+    ) -> tuple[dict[str, Any], ProbeRequest, Path]:
+        """The cell's task, staged with the launcher and the probe, and the request to run it.
+
+        Returns:
+            The task, the request, and the staged task's path (the launcher's argument).
+        """
+        info = self.world.info
+        workspace = ctx.workspace
+        inputs = ctx.cell_dir / INPUT_DIR
+        task = {
+            "probe": cell.probe.id,
+            "nonce": ctx.nonce,
+            "cell_id": cell.cell_id,
+            "workspace": str(workspace),
+            "proxy_url": proxy_url,
+            "ca_bundle": info.ca_bundle,
+            "world": info.for_probe(),
+            "targets": targets,
+            "deadline_s": max(5.0, cell.probe.timeout - PROBE_DEADLINE_MARGIN_S),
+            # The launcher waits this long for the host to look (0: it cannot here).
+            "rendezvous_s": hostview.RENDEZVOUS_S if hostview.supported() else 0,
+        }
+        # The launcher and the probe are copied beside the task under neutral names
+        # (`python .../input/main.py .../input/job.py .../input/config.json`): the
+        # repository's paths would tell a wrapper it is under test (issue 23).
+        staged = stage_payload(
+            inputs, probes_dir() / LAUNCHER_SOURCE, probe_path(cell.probe.id), task
+        )
+        read_only = (
+            # The interpreter the payload user can run (the harness's own, or the system's
+            # where the harness is installed out of its reach: host/interpreter.py).
+            *payload_interpreter(self.user).bind_paths(),
+            inputs,  # the staged launcher, probe and task: nothing of probes/ itself
+            Path(info.ca_bundle),
+        )
+        request = ProbeRequest(
+            cell_id=cell.cell_id,
+            argv=(
+                payload_interpreter(self.user).path,
+                str(staged.launcher),
+                str(staged.program),
+                str(staged.task),
+            ),
+            env=payload_env(None if proxy_url == PROXY_FROM_ENV else proxy_url, workspace),
+            workspace=workspace,
+            read_only=read_only,
+            egress=EgressRoute(unix_socket=Path(info.proxy.socket), tcp_url=info.proxy.url),
+            timeout=cell.probe.timeout,
+            cell_dir=ctx.cell_dir,
+            world=info,
+            user=self.user,
+            shim=staged_shim_path(ctx.cell_dir),
+        )
+        return task, request, staged.task
+
+    def _judge_run(
+        self,
+        cell: Cell,
+        ctx: CellContext,
+        task: dict[str, Any],
+        run: ProbeRun,
+        witness: WitnessRecords,
+        control: dict[str, Any],
+        expected: Expectation,
+        identity: Identity,
+        home_moved: str,
+    ) -> dict[str, Any]:
+        """The cell's verdict and what it rests on, from the run, its report and the witnesses."""
+        spec = PROBES[cell.probe.id]
+        failure = run_failure(run)
+        if failure is not None:
+            return {
+                "verdict": failure.verdict.value,
+                "reason": failure.reason,
+                "observed": "error",
+                "witness": vars(witness),
+            }
+        try:
+            report = parse_report(run)
+            check_identity(report, cell.probe.id, ctx.nonce)
+        except ProbeOutputError as exc:
+            return {
+                "verdict": Verdict.ERROR.value,
+                "observed": "error",
+                "reason": f"probe {cell.probe.id} broke its output contract: "
+                f"{exc} (exit {run.exit_code}); see run.stdout/stderr",
+                "witness": vars(witness),
+            }
+        # Believed only as far as the host can check it: first, the report must list
+        # exactly the attempts this probe makes for this task.
+        mismatch = report_mismatch(spec, task, report)
+        if mismatch is not None:
+            return {
+                "verdict": Verdict.ERROR.value,
+                "observed": "error",
+                "reason": mismatch,
+                "attempts": report.get("attempts", []),
+                "witness": vars(witness),
+            }
+        assessment: Assessment = spec.assess(ctx, report, witness, control)
+        if not assessment.corroborated_by:
+            assessment.corroborated_by = spec.corroboration(ctx, report)
+        # The report crossed a wrapper the harness does not control (a command wrapper,
+        # the only kind with a spec file): there only a host reading makes a PASS.
+        decision = _unless_home_moved(
+            believe(
+                decide(expected, assessment),
+                assessment,
+                crossed_wrapper=bool(identity.spec_sha256),
+            ),
+            home_moved,
+        )
+        return {
+            "verdict": decision.verdict.value,
+            # Every FAIL says what to change: the probe's usual fix (probes/docs.toml)
+            # where the assessor's reason names none.
+            "reason": with_fix(cell.probe.id, decision.reason)
+            if decision.verdict is Verdict.FAIL
+            else decision.reason,
+            "observed": assessment.observed,
+            "escape": assessment.escape,
+            "corroborated_by": assessment.corroborated_by,
+            "attempts": report.get("attempts", []),
+            "probe_facts": report.get("facts", {}),
+            "witness": assessment.witness or vars(witness),
+            "control": {"host": control, "assessed": assessment.control},
+        }

@@ -182,41 +182,77 @@ def backend_fact(
         launch: who the harness started its commands as (None: not known).
         harness: the harness's (uid, gid).
     """
-    h_uid, h_gid = harness
     ran = [c for c in cells if _ran(c)]
-    uids: set[int] = set()
-    gids: set[int] = set()
-    processes = 0
-    read_cells = 0
-    refused: list[str] = []
-    for cell in ran:
-        refused += cell_refused(cell["host_view"])
-        found = cell_processes(cell["host_view"])
-        if found:
-            read_cells += 1
-        processes += len(found)
-        for proc in found:
-            uids.update(proc["uids"])
-            gids.update(proc["gids"])
+    read = _read_ids(ran)
     known_launch = launch is not None and launch.uid is not None
     # One command per cell that ran, started by the harness with this uid: the kernel set it
     # at exec, so each is a process whose uid is known without a reading.
     launches = len(ran) if known_launch else 0
+    fact: dict[str, Any] = {
+        "uids": sorted(read.uids),
+        "gids": sorted(read.gids),
+        "processes_read": read.processes,
+        "processes_refused": len(read.refused),
+        "launches": launches,
+        "cells_ran": len(ran),
+        "cells_read": read.cells,
+        "cells_unread": len(ran) - read.cells,
+        "launched_as": launch.as_dict() if launch is not None else None,
+    }
+    status, reason = _status(name, len(ran), read, launch, launches, harness)
+    fact["status"] = status
+    fact["separated"] = status == SEPARATED
+    fact["reason"] = reason
+    return fact
+
+
+@dataclass
+class _ReadIds:
+    """Every uid and gid the host read of one backend's cells, and how many it read."""
+
+    uids: set[int]
+    gids: set[int]
+    processes: int
+    cells: int
+    refused: list[str]
+
+
+def _read_ids(ran: list[Mapping[str, Any]]) -> _ReadIds:
+    """The uids and gids of every process the host read in the cells that ran."""
+    read = _ReadIds(set(), set(), 0, 0, [])
+    for cell in ran:
+        read.refused += cell_refused(cell["host_view"])
+        found = cell_processes(cell["host_view"])
+        if found:
+            read.cells += 1
+        read.processes += len(found)
+        for proc in found:
+            read.uids.update(proc["uids"])
+            read.gids.update(proc["gids"])
+    return read
+
+
+def _status(
+    name: str,
+    ran: int,
+    read: _ReadIds,
+    launch: Launch | None,
+    launches: int,
+    harness: tuple[int, int],
+) -> tuple[str, str]:
+    """One backend's status (SEPARATED, SHARED, ...) and the reason that names its numbers."""
+    h_uid, h_gid = harness
+    uids, gids, processes, read_cells, refused = (
+        read.uids,
+        read.gids,
+        read.processes,
+        read.cells,
+        read.refused,
+    )
     launched_uids = {launch.uid} if launch is not None and launch.uid is not None else set()
     launched_gids = {launch.gid} if launch is not None and launch.gid is not None else set()
     bad_uids = sorted((uids | launched_uids) & {0, h_uid})
     bad_gids = sorted((gids | launched_gids) & {0, h_gid})
-    fact: dict[str, Any] = {
-        "uids": sorted(uids),
-        "gids": sorted(gids),
-        "processes_read": processes,
-        "processes_refused": len(refused),
-        "launches": launches,
-        "cells_ran": len(ran),
-        "cells_read": read_cells,
-        "cells_unread": len(ran) - read_cells,
-        "launched_as": launch.as_dict() if launch is not None else None,
-    }
     if not ran:
         status, reason = RAN_NOTHING, f"{name} ran no cell, so no process of it was judged"
     elif bad_uids or bad_gids:
@@ -240,7 +276,7 @@ def backend_fact(
     elif processes + launches == 0:
         status = UNMEASURED
         reason = (
-            f"the host read none of {name}'s processes in {len(ran)} cells (see each cell's "
+            f"the host read none of {name}'s processes in {ran} cells (see each cell's "
             "host_view `why`), and the harness did not start them itself, so who they ran as "
             "is unknown"
         )
@@ -248,14 +284,11 @@ def backend_fact(
         status = SEPARATED
         ids = sorted(uids | launched_uids)
         reason = (
-            f"{name}: {processes} processes read in {read_cells} of {len(ran)} cells and "
+            f"{name}: {processes} processes read in {read_cells} of {ran} cells and "
             f"{launches} started by the harness ran as uid {_listed(ids)}, gid "
             f"{_listed(sorted(gids | launched_gids))}"
         )
-    fact["status"] = status
-    fact["separated"] = status == SEPARATED
-    fact["reason"] = reason
-    return fact
+    return status, reason
 
 
 def _listed(ids: list[int]) -> str:
