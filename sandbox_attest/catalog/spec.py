@@ -199,7 +199,7 @@ class ProbeSpec(Protocol):
         """Host paths the host looks for in the payload's view at its rendezvous.
 
         Called after `prepare`; the readings land in `ctx.host_view["looked"]` (see
-        sandbox_attest/run/hostview.py `look_at`).
+        sandbox_attest/run/pathview.py `look_at`).
         """
         ...
 

@@ -19,13 +19,8 @@ ends (`Rendezvous`):
 - the paths a probe asks about (`look`): whether each is in the payload's own view of the
   filesystem, and whether it is there as the host's own inode or as another file.
 
-How a path is looked at: one component at a time from `/proc/<pid>/root`, each directory
-opened O_PATH | O_NOFOLLOW relative to the last, never following the final component. Were
-the whole path handed to the kernel at once, an absolute symlink on the way would resolve in
-the *host's* root (only the magic /proc/<pid>/root link jumps into the payload's), and a
-`..` at the payload's root would climb into the host's tree: the host would be reading its
-own files and calling them the payload's. Here an absolute link is re-rooted at the
-payload's root, `..` stops there, and each link followed is recorded.
+How a path is looked at without the host reading its own files by mistake: see
+sandbox_attest/run/pathview.py.
 
 Named hostview, not inspect, so it never shadows the standard library's `inspect`.
 
@@ -37,9 +32,7 @@ payload's report.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import sys
 import threading
 import time
@@ -48,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest.host import cellgroup, disguise
+from sandbox_attest.run.pathview import errno_name, looked
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -73,10 +67,6 @@ FIND_S: Final = 2.0
 # The payload waits at most this long for the go file (probes/_launch.py reads it from the
 # task): a host that never answers slows a cell, never hangs it.
 RENDEZVOUS_S: Final = 5.0
-# At most this many paths are looked at per cell, and this many links followed per path (the
-# kernel's own MAXSYMLINKS): a spec's list, or a view full of link loops, stays cheap.
-MAX_LOOK: Final = 64
-MAX_LINKS: Final = 40
 # The rows of /proc/<pid>/limits the host reads, by the kernel's own names.
 LIMIT_ROWS: Final = ("Max processes", "Max open files", "Max file size", "Max address space")
 # The cgroup files that cap what `LIMIT_ROWS` caps per process, for the whole group: by
@@ -157,111 +147,6 @@ def _routes(text: str) -> list[dict[str, str]]:
 
 def _interfaces(text: str) -> list[str]:
     return [ln.split(":")[0].strip() for ln in text.splitlines()[2:] if ":" in ln]
-
-
-def _errno_name(exc: OSError) -> str:
-    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
-
-
-def _link_target(name: str, here: int, links: list[str]) -> str:
-    """The target of link `name` in directory `here`, noted in `links`.
-
-    Raises:
-        OSError: `name` is not a link (ENOTDIR), or MAX_LINKS were already followed (ELOOP).
-    """
-    if not stat.S_ISLNK(os.stat(name, dir_fd=here, follow_symlinks=False).st_mode):
-        raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-    if len(links) >= MAX_LINKS:
-        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-    target = os.readlink(name, dir_fd=here)
-    links.append(f"{name} -> {target}")
-    return target
-
-
-def _walk(root_fd: int, path: str) -> tuple[int, str, list[str]]:
-    """The directory fd holding `path`'s final component in the view `root_fd` is the root of.
-
-    Returns (fd, final name, links followed); the caller closes fd (never `root_fd`). `..`
-    stops at the root and an absolute link restarts at it (see the module docstring).
-
-    Raises:
-        OSError: a component is missing, not a directory, or too many links (ELOOP).
-    """
-    pending = [c for c in path.split("/") if c and c != "."]
-    stack: list[int] = []
-    links: list[str] = []
-    try:
-        while len(pending) > 1:
-            name = pending.pop(0)
-            here = stack[-1] if stack else root_fd
-            if name == "..":
-                if stack:
-                    os.close(stack.pop())
-                continue
-            try:
-                fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=here)
-            except NotADirectoryError:
-                target = _link_target(name, here, links)
-                if target.startswith("/"):
-                    # Absolute: from the payload's root, not from the host's.
-                    while stack:
-                        os.close(stack.pop())
-                pending[:0] = [c for c in target.split("/") if c and c != "."]
-                continue
-            stack.append(fd)
-        final = pending[0] if pending else "."
-        if final == "..":
-            if stack:
-                os.close(stack.pop())
-            final = "."
-        fd = os.dup(stack.pop()) if stack else os.open(".", os.O_PATH, dir_fd=root_fd)
-        return fd, final, links
-    finally:
-        for fd in stack:
-            os.close(fd)
-
-
-def look_at(pid: int, path: str) -> dict[str, Any]:
-    """Whether host path `path` is in `pid`'s view of the filesystem, and as which file.
-
-    `visible`: the final component exists there (lstat, a link is not followed);
-    `same_inode_as_host`: it is the very file the host has at that path (same st_dev and
-    st_ino as the host's own lstat), False where it is another file (the sandbox's own),
-    None where either side has nothing; `errno` why it is not visible; `links` the links
-    followed on the way. Never raises.
-    """
-    entry: dict[str, Any] = {
-        "path": path,
-        "visible": False,
-        "same_inode_as_host": None,
-        "errno": None,
-    }
-    try:
-        root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY)
-    except OSError as exc:
-        entry["errno"] = _errno_name(exc)
-        entry["why"] = f"cannot open /proc/{pid}/root: {exc.strerror}"
-        return entry
-    try:
-        fd, final, links = _walk(root_fd, path)
-        if links:
-            entry["links"] = links
-        try:
-            theirs = os.stat(final, dir_fd=fd, follow_symlinks=False)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        entry["errno"] = _errno_name(exc)
-        return entry
-    finally:
-        os.close(root_fd)
-    entry["visible"] = True
-    try:
-        ours = os.lstat(path)
-    except OSError:
-        return entry
-    entry["same_inode_as_host"] = (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
-    return entry
 
 
 def _limit(value: str) -> int | None:
@@ -389,17 +274,8 @@ def read_process(pid: int, look: Sequence[str] = ()) -> dict[str, Any]:
         "fds": fds,
         "limits": read_limits(pid),
         "cgroup_limits": read_cgroup_limits(pid),
-        **_looked(pid, look),
+        **looked(pid, look),
     }
-
-
-def _looked(pid: int, look: Sequence[str]) -> dict[str, Any]:
-    if not look:
-        return {}
-    result: dict[str, Any] = {"looked": [look_at(pid, path) for path in look[:MAX_LOOK]]}
-    if len(look) > MAX_LOOK:
-        result["looked_cut"] = f"{len(look)} paths asked, only the first {MAX_LOOK} looked at"
-    return result
 
 
 def _link(path: Path) -> str:
@@ -509,7 +385,7 @@ def _unread(pid: int) -> str:
     except ProcessLookupError:
         return "exited before the host read it"
     except OSError as exc:
-        return f"unreadable: {_errno_name(exc)}"
+        return f"unreadable: {errno_name(exc)}"
     return ""
 
 
@@ -668,7 +544,7 @@ class Rendezvous:
         elif later:
             # The look paths too: a judged process's view of the filesystem is judged like
             # the launcher's (fs assessors read `looked` on every process).
-            reading = read_brief(pid, environ=True) | _looked(pid, self.look)
+            reading = read_brief(pid, environ=True) | looked(pid, self.look)
         else:
             reading = read_process(pid, self.look)
         reading["comm"] = comm

@@ -25,14 +25,13 @@ from sandbox_attest.paths import probes_dir
 from sandbox_attest.payload import LAUNCHER_SOURCE
 from sandbox_attest.run.hostview import (
     LAUNCHER,
-    MAX_LOOK,
     Rendezvous,
     find_payloads,
-    look_at,
     read_cgroup_limits,
     read_limits,
     read_process,
 )
+from sandbox_attest.run.pathview import MAX_LOOK, look_at
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
