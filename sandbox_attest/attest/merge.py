@@ -47,13 +47,18 @@ from sandbox_attest.report import files as reportfs
 from sandbox_attest.report.evidence import utc_now
 from sandbox_attest.report.policy import CONTROL_BACKEND
 from sandbox_attest.report.signature import UNTRUSTED_LOCAL_NOTE, SignerFacts
+from sandbox_attest.report.views.release import (
+    release_view,
+    render_release_html,
+    render_release_summary,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from sandbox_attest.attest.keys import SigningKey, TrustedKey
     from sandbox_attest.attest.legs import Combined
-    from sandbox_attest.report.policy import Policy
+    from sandbox_attest.report.policy import Gate, Policy
 
 __all__ = ["ExpectedLegs", "MergeResult", "load_expected_legs", "merge_legs", "release_pages"]
 
@@ -201,12 +206,6 @@ def release_pages(
     Returns:
         `report.html` and `summary.md` -> their bytes.
     """
-    from sandbox_attest.report.views.release import (  # noqa: PLC0415  (rendering imports attest)
-        release_view,
-        render_release_html,
-        render_release_summary,
-    )
-
     if combined.gate is None:
         msg = "release_pages needs the merged gate; call it after verify_legs succeeded"
         raise ValueError(msg)
@@ -222,6 +221,118 @@ def release_pages(
         HTML: render_release_html(view).encode("utf-8"),
         SUMMARY: render_release_summary(view).encode("utf-8"),
     }
+
+
+def refuse_untrusted_merge_key(key: SigningKey, allow_untrusted_local: bool) -> None:
+    """Refuse to sign a merge with the per-machine key unless that was asked for.
+
+    Raises:
+        ConfigError: `key` is the untrusted per-machine key and `allow_untrusted_local` is
+            not set.
+    """
+    if key.trust == "untrusted-local" and not allow_untrusted_local:
+        raise ConfigError(
+            f"no signing key given, so the merge would be {UNTRUSTED_LOCAL_NOTE} "
+            f"({key.source.split(':', 1)[-1]}), which proves only that this machine signed it; "
+            f"pass --key KEY or set ${ENV_VAR}, or --allow-untrusted-local to accept that"
+        )
+
+
+def _release_entries(
+    combined: Combined, expected: ExpectedLegs, policy: Policy, key: SigningKey
+) -> list[dict[str, Any]]:
+    """The merged statement's policy, expect-legs, harness, run and signer entries."""
+    signer = signer_info(key)
+    # The harness facts every deciding leg shares (`combine` refused differing ones).
+    first = next(v for lb, v in combined.verifications if lb in combined.legs.values()).harness
+    return [
+        {"name": "policy", "uri": policy.path, "digest": {"sha256": policy.sha256}},
+        {"name": "expect-legs", "uri": expected.path, "digest": {"sha256": expected.sha256}},
+        _harness_entry(first),
+        {
+            "name": "run",
+            "uri": "urn:sandbox-attest:merge",
+            "annotations": {"finishedAt": utc_now()},
+        },
+        {
+            "name": "signer",
+            "digest": {"sha256": signer["keyid"]},
+            # Information only: verify decides trust from the verifying key, not from this.
+            "annotations": {"trust": signer["trust"], "source": signer["source"]},
+        },
+    ]
+
+
+def _leg_entries(combined: Combined, dirs: Mapping[str, Path]) -> list[dict[str, Any]]:
+    """One `leg:PLATFORM/BACKEND` entry per deciding leg: its digest, copy and signed run."""
+    entries: list[dict[str, Any]] = []
+    by_label = dict(combined.verifications)
+    holder = {f"leg:{p}/{b}": label for (p, b), label in combined.legs.items()}
+    for name, digest in leg_digests(combined).items():
+        v = by_label[holder[name]]
+        entries.append(
+            {
+                "name": name,
+                "digest": {"sha256": digest},
+                "annotations": {
+                    "dir": str(dirs[holder[name]]),
+                    "copy": f"{LEGS_DIR}/{holder[name]}",
+                    "runId": str((v.evidence or {}).get("run_id", "")),
+                    "signerKeyid": str(v.signer.get("keyid", "")),
+                    "commit": v.harness.get("commit"),
+                    "finishedAt": v.finished_at,
+                },
+            }
+        )
+    return entries
+
+
+def _release_payloads(
+    combined: Combined,
+    gate: Gate,
+    policy: Policy,
+    subjects: list[dict[str, Any]],
+    config: list[dict[str, Any]],
+) -> list[bytes]:
+    """The merged test-result statement, then the release's verification summary."""
+    payload = statement_bytes(
+        statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(gate, config))
+    )
+    # The release decision as a verification summary over the sandboxes (issue 30).
+    summary = statement_bytes(
+        summary_statement(
+            combined,
+            policy,
+            legs_dir=LEGS_DIR,
+            attestation=ATTESTATION_NAME,
+            version=summary_version(combined),
+            time_verified=utc_now(),
+        )
+    )
+    return [payload, summary]
+
+
+def _write_release(
+    tmp: Path,
+    copies: Mapping[str, bytes],
+    payloads: list[bytes],
+    key: SigningKey,
+    env: Mapping[str, str],
+    gate: Gate,
+) -> None:
+    """Write the copies, the envelopes, their key bundles, keyless bundles and signing.json."""
+    for path, data in copies.items():
+        (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / path).write_bytes(data)
+    write_envelopes(tmp / ATTESTATION_NAME, payloads, key)
+    dir_fd = reportfs.open_report_dir(tmp)
+    try:
+        envelopes = reportfs.read_regular(dir_fd, ATTESTATION_NAME)
+        reportfs.write_new(dir_fd, sigstore.KEY_BUNDLES_NAME, sigstore.key_bundles(envelopes))
+        decision = sign_keyless(payloads, dir_fd, env)
+    finally:
+        os.close(dir_fd)
+    write_signing_sidecar(tmp, key, decision, gate)
 
 
 def merge_legs(
@@ -259,12 +370,7 @@ def merge_legs(
             per-machine key and `allow_untrusted_local` is not set.
     """
     check_out_dir(out_dir)
-    if key.trust == "untrusted-local" and not allow_untrusted_local:
-        raise ConfigError(
-            f"no signing key given, so the merge would be {UNTRUSTED_LOCAL_NOTE} "
-            f"({key.source.split(':', 1)[-1]}), which proves only that this machine signed it; "
-            f"pass --key KEY or set ${ENV_VAR}, or --allow-untrusted-local to accept that"
-        )
+    refuse_untrusted_merge_key(key, allow_untrusted_local)
     merged = MergeResult()
     if len({d.resolve() for d in leg_dirs}) != len(leg_dirs):
         merged.reasons.append("the same leg directory was passed twice")
@@ -290,75 +396,17 @@ def merge_legs(
     pages = release_pages(combined, expected, policy, key, env)
     copies.update(pages)
     subjects.extend({"name": n, "digest": {"sha256": sha256_hex(d)}} for n, d in pages.items())
-    signer = signer_info(key)
-    # The harness facts every deciding leg shares (`combine` refused differing ones).
-    first = next(v for lb, v in combined.verifications if lb in combined.legs.values()).harness
-    config: list[dict[str, Any]] = [
-        {"name": "policy", "uri": policy.path, "digest": {"sha256": policy.sha256}},
-        {"name": "expect-legs", "uri": expected.path, "digest": {"sha256": expected.sha256}},
-        _harness_entry(first),
-        {
-            "name": "run",
-            "uri": "urn:sandbox-attest:merge",
-            "annotations": {"finishedAt": utc_now()},
-        },
-        {
-            "name": "signer",
-            "digest": {"sha256": signer["keyid"]},
-            # Information only: verify decides trust from the verifying key, not from this.
-            "annotations": {"trust": signer["trust"], "source": signer["source"]},
-        },
+    config = [
+        *_release_entries(combined, expected, policy, key),
+        *_leg_entries(combined, dirs),
+        *_informational_entries(combined),
     ]
-    by_label = dict(combined.verifications)
-    holder = {f"leg:{p}/{b}": label for (p, b), label in combined.legs.items()}
-    for name, digest in leg_digests(combined).items():
-        v = by_label[holder[name]]
-        config.append(
-            {
-                "name": name,
-                "digest": {"sha256": digest},
-                "annotations": {
-                    "dir": str(dirs[holder[name]]),
-                    "copy": f"{LEGS_DIR}/{holder[name]}",
-                    "runId": str((v.evidence or {}).get("run_id", "")),
-                    "signerKeyid": str(v.signer.get("keyid", "")),
-                    "commit": v.harness.get("commit"),
-                    "finishedAt": v.finished_at,
-                },
-            }
-        )
-    config.extend(_informational_entries(combined))
-    payload = statement_bytes(
-        statement(subjects, TEST_RESULT_PREDICATE, test_result_predicate(combined.gate, config))
-    )
-    # The release decision as a verification summary over the sandboxes (issue 30).
-    summary = statement_bytes(
-        summary_statement(
-            combined,
-            policy,
-            legs_dir=LEGS_DIR,
-            attestation=ATTESTATION_NAME,
-            version=summary_version(combined),
-            time_verified=utc_now(),
-        )
-    )
-    payloads = [payload, summary]
+    gate = combined.gate
+    payloads = _release_payloads(combined, gate, policy, subjects, config)
 
     def write(tmp: Path) -> None:
-        for path, data in copies.items():
-            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / path).write_bytes(data)
-        write_envelopes(tmp / ATTESTATION_NAME, payloads, key)
-        dir_fd = reportfs.open_report_dir(tmp)
-        try:
-            envelopes = reportfs.read_regular(dir_fd, ATTESTATION_NAME)
-            reportfs.write_new(dir_fd, sigstore.KEY_BUNDLES_NAME, sigstore.key_bundles(envelopes))
-            decision = sign_keyless(payloads, dir_fd, env)
-        finally:
-            os.close(dir_fd)
-        write_signing_sidecar(tmp, key, decision, gate)
+        _write_release(tmp, copies, payloads, key, env, gate)
 
-    gate = combined.gate
     _write_atomically(out_dir, write)
     merged.attestation = out_dir / ATTESTATION_NAME
     return merged

@@ -426,6 +426,41 @@ def _scrubbed_env() -> dict[str, str]:
     return env
 
 
+def _spawn_signer_process() -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """Start `python -m sandbox_attest.attest.signer` in its own session; stderr to a temp file.
+
+    Raises:
+        ReportError: the process could not be started.
+    """
+    stderr = tempfile.TemporaryFile()  # noqa: SIM115  (kept open for the signer's life)
+    argv = [
+        sys.executable,
+        "-P",
+        "-m",
+        "sandbox_attest.attest.signer",
+        "--parent",
+        str(os.getpid()),
+    ]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=_scrubbed_env(),
+            close_fds=True,
+            cwd=_package_root(),
+            # Its own session: a Ctrl-C, a closed terminal or a CI cancel signals the
+            # harness's process group, and the signer must still sign the interrupted
+            # run's report. It dies with the harness anyway (PR_SET_PDEATHSIG).
+            start_new_session=True,
+        )
+    except OSError as exc:
+        stderr.close()
+        raise ReportError(f"cannot start the signer process ({' '.join(argv)}): {exc}") from exc
+    return proc, stderr
+
+
 class Signer:
     """A running signer process and the facts it answered with.
 
@@ -504,33 +539,7 @@ class Signer:
 
             payload = payload_user()
         groups = sorted({payload.gid, *payload.groups}) if payload is not None else []
-        stderr = tempfile.TemporaryFile()  # noqa: SIM115  (kept open for the signer's life)
-        argv = [
-            sys.executable,
-            "-P",
-            "-m",
-            "sandbox_attest.attest.signer",
-            "--parent",
-            str(os.getpid()),
-        ]
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                env=_scrubbed_env(),
-                close_fds=True,
-                cwd=_package_root(),
-                # Its own session: a Ctrl-C, a closed terminal or a CI cancel signals the
-                # harness's process group, and the signer must still sign the interrupted
-                # run's report. It dies with the harness anyway (PR_SET_PDEATHSIG).
-                start_new_session=True,
-            )
-        except OSError as exc:
-            stderr.close()
-            raise ReportError(f"cannot start the signer process ({' '.join(argv)}): {exc}") from exc
-        signer = cls(proc, stderr)
+        signer = cls(*_spawn_signer_process())
         try:
             reply = signer._request(
                 {
@@ -548,14 +557,18 @@ class Signer:
         finally:
             spec.clear()
         signer.requested = requested
-        signer._take_key_facts(reply)
-        signer.hardening = {str(k): str(v) for k, v in reply["hardening"].items()}
+        signer._take_init_reply(reply)
+        return signer
+
+    def _take_init_reply(self, reply: Mapping[str, Any]) -> None:
+        """Keep what the signer answered to init: the key's facts, hardening, keyless's plan."""
+        self._take_key_facts(reply)
+        self.hardening = {str(k): str(v) for k, v in reply["hardening"].items()}
         facts = reply["sigstore"]
         status = str(facts["status"])
-        signer.sigstore = SigstoreDecision(
+        self.sigstore = SigstoreDecision(
             attempt=status != "ed25519 only", status=status, reason=str(facts["reason"])
         )
-        return signer
 
     def _take_key_facts(self, reply: Mapping[str, Any]) -> None:
         self.keyid = str(reply["keyid"])

@@ -7,6 +7,7 @@ Exit codes: 0 the report (or merge) holds; 1 it does not, with every reason list
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -177,7 +178,70 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _run_verify(args: argparse.Namespace) -> int:  # noqa: PLR0911  (one per outcome)
+def _verify_json(
+    args: argparse.Namespace, result: Verification, keyid: str, gate: str, code: int
+) -> dict[str, Any]:
+    """`verify --json`'s object: the verdict, the signed facts, and the exit code."""
+    return {
+        "report_dir": str(args.report_dir),
+        "ok": result.ok,
+        # Only a verified gate is reported: a tampered report's own word is not
+        # one a script may act on (issue 29).
+        "gate": gate if result.ok else None,
+        "fail_on": args.fail_on,
+        "keyid": keyid,
+        "partial": bool(args.partial),
+        "reasons": list(result.reasons),
+        # Each backend's signed claims; per leg label for a merged release.
+        "claims": (
+            {label: leg.claims for label, leg in result.leg_results}
+            if result.leg_results
+            else result.claims
+        ),
+        # The signed trust-domains fact; per leg label for a merged release.
+        "trust_domains": (
+            {label: _domains_json(leg.trust_domains) for label, leg in result.leg_results}
+            if result.leg_results
+            else _domains_json(result.trust_domains)
+        ),
+        # Each backend's test-result statement: its subjects (what it ran) and
+        # result; per leg label for a merged release (issue 30).
+        "sandboxes": (
+            {label: _sandboxes_json(leg) for label, leg in result.leg_results}
+            if result.leg_results
+            else _sandboxes_json(result)
+        ),
+        "notes": list(result.notes),
+        "exit_code": code,
+    }
+
+
+def _print_verdict(
+    args: argparse.Namespace, result: Verification, keyid: str, gate: str, *, strict: bool
+) -> int:
+    """Print OK, REFUSED (--fail-on warned) or FAILED with every reason; the exit code."""
+    _print_facts(result)
+    if strict:
+        print(
+            f"REFUSED: {args.report_dir} verifies with key {keyid}, but its gate is "
+            "WARNED and --fail-on warned was given (a cell nothing required did not PASS)",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    if result.ok:
+        scope = " (partial: only the legs this report holds)" if args.partial else ""
+        print(f"OK: {args.report_dir} verifies with key {keyid} (gate {gate}){scope}")
+        return EXIT_OK
+    print(
+        f"FAILED: {args.report_dir} does not verify ({_plural(len(result.reasons), 'reason')}):",
+        file=sys.stderr,
+    )
+    for reason in result.reasons:
+        print(f"  - {reason}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def _run_verify(args: argparse.Namespace) -> int:
     if not args.report_dir.is_dir():
         # An input error, not a refusal: nothing was verified, the path is wrong.
         print(
@@ -212,68 +276,9 @@ def _run_verify(args: argparse.Namespace) -> int:  # noqa: PLR0911  (one per out
     strict = args.fail_on == "warned" and result.ok and gate == "WARNED"
     code = EXIT_REFUSED if strict or not result.ok else EXIT_OK
     if args.json:
-        import json  # noqa: PLC0415
-
-        print(
-            json.dumps(
-                {
-                    "report_dir": str(args.report_dir),
-                    "ok": result.ok,
-                    # Only a verified gate is reported: a tampered report's own word is not
-                    # one a script may act on (issue 29).
-                    "gate": gate if result.ok else None,
-                    "fail_on": args.fail_on,
-                    "keyid": trusted.keyid,
-                    "partial": bool(args.partial),
-                    "reasons": list(result.reasons),
-                    # Each backend's signed claims; per leg label for a merged release.
-                    "claims": (
-                        {label: leg.claims for label, leg in result.leg_results}
-                        if result.leg_results
-                        else result.claims
-                    ),
-                    # The signed trust-domains fact; per leg label for a merged release.
-                    "trust_domains": (
-                        {
-                            label: _domains_json(leg.trust_domains)
-                            for label, leg in result.leg_results
-                        }
-                        if result.leg_results
-                        else _domains_json(result.trust_domains)
-                    ),
-                    # Each backend's test-result statement: its subjects (what it ran) and
-                    # result; per leg label for a merged release (issue 30).
-                    "sandboxes": (
-                        {label: _sandboxes_json(leg) for label, leg in result.leg_results}
-                        if result.leg_results
-                        else _sandboxes_json(result)
-                    ),
-                    "notes": list(result.notes),
-                    "exit_code": code,
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps(_verify_json(args, result, trusted.keyid, gate, code), indent=2))
         return code
-    _print_facts(result)
-    if strict:
-        print(
-            f"REFUSED: {args.report_dir} verifies with key {trusted.keyid}, but its gate is "
-            "WARNED and --fail-on warned was given (a cell nothing required did not PASS)",
-            file=sys.stderr,
-        )
-        return EXIT_REFUSED
-    if result.ok:
-        scope = " (partial: only the legs this report holds)" if args.partial else ""
-        print(f"OK: {args.report_dir} verifies with key {trusted.keyid} (gate {gate}){scope}")
-        return EXIT_OK
-    print(
-        f"FAILED: {args.report_dir} does not verify ({_plural(len(result.reasons), 'reason')}):",
-        file=sys.stderr,
-    )
-    for reason in result.reasons:
-        print(f"  - {reason}", file=sys.stderr)
-    return EXIT_REFUSED
+    return _print_verdict(args, result, trusted.keyid, gate, strict=strict)
 
 
 def _run_merge(args: argparse.Namespace) -> int:
@@ -317,6 +322,12 @@ def _run_merge(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `verify` and `merge` subcommands; each sets `func(args) -> exit code`."""
+    _add_verify(subparsers)
+    _add_merge(subparsers)
+
+
+def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`sandbox-attest verify REPORT_DIR --trusted-key PUB ...`."""
     verify = subparsers.add_parser(
         "verify",
         help="check a signed report against a trusted key and the release policy",
@@ -361,6 +372,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_pins(verify)
     verify.set_defaults(func=_run_verify)
 
+
+def _add_merge(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`sandbox-attest merge LEG_DIR... --out DIR --trusted-key PUB ...`."""
     merge = subparsers.add_parser(
         "merge",
         help="verify CI legs and sign one release decision over all of them",

@@ -100,47 +100,46 @@ def _counts(outcomes: list[CellOutcome] | tuple[CellOutcome, ...]) -> dict[str, 
     }
 
 
-def render_junit(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> bytes:
-    """junit.xml as bytes: a suite per leg, then the release gate's suite.
+def _leg_suite(
+    root: ET.Element,
+    evidence: Mapping[str, Any],
+    leg: tuple[str, str],
+    cells: list[CellOutcome],
+    run_facts: tuple[str, str],
+) -> None:
+    """One leg's <testsuite>: its counts, run and backend properties, then its cells.
 
-    Args:
-        evidence: the parsed evidence.json the outcomes came from (run facts, backends).
-        outcomes: `sandbox_attest.report.outcomes.run_outcomes` over that evidence.
-
-    Returns:
-        UTF-8 XML with a declaration and a trailing newline.
+    `run_facts` is (run id, the world as one line).
     """
-    run_id = str(evidence.get("run_id", ""))
-    world = evidence.get("world") or {}
-    world_text = one_line(f"{world.get('kind', 'not recorded')} {world.get('reason', '')}")
-    legs: dict[tuple[str, str], list[CellOutcome]] = {}
-    for o in outcomes.cells:
-        legs.setdefault((o.platform, o.backend), []).append(o)
-    root = ET.Element("testsuites", name="sandbox-attest")
-    for (platform, backend), cells in sorted(legs.items(), key=lambda kv: kv[0][1] != "none"):
-        label = "unconfined control" if cells[0].control else "sandbox"
-        attrs = {
-            "name": f"{platform}/{backend}",
-            "timestamp": str(evidence.get("started_at", "")),
-            **_counts(cells),
-            "time": f"{sum(float(_seconds(o)) for o in cells):.3f}",
-        }
-        suite = ET.SubElement(root, "testsuite", attrs)
-        required = sum(o.required for o in cells)
-        _props(
-            suite,
-            [
-                ("run_id", run_id),
-                ("platform", platform),
-                ("world", world_text),
-                ("backend", backend),
-                ("leg", label),
-                *_backend_facts(evidence, backend),
-                ("required", f"{required} of {len(cells)} cells required"),
-            ],
-        )
-        for o in cells:
-            _testcase(suite, o)
+    platform, backend = leg
+    run_id, world_text = run_facts
+    label = "unconfined control" if cells[0].control else "sandbox"
+    attrs = {
+        "name": f"{platform}/{backend}",
+        "timestamp": str(evidence.get("started_at", "")),
+        **_counts(cells),
+        "time": f"{sum(float(_seconds(o)) for o in cells):.3f}",
+    }
+    suite = ET.SubElement(root, "testsuite", attrs)
+    required = sum(o.required for o in cells)
+    _props(
+        suite,
+        [
+            ("run_id", run_id),
+            ("platform", platform),
+            ("world", world_text),
+            ("backend", backend),
+            ("leg", label),
+            *_backend_facts(evidence, backend),
+            ("required", f"{required} of {len(cells)} cells required"),
+        ],
+    )
+    for o in cells:
+        _testcase(suite, o)
+
+
+def _gate_suite(root: ET.Element, outcomes: RunOutcomes, run_id: str) -> None:
+    """The release gate's <testsuite>: one testcase that fails when the gate FAILED."""
     gate = outcomes.gate
     gate_suite = ET.SubElement(
         root,
@@ -182,6 +181,28 @@ def render_junit(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> bytes:
         failure.text = "\n".join(f"- {p}" for p in problems)
     # After any <failure>: the JUnit schema orders a testcase's children so.
     ET.SubElement(case, "system-out").text = f"gate: {gate.result}; {count.line()}"
+
+
+def render_junit(evidence: Mapping[str, Any], outcomes: RunOutcomes) -> bytes:
+    """junit.xml as bytes: a suite per leg, then the release gate's suite.
+
+    Args:
+        evidence: the parsed evidence.json the outcomes came from (run facts, backends).
+        outcomes: `sandbox_attest.report.outcomes.run_outcomes` over that evidence.
+
+    Returns:
+        UTF-8 XML with a declaration and a trailing newline.
+    """
+    run_id = str(evidence.get("run_id", ""))
+    world = evidence.get("world") or {}
+    world_text = one_line(f"{world.get('kind', 'not recorded')} {world.get('reason', '')}")
+    legs: dict[tuple[str, str], list[CellOutcome]] = {}
+    for o in outcomes.cells:
+        legs.setdefault((o.platform, o.backend), []).append(o)
+    root = ET.Element("testsuites", name="sandbox-attest")
+    for leg, cells in sorted(legs.items(), key=lambda kv: kv[0][1] != "none"):
+        _leg_suite(root, evidence, leg, cells, (run_id, world_text))
+    _gate_suite(root, outcomes, run_id)
     totals = _counts(outcomes.cells)
     failures = int(totals["failures"]) + (outcomes.gate_status == "failed")
     root.attrib.update({**totals, "tests": str(len(outcomes.cells) + 1)})

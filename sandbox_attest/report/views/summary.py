@@ -61,6 +61,33 @@ def _attested(view: ReportView) -> str:
     )
 
 
+def _grid(view: ReportView) -> list[str]:
+    """The grid (probe x backend, control first) and its legend, demonstrations named."""
+    heads = [
+        f"{md_cell(b)} (unconfined control)" if b == "none" else md_cell(b) for b in view.backends
+    ]
+    # A backend in the set to show a verdict says so, with why (matrix.toml, issue 29).
+    demos = {
+        str(b.get("name")): str(b["demonstration"])
+        for b in view.evidence.get("backends") or []
+        if b.get("demonstration")
+    }
+    heads = [
+        f"{h} (demonstration)" if b in demos else h
+        for b, h in zip(view.backends, heads, strict=True)
+    ]
+    lines = ["| probe | " + " | ".join(heads) + " |"]
+    lines.append("|---" * (len(view.backends) + 1) + "|")
+    for probe in view.probes:
+        row = [grid_cell(view.outcome(backend, probe)) for backend in view.backends]
+        lines.append(f"| {md_cell(probe)} | " + " | ".join(row) + " |")
+    lines += ["", "\\* required by the gate (bold); the others are optional.", ""]
+    lines += [f"{md_cell(b)} is a demonstration: {md_cell(why)}" for b, why in demos.items()]
+    if demos:
+        lines.append("")
+    return lines
+
+
 def render_markdown(view: ReportView) -> str:
     """The summary as Markdown, what to act on first (issue 29).
 
@@ -108,28 +135,7 @@ def render_markdown(view: ReportView) -> str:
         lines += ["### Run problems", ""]
         lines += [f"- {md_cell(p)}" for p in problems]
         lines.append("")
-    heads = [
-        f"{md_cell(b)} (unconfined control)" if b == "none" else md_cell(b) for b in view.backends
-    ]
-    # A backend in the set to show a verdict says so, with why (matrix.toml, issue 29).
-    demos = {
-        str(b.get("name")): str(b["demonstration"])
-        for b in view.evidence.get("backends") or []
-        if b.get("demonstration")
-    }
-    heads = [
-        f"{h} (demonstration)" if b in demos else h
-        for b, h in zip(view.backends, heads, strict=True)
-    ]
-    lines.append("| probe | " + " | ".join(heads) + " |")
-    lines.append("|---" * (len(view.backends) + 1) + "|")
-    for probe in view.probes:
-        row = [grid_cell(view.outcome(backend, probe)) for backend in view.backends]
-        lines.append(f"| {md_cell(probe)} | " + " | ".join(row) + " |")
-    lines += ["", "\\* required by the gate (bold); the others are optional.", ""]
-    lines += [f"{md_cell(b)} is a demonstration: {md_cell(why)}" for b, why in demos.items()]
-    if demos:
-        lines.append("")
+    lines += _grid(view)
     if count.not_run:
         lines += [
             (
