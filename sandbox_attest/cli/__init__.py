@@ -48,7 +48,7 @@ EXIT_CODES = """exit codes:
        sweeps what a killed run left (its output and evidence.json say what, under swept)."""
 # `run --key K` whose trust domains were not separated: signed with the per-machine key.
 EXIT_KEY_REFUSED = 2
-# gate_failures' line for a required cell the run never produced (sandbox_attest/run/session.py).
+# gate_failures' line for a required cell the run never produced (run/requirements.py).
 MISSING_PREFIX = "missing required cell "
 # --fail-on: which gate words exit 1. `failed` (default) lets a WARNED run exit 0, as a
 # developer's first run should; a CI that must not ship any escape it sees asks for `warned`.

@@ -7,7 +7,7 @@ Installing sandbox-attest loads this module into every pytest run on the machine
 option it adds starts with `--sandbox-attest`; the fixtures a vendor's own tests use live in
 sandbox_attest.testing, registered from here.
 
-Decisions live in run.session (a run's lifetime) and sandbox_attest.run.runner (one cell).
+Decisions live in run.setup (a run's start), run.session (its lifetime) and run.runner (one cell).
 This module maps them onto pytest: options, collection, a verdict word per item, the grid at the
 end, and the run's finish, which renders junit.xml, allure-results/ and the pages from the judged
 evidence.
