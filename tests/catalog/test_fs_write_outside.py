@@ -23,8 +23,8 @@ from sandbox_attest.catalog.fs import CANARY_NAME, FsWriteOutside
 from sandbox_attest.catalog.fs.writable import payload_writable_places, writable_places
 from sandbox_attest.catalog.fs.write_outside import HOME_CLASSES, _class_key
 from sandbox_attest.catalog.spec import CellContext
+from sandbox_attest.host import journal as sweep
 from sandbox_attest.host.trust import PayloadUser, payload_user
-from sandbox_attest.run import sweep
 from sandbox_attest.verdict import Assessment
 from tests.catalog.test_proc import Records
 
