@@ -164,7 +164,7 @@ class CellPool:
             reason = matrix.exclusions[(target.name, probe)]
         runner.backends[target.name] = target.backend
         runner.availability[target.name] = target.availability
-        from sandbox_attest.plugin import applicable_here  # noqa: PLC0415
+        from sandbox_attest.run.runner import applicable_here  # noqa: PLC0415
 
         return runner.run_cell(applicable_here(Cell(target.name, row, reason)))
 

@@ -1,7 +1,7 @@
 """What this machine lets a probe judge: the tests ask it the way a real run does.
 
 A real run marks a cell NOT_APPLICABLE where its probe's spec says this host cannot judge it
-(`not_applicable_here`, applied by `sandbox_attest.plugin.applicable_here`): dev_access where
+(`not_applicable_here`, applied by `sandbox_attest.run.runner.applicable_here`): dev_access where
 no device beyond the harmless set opens for the payload user (a machine without udev's 0666
 /dev/fuse and /dev/net/tun), proc_namespace_escape where setns is refused. Tests that drive the
 runner directly build their cells through `cell_here`, so they hold the harness to what it

@@ -32,7 +32,7 @@ JSON, requests on the child's stdin and replies on its stdout; bytes travel base
     <- {"ok": false, "error": "config"|"report", "message"} for any refused request
 
 Issue 23: a release key signs only a run whose trust domains were separated, as measured
-(`sandbox_attest.run.separation`): where any sandboxed process ran as root or as the harness's
+(`sandbox_attest.host.separation`): where any sandboxed process ran as root or as the harness's
 uid, that code could read the key (`/proc/<harness>/cmdline`, `environ`, the key file), and
 could forge what is signed. The signer then swaps the provided key for the per-machine one
 before signing (`refuse-release`, and again in `sign` from the evidence it signs, so a

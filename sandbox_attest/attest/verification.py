@@ -40,6 +40,7 @@ from sandbox_attest.attest.subjects import (
     tree_digest_of,
 )
 from sandbox_attest.errors import ConfigError, ReportError, SignatureError
+from sandbox_attest.host import separation
 from sandbox_attest.report.policy import (
     CONTROL_BACKEND,
     Gate,
@@ -645,8 +646,6 @@ def check_trust_domains(v: Verification, allow_shared: bool) -> None:
     Read from the signed test-result statement (`v.trust_domains`), never from
     evidence.json's copy; re-derived from the signed cells (`separation.recheck`).
     """
-    from sandbox_attest.run import separation  # noqa: PLC0415  (only verify re-derives it)
-
     domains = v.trust_domains
     if v.evidence is not None and domains.get("measured") is True:
         v.reasons.extend(separation.recheck(domains, v.evidence.get("cells") or []))

@@ -21,7 +21,7 @@ sees the whole picture in one go. It passes only if every check holds:
      is never read for this, since whoever holds a local key can sign any payload;
   7. the signed run finished no longer ago than `max_age` and not in the future;
   8. with `expect_commit`, the signed harness commit matches and the checkout was clean;
-  9. the signed trust-domains fact is measured (per backend, `sandbox_attest.run.separation`),
+  9. the signed trust-domains fact is measured (per backend, `sandbox_attest.host.separation`),
      follows from the signed cells, and says separated, unless explicitly allowed
      (`allow_shared_trust_domain`): a run in which sandboxed code ran as root or as the
      harness's uid could read the key and forge what was signed.

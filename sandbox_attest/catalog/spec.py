@@ -220,7 +220,7 @@ class ProbeSpec(Protocol):
     def not_applicable_here(self) -> str | None:
         """Why this host cannot judge the probe at all (its control cannot work here), or None.
 
-        Asked before the run (sandbox_attest.plugin.applicable_here): every cell of the probe
+        Asked before the run (sandbox_attest.run.runner.applicable_here): every cell of the probe
         is then NOT_APPLICABLE with this reason instead of INCONCLUSIVE.
         """
         ...

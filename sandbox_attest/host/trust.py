@@ -12,7 +12,7 @@ created on first use. That is also how real agents run: as an ordinary user.
 What this does not do: it does not confine anything. The payload uid can still do whatever an
 ordinary user can do on the host; the probes measure what the sandbox takes away from that.
 Where the harness is not root (or not on Linux) it cannot switch uid, and the run's measured
-trust domains (`sandbox_attest.run.separation.trust_domains`) say so; the signed statement
+trust domains (`sandbox_attest.host.separation.trust_domains`) say so; the signed statement
 carries that fact and `verify` prints it.
 """
 

@@ -232,26 +232,6 @@ def _signer(config: pytest.Config, key_path: Path | None) -> Signer:
     return config.stash[SIGNER_KEY]
 
 
-def applicable_here(cell: Cell) -> Cell:
-    """`cell`, NOT_APPLICABLE with its probe's reason where this host cannot judge it.
-
-    A probe whose control cannot work here (proc_namespace_escape's setns where the kernel
-    refuses an unprivileged user: `not_applicable_here()` on its spec) would only ever be
-    INCONCLUSIVE; its cells say why instead, and a policy that requires them fails with it.
-    """
-    if cell.not_applicable is not None:
-        return cell
-    from sandbox_attest.catalog import PROBES  # noqa: PLC0415
-
-    spec = PROBES.get(cell.probe.id)
-    reason = spec.not_applicable_here() if spec is not None else None
-    if reason is None:
-        return cell
-    import dataclasses  # noqa: PLC0415
-
-    return dataclasses.replace(cell, not_applicable=str(reason))
-
-
 class SignerHandoff:
     """A plugin object that hands a signer started before pytest to the matrix run.
 
@@ -274,6 +254,7 @@ class MatrixFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         """The cells, control leg first (later legs are judged against it)."""
         from sandbox_attest.errors import HarnessError  # noqa: PLC0415
+        from sandbox_attest.run.runner import applicable_here  # noqa: PLC0415
 
         try:
             session = _session(self.config, self.path)

@@ -14,7 +14,7 @@ import secrets
 import shutil
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, overload
 
@@ -239,6 +239,25 @@ def run_watched(
         return backend.run(request)
     finally:
         ctx.host_view.update(watch.finish())
+
+
+def applicable_here(cell: Cell) -> Cell:
+    """`cell`, NOT_APPLICABLE with its probe's reason where this host cannot judge it.
+
+    Decided before the cell is collected (the plugin shows the cell as this host can judge
+    it), beside `CellRunner.run_cell`'s other NOT_APPLICABLE decisions.
+
+    A probe whose control cannot work here (proc_namespace_escape's setns where the kernel
+    refuses an unprivileged user: `not_applicable_here()` on its spec) would only ever be
+    INCONCLUSIVE; its cells say why instead, and a policy that requires them fails with it.
+    """
+    if cell.not_applicable is not None:
+        return cell
+    spec = PROBES.get(cell.probe.id)
+    reason = spec.not_applicable_here() if spec is not None else None
+    if reason is None:
+        return cell
+    return replace(cell, not_applicable=str(reason))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from sandbox_attest import __version__
 from sandbox_attest.errors import ConfigError, HarnessError
 from sandbox_attest.host.lifetime import RunInterrupted
 from sandbox_attest.host.provenance import file_sha256
+from sandbox_attest.host.separation import trust_domains
 from sandbox_attest.host.trust import payload_user
 from sandbox_attest.report.evidence import EvidenceWriter
 from sandbox_attest.report.policy import Gate, Policy, load_policy
@@ -29,7 +30,6 @@ from sandbox_attest.run.matrix import Cell, Matrix, current_platform
 from sandbox_attest.run.pool import CellPool
 from sandbox_attest.run.reach import Preflight, preflight
 from sandbox_attest.run.requirements import Requirements, check_names
-from sandbox_attest.run.separation import trust_domains
 from sandbox_attest.run.world import RunWorld
 from sandbox_attest.verdict import Verdict
 from sandbox_attest.world.lab import world_fact
@@ -287,7 +287,7 @@ class RunSession:
         close_backends(self.backends)
         self.world.remove_scratch()
         # Measured now that every cell is judged: who each backend's processes ran as
-        # (sandbox_attest/run/separation.py). The signer refuses a release key for a run that is
+        # (sandbox_attest/host/separation.py). The signer refuses a release key for a run that is
         # not separated (`_sign_and_render`).
         try:
             self.trust_domains = trust_domains(self.user, self.backends, self.writer.cells)

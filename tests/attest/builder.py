@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from sandbox_attest.attest import ATTESTATION_NAME, policy_from_evidence, sign_report
 from sandbox_attest.attest.statement import EVIDENCE_PREDICATE
 from sandbox_attest.attest.subjects import ALLURE_DIR
+from sandbox_attest.host.separation import Launch, backend_fact, summarize
 from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.report.allure import render_allure
 from sandbox_attest.report.junit import render_junit
 from sandbox_attest.report.outcomes import run_outcomes
 from sandbox_attest.report.sarif import render_sarif
 from sandbox_attest.report.views import render_html, render_summary
-from sandbox_attest.run.separation import Launch, backend_fact, summarize
 
 if TYPE_CHECKING:
     from sandbox_attest.attest.keys import SigningKey
@@ -129,7 +129,7 @@ def make_cell(
 def measured_domains(
     cells: list[dict[str, Any]], launched_uid: int = PAYLOAD_UID
 ) -> dict[str, Any]:
-    """The trust-domains fact a root run measures over `cells` (sandbox_attest/run/separation.py).
+    """The trust-domains fact a root run measures over `cells` (sandbox_attest/host/separation.py).
 
     Every backend's commands were started as `launched_uid` (the payload user `nobody` by
     default); the harness is uid 0.

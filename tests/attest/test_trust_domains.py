@@ -1,6 +1,6 @@
 """Trust domains are measured, signed, and enforced (issue 23, part 2).
 
-The measurement (`sandbox_attest.run.separation`) over host readings shaped as hostview writes
+The measurement (`sandbox_attest.host.separation`) over host readings shaped as hostview writes
 them; the signer's refusal of a release key for a run that is not separated (the real signer
 process, with a per-machine key under a temporary HOME); and `verify`'s refusal of such a run
 and of a report whose fact was declared rather than measured.
@@ -33,12 +33,12 @@ from sandbox_attest.attest.subjects import EVIDENCE, HTML, JUNIT, SARIF, SUMMARY
 from sandbox_attest.attest.verification import Checks
 from sandbox_attest.attest.verify import verify_report
 from sandbox_attest.cli.release import register
+from sandbox_attest.host import separation
+from sandbox_attest.host.separation import trust_domains
 from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.report.files import make_report_dir
 from sandbox_attest.report.sarif import render_sarif
 from sandbox_attest.report.views import render_html, render_summary
-from sandbox_attest.run import separation
-from sandbox_attest.run.separation import trust_domains
 from tests.attest.builder import PAYLOAD_UID, build_report, make_cells, measured_domains, sign
 
 if TYPE_CHECKING:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sandbox_attest.backends import base, bubblewrap, command, docker
+from sandbox_attest.backends import base, bubblewrap
+from sandbox_attest.backends.command import backend as command
+from sandbox_attest.backends.docker import backend as docker
 
 
 def test_one_shim_path_for_every_backend() -> None:

@@ -356,8 +356,15 @@ class StubWorld:
 
 
 @pytest.fixture
-def make_ctx(tmp_path: Path) -> Iterator[Any]:
-    """Build CellContexts under tmp_path; run each spec's cleanup afterwards."""
+def make_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Build CellContexts under tmp_path; run each spec's cleanup afterwards.
+
+    HOME is a fresh dir under tmp_path for the fixture's whole life (cleanups included): these
+    contexts have no payload user, so fs_read_secrets plants in $HOME, which must never be the
+    real one (it once left empty ~/.ssh, ~/.aws and ~/.docker in root's home).
+    """
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     made: list[tuple[Any, CellContext]] = []
 
     def make(spec: Any, policy: DeclaredPolicy = CONFINED, shim: Path | None = None) -> CellContext:
@@ -464,13 +471,11 @@ class TestReadSecretsTable:
         assert decide("denied", assessment).verdict is Verdict.PASS
 
     def test_failed_planting_names_the_probe_and_leaves_nothing(
-        self, make_ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, make_ctx: Any, tmp_path: Path
     ) -> None:
         """A canary that cannot be planted is a FixtureError; dirs made before it go away."""
-        home = tmp_path / "home"
-        home.mkdir()
+        home = tmp_path / "home"  # make_ctx's HOME
         (home / ".docker").write_text("not a folder")  # the third canary cannot go here
-        monkeypatch.setenv("HOME", str(home))
         spec = FsReadSecrets()
         ctx = make_ctx(spec)
         with pytest.raises(FixtureError, match=r"fs_read_secrets: could not plant the canary"):

@@ -327,7 +327,7 @@ class TestCatalogueReading:
     ) -> None:
         """A probe that tests one claim alone is NOT_APPLICABLE where it is not made."""
         assert unclaimed(probe, claims_of(policy)) == reason
-        assert PROBES[probe].not_claimed(policy) == reason  # type: ignore[attr-defined]
+        assert PROBES[probe].not_claimed(policy) == reason
 
     @pytest.mark.parametrize(
         "probe",

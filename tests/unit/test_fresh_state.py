@@ -79,8 +79,8 @@ def test_what_the_command_writes_there_never_reaches_the_host() -> None:
 def state_tops() -> list[Path]:
     """The host directories the harness keeps state in between runs, named by its own code."""
     from sandbox_attest.backends.base import SANDBOX_RUN_DIR  # noqa: PLC0415
-    from sandbox_attest.host import trust  # noqa: PLC0415  (the code's own constants)
     from sandbox_attest.host import journal as sweep  # noqa: PLC0415  (the code's own constants)
+    from sandbox_attest.host import trust  # noqa: PLC0415  (the code's own constants)
 
     home = trust.PAYLOAD_HOME
     # The home's top directory under /var/lib: what a fresh machine lacks until useradd.

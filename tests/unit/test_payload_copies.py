@@ -38,7 +38,7 @@ COPIES: dict[str, tuple[str, str]] = {
 
 def payload_constants() -> list[tuple[str, str, Any]]:
     """(payload file, name, value) for every copied name a payload assigns at module level."""
-    found = []
+    found: list[tuple[str, str, Any]] = []
     for path in sorted(PROBES_DIR.glob("*.py")):
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
             if not isinstance(node, ast.Assign):

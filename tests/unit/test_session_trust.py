@@ -16,8 +16,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sandbox_attest.attest.keys import ENV_VAR, private_key_pem
+from sandbox_attest.host import separation
 from sandbox_attest.paths import matrix_dir
-from sandbox_attest.run import separation
 from sandbox_attest.run import session as session_module
 from sandbox_attest.run.matrix import load_matrix
 from sandbox_attest.run.session import RunSession
