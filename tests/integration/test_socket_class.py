@@ -114,8 +114,16 @@ def assert_nothing_left(entry: dict[str, Any]) -> None:
     """No host directory a witness sat in still holds anything named with the cell's nonce."""
     nonce = entry["nonce"]
     dirs = {Path(p).parent for p in sockets_of(entry)["planted"] if not p.startswith("@")}
-    left = [str(p) for d in dirs for p in d.iterdir() if nonce in p.name]
+    left = [str(p) for d in dirs for p in entries_if_present(d) if nonce in p.name]
     assert left == []
+
+
+def entries_if_present(directory: Path) -> list[Path]:
+    """The directory's entries; none when its owner removed it (a busy host's temp dirs)."""
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 class TestControlLeg:
@@ -139,7 +147,11 @@ class TestControlLeg:
         entry = control[ESCAPE]
         planted = [p for p in sockets_of(entry)["planted"] if not p.startswith("@")]
         assert planted
-        assert sorted(sockets_of(entry)["removed"]) == sorted(planted)
+        removed = set(sockets_of(entry)["removed"])
+        assert removed <= set(planted)
+        # The rest went with their directory: its owner removed it during the cell (a busy
+        # host's temp dirs), so the harness had nothing left to remove there.
+        assert [p for p in planted if p not in removed and os.path.lexists(p)] == []
         assert_nothing_left(entry)
 
     def test_tamper_passes_on_the_decoy(self, control: dict[str, Any]) -> None:
