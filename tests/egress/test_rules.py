@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox_attest.world.egress.rules import (
-    EgressPolicy,
+    Allowlist,
     EgressRequest,
     HostError,
     Rule,
@@ -105,7 +105,7 @@ class TestRule:
 
 
 class TestDecide:
-    policy = EgressPolicy(
+    allowlist = Allowlist(
         (
             Rule("allowed.test"),
             Rule("allowed.test", suffix=True, ports=(443,)),
@@ -134,22 +134,22 @@ class TestDecide:
     )
     def test_matching_table(self, host: str, port: int, allowed: bool) -> None:
         """Exact and suffix rules match only canonical hosts at a label boundary, on their ports."""
-        assert self.policy.decide(EgressRequest(host, port)).allowed is allowed
+        assert self.allowlist.decide(EgressRequest(host, port)).allowed is allowed
 
     def test_suffix_rule_does_not_cover_its_apex(self) -> None:
         """A suffix rule means `*.host`: the apex needs its own exact rule."""
-        policy = EgressPolicy((Rule("allowed.test", suffix=True),))
-        assert policy.decide(EgressRequest("allowed.test", 443)).reason == "no rule matched"
+        allowlist = Allowlist((Rule("allowed.test", suffix=True),))
+        assert allowlist.decide(EgressRequest("allowed.test", 443)).reason == "no rule matched"
 
     def test_port_denial_names_the_rule_ports(self) -> None:
         """A host match on the wrong port says which ports the rule allows."""
-        decision = self.policy.decide(EgressRequest("allowed.test", 22))
+        decision = self.allowlist.decide(EgressRequest("allowed.test", 22))
         assert decision.rule == Rule("allowed.test")
         assert decision.reason == "port 22 not allowed (rule allows [80, 443])"
 
     def test_bad_host_is_a_denial_not_an_exception(self) -> None:
         """`decide` never raises; a bad host is a deny with the reason."""
-        decision = self.policy.decide(EgressRequest("127.1", 443))
+        decision = self.allowlist.decide(EgressRequest("127.1", 443))
         assert not decision.allowed
         assert decision.reason.startswith("bad host:")
         assert decision.rule is None

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.world.egress.rules import (
+    Allowlist,
     Decision,
-    EgressPolicy,
     EgressRequest,
     HostError,
     Rule,
@@ -43,8 +43,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Allowlist",
     "Decision",
-    "EgressPolicy",
     "EgressRequest",
     "HostError",
     "ProxyConfig",

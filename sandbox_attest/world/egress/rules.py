@@ -1,6 +1,6 @@
 """Allowlist matching for the egress proxy: pure functions, no I/O.
 
-Two checks guard every request. `EgressPolicy.decide` works on the *name* the client asked for,
+Two checks guard every request. `Allowlist.decide` works on the *name* the client asked for,
 after `canonical_host` has reduced it to one spelling (so `ALLOWED.test.` and `allowed.test`
 are the same host and `127.1` is no host at all). `address_allowed` then works on the address
 the name resolved to, so an allowed name cannot be pointed at the host's own loopback or a
@@ -159,7 +159,7 @@ def _dotted_quad(raw: str, labels: list[str]) -> str:
     )
 
 
-class EgressPolicy:
+class Allowlist:
     """An ordered allowlist: the first rule whose host matches decides the ports."""
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:

@@ -35,7 +35,7 @@ from sandbox_attest.world.egress.config import READY_PREFIX, ProxyConfig
 from sandbox_attest.world.egress.decisions import DecisionLog, DecisionRecord
 from sandbox_attest.world.egress.handoff import Leash, take_handoff
 from sandbox_attest.world.egress.rules import (
-    EgressPolicy,
+    Allowlist,
     EgressRequest,
     HostError,
     address_allowed,
@@ -76,7 +76,7 @@ class _Server:
     def __init__(self, config: ProxyConfig, secret: str) -> None:
         self.config = config
         self.secret = secret
-        self.policy = EgressPolicy(config.rules)
+        self.allowlist = Allowlist(config.rules)
         self.log = DecisionLog(config.decision_log, secret)
         self.listeners: list[socket.socket] = []
         self._stop = threading.Event()
@@ -380,7 +380,7 @@ class _Server:
 
     def _admit(self, host: str, port: int, record: DecisionRecord) -> socket.socket:
         """Rules, one resolution, the address check and the one dial; returns the upstream."""
-        decision = self.policy.decide(EgressRequest(host, port))
+        decision = self.allowlist.decide(EgressRequest(host, port))
         record.reason = decision.reason
         if not decision.allowed or decision.rule is None:
             raise Refusal(403, decision.reason, host)
