@@ -30,13 +30,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
     from sandbox_attest.backends import Backend
     from sandbox_attest.backends.base import Availability
+    from sandbox_attest.report.evidence import CellEntry
     from sandbox_attest.run.matrix import Matrix
     from sandbox_attest.run.runner import CellRunner
     from sandbox_attest.world.core import World
@@ -88,8 +89,8 @@ class CellVerdict:
     cell_id: str
     verdict: str
     reason: str
-    evidence: dict[str, Any]
-    control: dict[str, Any] | None = None
+    evidence: CellEntry
+    control: CellEntry | None = None
 
     @property
     def passed(self) -> bool:
@@ -130,20 +131,20 @@ class CellPool:
             control = self._control(probe)
         entry = self._run(runner, probe, target)
         return CellVerdict(
-            cell_id=str(entry["cell_id"]),
-            verdict=str(entry["verdict"]),
-            reason=str(entry.get("reason", "")),
+            cell_id=entry["cell_id"],
+            verdict=entry["verdict"],
+            reason=entry["reason"],
             evidence=entry,
             control=control,
         )
 
-    def _control(self, probe: str) -> dict[str, Any]:
+    def _control(self, probe: str) -> CellEntry:
         runner = self._runner()
         if probe not in runner.control_results:
             self._run(runner, probe, self.backend(CONTROL_BACKEND))
         return runner.control_results[probe]
 
-    def _run(self, runner: CellRunner, probe: str, target: AttestBackend) -> dict[str, Any]:
+    def _run(self, runner: CellRunner, probe: str, target: AttestBackend) -> CellEntry:
         from sandbox_attest.run.matrix import Cell, current_platform  # noqa: PLC0415
 
         matrix = self._matrix()

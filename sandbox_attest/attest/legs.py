@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.report.policy import (
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from sandbox_attest.attest.verification import Verification
+    from sandbox_attest.report.evidence import CellEntry
     from sandbox_attest.report.policy import Policy
 
 _LEG_KEYS = frozenset({"platform", "backend", "informational"})
@@ -200,21 +201,20 @@ def _collect_legs(
             )
 
 
-def _merged_cells(
-    labelled: Sequence[tuple[str, Verification]], out: Combined
-) -> list[dict[str, Any]]:
+def _merged_cells(labelled: Sequence[tuple[str, Verification]], out: Combined) -> list[CellEntry]:
     """The cells of the legs each report was credited with, platform filled in.
 
     A duplicate or unexpected leg is already a refusal on its own; its cells are left out so
     the one real reason is not buried under a repeat of every cell it holds. Carried control
     cells are tagged with their carrier (`evaluate` names them `...@<label>`).
     """
-    cells: list[dict[str, Any]] = []
+    cells: list[CellEntry] = []
     for label, v in labelled:
         evidence = v.evidence or {}
         platform = default_platform(evidence)
-        for c in evidence.get("cells", []):
-            cell = {**c, "platform": c.get("platform") or platform}
+        read: list[CellEntry] = evidence.get("cells", [])  # checked by `parse_cells`
+        for c in read:
+            cell: CellEntry = {**c, "platform": c.get("platform") or platform}
             leg = (str(cell["platform"]), str(cell.get("backend", "")))
             if leg in out.carried:
                 cell[CARRIER_KEY] = label

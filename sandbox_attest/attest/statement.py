@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.attest.subjects import ALLURE_SUBJECT, FILE_SUBJECTS
 from sandbox_attest.errors import ReportError
+from sandbox_attest.report.evidence import parse_cells
 from sandbox_attest.report.policy import default_platform
 
 if TYPE_CHECKING:
@@ -85,8 +86,11 @@ def _dumps(value: object) -> str:
 def parse_evidence(data: bytes, where: str) -> dict[str, Any]:
     """Parse evidence.json bytes and check the shape scripts rely on.
 
+    The cells are checked by `parse_cells`, so every reader gets `CellEntry` values.
+
     Raises:
-        ReportError: not JSON, the wrong schema, or `cells` missing.
+        ReportError: not JSON, the wrong schema, `cells` missing, or a cell without a key
+            every evidence cell has (naming the file and the key).
     """
     try:
         evidence = json.loads(data)
@@ -100,9 +104,7 @@ def parse_evidence(data: bytes, where: str) -> dict[str, Any]:
         raise ReportError(
             f"{where}: schema is {evidence.get('schema')!r}, expected {EVIDENCE_SCHEMA!r}"
         )
-    cells = evidence.get("cells")
-    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
-        raise ReportError(f"{where}: `cells` must be a list of objects")
+    evidence["cells"] = parse_cells(evidence.get("cells"), where)
     return evidence
 
 

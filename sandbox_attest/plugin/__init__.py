@@ -26,6 +26,7 @@ from sandbox_attest.verdict import Verdict
 
 if TYPE_CHECKING:
     from sandbox_attest.attest.signer import Signer
+    from sandbox_attest.report.evidence import CellEntry
     from sandbox_attest.run.matrix import Cell
 
     # The session pulls in the world, the backends and the catalog; the plugin is loaded into
@@ -97,7 +98,7 @@ WARNED = "warned"
 class CellFailed(Exception):  # noqa: N818  (pytest shows the class name; this one reads well)
     """A cell whose verdict is not PASS (and not an excused skip)."""
 
-    def __init__(self, entry: dict[str, Any]) -> None:
+    def __init__(self, entry: CellEntry) -> None:
         """Keep the evidence entry for the failure report."""
         super().__init__(f"{entry['verdict']}: {entry['reason']}")
         self.entry = entry
@@ -284,7 +285,7 @@ class MatrixItem(pytest.Item):
         super().__init__(**kwargs)
         self.cell = cell
         self.order = order  # its place in the matrix: the control leg's cells come first
-        self.entry: dict[str, Any] | None = None
+        self.entry: CellEntry | None = None
         self.add_marker(pytest.mark.cell(cell.backend, cell.probe.id))
         self.add_marker(pytest.mark.timeout(cell.probe.timeout + 60, method="signal"))
 
@@ -320,7 +321,8 @@ class MatrixItem(pytest.Item):
         if isinstance(excinfo.value, CellFailed):
             entry = excinfo.value.entry
             text = f"{entry['cell_id']}: {entry['verdict']}\n  reason: {entry['reason']}"
-            stderr = str((entry.get("run") or {}).get("stderr") or "")
+            run = entry.get("run")
+            stderr = str(run.get("stderr") or "") if run else ""
             if stderr.strip():
                 # Only when the payload said something: `evidence: ""` under every failure
                 # was noise (issue 29); the full entry is in evidence.json either way.

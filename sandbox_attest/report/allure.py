@@ -100,7 +100,7 @@ _NAMESPACE = uuid.UUID("6f1f3c0e-5a57-4d8e-9a51-2f1f0c3d7b21")  # ours: stable r
 
 
 def _severity(outcome: CellOutcome) -> str:
-    cell = outcome.cell or {}
+    cell: Mapping[str, Any] = outcome.cell or {}
     attempts = cell.get("attempts") or []
     escape = cell.get("expected") == "denied" or any(
         isinstance(a, dict) and a.get("role") == "escape" for a in attempts
@@ -136,7 +136,7 @@ def _where(o: CellOutcome) -> str:
 
 
 def _steps(w: _Writer, o: CellOutcome, start: int, stop: int) -> list[dict[str, Any]]:
-    cell = o.cell or {}
+    cell: Mapping[str, Any] = o.cell or {}
     run = cell.get("run") or {}
     parts: list[tuple[str, str, dict[str, object]]] = [
         (
@@ -251,7 +251,8 @@ def cell_times(o: CellOutcome, run_start: int) -> tuple[int, int]:
     never ran (UNAVAILABLE, NOT_APPLICABLE, missing), or evidence from before the start was
     recorded, takes the run's start: a real date, and a duration of 0.
     """
-    run = (o.cell or {}).get("run") or {}
+    cell: Mapping[str, Any] = o.cell or {}
+    run = cell.get("run") or {}
     if not isinstance(run, dict):
         return run_start, run_start
     started = run.get("started_ms")

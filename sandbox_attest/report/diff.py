@@ -19,9 +19,10 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.report.evidence import CellEntry, parse_cells
 
 EVIDENCE: Final = "evidence.json"
 # Lower is better. INCONCLUSIVE and ERROR tie: both mean nothing was proven.
@@ -77,12 +78,13 @@ class Change:
         return f"{head}: {why or 'no reason recorded'}{was}"
 
 
-def load_cells(report: Path) -> dict[tuple[str, str], dict[str, Any]]:
+def load_cells(report: Path) -> dict[tuple[str, str], CellEntry]:
     """Every cell of a report directory or merged release, by (platform, cell id).
 
     Raises:
         ConfigError: neither evidence.json nor legs/*/evidence.json is there, or one is
-            not the harness's JSON (naming the file and what to pass instead).
+            not the harness's JSON (naming the file and what to pass instead, or the key a
+            cell lacks: `parse_cells`).
     """
     files = [report / EVIDENCE] if (report / EVIDENCE).is_file() else []
     files = files or sorted((report / "legs").glob(f"*/{EVIDENCE}"))
@@ -91,14 +93,16 @@ def load_cells(report: Path) -> dict[tuple[str, str], dict[str, Any]]:
             f"{report}: no {EVIDENCE} and no legs/*/{EVIDENCE}; pass a report directory "
             "(reports/<run-id>) or a merged release"
         )
-    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    cells: dict[tuple[str, str], CellEntry] = {}
     for path in files:
         try:
             evidence = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: not readable evidence ({exc}); re-run or re-merge") from exc
+        if not isinstance(evidence, dict):
+            raise ConfigError(f"{path}: evidence must be a JSON object; re-run or re-merge")
         platform = str((evidence.get("platform") or {}).get("system", ""))
-        for cell in evidence.get("cells", []):
+        for cell in parse_cells(evidence.get("cells", []), str(path), ConfigError):
             key = (str(cell.get("platform") or platform), str(cell.get("cell_id", "")))
             cells[key] = cell
     return cells
@@ -109,12 +113,11 @@ def compare(old: Path, new: Path) -> list[Change]:
     before, after = load_cells(old), load_cells(new)
     changes = []
     for key in sorted(before.keys() | after.keys()):
-        a, b = before.get(key, {}), after.get(key, {})
-        va, vb = str(a.get("verdict", "")), str(b.get("verdict", ""))
+        a, b = before.get(key), after.get(key)
+        va, vb = (str(c["verdict"]) if c else "" for c in (a, b))
         if va != vb:
-            changes.append(
-                Change(key[0], key[1], va, vb, str(a.get("reason", "")), str(b.get("reason", "")))
-            )
+            ra, rb = (str(c["reason"]) if c else "" for c in (a, b))
+            changes.append(Change(key[0], key[1], va, vb, ra, rb))
     return changes
 
 

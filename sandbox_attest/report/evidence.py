@@ -4,6 +4,10 @@ Cells are appended to `evidence.jsonl` (one line each, fsynced) the moment they 
 a run interrupted midway keeps what it gathered; `evidence.json` is serialized once from those
 cells at the end, or on interrupt with `"complete": false`, and those bytes are what the signer
 signs. Both files are written only through descriptors (`sandbox_attest.report.files`).
+
+A cell's entry has one shape, `CellEntry`: every producer builds it with `cell_entry`, every
+reader of evidence read back from disk gets it from `parse_cells`, and `add_cell` / `document`
+are the only places it is serialised.
 """
 
 from __future__ import annotations
@@ -16,14 +20,109 @@ import weakref
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
+from sandbox_attest.errors import HarnessError, ReportError
 from sandbox_attest.host.provenance import file_sha256, harness_provenance
 from sandbox_attest.report import files as reportfs
 
 SCHEMA = "sandbox-attest/evidence/v1"
 EVIDENCE_NAME = "evidence.json"
 JOURNAL_NAME = "evidence.jsonl"
+
+
+class RunFacts(TypedDict, total=False):
+    """A cell's payload run as the evidence records it (`started` alone: it never ran)."""
+
+    started: Required[bool]
+    exit_code: int | None
+    timed_out: bool
+    duration_s: float
+    argv: list[str]
+    stdout: str  # the tail, at most run/runner.py's EVIDENCE_TEXT_LIMIT characters
+    stderr: str
+    helper_stderr: str
+    notes: list[str]
+    started_ms: int  # wall clock, for the views (Allure's start and stop)
+
+
+class CellFacts(TypedDict, total=False):
+    """What a cell's entry says beyond its head: the verdict, its reason, and what they rest on.
+
+    Only `verdict` and `reason` are in every entry; a cell that never ran (NOT_APPLICABLE,
+    UNAVAILABLE, cut short) has nothing else, and each judge path adds what it saw.
+    """
+
+    verdict: Required[str]  # a `Verdict` value
+    reason: Required[str]
+    # The run's decision (the policy's, or a named backend's): set by the session.
+    required: bool
+    traceback: str  # a harness fault while running the cell (an ERROR)
+    home_changed: str  # why the payload home moved during the cell, or ""
+    nonce: str
+    expected: str  # an `Expectation`: "denied" or "allowed"
+    run: RunFacts
+    # The host control's result; once judged, `{"host": ..., "assessed": ...}`.
+    control: dict[str, Any]
+    host_view: dict[str, Any]
+    observed: str
+    escape: str
+    corroborated_by: list[str]
+    attempts: list[Any]
+    probe_facts: dict[str, Any]
+    witness: dict[str, Any]
+    # Set by `merge` on a control cell: the leg that carried it (`report.policy.CARRIER_KEY`).
+    _carrier: str
+
+
+class CellEntry(CellFacts):
+    """One cell of the evidence: its head (which cell, where) and its `CellFacts`."""
+
+    cell_id: str  # `<backend>-<probe>`
+    backend: str
+    probe: str
+    platform: str
+
+
+# The keys `parse_cells` requires of every cell read back from disk (`CellEntry`'s required
+# keys), in the order a missing one is named.
+CELL_KEYS: tuple[str, ...] = ("cell_id", "backend", "probe", "platform", "verdict", "reason")
+
+
+def cell_entry(
+    *, cell_id: str, backend: str, probe: str, platform: str, **facts: Unpack[CellFacts]
+) -> CellEntry:
+    """A cell's evidence entry: the one place its head is made (every producer calls this)."""
+    return {"cell_id": cell_id, "backend": backend, "probe": probe, "platform": platform, **facts}
+
+
+def parse_cells(
+    value: object, where: str, error: type[HarnessError] = ReportError
+) -> list[CellEntry]:
+    """An evidence document's `cells` as read back from disk, each checked to be a `CellEntry`.
+
+    Args:
+        value: the parsed `cells` value.
+        where: the file it came from, named in the error.
+        error: the error type the caller's command reports (verify's ReportError, diff's
+            ConfigError).
+
+    Raises:
+        HarnessError: `error`, naming the file, the cell and the missing key, when `cells` is
+            not a list of objects or a cell lacks a key every entry has.
+    """
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise error(f"{where}: `cells` must be a list of objects")
+    for i, cell in enumerate(value):
+        missing = [key for key in CELL_KEYS if key not in cell]
+        if missing:
+            raise error(
+                f"{where}: cell #{i + 1} ({cell.get('cell_id') or 'no cell_id'}) has no "
+                f"{missing[0]!r}; every evidence cell has {', '.join(CELL_KEYS)} (the file "
+                "was not written by sandbox-attest, or was edited)"
+            )
+    cells: list[CellEntry] = value
+    return cells
 
 
 def utc_now() -> str:
@@ -63,7 +162,7 @@ class EvidenceWriter:
     policy_path: Path
     matrix_digest: str
     backends: list[dict[str, Any]] = field(default_factory=list)
-    cells: list[dict[str, Any]] = field(default_factory=list)
+    cells: list[CellEntry] = field(default_factory=list)
     started_at: str = field(default_factory=utc_now)
     matrix_path: Path | None = None
     # Facts about the whole run that the statement signs: `trust_domains` (who ran the judged
@@ -88,7 +187,7 @@ class EvidenceWriter:
         self._journal_fd = reportfs.create_append(self._dir_fd, JOURNAL_NAME)
         weakref.finalize(self, os.close, self._journal_fd)
 
-    def add_cell(self, cell: dict[str, Any]) -> None:
+    def add_cell(self, cell: CellEntry) -> None:
         """Record one judged cell durably, right now (appended and fsynced)."""
         self.cells.append(cell)
         line = memoryview((json.dumps(cell, sort_keys=True) + "\n").encode("utf-8"))
@@ -116,6 +215,19 @@ class EvidenceWriter:
             "policy": dict(inputs["policy"]),
             "matrix": dict(inputs["matrix"]),
             "backends": self.backends,
+            **self.run_facts,
+            "cells": self.cells,
+        }
+
+    def gate_input(self, *, complete: bool) -> dict[str, Any]:
+        """The keys of `document` that `report.policy.gate_for` reads, without the rest.
+
+        The session's gate is `gate_for` over this, and the signer's and `verify`'s are
+        `gate_for` over the serialised `document`: one function, the same facts.
+        """
+        return {
+            "platform": platform_facts(),
+            "complete": complete,
             **self.run_facts,
             "cells": self.cells,
         }

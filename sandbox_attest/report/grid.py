@@ -10,7 +10,10 @@ that wants it); the text is the same either way.
 from __future__ import annotations
 
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 # The short codes of the compact grid: at most four characters, so a column is four wide.
 SHORT = {
@@ -79,7 +82,7 @@ def _table(
 
 
 def render_grid(
-    cells: list[dict[str, Any]],
+    cells: Sequence[Mapping[str, Any]],
     *,
     width: int | None = None,
     colour: bool = False,

@@ -41,7 +41,8 @@ _TAG = {"failed": "failure", "error": "error", "skipped": "skipped"}
 
 
 def _seconds(outcome: CellOutcome) -> str:
-    run = (outcome.cell or {}).get("run") or {}
+    cell: Mapping[str, Any] = outcome.cell or {}
+    run = cell.get("run") or {}
     value = run.get("duration_s") if isinstance(run, dict) else None
     return f"{float(value):.3f}" if isinstance(value, int | float) else "0.000"
 

@@ -41,7 +41,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from sandbox_attest.report.policy import CONTROL_BACKEND, cell_leg, gate_for
+from sandbox_attest.report.evidence import CellEntry
+from sandbox_attest.report.policy import (
+    CONTROL_BACKEND,
+    WARNED_VERDICTS,
+    cell_leg,
+    cell_required,
+    gate_for,
+    required_cells,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -82,7 +90,6 @@ _REQUIRED_STATUS: dict[str, Status] = {
     "NOT_APPLICABLE": "error",
     MISSING: "error",
 }
-_WARNED = frozenset({"FAIL", "INCONCLUSIVE", "ERROR"})
 
 
 def one_line(text: object) -> str:
@@ -107,7 +114,7 @@ class CellOutcome:
     status: Status
     message: str
     detail: str
-    cell: Mapping[str, Any] | None = None
+    cell: CellEntry | None = None
 
     @property
     def control(self) -> bool:
@@ -117,7 +124,7 @@ class CellOutcome:
     @property
     def warned(self) -> bool:
         """Whether the cell is optional and did not PASS in a way that WARNs the gate."""
-        return not self.required and self.verdict in _WARNED
+        return not self.required and self.verdict in WARNED_VERDICTS
 
     @property
     def allure_status(self) -> str:
@@ -259,7 +266,7 @@ def counted(
 
 
 def count_line_of(
-    cells: Iterable[Mapping[str, Any]],
+    cells: Iterable[CellEntry],
     platform: str,
     policy: Policy | None,
     *,
@@ -274,7 +281,7 @@ def count_line_of(
     return counted(evidence, policy, also_missing=also_missing).line()
 
 
-def _outcome(cell: Mapping[str, Any], platform: str, *, required: bool) -> CellOutcome:
+def _outcome(cell: CellEntry, platform: str, *, required: bool) -> CellOutcome:
     verdict = str(cell.get("verdict", ""))
     reason = one_line(cell.get("reason") or "no reason recorded")
     if verdict == "PASS":
@@ -284,7 +291,7 @@ def _outcome(cell: Mapping[str, Any], platform: str, *, required: bool) -> CellO
         # An unknown verdict word fails closed, as the gate fails it.
         status = _REQUIRED_STATUS.get(verdict, "error")
         message = f"{verdict}: {reason}"
-    elif verdict in _WARNED:
+    elif verdict in WARNED_VERDICTS:
         status = "skipped"
         message = f"{verdict} ({OPTIONAL_NOTE}): {reason}"
     else:
@@ -328,9 +335,10 @@ def run_outcomes(
         The outcomes in evidence order, then the missing cells sorted by id.
     """
     gate = gate_for(evidence, policy)
-    cells: list[Mapping[str, Any]] = list(evidence.get("cells") or [])
+    cells: list[CellEntry] = list(evidence.get("cells") or [])
     default = str((evidence.get("platform") or {}).get("system") or "")
     legs = {cell_leg(c, default) for c in cells}
+    required_here = required_cells(policy, legs)
     wanted: dict[tuple[str, str], set[str]] = {}
     for req in policy.requirements if policy is not None else ():
         if (req.platform, req.backend) in legs:
@@ -339,10 +347,8 @@ def run_outcomes(
     seen: set[str] = set()
     for cell in cells:
         platform, backend = cell_leg(cell, default)
-        required = (
-            str(cell.get("probe", "")) in wanted.get((platform, backend), set())
-            or cell.get("required") is True
-        )
+        key = (platform, backend, str(cell.get("probe", "")))
+        required = cell_required(cell, key, required_here)
         outcome = _outcome(cell, platform, required=required)
         seen.add(outcome.cell_id)
         outcomes.append(outcome)

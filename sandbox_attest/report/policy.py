@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sandbox_attest.claims import RUNS_AS_RE, RUNS_AS_WORDS, claims_of
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 GateResult = Literal["PASSED", "WARNED", "FAILED"]
 # Set by `merge` on control cells: the leg directory that carried them (see `evaluate`).
-CARRIER_KEY = "_carrier"
+CARRIER_KEY: Final = "_carrier"
 # The unconfined control leg: it shows each probe can see its escape, and attests nothing alone.
 CONTROL_BACKEND = "none"
 
@@ -269,7 +270,7 @@ def parse_policy(raw: bytes, path: Path) -> Policy:
     )
 
 
-def cell_leg(cell: Mapping[str, Any], default_platform: str) -> tuple[str, str]:
+def cell_leg(cell: CellEntry, default_platform: str) -> tuple[str, str]:
     """The (platform, backend) leg a cell belongs to."""
     platform = cell.get("platform") or default_platform
     return str(platform), str(cell.get("backend", ""))
@@ -287,10 +288,15 @@ class Gate:
 
 
 _VERDICTS = frozenset(v.value for v in Verdict)
+# A cell nothing requires with one of these verdicts WARNs the gate (an escape, an
+# inconclusive or an erroring cell is shown in every report as WARNED, never as PASSED).
+WARNED_VERDICTS: Final = frozenset(
+    {Verdict.FAIL.value, Verdict.INCONCLUSIVE.value, Verdict.ERROR.value}
+)
 
 
 def _judge_cell(
-    name: str, key: tuple[str, str, str], verdict: str, is_required: bool, cell: Mapping[str, Any]
+    name: str, key: tuple[str, str, str], verdict: str, is_required: bool, cell: CellEntry
 ) -> tuple[str, str | None]:
     """Which test list a cell belongs in ("" for none) and the problem it raises, if any."""
     platform, backend, probe = key
@@ -307,12 +313,12 @@ def _judge_cell(
         )
     # Not required (a wrapper included by default, say): an escape, an inconclusive or an
     # erroring cell is shown in every report and summary as WARNED, never as PASSED.
-    if verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.ERROR):
+    if verdict in WARNED_VERDICTS:
         return "warned", None
     return "", None
 
 
-def _required_cells(
+def required_cells(
     policy: Policy | None, present_legs: set[tuple[str, str]]
 ) -> set[tuple[str, str, str]]:
     """(platform, backend, probe) the policy requires in the legs present."""
@@ -326,9 +332,20 @@ def _required_cells(
     }
 
 
+def cell_required(
+    cell: CellEntry, key: tuple[str, str, str], required: set[tuple[str, str, str]]
+) -> bool:
+    """Whether a cell is required: the policy names it, or the run marked it so.
+
+    `key` in `required_cells`, or `"required": true` (its backend was selected or required
+    by name). The gate (`evaluate`) and every view's outcome (`report.outcomes`) ask this.
+    """
+    return key in required or cell.get("required") is True
+
+
 def _world_problems(
     policy: Policy | None,
-    cells: Sequence[Mapping[str, Any]],
+    cells: Sequence[CellEntry],
     default_platform: str,
     world: str | None,
 ) -> list[str]:
@@ -372,7 +389,7 @@ def _coverage_problems(
 
 
 def evaluate(
-    cells: Sequence[Mapping[str, Any]],
+    cells: Sequence[CellEntry],
     policy: Policy | None,
     *,
     default_platform: str,
@@ -408,7 +425,7 @@ def evaluate(
         problems.append("the run has zero cells; a run that tested nothing never passes")
     if not complete:
         problems.append("the evidence is marked incomplete (the run was interrupted)")
-    required = _required_cells(policy, {cell_leg(c, default_platform) for c in cells})
+    required = required_cells(policy, {cell_leg(c, default_platform) for c in cells})
     confined_judged = False
     seen: set[tuple[str, str, str]] = set()
     seen_tagged: set[tuple[str, str, str, str]] = set()
@@ -430,7 +447,7 @@ def evaluate(
             continue
         seen_tagged.add((*key, carrier))
         seen.add(key)
-        is_required = key in required or cell.get("required") is True
+        is_required = cell_required(cell, key, required)
         confined_judged = confined_judged or (is_required and backend != CONTROL_BACKEND)
         bucket, problem = _judge_cell(name, key, verdict, is_required, cell)
         if bucket:

@@ -16,10 +16,13 @@ checked against the schema vendored in tests/data/sarif/.
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest import __version__
 from sandbox_attest.report.explain import probe_docs, with_fix
+
+if TYPE_CHECKING:
+    from sandbox_attest.report.evidence import CellEntry
 
 SARIF_NAME: Final = "results.sarif"
 SARIF_VERSION: Final = "2.1.0"
@@ -76,7 +79,7 @@ def _rule(probe: str, docs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _result(
-    cell: dict[str, Any], rule_ids: list[str], specs: set[str], evidence: dict[str, Any]
+    cell: CellEntry, rule_ids: list[str], specs: set[str], evidence: dict[str, Any]
 ) -> dict[str, Any]:
     probe, backend = str(cell.get("probe", "")), str(cell.get("backend", ""))
     cell_id = str(cell.get("cell_id", f"{backend}-{probe}"))

@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sandbox_attest.host.lifetime import caught_signal
 
 if TYPE_CHECKING:
+    from sandbox_attest.report.evidence import CellEntry
     from sandbox_attest.run.matrix import Cell
     from sandbox_attest.run.world import RunWorld
 
@@ -28,7 +29,7 @@ class CellPool:
     world: RunWorld
     jobs: int
     control_leg: str
-    futures: dict[str, Future[dict[str, Any]]] = field(default_factory=dict)
+    futures: dict[str, Future[CellEntry]] = field(default_factory=dict)
 
     def plan(self, cells: list[Cell]) -> None:
         """With jobs > 1, start running `cells` in a pool: the control leg first, then the rest.
@@ -64,7 +65,7 @@ class CellPool:
 
         threading.Thread(target=orchestrate, name="cell-pool", daemon=True).start()
 
-    def result(self, cell: Cell) -> dict[str, Any]:
+    def result(self, cell: Cell) -> CellEntry:
         """The cell's evidence entry: awaited when planned in the pool, else judged now."""
         future = self.futures.get(cell.cell_id)
         return future.result() if future is not None else self.world.judge(cell)

@@ -23,8 +23,8 @@ from sandbox_attest.host.lifetime import RunInterrupted
 from sandbox_attest.host.provenance import file_sha256
 from sandbox_attest.host.separation import trust_domains
 from sandbox_attest.host.trust import payload_user
-from sandbox_attest.report.evidence import EvidenceWriter
-from sandbox_attest.report.policy import Gate, Policy, load_policy
+from sandbox_attest.report.evidence import CellEntry, EvidenceWriter, cell_entry
+from sandbox_attest.report.policy import Gate, Policy, gate_for, load_policy
 from sandbox_attest.run.availability import ask_backends, backend_record, close_backends
 from sandbox_attest.run.matrix import Cell, Matrix, current_platform
 from sandbox_attest.run.pool import CellPool
@@ -179,9 +179,11 @@ class RunSession:
         return self.rules.gate_warnings(self.writer.cells)
 
     def signed_gate(self, *, complete: bool = True) -> Gate:
-        """The gate the attestation signs: `evaluate` over these cells with this policy."""
-        world = str(self.writer.run_facts.get("world", {}).get("kind"))
-        return self.rules.signed_gate(self.writer.cells, world=world, complete=complete)
+        """The gate the attestation signs: `gate_for` over the evidence as it stands.
+
+        The signer and `verify` derive it with the same function from the serialised evidence.
+        """
+        return gate_for(self.writer.gate_input(complete=complete), self.policy)
 
     def gate_failures(self) -> list[str]:
         """Why the release gate does not hold for this run (`Requirements.gate_failures`)."""
@@ -194,14 +196,14 @@ class RunSession:
         """With jobs > 1, start running `cells` in a pool: the control leg first, then the rest."""
         self.pool.plan(cells)
 
-    def run_cell(self, cell: Cell) -> dict[str, Any]:
+    def run_cell(self, cell: Cell) -> CellEntry:
         """Run (or, when planned in parallel, await) one cell and record it durably."""
         entry = self.pool.result(cell)
         entry["required"] = self.is_required(cell, entry.get("verdict"))
         self._journal(entry)
         return entry
 
-    def _journal(self, entry: dict[str, Any]) -> None:
+    def _journal(self, entry: CellEntry) -> None:
         """Append a judged cell to evidence.jsonl; a write that fails is said, never raised.
 
         The cell is kept in memory either way, so the run goes on and its gate names the
@@ -242,15 +244,15 @@ class RunSession:
                 f"the cell was cut short before it was judged: {type(exc).__name__}: "
                 f"{str(exc)[:400]}"
             )
-        entry = {
-            "cell_id": cell.cell_id,
-            "backend": cell.backend,
-            "probe": cell.probe.id,
-            "platform": self.platform,
-            "verdict": Verdict.ERROR.value,
-            "reason": reason,
-            "required": self.is_required(cell),
-        }
+        entry = cell_entry(
+            cell_id=cell.cell_id,
+            backend=cell.backend,
+            probe=cell.probe.id,
+            platform=self.platform,
+            verdict=Verdict.ERROR.value,
+            reason=reason,
+            required=self.is_required(cell),
+        )
         # The entry is kept in memory even when the journal write fails; evidence.json gets it.
         self._journal(entry)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.errors import FixtureError, HarnessError
 from sandbox_attest.payload import SCRATCH_PREFIX
+from sandbox_attest.report.evidence import CellEntry, cell_entry
 from sandbox_attest.run.reach import stage_payload_files, unstage
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import Verdict
@@ -116,7 +117,7 @@ class RunWorld:
             }
         return True
 
-    def judge(self, cell: Cell) -> dict[str, Any]:
+    def judge(self, cell: Cell) -> CellEntry:
         """Run `cell` in the world; ERROR with the reason when no world can run it."""
         runner = self.ensure()
         reason = self.error
@@ -129,14 +130,15 @@ class RunWorld:
                 reason = f"not run: {exc}"
                 runner = None
         if runner is None:
-            return {
-                "cell_id": cell.cell_id,
-                "backend": cell.backend,
-                "probe": cell.probe.id,
-                "platform": self.platform,
-                "verdict": Verdict.ERROR.value,
-                "reason": reason,
-            }
+            return cell_entry(
+                cell_id=cell.cell_id,
+                backend=cell.backend,
+                probe=cell.probe.id,
+                platform=self.platform,
+                verdict=Verdict.ERROR.value,
+                # `ensure` returns None only with its error set.
+                reason=reason or "the fixture world is not running",
+            )
         return runner.run_cell(cell)
 
     def stop(self) -> None:

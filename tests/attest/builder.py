@@ -23,6 +23,7 @@ from sandbox_attest.attest.subjects import ALLURE_DIR
 from sandbox_attest.host.separation import Launch, backend_fact, summarize
 from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.report.allure import render_allure
+from sandbox_attest.report.evidence import CellEntry, cell_entry
 from sandbox_attest.report.junit import render_junit
 from sandbox_attest.report.outcomes import run_outcomes
 from sandbox_attest.report.sarif import render_sarif
@@ -73,21 +74,21 @@ def make_cell(
     *,
     platform: str = "linux",
     reason: str = "",
-) -> dict[str, Any]:
+) -> CellEntry:
     """One evidence cell shaped like the run writes it, with attempts, witness and control."""
     control_leg = backend == "none"
     refused = verdict == "PASS" and not control_leg
-    return {
-        "cell_id": f"{backend}-{probe}",
-        "backend": backend,
-        "probe": probe,
-        "platform": platform,
-        "verdict": verdict,
-        "reason": reason or ("proxy answered 403" if refused else "escape observed as expected"),
-        "expected": "allowed" if control_leg else "denied",
-        "observed": "refused" if refused else "succeeded",
-        "nonce": hashlib.sha256(f"{backend}{probe}".encode()).hexdigest()[:16],
-        "attempts": [
+    return cell_entry(
+        cell_id=f"{backend}-{probe}",
+        backend=backend,
+        probe=probe,
+        platform=platform,
+        verdict=verdict,
+        reason=reason or ("proxy answered 403" if refused else "escape observed as expected"),
+        expected="allowed" if control_leg else "denied",
+        observed="refused" if refused else "succeeded",
+        nonce=hashlib.sha256(f"{backend}{probe}".encode()).hexdigest()[:16],
+        attempts=[
             {
                 "what": "connect-denied",
                 "role": "escape",
@@ -105,9 +106,9 @@ def make_cell(
                 "detail": "ok",
             },
         ],
-        "witness": {"origin_hits": 0 if refused else 1, "proxy": ["deny denied.test:443"]},
-        "control": {"host_connect": "succeeded"},
-        "run": {
+        witness={"origin_hits": 0 if refused else 1, "proxy": ["deny denied.test:443"]},
+        control={"host_connect": "succeeded"},
+        run={
             "started": True,
             "exit_code": 0,
             "timed_out": False,
@@ -115,20 +116,18 @@ def make_cell(
             "argv": ["bwrap", "--unshare-net", "python3", f"probes/{probe}.py"],
             "stderr": "",
             "helper_stderr": "",
+            "notes": [],
         },
-        "notes": [],
         # The host's reading of the payload at its rendezvous: it ran as the payload user.
-        "host_view": {
+        host_view={
             "seen": True,
             "pid": 4242,
             "status": {"Uid": PAYLOAD_IDS, "Gid": PAYLOAD_IDS},
         },
-    }
+    )
 
 
-def measured_domains(
-    cells: list[dict[str, Any]], launched_uid: int = PAYLOAD_UID
-) -> dict[str, Any]:
+def measured_domains(cells: list[CellEntry], launched_uid: int = PAYLOAD_UID) -> dict[str, Any]:
     """The trust-domains fact a root run measures over `cells` (sandbox_attest/host/separation.py).
 
     Every backend's commands were started as `launched_uid` (the payload user `nobody` by
@@ -151,7 +150,7 @@ def make_cells(
     *,
     platform: str = "linux",
     required: tuple[str, ...] = (),
-) -> list[dict[str, Any]]:
+) -> list[CellEntry]:
     """Cells for every backend x probe, PASS unless `verdicts` maps a cell id to another.
 
     Cells of the backends in `required` are marked `"required": true`, as a run marks the
@@ -202,7 +201,7 @@ def write_readables(
 def build_report(
     report_dir: Path,
     policy_path: Path,
-    cells: list[dict[str, Any]] | None = None,
+    cells: list[CellEntry] | None = None,
     *,
     platform: str = "linux",
     complete: bool = True,

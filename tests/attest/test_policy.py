@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.report.evidence import CellEntry, cell_entry
 from sandbox_attest.report.policy import evaluate, load_policy, missing_legs
 from tests.attest.builder import make_cells, write_policy
 
@@ -172,16 +173,17 @@ probes = ["net_direct_egress"]
 world = "lab"
 """
 
-    def cells(self) -> list[dict[str, str]]:
+    def cells(self) -> list[CellEntry]:
         """One passing bubblewrap cell on Linux."""
         return [
-            {
-                "cell_id": "bubblewrap-net_direct_egress",
-                "backend": "bubblewrap",
-                "probe": "net_direct_egress",
-                "platform": "linux",
-                "verdict": "PASS",
-            }
+            cell_entry(
+                cell_id="bubblewrap-net_direct_egress",
+                backend="bubblewrap",
+                probe="net_direct_egress",
+                platform="linux",
+                verdict="PASS",
+                reason="",
+            )
         ]
 
     def test_a_leg_that_requires_the_lab_fails_in_the_loopback_world(self, tmp_path: Path) -> None:

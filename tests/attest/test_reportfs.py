@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_attest.errors import ConfigError, ReportError
 from sandbox_attest.report import files as reportfs
-from sandbox_attest.report.evidence import EvidenceWriter
+from sandbox_attest.report.evidence import CellEntry, EvidenceWriter, cell_entry
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -32,6 +32,13 @@ def dir_fd(tmp_path: Path) -> Iterator[int]:
     fd = reportfs.open_report_dir(reportfs.make_report_dir(tmp_path / "report"))
     yield fd
     os.close(fd)
+
+
+def cell(cell_id: str, verdict: str) -> CellEntry:
+    """A minimal evidence cell with this id and verdict."""
+    return cell_entry(
+        cell_id=cell_id, backend="b", probe="p", platform="linux", verdict=verdict, reason=""
+    )
 
 
 class TestMakeReportDir:
@@ -176,12 +183,12 @@ class TestJournal:
             report_dir=report, run_id="r", policy_path=tmp_path / "p", matrix_digest="0"
         )
         assert stat.S_IMODE(report.stat().st_mode) == 0o700
-        writer.add_cell({"cell_id": "a", "verdict": "FAIL"})
+        writer.add_cell(cell("a", "FAIL"))
         (report / "evidence.jsonl").rename(tmp_path / "journal.kept")
         decoy = tmp_path / "decoy"
         decoy.write_text("")
         (report / "evidence.jsonl").symlink_to(decoy)
-        writer.add_cell({"cell_id": "b", "verdict": "PASS"})
+        writer.add_cell(cell("b", "PASS"))
         kept = [json.loads(line) for line in (tmp_path / "journal.kept").read_text().splitlines()]
         assert [c["cell_id"] for c in kept] == ["a", "b"]
         assert decoy.read_text() == ""

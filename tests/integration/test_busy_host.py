@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog.fs import writable as fs
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
@@ -132,7 +133,7 @@ def runner(world: World, tmp_path_factory: pytest.TempPathFactory) -> CellRunner
     )
 
 
-def run(runner: CellRunner, backend: str, probe: str) -> dict[str, Any]:
+def run(runner: CellRunner, backend: str, probe: str) -> CellEntry:
     """One cell's evidence entry; fs_write_outside's writable-place scan is redone first.
 
     The scan is kept once per process (places do not change on a still host); redone here,
@@ -145,13 +146,13 @@ def run(runner: CellRunner, backend: str, probe: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def control(runner: CellRunner, noise: Noise) -> dict[str, dict[str, Any]]:
+def control(runner: CellRunner, noise: Noise) -> dict[str, CellEntry]:
     """Every probe on the open control leg under noise (later legs are judged against them)."""
     del noise
     return {probe: run(runner, "none", probe) for probe in PROBES}
 
 
-def verdicts(entries: dict[str, dict[str, Any]]) -> dict[str, str]:
+def verdicts(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """Each probe's verdict, with its reason where it is not PASS."""
     return {
         p: e["verdict"] if e["verdict"] == "PASS" else f"{e['verdict']}: {e['reason']}"

@@ -31,6 +31,7 @@ import pytest
 
 from sandbox_attest.attest import EVIDENCE_NAME
 from sandbox_attest.backends.base import Backend
+from sandbox_attest.report.evidence import CellEntry
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
 
@@ -183,7 +184,7 @@ class TestKernelTunables:
 
 
 @pytest.fixture(scope="module")
-def shocker() -> Iterator[dict[str, dict[str, Any]]]:
+def shocker() -> Iterator[dict[str, CellEntry]]:
     """fs_open_by_handle on the control leg and on docker with the Shocker configuration."""
     from sandbox_attest.backends.docker.backend import DockerBackend  # noqa: PLC0415  (an extra)
     from sandbox_attest.backends.none import NoneBackend  # noqa: PLC0415

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
@@ -45,7 +46,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> CommandBackend:
     return CommandBackend.from_path(spec)
 
 
-def run(world: World, scratch: Path, gateway: CommandBackend) -> dict[str, Any]:
+def run(world: World, scratch: Path, gateway: CommandBackend) -> CellEntry:
     """The control leg, then the gateway wrapper, on net_direct_egress."""
     none = NoneBackend()
     runner = CellRunner(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog.ipc.proxy_socket import TAMPER_OPS
 from sandbox_attest.host import disguise
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
@@ -91,7 +92,7 @@ def runner(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
 
 
 @pytest.fixture(scope="module")
-def control(runner: CellRunner) -> dict[str, dict[str, Any]]:
+def control(runner: CellRunner) -> dict[str, CellEntry]:
     """Both probes on the open control leg (every later leg is judged against them)."""
     return {
         probe: runner.run_cell(Cell("none", ProbeRow(probe, 120), None))
@@ -99,18 +100,18 @@ def control(runner: CellRunner) -> dict[str, dict[str, Any]]:
     }
 
 
-def run(runner: CellRunner, backend: str, probe: str) -> dict[str, Any]:
+def run(runner: CellRunner, backend: str, probe: str) -> CellEntry:
     """One cell's evidence entry."""
     return runner.run_cell(Cell(backend, ProbeRow(probe, 120), None))
 
 
-def sockets_of(entry: dict[str, Any]) -> dict[str, Any]:
+def sockets_of(entry: Mapping[str, Any]) -> dict[str, Any]:
     """The witness sockets' evidence of an ipc_unix_socket_escape cell."""
     found: dict[str, Any] = entry["witness"]["witness_sockets"]
     return found
 
 
-def assert_nothing_left(entry: dict[str, Any]) -> None:
+def assert_nothing_left(entry: Mapping[str, Any]) -> None:
     """No host directory a witness sat in still holds anything named with the cell's nonce."""
     nonce = entry["nonce"]
     dirs = {Path(p).parent for p in sockets_of(entry)["planted"] if not p.startswith("@")}

@@ -7,7 +7,7 @@ tests/data/forged/ that lies, crashes, stays silent or cannot see.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ def forge(monkeypatch: pytest.MonkeyPatch, probe: str, script: str) -> None:
     monkeypatch.setattr(runner_module, "probe_path", patched)
 
 
-def verdict(entry: dict[str, Any]) -> str:
+def verdict(entry: Mapping[str, Any]) -> str:
     """The verdict, with the reason shown when an assertion fails."""
     return f"{entry['verdict']}: {entry['reason']}"
 

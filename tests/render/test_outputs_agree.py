@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -336,7 +337,7 @@ class TestAllureTimes:
             if o is None:  # the release gate: the whole run
                 assert result["stop"] == epoch_ms(evidence["finished_at"])
                 continue
-            run_facts = (o.cell or {}).get("run") or {}
+            run_facts: Mapping[str, Any] = (o.cell.get("run") if o.cell else None) or {}
             want = STARTED_MS.get(o.cell_id, run_start)
             assert result["start"] == want, o.cell_id
             assert result["stop"] - result["start"] == int(1000 * run_facts.get("duration_s", 0))

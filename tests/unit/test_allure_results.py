@@ -24,6 +24,7 @@ from sandbox_attest.report.allure import (
     write_results,
     write_run_files,
 )
+from sandbox_attest.report.evidence import CellEntry, cell_entry
 from sandbox_attest.report.outcomes import _outcome, run_outcomes
 from tests.attest.builder import build_report, make_cells, write_policy
 
@@ -40,6 +41,13 @@ def category_of(message: str, status: str) -> list[str]:
         if java:
             names.append(c["name"])
     return names
+
+
+def a_cell(verdict: str) -> CellEntry:
+    """A cell of backend b, probe p with `verdict` and no reason recorded."""
+    return cell_entry(
+        cell_id="b-p", backend="b", probe="p", platform="linux", verdict=verdict, reason=""
+    )
 
 
 class TestCategories:
@@ -59,8 +67,14 @@ class TestCategories:
         self, verdict: str, required: bool, expected: str
     ) -> None:
         """The message and status every format records for a non-PASS cell fall in one category."""
-        cell = {"cell_id": "b-p", "backend": "b", "probe": "p", "verdict": verdict}
-        cell["reason"] = "why\nwith a second line"
+        cell = cell_entry(
+            cell_id="b-p",
+            backend="b",
+            probe="p",
+            platform="linux",
+            verdict=verdict,
+            reason="why\nwith a second line",
+        )
         outcome = _outcome(cell, "linux", required=required)
         assert category_of(outcome.message, outcome.allure_status) == [expected]
 
@@ -111,7 +125,7 @@ class TestOptionalCells:
     )
     def test_optional_cell_status_and_tag(self, verdict: str, status: str, tagged: bool) -> None:
         """An optional non-PASS that WARNs is red in Allure and tagged as not gating."""
-        cell = {"cell_id": "b-p", "backend": "b", "probe": "p", "verdict": verdict}
+        cell = a_cell(verdict)
         outcome = _outcome(cell, "linux", required=False)
         result = _result(_Writer("r"), outcome, 1, 2)
         assert result["status"] == status
@@ -119,10 +133,11 @@ class TestOptionalCells:
 
     def test_a_cell_that_never_ran_starts_with_the_run(self) -> None:
         """A cell without a recorded start or duration takes the run's start, never 0."""
-        cell = {"cell_id": "b-p", "backend": "b", "probe": "p", "verdict": "UNAVAILABLE"}
+        cell = a_cell("UNAVAILABLE")
         outcome = _outcome(cell, "linux", required=False)
         assert cell_times(outcome, 1_796_014_862_000) == (1_796_014_862_000, 1_796_014_862_000)
-        ran = dict(cell, verdict="PASS", run={"started_ms": 1_796_014_865_000, "duration_s": 0.5})
+        ran = a_cell("PASS")
+        ran["run"] = {"started": True, "started_ms": 1_796_014_865_000, "duration_s": 0.5}
         assert cell_times(_outcome(ran, "linux", required=False), 1) == (
             1_796_014_865_000,
             1_796_014_865_500,

@@ -30,6 +30,7 @@ from sandbox_attest.plugin import (
     MatrixItem,
     pytest_report_teststatus,
 )
+from sandbox_attest.report.evidence import CellEntry, cell_entry
 from sandbox_attest.report.grid import render_grid
 from sandbox_attest.run.matrix import load_matrix
 from tests.attest.builder import build_report, make_cell, make_cells, sign, write_policy
@@ -242,7 +243,7 @@ def write_key(tmp_path: Path) -> Path:
     return pub
 
 
-def raised(entry: dict[str, Any]) -> pytest.ExceptionInfo[CellFailed]:
+def raised(entry: CellEntry) -> pytest.ExceptionInfo[CellFailed]:
     """CellFailed(entry) as pytest holds it after the cell raised it."""
     with pytest.raises(CellFailed) as excinfo:
         raise CellFailed(entry)
@@ -252,11 +253,22 @@ def raised(entry: dict[str, Any]) -> pytest.ExceptionInfo[CellFailed]:
 class TestQuietFailures:
     def test_no_empty_evidence_line(self) -> None:
         """A failure whose payload wrote nothing on stderr ends at its reason."""
-        entry = {"cell_id": "bwrap-generic-x", "verdict": "FAIL", "reason": "why; fix: how"}
-        text = MatrixItem.repr_failure(cast("Any", None), raised({**entry, "run": {"stderr": ""}}))
+
+        def entry(stderr: str) -> CellEntry:
+            return cell_entry(
+                cell_id="bwrap-generic-x",
+                backend="bwrap-generic",
+                probe="x",
+                platform="linux",
+                verdict="FAIL",
+                reason="why; fix: how",
+                run={"started": True, "stderr": stderr},
+            )
+
+        text = MatrixItem.repr_failure(cast("Any", None), raised(entry("")))
         assert text.splitlines()[-1] == "  reason: why; fix: how"
         assert 'evidence: ""' not in text
-        said = raised({**entry, "run": {"stderr": "boom\n"}})
+        said = raised(entry("boom\n"))
         assert MatrixItem.repr_failure(cast("Any", None), said).endswith('evidence: "boom\\n"')
 
     def test_missing_cells_are_counted_not_relisted(

@@ -24,6 +24,7 @@ from sandbox_attest.attest.keys import ENV_VAR, private_key_pem
 from sandbox_attest.attest.subjects import ALL_SUBJECTS, JUNIT
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.paths import matrix_dir
+from sandbox_attest.report.evidence import cell_entry
 from sandbox_attest.report.policy import load_policy
 from sandbox_attest.run.matrix import Cell, Matrix, ProbeRow, load_matrix
 from sandbox_attest.run.requirements import check_names
@@ -53,15 +54,15 @@ def session(tmp_path: Path, backends: list[str], named: set[str]) -> RunSession:
 
 def record(run: RunSession, cell: Cell, verdict: str) -> None:
     """Record `cell` as the runner would, with `verdict` (NOT_APPLICABLE if it is)."""
-    entry: dict[str, Any] = {
-        "cell_id": cell.cell_id,
-        "backend": cell.backend,
-        "probe": cell.probe.id,
-        "platform": run.platform,
-        "verdict": "NOT_APPLICABLE" if cell.not_applicable else verdict,
-        "reason": cell.not_applicable or "recorded by the test",
-        "required": run.is_required(cell),
-    }
+    entry = cell_entry(
+        cell_id=cell.cell_id,
+        backend=cell.backend,
+        probe=cell.probe.id,
+        platform=run.platform,
+        verdict="NOT_APPLICABLE" if cell.not_applicable else verdict,
+        reason=cell.not_applicable or "recorded by the test",
+        required=run.is_required(cell),
+    )
     run.writer.add_cell(entry)
 
 

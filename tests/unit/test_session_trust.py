@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sandbox_attest.attest.keys import ENV_VAR, private_key_pem
 from sandbox_attest.host import separation
 from sandbox_attest.paths import matrix_dir
+from sandbox_attest.report.evidence import cell_entry
 from sandbox_attest.run import session as session_module
 from sandbox_attest.run.matrix import load_matrix
 from sandbox_attest.run.session import RunSession
@@ -55,15 +56,15 @@ def finished(
     assert run.user is not None
     ids = " ".join([str(run.user.uid if uid is None else uid)] * 4)
     for cell in run.cells():
-        entry: dict[str, Any] = {
-            "cell_id": cell.cell_id,
-            "backend": cell.backend,
-            "probe": cell.probe.id,
-            "platform": run.platform,
-            "verdict": "NOT_APPLICABLE" if cell.not_applicable else "PASS",
-            "reason": cell.not_applicable or "recorded by the test",
-            "required": run.is_required(cell),
-        }
+        entry = cell_entry(
+            cell_id=cell.cell_id,
+            backend=cell.backend,
+            probe=cell.probe.id,
+            platform=run.platform,
+            verdict="NOT_APPLICABLE" if cell.not_applicable else "PASS",
+            reason=cell.not_applicable or "recorded by the test",
+            required=run.is_required(cell),
+        )
         if not cell.not_applicable:
             entry["host_view"] = {"seen": True, "pid": 7, "status": {"Uid": ids, "Gid": ids}}
         run.writer.add_cell(entry)

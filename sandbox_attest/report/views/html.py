@@ -161,7 +161,7 @@ def _badge(o: CellOutcome) -> str:
 
 
 def _cell_section(o: CellOutcome) -> str:
-    cell = o.cell or {}
+    cell: Mapping[str, Any] = o.cell or {}
     run = cell.get("run") or {}
     verdict = o.verdict
     opened = " open" if o.status in ("failed", "error") or o.warned else ""

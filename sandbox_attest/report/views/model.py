@@ -19,6 +19,7 @@ from sandbox_attest.report.signature import ED25519_ONLY, UNTRUSTED_LOCAL_NOTE
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
+    from sandbox_attest.report.evidence import CellEntry
     from sandbox_attest.report.policy import Gate, Policy
     from sandbox_attest.report.signature import SignerFacts
 
@@ -32,7 +33,7 @@ class ReportView:
     """What both renderers show; get one from `view_of`."""
 
     evidence: dict[str, Any]
-    cells: list[dict[str, Any]]
+    cells: list[CellEntry]
     backends: list[str]  # grid columns, control leg first
     probes: list[str]  # grid rows, in first-seen order
     gate: Gate
@@ -43,7 +44,7 @@ class ReportView:
     # each view shows as passed, failed, error or skipped, identical to JUnit and Allure.
     outcomes: RunOutcomes
 
-    def cell(self, backend: str, probe: str) -> dict[str, Any] | None:
+    def cell(self, backend: str, probe: str) -> CellEntry | None:
         """The cell for one grid position, if the run has it."""
         for c in self.cells:
             if c.get("backend") == backend and c.get("probe") == probe:
@@ -88,7 +89,7 @@ def view_of(
             one the signer gets, so the page shows the signed gate.
         also_missing: required cell ids the run never produced (see `run_outcomes`).
     """
-    cells: list[dict[str, Any]] = list(evidence["cells"])
+    cells: list[CellEntry] = list(evidence["cells"])
     backends: list[str] = []
     probes: list[str] = []
     outcomes = run_outcomes(evidence, policy, also_missing=also_missing)
