@@ -1,9 +1,9 @@
 """The claim vocabulary: what a backend may promise, and how a verdict words it.
 
-A backend declares its claims (`sandbox_attest.backends.base.DeclaredPolicy`, a spec's `[policy]`);
+A backend declares its claims (`sandbox_attest.backends.base.DeclaredClaims`, a spec's `[policy]`);
 each probe judges against exactly those. This module sits below both the backends and the
 catalogue, so the two share one vocabulary without importing each other: the backends build
-a `DeclaredPolicy` from these types, and the catalogue reads any policy through `claims_of`.
+a `DeclaredClaims` from these types, and the catalogue reads any claims through `claims_of`.
 
 Two rules follow from ARCHITECTURE.md ("Claims"):
 
@@ -187,42 +187,42 @@ def _under(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def claims_of(policy: object) -> Claims:
-    """The claims of any policy-shaped object (a `DeclaredPolicy`, or an older stand-in).
+def claims_of(declared: object) -> Claims:
+    """The claims of any claims-shaped object (a `DeclaredClaims`, or an older stand-in).
 
     A claim the object does not carry takes the meaning the three old keys always had:
     `filesystem = "workspace"` is reads and writes limited to the workspace, `ipc =
     "isolated"` a filtered syscall surface, a network claim a namespace of its own.
     """
-    if isinstance(policy, dict):
-        return _claims_of_dict(policy)
-    network = str(getattr(policy, "network", "open"))
-    filesystem = str(getattr(policy, "filesystem", "open"))
-    ipc = str(getattr(policy, "ipc", "open"))
-    implied = dict(getattr(policy, "implied", ()) or ())
+    if isinstance(declared, dict):
+        return _claims_of_dict(declared)
+    network = str(getattr(declared, "network", "open"))
+    filesystem = str(getattr(declared, "filesystem", "open"))
+    ipc = str(getattr(declared, "ipc", "open"))
+    implied = dict(getattr(declared, "implied", ()) or ())
     # The old keys' meanings, filled here for a stand-in that left the newer claims out.
     for claim, cause in (
         ("reads", f'filesystem = "{filesystem}"'),
         ("writes", f'filesystem = "{filesystem}"'),
         ("syscalls", f'ipc = "{ipc}"'),
     ):
-        if not getattr(policy, claim, None):
+        if not getattr(declared, claim, None):
             implied.setdefault(claim, cause)
-    cut = getattr(policy, "network_cut", None) or ("namespace" if network != "open" else "")
+    cut = getattr(declared, "network_cut", None) or ("namespace" if network != "open" else "")
     return Claims(
         network=network,
         network_cut=str(cut) if network != "open" else "",
-        reads=str(getattr(policy, "reads", None) or filesystem),
-        read_deny=tuple(getattr(policy, "read_deny", ())),
-        writes=str(getattr(policy, "writes", None) or filesystem),
-        write_allow=tuple(getattr(policy, "write_allow", ())),
-        protected=tuple(getattr(policy, "protected", ())),
-        environment=str(getattr(policy, "environment", "scrubbed")),
+        reads=str(getattr(declared, "reads", None) or filesystem),
+        read_deny=tuple(getattr(declared, "read_deny", ())),
+        writes=str(getattr(declared, "writes", None) or filesystem),
+        write_allow=tuple(getattr(declared, "write_allow", ())),
+        protected=tuple(getattr(declared, "protected", ())),
+        environment=str(getattr(declared, "environment", "scrubbed")),
         syscalls=str(
-            getattr(policy, "syscalls", None) or ("filtered" if ipc == "isolated" else "open")
+            getattr(declared, "syscalls", None) or ("filtered" if ipc == "isolated" else "open")
         ),
         ipc=ipc,
-        runs_as=str(getattr(policy, "runs_as", "")),
+        runs_as=str(getattr(declared, "runs_as", "")),
         implied=tuple(sorted(implied.items())),
     )
 

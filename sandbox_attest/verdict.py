@@ -23,7 +23,7 @@ class Verdict(StrEnum):
     NOT_APPLICABLE = "NOT_APPLICABLE"
 
 
-# What the declared policy says must happen to the probe's attempt.
+# What the declared claims say must happen to the probe's attempt.
 #   "denied":  a confining sandbox must stop the escape attempt.
 #   "allowed": the attempt must succeed and be seen by the host (the control leg for a
 #              negative probe, or any leg for a capability such as the 18 MiB transfer).

@@ -49,7 +49,7 @@ import sandbox_attest.backends.win32 as w
 from sandbox_attest.backends.base import (
     SHIM_PORT,
     Availability,
-    DeclaredPolicy,
+    DeclaredClaims,
     EgressMode,
     Identity,
     ProbeRequest,
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 # No capabilities (so no network but the named pipe to the proxy) and Low integrity on the
 # granted dirs only: "proxy-only", reads and writes limited to the granted paths.
-POLICY: Final = DeclaredPolicy(
+CLAIMS: Final = DeclaredClaims(
     network="proxy",
     filesystem="workspace",
     ipc="isolated",
@@ -269,7 +269,7 @@ class AppContainerBackend:
             name=self.name,
             version=f"Windows {platform.version()}",
             platform=f"{platform.system()} {platform.release()} {platform.machine()}",
-            policy=POLICY,
+            claims=CLAIMS,
             profile={
                 "capabilities": [],
                 "integrity": "low (AppContainer)",

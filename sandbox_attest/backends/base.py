@@ -130,7 +130,7 @@ PROXY_FROM_ENV = "from-env"
 
 
 @dataclass(frozen=True)
-class DeclaredPolicy:
+class DeclaredClaims:
     """The confinement a backend promises; verdicts hold it to exactly this.
 
     Build it with the three old keys alone (`network`, `filesystem`, `ipc`) and every newer
@@ -295,7 +295,7 @@ class Identity:
     name: str
     version: str
     platform: str  # e.g. "Linux 6.1.0-18-amd64 x86_64"
-    policy: DeclaredPolicy
+    claims: DeclaredClaims
     profile: dict[str, Any]  # the argv template / profile / options that define confinement
     # What was run, not what the spec says: each executable the backend starts, resolved on
     # the PATH it runs with, by sha256 (with a script's interpreter). A spec path that first
@@ -317,10 +317,10 @@ class Identity:
             "name": self.name,
             "version": self.version,
             "platform": self.platform,
-            "policy": self.policy.as_dict(),
+            "policy": self.claims.as_dict(),
             # Every claim the backend makes, in a spec's TOML form: what each verdict was
             # judged against, what a release policy's `claims` require, what `verify` shows.
-            "claims": self.policy.claims(),
+            "claims": self.claims.claims(),
             "profile": self.profile,
             "profile_digest": self.profile_digest,
             "executables": self.executables,

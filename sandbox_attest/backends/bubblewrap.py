@@ -27,7 +27,7 @@ from sandbox_attest.backends.base import (
     SANDBOX_SHIM,
     SHIM_PORT,
     Availability,
-    DeclaredPolicy,
+    DeclaredClaims,
     EgressMode,
     EgressRoute,
     Identity,
@@ -52,7 +52,7 @@ LIMITS: Final = (("fsize_mib", 16), ("nofile", 256))
 # Every claim spelled out: a private network namespace whose only route is the shim, a view
 # built from granted binds (reads and writes: the workspace), the seccomp filter of
 # sandbox_attest/backends/seccomp.py, and the payload user (never root) inside a user namespace.
-POLICY = DeclaredPolicy(
+CLAIMS = DeclaredClaims(
     network="proxy",
     filesystem="workspace",
     ipc="isolated",
@@ -259,7 +259,7 @@ class BubblewrapBackend:
             name=self.name + ("+weakened" if self.weaken else ""),
             version=version or "unknown",
             platform=platform_string(),
-            policy=POLICY,
+            claims=CLAIMS,
             profile={
                 "argv_template": self.argv_template(),
                 "weakened": sorted(self.weaken),

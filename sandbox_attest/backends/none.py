@@ -12,7 +12,7 @@ import platform
 from sandbox_attest import __version__
 from sandbox_attest.backends.base import (
     Availability,
-    DeclaredPolicy,
+    DeclaredClaims,
     EgressMode,
     Identity,
     ProbeRequest,
@@ -24,7 +24,7 @@ from sandbox_attest.backends.process import run_process
 
 # The control leg claims nothing (so every escape must show here); only the environment is
 # the harness's own declaration, which every backend, this one too, passes exactly.
-POLICY = DeclaredPolicy(
+CLAIMS = DeclaredClaims(
     network="open",
     filesystem="open",
     ipc="open",
@@ -52,7 +52,7 @@ class NoneBackend:
             name=self.name,
             version=__version__,
             platform=platform_string(),
-            policy=POLICY,
+            claims=CLAIMS,
             profile={"confinement": "none", "egress": self.egress_mode},
             executables=program_facts(),
             runs_as=payload_runs_as(),

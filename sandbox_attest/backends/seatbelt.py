@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from sandbox_attest.backends.base import (
     Availability,
-    DeclaredPolicy,
+    DeclaredClaims,
     EgressMode,
     Identity,
     ProbeRequest,
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 SANDBOX_EXEC: Final = Path("/usr/bin/sandbox-exec")
 # The profile denies by default: reads and writes of the granted paths only, outbound only
 # to the proxy's loopback port (no namespace on macOS: "proxy-only").
-POLICY: Final = DeclaredPolicy(
+CLAIMS: Final = DeclaredClaims(
     network="proxy",
     filesystem="workspace",
     ipc="isolated",
@@ -291,7 +291,7 @@ class SeatbeltBackend:
             name=self.name,
             version=f"macOS {platform.mac_ver()[0] or 'unknown'}",
             platform=f"{platform.system()} {platform.release()} {platform.machine()}",
-            policy=POLICY,
+            claims=CLAIMS,
             profile={"sandbox_exec": str(self._sandbox_exec), "sbpl_template": template},
             executables=program_facts(str(self._sandbox_exec)),
             # No uid separation on macOS yet: the statement's trust domains say so.

@@ -46,7 +46,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     host_processes,
@@ -213,9 +213,9 @@ class ProcCrossProcess(SpecBase):
             | attempts_of(*_ESCAPES)
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when ipc is "isolated": that claim keeps the payload from host processes."""
-        return "denied" if policy.ipc == "isolated" else "allowed"
+        return "denied" if declared.ipc == "isolated" else "allowed"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the target; the payload gets its marker, pid and addresses, never the secret."""
@@ -308,7 +308,7 @@ class ProcCrossProcess(SpecBase):
                 "payload did not find the target in its /proc, so it attempted nothing"
             )
             escape = "undecided"
-        if escape == "escaped" and self.expectation(ctx.policy) == "denied":
+        if escape == "escaped" and self.expectation(ctx.claims) == "denied":
             done = [str(a.get("what")) for a in escapes if a.get("outcome") == "succeeded"]
             where = (
                 f" (the host sees {', '.join(shared)} in the harness's pid namespace)"
@@ -317,7 +317,7 @@ class ProcCrossProcess(SpecBase):
             )
             reasons.insert(
                 0,
-                f"{claims_of(ctx.policy).phrase('ipc')}; the payload acted on a host process "
+                f"{claims_of(ctx.claims).phrase('ipc')}; the payload acted on a host process "
                 f"of its own user outside the sandbox ({', '.join(done) or 'seen by the target'})"
                 f"{where}; fix: {_FIX}",
             )

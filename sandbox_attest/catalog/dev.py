@@ -60,7 +60,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -335,9 +335,9 @@ class DevAccess(SpecBase):
         named = {f"dev:{rel}" for rel in targets.get("devices") or ()}
         return AttemptTable(required=frozenset(controls | named), discovered=("dev:",))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied where the view is built from granted paths; seen on the open control leg."""
-        return expect_fs_confined(policy)
+        return expect_fs_confined(declared)
 
     def not_applicable_here(self) -> str | None:
         """Why this host cannot judge the probe: nothing sensitive opens here unconfined."""

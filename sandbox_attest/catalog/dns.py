@@ -33,7 +33,7 @@ from sandbox_attest.catalog.records import wait_for_records
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -51,9 +51,9 @@ class DnsResolution(SpecBase):
         system = ("system-resolver",) if (task.get("targets") or {}).get("system_resolver") else ()
         return AttemptTable(required=attempts_of("udp-query", "tcp-query", *system))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
-        return expect_confined_network(policy)
+        return expect_confined_network(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The fixture's address and the per-cell name."""
@@ -112,7 +112,7 @@ class DnsResolution(SpecBase):
         escape = judge_escape(
             observed, bool(hits), private_namespace_reason(report, "net"), reasons
         )
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         if escape == "escaped" and claims.network != "open":
             reasons.insert(0, f"{claims.phrase('network')}; the DNS fixture heard the payload")
         return conclude(escape, observed, reasons, host_control=control, witness={"dns": hits})

@@ -35,7 +35,7 @@ from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     host_processes,
@@ -177,7 +177,7 @@ def _variable_hits(
     # A backend that claims `environment = "passthrough"` (srt, Codex) makes no scrub claim:
     # that part is NOT_APPLICABLE, so what reached the payload of the environment is reported,
     # never judged; the descriptors still are. Every other backend is held to a scrubbed one.
-    if claims_of(ctx.policy).environment == "passthrough" and (canary or planted_hits or host):
+    if claims_of(ctx.claims).environment == "passthrough" and (canary or planted_hits or host):
         why = (
             "claims environment passthrough, so the scrub part is NOT_APPLICABLE: the "
             "variables that reached the payload are not judged (planted credentials "
@@ -303,14 +303,14 @@ class EnvInheritance(SpecBase):
         """Descriptors held open per nonce between prepare and cleanup."""
         self._pipes: dict[str, tuple[int, int]] = {}
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied on every leg, the open control leg included.
 
         The payload's environment is declared by the harness (`sandbox_attest.payload.payload_env`)
         and every backend, `none` too, must pass exactly that: a leak here is the runner's or
         the backend's, never something an unconfined host is entitled to.
         """
-        del policy
+        del declared
         return "denied"
 
     @staticmethod

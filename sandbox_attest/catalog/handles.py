@@ -43,7 +43,7 @@ from sandbox_attest.catalog.judging import conclude, judge_escape
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     home_of,
@@ -149,9 +149,9 @@ class FsOpenByHandle(SpecBase):
             required=attempts_of("name-to-handle-self", "read-by-path", "open-by-handle")
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever reads are claimed at all: a handle passes every path-based rule."""
-        return "denied" if claims_of(policy).reads != "open" else "allowed"
+        return "denied" if claims_of(declared).reads != "open" else "allowed"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the canary beside the workspace (same filesystem) and compute its handle."""
@@ -190,7 +190,7 @@ class FsOpenByHandle(SpecBase):
         """The canary's token reported, or the capability seen by the host, is an escape."""
         del witness  # the canary's token and the host's capability reading are the witnesses
         token = str(load_state(ctx).get("token", ""))
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         canary = ctx.cell_dir / _DIR / _FILE
         # The canary's path is the harness's scratch: a reads deny-list (~/.ssh, /home) does not
         # cover it, so reading it by path breaks no claim there; its handle still does, since a
@@ -216,7 +216,7 @@ class FsOpenByHandle(SpecBase):
         if not by_path_counts:
             reasons.append(f"{claims.phrase('reads')}: reading {canary} by path is not judged")
         escape = judge_escape(observed, bool(read), None, reasons)
-        denied = self.expectation(ctx.policy) == "denied"
+        denied = self.expectation(ctx.claims) == "denied"
         if denied and (escape == "escaped" or holders):
             escape = "escaped"
             how = (
@@ -234,7 +234,7 @@ class FsOpenByHandle(SpecBase):
                 else "keep the host's directories out of the view (a private /tmp, no host binds)"
             )
             reasons.insert(
-                0, f"{claims_of(ctx.policy).phrase('reads')}; the payload {how}; fix: {fix}"
+                0, f"{claims_of(ctx.claims).phrase('reads')}; the payload {how}; fix: {fix}"
             )
         return conclude(
             escape,

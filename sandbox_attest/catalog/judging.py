@@ -11,7 +11,7 @@ from typing import Any
 
 from sandbox_attest.catalog.attempts import attempts_summary
 from sandbox_attest.catalog.controls import failed_checks
-from sandbox_attest.catalog.spec import PolicyLike
+from sandbox_attest.catalog.spec import ClaimsLike
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 
@@ -94,14 +94,14 @@ def conclude(
     )
 
 
-def expect_confined_network(policy: PolicyLike) -> Expectation:
+def expect_confined_network(declared: ClaimsLike) -> Expectation:
     """Denied unless the backend claims an open network."""
-    return "denied" if policy.network != "open" else "allowed"
+    return "denied" if declared.network != "open" else "allowed"
 
 
-def expect_capability(policy: PolicyLike) -> Expectation:
+def expect_capability(declared: ClaimsLike) -> Expectation:
     """Allowed unless the backend claims no network at all."""
-    return "denied" if policy.network == "none" else "allowed"
+    return "denied" if declared.network == "none" else "allowed"
 
 
 def capability_escape(observed: str, seen: bool, reasons: list[str]) -> Escape:
@@ -116,10 +116,10 @@ def capability_escape(observed: str, seen: bool, reasons: list[str]) -> Escape:
     return "disagree"
 
 
-def expect_fs_confined(policy: PolicyLike) -> Expectation:
+def expect_fs_confined(declared: ClaimsLike) -> Expectation:
     """Denied where the backend claims writes limited to the workspace."""
     # "workspace" promises the workspace is the payload's only writable grant. Every backend
     # that makes that promise builds the view by granting paths (bwrap binds, docker mounts,
     # seatbelt's profile), so the host's secret folders, its scratch dirs and the host side of
     # the egress route are outside the view too; the open control leg promises nothing.
-    return "denied" if policy.filesystem == "workspace" else "allowed"
+    return "denied" if declared.filesystem == "workspace" else "allowed"

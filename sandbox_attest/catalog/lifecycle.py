@@ -39,7 +39,7 @@ from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -123,15 +123,19 @@ class LifecycleOrphans(SpecBase):
         del task
         return AttemptTable(required=attempts_of(*ORPHAN_KINDS, "ticks-while-running"))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
-        """Denied unless the policy confines nothing at all.
+    def expectation(self, declared: ClaimsLike) -> Expectation:
+        """Denied unless the declared claims confine nothing at all.
 
         A sandbox's every claim is about the processes inside it; a child that outlives the
         sandbox's teardown keeps running after the harness believes the cell is over (and, for
         wrappers that confine a process tree, possibly beyond their reach). Only the open
         control leg, which claims nothing, may let it live: there it is the expected escape.
         """
-        fully_open = (policy.network, policy.filesystem, policy.ipc) == ("open", "open", "open")
+        fully_open = (declared.network, declared.filesystem, declared.ipc) == (
+            "open",
+            "open",
+            "open",
+        )
         return "allowed" if fully_open else "denied"
 
     @staticmethod

@@ -55,7 +55,7 @@ from sandbox_attest.catalog.judging import (
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     home_of,
@@ -231,9 +231,9 @@ class FsMachineryOverwrite(SpecBase):
             discovered=("exe:", "input:"),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied where the payload may write only its workspace; seen on the open leg."""
-        return expect_fs_confined(policy)
+        return expect_fs_confined(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the machinery copies (the payload user's, outside the workspace) and hash."""
@@ -330,7 +330,7 @@ class FsMachineryOverwrite(SpecBase):
             and inside[0].get("outcome") == "succeeded"
             and _holds_marker(ctx.workspace, CONTROL_COPY, ctx.nonce)
         )
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         # Only a place the writes claim forbids is judged (a claim that allows /tmp is not
         # broken by a write below it); on the open control leg every change counts.
         allowed = [
@@ -523,9 +523,9 @@ class FsLeakedDirfd(SpecBase):
             discovered=("dirfd:", "fchdir:", "procfd:"),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied where the payload may see only its workspace; seen on the open leg."""
-        return expect_fs_confined(policy)
+        return expect_fs_confined(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """A canary dir outside the workspace (readable by the payload user unconfined)."""
@@ -581,7 +581,7 @@ class FsLeakedDirfd(SpecBase):
         state = load_state(ctx)
         token, inside_token = str(state.get("token", "")), str(state.get("inside", ""))
         forbidden = _forbidden_dirs(state)
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         every = attempts_by_role(report, "escape")
         # The host path is this class's route only where nothing confines reads (the control
         # leg): in a sandbox, reading host paths is fs_read_secrets' claim, and a canary the

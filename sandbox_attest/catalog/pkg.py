@@ -24,7 +24,7 @@ from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -46,9 +46,9 @@ class PkgPipInstall(SpecBase):
             optional=attempts_of("import"),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Allowed everywhere except where the backend declares no network at all."""
-        return expect_capability(policy)
+        return expect_capability(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The per-cell index URLs (allowed and denied hosts) and the wheel's names."""
@@ -122,7 +122,7 @@ class PkgPipInstall(SpecBase):
             f"origins logged fetches with the nonce from {','.join(sorted(hosts)) or 'no host'}",
             f"payload: {attempts_summary(caps)}",
         ]
-        if expect_capability(ctx.policy) == "denied" and tagged:
+        if expect_capability(ctx.claims) == "denied" and tagged:
             touched = sorted(
                 {f"{o.get('host')} {o.get('path')} ({o.get('status')})" for o in tagged}
             )
@@ -132,7 +132,7 @@ class PkgPipInstall(SpecBase):
             escape = capability_escape(observed, {"index", "files"} <= hosts, reasons)
         inside = attempts_by_role(report, "control")
         inside_ok = True
-        if ctx.policy.network != "none":
+        if ctx.claims.network != "none":
             # With no network there is no proxy to answer 403: the control is meaningless there.
             inside_ok = bool(inside) and all(
                 a.get("outcome") == "refused" and a.get("status") == 403 for a in inside

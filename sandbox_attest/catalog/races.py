@@ -51,7 +51,7 @@ from sandbox_attest.catalog.judging import (
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     home_of,
@@ -117,9 +117,9 @@ class FsSetupRace(SpecBase):
             required=attempts_of("control:socket", SWAP_ATTEMPT, ("socket:bind", binds))
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied where the payload may see and write only its workspace; seen unconfined."""
-        return expect_fs_confined(policy)
+        return expect_fs_confined(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Make the shared dir, the canary and the socket dir; let the helper swap."""
@@ -191,7 +191,7 @@ class FsSetupRace(SpecBase):
         del witness
         state = load_state(ctx)
         token = str(state.get("token", ""))
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         looked = {str(e.get("path")): e for e in ctx.host_view.get("looked") or []}
         through, own = (looked.get(p, {}) for p in self.look_paths(ctx))
         via_swap = bool(through.get("same_inode_as_host"))

@@ -59,8 +59,8 @@ class WitnessRecordsLike(Protocol):
         ...
 
 
-class PolicyLike(Protocol):
-    """The shape of `sandbox_attest.backends.base.DeclaredPolicy`: the claim a verdict holds to.
+class ClaimsLike(Protocol):
+    """The shape of `sandbox_attest.backends.base.DeclaredClaims`: the claim a verdict holds to.
 
     A protocol, not the class, so that the catalogue never imports the backends: the
     backends sit beside the catalogue, and only the runner, above both, joins them.
@@ -131,7 +131,7 @@ class CellContext:
         world: the running fixture world.
         workspace: host path of the cell's workspace (empty dir, created by the runner).
         cell_dir: host-only scratch for this cell; canaries are planted below it.
-        policy: the backend's declared confinement.
+        claims: the backend's declared confinement.
         host_view: the host's readings of the payload process (see sandbox_attest/run/hostview.py).
         route: where the sandbox's end of the egress route sits (see InsideRoute).
         user: the unprivileged user the payload runs as (None: the harness's own user). What
@@ -145,7 +145,7 @@ class CellContext:
     world: WorldLike
     workspace: Path
     cell_dir: Path
-    policy: PolicyLike
+    claims: ClaimsLike
     user: PayloadUser | None = None
     # The in-sandbox end of the egress route (None: the runner did not say, and a probe that
     # attacks the route cannot run).
@@ -175,8 +175,8 @@ class ProbeSpec(Protocol):
     id: str
     area: str  # net / dns / ipc / fs / env / proc / lifecycle / pkg: its module here
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
-        """What the declared policy says must happen to the attempt."""
+    def expectation(self, declared: ClaimsLike) -> Expectation:
+        """What the declared claims say must happen to the attempt."""
         ...
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
@@ -233,8 +233,8 @@ class ProbeSpec(Protocol):
         """
         ...
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
-        """Why the probe tests only a claim `policy` does not make, or None.
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
+        """Why the probe tests only a claim `declared` does not make, or None.
 
         A reason makes the cell NOT_APPLICABLE, never FAIL (asked after `not_applicable`).
         """
@@ -392,9 +392,9 @@ class SpecBase:
         del egress
         return None
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
         """The probe tests no claim a backend may leave out, by default."""
-        del policy
+        del declared
         return None
 
     def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any] | None:

@@ -35,7 +35,7 @@ from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     host_processes,
@@ -111,13 +111,13 @@ class _SurfaceSpec(SpecBase):
         names = attempts_of("getpid", *self.calls)
         return AttemptTable(required=names, excuses=(("syscalls", names),))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied under a filtered-syscalls claim (the default where ipc is "isolated")."""
-        return "denied" if claims_of(policy).syscalls == "filtered" else "allowed"
+        return "denied" if claims_of(declared).syscalls == "filtered" else "allowed"
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
         """NOT_APPLICABLE under an open syscall surface: this probe tests that claim alone."""
-        return unclaimed(self.id, claims_of(policy))
+        return unclaimed(self.id, claims_of(declared))
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Nothing to plant: the payload calls with arguments the kernel rejects."""
@@ -220,7 +220,7 @@ class _SurfaceSpec(SpecBase):
         if unfiltered:
             escape = "escaped"
             reasons.insert(0, unfiltered)
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         if escape == "escaped" and claims.syscalls == "filtered":
             names = ", ".join(str(a.get("what")) for a in reached) or "a forged refusal"
             reasons.insert(0, f"{claims.phrase('syscalls')}; the payload reached {names}")

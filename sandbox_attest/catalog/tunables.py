@@ -45,7 +45,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     host_processes,
@@ -143,9 +143,9 @@ class ProcKernelTunables(SpecBase):
         del task
         return AttemptTable(required=attempts_of("cgroup-mkdir", *EXPOSURES))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied where the workspace is the only writable grant; seen on the open leg."""
-        return expect_fs_confined(policy)
+        return expect_fs_confined(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Make the cell's delegated group (the payload user's) inside the harness's own.
@@ -226,14 +226,14 @@ class ProcKernelTunables(SpecBase):
                 "refused; run the payload as an unprivileged uid"
             )
             escape = "undecided"
-        if escape == "escaped" and self.expectation(ctx.policy) == "denied":
+        if escape == "escaped" and self.expectation(ctx.claims) == "denied":
             fixes = ([_FIX_CGROUP] if seen else []) + ([_FIX_FILES] if opened else [])
             what = ([f"made the group {made} in the host's cgroupfs"] if seen else []) + (
                 [f"opened for writing: {', '.join(opened)}"] if opened else []
             )
             reasons.insert(
                 0,
-                f"{claims_of(ctx.policy).phrase('writes')}; the payload {'; '.join(what)}; "
+                f"{claims_of(ctx.claims).phrase('writes')}; the payload {'; '.join(what)}; "
                 f"fix: {'; '.join(fixes) or _FIX_FILES}",
             )
         return conclude(

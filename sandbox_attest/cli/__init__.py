@@ -405,8 +405,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
                     "version": ident.version,
                     "platform": ident.platform,
                     # Every claim the probes judge, each with its source (issue 29).
-                    "claims": ident.policy.claims(),
-                    "claim_sources": _claim_rows(backend, ident.policy),
+                    "claims": ident.claims.claims(),
+                    "claim_sources": _claim_rows(backend, ident.claims),
                     "profile_digest": ident.profile_digest,
                     # A command wrapper's check and what its test command saw: why AVAILABLE.
                     **{
@@ -459,7 +459,7 @@ def _claim_rows(backend: object, policy: Any) -> list[dict[str, str]]:
     spec = getattr(backend, "spec", None)
     if isinstance(spec, CommandSpec):
         return claim_rows(policy, claim_sources(spec))
-    # A built-in backend declares its claims in its own module (its POLICY).
+    # A built-in backend declares its claims in its own module (its CLAIMS).
     return claim_rows(policy, None, type(backend).__module__.replace(".", "/") + ".py")
 
 

@@ -2,7 +2,7 @@
 
 `sandbox-attest backends` prints this, so a vendor reads the claims as the verdicts will
 (declared and implied alike) before any cell runs, and knows which spec line to change.
-It reads the backend's declared policy; it judges nothing.
+It reads the backend's declared claims; it judges nothing.
 """
 
 from __future__ import annotations
@@ -12,25 +12,27 @@ from typing import TYPE_CHECKING
 from sandbox_attest.claims import claims_of
 
 if TYPE_CHECKING:
-    from sandbox_attest.backends.base import DeclaredPolicy
+    from sandbox_attest.backends.base import DeclaredClaims
 
 
 def claim_rows(
-    policy: DeclaredPolicy, spec_sources: dict[str, str] | None, declared_in: str = ""
+    declared: DeclaredClaims, spec_sources: dict[str, str] | None, declared_in: str = ""
 ) -> list[dict[str, str]]:
     """Each claim the probes judge as {claim, value, source}.
 
     Args:
-        policy: the backend's declared policy (its identity's).
+        declared: the backend's declared claims (its identity's).
         spec_sources: `claim_sources(spec)` for a command spec (file:line, implied, default);
             None for a backend built into the harness, whose claims its own module declares.
         declared_in: that module's file, named as the source of a built-in's claims.
     """
-    claims = claims_of(policy)
+    claims = claims_of(declared)
     sources = spec_sources or {}
     rows: list[dict[str, str]] = []
     values = (
-        claims.as_dict() | {"limits": dict(policy.limits)} if policy.limits else claims.as_dict()
+        claims.as_dict() | {"limits": dict(declared.limits)}
+        if declared.limits
+        else claims.as_dict()
     )
     for name, value in values.items():
         cause = claims.implied_by(name)

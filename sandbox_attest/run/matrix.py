@@ -189,21 +189,21 @@ def _declared_open(name: str) -> str | None:
 
     The control leg proves each probe can see its escape; a control that confines anything
     would make a probe look blind (INCONCLUSIVE) or, worse, make a sandbox's denial look like
-    the expected outcome. Only a declared policy with network, filesystem and ipc all "open"
+    the expected outcome. Only declared claims with network, filesystem and ipc all "open"
     qualifies: the built-in `none`, or a command-wrapper spec that declares exactly that.
     """
     from sandbox_attest.backends import create_backend  # noqa: PLC0415  (matrix stays import-light)
     from sandbox_attest.backends.command.backend import CommandBackend  # noqa: PLC0415
-    from sandbox_attest.backends.none import POLICY as NONE_POLICY  # noqa: PLC0415
+    from sandbox_attest.backends.none import CLAIMS as NONE_CLAIMS  # noqa: PLC0415
 
     if name == "none":
-        policy = NONE_POLICY
+        declared = NONE_CLAIMS
     else:
         backend = create_backend(name)
         if not isinstance(backend, CommandBackend):
             return f"{name} is a built-in sandbox and confines by design"
-        policy = backend.spec.policy
-    closed = {k: v for k, v in policy.as_dict().items() if k != "limits" and v != "open"}
+        declared = backend.spec.claims
+    closed = {k: v for k, v in declared.as_dict().items() if k != "limits" and v != "open"}
     if closed:
         return f"{name} declares {', '.join(f'{k}={v}' for k, v in sorted(closed.items()))}"
     return None

@@ -293,7 +293,7 @@ class Requirements:
         # The claims the policy requires of a leg: `verify` holds the signed identities to
         # them, and the run's own exit status must say the same.
         claims = {
-            name: avail.identity.policy.claims()
+            name: avail.identity.claims.claims()
             for name, avail in self.availability.items()
             if avail.identity is not None
         }

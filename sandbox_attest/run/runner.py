@@ -304,7 +304,7 @@ class CellRunner:
         # A probe that tests only a claim this backend does not make (open reads, a
         # passthrough environment, no protected paths) is NOT_APPLICABLE, never FAIL.
         if not why and avail.identity is not None:
-            why = spec.not_claimed(avail.identity.policy)
+            why = spec.not_claimed(avail.identity.claims)
         if why:
             return entry | {"verdict": Verdict.NOT_APPLICABLE.value, "reason": why}
         try:
@@ -362,13 +362,13 @@ class CellRunner:
             world=self.world,
             workspace=workspace,
             cell_dir=cell_dir,
-            policy=identity.policy,
+            claims=identity.claims,
             user=self.user,
             # A wrapper with its own proxy (egress "own") has no harness route inside it: no
             # proxy socket, no shim. None tells the catalogue so (sandbox_attest/catalog/spec.py).
             route=inside_route(backend, self.world.info, cell_dir),
         )
-        expected = spec.expectation(identity.policy)
+        expected = spec.expectation(identity.claims)
         proxy_url = proxy_url_for(backend.egress_mode, self.world.info)
         run: ProbeRun | None = None
         try:

@@ -17,9 +17,9 @@ import pytest
 
 from sandbox_attest.attest.keys import SigningKey, TrustedKey, public_key_pem
 from sandbox_attest.attest.verify import verify_report
-from sandbox_attest.backends.bubblewrap import POLICY as BUBBLEWRAP
+from sandbox_attest.backends.bubblewrap import CLAIMS as BUBBLEWRAP
 from sandbox_attest.backends.docker.backend import DockerBackend
-from sandbox_attest.backends.none import POLICY as NONE
+from sandbox_attest.backends.none import CLAIMS as NONE
 from sandbox_attest.cli.release import claims_line, register
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.report.policy import claim_problems, leg_claims, load_policy, parse_policy
@@ -143,7 +143,7 @@ class TestProblems:
     def test_shipped_policy_claims_hold_for_the_release_backends(self, backend: str) -> None:
         """matrix/policy.toml's claims for bubblewrap and docker are what those backends claim."""
         policy = load_policy(REPO / "matrix" / "policy.toml")
-        declared = BUBBLEWRAP if backend == "bubblewrap" else DockerBackend().policy()
+        declared = BUBBLEWRAP if backend == "bubblewrap" else DockerBackend().claims()
         made = {backend: declared.claims(), "none": NONE.claims()}
         legs = {("linux", backend), ("linux", "none")}
         assert claim_problems(policy, made, legs) == []

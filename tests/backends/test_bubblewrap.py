@@ -130,7 +130,7 @@ def facts_of(stdout: str) -> dict[str, object]:
 
 class TestArgv:
     def test_confinement_flags_present(self, tmp_path: Path, payload: Path) -> None:
-        """The argv has every namespace, lifetime and capability flag the policy relies on."""
+        """The argv has every namespace, lifetime and capability flag the claims rely on."""
         argv = bw.BubblewrapBackend().build_argv(make_request(tmp_path, payload))
         for flag in (
             "--unshare-user",
@@ -207,12 +207,12 @@ class TestAvailability:
         assert "unprivileged_userns_clone" in avail.reason
 
     def test_available_here_with_version(self) -> None:
-        """On this machine bwrap runs, and its identity carries the version and policy."""
+        """On this machine bwrap runs, and its identity carries the version and claims."""
         avail = bw.BubblewrapBackend().availability()
         assert avail.ok, avail.reason
         assert avail.identity is not None
         assert avail.identity.version.startswith("bubblewrap")
-        assert avail.identity.policy.network == "proxy"
+        assert avail.identity.claims.network == "proxy"
 
 
 class TestLive:
@@ -352,7 +352,7 @@ class TestHardening:
         )
 
     def test_declared_limits_are_in_the_identity(self) -> None:
-        """The policy a verdict judges against names the limits the argv applies."""
+        """The claims a verdict judges against names the limits the argv applies."""
         identity = bw.BubblewrapBackend().availability().identity
         assert identity is not None
-        assert identity.policy.as_dict()["limits"] == {"fsize_mib": 16, "nofile": 256}
+        assert identity.claims.as_dict()["limits"] == {"fsize_mib": 16, "nofile": 256}

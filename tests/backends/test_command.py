@@ -196,8 +196,8 @@ class TestSpecValidation:
         assert isinstance(backend, CommandBackend)
         assert backend.egress_mode == egress
         assert backend.run_path().startswith("/opt/sandbox-attest/npm/node_modules/.bin:")
-        assert backend.spec.policy.environment == environment
-        assert backend.spec.policy.syscalls == "filtered"
+        assert backend.spec.claims.environment == environment
+        assert backend.spec.claims.syscalls == "filtered"
 
     def test_spec_path_and_registered_name(self) -> None:
         """A spec path loads as is; a registered spec is then creatable by its name."""
@@ -265,13 +265,13 @@ class TestAvailability:
         assert "cannot create user namespace: Operation not permitted" in avail.reason
 
     def test_identity_carries_version_policy_and_spec_digest(self) -> None:
-        """The identity has the wrapper's version, its declared policy and a spec digest."""
+        """The identity has the wrapper's version, its declared claims and a spec digest."""
         backend = create_backend("bwrap-generic")
         avail = backend.availability()
         assert avail.ok, avail.reason
         assert avail.identity is not None
         assert avail.identity.version.startswith("bubblewrap ")
-        assert avail.identity.policy.as_dict() == {
+        assert avail.identity.claims.as_dict() == {
             "network": "proxy",
             "filesystem": "workspace",
             "ipc": "isolated",

@@ -625,12 +625,12 @@ class TestLimits:
     def test_ulimits_applied_and_declared(
         self, backend: DockerBackend, tmp_path: Path, payload_dir: Path
     ) -> None:
-        """Bubblewrap's rlimits hold inside (soft = hard) and the policy declares them."""
+        """Bubblewrap's rlimits hold inside (soft = hard) and the claims declare them."""
         request, _ = make_request(tmp_path, payload_dir, "rlimits")
         run = backend.run(request)
         limits = report(run)["rlimits"]
         assert limits == {"fsize": [16 * 1024 * 1024] * 2, "nofile": [256, 256]}
-        declared = dict(backend.policy().limits)
+        declared = dict(backend.claims().limits)
         assert declared == {**dict(LIMITS), "forks": PIDS_LIMIT}
         assert run.argv[run.argv.index("--pids-limit") + 1] == str(PIDS_LIMIT)
         assert "--ulimit=nofile=256:256" in run.argv
@@ -645,7 +645,7 @@ class TestLimits:
         limits = report(run)["rlimits"]
         assert limits["fsize"] == [resource.RLIM_INFINITY] * 2
         assert limits["nofile"][0] > 256
-        assert dict(live.policy().limits) == {**dict(LIMITS), "forks": PIDS_LIMIT}
+        assert dict(live.claims().limits) == {**dict(LIMITS), "forks": PIDS_LIMIT}
         assert "--pids-limit" not in run.argv
 
 

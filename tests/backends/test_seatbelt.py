@@ -226,7 +226,7 @@ class TestBackend:
         assert one.identity is not None
         assert two.identity is not None
         assert one.identity.profile_digest == two.identity.profile_digest
-        assert one.identity.policy.as_dict() == {
+        assert one.identity.claims.as_dict() == {
             "network": "proxy",
             "filesystem": "workspace",
             "ipc": "isolated",

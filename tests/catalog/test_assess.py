@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, probe_path, records
 from sandbox_attest.catalog.fs import CANARY_NAME
 from sandbox_attest.catalog.fs.write_outside import CORE_CLASSES, HOME_CLASSES
@@ -39,9 +39,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import ModuleType
 
-OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
-NO_NET = DeclaredPolicy(network="none", filesystem="workspace", ipc="isolated")
+OPEN = DeclaredClaims(network="open", filesystem="open", ipc="open")
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
+NO_NET = DeclaredClaims(network="none", filesystem="workspace", ipc="isolated")
 HOST_NETNS = str(Path("/proc/self/ns/net").readlink())
 HOST_MNTNS = str(Path("/proc/self/ns/mnt").readlink())
 OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
@@ -111,7 +111,7 @@ class LateWorld(FakeWorld):
         return self.witness if time.monotonic() >= self.due else Records()
 
 
-def _ctx(probe: str, policy: DeclaredPolicy, base: Path) -> CellContext:
+def _ctx(probe: str, declared: DeclaredClaims, base: Path) -> CellContext:
     cell_dir = base / "cell"
     (cell_dir / "workspace").mkdir(parents=True)
     return CellContext(
@@ -121,7 +121,7 @@ def _ctx(probe: str, policy: DeclaredPolicy, base: Path) -> CellContext:
         world=FakeWorld(),
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
-        policy=policy,
+        claims=declared,
         route=inside_route(),
     )
 
@@ -138,7 +138,7 @@ def _verdict(
     spec = PROBES[ctx.probe]
     assessment = spec.assess(ctx, report, witness, control)
     assert assessment.reasons, "every assessment names its reasons"
-    return assessment.escape, decide(spec.expectation(ctx.policy), assessment).verdict
+    return assessment.escape, decide(spec.expectation(ctx.claims), assessment).verdict
 
 
 def _payload(probe: str) -> ModuleType:
@@ -152,10 +152,10 @@ def _payload(probe: str) -> ModuleType:
 
 
 class TestExpectation:
-    """Which policy makes which probe a denial or a must-succeed."""
+    """Which claims make which probe a denial or a must-succeed."""
 
     @pytest.mark.parametrize(
-        ("probe", "policy", "expected"),
+        ("probe", "declared", "expected"),
         [
             ("net_denied_host", OPEN, "denied"),
             ("net_denied_host", CONFINED, "denied"),
@@ -173,9 +173,9 @@ class TestExpectation:
         ],
         ids=lambda v: v if isinstance(v, str) else getattr(v, "network", ""),
     )
-    def test_expectation(self, probe: str, policy: DeclaredPolicy, expected: str) -> None:
-        """The declared policy area decides between denied and allowed."""
-        assert PROBES[probe].expectation(policy) == expected
+    def test_expectation(self, probe: str, declared: DeclaredClaims, expected: str) -> None:
+        """The declared claim area decides between denied and allowed."""
+        assert PROBES[probe].expectation(declared) == expected
 
     def test_catalog_holds_the_release_core(self) -> None:
         """The catalog holds the release core, each spec under its own id."""
@@ -348,7 +348,7 @@ class TestDnsResolution:
     """The DNS fixture's query log versus the raw queries."""
 
     def test_query_logged_is_fail(self, tmp_path: Path) -> None:
-        """A logged query carrying the nonce is FAIL under a confining policy."""
+        """A logged query carrying the nonce is FAIL under confining claims."""
         ctx = _ctx("dns_resolution", CONFINED, tmp_path)
         report = {"attempts": [_a("udp-query", "escape", "refused", "ETIMEDOUT")]}
         query = {"name": f"{ctx.nonce}.{PROBE_NAME_SUFFIX}.", "qtype": "A", "transport": "udp"}
@@ -711,7 +711,7 @@ class TestReasons:
     """A verdict's reason names what failed and why, once."""
 
     @pytest.mark.parametrize(
-        ("probe", "policy", "what"),
+        ("probe", "declared", "what"),
         [
             ("net_direct_egress", CONFINED, "tcp-direct"),
             ("dns_resolution", CONFINED, "udp-query"),
@@ -720,10 +720,10 @@ class TestReasons:
         ],
     )
     def test_failed_host_control_names_its_check(
-        self, tmp_path: Path, probe: str, policy: DeclaredPolicy, what: str
+        self, tmp_path: Path, probe: str, declared: DeclaredClaims, what: str
     ) -> None:
         """'host control failed' alone sends the reader to the logs; the check says why."""
-        ctx = _ctx(probe, policy, tmp_path)
+        ctx = _ctx(probe, declared, tmp_path)
         role = "capability" if probe in {"net_transfer_18mib", "pkg_pip_install"} else "escape"
         report = {"attempts": [_a(what, role, "refused")], "facts": {}}
         reasons = PROBES[probe].assess(ctx, report, Records(), DEAD_CONTROL).reasons

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.env import EnvInheritance, salted_hash
 from sandbox_attest.catalog.fs import FsLinkEscape, FsProtectedInWorkspace, FsReadSecrets
@@ -21,19 +21,19 @@ from tests.catalog.test_host import OK_CONTROL, Records, att, make_ctx, report
 
 __all__ = ["make_ctx"]  # the fixture, imported so this module's tests can ask for it
 
-SCRUBBED = DeclaredPolicy("proxy", "workspace", "isolated")
-SSH_ONLY = DeclaredPolicy("proxy", "workspace", "isolated", reads="deny", read_deny=("~/.ssh",))
-OPEN_READS = DeclaredPolicy("proxy", "workspace", "isolated", reads="open")
-HOOKS = DeclaredPolicy("proxy", "workspace", "isolated", protected=(".git/hooks",))
-SECCOMP = DeclaredPolicy("none", "open", "open", network_cut="seccomp")
-NAMESPACE = DeclaredPolicy("none", "open", "open")
-NON_ROOT = DeclaredPolicy("proxy", "workspace", "isolated", runs_as="non-root")
+SCRUBBED = DeclaredClaims("proxy", "workspace", "isolated")
+SSH_ONLY = DeclaredClaims("proxy", "workspace", "isolated", reads="deny", read_deny=("~/.ssh",))
+OPEN_READS = DeclaredClaims("proxy", "workspace", "isolated", reads="open")
+HOOKS = DeclaredClaims("proxy", "workspace", "isolated", protected=(".git/hooks",))
+SECCOMP = DeclaredClaims("none", "open", "open", network_cut="seccomp")
+NAMESPACE = DeclaredClaims("none", "open", "open")
+NON_ROOT = DeclaredClaims("proxy", "workspace", "isolated", runs_as="non-root")
 
 
 def judge(spec: Any, ctx: CellContext, rep: dict[str, Any], witness: Any = None) -> Decision:
     """Assess one cell with an ok host control and decide it on the spec's expectation."""
     assessment = spec.assess(ctx, rep, witness or Records(), OK_CONTROL)
-    return decide(spec.expectation(ctx.policy), assessment)
+    return decide(spec.expectation(ctx.claims), assessment)
 
 
 class TestReadSecrets:
@@ -76,8 +76,10 @@ class TestReadSecrets:
     def test_deny_list_naming_no_canary_is_inconclusive(self, make_ctx: Any) -> None:
         """A deny-list this probe plants nothing under proves nothing either way."""
         spec = FsReadSecrets()
-        policy = DeclaredPolicy("proxy", "workspace", "isolated", reads="deny", read_deny=("/srv",))
-        ctx = make_ctx(spec, policy)
+        declared = DeclaredClaims(
+            "proxy", "workspace", "isolated", reads="deny", read_deny=("/srv",)
+        )
+        ctx = make_ctx(spec, declared)
         spec.prepare(ctx)
         decision = judge(spec, ctx, self._read(spec, ctx))
         assert decision.verdict is Verdict.INCONCLUSIVE
@@ -129,7 +131,7 @@ class TestProtected:
     def test_claim_this_probe_cannot_test_is_inconclusive(self, make_ctx: Any) -> None:
         """Protected paths this probe never writes leave the claim untested."""
         spec = FsProtectedInWorkspace()
-        ctx = make_ctx(spec, DeclaredPolicy("proxy", "workspace", "isolated", protected=("docs",)))
+        ctx = make_ctx(spec, DeclaredClaims("proxy", "workspace", "isolated", protected=("docs",)))
         spec.prepare(ctx)
         decision = judge(spec, ctx, self._wrote(spec, ctx))
         assert decision.verdict is Verdict.INCONCLUSIVE
@@ -172,17 +174,17 @@ class TestLinkEscape:
 
     def test_open_reads_and_writes_are_not_applicable(self) -> None:
         """A backend that claims neither reads nor writes confined is NOT_APPLICABLE here."""
-        policy = DeclaredPolicy("none", "open", "isolated")
-        assert FsLinkEscape().not_claimed(policy) == (
+        declared = DeclaredClaims("none", "open", "isolated")
+        assert FsLinkEscape().not_claimed(declared) == (
             "the backend claims open reads and writes; fs_link_escape tests only those"
         )
 
 
 class TestEnvironment:
-    def _leak(self, make_ctx: Any, policy: DeclaredPolicy) -> Decision:
+    def _leak(self, make_ctx: Any, declared: DeclaredClaims) -> Decision:
         """The payload saw a planted canary variable (by its salted hash)."""
         spec = EnvInheritance()
-        ctx = make_ctx(spec, policy)
+        ctx = make_ctx(spec, declared)
         targets = spec.prepare(ctx)
         salt, name = targets["salt"], spec.names(ctx)[0]
         rep = report(
@@ -211,7 +213,7 @@ class TestEnvironment:
 
     def test_passthrough_leaves_the_scrub_part_not_applicable(self, make_ctx: Any) -> None:
         """Under environment = "passthrough" the variables are not judged; the rest is."""
-        passthrough = DeclaredPolicy("proxy", "workspace", "isolated", environment="passthrough")
+        passthrough = DeclaredClaims("proxy", "workspace", "isolated", environment="passthrough")
         decision = self._leak(make_ctx, passthrough)
         assert decision.verdict is Verdict.PASS, decision.reason
         assert decision.reason.startswith(
@@ -246,8 +248,8 @@ SHARED_VIEW: dict[str, Any] = {
 
 
 class TestNetworkCut:
-    def _ctx(self, make_ctx: Any, probe: str, policy: DeclaredPolicy) -> CellContext:
-        ctx: CellContext = make_ctx(PROBES[probe], policy)
+    def _ctx(self, make_ctx: Any, probe: str, declared: DeclaredClaims) -> CellContext:
+        ctx: CellContext = make_ctx(PROBES[probe], declared)
         ctx.host_view.update(SHARED_VIEW)
         return ctx
 
@@ -308,7 +310,7 @@ class TestProcClaims:
         ctx = make_ctx(spec, SCRUBBED)
         rep = report(att("getpid", "control", "succeeded"), att("keyctl", "escape", "succeeded"))
         control = OK_CONTROL | {"baseline": self.BASELINE}
-        decision = decide(spec.expectation(ctx.policy), spec.assess(ctx, rep, Records(), control))
+        decision = decide(spec.expectation(ctx.claims), spec.assess(ctx, rep, Records(), control))
         assert decision.verdict is Verdict.FAIL
         assert decision.reason.startswith(
             "escape observed by the host: claims a filtered syscall surface (implied by "
@@ -327,7 +329,7 @@ class TestProcClaims:
             status={"CapEff": "0" * 16},
         )
         control = OK_CONTROL | {"baseline": {"facts": {"status": {"CapEff": "0" * 16}}}}
-        return decide(spec.expectation(ctx.policy), spec.assess(ctx, rep, Records(), control))
+        return decide(spec.expectation(ctx.claims), spec.assess(ctx, rep, Records(), control))
 
     def test_runs_as_is_held_to_the_host_uid_reading(self, make_ctx: Any) -> None:
         """A non-root claim the host sees running with uid 0 is FAIL naming the claim."""

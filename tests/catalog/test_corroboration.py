@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.spec import host_seen_own_network
 from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import UNCORROBORATED, Assessment, Decision, Verdict, believe
 
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 NO_CAPS = "0000000000000000"
 
 
@@ -49,7 +49,7 @@ def ctx(tmp_path: Path, probe: str, host_view: dict[str, Any]) -> CellContext:
         world=None,  # type: ignore[arg-type]  # corroboration reads no fixture
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
-        policy=CONFINED,
+        claims=CONFINED,
         route=inside_route(),
         host_view=host_view,
     )

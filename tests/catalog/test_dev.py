@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.backends.base import Backend, DeclaredPolicy
+from sandbox_attest.backends.base import Backend, DeclaredClaims
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES
@@ -39,8 +39,8 @@ from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import decide
 from sandbox_attest.world.core import World, start_world
 
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
-OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
+OPEN = DeclaredClaims(network="open", filesystem="open", ipc="open")
 SPEC = DevAccess()
 HERE = sensitive(payload_user_devices(payload_user()))
 
@@ -106,7 +106,7 @@ def assess(
         world=None,  # type: ignore[arg-type]  # dev_access never reads the world
         workspace=tmp_path,
         cell_dir=tmp_path,
-        policy=CONFINED,
+        claims=CONFINED,
         user=payload_user(),
     )
     control = SPEC.host_control(ctx)
@@ -216,7 +216,7 @@ class TestHostView:
             world=None,  # type: ignore[arg-type]  # dev_access never reads the world
             workspace=tmp_path,
             cell_dir=tmp_path,
-            policy=CONFINED,
+            claims=CONFINED,
             user=payload_user(),
         )
         ctx.host_view.update({"seen": True, SPEC.id: SPEC.at_rendezvous(ctx, os.getpid())})
@@ -233,7 +233,7 @@ class TestHostView:
             world=None,  # type: ignore[arg-type]  # dev_access never reads the world
             workspace=tmp_path,
             cell_dir=tmp_path,
-            policy=CONFINED,
+            claims=CONFINED,
             user=payload_user(),
         )
         ctx.host_view.update({"seen": False, "why": "the payload never reached the rendezvous"})

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import CellContext
 from sandbox_attest.catalog.fs import FsReadSecrets
 from sandbox_attest.run.hostview import read_process
@@ -26,8 +26,8 @@ from tests.unit.test_hostview import SLEEPER, sandboxed, started, wait_for
 
 __all__ = ["make_ctx"]  # the fixture, imported so this module's tests can ask for it
 
-SCRUBBED = DeclaredPolicy("proxy", "workspace", "isolated")
-SSH_ONLY = DeclaredPolicy("proxy", "workspace", "isolated", reads="deny", read_deny=("~/.ssh",))
+SCRUBBED = DeclaredClaims("proxy", "workspace", "isolated")
+SSH_ONLY = DeclaredClaims("proxy", "workspace", "isolated", reads="deny", read_deny=("~/.ssh",))
 SPEC = FsReadSecrets()
 CORROBORATED = ["the payload's view of the canary paths, read by the host"]
 
@@ -59,7 +59,7 @@ def on_wrapper(ctx: CellContext, rep: dict[str, Any]) -> Decision:
     """The decision as the runner makes it for a command wrapper's cell."""
     assessment = SPEC.assess(ctx, rep, Records(), OK_CONTROL)
     return believe(
-        decide(SPEC.expectation(ctx.policy), assessment), assessment, crossed_wrapper=True
+        decide(SPEC.expectation(ctx.claims), assessment), assessment, crossed_wrapper=True
     )
 
 

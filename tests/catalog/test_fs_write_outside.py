@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog.fs import CANARY_NAME, FsWriteOutside
 from sandbox_attest.catalog.fs.writable import payload_writable_places, writable_places
 from sandbox_attest.catalog.fs.write_outside import _PLANTED, HOME_CLASSES, _class_key
@@ -28,7 +28,7 @@ from sandbox_attest.host.trust import PayloadUser, payload_user
 from sandbox_attest.verdict import Assessment
 from tests.catalog.test_proc import Records
 
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 SPEC = FsWriteOutside()
 USER = payload_user()
 as_root = pytest.mark.skipif(
@@ -84,7 +84,7 @@ def ctx(tmp_path: Path) -> CellContext:
         world=WorldLike(tmp_path / "world"),  # type: ignore[arg-type]  # only info.run_dir
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
-        policy=CONFINED,
+        claims=CONFINED,
         user=USER,
     )
 
@@ -189,14 +189,14 @@ class TestWritesClaim:
 
     def test_a_write_the_claim_allows_is_not_judged(self, ctx: CellContext) -> None:
         """Writes = { allow = ["/var/tmp"] }: the same write is reported, not held against it."""
-        policy = DeclaredPolicy(
+        declared = DeclaredClaims(
             network="proxy",
             filesystem="workspace",
             ipc="isolated",
             writes="allow",
             write_allow=("/var/tmp",),
         )
-        assessment = write_into_var_tmp(dataclasses.replace(ctx, policy=policy))
+        assessment = write_into_var_tmp(dataclasses.replace(ctx, claims=declared))
         assert assessment.escape != "escaped"
         allowed = assessment.witness["allowed_by_claim"]
         assert isinstance(allowed, dict)

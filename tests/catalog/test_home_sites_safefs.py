@@ -45,7 +45,7 @@ def ctx(tmp_path: Path) -> CellContext:
         world=WorldLike(tmp_path / "world"),  # type: ignore[arg-type]  # only info.run_dir
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
-        policy=CONFINED,
+        claims=CONFINED,
         user=user,
     )
 

@@ -28,7 +28,7 @@ import pytest
 from sandbox_attest.backends.base import (
     Availability,
     Backend,
-    DeclaredPolicy,
+    DeclaredClaims,
     ProbeRequest,
     ProbeRun,
 )
@@ -67,8 +67,8 @@ HOST_PROBES = (
     "ipc_proxy_socket_tamper",
     "lifecycle_orphans",
 )
-OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+OPEN = DeclaredClaims(network="open", filesystem="open", ipc="open")
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
 FAILED_CONTROL: dict[str, Any] = {"ok": False, "nonce": "hcontrol", "checks": []}
 
@@ -367,7 +367,9 @@ def make_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     made: list[tuple[Any, CellContext]] = []
 
-    def make(spec: Any, policy: DeclaredPolicy = CONFINED, shim: Path | None = None) -> CellContext:
+    def make(
+        spec: Any, declared: DeclaredClaims = CONFINED, shim: Path | None = None
+    ) -> CellContext:
         nonce = "n" + secrets.token_hex(8)
         cell_dir = tmp_path / nonce
         (cell_dir / "workspace").mkdir(parents=True)
@@ -381,7 +383,7 @@ def make_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             world=world,
             workspace=cell_dir / "workspace",
             cell_dir=cell_dir,
-            policy=policy,
+            claims=declared,
             route=dataclasses.replace(inside_route(), shim_source=shim) if shim else inside_route(),
         )
         made.append((spec, ctx))
@@ -497,9 +499,9 @@ class TestReadSecretsTable:
 
 class TestProtectedTable:
     def test_expectation_flips_with_a_protected_claim(self) -> None:
-        """Allowed without a protected-paths claim; denied once a policy declares one."""
+        """Allowed without a protected-paths claim; denied once the claims declare one."""
         spec = FsProtectedInWorkspace()
-        protected = DeclaredPolicy("proxy", "workspace", "isolated", protected=(".git/hooks",))
+        protected = DeclaredClaims("proxy", "workspace", "isolated", protected=(".git/hooks",))
         assert spec.expectation(CONFINED) == "allowed"
         assert spec.expectation(protected) == "denied"
 

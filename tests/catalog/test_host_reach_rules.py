@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.verdict import Verdict, decide
 from tests.catalog.test_proc import FakeWorld, Records, att
 
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
-OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
-HOMES_DENIED = DeclaredPolicy(
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
+OPEN = DeclaredClaims(network="open", filesystem="open", ipc="open")
+HOMES_DENIED = DeclaredClaims(
     network="none", filesystem="workspace", ipc="isolated", reads="deny", read_deny=("/home",)
 )
 CONTROL_OK = {"ok": True, "nonce": "h1", "checks": [{"what": "c", "ok": True, "detail": ""}]}
@@ -46,12 +46,12 @@ class Cell:
         spec = PROBES[self.ctx.probe]
         report = {"attempts": self.attempts, "facts": self.facts}
         assessment = spec.assess(self.ctx, report, Records(), CONTROL_OK)
-        decision = decide(spec.expectation(self.ctx.policy), assessment)
+        decision = decide(spec.expectation(self.ctx.claims), assessment)
         return decision.verdict, decision.reason, assessment.witness
 
 
 def cell(
-    tmp_path: Path, probe: str, policy: DeclaredPolicy, view: dict[str, Any] | None = None
+    tmp_path: Path, probe: str, declared: DeclaredClaims, view: dict[str, Any] | None = None
 ) -> Cell:
     """A cell of `probe` whose host view is `view` (default: one unprivileged process)."""
     nonce = "n" + secrets.token_hex(8)
@@ -65,7 +65,7 @@ def cell(
         world=FakeWorld(),
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
-        policy=policy,
+        claims=declared,
         host_view=view if view is not None else seen,
     )
     return Cell(ctx)
@@ -158,10 +158,10 @@ class TestCrossProcess:
 
 class TestOpenByHandle:
     def handle(
-        self, tmp_path: Path, policy: DeclaredPolicy, view: dict[str, Any] | None = None
+        self, tmp_path: Path, declared: DeclaredClaims, view: dict[str, Any] | None = None
     ) -> Cell:
         """A handle cell with its canary token kept, both attempts refused."""
-        made = cell(tmp_path, "fs_open_by_handle", policy, view)
+        made = cell(tmp_path, "fs_open_by_handle", declared, view)
         state(made.ctx, {"token": "t0ken"})
         made.attempts = [
             att("read-by-path", "refused", errno="ENOENT"),

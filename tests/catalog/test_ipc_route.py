@@ -19,7 +19,7 @@ from sandbox_attest.backends.base import (
     NAMESPACED_INSIDE_PATHS,
     SANDBOX_PROXY_SOCKET,
     SANDBOX_SHIM,
-    DeclaredPolicy,
+    DeclaredClaims,
 )
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.command.backend import CommandBackend
@@ -100,7 +100,7 @@ def tamper_ctx(world: World, tmp_path: Path, route: InsideRoute) -> CellContext:
         world=world,
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
-        policy=CONFINED,
+        claims=CONFINED,
         route=route,
     )
 
@@ -176,8 +176,8 @@ class TestApplicable:
     def test_no_network_claimed_means_no_route_to_tamper_with(self) -> None:
         """Under network = "none" the probe is NOT_APPLICABLE; under a proxied network it runs."""
         spec = IpcProxySocketTamper()
-        none = DeclaredPolicy(network="none", filesystem="workspace", ipc="isolated")
-        proxied = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+        none = DeclaredClaims(network="none", filesystem="workspace", ipc="isolated")
+        proxied = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
         assert spec.not_claimed(none) == (
             'the backend claims network = "none": it gives the payload no egress route '
             "to tamper with; the net_* probes judge that claim"

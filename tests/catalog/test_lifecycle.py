@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog.lifecycle import (
     ORPHAN_KINDS,
     ORPHAN_MARKER,
@@ -33,7 +33,7 @@ from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.host.journal import LEFTOVERS_FILE, record_leftovers, recorded_leftovers
 from sandbox_attest.verdict import decide
 
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 SPEC = LifecycleOrphans()
 PROBE = Path(__file__).parent.parent.parent / "probes" / "lifecycle_orphans.py"
 
@@ -78,7 +78,7 @@ def make_ctx(tmp_path: Path) -> CellContext:
         world=None,  # type: ignore[arg-type]  # lifecycle_orphans never reads the world
         workspace=tmp_path / "workspace",
         cell_dir=tmp_path,
-        policy=CONFINED,
+        claims=CONFINED,
     )
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.backends.base import START_MARKER, DeclaredPolicy
+from sandbox_attest.backends.base import START_MARKER, DeclaredClaims
 from sandbox_attest.catalog import PROBES, CellContext, FsWriteOutside, WorldLike, probe_path
 from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import Assessment, Decision, Verdict, decide
@@ -27,7 +27,7 @@ from tests.reachable import reachable_tempdir
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
+OPEN = DeclaredClaims(network="open", filesystem="open", ipc="open")
 
 
 @dataclass
@@ -42,7 +42,9 @@ class CellResult:
     stderr: str
 
 
-def run_cell(world: WorldLike, probe: str, base: Path, policy: DeclaredPolicy = OPEN) -> CellResult:
+def run_cell(
+    world: WorldLike, probe: str, base: Path, declared: DeclaredClaims = OPEN
+) -> CellResult:
     """Prepare, run the payload as a plain child process, control, assess and decide."""
     spec = PROBES[probe]
     nonce = "n" + secrets.token_hex(8)
@@ -56,7 +58,7 @@ def run_cell(world: WorldLike, probe: str, base: Path, policy: DeclaredPolicy = 
         world=world,
         workspace=workspace,
         cell_dir=cell_dir,
-        policy=policy,
+        claims=declared,
         route=inside_route(),
     )
     try:
@@ -96,7 +98,7 @@ def run_cell(world: WorldLike, probe: str, base: Path, policy: DeclaredPolicy = 
         control = spec.host_control(ctx)
         witness = world.records(nonce)
         assessment = spec.assess(ctx, report, witness, control)
-        decision = decide(spec.expectation(policy), assessment)
+        decision = decide(spec.expectation(declared), assessment)
         return CellResult(ctx, report, control, assessment, decision, proc.stderr)
     finally:
         spec.cleanup(ctx)
@@ -205,7 +207,7 @@ class TestWitnessesSawIt:
 
 def test_forged_refusal_is_caught_live(world: World, tmp_path: Path) -> None:
     """A real escape rewritten as 'refused' by the payload is still FAIL under a confining claim."""
-    confined = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+    confined = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
     cell = run_cell(world, "net_direct_egress", tmp_path, confined)
     forged = dict(cell.report)
     forged["attempts"] = [

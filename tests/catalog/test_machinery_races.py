@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import CellContext, machinery
 from sandbox_attest.catalog.machinery import (
     DIRFD_DIR,
@@ -30,7 +30,7 @@ from sandbox_attest.catalog.races import SOCKET_DIR, FsSetupRace, _refused_as_a_
 from sandbox_attest.run.runner import inside_route
 from sandbox_attest.verdict import Verdict, decide
 
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
 
 
@@ -45,7 +45,7 @@ def _ctx(probe: str, base: Path) -> CellContext:
         world=cast("Any", None),  # none of these assessors reads the fixture world
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
-        policy=CONFINED,
+        claims=CONFINED,
         route=inside_route(),
     )
 
@@ -63,7 +63,7 @@ def _append(path: Path, text: str) -> None:
 
 def _verdict(spec: Any, ctx: CellContext, attempts: list[dict[str, Any]]) -> tuple[Verdict, str]:
     report = {"attempts": attempts, "facts": {}}
-    decision = decide(spec.expectation(ctx.policy), spec.assess(ctx, report, None, OK_CONTROL))
+    decision = decide(spec.expectation(ctx.claims), spec.assess(ctx, report, None, OK_CONTROL))
     return decision.verdict, decision.reason
 
 
@@ -185,7 +185,7 @@ class TestMachineryOverwrite:
         spec = FsMachineryOverwrite()
         ctx = dataclasses.replace(
             _ctx(spec.id, tmp_path),
-            policy=DeclaredPolicy(
+            claims=DeclaredClaims(
                 network="proxy",
                 filesystem="workspace",
                 ipc="isolated",

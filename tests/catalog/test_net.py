@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import pytest
 
-from sandbox_attest.backends.base import START_MARKER, Backend, DeclaredPolicy
+from sandbox_attest.backends.base import START_MARKER, Backend, DeclaredClaims
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, probe_path
@@ -54,8 +54,8 @@ WIDE = (
 )
 AROUND = ("net_proxy_env_override", "net_loopback_services", "net_ipv6_udp_icmp")
 THROUGH = ("net_host_canonical", "net_proxy_confusion", "net_private_address")
-OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
-PROXY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+OPEN = DeclaredClaims(network="open", filesystem="open", ipc="open")
+PROXY = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 
 needs_bwrap = pytest.mark.needs_bwrap
 
@@ -269,7 +269,7 @@ class TestLaxProxy:
 # Decision tables with hand-made records.
 
 
-def ctx_for(world: World, probe: str, nonce: str, policy: DeclaredPolicy = PROXY) -> CellContext:
+def ctx_for(world: World, probe: str, nonce: str, declared: DeclaredClaims = PROXY) -> CellContext:
     """A cell context on the real world (prepare needs its ports)."""
     # The decision tables never touch the cell's paths; nothing is created there.
     base = Path(tempfile.gettempdir()) / "sa-nwu-unused"
@@ -280,7 +280,7 @@ def ctx_for(world: World, probe: str, nonce: str, policy: DeclaredPolicy = PROXY
         world=world,
         workspace=base,
         cell_dir=base,
-        policy=policy,
+        claims=declared,
     )
 
 
@@ -354,7 +354,7 @@ class TestRouteDecisionTable:
             assessment = spec.assess(ctx, report, witness, control)
         finally:
             spec.cleanup(ctx)
-        decision = decide(spec.expectation(ctx.policy), assessment)
+        decision = decide(spec.expectation(ctx.claims), assessment)
         return decision.verdict, decision.reason
 
     def test_clean_refusal_passes(self, world: World) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
-from sandbox_attest.backends.base import Backend, DeclaredPolicy
+from sandbox_attest.backends.base import Backend, DeclaredClaims
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext
@@ -48,14 +48,14 @@ PROC_PROBES = (
     "proc_syscall_surface",
     "resource_limits",
 )
-OPEN = DeclaredPolicy(network="open", filesystem="open", ipc="open")
-CONFINED = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+OPEN = DeclaredClaims(network="open", filesystem="open", ipc="open")
+CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
 FAILED_CONTROL: dict[str, Any] = {"ok": False, "nonce": "hcontrol", "checks": []}
 MIB = 1024 * 1024
 
-# The limits of the unit tables: a confining policy that declares fsize and nofile caps.
-LIMITED = DeclaredPolicy(
+# The limits of the unit tables: confining claims that declare fsize and nofile caps.
+LIMITED = DeclaredClaims(
     network="proxy",
     filesystem="workspace",
     ipc="isolated",
@@ -303,7 +303,7 @@ def send_from_netns_of(pid: int, hostport: str, line: str) -> None:
 
 
 def make_ctx(
-    tmp_path: Path, probe: str, policy: DeclaredPolicy = CONFINED, backend: str = "bubblewrap"
+    tmp_path: Path, probe: str, declared: DeclaredClaims = CONFINED, backend: str = "bubblewrap"
 ) -> CellContext:
     """A context whose cell_dir exists (assessors look for witness files there)."""
     nonce = "n" + secrets.token_hex(8)
@@ -316,7 +316,7 @@ def make_ctx(
         world=FakeWorld(),
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
-        policy=policy,
+        claims=declared,
     )
 
 
@@ -344,7 +344,7 @@ def verdict_of(
     """Assess and decide one hand-made cell."""
     spec = PROBES[ctx.probe]
     assessment = spec.assess(ctx, report, witness or Records(), control)
-    return decide(spec.expectation(ctx.policy), assessment).verdict
+    return decide(spec.expectation(ctx.claims), assessment).verdict
 
 
 class TestVisibilityTable:
@@ -551,7 +551,7 @@ class TestSelfReportedTables:
         assert verdict_of(ctx, report, control) is Verdict.INCONCLUSIVE
 
     @pytest.mark.parametrize(
-        ("caps", "control_ok", "policy", "expected"),
+        ("caps", "control_ok", "declared", "expected"),
         [
             ("refused", True, CONFINED, Verdict.PASS),
             ("succeeded", True, CONFINED, Verdict.FAIL),
@@ -561,10 +561,15 @@ class TestSelfReportedTables:
         ],
     )
     def test_privileges(
-        self, tmp_path: Path, caps: str, control_ok: bool, policy: DeclaredPolicy, expected: Verdict
+        self,
+        tmp_path: Path,
+        caps: str,
+        control_ok: bool,
+        declared: DeclaredClaims,
+        expected: Verdict,
     ) -> None:
         """Capabilities held inside a confining sandbox FAIL; the open leg must see them."""
-        ctx = make_ctx(tmp_path, "proc_privileges", policy)
+        ctx = make_ctx(tmp_path, "proc_privileges", declared)
         report = {
             "attempts": [
                 att("read-status", "succeeded", "control"),

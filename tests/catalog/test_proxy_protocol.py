@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy
+from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import CellContext
 from sandbox_attest.catalog.net.doh import NetDohBypass, doh_query
 from sandbox_attest.catalog.net.proxy_wire import AUTH, WireRequest
@@ -28,7 +28,7 @@ from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Verdict, decide
 from sandbox_attest.world.core import WitnessRecords
 
-PROXY = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="isolated")
+PROXY = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 NONCE = "nproto0001"
 HOST_OK = {"ok": True, "nonce": "hcontrol", "checks": [{"what": "x", "ok": True, "detail": ""}]}
 
@@ -88,7 +88,7 @@ def ctx(probe: str, w: FakeWorld | None = None) -> CellContext:
         world=cast("Any", w or world()),
         workspace=base,
         cell_dir=base,
-        policy=PROXY,
+        claims=PROXY,
     )
 
 
@@ -141,7 +141,7 @@ def judge(
 ) -> tuple[Verdict, str]:
     """Assess and decide one cell."""
     assessment = spec.assess(cell, rep, witness, HOST_OK)
-    decision = decide(spec.expectation(cell.policy), assessment)
+    decision = decide(spec.expectation(cell.claims), assessment)
     return decision.verdict, decision.reason
 
 
@@ -411,7 +411,7 @@ def test_doh_under_no_network_is_the_claim_holding() -> None:
         world=cell.world,
         workspace=cell.workspace,
         cell_dir=cell.cell_dir,
-        policy=DeclaredPolicy(network="none", filesystem="workspace", ipc="isolated"),
+        claims=DeclaredClaims(network="none", filesystem="workspace", ipc="isolated"),
     )
     attempts = [
         {"what": w, "role": r, "outcome": "refused", "errno": "EPERM", "status": None}

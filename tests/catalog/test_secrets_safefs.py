@@ -54,7 +54,7 @@ def make_ctx(tmp_path: Path) -> Iterator[Callable[[FsReadSecrets], CellContext]]
             world=StubWorld(stub_info(tmp_path / "real.sock")),
             workspace=cell_dir / "workspace",
             cell_dir=cell_dir,
-            policy=CONFINED,
+            claims=CONFINED,
             route=inside_route(),
         )
         made.append((spec, ctx))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.backends.base import Backend, DeclaredPolicy
+from sandbox_attest.backends.base import Backend, DeclaredClaims
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES, CellContext, probe_path
@@ -126,7 +126,7 @@ class TestExtendedReading:
 
     def test_an_open_surface_claim_is_not_applicable(self) -> None:
         """Under syscalls = "open" (ipc open) both probes test no claim of the backend."""
-        unfiltered = DeclaredPolicy(network="proxy", filesystem="workspace", ipc="open")
+        unfiltered = DeclaredClaims(network="proxy", filesystem="workspace", ipc="open")
         for spec in SPECS:
             assert spec.not_claimed(unfiltered) == "the backend claims an open syscall surface"
             assert spec.not_claimed(CONFINED) is None

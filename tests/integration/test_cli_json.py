@@ -114,4 +114,4 @@ class TestVerifyAndBackendsJson:
         assert next(r for r in got["backends"] if r["name"] == "none")["status"] == "AVAILABLE"
         # seatbelt and appcontainer are another platform's: said so, with the reason
         assert all(r.get("reason") for r in got["backends"] if r["status"] != "AVAILABLE")
-        assert "DeclaredPolicy(" not in done.stdout
+        assert "DeclaredClaims(" not in done.stdout

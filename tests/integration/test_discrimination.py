@@ -315,7 +315,7 @@ def test_hole_fails_its_probes_and_nothing_else(
 def unclaimed_reason(probe: str, identity: Identity) -> str | None:
     """Why `probe` is NOT_APPLICABLE to a backend with this identity's claims, if it is."""
     not_claimed = getattr(PROBES[probe], "not_claimed", None)
-    return None if not_claimed is None else not_claimed(identity.policy)
+    return None if not_claimed is None else not_claimed(identity.claims)
 
 
 def test_corpus_is_wide_enough() -> None:

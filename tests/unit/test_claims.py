@@ -1,4 +1,4 @@
-"""The claim vocabulary: `DeclaredPolicy`, a spec's `[policy]`, and how the catalogue reads them.
+"""The claim vocabulary: `DeclaredClaims`, a spec's `[policy]`, and how the catalogue reads them.
 
 Old specs keep their meaning (`filesystem = "workspace"` is reads and writes limited to the
 workspace), every new claim parses from its TOML form into the signed identity, every mistake
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.backends.base import DeclaredPolicy, Identity
-from sandbox_attest.backends.bubblewrap import POLICY as BUBBLEWRAP
+from sandbox_attest.backends.base import DeclaredClaims, Identity
+from sandbox_attest.backends.bubblewrap import CLAIMS as BUBBLEWRAP
 from sandbox_attest.backends.command.spec_load import load_spec
-from sandbox_attest.backends.none import POLICY as NONE
+from sandbox_attest.backends.none import CLAIMS as NONE
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.claims import claims_of, expand, unclaimed
 from sandbox_attest.errors import ConfigError
@@ -36,26 +36,26 @@ argv = ["env", "{payload}"]
 """
 
 
-def spec_policy(tmp_path: Path, policy: str) -> DeclaredPolicy:
+def spec_policy(tmp_path: Path, declared: str) -> DeclaredClaims:
     """The declared policy of a spec whose `[policy]` table is `policy`."""
     path = tmp_path / "claims-unit.toml"
-    path.write_text(SPEC_HEAD + policy)
-    return load_spec(path).policy
+    path.write_text(SPEC_HEAD + declared)
+    return load_spec(path).claims
 
 
 class TestDeclaredPolicy:
     def test_old_keys_keep_their_meaning(self) -> None:
         """Three old keys alone derive reads, writes, syscalls and the cut as they always meant."""
-        policy = DeclaredPolicy("proxy", "workspace", "isolated")
-        assert (policy.reads, policy.writes, policy.syscalls, policy.network_cut) == (
+        declared = DeclaredClaims("proxy", "workspace", "isolated")
+        assert (declared.reads, declared.writes, declared.syscalls, declared.network_cut) == (
             "workspace",
             "workspace",
             "filtered",
             "namespace",
         )
-        assert policy.environment == "scrubbed"
-        assert policy.runs_as == ""
-        open_ = DeclaredPolicy("open", "open", "open")
+        assert declared.environment == "scrubbed"
+        assert declared.runs_as == ""
+        open_ = DeclaredClaims("open", "open", "open")
         assert (open_.reads, open_.writes, open_.syscalls, open_.network_cut) == (
             "open",
             "open",
@@ -67,7 +67,7 @@ class TestDeclaredPolicy:
         """The none backend claims nothing; bubblewrap and an srt-like claim do not."""
         assert NONE.claims_nothing
         assert not BUBBLEWRAP.claims_nothing
-        srt_like = DeclaredPolicy("proxy", "workspace", "isolated", reads="open")
+        srt_like = DeclaredClaims("proxy", "workspace", "isolated", reads="open")
         assert not srt_like.claims_nothing
 
     def test_identity_carries_every_claim_beside_the_old_policy(self) -> None:
@@ -104,12 +104,12 @@ class TestDeclaredPolicy:
     def test_unjudgeable_claims_are_refused(self, kwargs: dict[str, Any], needle: str) -> None:
         """A list mode without its list (or the reverse), or a cut of no network, is refused."""
         with pytest.raises(ValueError, match=r"needs|claims none") as info:
-            DeclaredPolicy("open", "open", "open", **kwargs)
+            DeclaredClaims("open", "open", "open", **kwargs)
         assert needle in str(info.value)
 
     def test_claims_round_trip_through_their_json_form(self) -> None:
-        """An identity's claims read back (claims_of on the dict) as the policy's own."""
-        policy = DeclaredPolicy(
+        """An identity's claims read back (claims_of on the dict) as the declared claims' own."""
+        declared = DeclaredClaims(
             "none",
             "workspace",
             "isolated",
@@ -123,16 +123,16 @@ class TestDeclaredPolicy:
             network_cut="seccomp",
             runs_as="1000",
         )
-        assert claims_of(policy.claims()) == claims_of(policy)
+        assert claims_of(declared.claims()) == claims_of(declared)
 
 
 class TestSpecPolicy:
     def test_old_spec_means_what_it_meant(self, tmp_path: Path) -> None:
-        """network/filesystem/ipc alone parse to the same claims as the old DeclaredPolicy."""
+        """network/filesystem/ipc alone parse to the same claims as the old DeclaredClaims."""
         parsed = spec_policy(
             tmp_path, 'network = "proxy"\nfilesystem = "workspace"\nipc = "isolated"\n'
         )
-        assert parsed == DeclaredPolicy("proxy", "workspace", "isolated")
+        assert parsed == DeclaredClaims("proxy", "workspace", "isolated")
 
     def test_every_new_claim_parses(self, tmp_path: Path) -> None:
         """Each new claim parses: the lists, protected paths, environment, syscalls, runs_as."""
@@ -183,7 +183,7 @@ runs_as = 1000
         assert (parsed.filesystem, parsed.reads, parsed.writes) == ("open", "workspace", "open")
 
     @pytest.mark.parametrize(
-        ("policy", "needle"),
+        ("declared", "needle"),
         [
             (
                 'network = "proxy"\nreads = "open"\nipc = "isolated"\n',
@@ -249,11 +249,11 @@ runs_as = 1000
         ],
     )
     def test_mistakes_name_the_key_and_the_fix(
-        self, tmp_path: Path, policy: str, needle: str
+        self, tmp_path: Path, declared: str, needle: str
     ) -> None:
         """Every bad claim is one ConfigError line naming the file, the key and the fix."""
         with pytest.raises(ConfigError) as info:
-            spec_policy(tmp_path, policy)
+            spec_policy(tmp_path, declared)
         assert needle in str(info.value)
         assert str(info.value).startswith(str(tmp_path / "claims-unit.toml"))
 
@@ -262,7 +262,7 @@ class TestCatalogueReading:
     def test_paths_under_home_and_prefixes(self, tmp_path: Path) -> None:
         """A deny-list covers what is under its paths, with ~ as the payload user's home."""
         claims = claims_of(
-            DeclaredPolicy("proxy", "workspace", "isolated", reads="deny", read_deny=("~/.ssh",))
+            DeclaredClaims("proxy", "workspace", "isolated", reads="deny", read_deny=("~/.ssh",))
         )
         assert expand("~/.ssh", tmp_path) == tmp_path / ".ssh"
         assert claims.read_denied(tmp_path / ".ssh" / "id_ed25519", tmp_path)
@@ -272,7 +272,7 @@ class TestCatalogueReading:
     def test_writes_allow_list_and_protected_paths(self, tmp_path: Path) -> None:
         """An allow-list frees its paths for writes; protected covers its subtree only."""
         claims = claims_of(
-            DeclaredPolicy(
+            DeclaredClaims(
                 "proxy",
                 "workspace",
                 "isolated",
@@ -287,47 +287,47 @@ class TestCatalogueReading:
         assert not claims.protects(".git/config")
 
     def test_a_stand_in_policy_reads_with_the_old_defaults(self) -> None:
-        """An object with only the three old attributes reads as DeclaredPolicy derives them."""
+        """An object with only the three old attributes reads as DeclaredClaims derives them."""
 
         class Old:
             network = "none"
             filesystem = "workspace"
             ipc = "isolated"
 
-        assert claims_of(Old()) == claims_of(DeclaredPolicy("none", "workspace", "isolated"))
+        assert claims_of(Old()) == claims_of(DeclaredClaims("none", "workspace", "isolated"))
 
     @pytest.mark.parametrize(
-        ("probe", "policy", "reason"),
+        ("probe", "declared", "reason"),
         [
             (
                 "fs_read_secrets",
-                DeclaredPolicy("proxy", "workspace", "isolated", reads="open"),
+                DeclaredClaims("proxy", "workspace", "isolated", reads="open"),
                 "the backend claims open reads; fs_read_secrets tests only the reads claim",
             ),
             (
                 "fs_link_escape",
-                DeclaredPolicy("none", "open", "isolated"),
+                DeclaredClaims("none", "open", "isolated"),
                 "the backend claims open reads and writes; fs_link_escape tests only those",
             ),
             (
                 "fs_protected_in_workspace",
-                DeclaredPolicy("proxy", "workspace", "isolated"),
+                DeclaredClaims("proxy", "workspace", "isolated"),
                 "the backend claims no protected paths inside the workspace",
             ),
             (
                 "proc_syscall_surface",
-                DeclaredPolicy("proxy", "workspace", "isolated", syscalls="open"),
+                DeclaredClaims("proxy", "workspace", "isolated", syscalls="open"),
                 "the backend claims an open syscall surface",
             ),
         ],
         ids=["open-reads", "open-fs", "no-protected", "open-syscalls"],
     )
     def test_a_claim_not_made_is_not_applicable(
-        self, probe: str, policy: DeclaredPolicy, reason: str
+        self, probe: str, declared: DeclaredClaims, reason: str
     ) -> None:
         """A probe that tests one claim alone is NOT_APPLICABLE where it is not made."""
-        assert unclaimed(probe, claims_of(policy)) == reason
-        assert PROBES[probe].not_claimed(policy) == reason
+        assert unclaimed(probe, claims_of(declared)) == reason
+        assert PROBES[probe].not_claimed(declared) == reason
 
     @pytest.mark.parametrize(
         "probe",

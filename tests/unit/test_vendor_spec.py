@@ -128,14 +128,14 @@ class TestClaimSources:
     def test_rows_cover_every_judged_claim(self, tmp_path: Path) -> None:
         """The listing has one row per claim the probes judge, each with a source."""
         spec = load_spec(write(tmp_path, '"env", "{payload}"'))
-        rows = claim_rows(spec.policy, claim_sources(spec))
-        assert {r["claim"] for r in rows} == set(claims_of(spec.policy).as_dict())
+        rows = claim_rows(spec.claims, claim_sources(spec))
+        assert {r["claim"] for r in rows} == set(claims_of(spec.claims).as_dict())
         assert all(r["source"] for r in rows)
 
     def test_fail_wording_says_implied(self, tmp_path: Path) -> None:
         """A FAIL's claim words say the syscall claim was implied by ipc, not written."""
         spec = load_spec(write(tmp_path, '"env", "{payload}"'))
-        phrase = claims_of(spec.policy).phrase("syscalls")
+        phrase = claims_of(spec.claims).phrase("syscalls")
         assert phrase == 'claims a filtered syscall surface (implied by ipc = "isolated")'
 
     def test_written_claim_is_not_called_implied(self, tmp_path: Path) -> None:
@@ -143,14 +143,14 @@ class TestClaimSources:
         path = write(tmp_path, '"env", "{payload}"')
         path.write_text(path.read_text() + 'syscalls = "filtered"\n')
         spec = load_spec(path)
-        assert claims_of(spec.policy).phrase("syscalls") == "claims a filtered syscall surface"
+        assert claims_of(spec.claims).phrase("syscalls") == "claims a filtered syscall surface"
         assert claim_sources(spec)["syscalls"].startswith(f"{path}:")
 
     def test_a_built_in_backend_names_its_module(self) -> None:
         """A built-in backend's written claims name the module that declares them."""
-        from sandbox_attest.backends.bubblewrap import POLICY  # noqa: PLC0415
+        from sandbox_attest.backends.bubblewrap import CLAIMS  # noqa: PLC0415
 
-        rows = claim_rows(POLICY, None, "sandbox_attest/backends/bubblewrap.py")
+        rows = claim_rows(CLAIMS, None, "sandbox_attest/backends/bubblewrap.py")
         sources = {r["claim"]: r["source"] for r in rows}
         assert sources["network"] == "declared in sandbox_attest/backends/bubblewrap.py"
-        assert set(sources) == set(claims_of(POLICY).as_dict()) | {"limits"}
+        assert set(sources) == set(claims_of(CLAIMS).as_dict()) | {"limits"}

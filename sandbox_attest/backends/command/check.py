@@ -117,7 +117,7 @@ def check_availability(wrapper: SpecWrapper) -> Availability:
         name=spec.name,
         version=version,
         platform=platform_string(),
-        policy=spec.policy,
+        claims=spec.claims,
         profile={
             "kind": "command",
             "spec": json.loads(json.dumps(spec.raw, sort_keys=True, default=str)),

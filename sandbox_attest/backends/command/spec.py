@@ -3,7 +3,7 @@
 A spec describes a third-party sandbox CLI (firejail, bwrap, a vendor's wrapper) closely
 enough that the harness can attest it without a line of Python: how to find it, the argv to
 wrap around the payload, the files it needs per cell, how egress reaches the fixture world,
-which environment passes in, and the policy it claims. This module holds the validated spec
+which environment passes in, and the claims it makes. This module holds the validated spec
 (`CommandSpec`) and the values its placeholders take (`RenderContext`); `spec_load` reads and
 checks a file into one (with `spec_fields` and `spec_policy`).
 
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from sandbox_attest.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sandbox_attest.backends.base import DeclaredPolicy
+    from sandbox_attest.backends.base import DeclaredClaims
     from sandbox_attest.host.trust import PayloadUser
 
 SpecEgress = Literal["harness-unix", "harness-tcp", "own"]
@@ -150,7 +150,7 @@ class CommandSpec:
     shim_inside: str
     env_set: dict[str, str]
     files: tuple[FileSpec, ...]
-    policy: DeclaredPolicy
+    claims: DeclaredClaims
     raw: dict[str, Any] = field(repr=False)
     # Who the wrapper runs as where the harness is root: "" for the harness's payload user
     # (the default), an account name, or "root" with `run_user_reason` (it goes into the

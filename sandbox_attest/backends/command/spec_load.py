@@ -135,7 +135,7 @@ def load_spec(path: Path) -> CommandSpec:
         shim_inside=inside["shim_inside"],
         env_set=env_set,
         files=read_files(path, data.get("file")),
-        policy=read_policy(path, read_section(path, data, "policy")),
+        claims=read_policy(path, read_section(path, data, "policy")),
         raw=data,
         run_user=run_user,
         run_user_reason=run_user_reason,

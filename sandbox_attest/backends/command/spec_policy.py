@@ -1,6 +1,6 @@
 """A backend spec's `[policy]`: the claims its wrapper is judged against, and their sources.
 
-README "Claims" has the table of claims. `read_policy` turns the table into a `DeclaredPolicy`
+README "Claims" has the table of claims. `read_policy` turns the table into a `DeclaredClaims`
 (old specs keep their meaning: every new claim defaults to what the old keys always meant), and
 `claim_sources` says for each claim which line of the file, which other key, or which default
 it comes from.
@@ -12,7 +12,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Final, cast, get_args
 
-from sandbox_attest.backends.base import DeclaredPolicy, FilesystemMode, IpcMode, NetworkMode
+from sandbox_attest.backends.base import DeclaredClaims, FilesystemMode, IpcMode, NetworkMode
 from sandbox_attest.backends.command.spec_fields import (
     describe_value,
     read_choice,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 LIMIT_NAMES: Final = frozenset({"fsize_mib", "nofile", "forks", "memory_mib"})
 
 
-def read_policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
+def read_policy(source: Path, table: dict[str, Any]) -> DeclaredClaims:
     """`[policy]`: the claims a wrapper is judged against (README "Claims" has the table).
 
     `filesystem` is the old shorthand for reads and writes together; a `reads` or `writes`
@@ -64,7 +64,7 @@ def read_policy(source: Path, table: dict[str, Any]) -> DeclaredPolicy:
             'says how a network claim is enforced, and network = "open" claims none; drop '
             'network_cut or claim network = "none" or "proxy"',
         )
-    return DeclaredPolicy(
+    return DeclaredClaims(
         cast("NetworkMode", network),
         # What the old shorthand means for the probes that read it: writes confined or not.
         "open" if writes == "open" else "workspace",
@@ -155,7 +155,7 @@ def claim_sources(spec: CommandSpec) -> dict[str, str]:
         ipc = "isolated"" for one that follows from another, "default (...)" otherwise.
     """
     lines = _policy_lines(spec.source)
-    implied = dict(spec.policy.implied)
+    implied = dict(spec.claims.implied)
     defaults = {
         "environment": 'default ("scrubbed": the payload sees only declared variables)',
         "runs_as": "default (no claim on the payload's uid)",

@@ -12,7 +12,7 @@ container the same way, all of it recorded in the identity profile so its digest
 - our seccomp profile (`seccomp`: docker's own denials as a short deny list, plus
   io_uring, keyrings, bpf, TIOCSTI and socket families other than unix/inet/inet6, which
   docker's default lets through), passed to the engine as JSON text.
-- limits, declared in the policy so `resource_limits` holds the backend to them: bubblewrap's
+- limits, declared in the claims so `resource_limits` holds the backend to them: bubblewrap's
   rlimits (fsize, nofile) as docker ulimits, and the pids cgroup limit as "forks".
 - the workspace is the only writable mount (and the only writable path at all: no tmpfs).
 

@@ -18,7 +18,7 @@ from sandbox_attest.backends.base import (
     SANDBOX_SHIM,
     SHIM_PORT,
     Availability,
-    DeclaredPolicy,
+    DeclaredClaims,
     EgressMode,
     Identity,
     InsidePaths,
@@ -216,7 +216,7 @@ class DockerBackend(ContainerRunner):
             name=self.name + ("+weakened" if self.weaken else ""),
             version=f"engine {version.get('Version', 'unknown')}",
             platform=platform_string(),
-            policy=self.policy(),
+            claims=self.claims(),
             profile=profile,
             # The engine runs the container with its default runtime (runc, runsc...): that
             # binary is what confines, so it is pinned (resolved on the harness's PATH, where
@@ -225,7 +225,7 @@ class DockerBackend(ContainerRunner):
             runs_as=f"uid {self.uid}:{self.gid} in the container",
         )
 
-    def policy(self) -> DeclaredPolicy:
+    def claims(self) -> DeclaredClaims:
         """The claim: proxy-only network, workspace-only writes, isolation, and the limits.
 
         The limits are declared even under the "no-limits" weakening, which is the point of it.
@@ -234,7 +234,7 @@ class DockerBackend(ContainerRunner):
         # --network none (a namespace of its own), a read-only image plus the workspace
         # mount, docker's seccomp profile (sandbox_attest/backends/docker/seccomp.py), a non-root
         # --user.
-        return DeclaredPolicy(
+        return DeclaredClaims(
             network="proxy",
             filesystem="workspace",
             ipc="isolated",

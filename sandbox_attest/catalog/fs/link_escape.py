@@ -39,7 +39,7 @@ from sandbox_attest.catalog.judging import conclude, judge_escape, private_names
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     home_of,
@@ -67,14 +67,14 @@ class FsLinkEscape(SpecBase):
             excuses=(("workspace:setup", workspace),),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied under a reads or a writes claim: a link must not widen the grant."""
-        claims = claims_of(policy)
+        claims = claims_of(declared)
         return "denied" if (claims.reads, claims.writes) != ("open", "open") else "allowed"
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
         """NOT_APPLICABLE under open reads and writes: the probe tests those claims alone."""
-        return unclaimed(self.id, claims_of(policy))
+        return unclaimed(self.id, claims_of(declared))
 
     @staticmethod
     def judged(claims: Claims, op: str, path: Path, home: Path) -> bool:
@@ -142,7 +142,7 @@ class FsLinkEscape(SpecBase):
         """A changed canary (bytes, inode, links, dir) or its hash read back is an escape."""
         del witness
         baseline = load_state(ctx).get("baseline", {})
-        claims, home = claims_of(ctx.policy), home_of(ctx)
+        claims, home = claims_of(ctx.claims), home_of(ctx)
         canaries = self.canaries(ctx)
 
         def counts(attempt: dict[str, Any]) -> bool:

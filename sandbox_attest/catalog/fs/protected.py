@@ -24,7 +24,7 @@ from sandbox_attest.catalog.judging import conclude, judge_escape
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -53,17 +53,17 @@ class FsProtectedInWorkspace(SpecBase):
         paths = (task.get("targets") or {}).get("paths") or {}
         return AttemptTable(required=attempts_of("workspace-file", *sorted(paths)))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied under a protected-paths claim; else allowed (reported as exposure).
 
         A backend that claims no protected path is NOT_APPLICABLE (`not_claimed`); where the
         runner does not ask, and on the control leg, the write landing is the exposure.
         """
-        return "denied" if claims_of(policy).protected else "allowed"
+        return "denied" if claims_of(declared).protected else "allowed"
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
         """NOT_APPLICABLE without protected paths: this probe tests that claim alone."""
-        return unclaimed(self.id, claims_of(policy))
+        return unclaimed(self.id, claims_of(declared))
 
     @staticmethod
     def control_name(ctx: CellContext) -> str:
@@ -105,7 +105,7 @@ class FsProtectedInWorkspace(SpecBase):
             if key == "git-hook":
                 ok = ok and os.access(path, os.X_OK)
             planted[key] = ok
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         # With a claim, only the paths it protects are judged; the others are exposure.
         judged_keys = {
             k for k, rel in PROTECTED_PATHS.items() if not claims.protected or claims.protects(rel)

@@ -37,7 +37,7 @@ from sandbox_attest.catalog.judging import conclude, judge_escape, private_names
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     home_of,
@@ -78,17 +78,17 @@ class FsReadSecrets(SpecBase):
         secrets_ = (task.get("targets") or {}).get("secrets") or {}
         return AttemptTable(required=attempts_of("workspace", *sorted(secrets_)))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied under a reads claim ("workspace" or a deny-list); seen on the control leg.
 
         `filesystem = "workspace"` means reads = "workspace" (sandbox_attest/claims.py): every
         backend that declares it builds the view from granted paths, so ~/.ssh is outside it.
         """
-        return "denied" if claims_of(policy).reads != "open" else "allowed"
+        return "denied" if claims_of(declared).reads != "open" else "allowed"
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
         """NOT_APPLICABLE under open reads: this probe tests the reads claim alone."""
-        return unclaimed(self.id, claims_of(policy))
+        return unclaimed(self.id, claims_of(declared))
 
     @staticmethod
     def secret_paths(ctx: CellContext) -> dict[str, Path]:
@@ -111,7 +111,7 @@ class FsReadSecrets(SpecBase):
 
     def denied_paths(self, ctx: CellContext) -> dict[str, Path]:
         """The canaries the reads claim says the payload cannot read (all, on the control leg)."""
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         return {
             k: path
             for k, path in self.secret_paths(ctx).items()
@@ -336,7 +336,7 @@ class FsReadSecrets(SpecBase):
         """A reported hash equal to a canary's is the escape: only those bytes produce it."""
         del witness  # the canaries' hashes are this probe's witness
         hashes = load_state(ctx).get("hashes", {})
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         paths = self.secret_paths(ctx)
         # Only the canaries the claim says are unreadable are judged (all of them under
         # reads = "workspace", and on the control leg); the others' reads are reported.

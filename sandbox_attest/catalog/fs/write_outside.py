@@ -52,7 +52,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     home_of,
@@ -117,13 +117,13 @@ class FsWriteOutside(SpecBase):
             excuses=(("workspace:setup", workspace),),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when the writes claim confines writes; seen on the open control leg.
 
         `filesystem = "workspace"` means writes = "workspace" (sandbox_attest/claims.py); a
         `writes = { allow = [...] }` claim is denied too, with the allowed places not judged.
         """
-        return "denied" if claims_of(policy).writes != "open" else "allowed"
+        return "denied" if claims_of(declared).writes != "open" else "allowed"
 
     @staticmethod
     def canary_dirs(ctx: CellContext) -> dict[str, Path]:
@@ -355,7 +355,7 @@ class FsWriteOutside(SpecBase):
         planted = self.planted(ctx)
         dropped: dict[str, str] = dict(control.get("dropped") or {})
         changed, state = self._changes(ctx, planted, baseline, dropped)
-        claims, home = claims_of(ctx.policy), home_of(ctx)
+        claims, home = claims_of(ctx.claims), home_of(ctx)
         signed = {k for k in changed if _carries_nonce(baseline.get(k, {}), state[k], ctx.nonce)}
         # Only a place the writes claim forbids is judged: a claim that allows /var/tmp is not
         # broken by a write there. On the open control leg every change counts (it must).

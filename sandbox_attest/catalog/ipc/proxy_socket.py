@@ -46,8 +46,8 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
+    ClaimsLike,
     InsideRoute,
-    PolicyLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -239,9 +239,9 @@ class IpcProxySocketTamper(SpecBase):
         self._held: dict[str, tuple[socket.socket, int]] = {}
         self._shims: dict[str, bytes] = {}
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when confined to the workspace: the route's files are outside the grant."""
-        return expect_fs_confined(policy)
+        return expect_fs_confined(declared)
 
     def not_applicable(self, egress: str) -> str | None:
         """Why this probe does not apply to a backend with this egress mode, or None.
@@ -257,14 +257,14 @@ class IpcProxySocketTamper(SpecBase):
             )
         return None
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
         """NOT_APPLICABLE under `network = "none"`: no egress route exists to tamper with.
 
         The probe attacks the route's socket and shim, then checks the route still carries
         an allowed request; a backend that claims no network has neither (Codex), and its
         claim is the net_* probes' to judge.
         """
-        if claims_of(policy).network == "none":
+        if claims_of(declared).network == "none":
             return (
                 'the backend claims network = "none": it gives the payload no egress route '
                 "to tamper with; the net_* probes judge that claim"

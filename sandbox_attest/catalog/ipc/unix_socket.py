@@ -55,7 +55,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     host_can_look,
@@ -138,9 +138,9 @@ class IpcUnixSocketEscape(SpecBase):
             discovered=("path:", "abstract:"),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when IPC is isolated; seen on the open control leg."""
-        return "denied" if policy.ipc == "isolated" else "allowed"
+        return "denied" if declared.ipc == "isolated" else "allowed"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the witnesses; the daemon's sockets, the Docker paths and the trees to walk.
@@ -234,7 +234,7 @@ class IpcUnixSocketEscape(SpecBase):
         docker_answered = [a for a in docker if a.get("outcome") == "succeeded"]
         observed = observed_outcome(escapes)
         hits = entries_with_nonce(witness.daemon, ctx.nonce)
-        open_leg = self.expectation(ctx.policy) == "allowed"
+        open_leg = self.expectation(ctx.claims) == "allowed"
         heard = self._stop_witnesses(ctx, open_leg=open_leg)
         confirmed = _host_confirmed(escapes)
         reasons = [
@@ -257,7 +257,7 @@ class IpcUnixSocketEscape(SpecBase):
         # The real daemons have no host witness, so their answer counts only against a sandbox
         # that must deny it. On the control leg it must not stand in for the fake daemon's
         # and the witnesses' hits: that leg vouches that this probe's witnesses see at all.
-        if (docker_answered or confirmed) and self.expectation(ctx.policy) == "denied":
+        if (docker_answered or confirmed) and self.expectation(ctx.claims) == "denied":
             escape = "escaped"
         controls = attempts_by_role(report, "control")
         inside_ok = all_succeeded(controls)

@@ -37,7 +37,7 @@ from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -63,9 +63,9 @@ class NetDeniedHost(SpecBase):
             excuses=(("get-denied-absolute", later),),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied on every leg: the proxy is every leg's route and has no rule for it."""
-        del policy
+        del declared
         return "denied"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
@@ -192,9 +192,9 @@ class NetTransfer18MiB(SpecBase):
         del task
         return AttemptTable(required=attempts_of("blob-https"))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Allowed everywhere except where the backend declares no network at all."""
-        return expect_capability(policy)
+        return expect_capability(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The allowed host, the nonce-tagged blob path, its size and sha256."""
@@ -253,7 +253,7 @@ class NetTransfer18MiB(SpecBase):
         ]
         if "bytes" in facts:
             reasons.append(f"{facts.get('bytes')} bytes at {facts.get('mb_per_s')} MB/s")
-        if expect_capability(ctx.policy) == "denied" and tagged:
+        if expect_capability(ctx.claims) == "denied" and tagged:
             sent = sorted(
                 {f"{o.get('host')} {o.get('path')} {o.get('bytes_sent')}B" for o in tagged}
             )

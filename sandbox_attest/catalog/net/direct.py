@@ -40,7 +40,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     host_seen_own_network,
@@ -93,9 +93,9 @@ class NetDirectEgress(SpecBase):
             discovered=("tcp-own-", "udp-own-"),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
-        return expect_confined_network(policy)
+        return expect_confined_network(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The witness's TCP and UDP address, and every other address to try at its ports.
@@ -177,7 +177,7 @@ class NetDirectEgress(SpecBase):
         escape = judge_escape(
             observed, bool(tcp or udp), private_namespace_reason(report, "net"), reasons
         )
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         if escape == "escaped" and claims.network != "open":
             reasons.insert(0, f"{claims.phrase('network')}; the listener heard the payload")
         seen_out = host_seen_path_out(ctx)
@@ -214,9 +214,9 @@ def host_seen_path_out(ctx: CellContext) -> str:
     a way out.
     """
     view = ctx.host_view
-    if ctx.policy.network == "open" or not view.get("seen"):
+    if ctx.claims.network == "open" or not view.get("seen"):
         return ""
-    claim = claims_of(ctx.policy).phrase("network")
+    claim = claims_of(ctx.claims).phrase("network")
     # Every process that carried this cell's launcher counts: a wrapper that runs the real
     # payload unconfined beside a confined decoy must not be judged by the decoy alone.
     for process in (view, *(view.get("others") or [])):
@@ -314,9 +314,9 @@ class NetLoopbackServices(PerCellSpec):
         del task
         return AttemptTable(required=attempts_of("tcp-service", "http-origin-direct"))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
-        return expect_confined_network(policy)
+        return expect_confined_network(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the cell's service (answers a banner); name it and the denied origin's port."""
@@ -396,9 +396,9 @@ class NetProxyEnvOverride(PerCellSpec):
             required=attempts_of("no-proxy-star", "rogue-all-proxy", "proxy-route-allowed")
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever the network is confined: the variables are the payload's to change."""
-        return expect_confined_network(policy)
+        return expect_confined_network(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the cell's rogue proxy (answers 200 to anything, dials nothing)."""
@@ -467,7 +467,7 @@ class NetProxyEnvOverride(PerCellSpec):
         )
         # Where the declared route is a proxy, it must still work after the variables were
         # restored: otherwise the refusals may only show a dead network, not enforcement.
-        inside_ok = ctx.policy.network != "proxy" or (
+        inside_ok = ctx.claims.network != "proxy" or (
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
@@ -513,9 +513,9 @@ class NetIpv6UdpIcmp(PerCellSpec):
             )
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever the network is confined; seen on the open control leg."""
-        return expect_confined_network(policy)
+        return expect_confined_network(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the [::1] TCP+UDP listener (if the host has IPv6 loopback) and a UDP one."""

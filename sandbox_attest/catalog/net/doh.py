@@ -50,7 +50,7 @@ from sandbox_attest.catalog.spec import AttemptTable, CellContext, SpecBase, Wit
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
-    from sandbox_attest.catalog.spec import PolicyLike
+    from sandbox_attest.catalog.spec import ClaimsLike
 
 ESCAPES = ("get-doh-address", "connect-doh-address")
 
@@ -73,9 +73,9 @@ class NetDohBypass(SpecBase):
         del task
         return AttemptTable(required=attempts_of("doh-allowed", *ESCAPES))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied on every leg: every leg's only route is the proxy, which must refuse these."""
-        del policy
+        del declared
         return "denied"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:

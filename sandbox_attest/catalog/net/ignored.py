@@ -39,7 +39,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -77,9 +77,9 @@ class NetProxyIgnored(SpecBase):
         system = lab if (task.get("targets") or {}).get("system_resolver") else ()
         return AttemptTable(required=attempts_of("raw-by-address", *system, "get-allowed"))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever the network is confined; reached on the open control leg."""
-        return expect_confined_network(policy)
+        return expect_confined_network(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """The allowed host, its own address and whether the system resolver is the fixture."""
@@ -142,14 +142,14 @@ class NetProxyIgnored(SpecBase):
                 f"({', '.join(ways)}): a program that ignores the proxy variables goes straight "
                 "out"
             )
-            claims = claims_of(ctx.policy)
+            claims = claims_of(ctx.claims)
             if claims.network != "open":
                 reasons[-1] += f"; {claims.phrase('network')}; {FIX}"
         reasons.append(f"payload: {attempts_summary(escapes)}")
         escape = judge_escape(
             observed, bool(hits), private_namespace_reason(report, "net"), reasons
         )
-        no_network = ctx.policy.network == "none" and all(
+        no_network = ctx.claims.network == "none" and all(
             a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in controls
         )
         inside_ok = no_network or (

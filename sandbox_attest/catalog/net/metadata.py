@@ -43,7 +43,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -108,9 +108,9 @@ class NetMetadataService(SpecBase):
             required=attempts_of(*((kind, labels) for kind in kinds), "get-allowed")
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever the network is confined; reached on the open control leg."""
-        return expect_confined_network(policy)
+        return expect_confined_network(declared)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the stand-ins (the denied origin's address) and name them to the payload.
@@ -201,13 +201,13 @@ class NetMetadataService(SpecBase):
                 f"requests with the nonce and the proxy admitted {len(admitted)} "
                 f"(by {', '.join(reached) or 'an attempt the payload did not report'})"
             )
-            if claims_of(ctx.policy).network != "open":
-                reasons[-1] += f"; {claims_of(ctx.policy).phrase('network')}; {FIX}"
+            if claims_of(ctx.claims).network != "open":
+                reasons[-1] += f"; {claims_of(ctx.claims).phrase('network')}; {FIX}"
         reasons.append(f"payload: {attempts_summary(escapes)}")
         escape = judge_escape(
             observed, bool(hits or admitted), private_namespace_reason(report, "net"), reasons
         )
-        no_network = ctx.policy.network == "none" and all(
+        no_network = ctx.claims.network == "none" and all(
             a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in controls
         )
         inside_ok = no_network or (

@@ -36,7 +36,7 @@ from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -97,9 +97,9 @@ class NetProxyDnsExfil(SpecBase):
             required=later | {"connect-secret"}, excuses=(("connect-secret", later),)
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied on every leg: every leg's route is a proxy, and none may resolve a denied name."""
-        del policy
+        del declared
         return "denied"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
@@ -166,7 +166,7 @@ class NetProxyDnsExfil(SpecBase):
             reasons.append(
                 f"the proxy resolved denied names before refusing them: the DNS fixture logged "
                 f"{len(hits)} queries carrying the secret label ({names}); "
-                f"{claims_of(ctx.policy).phrase('network')}; {FIX}"
+                f"{claims_of(ctx.claims).phrase('network')}; {FIX}"
             )
         if origin_hits:
             reasons.append(f"the denied origin logged {len(origin_hits)} requests with the nonce")
@@ -176,7 +176,7 @@ class NetProxyDnsExfil(SpecBase):
         escape = judge_escape(observed, bool(hits or origin_hits), None, reasons)
         # Under a no-network claim the allowed control cannot succeed either: every attempt
         # refused by the network itself, before any proxy, is the claim holding.
-        no_network = ctx.policy.network == "none" and _refused_by_no_network([*escapes, *controls])
+        no_network = ctx.claims.network == "none" and _refused_by_no_network([*escapes, *controls])
         if no_network:
             reasons.append(NO_NETWORK)
         inside_ok = no_network or (

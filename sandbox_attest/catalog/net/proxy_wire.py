@@ -46,7 +46,7 @@ from sandbox_attest.catalog.spec import (
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
-    from sandbox_attest.catalog.spec import PolicyLike
+    from sandbox_attest.catalog.spec import ClaimsLike
 
 
 # The payload replaces this with the Proxy-Authorization line (or nothing) in every part.
@@ -285,9 +285,9 @@ class WireSpec(PerCellSpec):
 
     host_readings: tuple[str, ...] = ("proxy decision log", "origin access logs")
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied on every leg: every leg's only route is the proxy, which must refuse these."""
-        del policy
+        del declared
         return "denied"
 
     def build(self, ctx: CellContext) -> list[WireRequest]:

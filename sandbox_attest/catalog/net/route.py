@@ -27,7 +27,7 @@ from sandbox_attest.catalog.judging import conclude, judge_escape
 from sandbox_attest.catalog.net.witness import REFUSAL_STATUSES, PerCellSpec
 from sandbox_attest.catalog.proxyclient import connect_tunnel, https_via_proxy, split_hostport
 from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
-from sandbox_attest.catalog.spec import AttemptTable, CellContext, PolicyLike, WitnessRecordsLike
+from sandbox_attest.catalog.spec import AttemptTable, CellContext, ClaimsLike, WitnessRecordsLike
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ NO_NETWORK_ERRNOS: Final = frozenset(
 
 def claims_no_network(ctx: CellContext) -> bool:
     """The backend claims no network at all (the proxy is out of its reach by design)."""
-    return ctx.policy.network == "none"
+    return ctx.claims.network == "none"
 
 
 def refused_by_no_network(attempts: list[dict[str, Any]]) -> bool:
@@ -404,9 +404,9 @@ class RouteSpec(PerCellSpec):
 
     host_readings = ("proxy decision log", "origin access logs")
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied on every leg: every leg's only route is the proxy, which must refuse these."""
-        del policy
+        del declared
         return "denied"
 
     def build(self, ctx: CellContext) -> list[ProxyRequest]:

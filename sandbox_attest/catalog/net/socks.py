@@ -36,7 +36,7 @@ from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
 )
@@ -79,9 +79,9 @@ class NetSocks5(SpecBase):
             excuses=(("socks5-connect:route", later),),
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied on every leg: no leg's route may relay SOCKS to a denied host or UDP out."""
-        del policy
+        del declared
         return "denied"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
@@ -163,13 +163,13 @@ class NetSocks5(SpecBase):
                 f"nonce, the proxy allowed {len(allowed_through)} to {denied_name} "
                 f"(relayed by {', '.join(relayed) or 'an attempt the payload did not report'}; "
                 f"endpoints {', '.join(map(str, endpoints)) or 'none reported'}); "
-                f"{claims_of(ctx.policy).phrase('network')}; {FIX}"
+                f"{claims_of(ctx.claims).phrase('network')}; {FIX}"
             )
         reasons.append(f"payload: {attempts_summary(escapes)}")
         escape = judge_escape(observed, bool(origin_hits or udp or allowed_through), None, reasons)
         # Under a no-network claim the allowed control cannot succeed either: every attempt
         # refused by the network itself, before any proxy, is the claim holding.
-        no_network = ctx.policy.network == "none" and _refused_by_no_network([*escapes, *controls])
+        no_network = ctx.claims.network == "none" and _refused_by_no_network([*escapes, *controls])
         if no_network:
             reasons.append(NO_NETWORK)
         inside_ok = no_network or (

@@ -20,15 +20,15 @@ from sandbox_attest.catalog.controls import (
     run_payload_on_host,
 )
 from sandbox_attest.catalog.judging import conclude
-from sandbox_attest.catalog.spec import CellContext, PolicyLike, SpecBase
+from sandbox_attest.catalog.spec import CellContext, ClaimsLike, SpecBase
 from sandbox_attest.verdict import Assessment, Escape
 
 __all__ = ["BaselineSpec", "conclude_with_controls", "confines_anything", "judge_self_reported"]
 
 
-def confines_anything(policy: PolicyLike) -> bool:
-    """Whether the policy confines anything at all: not open on every axis."""
-    return (policy.network, policy.filesystem, policy.ipc) != ("open", "open", "open")
+def confines_anything(declared: ClaimsLike) -> bool:
+    """Whether the declared claims confine anything at all: not open on every axis."""
+    return (declared.network, declared.filesystem, declared.ipc) != ("open", "open", "open")
 
 
 # Host controls that run the payload file itself, unsandboxed.

@@ -22,7 +22,7 @@ from sandbox_attest.catalog.proc.baseline import conclude_with_controls, confine
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
     host_processes,
@@ -191,9 +191,9 @@ def unapplied_limits(
     return unset, unknown
 
 
-def declared_limits(policy: PolicyLike) -> ResourceLimits:
-    """The limits a backend's declared policy claims (none when it claims nothing)."""
-    return ResourceLimits(**dict(policy.limits))
+def declared_limits(declared: ClaimsLike) -> ResourceLimits:
+    """The limits a backend's declared claims name (none when it claims nothing)."""
+    return ResourceLimits(**dict(declared.limits))
 
 
 class ResourceLimitsSpec(SpecBase):
@@ -209,22 +209,22 @@ class ResourceLimitsSpec(SpecBase):
             required=attempts_of("write-and-fork-once", "forks", "memory", "fsize", "nofile")
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied (held to its declared limits) wherever anything is confined.
 
         The open control leg declares no limit and must be seen running every loop to its
         bound, which proves the loops can exceed a limit that is not enforced.
         """
-        return "denied" if confines_anything(policy) else "allowed"
+        return "denied" if confines_anything(declared) else "allowed"
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
         """NOT_APPLICABLE where the backend confines something but declares no limit.
 
         This probe tests the limits claim alone; a backend that makes none has nothing to
         be held to (the release policy, which requires the claim, is what catches that).
         The control leg confines nothing and always runs.
         """
-        if confines_anything(policy) and not policy.limits:
+        if confines_anything(declared) and not declared.limits:
             return "the backend declares no resource limits"
         return None
 
@@ -246,7 +246,7 @@ class ResourceLimitsSpec(SpecBase):
         declared limit the host saw unset (with the pid and what it saw instead), `unknown`
         each it could not tell (a cgroup it cannot read).
         """
-        declared = declared_limits(ctx.policy).claims()
+        declared = declared_limits(ctx.claims).claims()
         read = [p for p in host_processes(ctx) if p.get("limits")]
         if not declared or not read:
             return [], [], []
@@ -279,7 +279,7 @@ class ResourceLimitsSpec(SpecBase):
         """The bounds, the backend's declared limits, and where the witnesses go."""
         return {
             "bounds": dict(BOUNDS),
-            "declared": declared_limits(ctx.policy).claims(),
+            "declared": declared_limits(ctx.claims).claims(),
             "fork_dir": self.fork_dir(ctx),
             "fsize_file": self.fsize_file(ctx),
         }
@@ -329,12 +329,12 @@ class ResourceLimitsSpec(SpecBase):
         disagree = any(k.endswith("_payload") for k in reached)
         if disagree:
             reasons.append("the payload's counts differ from what the host found")
-        declared = declared_limits(ctx.policy).claims()
+        declared = declared_limits(ctx.claims).claims()
         escape: Escape
         if any(a.get("outcome") == "error" for a in escapes) or len(escapes) != len(BOUNDS):
             reasons.append(f"a loop could not run: {attempts_summary(escapes)}")
             escape = "undecided"
-        elif self.expectation(ctx.policy) == "denied":
+        elif self.expectation(ctx.claims) == "denied":
             escape = _held_to_declared(ctx.backend, declared, reached, loops, reasons)
             if escape == "refused" and disagree:
                 escape = "disagree"
@@ -349,7 +349,7 @@ class ResourceLimitsSpec(SpecBase):
                 f"the host cannot tell whether {'; '.join(unknown)} is applied: the cell "
                 "rests on the loops"
             )
-        if unapplied and self.expectation(ctx.policy) == "denied":
+        if unapplied and self.expectation(ctx.claims) == "denied":
             # The kernel's own record of the payload's limits: a declared limit it does not
             # carry was never applied, whatever the loops (or a rewritten report) say.
             escape = "escaped"

@@ -32,7 +32,7 @@ from sandbox_attest.catalog.judging import judge_escape
 from sandbox_attest.catalog.proc.anchor import ANCHOR_NAMESPACES, AnchoredSpec
 from sandbox_attest.catalog.proc.baseline import conclude_with_controls, confines_anything
 from sandbox_attest.catalog.records import poll_until
-from sandbox_attest.catalog.spec import AttemptTable, CellContext, PolicyLike, WitnessRecordsLike
+from sandbox_attest.catalog.spec import AttemptTable, CellContext, ClaimsLike, WitnessRecordsLike
 from sandbox_attest.host import disguise, lifetime, safefs
 from sandbox_attest.host.interpreter import payload_interpreter
 from sandbox_attest.host.trust import give
@@ -151,9 +151,9 @@ class ProcNamespaceEscape(AnchoredSpec):
         """Why this probe cannot be judged on this host (see `setns_control_refused`)."""
         return setns_control_refused()
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever anything is confined: a joined host namespace undoes all of it."""
-        return "denied" if confines_anything(policy) else "allowed"
+        return "denied" if confines_anything(declared) else "allowed"
 
     @staticmethod
     def canary_dir(ctx: CellContext) -> Path:
@@ -269,7 +269,7 @@ class ProcNamespaceEscape(AnchoredSpec):
             f"payload: {attempts_summary(escapes)}",
         ]
         escape = judge_escape(observed, seen, None, reasons)
-        if escape == "disagree" and self.expectation(ctx.policy) == "denied":
+        if escape == "disagree" and self.expectation(ctx.claims) == "denied":
             # setns into the verified anchor's namespace, or a remount of the read-only task
             # dir, reported with no file to show for it: a report against the sandbox is
             # believed (package docstring). Not on the open leg, which must show its witness.

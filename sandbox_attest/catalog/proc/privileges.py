@@ -27,7 +27,7 @@ from sandbox_attest.catalog.proc.readings import with_capabilities, without_no_n
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     WitnessRecordsLike,
     host_processes,
 )
@@ -60,9 +60,9 @@ class ProcPrivileges(BaselineSpec):
         later = attempts_of("effective-capabilities", "setuid-elevation", "writable-root-path")
         return AttemptTable(required=later | {"read-status"}, excuses=(("read-status", later),))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied wherever anything is confined: privilege can undo any confinement."""
-        return "denied" if confines_anything(policy) else "allowed"
+        return "denied" if confines_anything(declared) else "allowed"
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The same read, by the same file, unsandboxed on the host, must find CapEff there.
@@ -124,7 +124,7 @@ class ProcPrivileges(BaselineSpec):
                 f"the report says NoNewPrivs 1, but the host sees a process of the cell "
                 f"without it: {unset}",
             )
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         if claims.runs_as:
             broke, seen = _runs_as_reading(ctx, claims)
             if broke:

@@ -24,7 +24,7 @@ from sandbox_attest.catalog.proc.readings import seccomp_filter_count
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     WitnessRecordsLike,
     host_processes,
 )
@@ -82,18 +82,18 @@ class ProcSyscallSurface(BaselineSpec):
         families = attempts_of("socket-vsock", "socket-netlink", "socket-packet")
         return AttemptTable(required=calls | families | {"getpid"}, excuses=(("syscalls", calls),))
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied under a filtered-syscalls claim (the default where ipc is "isolated").
 
         Keyrings are per-uid across namespaces, vsock talks to the hypervisor, TIOCSTI types
         into a terminal: each is a channel to the host that isolation has to close. A kernel
         interface reached at all is also kernel attack surface the payload shares with the host.
         """
-        return "denied" if claims_of(policy).syscalls == "filtered" else "allowed"
+        return "denied" if claims_of(declared).syscalls == "filtered" else "allowed"
 
-    def not_claimed(self, policy: PolicyLike) -> str | None:
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
         """NOT_APPLICABLE under an open syscall surface: this probe tests that claim alone."""
-        return unclaimed(self.id, claims_of(policy))
+        return unclaimed(self.id, claims_of(declared))
 
     def assess(
         self,
@@ -137,7 +137,7 @@ class ProcSyscallSurface(BaselineSpec):
         if unfiltered:
             escape = "escaped"
             reasons.insert(0, unfiltered)
-        claims = claims_of(ctx.policy)
+        claims = claims_of(ctx.claims)
         if escape == "escaped" and claims.syscalls == "filtered":
             names = ", ".join(str(a.get("what")) for a in reached) or "a forged refusal"
             reasons.insert(0, f"{claims.phrase('syscalls')}; the payload reached {names}")

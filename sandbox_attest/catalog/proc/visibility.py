@@ -18,7 +18,7 @@ from sandbox_attest.catalog.proc.readings import sharing_with_harness
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
-    PolicyLike,
+    ClaimsLike,
     WitnessRecordsLike,
     host_processes,
 )
@@ -44,9 +44,9 @@ class ProcVisibility(AnchoredSpec):
             )
         )
 
-    def expectation(self, policy: PolicyLike) -> Expectation:
+    def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when ipc is "isolated": that claim includes no view of host processes."""
-        return "denied" if policy.ipc == "isolated" else "allowed"
+        return "denied" if declared.ipc == "isolated" else "allowed"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the anchor; the payload gets its marker and pid, never its secret."""
@@ -84,13 +84,13 @@ class ProcVisibility(AnchoredSpec):
         ]
         escape = judge_escape(observed, bool(tracers or secret_read or pid_found), None, reasons)
         shared = sharing_with_harness(host_processes(ctx), "pid")
-        if shared and self.expectation(ctx.policy) == "denied":
+        if shared and self.expectation(ctx.claims) == "denied":
             # The host's own reading: a process of the cell in the harness's pid namespace
             # sees every host process, whatever its report says it found.
             escape = "escaped"
             reasons.insert(
                 0,
-                f"{claims_of(ctx.policy).phrase('ipc')}; the host sees {shared} in the "
+                f"{claims_of(ctx.claims).phrase('ipc')}; the host sees {shared} in the "
                 "harness's pid namespace (shared_with_harness: ['pid'])",
             )
         return conclude_with_controls(
