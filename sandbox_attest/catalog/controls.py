@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandbox_attest.catalog.attempts import all_succeeded, attempts_by_role, attempts_summary
 from sandbox_attest.catalog.proxyclient import https_via_proxy
 from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
 from sandbox_attest.catalog.spec import HOST_TIMEOUT_S, CellContext, probe_path
@@ -178,3 +179,35 @@ def load_state(ctx: CellContext) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
+
+
+def baseline_control(run_baseline: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The host control of a self-reporting probe: its own file, run unsandboxed on the host.
+
+    `run_baseline` runs it (as the payload user, `run_payload_on_host`) and returns its report;
+    the control holds when every control attempt of that report succeeded, and carries the
+    report as `baseline` for the assessor to compare the sandboxed one with.
+    """
+    nonce = new_control_nonce()
+    try:
+        baseline = run_baseline()
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        control = control_record(
+            nonce, [host_check("host baseline ran", ok=False, detail=repr(exc))]
+        )
+        control["baseline"] = None
+        return control
+    inside = attempts_by_role(baseline, "control")
+    # With no control attempt the baseline broke before its controls: say what it did report
+    # (a crash is its `probe` error attempt), so the cause is in the evidence, not guessed.
+    detail = (
+        attempts_summary(inside)
+        if inside
+        else "no control attempt; it reported: "
+        + (attempts_summary(list(baseline.get("attempts") or [])) or "nothing")
+    )
+    control = control_record(
+        nonce, [host_check("host baseline ran", all_succeeded(inside), detail)]
+    )
+    control["baseline"] = baseline
+    return control

@@ -15,7 +15,6 @@ same file, run unsandboxed on the host as the payload user (the host control), r
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any, Final, Literal
 
 from sandbox_attest.catalog.attempts import (
@@ -26,9 +25,7 @@ from sandbox_attest.catalog.attempts import (
     observed_outcome,
 )
 from sandbox_attest.catalog.controls import (
-    control_record,
-    host_check,
-    new_control_nonce,
+    baseline_control,
     run_payload_on_host,
 )
 from sandbox_attest.catalog.judging import conclude
@@ -126,27 +123,7 @@ class _SurfaceSpec(SpecBase):
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The same file's attempts, unsandboxed on the host as the payload user."""
-        nonce = new_control_nonce()
-        try:
-            baseline = host_baseline(ctx)
-        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-            control = control_record(
-                nonce, [host_check("host baseline ran", ok=False, detail=repr(exc))]
-            )
-            control["baseline"] = None
-            return control
-        inside = attempts_by_role(baseline, "control")
-        detail = (
-            attempts_summary(inside)
-            if inside
-            else "no control attempt; it reported: "
-            + (attempts_summary(list(baseline.get("attempts") or [])) or "nothing")
-        )
-        control = control_record(
-            nonce, [host_check("host baseline ran", all_succeeded(inside), detail)]
-        )
-        control["baseline"] = baseline
-        return control
+        return baseline_control(lambda: host_baseline(ctx))
 
     def _refused_without_filter(self, ctx: CellContext, refused: list[dict[str, Any]]) -> str:
         """Why refusals of seccomp-only calls cannot be the kernel's, or "" when they can be."""

@@ -9,14 +9,11 @@ with `conclude_with_controls`: the payload's own controls and the host control, 
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 from sandbox_attest.catalog.attempts import all_succeeded, attempts_by_role, attempts_summary
 from sandbox_attest.catalog.controls import (
-    control_record,
-    host_check,
-    new_control_nonce,
+    baseline_control,
     run_payload_on_host,
 )
 from sandbox_attest.catalog.judging import conclude
@@ -41,29 +38,7 @@ def _run_on_host(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
 
 def _baseline_control(ctx: CellContext, targets: dict[str, Any]) -> dict[str, Any]:
     """The host control of a self-reporting probe: the payload's own baseline on the host."""
-    nonce = new_control_nonce()
-    try:
-        baseline = _run_on_host(ctx, targets)
-    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-        control = control_record(
-            nonce, [host_check("host baseline ran", ok=False, detail=repr(exc))]
-        )
-        control["baseline"] = None
-        return control
-    inside = attempts_by_role(baseline, "control")
-    # With no control attempt the baseline broke before its controls: say what it did report
-    # (a crash is its `probe` error attempt), so the cause is in the evidence, not guessed.
-    detail = (
-        attempts_summary(inside)
-        if inside
-        else "no control attempt; it reported: "
-        + (attempts_summary(list(baseline.get("attempts") or [])) or "nothing")
-    )
-    control = control_record(
-        nonce, [host_check("host baseline ran", all_succeeded(inside), detail)]
-    )
-    control["baseline"] = baseline
-    return control
+    return baseline_control(lambda: _run_on_host(ctx, targets))
 
 
 def conclude_with_controls(
