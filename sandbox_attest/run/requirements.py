@@ -11,16 +11,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sandbox_attest.errors import ConfigError
-from sandbox_attest.report.policy import Gate, Policy, cell_leg, claim_problems, evaluate
+from sandbox_attest.report.policy import (
+    WARNED_VERDICTS,
+    Gate,
+    Policy,
+    cell_leg,
+    claim_problems,
+    evaluate,
+)
 from sandbox_attest.verdict import Verdict
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from sandbox_attest.backends.base import Availability
+    from sandbox_attest.report.evidence import CellEntry
     from sandbox_attest.run.matrix import Cell, Matrix
 
 # The runner a user needs for a backend that does not run here ("run it on a macOS runner").
@@ -128,7 +136,7 @@ class Requirements:
         policy = {pair for pair in self.required if pair[0] in self.backends}
         return policy | {(c.backend, c.probe.id) for c in self.cells() if self.is_required(c)}
 
-    def missing_required(self, entries: list[dict[str, Any]]) -> list[str]:
+    def missing_required(self, entries: list[CellEntry]) -> list[str]:
         """Required cells of this run's backends that the run never produced."""
         seen = {(str(c["backend"]), str(c["probe"])) for c in entries}
         return sorted(f"{b}-{p}" for b, p in self.expected_required() - seen)
@@ -159,7 +167,7 @@ class Requirements:
             )
         return lines
 
-    def gate_warnings(self, entries: list[dict[str, Any]]) -> list[str]:
+    def gate_warnings(self, entries: list[CellEntry]) -> list[str]:
         """What nothing required but a reader must see: shown, never hidden.
 
         Cells that did not PASS, and backends that were skipped as UNAVAILABLE (one line per
@@ -169,7 +177,7 @@ class Requirements:
         """
         groups: dict[tuple[str, str, str], list[str]] = {}
         for c in entries:
-            if c.get("required") or c["verdict"] not in ("FAIL", "INCONCLUSIVE", "ERROR"):
+            if c.get("required") or c["verdict"] not in WARNED_VERDICTS:
                 continue
             if c["backend"] == self.matrix.control:
                 hint = f"control leg: add it to a [[require]] of {self.policy_path} to require it"
@@ -186,7 +194,7 @@ class Requirements:
                     f"{len(ids)} cells are {verdict} for the same reason (not required: "
                     f"{hint}): {reason} [{', '.join(ids)}]"
                 )
-        skipped: dict[str, list[dict[str, Any]]] = {}
+        skipped: dict[str, list[CellEntry]] = {}
         # A backend with a required UNAVAILABLE cell is a gate failure (`gate_failures` says
         # it once, counting all its cells); a warning here too would contradict it (issue 29).
         failing = set(self._unavailable_required(entries))
@@ -204,7 +212,7 @@ class Requirements:
             )
         return lines
 
-    def _unavailable_required(self, entries: list[dict[str, Any]]) -> dict[str, str]:
+    def _unavailable_required(self, entries: list[CellEntry]) -> dict[str, str]:
         """Backends that could not run although some of their cells are required: one line each.
 
         The line counts every cell of the backend and says who requires them, so the
@@ -237,9 +245,7 @@ class Requirements:
             )
         return lines
 
-    def signed_gate(
-        self, entries: list[dict[str, Any]], *, world: str, complete: bool = True
-    ) -> Gate:
+    def signed_gate(self, entries: list[CellEntry], *, world: str, complete: bool = True) -> Gate:
         """The gate the attestation signs: `evaluate` over these cells with this policy."""
         return evaluate(
             entries,
@@ -250,7 +256,7 @@ class Requirements:
         )
 
     def gate_failures(
-        self, entries: list[dict[str, Any]], deselected: list[str], *, world: str
+        self, entries: list[CellEntry], deselected: list[str], *, world: str
     ) -> list[str]:
         """Why the release gate does not hold for this run; empty when it holds.
 

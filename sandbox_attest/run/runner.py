@@ -51,6 +51,7 @@ from sandbox_attest.payload import (
     stage_shim,
     staged_shim_path,
 )
+from sandbox_attest.report.evidence import CellEntry, CellFacts, RunFacts, cell_entry
 from sandbox_attest.report.explain import with_fix
 from sandbox_attest.run import hostview
 from sandbox_attest.run.matrix import Cell
@@ -142,7 +143,7 @@ def _tail(text: str) -> str:
     return text if len(text) <= EVIDENCE_TEXT_LIMIT else "…" + text[-EVIDENCE_TEXT_LIMIT:]
 
 
-def run_facts(run: ProbeRun | None) -> dict[str, Any]:
+def run_facts(run: ProbeRun | None) -> RunFacts:
     """The run as it goes into the evidence."""
     if run is None:
         return {"started": False}
@@ -273,7 +274,7 @@ class CellRunner:
     # Every sandboxed command runs as this user (None: no trust separation). By default the
     # payload user where the harness can switch to it: a runner built anywhere separates.
     user: PayloadUser | None = field(default_factory=payload_user)
-    control_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    control_results: dict[str, CellEntry] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """The scratch must be traversable by the payload user, or every cell measures modes.
@@ -283,19 +284,38 @@ class CellRunner:
         """
         require_reachable(self.scratch, self.user, "the cell scratch")
 
-    def run_cell(self, cell: Cell) -> dict[str, Any]:
+    def run_cell(self, cell: Cell) -> CellEntry:
         """Run and judge one cell; always returns an evidence entry."""
-        entry: dict[str, Any] = {
-            "cell_id": cell.cell_id,
-            "backend": cell.backend,
-            "probe": cell.probe.id,
-            "platform": self.platform,
-        }
+        head = {"cell_id": cell.cell_id, "backend": cell.backend, "probe": cell.probe.id}
+        not_run = self.not_run(cell)
+        if not_run is not None:
+            return cell_entry(**head, platform=self.platform, **not_run)
+        try:
+            facts = self._run_and_judge(cell)
+        except Exception as exc:  # fail closed: any harness fault is an ERROR cell
+            facts = {
+                "verdict": Verdict.ERROR.value,
+                "reason": f"harness error while running the cell: {type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-4000:],
+            }
+        entry = cell_entry(**head, platform=self.platform, **facts)
+        if cell.backend == self.control_leg:
+            self.control_results[cell.probe.id] = entry
+        else:
+            self._apply_control_leg(entry)
+        return entry
+
+    def not_run(self, cell: Cell) -> CellFacts | None:
+        """The verdict of a cell that is not run here (NOT_APPLICABLE, UNAVAILABLE), or None.
+
+        With `applicable_here`, the one place a cell is found NOT_APPLICABLE: the matrix's
+        reason, the backend's availability, its egress mode and the claims it makes.
+        """
         if cell.not_applicable is not None:
-            return entry | {"verdict": Verdict.NOT_APPLICABLE.value, "reason": cell.not_applicable}
+            return {"verdict": Verdict.NOT_APPLICABLE.value, "reason": cell.not_applicable}
         avail = self.availability[cell.backend]
         if not avail.ok:
-            return entry | {"verdict": Verdict.UNAVAILABLE.value, "reason": avail.reason}
+            return {"verdict": Verdict.UNAVAILABLE.value, "reason": avail.reason}
         # A probe that tests only something this backend's egress mode does not have (the
         # harness's in-sandbox route, under a wrapper's own proxy) says so, with the reason.
         spec = PROBES[cell.probe.id]
@@ -306,22 +326,10 @@ class CellRunner:
         if not why and avail.identity is not None:
             why = spec.not_claimed(avail.identity.claims)
         if why:
-            return entry | {"verdict": Verdict.NOT_APPLICABLE.value, "reason": why}
-        try:
-            entry |= self._run_and_judge(cell)
-        except Exception as exc:  # fail closed: any harness fault is an ERROR cell
-            entry |= {
-                "verdict": Verdict.ERROR.value,
-                "reason": f"harness error while running the cell: {type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc()[-4000:],
-            }
-        if cell.backend == self.control_leg:
-            self.control_results[cell.probe.id] = entry
-        else:
-            self._apply_control_leg(entry)
-        return entry
+            return {"verdict": Verdict.NOT_APPLICABLE.value, "reason": why}
+        return None
 
-    def _apply_control_leg(self, entry: dict[str, Any]) -> None:
+    def _apply_control_leg(self, entry: CellEntry) -> None:
         """Downgrade a PASS when the control leg could not see this probe's escape."""
         if entry["verdict"] != Verdict.PASS.value:
             return
@@ -340,7 +348,7 @@ class CellRunner:
                 f"was: {entry['reason']}"
             )
 
-    def _run_and_judge(self, cell: Cell) -> dict[str, Any]:
+    def _run_and_judge(self, cell: Cell) -> CellFacts:
         spec = PROBES[cell.probe.id]
         backend = self.backends[cell.backend]
         identity = self.availability[cell.backend].identity
@@ -384,17 +392,22 @@ class CellRunner:
             self.world.check_health()
             control = spec.host_control(ctx)
             witness = self.world.records(nonce)
-            facts: dict[str, Any] = {
-                "home_changed": (home_moved := _home_moved(self.user, home_before, home_why)),
-                "nonce": nonce,
-                "expected": expected,
-                "run": run_facts(run) | {"started_ms": started_ms},
-                "control": control,
-                "host_view": ctx.host_view,
-            }
-            return facts | self._judge_run(
+            facts = run_facts(run)
+            facts["started_ms"] = started_ms
+            home_moved = _home_moved(self.user, home_before, home_why)
+            # The judge's keys win (its `control` carries the host control and its reading).
+            judged = self._judge_run(
                 cell, ctx, task, run, witness, control, expected, identity, home_moved
             )
+            return {
+                "home_changed": home_moved,
+                "nonce": nonce,
+                "expected": expected,
+                "run": facts,
+                "control": control,
+                "host_view": ctx.host_view,
+                **judged,
+            }
         finally:
             # Cleanup of canaries must not turn a verdict into a crash.
             with contextlib.suppress(OSError, HarnessError):
@@ -489,7 +502,7 @@ class CellRunner:
         expected: Expectation,
         identity: Identity,
         home_moved: str,
-    ) -> dict[str, Any]:
+    ) -> CellFacts:
         """The cell's verdict and what it rests on, from the run, its report and the witnesses."""
         spec = PROBES[cell.probe.id]
         failure = run_failure(run)

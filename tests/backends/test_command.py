@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ def cell(backend: str, probe: str, timeout: float | None = None) -> Cell:
     return Cell(backend, ProbeRow(probe, timeout or TIMEOUTS.get(probe, 60.0)), None)
 
 
-def verdict(entry: dict[str, Any]) -> str:
+def verdict(entry: Mapping[str, Any]) -> str:
     """The verdict, with the reason shown when an assertion fails."""
     return f"{entry['verdict']}: {entry['reason']}"
 
@@ -126,8 +126,8 @@ class TestSpecValidation:
             ("broken_unknown_placeholder.toml", "unknown placeholder {workdir}"),
             ("broken_bad_egress.toml", "[run] egress: is 'socks5'"),
             ("broken_each_unknown_list.toml", "argv[1].each: is 'read_write'"),
-            ("broken_missing_policy_network.toml", "[policy] network: is missing"),
-            ("broken_policy_unknown_mode.toml", "[policy] network: is 'sealed'"),
+            ("broken_missing_policy_network.toml", "[claims] network: is missing"),
+            ("broken_policy_unknown_mode.toml", "[claims] network: is 'sealed'"),
             ("broken_file_outside_run_dir.toml", "must stay inside the per-cell run dir"),
             ("broken_env_passes_secret.toml", "is never taken from the harness's environment"),
             (
@@ -296,7 +296,7 @@ check = ["env", "true"]
 [run]
 egress = "harness-tcp"
 argv = ["env", "{payload}"]
-[policy]
+[claims]
 network = "none"
 filesystem = "open"
 ipc = "open"
@@ -446,7 +446,7 @@ setsid env -i sh -c 'echo $$ > evader.pid; exec sleep 60' &
 while [ ! -s evader.pid ]; do sleep 0.05; done
 exec "$@"
 '''
-[policy]
+[claims]
 network = "open"
 filesystem = "open"
 ipc = "open"
@@ -559,7 +559,7 @@ allow = ["{allowed_host_ports}", "extra.test:443"]
 [[file]]
 path = "allowlist.json"
 template = '{"allow": {allowed_addresses_json}, "names": {allow_json}, "deny": {denied_hosts_json}}'
-[policy]
+[claims]
 network = "proxy"
 filesystem = "open"
 ipc = "open"

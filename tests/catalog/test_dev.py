@@ -34,6 +34,7 @@ from sandbox_attest.catalog.dev import (
 )
 from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.host.trust import payload_user
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import decide
@@ -291,7 +292,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 @pytest.fixture(scope="module")
-def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str, CellEntry]:
     """dev_access on the control leg and under bubblewrap, in one runner."""
     scratch = tmp_path_factory.mktemp("dev")
     scratch.chmod(0o755)

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from sandbox_attest.catalog.lifecycle import ORPHAN_MARKER, LifecycleOrphans, fi
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host.trust import payload_user
 from sandbox_attest.payload import payload_env
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner, inside_route
 from sandbox_attest.verdict import Verdict, decide
@@ -118,18 +119,18 @@ def cell(backend: str, probe: str, timeout: float = 30) -> Cell:
     return Cell(backend, ProbeRow(probe, timeout), None)
 
 
-def verdict(entry: dict[str, Any]) -> str:
+def verdict(entry: Mapping[str, Any]) -> str:
     """The verdict with its reason, for assertion messages."""
     return f"{entry['verdict']}: {entry['reason']}"
 
 
 @pytest.fixture(scope="module")
-def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str, CellEntry]:
     """Every host probe on the control leg, then under bubblewrap, in one runner (as a run)."""
     runner = make_runner(
         world, tmp_path_factory.mktemp("live"), {"bubblewrap": BubblewrapBackend()}
     )
-    entries: dict[str, dict[str, Any]] = {}
+    entries: dict[str, CellEntry] = {}
     for probe in HOST_PROBES:
         entries[f"none-{probe}"] = runner.run_cell(cell("none", probe))
         entries[f"bubblewrap-{probe}"] = runner.run_cell(cell("bubblewrap", probe))

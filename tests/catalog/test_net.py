@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,6 +34,7 @@ from sandbox_attest.catalog.net.direct import NetIpv6UdpIcmp, NetLoopbackService
 from sandbox_attest.catalog.net.private_address import NetPrivateAddress
 from sandbox_attest.catalog.net.witness import LoopbackWitness
 from sandbox_attest.errors import FixtureError
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import Verdict, decide
@@ -94,7 +95,7 @@ def cell(backend: str, probe: str) -> Cell:
     return Cell(backend, ProbeRow(probe, 60), None)
 
 
-def why(entry: dict[str, Any]) -> str:
+def why(entry: Mapping[str, Any]) -> str:
     """The verdict line with the evidence a failing assertion needs."""
     return json.dumps(
         {k: entry.get(k) for k in ("verdict", "reason", "attempts", "control")}, default=str
@@ -102,7 +103,7 @@ def why(entry: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def live(world: World, scratch: Path) -> dict[tuple[str, str], dict[str, Any]]:
+def live(world: World, scratch: Path) -> dict[tuple[str, str], CellEntry]:
     """Every wide probe on the control leg, then under real bubblewrap (one runner)."""
     if shutil.which("bwrap") is None:
         pytest.fail("bubblewrap is required for these tests: apt-get install bubblewrap")

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -30,6 +31,7 @@ from sandbox_attest.catalog.proc import BOUNDS
 from sandbox_attest.catalog.proc import baseline as proc_baseline
 from sandbox_attest.catalog.records import poll_until
 from sandbox_attest.host import disguise
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.hostview import read_process
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
@@ -68,9 +70,9 @@ class Live:
     """A runner over the control leg, bubblewrap and the weakened variants."""
 
     runner: CellRunner
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    entries: dict[str, CellEntry] = field(default_factory=dict)
 
-    def run(self, backend: str, probe: str) -> dict[str, Any]:
+    def run(self, backend: str, probe: str) -> CellEntry:
         """Run one cell once; later calls return the same entry."""
         key = f"{backend}-{probe}"
         if key not in self.entries:
@@ -117,7 +119,7 @@ def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Live:
     return state
 
 
-def why(entry: dict[str, Any]) -> str:
+def why(entry: Mapping[str, Any]) -> str:
     """The verdict and its reason, for assertion messages."""
     return f"{entry['verdict']}: {entry['reason']}"
 

@@ -10,7 +10,7 @@ real bubblewrap, a real Docker engine, the real fixture world.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.paths import matrix_dir
+from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.matrix import Cell, ProbeRow, load_matrix
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.world.core import World, start_world
@@ -222,7 +223,7 @@ def control(world: World, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     return results
 
 
-def unjudged(probe: str, entry: dict[str, Any]) -> bool:
+def unjudged(probe: str, entry: Mapping[str, Any]) -> bool:
     """NOT_APPLICABLE for exactly the reason this host or this world gives: not judged here.
 
     The corpus runs in the loopback world (a lab needs a process with no threads, and pytest
@@ -275,7 +276,7 @@ def make_runner(
     return runner
 
 
-def run_all(runner: CellRunner, backend: str) -> dict[str, dict[str, Any]]:
+def run_all(runner: CellRunner, backend: str) -> dict[str, CellEntry]:
     """Every probe under `backend`, two cells at a time (each has its own nonce).
 
     Cells are made as a run on this host makes them (tests/here.py): a probe this machine
