@@ -1,6 +1,6 @@
 """The claim vocabulary: what a backend may promise, and how a verdict words it.
 
-A backend declares its claims (`sandbox_attest.backends.base.DeclaredClaims`, a spec's `[policy]`);
+A backend declares its claims (`sandbox_attest.backends.base.DeclaredClaims`, a spec's `[claims]`);
 each probe judges against exactly those. This module sits below both the backends and the
 catalogue, so the two share one vocabulary without importing each other: the backends build
 a `DeclaredClaims` from these types, and the catalogue reads any claims through `claims_of`.
@@ -90,7 +90,7 @@ class Claims:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        """Every claim in the TOML form of a spec's `[policy]` (what identities carry)."""
+        """Every claim in the TOML form of a spec's `[claims]` (what identities carry)."""
         data: dict[str, Any] = {
             "network": self.network,
             "reads": {"deny": list(self.read_deny)} if self.reads == "deny" else self.reads,

@@ -204,7 +204,7 @@ class DeclaredClaims:
         return claims_of(self).nothing
 
     def claims(self) -> dict[str, Any]:
-        """Every claim in the TOML form of a spec's `[policy]`, for `verify` and policies."""
+        """Every claim in the TOML form of a spec's `[claims]`, for `verify` and policies."""
         return claims_of(self).as_dict()
 
     def as_dict(self) -> dict[str, Any]:

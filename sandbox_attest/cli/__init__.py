@@ -453,7 +453,7 @@ def _print_backend_rows(rows: list[dict[str, Any]]) -> None:
 def _claim_rows(backend: object, policy: Any) -> list[dict[str, str]]:
     """The backend's claims with their sources (sandbox_attest/report/claimview.py)."""
     from sandbox_attest.backends.command.spec import CommandSpec  # noqa: PLC0415
-    from sandbox_attest.backends.command.spec_policy import claim_sources  # noqa: PLC0415
+    from sandbox_attest.backends.command.spec_claims import claim_sources  # noqa: PLC0415
     from sandbox_attest.report.claimview import claim_rows  # noqa: PLC0415
 
     spec = getattr(backend, "spec", None)

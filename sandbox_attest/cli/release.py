@@ -122,7 +122,7 @@ def _harness_line(harness: dict[str, Any]) -> str:
 
 
 def claims_line(claims: dict[str, Any]) -> str:
-    """A backend's claims on one line, in the TOML words of its `[policy]`."""
+    """A backend's claims on one line, in the TOML words of its `[claims]`."""
     parts = []
     for key, value in claims.items():
         if isinstance(value, dict):  # reads = {deny = [...]}, writes = {allow = [...]}

@@ -536,7 +536,7 @@ def claim_problems(
                     f"leg {req.platform}/{req.backend} requires claims {key} = "
                     f"{'|'.join(accepted)!r}, but {req.backend} claims {key} = "
                     f"{words.get(key) or 'nothing'!r}: a backend cannot pass by claiming less; "
-                    "declare the claim in its [policy] (and hold it) or change the requirement"
+                    "declare the claim in its [claims] (and hold it) or change the requirement"
                 )
     return problems
 

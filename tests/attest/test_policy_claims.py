@@ -180,7 +180,7 @@ class TestVerify:
             (
                 "leg linux/bubblewrap requires claims environment = 'passthrough', but "
                 "bubblewrap claims environment = 'scrubbed': a backend cannot pass by claiming "
-                "less; declare the claim in its [policy] (and hold it) or change the requirement"
+                "less; declare the claim in its [claims] (and hold it) or change the requirement"
             )
         ]
 

@@ -31,7 +31,7 @@ executables = ["env"]
 egress = "harness-unix"
 argv = ["env", "{payload}"]
 
-[policy]
+[claims]
 network = "proxy"
 filesystem = "open"
 ipc = "open"

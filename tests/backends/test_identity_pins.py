@@ -45,7 +45,7 @@ argv = ["{wrapper}", "{{payload}}"]
 {user}
 [env]
 set = {{UID_FILE = "{{run_dir}}/uid"}}
-[policy]
+[claims]
 network = "open"
 filesystem = "open"
 ipc = "open"

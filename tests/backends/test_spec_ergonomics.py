@@ -36,7 +36,7 @@ egress = "harness-tcp"
 {run}
 argv = [{argv}"{{payload}}"]
 {extra}
-[policy]
+[claims]
 network = "open"
 filesystem = "open"
 ipc = "open"

@@ -1,4 +1,4 @@
-"""The claim vocabulary: `DeclaredClaims`, a spec's `[policy]`, and how the catalogue reads them.
+"""The claim vocabulary: `DeclaredClaims`, a spec's `[claims]`, and how the catalogue reads them.
 
 Old specs keep their meaning (`filesystem = "workspace"` is reads and writes limited to the
 workspace), every new claim parses from its TOML form into the signed identity, every mistake
@@ -32,12 +32,12 @@ executables = ["env"]
 egress = "harness-tcp"
 argv = ["env", "{payload}"]
 
-[policy]
+[claims]
 """
 
 
-def spec_policy(tmp_path: Path, declared: str) -> DeclaredClaims:
-    """The declared policy of a spec whose `[policy]` table is `policy`."""
+def spec_claims(tmp_path: Path, declared: str) -> DeclaredClaims:
+    """The declared claims of a spec whose `[claims]` table is `declared`."""
     path = tmp_path / "claims-unit.toml"
     path.write_text(SPEC_HEAD + declared)
     return load_spec(path).claims
@@ -129,14 +129,14 @@ class TestDeclaredPolicy:
 class TestSpecPolicy:
     def test_old_spec_means_what_it_meant(self, tmp_path: Path) -> None:
         """network/filesystem/ipc alone parse to the same claims as the old DeclaredClaims."""
-        parsed = spec_policy(
+        parsed = spec_claims(
             tmp_path, 'network = "proxy"\nfilesystem = "workspace"\nipc = "isolated"\n'
         )
         assert parsed == DeclaredClaims("proxy", "workspace", "isolated")
 
     def test_every_new_claim_parses(self, tmp_path: Path) -> None:
         """Each new claim parses: the lists, protected paths, environment, syscalls, runs_as."""
-        parsed = spec_policy(
+        parsed = spec_claims(
             tmp_path,
             """network = "none"
 network_cut = "seccomp"
@@ -165,7 +165,7 @@ runs_as = 1000
 
     def test_reads_override_the_shorthand_half(self, tmp_path: Path) -> None:
         """A reads key beside filesystem overrides its half: srt's and Codex's open reads."""
-        parsed = spec_policy(
+        parsed = spec_claims(
             tmp_path,
             'network = "proxy"\nfilesystem = "workspace"\nreads = "open"\nipc = "isolated"\n',
         )
@@ -177,7 +177,7 @@ runs_as = 1000
 
     def test_open_writes_make_the_shorthand_open(self, tmp_path: Path) -> None:
         """With reads and writes and no filesystem, writes = "open" makes the shorthand open."""
-        parsed = spec_policy(
+        parsed = spec_claims(
             tmp_path, 'network = "none"\nreads = "workspace"\nwrites = "open"\nipc = "open"\n'
         )
         assert (parsed.filesystem, parsed.reads, parsed.writes) == ("open", "workspace", "open")
@@ -187,52 +187,52 @@ runs_as = 1000
         [
             (
                 'network = "proxy"\nreads = "open"\nipc = "isolated"\n',
-                "[policy] filesystem: is missing; add filesystem = ... under [policy]",
+                "[claims] filesystem: is missing; add filesystem = ... under [claims]",
             ),
             (
                 'network = "proxy"\nfilesystem = "workspace"\nipc = "isolated"\nreads = "some"\n',
-                '[policy] reads: is \'some\'; choose "open", "workspace" or a table',
+                '[claims] reads: is \'some\'; choose "open", "workspace" or a table',
             ),
             (
                 (
                     'network = "proxy"\nfilesystem = "workspace"\nipc = "isolated"\n'
                     'reads = { allow = ["/x"] }\n'
                 ),
-                "[policy] reads: a table takes the one key 'deny', got ['allow']",
+                "[claims] reads: a table takes the one key 'deny', got ['allow']",
             ),
             (
                 (
                     'network = "proxy"\nfilesystem = "workspace"\nipc = "isolated"\n'
                     'writes = { allow = ["tmp"] }\n'
                 ),
-                "[policy] writes.allow: needs absolute paths or paths under the payload user's ~",
+                "[claims] writes.allow: needs absolute paths or paths under the payload user's ~",
             ),
             (
                 (
                     'network = "proxy"\nfilesystem = "workspace"\nipc = "isolated"\n'
                     'protected = ["../.bashrc"]\n'
                 ),
-                "[policy] protected: '../.bashrc' must be a path relative to the workspace",
+                "[claims] protected: '../.bashrc' must be a path relative to the workspace",
             ),
             (
                 'network = "open"\nfilesystem = "open"\nipc = "open"\nnetwork_cut = "seccomp"\n',
-                '[policy] network_cut: says how a network claim is enforced, and network = "open"',
+                '[claims] network_cut: says how a network claim is enforced, and network = "open"',
             ),
             (
                 'network = "none"\nfilesystem = "open"\nipc = "open"\nnetwork_cut = "bpf"\n',
-                "[policy] network_cut: is 'bpf'; choose one of ['namespace', 'seccomp'",
+                "[claims] network_cut: is 'bpf'; choose one of ['namespace', 'seccomp'",
             ),
             (
                 'network = "none"\nfilesystem = "open"\nipc = "open"\nenvironment = "some"\n',
-                "[policy] environment: is 'some'; choose one of ['scrubbed', 'passthrough']",
+                "[claims] environment: is 'some'; choose one of ['scrubbed', 'passthrough']",
             ),
             (
                 'network = "none"\nfilesystem = "open"\nipc = "open"\nsyscalls = "strict"\n',
-                "[policy] syscalls: is 'strict'; choose one of ['filtered', 'open']",
+                "[claims] syscalls: is 'strict'; choose one of ['filtered', 'open']",
             ),
             (
                 'network = "none"\nfilesystem = "open"\nipc = "open"\nruns_as = "Root User"\n',
-                '[policy] runs_as: is \'Root User\'; write "non-root", "payload-user"',
+                '[claims] runs_as: is \'Root User\'; write "non-root", "payload-user"',
             ),
         ],
         ids=[
@@ -253,7 +253,7 @@ runs_as = 1000
     ) -> None:
         """Every bad claim is one ConfigError line naming the file, the key and the fix."""
         with pytest.raises(ConfigError) as info:
-            spec_policy(tmp_path, declared)
+            spec_claims(tmp_path, declared)
         assert needle in str(info.value)
         assert str(info.value).startswith(str(tmp_path / "claims-unit.toml"))
 
@@ -343,3 +343,44 @@ class TestCatalogueReading:
     def test_bubblewrap_makes_every_claim_these_probes_test(self, probe: str) -> None:
         """Under bubblewrap's claims no probe but the protected-paths one is NOT_APPLICABLE."""
         assert unclaimed(probe, claims_of(BUBBLEWRAP)) is None
+
+
+class TestTableName:
+    """`[claims]` is the table; the old `[policy]` is read for one release, never beside it."""
+
+    BODY = 'network = "proxy"\nfilesystem = "workspace"\nipc = "isolated"\n'
+
+    def _spec(self, tmp_path: Path, text: str) -> Path:
+        path = tmp_path / "claims-unit.toml"
+        path.write_text(SPEC_HEAD.replace("[claims]\n", "") + text)
+        return path
+
+    def test_claims_table_is_read_quietly(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A spec with `[claims]` parses, and nothing is said on stderr."""
+        spec = load_spec(self._spec(tmp_path, "[claims]\n" + self.BODY))
+        assert spec.claims == DeclaredClaims("proxy", "workspace", "isolated")
+        assert capsys.readouterr().err == ""
+
+    def test_old_policy_table_is_read_with_a_deprecation(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`[policy]` still means the claims for one release; stderr names the fix."""
+        path = self._spec(tmp_path, "[policy]\n" + self.BODY)
+        spec = load_spec(path)
+        assert spec.claims == DeclaredClaims("proxy", "workspace", "isolated")
+        err = capsys.readouterr().err
+        assert str(path) in err
+        assert "[policy] is deprecated" in err
+        assert "rename [policy] to [claims]" in err
+
+    def test_both_tables_are_refused_naming_the_fix(self, tmp_path: Path) -> None:
+        """A spec with `[claims]` and `[policy]` is ambiguous: refused, naming the fix."""
+        path = self._spec(tmp_path, "[claims]\n" + self.BODY + "\n[policy]\n" + self.BODY)
+        with pytest.raises(ConfigError) as info:
+            load_spec(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}: [policy]")
+        assert "both present" in message
+        assert "rename [policy] to [claims]" in message

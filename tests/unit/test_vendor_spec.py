@@ -15,8 +15,8 @@ import pytest
 
 from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.command.spec import payload_ids, sample_context
+from sandbox_attest.backends.command.spec_claims import claim_sources
 from sandbox_attest.backends.command.spec_load import load_spec
-from sandbox_attest.backends.command.spec_policy import claim_sources
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.report.claimview import claim_rows
@@ -32,7 +32,7 @@ executables = ["sh"]
 egress = "harness-tcp"
 argv = [{argv}]
 
-[policy]
+[claims]
 network = "none"
 filesystem = "workspace"
 ipc = "isolated"

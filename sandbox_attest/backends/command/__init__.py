@@ -7,7 +7,8 @@ to enforce. The modules, each one mechanism, from the file to a cell's run:
 - `spec`: the validated spec (`CommandSpec`) and the values its placeholders take per cell
   (`RenderContext`); the placeholder and list rules are in its docstring.
 - `spec_fields`: one reader per key or table, each mistake a `ConfigError` naming the fix.
-- `spec_policy`: `[policy]`, the claims the wrapper is judged against, and their sources.
+- `spec_claims`: `[claims]` (formerly `[policy]`), the claims the wrapper is judged against,
+  and their sources.
 - `spec_load`: finding a spec by name or path and loading it (`load_spec`).
 - `env`: the agent's environment a wrapper starts with, and the canaries planted in it.
 - `wrapper`: what a cell and the availability check share: user, PATH, cwd, env, files.

@@ -5,7 +5,7 @@ enough that the harness can attest it without a line of Python: how to find it, 
 wrap around the payload, the files it needs per cell, how egress reaches the fixture world,
 which environment passes in, and the claims it makes. This module holds the validated spec
 (`CommandSpec`) and the values its placeholders take (`RenderContext`); `spec_load` reads and
-checks a file into one (with `spec_fields` and `spec_policy`).
+checks a file into one (with `spec_fields` and `spec_claims`).
 
 Placeholders are `{name}`, lower-case identifiers only, so the braces of a JSON or profile
 template need no escaping; `{{name}}` gives the literal text `{name}`. An argv element that

@@ -2,7 +2,7 @@
 
 Every mistake is a `ConfigError` that reads `<file>: <key>: <what is wrong; the fix>`
 (`spec_error`), and a value in a message is shown as TOML writes it (`describe_value`), never as
-Python would. `[policy]` has its own module (`spec_policy`); `spec_load` puts the pieces together.
+Python would. `[claims]` has its own module (`spec_claims`); `spec_load` puts the pieces together.
 """
 
 from __future__ import annotations
@@ -29,7 +29,20 @@ from sandbox_attest.errors import ConfigError
 
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
-TOP_KEYS: Final = {"backend", "detect", "run", "env", "file", "policy", "lists"}
+TOP_KEYS: Final = {"backend", "detect", "run", "env", "file", "claims", "lists", "policy"}
+CLAIM_KEYS: Final = {
+    "network",
+    "filesystem",
+    "ipc",
+    "limits",
+    "reads",
+    "writes",
+    "protected",
+    "environment",
+    "syscalls",
+    "network_cut",
+    "runs_as",
+}
 SECTION_KEYS: Final[dict[str, set[str]]] = {
     "backend": {"name", "description", "platforms"},
     "detect": {"executables", "version", "check", "install"},
@@ -44,19 +57,9 @@ SECTION_KEYS: Final[dict[str, set[str]]] = {
         "user_reason",
     },
     "env": {"set", "wrapper"},
-    "policy": {
-        "network",
-        "filesystem",
-        "ipc",
-        "limits",
-        "reads",
-        "writes",
-        "protected",
-        "environment",
-        "syscalls",
-        "network_cut",
-        "runs_as",
-    },
+    "claims": CLAIM_KEYS,
+    # The old name of [claims], read for one release (spec_claims.claims_table).
+    "policy": CLAIM_KEYS,
 }
 # Keys that were removed, and the fix: a spec that still has one fails naming it.
 REMOVED_KEYS: Final[dict[tuple[str, str], str]] = {

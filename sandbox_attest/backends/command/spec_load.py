@@ -18,6 +18,7 @@ from sandbox_attest.backends.command.spec import (
     SpecEgress,
     sample_context,
 )
+from sandbox_attest.backends.command.spec_claims import claims_table, read_claims
 from sandbox_attest.backends.command.spec_fields import (
     REMOVED_KEYS,
     TOP_KEYS,
@@ -34,7 +35,6 @@ from sandbox_attest.backends.command.spec_fields import (
     read_str_list,
     spec_error,
 )
-from sandbox_attest.backends.command.spec_policy import read_policy
 from sandbox_attest.errors import ConfigError
 from sandbox_attest.paths import matrix_dir
 
@@ -135,7 +135,7 @@ def load_spec(path: Path) -> CommandSpec:
         shim_inside=inside["shim_inside"],
         env_set=env_set,
         files=read_files(path, data.get("file")),
-        claims=read_policy(path, read_section(path, data, "policy")),
+        claims=read_claims(path, claims_table(path, data)),
         raw=data,
         run_user=run_user,
         run_user_reason=run_user_reason,

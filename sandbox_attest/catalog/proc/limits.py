@@ -118,7 +118,7 @@ def _held_to_declared(
         reasons.append(
             f"backend {backend!r} declares no limit below the probe's bounds "
             f"(declared {_pairs(declared) or 'nothing'}): nothing to hold it to; declare "
-            "[policy] limits in the backend spec (e.g. limits = {fsize_mib = 16})"
+            "[claims] limits in the backend spec (e.g. limits = {fsize_mib = 16})"
         )
         return "undecided"
     exceeded = {k: reached.get(k) for k, v in testable.items() if reached.get(k, 0) > v}

@@ -1,6 +1,8 @@
-"""A backend spec's `[policy]`: the claims its wrapper is judged against, and their sources.
+"""A backend spec's `[claims]`: the claims its wrapper is judged against, and their sources.
 
-README "Claims" has the table of claims. `read_policy` turns the table into a `DeclaredClaims`
+README "Claims" has the table of claims. `claims_table` finds the table (the old name
+`[claims]` is still read for one release, with a deprecation message naming the fix),
+`read_claims` turns it into a `DeclaredClaims`
 (old specs keep their meaning: every new claim defaults to what the old keys always meant), and
 `claim_sources` says for each claim which line of the file, which other key, or which default
 it comes from.
@@ -9,6 +11,7 @@ it comes from.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Final, cast, get_args
 
@@ -16,6 +19,7 @@ from sandbox_attest.backends.base import DeclaredClaims, FilesystemMode, IpcMode
 from sandbox_attest.backends.command.spec_fields import (
     describe_value,
     read_choice,
+    read_section,
     read_str_list,
     spec_error,
 )
@@ -32,27 +36,58 @@ from sandbox_attest.claims import (
 if TYPE_CHECKING:
     from sandbox_attest.backends.command.spec import CommandSpec
 
-# The resource limits a spec may claim ([policy] limits = {fsize_mib = 16, nofile = 256}); the
+# The resource limits a spec may claim ([claims] limits = {fsize_mib = 16, nofile = 256}); the
 # resource_limits probe holds the wrapper to them.
 LIMIT_NAMES: Final = frozenset({"fsize_mib", "nofile", "forks", "memory_mib"})
+# The table's old name, read for one release: a spec that still says [policy] gets a
+# deprecation message on stderr, and one that has both tables is refused.
+LEGACY_TABLE: Final = "policy"
+CLAIMS_HEADERS: Final = frozenset({"[claims]", f"[{LEGACY_TABLE}]"})
+RENAME_FIX: Final = f"rename [{LEGACY_TABLE}] to [claims]"
+# Spec files already told (a run loads a spec more than once): one message per file.
+_TOLD: set[Path] = set()
 
 
-def read_policy(source: Path, table: dict[str, Any]) -> DeclaredClaims:
-    """`[policy]`: the claims a wrapper is judged against (README "Claims" has the table).
+def claims_table(source: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """The spec's `[claims]` table, or its old `[policy]` (with a deprecation message).
+
+    Raises:
+        ConfigError: the spec has both tables (naming the fix), or the table is malformed.
+    """
+    if LEGACY_TABLE not in data:
+        return read_section(source, data, "claims")
+    if "claims" in data:
+        raise spec_error(
+            source,
+            f"[{LEGACY_TABLE}]",
+            f"and [claims] are both present; {RENAME_FIX} by moving its keys into [claims]",
+        )
+    if source not in _TOLD:
+        _TOLD.add(source)
+        print(
+            f"{source}: [{LEGACY_TABLE}] is deprecated and will stop being read in the next "
+            f"release; {RENAME_FIX}",
+            file=sys.stderr,
+        )
+    return read_section(source, data, LEGACY_TABLE)
+
+
+def read_claims(source: Path, table: dict[str, Any]) -> DeclaredClaims:
+    """`[claims]`: the claims a wrapper is judged against (README "Claims" has the table).
 
     `filesystem` is the old shorthand for reads and writes together; a `reads` or `writes`
     key beside it overrides that half, and with both of them it may be left out. Every other
     new claim has the default the old keys always meant, so no old spec changes meaning.
     """
     _require_core_claims(source, table)
-    network = read_choice(source, "[policy] network", table["network"], get_args(NetworkMode))
+    network = read_choice(source, "[claims] network", table["network"], get_args(NetworkMode))
     filesystem = read_choice(
         source,
-        "[policy] filesystem",
+        "[claims] filesystem",
         table.get("filesystem", "workspace"),
         get_args(FilesystemMode),
     )
-    ipc = read_choice(source, "[policy] ipc", table["ipc"], get_args(IpcMode))
+    ipc = read_choice(source, "[claims] ipc", table["ipc"], get_args(IpcMode))
     limits = _limits(source, table)
     reads, read_deny = _path_claim(source, "reads", table.get("reads", filesystem), "deny")
     writes, write_allow = _path_claim(source, "writes", table.get("writes", filesystem), "allow")
@@ -60,7 +95,7 @@ def read_policy(source: Path, table: dict[str, Any]) -> DeclaredClaims:
     if cut is not None and network == "open":
         raise spec_error(
             source,
-            "[policy] network_cut",
+            "[claims] network_cut",
             'says how a network claim is enforced, and network = "open" claims none; drop '
             'network_cut or claim network = "none" or "proxy"',
         )
@@ -79,7 +114,7 @@ def read_policy(source: Path, table: dict[str, Any]) -> DeclaredClaims:
             "EnvironmentMode",
             read_choice(
                 source,
-                "[policy] environment",
+                "[claims] environment",
                 table.get("environment", "scrubbed"),
                 get_args(EnvironmentMode),
             ),
@@ -88,7 +123,7 @@ def read_policy(source: Path, table: dict[str, Any]) -> DeclaredClaims:
             "SyscallsMode",
             read_choice(
                 source,
-                "[policy] syscalls",
+                "[claims] syscalls",
                 table.get("syscalls", "filtered" if ipc == "isolated" else "open"),
                 get_args(SyscallsMode),
             ),
@@ -97,7 +132,7 @@ def read_policy(source: Path, table: dict[str, Any]) -> DeclaredClaims:
         if network == "open"
         else cast(
             "NetworkCut",
-            read_choice(source, "[policy] network_cut", cut or "namespace", get_args(NetworkCut)),
+            read_choice(source, "[claims] network_cut", cut or "namespace", get_args(NetworkCut)),
         ),
         runs_as=_runs_as(source, table.get("runs_as", "")),
         implied=_implied(table, network, filesystem, ipc),
@@ -111,8 +146,8 @@ def _require_core_claims(source: Path, table: dict[str, Any]) -> None:
         if key not in table and (key != "filesystem" or not has_fs):
             raise spec_error(
                 source,
-                f"[policy] {key}",
-                f"is missing; add {key} = ... under [policy]: a wrapper is judged against "
+                f"[claims] {key}",
+                f"is missing; add {key} = ... under [claims]: a wrapper is judged against "
                 "its own claim, so declare network, filesystem (or reads and writes) and ipc",
             )
 
@@ -126,7 +161,7 @@ def _limits(source: Path, table: dict[str, Any]) -> dict[str, int]:
     ):
         raise spec_error(
             source,
-            "[policy] limits",
+            "[claims] limits",
             f"must map names from {sorted(LIMIT_NAMES)} to positive integers "
             "(e.g. limits = {fsize_mib = 16, nofile = 256})",
         )
@@ -136,7 +171,7 @@ def _limits(source: Path, table: dict[str, Any]) -> dict[str, int]:
 def _implied(
     table: dict[str, Any], network: str, filesystem: str, ipc: str
 ) -> tuple[tuple[str, str], ...]:
-    """The claims this `[policy]` leaves to an old key, each with the key it follows from."""
+    """The claims this `[claims]` leaves to an old key, each with the key it follows from."""
     implied = {
         "reads": f'filesystem = "{filesystem}"',
         "writes": f'filesystem = "{filesystem}"',
@@ -154,7 +189,7 @@ def claim_sources(spec: CommandSpec) -> dict[str, str]:
         claim name (as in `Claims.as_dict`) -> "FILE:LINE" for a written key, "implied by
         ipc = "isolated"" for one that follows from another, "default (...)" otherwise.
     """
-    lines = _policy_lines(spec.source)
+    lines = _claims_lines(spec.source)
     implied = dict(spec.claims.implied)
     defaults = {
         "environment": 'default ("scrubbed": the payload sees only declared variables)',
@@ -175,14 +210,14 @@ def claim_sources(spec: CommandSpec) -> dict[str, str]:
     return out
 
 
-def _policy_lines(path: Path) -> dict[str, int]:
-    """The line of each key written under `[policy]` in the spec file (1-based)."""
+def _claims_lines(path: Path) -> dict[str, int]:
+    """The line of each key written under `[claims]` in the spec file (1-based)."""
     lines: dict[str, int] = {}
     inside = False
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         stripped = line.strip()
         if stripped.startswith("["):
-            inside = stripped.split("#")[0].strip() == "[policy]"
+            inside = stripped.split("#")[0].strip() in CLAIMS_HEADERS
             continue
         key = re.match(r"([A-Za-z_][A-Za-z0-9_-]*)\s*=", stripped)
         if inside and key is not None:
@@ -197,15 +232,15 @@ def _path_claim(source: Path, key: str, value: object, listed: str) -> tuple[str
         if set(value) != {listed}:
             raise spec_error(
                 source,
-                f"[policy] {key}",
+                f"[claims] {key}",
                 f"a table takes the one key {listed!r}, got {sorted(value)}; write {example}",
             )
-        paths = read_str_list(source, f"[policy] {key}.{listed}", value[listed], required=True)
+        paths = read_str_list(source, f"[claims] {key}.{listed}", value[listed], required=True)
         bad = [p for p in paths if not (p.startswith(("/", "~/")) or p == "~")]
         if not paths or bad:
             raise spec_error(
                 source,
-                f"[policy] {key}.{listed}",
+                f"[claims] {key}.{listed}",
                 f"needs absolute paths or paths under the payload user's ~ ({bad or 'none given'}"
                 " are not); write " + example,
             )
@@ -213,7 +248,7 @@ def _path_claim(source: Path, key: str, value: object, listed: str) -> tuple[str
     if value not in ("open", "workspace"):
         raise spec_error(
             source,
-            f"[policy] {key}",
+            f"[claims] {key}",
             f'is {describe_value(value)}; choose "open", "workspace" or a table: {example}',
         )
     return str(value), ()
@@ -221,13 +256,13 @@ def _path_claim(source: Path, key: str, value: object, listed: str) -> tuple[str
 
 def _protected(source: Path, value: object) -> tuple[str, ...]:
     """`protected`: workspace-relative paths the payload must not change even there."""
-    paths = read_str_list(source, "[policy] protected", value, required=False)
+    paths = read_str_list(source, "[claims] protected", value, required=False)
     for path in paths:
         pure = PurePosixPath(path)
         if not path or pure.is_absolute() or ".." in pure.parts:
             raise spec_error(
                 source,
-                "[policy] protected",
+                "[claims] protected",
                 f"{path!r} must be a path relative to the workspace without '..' "
                 '(e.g. protected = [".bashrc", ".git/hooks"])',
             )
@@ -242,7 +277,7 @@ def _runs_as(source: Path, value: object) -> str:
         return value
     raise spec_error(
         source,
-        "[policy] runs_as",
+        "[claims] runs_as",
         f'is {describe_value(value)}; write "non-root", "payload-user" (the harness\'s payload '
         "user), a user name, or a uid number",
     )
