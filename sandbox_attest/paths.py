@@ -1,4 +1,4 @@
-"""Where the data folders (`probes/`, `fixtures/`, `matrix/`) live, in a clone or a wheel.
+"""Where the data folders (`probes/`, world data in `fixtures/`, `matrix/`) live, clone or wheel.
 
 In a clone they sit next to the `sandbox_attest` package; an installed wheel carries them as package
 data under `sandbox_attest/_data/<name>` (pyproject's `force-include`). The wheel's copy wins when

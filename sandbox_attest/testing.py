@@ -8,7 +8,7 @@ a matrix run, one at a time, in the style of pytest-httpserver (`make_x` plus `x
         cell = attest_cell("net_direct_egress", "path/to/my-sandbox.toml")
         assert cell.verdict == "PASS", cell.reason
 
-- `attest_world` (session): the running fixture world (`World`, with `.info`, a `WorldInfo`).
+- `attest_world` (session): the running world (`World`, with `.info`, a `WorldInfo`).
 - `attest_backend(name_or_spec)`: a backend by matrix name (`bubblewrap`) or by the path of a
   command-wrapper spec, with its availability (`.ok`, `.reason`).
 - `attest_cell(probe, backend)`: runs one probe in the backend, after its control run on the
@@ -234,7 +234,7 @@ def parse_rule(rule: str | Rule, *, allow_private: bool) -> Rule:
 
 @pytest.fixture(scope="session")
 def attest_world() -> Iterator[World]:
-    """The running fixture world for this session: fake origins, DNS, proxy, witnesses.
+    """The running world for this session: fake origins, DNS, proxy, witnesses.
 
     `attest_world.info` is its `WorldInfo` (hosts, ports, the CA bundle, the proxy's socket);
     `attest_world.records(nonce)` is what every witness saw for one nonce. Stopped, and its
@@ -289,7 +289,7 @@ def attest_cell(
 def egress_proxy(attest_world: World) -> ProxyProcess:
     """The world's own egress proxy: `.url`, `.socket`, `.decisions()`.
 
-    Its allowlist admits the fixture world's allowed hosts only; it is the proxy every cell
+    Its allowlist admits the world's allowed hosts only; it is the proxy every cell
     of `attest_cell` reaches. Stopped with the world.
     """
     return attest_world.proxy

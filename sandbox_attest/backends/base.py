@@ -259,7 +259,7 @@ class ProbeRequest:
     egress: EgressRoute | None
     timeout: float
     cell_dir: Path  # host-only scratch for this cell (logs, rendered files); never bound whole
-    # The fixture world's public description (with the proxy secret), for backends that render
+    # The world's public description (with the proxy secret), for backends that render
     # per-cell files or argv placeholders from it (command wrappers). Others ignore it.
     world: WorldInfo | None = None
     # The unprivileged user every sandboxed command runs as (host/trust.py); None where

@@ -128,7 +128,7 @@ class CellContext:
         probe: the probe id.
         backend: the backend name.
         nonce: the per-cell nonce the payload tags everything with.
-        world: the running fixture world.
+        world: the running world.
         workspace: host path of the cell's workspace (empty dir, created by the runner).
         cell_dir: host-only scratch for this cell; canaries are planted below it.
         claims: the backend's declared confinement.

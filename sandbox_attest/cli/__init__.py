@@ -535,8 +535,8 @@ def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """`serve`: the fixture world alone, for a person to look at."""
-    serve = sub.add_parser("serve", help="start the fixture world, print it as JSON, wait")
+    """`serve`: the world alone, for a person to look at."""
+    serve = sub.add_parser("serve", help="start the world, print it as JSON, wait")
     serve.add_argument("--run-dir", help="where sockets, logs and the CA bundle go")
     serve.add_argument(
         "--world", choices=("auto", "lab", "loopback"), default="auto", help=HELP_WORLD

@@ -20,7 +20,7 @@ each):
    child forked from a worker thread (the cell pool, `RunSession.plan`) dies when that thread
    ends. That is the lifetime we want for per-cell children (anchors, baselines, payloads):
    the pool's threads outlive every cell they run, and the cell stops its children itself.
-   A child that must live as long as the run (the proxy, the fixture world) is started from
+   A child that must live as long as the run (the proxy, the world) is started from
    the main thread, which is where the session starts the world.
 2. The setting survives `execve` of an ordinary binary and the `user=`/`group=` switch that
    `subprocess` makes before calling `preexec_fn` (the switch clears it; it is set after).

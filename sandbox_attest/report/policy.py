@@ -58,7 +58,7 @@ class Requirement:
     platform: str
     backend: str
     probes: tuple[str, ...]
-    # "lab": the leg counts only if its run's fixture world was the hermetic lab (a loopback
+    # "lab": the leg counts only if its run's world was the hermetic lab (a loopback
     # world cannot show a sandbox's whole class of escapes). None: either world.
     world: str | None = None
     # The claims the leg's backend must make, as (claim, accepted words): a backend cannot

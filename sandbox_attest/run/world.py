@@ -1,4 +1,4 @@
-"""The world one run's cells run in: its scratch, its fixture world and its cell runner.
+"""The world one run's cells run in: its scratch, its world and its cell runner.
 
 Started with the first cell (or when a pool is planned), never at collection: a run that
 judges nothing starts nothing. Before it makes anything it sweeps what runs that are gone
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunWorld:
-    """The scratch, the fixture world and the cell runner of one run, started once.
+    """The scratch, the world and the cell runner of one run, started once.
 
     Attributes:
         run_id: the run's id (its journal entry is named by it).
@@ -47,7 +47,7 @@ class RunWorld:
         platform: this machine's platform.
         control_leg: the matrix's control backend.
         run_facts: the evidence's run facts, where `swept` and `payload_files` are recorded.
-        world: the started fixture world (None until the first cell, or if it failed).
+        world: the started world (None until the first cell, or if it failed).
         error: why no cell can run (the world or the payload files failed), or None.
         runner: the cell runner over the started world.
         scratch: the run's scratch directory (every cell dir lives under it).
@@ -83,7 +83,7 @@ class RunWorld:
         try:
             self.world = start_world(self.scratch / "world", lab=current_lab())
         except (HarnessError, OSError) as exc:
-            self.error = f"the fixture world failed to start: {exc}"
+            self.error = f"the world failed to start: {exc}"
             return None
         self.runner = CellRunner(
             world=self.world,
@@ -137,12 +137,12 @@ class RunWorld:
                 platform=self.platform,
                 verdict=Verdict.ERROR.value,
                 # `ensure` returns None only with its error set.
-                reason=reason or "the fixture world is not running",
+                reason=reason or "the world is not running",
             )
         return runner.run_cell(cell)
 
     def stop(self) -> None:
-        """Stop the fixture world (the scratch stays until `remove_scratch`)."""
+        """Stop the world (the scratch stays until `remove_scratch`)."""
         if self.world is not None:
             self.world.stop()
 

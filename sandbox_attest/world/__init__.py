@@ -1,4 +1,4 @@
-"""The fixture world: the fake outside a sandbox sees, and the lab it lives in.
+"""The world: the fake outside a sandbox sees, and the lab it lives in.
 
 One package, one module per concept; nothing is imported here, so a process that needs one
 piece (the egress proxy needs `dns` and `netguard`) loads only that piece:

@@ -1,4 +1,4 @@
-"""The fixture world, started and stopped as one unit, and `sandbox-attest serve`.
+"""The world, started and stopped as one unit, and `sandbox-attest serve`.
 
 `start_world(run_dir)` brings up, in order: the PKI, the DNS fixture, the origins, the
 direct-egress listener, the fake daemons, the canary wheel (published on the index and files
@@ -102,7 +102,7 @@ class WitnessRecords:
 
 @dataclass
 class World:
-    """The running fixture world. No public constructor: get one from `start_world`.
+    """The running world. No public constructor: get one from `start_world`.
 
     Use as a context manager (stops on exit) or call `stop()`, which is idempotent.
     """
@@ -493,7 +493,7 @@ def _start_proxy(
 
 
 def start_world(run_dir: Path, lab: Lab | None = None) -> World:
-    """Start the whole fixture world with its files under `run_dir`.
+    """Start the whole world with its files under `run_dir`.
 
     Args:
         run_dir: a directory for the CA bundle, the wheel, the proxy's decision log, the
@@ -552,9 +552,7 @@ def start_world(run_dir: Path, lab: Lab | None = None) -> World:
     except BaseException as exc:
         stack.close()
         if isinstance(exc, Exception):
-            raise FixtureError(
-                f"the fixture world failed to start at step {step!r}: {exc}"
-            ) from exc
+            raise FixtureError(f"the world failed to start at step {step!r}: {exc}") from exc
         raise
     return World(
         info=info,

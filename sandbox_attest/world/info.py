@@ -1,4 +1,4 @@
-"""What the fixture world looks like from outside: the JSON `sandbox-attest serve` prints.
+"""What the world looks like from outside: the JSON `sandbox-attest serve` prints.
 
 This module holds only the shape. `sandbox_attest.world.core` starts the world and fills it in;
 probes receive a copy (without the proxy secret) inside their task; other tools script against the
@@ -97,7 +97,7 @@ class DaemonInfo:
 
 @dataclass(frozen=True)
 class WorldInfo:
-    """Everything a probe, a backend or a script needs to address the fixture world."""
+    """Everything a probe, a backend or a script needs to address the world."""
 
     proxy: ProxyInfo
     ca_bundle: str

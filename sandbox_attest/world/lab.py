@@ -138,7 +138,7 @@ class Lab:
 
 _current: Lab | None = None
 # Why this process runs in the loopback world, once `ensure_lab` decided it.
-_loopback_reason = "no lab was asked for (the fixture world was started directly)"
+_loopback_reason = "no lab was asked for (the world was started directly)"
 
 WorldMode = Literal["auto", "lab", "loopback"]
 

@@ -1,6 +1,6 @@
 """The command-wrapper backend: specs, process hygiene, and live verdicts of real wrappers.
 
-Live tests drive the real CellRunner against a real fixture world (copying
+Live tests drive the real CellRunner against a real running world (copying
 tests/integration/test_verdicts_live.py): real bwrap, real firejail, real proxy, DNS and TLS.
 """
 
@@ -56,7 +56,7 @@ FIREJAIL_VERDICTS = dict.fromkeys(CORE, "PASS") | {
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One real fixture world for the module."""
+    """One real running world for the module."""
     started = start_world(tmp_path_factory.mktemp("world"))
     yield started
     started.stop()

@@ -40,7 +40,7 @@ ipc = "open"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One real fixture world for the module (its proxy socket is what the shim is given)."""
+    """One real running world for the module (its proxy socket is what the shim is given)."""
     started = start_world(tmp_path_factory.mktemp("world"))
     yield started
     started.stop()

@@ -658,7 +658,7 @@ HOLES = {"default-seccomp": "proc_syscall_surface", "no-limits": "resource_limit
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One real fixture world for the module (proxy, DNS, origins, listeners, daemon)."""
+    """One real running world for the module (proxy, DNS, origins, listeners, daemon)."""
     started = start_world(tmp_path_factory.mktemp("world"))
     yield started
     started.stop()

@@ -69,7 +69,7 @@ def make_spec(tmp_path: Path, user: str = "") -> Path:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    """A real fixture world: a command wrapper renders its placeholders from one."""
+    """A real running world: a command wrapper renders its placeholders from one."""
     with reachable_tempdir("sa-pin-") as base, start_world(base / "w") as running:
         yield running
 

@@ -285,7 +285,7 @@ class TestHostView:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One real fixture world for the module."""
+    """One real running world for the module."""
     started = start_world(tmp_path_factory.mktemp("world"))
     yield started
     started.stop()

@@ -1,6 +1,6 @@
 """The probes about the host around the sandbox (fs, env, ipc route, lifecycle), live and unit.
 
-Live tests drive the real runner with the real fixture world and real backends: the control
+Live tests drive the real runner with the real running world and real backends: the control
 leg (`none`), bubblewrap as configured, and bubblewrap with one deliberate hole each, plus a
 test-only backend that forwards the host's environment. Unit tests feed each assessor
 hand-made reports against real planted files (no world needed: a tiny stand-in carries the
@@ -80,7 +80,7 @@ FAILED_CONTROL: dict[str, Any] = {"ok": False, "nonce": "hcontrol", "checks": []
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One real fixture world for the module."""
+    """One real running world for the module."""
     started = start_world(tmp_path_factory.mktemp("world"))
     yield started
     started.stop()

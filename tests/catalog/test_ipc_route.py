@@ -3,7 +3,7 @@
 Each backend says where it shows the payload the egress socket and shim (`inside_paths`);
 the runner hands that to the cell as its `InsideRoute`. After the cell the harness removes
 whatever carries the nonce from every host directory of the route, and names it as a leak.
-Real backends' objects, real spec files, a real fixture world; the reports are hand-made.
+Real backends' objects, real spec files, a real running world; the reports are hand-made.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ SOCKETS = Path(__file__).parent.parent / "data" / "sockets"
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    """One fixture world for the module, under a short /tmp path (unix socket limits)."""
+    """One world for the module, under a short /tmp path (unix socket limits)."""
     with reachable_tempdir("sa-route-") as base, start_world(base / "w") as running:
         yield running
 

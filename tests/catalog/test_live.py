@@ -106,7 +106,7 @@ def run_cell(
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    """One fixture world for the module, under a short /tmp path (unix socket limits)."""
+    """One world for the module, under a short /tmp path (unix socket limits)."""
     with (
         reachable_tempdir("sa-cat-") as base,
         start_world(base / "w") as running,

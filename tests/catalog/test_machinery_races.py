@@ -42,7 +42,7 @@ def _ctx(probe: str, base: Path) -> CellContext:
         probe=probe,
         backend="test",
         nonce="n" + secrets.token_hex(8),
-        world=cast("Any", None),  # none of these assessors reads the fixture world
+        world=cast("Any", None),  # none of these assessors reads the world
         workspace=cell_dir / "workspace",
         cell_dir=cell_dir,
         claims=CONFINED,

@@ -1,6 +1,6 @@
 """The network probes through and around the proxy: live (control, bubblewrap, weakened), tables.
 
-Live cells go through the real `CellRunner` with the real fixture world, the real `none` and
+Live cells go through the real `CellRunner` with the real running world, the real `none` and
 `bubblewrap` backends, and (for the probes whose enforcement is the proxy) a second, real proxy
 started with a deliberately lax allowlist. The decision-table tests feed each assessor
 hand-made reports and witness records.
@@ -63,7 +63,7 @@ needs_bwrap = pytest.mark.needs_bwrap
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    """One real fixture world for the module, under a short /tmp path (unix socket limits)."""
+    """One real running world for the module, under a short /tmp path (unix socket limits)."""
     with (
         reachable_tempdir("sa-nw-") as base,
         start_world(base / "w") as running,

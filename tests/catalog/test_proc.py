@@ -1,6 +1,6 @@
 """The proc probes live (control leg, real bubblewrap, weakened bubblewrap) and their tables.
 
-Live cells go through the real `CellRunner` with one module-scoped fixture world. Weakened
+Live cells go through the real `CellRunner` with one module-scoped world. Weakened
 sandboxes are `BubblewrapBackend(weaken=...)`: each named hole removes exactly one protection
 of the shipped configuration.
 """
@@ -82,7 +82,7 @@ class Live:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    """One fixture world for the module, under a short /tmp path (unix socket limits)."""
+    """One world for the module, under a short /tmp path (unix socket limits)."""
     with (
         reachable_tempdir("sa-proc-") as base,
         start_world(base / "w") as running,

@@ -13,7 +13,7 @@ write that got through (a false FAIL). Now:
   the host's /run bound in, a daemon socket bound in, the host network shared, /var/tmp bound,
   the host's whole / bound writable.
 
-All cells are real: real bubblewrap, the real fixture world, the payload user as root makes it.
+All cells are real: real bubblewrap, the real running world, the payload user as root makes it.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def make_hole(name: str) -> Backend:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    """One real fixture world for the module, under a short /tmp path (unix socket limits)."""
+    """One real running world for the module, under a short /tmp path (unix socket limits)."""
     with reachable_tempdir("sa-busy-") as base, start_world(base / "w") as running:
         yield running
 

@@ -5,7 +5,7 @@ connect in the kernel (tests/data/claims/seccomp_net_off.py, as Codex's seccomp-
 does). Judged on its true claim, network = "none" cut by "seccomp", it PASSes the network
 probes: every direct attempt refused, no witness heard anything. The same wrapper without its
 filter, under the same claim, FAILs them, and each FAIL names the claim it broke. Real
-processes, a real seccomp filter, the real fixture world, the real control leg.
+processes, a real seccomp filter, the real running world, the real control leg.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ CLAIM = 'claims network = "none" cut by seccomp'
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One real fixture world for the module."""
+    """One real running world for the module."""
     started = start_world(tmp_path_factory.mktemp("world"))
     yield started
     started.stop()

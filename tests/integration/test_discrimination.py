@@ -5,7 +5,7 @@ command wrapper. For each, the probes that match the hole must FAIL, every one o
 its strong configuration PASSes, and every probe unrelated to the hole must give exactly the
 strong configuration's verdict (no collateral noise). The strong configurations must give zero
 FAIL and zero INCONCLUSIVE in three repeated runs: flakiness is a defect. All cells are real:
-real bubblewrap, a real Docker engine, the real fixture world.
+real bubblewrap, a real Docker engine, the real running world.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def probes() -> list[str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One real fixture world for the module."""
+    """One real running world for the module."""
     started = start_world(tmp_path_factory.mktemp("world"))
     yield started
     started.stop()

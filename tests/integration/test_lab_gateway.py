@@ -30,7 +30,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "gateway"
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    """A real fixture world (loopback: the relay dials the harness side's 127.0.0.1)."""
+    """A real running world (loopback: the relay dials the harness side's 127.0.0.1)."""
     with reachable_tempdir("sa-gw-") as base, start_world(base / "w") as running:
         yield running
 

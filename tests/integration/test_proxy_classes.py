@@ -22,7 +22,7 @@ Each hole FAILs its own probe and no other of these four; bubblewrap, docker and
 leg PASS all four (the harness's proxy neither resolves a denied name, nor speaks SOCKS, nor
 admits a metadata name; the control leg reaches the metadata stand-in and the allowed origin
 straight, which is its job).
-Real bwrap, real Docker where the engine is up, the real fixture world (the lab where it can
+Real bwrap, real Docker where the engine is up, the real running world (the lab where it can
 be made); root only (the payload user exists only as root).
 """
 

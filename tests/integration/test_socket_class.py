@@ -10,7 +10,7 @@ fake daemon lives elsewhere, so it PASSes). `ipc_proxy_socket_tamper` attacks th
 each wrapper really shows it. After every cell nothing carrying its nonce is left on the host,
 and a real `sandbox-attest run` of the /run hole earns no PASS gate.
 
-All cells are real: real bubblewrap, a real Docker engine, the real fixture world, the payload
+All cells are real: real bubblewrap, a real Docker engine, the real running world, the payload
 user as root makes it.
 """
 
@@ -58,7 +58,7 @@ def wrapper(name: str) -> CommandBackend:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    """One real fixture world for the module, under a short /tmp path (unix socket limits)."""
+    """One real running world for the module, under a short /tmp path (unix socket limits)."""
     with reachable_tempdir("sa-sock-") as base, start_world(base / "w") as running:
         yield running
 

@@ -31,7 +31,7 @@ import time
 
 
 def test_world_is_running(attest_world):
-    """The fixture world answers: its allowed origin serves /ok over plain HTTP on loopback."""
+    """The world answers: its allowed origin serves /ok over plain HTTP on loopback."""
     host = attest_world.info.hosts["allowed"]
     assert host.name.endswith(".test")
     assert attest_world.info.ca_bundle

@@ -1,6 +1,6 @@
 """The verdict logic cannot be fooled: forged, broken and blind payloads against a real world.
 
-Each test runs the real runner with a real backend and the real fixture world; only the
+Each test runs the real runner with a real backend and the real running world; only the
 payload script is swapped (the narrow seam `sandbox_attest.run.runner.probe_path`) for one in
 tests/data/forged/ that lies, crashes, stays silent or cannot see.
 """
@@ -28,7 +28,7 @@ FORGED = Path(__file__).parent.parent / "data" / "forged"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """One real fixture world for the module."""
+    """One real running world for the module."""
     started = start_world(tmp_path_factory.mktemp("world"))
     yield started
     started.stop()

@@ -120,7 +120,7 @@ class TestBrowser:
 
 
 def test_header_names_the_world_and_the_trust_domains() -> None:
-    """The run table says which world the fixtures lived in and who ran the judged code."""
+    """The run table says which world the fakes lived in and who ran the judged code."""
     from sandbox_attest.report.views import render_html  # noqa: PLC0415
 
     evidence = {

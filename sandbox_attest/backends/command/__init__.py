@@ -1,7 +1,7 @@
 """The command-wrapper backend: attest any third-party sandbox CLI described by a spec file.
 
 A spec (`matrix/backends/<name>.toml`) says how to find the wrapper, the argv around the
-payload, the files it needs per cell, how egress reaches the fixture world and what it claims
+payload, the files it needs per cell, how egress reaches the world and what it claims
 to enforce. The modules, each one mechanism, from the file to a cell's run:
 
 - `spec`: the validated spec (`CommandSpec`) and the values its placeholders take per cell

@@ -1,7 +1,7 @@
 """The command-wrapper backend: attest any third-party sandbox CLI described by a spec file.
 
 The spec (`spec.py`, loaded by `spec_load.py`) says how to find the wrapper, the argv around the
-payload, the files it needs per cell, how egress reaches the fixture world and what it claims
+payload, the files it needs per cell, how egress reaches the world and what it claims
 to enforce. This module turns one `ProbeRequest` into that command line and runs it the way
 real wrappers demand:
 

@@ -281,7 +281,7 @@ def _check_context(wrapper: SpecWrapper, root: Path) -> tuple[RenderContext, Pat
     sample = sample_context()
     read_only = [str(p) for p in python.bind_paths()]
     env = [f"{k}={v}" for k, v in payload_env(None, workspace).items()]
-    # No fixture world at availability time: the host lists are empty (no network), the
+    # No world at availability time: the host lists are empty (no network), the
     # value a wrapper's settings file can always take.
     lists = sample.lists | {"read_only": read_only, "payload_env": env}
     lists |= {name: [] for name in LIST_NAMES if name.startswith(("allowed_", "denied_"))}

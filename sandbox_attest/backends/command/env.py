@@ -1,7 +1,7 @@
 """The environment a command wrapper starts with: an agent's, never one scrubbed for it.
 
 The wrapper gets the harness's own variables minus anything secret-looking (`spec.SECRET_ENV`)
-and minus its proxy settings (they would route a wrapper's own proxy out of the fixture world),
+and minus its proxy settings (they would route a wrapper's own proxy out of the world),
 plus canary credentials planted per cell with random values (`AGENT_CANARIES`), plus the
 payload's own variables, `[env] set` and `[env] wrapper`. What the sandbox lets through to the
 payload is `env_inheritance`'s to judge; the planted values and the wrapper-only names are
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 PROXY_VARS: Final = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 # The harness's own proxy settings never reach a wrapper: a wrapper with its own proxy chains
 # to one it finds in its environment (srt takes HTTPS_PROXY as its parent proxy), which would
-# send the sandbox's traffic somewhere outside the fixture world.
+# send the sandbox's traffic somewhere outside the world.
 HARNESS_PROXY_VARS: Final = frozenset(
     {"http_proxy", "https_proxy", "all_proxy", "no_proxy", "ftp_proxy", "grpc_proxy"}
 )

@@ -2,7 +2,7 @@
 
 A spec describes a third-party sandbox CLI (firejail, bwrap, a vendor's wrapper) closely
 enough that the harness can attest it without a line of Python: how to find it, the argv to
-wrap around the payload, the files it needs per cell, how egress reaches the fixture world,
+wrap around the payload, the files it needs per cell, how egress reaches the world,
 which environment passes in, and the claims it makes. This module holds the validated spec
 (`CommandSpec`) and the values its placeholders take (`RenderContext`); `spec_load` reads and
 checks a file into one (with `spec_fields` and `spec_claims`).
@@ -83,7 +83,7 @@ SCALARS: Final[dict[str, str]] = {
     "ca_bundle": "the run's CA bundle (PEM)",
     "dns_host": "the DNS fixture's address",
     "dns_port": "the DNS fixture's port",
-    "world_dir": "the fixture world's directory (sockets, CA bundle, logs)",
+    "world_dir": "the world's directory (sockets, CA bundle, logs)",
     "spec_dir": "the directory of the spec file itself (absolute)",
     "harness_home": "the home directory of the user the harness runs as",
     # A root-run engine (`docker run --user ...`) must start the payload as the payload user
