@@ -122,7 +122,7 @@ class TestClaims:
         expected = (
             "leg linux/bubblewrap requires claims network_cut = 'seccomp', but bubblewrap "
             "claims network_cut = 'namespace': a backend cannot pass by claiming less; declare "
-            "the claim in its [policy] (and hold it) or change the requirement"
+            "the claim in its [claims] (and hold it) or change the requirement"
         )
         assert claims == [expected]
 
