@@ -157,12 +157,8 @@ class CellPool:
                 f"{', '.join(rows)}"
             )
         row = rows[probe]
-        platform = current_platform()
-        reason = None
-        if platform not in row.platforms:
-            reason = row.reason or f"{probe} does not apply on {platform}"
-        elif (target.name, probe) in matrix.exclusions:
-            reason = matrix.exclusions[(target.name, probe)]
+        listed = {b.name: b for b in matrix.backends}.get(target.name)
+        reason = matrix.not_applicable(listed, target.name, row, current_platform())
         runner.backends[target.name] = target.backend
         runner.availability[target.name] = target.availability
         from sandbox_attest.run.runner import applicable_here  # noqa: PLC0415

@@ -84,16 +84,24 @@ class Matrix:
         cells = []
         for name in order:
             row = self.backend(name)
-            for probe in self.probes:
-                reason = None
-                if platform not in row.platforms:
-                    reason = row.reason or f"{name} does not run on {platform}"
-                elif platform not in probe.platforms:
-                    reason = probe.reason or f"{probe.id} does not apply on {platform}"
-                elif (name, probe.id) in self.exclusions:
-                    reason = self.exclusions[(name, probe.id)]
-                cells.append(Cell(name, probe, reason))
+            cells += [
+                Cell(name, p, self.not_applicable(row, name, p, platform)) for p in self.probes
+            ]
         return cells
+
+    def not_applicable(
+        self, row: BackendRow | None, backend: str, probe: ProbeRow, platform: str
+    ) -> str | None:
+        """Why the matrix does not run `probe` on `backend` here, or None: the one rule.
+
+        `row` is the backend's matrix row, or None for a backend the matrix does not list (a
+        vendor's spec handed to the pytest fixtures), which then has no platform row to check.
+        """
+        if row is not None and platform not in row.platforms:
+            return row.reason or f"{backend} does not run on {platform}"
+        if platform not in probe.platforms:
+            return probe.reason or f"{probe.id} does not apply on {platform}"
+        return self.exclusions.get((backend, probe.id))
 
 
 def _check_keys(path: Path, where: str, table: dict[str, Any], allowed: set[str]) -> None:
