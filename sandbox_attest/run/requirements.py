@@ -20,7 +20,6 @@ from sandbox_attest.report.policy import (
     Policy,
     cell_leg,
     claim_problems,
-    evaluate,
 )
 from sandbox_attest.verdict import Verdict
 
@@ -245,18 +244,8 @@ class Requirements:
             )
         return lines
 
-    def signed_gate(self, entries: list[CellEntry], *, world: str, complete: bool = True) -> Gate:
-        """The gate the attestation signs: `evaluate` over these cells with this policy."""
-        return evaluate(
-            entries,
-            self.policy,
-            default_platform=self.platform,
-            complete=complete,
-            world=world,
-        )
-
     def gate_failures(
-        self, entries: list[CellEntry], deselected: list[str], *, world: str
+        self, entries: list[CellEntry], deselected: list[str], *, signed: Gate
     ) -> list[str]:
         """Why the release gate does not hold for this run; empty when it holds.
 
@@ -264,8 +253,9 @@ class Requirements:
         backend nobody requires is reported in the grid and the evidence, never hidden, but it
         does not make the run's exit status non-zero. An empty requirement never holds, and
         neither does a run in which no sandbox backend was judged: the control leg alone
-        attests nothing. The signed gate (`evaluate`) is checked too, so the exit status and
-        the attestation cannot disagree.
+        attests nothing. `signed` is the gate the attestation signs (the session's
+        `signed_gate`, the same `gate_for` the signer and `verify` use): its problems are the
+        last word, so the exit status and the attestation cannot disagree.
         """
         if not self.required and not self.required_backends:
             return ["the policy requires no cell on this platform; nothing can be attested"]
@@ -311,8 +301,5 @@ class Requirements:
                 f"evidence is incomplete: {', '.join(deselected[:5])}"
             )
         if not failures:
-            failures = [
-                f"the signed gate is FAILED: {p}"
-                for p in self.signed_gate(entries, world=world).problems
-            ]
+            failures = [f"the signed gate is FAILED: {p}" for p in signed.problems]
         return failures

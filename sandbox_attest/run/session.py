@@ -187,8 +187,9 @@ class RunSession:
 
     def gate_failures(self) -> list[str]:
         """Why the release gate does not hold for this run (`Requirements.gate_failures`)."""
-        world = str(self.writer.run_facts.get("world", {}).get("kind"))
-        return self.rules.gate_failures(self.writer.cells, self.deselected, world=world)
+        return self.rules.gate_failures(
+            self.writer.cells, self.deselected, signed=self.signed_gate()
+        )
 
     # -- the cells: run (in the pool once planned) and recorded durably
 
