@@ -156,7 +156,7 @@ def inspection_cost(runs: int, *, looking: bool = False) -> tuple[float, float, 
 def group_reading_cost(runs: int) -> dict[str, tuple[float, float]]:
     """Per backend: median ms the host held the payload, and median processes it read.
 
-    The rendezvous reads every process of the cell's group (sandbox_attest/run/cellgroup.py)
+    The rendezvous reads every process of the cell's group (sandbox_attest/host/cellgroup.py)
     before it lets the payload go, so `held_ms` is what reading all of them costs a cell:
     under bubblewrap its two bwrap processes and the payload, under none the payload alone.
     """

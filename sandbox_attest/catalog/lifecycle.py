@@ -6,8 +6,8 @@ exit, and finds survivors by their nonce-tagged marker in /proc. A tick still gr
 process still there, is an escape whatever the payload says.
 
 The host's reading must not be the harness's own cleanup. A command wrapper's run is swept
-for everything left in the cell's group once the wrapper exits (sandbox_attest/run/cellgroup.py,
-sandbox_attest/backends/command.py), whatever session or environment a child took, and a
+for everything left in the cell's group once the wrapper exits (sandbox_attest/host/cellgroup.py,
+sandbox_attest/backends/command/), whatever session or environment a child took, and a
 sweep that kills the children leaves nothing for the watch to see: the sandbox would be
 credited with what the harness did. So the children are found here by their argv marker, and
 every process a backend's sweep had to kill, as it records in the cell dir

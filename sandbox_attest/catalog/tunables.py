@@ -153,7 +153,7 @@ class ProcKernelTunables(SpecBase):
         Raises:
             FixtureError: there is no cgroup v2 group of the harness's here.
         """
-        # Inside the run's own cgroup (sandbox_attest/run/cellgroup.py): journalled before it was
+        # Inside the run's own cgroup (sandbox_attest/host/cellgroup.py): journalled before it was
         # made, so a killed run's delegated groups are swept by the next run, never left behind.
         parent, why = run_cgroup()
         if parent is None:

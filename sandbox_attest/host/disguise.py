@@ -70,7 +70,7 @@ STEM: Final = "kiln"
 READY_PREFIX: Final = f".{STEM}-lock-"
 GO_PREFIX: Final = f".{STEM}-sync-"
 
-# A run's cgroup (`<prefix><pid>-<tag>`, sandbox_attest/run/cellgroup.py), which every process of a
+# A run's cgroup (`<prefix><pid>-<tag>`, sandbox_attest/host/cellgroup.py), which every process of a
 # cell shows in /proc/self/cgroup; the sweep kills in and removes only directories so named.
 RUN_CGROUP_PREFIX: Final = f"{STEM}-worker-"
 # proc_kernel_tunables's delegated group inside the run's cgroup (`<prefix><nonce>`).

@@ -208,7 +208,7 @@ def dead_entries() -> list[Path]:
     return found
 
 
-# What a backend's own sweep killed after one cell's run (sandbox_attest/backends/command.py's
+# What a backend's own sweep killed after one cell's run (sandbox_attest/backends/command/'s
 # LeftoverWatcher), kept in the cell dir for the assessors: `lifecycle_orphans` counts each as
 # an escape, since the sandbox let it outlive the payload and only the harness ended it. The
 # cell dir is the harness's, never the payload user's, so the payload cannot write or hide it.

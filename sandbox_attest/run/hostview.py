@@ -3,7 +3,7 @@
 A payload's report travels through the wrapper's stdout, which the wrapper can rewrite; these
 readings do not. Every payload starts through `probes/_launch.py`, which writes a ready file
 into its workspace and waits (a few seconds at most) for a go file. Meanwhile the runner reads
-what the kernel says about every process of the cell's group (sandbox_attest/run/cellgroup.py: the
+what the kernel says about every process of the cell's group (sandbox_attest/host/cellgroup.py: the
 cgroup or process subtree the wrapper started in, which the payload user cannot leave), never
 only the one whose command line names the launcher (a wrapper can start a decoy with that
 name), and then lets it go on; it keeps reading members that join or change until the run
@@ -424,7 +424,7 @@ class Rendezvous:
     Start it before the backend runs, `finish()` after; `view` holds the readings, and
     `held_ms` how long the payload waited for them once the host saw its ready file.
 
-    Which processes: `start` opens the cell's group (sandbox_attest/run/cellgroup.py) and makes it
+    Which processes: `start` opens the cell's group (sandbox_attest/host/cellgroup.py) and makes it
     this thread's current one, so the backend starts its wrapper inside it. At the rendezvous
     the host reads every member, and keeps reading each new member until `finish`: a wrapper
     may start the real payload after a decoy took the rendezvous. A member that runs one of

@@ -14,7 +14,7 @@ Two hostile command wrappers (tests/data/decoy/), each attested by a real `sandb
   ['pid']`, but proc_visibility judged the report and the anchor alone.
 
 Both earned PASS before the host read every process of the cell's group
-(sandbox_attest/run/cellgroup.py) and judged the worst. Here each must FAIL, its reason naming
+(sandbox_attest/host/cellgroup.py) and judged the worst. Here each must FAIL, its reason naming
 the process or reading that decides, and the gate must not pass. Real processes, real uids,
 root only (the payload user the wrappers run as exists only where the harness can switch).
 """

@@ -195,7 +195,7 @@ class TestOrphansOutliveTheWrapper:
 
         They stay in the cell's group whatever session or environment they take, so the
         harness's sweep ends them once the wrapper is gone, and names each as the sandbox's
-        escape (sandbox_attest/run/cellgroup.py): none is left for the watch to see alive.
+        escape (sandbox_attest/host/cellgroup.py): none is left for the watch to see alive.
         """
         cell = run.cell("hole-orphans", "lifecycle_orphans")
         assert cell["verdict"] == "FAIL", cell["reason"]

@@ -362,7 +362,7 @@ class TestAttacksFail:
 
         It once outlived the run (no run tag followed it) and retried its plants through the
         signing; now the harness's sweep kills every member of the cell's group once the
-        wrapper is gone (sandbox_attest/run/cellgroup.py), so it never reaches its own end.
+        wrapper is gone (sandbox_attest/host/cellgroup.py), so it never reaches its own end.
         """
         start = run.one("helper-start")
         assert start["outs"] == [str(run.out)]

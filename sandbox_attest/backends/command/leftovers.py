@@ -68,7 +68,7 @@ def _describe(pid: int) -> str:
 class LeftoverWatcher(threading.Thread):
     """Kills what a run leaves behind as soon as the wrapper itself has exited.
 
-    Members of the cell's group (sandbox_attest/run/cellgroup.py) are the wrapper and everything
+    Members of the cell's group (sandbox_attest/host/cellgroup.py) are the wrapper and everything
     it started, wherever they moved: another session or process group, a fresh environment,
     a double fork. Once no wrapper the group started is still running, every member left is
     a leftover: killed once it has outlived the wrapper by GRACE_S, and named.

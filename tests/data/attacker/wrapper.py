@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A hostile "sandbox wrapper" (issue 12): it attacks the harness, then runs its payload bare.
 
-The harness starts it as it starts any command wrapper (sandbox_attest/backends/command.py), as the
+The harness starts it as it starts any command wrapper (sandbox_attest/backends/command/), as the
 payload user. Before it runs the payload it tries what issue 12 listed, as live attempts:
 
   a. walk its ancestors (the ppid chain from /proc/self/stat up to pid 1) and, for each, read

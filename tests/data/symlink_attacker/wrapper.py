@@ -46,7 +46,7 @@ SECONDS_ENV = "ATTACKER_HELPER_SECONDS"
 RECORDS = "attacks.jsonl"
 STOP = "stop"
 HELPER_LOCK = "helper.lock"
-# The payload home's dirs the harness plants in (sandbox_attest/catalog/fs.py).
+# The payload home's dirs the harness plants in (sandbox_attest/catalog/fs/).
 LINKED = (".ssh", ".config")
 # Where the links point once something landed: a dir of the payload user's own.
 ELSEWHERE = ".attacker-elsewhere"
@@ -253,7 +253,7 @@ def start_helper() -> None:
     """Double fork a detached helper: one per run when planting, one per wrapper when racing.
 
     The harness kills what a cell's wrapper leaves behind when the cell ends (its cell group,
-    sandbox_attest/run/cellgroup.py), so a racing helper lives as long as its own cell: each
+    sandbox_attest/host/cellgroup.py), so a racing helper lives as long as its own cell: each
     wrapper starts its own, and it races the host's look at that cell and the next.
     """
     if os.environ.get(MODE_ENV) != "race":
