@@ -19,20 +19,16 @@ root only (the payload user exists only as root).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.attest import EVIDENCE_NAME
 from sandbox_attest.backends.base import Backend
 from sandbox_attest.report.evidence import CellEntry
-from tests.integration.test_cli_run import CLI, keypair
+from tests.integration.hole_runs import HoleRun, hole_run
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:
@@ -62,65 +58,24 @@ LEGS = ("none", *STRONG)
 RUN_TIMEOUT_S = 300
 
 
-@dataclass(frozen=True)
-class Run:
-    """One `sandbox-attest run` over the holes, the strong backends and the control leg."""
-
-    out: Path
-    stdout: str
-    stderr: str
-
-    def cell(self, backend: str, probe: str) -> dict[str, Any]:
-        """One cell of the signed evidence; fails naming the run's output if there is none."""
-        path = self.out / EVIDENCE_NAME
-        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
-        cells: dict[str, dict[str, Any]] = {
-            c["cell_id"]: c for c in json.loads(path.read_text())["cells"]
-        }
-        return cells[f"{backend}-{probe}"]
-
-
 @pytest.fixture(scope="module")
-def run() -> Iterator[Run]:
+def run() -> Iterator[HoleRun]:
     """The run, shared by the checks below."""
-    with reachable_tempdir("sa-issue28-") as root:
-        matrix = root / "matrix.toml"
-        matrix.write_text(
-            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 40\n' for p in PROBES)
-            + "".join(f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in LEGS)
-        )
-        policy = root / "policy.toml"
-        probes = ", ".join(f'"{p}"' for p in PROBES)
-        policy.write_text(
-            f'[[require]]\nplatform = "linux"\nbackend = "none"\nprobes = [{probes}]\n'
-        )
-        private, _ = keypair(root)
-        out = root / "report"
-        specs = [a for p in HOLES for a in ("--backend-spec", str(DATA / f"{p}_hole.toml"))]
-        strong = [a for b in STRONG for a in ("--backend", b)]
-        argv = [
-            *CLI,
-            "run",
-            "--matrix",
-            str(matrix),
-            "--policy",
-            str(policy),
-            *strong,
-            *specs,
-            "--key",
-            str(private),
-            "--out",
-            str(out),
-            "-j",
-            "2",
-        ]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
-        )
-        yield Run(out, done.stdout, done.stderr)
+    specs = [DATA / f"{p}_hole.toml" for p in HOLES]
+    with hole_run(
+        "sa-issue28-",
+        probes=PROBES,
+        legs=LEGS,
+        required=("none",),
+        specs=specs,
+        named=STRONG,
+        probe_timeout=40,
+        run_timeout=RUN_TIMEOUT_S,
+    ) as done:
+        yield done
 
 
-def _strong_or_skip(run: Run, backend: str, probe: str) -> dict[str, Any]:
+def _strong_or_skip(run: HoleRun, backend: str, probe: str) -> dict[str, Any]:
     cell = run.cell(backend, probe)
     if cell["verdict"] == "UNAVAILABLE":
         pytest.skip(f"{backend} is unavailable here: {cell['reason']}")
@@ -129,13 +84,13 @@ def _strong_or_skip(run: Run, backend: str, probe: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("probe", PROBES)
 class TestEachProbe:
-    def test_the_control_leg_sees_the_escape(self, run: Run, probe: str) -> None:
+    def test_the_control_leg_sees_the_escape(self, run: HoleRun, probe: str) -> None:
         """Unconfined, the payload user reaches the target: PASS because the escape was seen."""
         cell = run.cell("none", probe)
         assert (cell["verdict"], cell["escape"]) == ("PASS", "escaped"), cell["reason"]
 
     @pytest.mark.parametrize("backend", STRONG)
-    def test_the_strong_backends_hold(self, run: Run, probe: str, backend: str) -> None:
+    def test_the_strong_backends_hold(self, run: HoleRun, probe: str, backend: str) -> None:
         """The strong backends (bubblewrap, docker) refuse every attempt; the control holds."""
         cell = _strong_or_skip(run, backend, probe)
         assert cell["verdict"] == "PASS", cell["reason"]
@@ -144,7 +99,7 @@ class TestEachProbe:
 
 @pytest.mark.parametrize("probe", sorted(HOLES))
 class TestEachHole:
-    def test_the_hole_fails_naming_the_fix(self, run: Run, probe: str) -> None:
+    def test_the_hole_fails_naming_the_fix(self, run: HoleRun, probe: str) -> None:
         """The wrapper with exactly this hole FAILs, and its reason says how to close it."""
         cell = run.cell(HOLES[probe], probe)
         assert cell["verdict"] == "FAIL", cell["reason"]
@@ -152,7 +107,7 @@ class TestEachHole:
 
 
 class TestCrossProcess:
-    def test_the_signal_reached_the_target(self, run: Run) -> None:
+    def test_the_signal_reached_the_target(self, run: HoleRun) -> None:
         """Sharing the host's pid namespace lets SIGUSR1 reach the target: its log names it."""
         cell = run.cell(HOLES["proc_cross_process"], "proc_cross_process")
         assert cell["witness"]["signals"], cell["witness"]
@@ -161,14 +116,14 @@ class TestCrossProcess:
 
 
 class TestKernelTunables:
-    def test_the_host_found_the_group(self, run: Run) -> None:
+    def test_the_host_found_the_group(self, run: HoleRun) -> None:
         """The host's cgroupfs held the payload's nonce-named group: FAIL naming the bind."""
         cell = run.cell(HOLES["proc_kernel_tunables"], "proc_kernel_tunables")
         assert cell["witness"]["group_made"] is True, cell["witness"]
         assert f"escape-{cell['nonce']}" in cell["reason"], cell["reason"]
         assert "do not bind the host's /sys/fs/cgroup" in cell["reason"], cell["reason"]
 
-    def test_no_group_is_left_behind(self, run: Run) -> None:
+    def test_no_group_is_left_behind(self, run: HoleRun) -> None:
         """Cleanup removed every delegated group, the payload's included."""
         cell = run.cell(HOLES["proc_kernel_tunables"], "proc_kernel_tunables")
         made = Path(cell["witness"]["group"])
@@ -176,7 +131,7 @@ class TestKernelTunables:
         assert not made.parent.exists(), made.parent
 
     @pytest.mark.parametrize("backend", STRONG)
-    def test_no_control_file_opened_for_writing(self, run: Run, backend: str) -> None:
+    def test_no_control_file_opened_for_writing(self, run: HoleRun, backend: str) -> None:
         """Inside the strong backends every write-only open of a control file was refused."""
         cell = _strong_or_skip(run, backend, "proc_kernel_tunables")
         assert cell["witness"]["opened"] == [], cell["witness"]

@@ -16,18 +16,16 @@ Real bubblewrap, real docker, real uids; root only (the payload user exists only
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.attest import EVIDENCE_NAME
 from sandbox_attest.host import disguise
+from tests.integration.hole_runs import HoleRun, hole_run
 from tests.integration.test_cli_run import CLI, keypair
 from tests.reachable import reachable_tempdir
 
@@ -52,58 +50,25 @@ STRONG = ("bubblewrap", "docker")
 RUN_TIMEOUT_S = 300
 
 
-@dataclass(frozen=True)
-class Run:
-    """One `sandbox-attest run` over the holes, the strong backends and the control leg."""
-
-    out: Path
-    returncode: int
-    stdout: str
-    stderr: str
-
-    def cell(self, backend: str, probe: str) -> dict[str, Any]:
-        """One cell of the signed evidence; fails naming the run's output if there is none."""
-        path = self.out / EVIDENCE_NAME
-        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
-        cells: dict[str, dict[str, Any]] = {
-            c["cell_id"]: c for c in json.loads(path.read_text())["cells"]
-        }
-        return cells[f"{backend}-{probe}"]
-
-
 @pytest.fixture(scope="module")
-def run() -> Iterator[Run]:
+def run() -> Iterator[HoleRun]:
     """The run, shared by the checks below."""
-    with reachable_tempdir("sa-machinery-") as root:
-        matrix = root / "matrix.toml"
-        matrix.write_text(
-            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 30\n' for p in PROBES)
-            + "".join(
-                f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in ("none", *STRONG)
-            )
-        )
-        policy = root / "policy.toml"
-        probes = ", ".join(f'"{p}"' for p in PROBES)
-        policy.write_text(
-            "".join(
-                f'[[require]]\nplatform = "linux"\nbackend = "{b}"\nprobes = [{probes}]\n'
-                for b in ("none", *STRONG)
-            )
-        )
-        private, _ = keypair(root)
-        out = root / "report"
-        specs = [arg for file, _ in HOLES.values() for arg in ("--backend-spec", str(DATA / file))]
-        argv = [*CLI, "run", "--matrix", str(matrix), "--policy", str(policy), *specs]
-        argv += ["--key", str(private), "--out", str(out), "-j", "2"]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
-        )
-        yield Run(out, done.returncode, done.stdout, done.stderr)
+    legs = ("none", *STRONG)
+    specs = [DATA / file for file, _ in HOLES.values()]
+    with hole_run(
+        "sa-machinery-",
+        probes=PROBES,
+        legs=legs,
+        required=legs,
+        specs=specs,
+        run_timeout=RUN_TIMEOUT_S,
+    ) as done:
+        yield done
 
 
 class TestControlLeg:
     @pytest.mark.parametrize("probe", PROBES)
-    def test_sees_the_escape_unconfined(self, run: Run, probe: str) -> None:
+    def test_sees_the_escape_unconfined(self, run: HoleRun, probe: str) -> None:
         """On the open leg each probe PASSes because it saw the escape: the FAILs are not noise."""
         cell = run.cell("none", probe)
         assert (cell["verdict"], cell["escape"]) == ("PASS", "escaped"), cell["reason"]
@@ -112,7 +77,7 @@ class TestControlLeg:
 class TestStrongBackends:
     @pytest.mark.parametrize("backend", STRONG)
     @pytest.mark.parametrize("probe", PROBES)
-    def test_pass(self, run: Run, backend: str, probe: str) -> None:
+    def test_pass(self, run: HoleRun, backend: str, probe: str) -> None:
         """The native bwrap and docker legs keep the machinery and host directories out: PASS."""
         cell = run.cell(backend, probe)
         if cell["verdict"] == "UNAVAILABLE":
@@ -121,7 +86,7 @@ class TestStrongBackends:
 
 
 class TestMachineryWritable:
-    def test_fails_naming_the_copies_and_the_fix(self, run: Run) -> None:
+    def test_fails_naming_the_copies_and_the_fix(self, run: HoleRun) -> None:
         """A writable helper, config and allowlist: FAIL naming each copy the host saw change."""
         cell = run.cell("hole-machinery", "fs_machinery_overwrite")
         assert cell["verdict"] == "FAIL", cell["reason"]
@@ -131,14 +96,14 @@ class TestMachineryWritable:
         assert changed == {"helper", "config", "allowlist"}, cell["witness"]
         assert cell["witness"]["real_helpers_changed"] == [], cell["witness"]
 
-    def test_the_other_probe_holds(self, run: Run) -> None:
+    def test_the_other_probe_holds(self, run: HoleRun) -> None:
         """The writable machinery dir leaks no descriptor: fs_leaked_dirfd is not FAIL."""
         cell = run.cell("hole-machinery", "fs_leaked_dirfd")
         assert cell["verdict"] != "FAIL", cell["reason"]
 
 
 class TestLeakedDirectoryDescriptor:
-    def test_fails_naming_the_descriptor_and_the_fix(self, run: Run) -> None:
+    def test_fails_naming_the_descriptor_and_the_fix(self, run: HoleRun) -> None:
         """A host directory held as fd 7 inside the sandbox: FAIL naming it and the fix."""
         cell = run.cell("hole-leaked-dirfd", "fs_leaked_dirfd")
         assert cell["verdict"] == "FAIL", cell["reason"]
@@ -154,7 +119,7 @@ class TestLeakedDirectoryDescriptor:
         wrapper = (DATA / "fs_leaked_dirfd_hole.toml").read_text()
         assert f'/{disguise.DIRFD_CANARY_DIR}"' in wrapper
 
-    def test_the_other_probe_holds(self, run: Run) -> None:
+    def test_the_other_probe_holds(self, run: HoleRun) -> None:
         """The leaked descriptor writes no machinery: fs_machinery_overwrite is not FAIL."""
         cell = run.cell("hole-leaked-dirfd", "fs_machinery_overwrite")
         assert cell["verdict"] != "FAIL", cell["reason"]
@@ -202,7 +167,7 @@ class TestInheritedDescriptor:
                 )
             finally:
                 os.close(held)
-            inherited = Run(root / "report", done.returncode, done.stdout, done.stderr)
+            inherited = HoleRun(root / "report", done.returncode, done.stdout, done.stderr)
             for backend in STRONG:
                 cell = inherited.cell(backend, "fs_leaked_dirfd")
                 if cell["verdict"] == "UNAVAILABLE":
@@ -212,7 +177,7 @@ class TestInheritedDescriptor:
 
 
 class TestGate:
-    def test_no_hole_earns_a_pass_gate(self, run: Run) -> None:
+    def test_no_hole_earns_a_pass_gate(self, run: HoleRun) -> None:
         """Exit 1 and gate FAILED: the holes' FAIL cells are not hidden by the PASSing legs."""
         assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
         gate = [ln for ln in run.stdout.splitlines() if ln.startswith("gate: ")]

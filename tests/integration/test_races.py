@@ -16,19 +16,14 @@ Real bubblewrap, real docker, real uids; root only (the payload user exists only
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.attest import EVIDENCE_NAME
-from tests.integration.test_cli_run import CLI, keypair
-from tests.reachable import reachable_tempdir
+from tests.integration.hole_runs import HoleRun, hole_run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -52,57 +47,19 @@ STRONG = ("bubblewrap", "docker")
 RUN_TIMEOUT_S = 300
 
 
-@dataclass(frozen=True)
-class Run:
-    """One `sandbox-attest run` over the holes, the strong backends and the control leg."""
-
-    out: Path
-    returncode: int
-    stdout: str
-    stderr: str
-
-    def cell(self, backend: str, probe: str) -> dict[str, Any]:
-        """One cell of the signed evidence; fails naming the run's output if there is none."""
-        path = self.out / EVIDENCE_NAME
-        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
-        cells: dict[str, dict[str, Any]] = {
-            c["cell_id"]: c for c in json.loads(path.read_text())["cells"]
-        }
-        return cells[f"{backend}-{probe}"]
-
-
 @pytest.fixture(scope="module")
-def run() -> Iterator[Run]:
+def run() -> Iterator[HoleRun]:
     """The run, shared by the checks below."""
-    with reachable_tempdir("sa-races-") as root:
-        matrix = root / "matrix.toml"
-        matrix.write_text(
-            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 30\n' for p in PROBES)
-            + "".join(
-                f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in ("none", *STRONG)
-            )
-        )
-        policy = root / "policy.toml"
-        probes = ", ".join(f'"{p}"' for p in PROBES)
-        policy.write_text(
-            "".join(
-                f'[[require]]\nplatform = "linux"\nbackend = "{b}"\nprobes = [{probes}]\n'
-                for b in ("none", *STRONG)
-            )
-        )
-        private, _ = keypair(root)
-        out = root / "report"
-        specs = [arg for file, _ in HOLES.values() for arg in ("--backend-spec", str(DATA / file))]
-        argv = [*CLI, "run", "--matrix", str(matrix), "--policy", str(policy), *specs]
-        argv += ["--key", str(private), "--out", str(out), "-j", "2"]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
-        )
-        yield Run(out, done.returncode, done.stdout, done.stderr)
+    legs = ("none", *STRONG)
+    specs = [DATA / file for file, _ in HOLES.values()]
+    with hole_run(
+        "sa-races-", probes=PROBES, legs=legs, required=legs, specs=specs, run_timeout=RUN_TIMEOUT_S
+    ) as done:
+        yield done
 
 
 class TestControlLeg:
-    def test_sees_both_escapes_unconfined(self, run: Run) -> None:
+    def test_sees_both_escapes_unconfined(self, run: HoleRun) -> None:
         """Unconfined, the swap reaches the canary and the socket lands: the FAILs are not noise."""
         cell = run.cell("none", PROBE)
         assert (cell["verdict"], cell["escape"]) == ("PASS", "escaped"), cell["reason"]
@@ -112,7 +69,7 @@ class TestControlLeg:
 
 class TestStrongBackends:
     @pytest.mark.parametrize("backend", STRONG)
-    def test_pass(self, run: Run, backend: str) -> None:
+    def test_pass(self, run: HoleRun, backend: str) -> None:
         """The native bwrap and docker legs bind no swappable source and no outside dir: PASS."""
         cell = run.cell(backend, PROBE)
         if cell["verdict"] == "UNAVAILABLE":
@@ -123,7 +80,7 @@ class TestStrongBackends:
 
 
 class TestSwappedBindSource:
-    def test_fails_naming_the_canary_behind_the_swap_and_the_fix(self, run: Run) -> None:
+    def test_fails_naming_the_canary_behind_the_swap_and_the_fix(self, run: HoleRun) -> None:
         """The setup followed the helper's symlink: FAIL, the host saw the canary in the view."""
         cell = run.cell("hole-setup-race", PROBE)
         assert cell["verdict"] == "FAIL", cell["reason"]
@@ -134,7 +91,7 @@ class TestSwappedBindSource:
 
 
 class TestSocketOutside:
-    def test_fails_naming_the_socket_and_the_fix(self, run: Run) -> None:
+    def test_fails_naming_the_socket_and_the_fix(self, run: HoleRun) -> None:
         """A socket bound outside the workspace at start-up stays on the host: FAIL naming it."""
         cell = run.cell("hole-socket-dir", PROBE)
         assert cell["verdict"] == "FAIL", cell["reason"]
@@ -145,7 +102,7 @@ class TestSocketOutside:
 
 
 class TestGate:
-    def test_no_hole_earns_a_pass_gate(self, run: Run) -> None:
+    def test_no_hole_earns_a_pass_gate(self, run: HoleRun) -> None:
         """Exit 1 and gate FAILED: the holes' FAIL cells are not hidden by the PASSing legs."""
         assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
         gate = [ln for ln in run.stdout.splitlines() if ln.startswith("gate: ")]

@@ -18,19 +18,14 @@ uids; root only (the payload user exists only as root).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.attest import EVIDENCE_NAME
-from tests.integration.test_cli_run import CLI, keypair
-from tests.reachable import reachable_tempdir
+from tests.integration.hole_runs import HoleRun, hole_run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -59,64 +54,24 @@ LEGS = ("none", *STRONG)
 RUN_TIMEOUT_S = 300
 
 
-@dataclass(frozen=True)
-class Run:
-    """One `sandbox-attest run` over the holes, the strong backends and the control leg."""
-
-    out: Path
-    stdout: str
-    stderr: str
-
-    def cell(self, backend: str, probe: str) -> dict[str, Any]:
-        """One cell of the signed evidence; fails naming the run's output if there is none."""
-        path = self.out / EVIDENCE_NAME
-        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
-        cells = {c["cell_id"]: c for c in json.loads(path.read_text())["cells"]}
-        cell: dict[str, Any] = cells[f"{backend}-{probe}"]
-        return cell
-
-
 @pytest.fixture(scope="module")
-def run() -> Iterator[Run]:
+def run() -> Iterator[HoleRun]:
     """The run, shared by the checks below."""
-    with reachable_tempdir("sa-syscalls-") as root:
-        matrix = root / "matrix.toml"
-        matrix.write_text(
-            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 30\n' for p in HOLES)
-            + "".join(f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in LEGS)
-        )
-        policy = root / "policy.toml"
-        probes = ", ".join(f'"{p}"' for p in HOLES)
-        policy.write_text(
-            f'[[require]]\nplatform = "linux"\nbackend = "none"\nprobes = [{probes}]\n'
-        )
-        private, _ = keypair(root)
-        out = root / "report"
-        specs = [a for p in HOLES for a in ("--backend-spec", str(DATA / f"{p}_hole.toml"))]
-        strong = [a for b in STRONG for a in ("--backend", b)]
-        argv = [
-            *CLI,
-            "run",
-            "--matrix",
-            str(matrix),
-            "--policy",
-            str(policy),
-            *strong,
-            *specs,
-            "--key",
-            str(private),
-            "--out",
-            str(out),
-            "-j",
-            "2",
-        ]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
-        )
-        yield Run(out, done.stdout, done.stderr)
+    specs = [DATA / f"{p}_hole.toml" for p in HOLES]
+    with hole_run(
+        "sa-syscalls-",
+        probes=tuple(HOLES),
+        legs=LEGS,
+        required=("none",),
+        specs=specs,
+        named=STRONG,
+        probe_timeout=30,
+        run_timeout=RUN_TIMEOUT_S,
+    ) as done:
+        yield done
 
 
-def _strong_or_skip(run: Run, backend: str, probe: str) -> dict[str, Any]:
+def _strong_or_skip(run: HoleRun, backend: str, probe: str) -> dict[str, Any]:
     cell = run.cell(backend, probe)
     if cell["verdict"] == "UNAVAILABLE":
         pytest.skip(f"{backend} is unavailable here: {cell['reason']}")
@@ -125,7 +80,7 @@ def _strong_or_skip(run: Run, backend: str, probe: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("probe", sorted(HOLES))
 class TestEachProbe:
-    def test_the_control_leg_sees_the_escape(self, run: Run, probe: str) -> None:
+    def test_the_control_leg_sees_the_escape(self, run: HoleRun, probe: str) -> None:
         """Unconfined, the payload user reaches every door: PASS because the escape was seen."""
         cell = run.cell("none", probe)
         assert (cell["verdict"], cell["escape"]) == ("PASS", "escaped"), cell["reason"]
@@ -133,7 +88,7 @@ class TestEachProbe:
             assert f"{what} succeeded" in cell["reason"], (what, cell["reason"])
 
     @pytest.mark.parametrize("backend", STRONG)
-    def test_the_strong_backends_hold(self, run: Run, probe: str, backend: str) -> None:
+    def test_the_strong_backends_hold(self, run: HoleRun, probe: str, backend: str) -> None:
         """The bubblewrap and docker backends refuse every call the host baseline reaches."""
         cell = _strong_or_skip(run, backend, probe)
         assert (cell["verdict"], cell["escape"]) == ("PASS", "refused"), cell["reason"]
@@ -141,7 +96,7 @@ class TestEachProbe:
             "reached (clone3 made namespaces, or the mount API passed its permission check): none"
         ), cell["reason"]
 
-    def test_the_hole_fails_naming_each_call_and_the_fix(self, run: Run, probe: str) -> None:
+    def test_the_hole_fails_naming_each_call_and_the_fix(self, run: HoleRun, probe: str) -> None:
         """The wrapper with exactly this hole FAILs, naming what it let through and the fix."""
         backend, opened = HOLES[probe]
         cell = run.cell(backend, probe)
@@ -153,7 +108,7 @@ class TestEachProbe:
 
 
 class TestExactlyThatHole:
-    def test_the_seccomp_hole_leaves_namespaces_closed(self, run: Run) -> None:
+    def test_the_seccomp_hole_leaves_namespaces_closed(self, run: HoleRun) -> None:
         """Without a filter but with --disable-userns, the mount API stays out of reach.
 
         The refusal is the payload's word across a wrapper, with no host reading behind it,
@@ -163,7 +118,7 @@ class TestExactlyThatHole:
         assert (cell["verdict"], cell["escape"]) == ("INCONCLUSIVE", "refused"), cell["reason"]
         assert "no host reading corroborates it" in cell["reason"], cell["reason"]
 
-    def test_the_compat_entry_is_refused_by_the_filters(self, run: Run) -> None:
+    def test_the_compat_entry_is_refused_by_the_filters(self, run: HoleRun) -> None:
         """The i386 socketcall reaches the kernel without a filter and never under one."""
         hole = run.cell("hole-syscall-surface", "proc_syscall_surface_extended")
         _, _, unjudged = hole["reason"].partition("not judged")
@@ -174,7 +129,7 @@ class TestExactlyThatHole:
             cell = _strong_or_skip(run, backend, "proc_syscall_surface_extended")
             assert "socketcall-i386 refused" in cell["reason"], cell["reason"]
 
-    def test_fileless_exec_is_recorded_not_judged(self, run: Run) -> None:
+    def test_fileless_exec_is_recorded_not_judged(self, run: HoleRun) -> None:
         """memfd_create + execveat is an observation on every leg, never the reason for FAIL."""
         for backend in (*LEGS, "hole-syscall-surface"):
             cell = run.cell(backend, "proc_syscall_surface_extended")
