@@ -670,7 +670,7 @@ class SafeDir:
         try:
             if child.ident != want:
                 return [f"{child.shown} was swapped while opened; left in place"]
-            child._rm_contents(name, known, foreign, also_foreign=also_foreign)
+            child._rm_contents(name, known, foreign, also_foreign=also_foreign)  # noqa: SLF001  (SafeDir's own module)
         finally:
             self.children.pop(name, None)
             child.close()
@@ -681,7 +681,7 @@ class SafeDir:
     def _made_tree(self, prefix: str = "") -> dict[str, Identity]:
         out = {f"{prefix}{k}": v for k, v in self.made.items()}
         for name, child in self.children.items():
-            out |= child._made_tree(f"{prefix}{name}/")
+            out |= child._made_tree(f"{prefix}{name}/")  # noqa: SLF001  (SafeDir's own module)
         return out
 
     def _rm_contents(
@@ -700,7 +700,7 @@ class SafeDir:
             if stat.S_ISDIR(st.st_mode):
                 child = self.open_subdir(name)
                 try:
-                    child._rm_contents(path, known, foreign, also_foreign=also_foreign)
+                    child._rm_contents(path, known, foreign, also_foreign=also_foreign)  # noqa: SLF001  (SafeDir's own module)
                 finally:
                     self.children.pop(name, None)
                     child.close()
@@ -735,7 +735,7 @@ def chown_tree(directory: SafeDir, owner: tuple[int, int], *, only_uid: int | No
         count += 1
     for name in os.listdir(directory.fd):  # noqa: PTH208  (a descriptor, not a path)
         try:
-            with directory._at(name, None) as (fd, entry):
+            with directory._at(name, None) as (fd, entry):  # noqa: SLF001  (SafeDir's own module)
                 if stat.S_ISDIR(entry.st_mode):
                     pass  # walked below, through its own descriptor
                 elif entry.st_nlink > 1 or (only_uid is not None and entry.st_uid != only_uid):
@@ -762,4 +762,4 @@ def chown_tree(directory: SafeDir, owner: tuple[int, int], *, only_uid: int | No
 
 def walk_made(directory: SafeDir) -> Iterator[tuple[str, Identity]]:
     """Every (relative path, identity) `directory` and its open children made."""
-    yield from directory._made_tree().items()
+    yield from directory._made_tree().items()  # noqa: SLF001  (SafeDir's own module)
