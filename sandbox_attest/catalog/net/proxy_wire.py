@@ -26,10 +26,16 @@ from sandbox_attest.catalog.attempts import (
     attempts_summary,
     observed_outcome,
 )
-from sandbox_attest.catalog.controls import guarded_check, host_check
+from sandbox_attest.catalog.controls import (
+    control_record,
+    guarded_check,
+    host_check,
+    new_control_nonce,
+)
 from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.catalog.net.route import (
     PAST_RULES_STATUSES,
+    allowed_control,
     claims_no_network,
     no_network_reason,
     refused_by_no_network,
@@ -284,6 +290,8 @@ class WireSpec(PerCellSpec):
     """A probe whose attempts are raw bytes through the harness proxy."""
 
     host_readings: tuple[str, ...] = ("proxy decision log", "origin access logs")
+    # What a proxy that lets these requests through must change (the FAIL's fix).
+    fix: str = ""
 
     def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied on every leg: every leg's only route is the proxy, which must refuse these."""
@@ -310,6 +318,23 @@ class WireSpec(PerCellSpec):
         """One attempt per request the host built for the cell, named as the request is."""
         requests = (task.get("targets") or {}).get("requests") or []
         return AttemptTable(required=attempts_of(*(str(r.get("what")) for r in requests)))
+
+    def host_control(self, ctx: CellContext) -> dict[str, Any]:
+        """The proxy refuses the host's ambiguous framing (logged 400); the allowed host works."""
+        nonce = new_control_nonce()
+        return control_record(
+            nonce, proxy_refuses_framing(ctx, nonce) + allowed_control(ctx, nonce)
+        )
+
+    def assess(
+        self,
+        ctx: CellContext,
+        report: dict[str, Any],
+        witness: WitnessRecordsLike,
+        control: dict[str, Any],
+    ) -> Assessment:
+        """No origin served a request the proxy should have refused, and it admitted none."""
+        return assess_wire(ctx, report, witness, control, self.requests(ctx), self.fix)
 
 
 def proxy_refuses_framing(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:

@@ -15,14 +15,12 @@ from sandbox_attest.catalog.net.proxy_wire import (
     WireHosts,
     WireRequest,
     WireSpec,
-    assess_wire,
     control_get,
     wire_head,
     wire_hosts,
 )
 from sandbox_attest.catalog.net.route import allowed_control, deny_control
-from sandbox_attest.catalog.spec import CellContext, WitnessRecordsLike
-from sandbox_attest.verdict import Assessment
+from sandbox_attest.catalog.spec import CellContext
 
 # The payload replaces this with its proxy's own host:port (the route it was given).
 PROXY_SELF: Final = "{proxy}"
@@ -62,6 +60,11 @@ class NetProxyRelay(WireSpec):
 
     id = "net_proxy_relay"
     area = "net"
+    fix = (
+        "refuse a target on the proxy's own host (its listener, any loopback address) and "
+        "give a connection the proxy made to itself no trust: check every request it "
+        "carries against the allowlist"
+    )
 
     def build(self, ctx: CellContext) -> list[WireRequest]:
         """The control and the relay through the proxy's own address."""
@@ -79,18 +82,3 @@ class NetProxyRelay(WireSpec):
             lambda p: p.get("nonce") == nonce and p.get("target") == authority,
         )
         return control_record(nonce, checks + allowed_control(ctx, nonce))
-
-    def assess(
-        self,
-        ctx: CellContext,
-        report: dict[str, Any],
-        witness: WitnessRecordsLike,
-        control: dict[str, Any],
-    ) -> Assessment:
-        """Nothing admitted to the proxy's own host and the denied origin silent = refused."""
-        fix = (
-            "refuse a target on the proxy's own host (its listener, any loopback address) and "
-            "give a connection the proxy made to itself no trust: check every request it "
-            "carries against the allowlist"
-        )
-        return assess_wire(ctx, report, witness, control, self.requests(ctx), fix)

@@ -8,22 +8,17 @@ coding, an obs-fold, the bytes after the last chunk). Judged by `proxy_wire.asse
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
-from sandbox_attest.catalog.controls import control_record, new_control_nonce
 from sandbox_attest.catalog.net.proxy_wire import (
     AUTH,
     WireHosts,
     WireRequest,
     WireSpec,
-    assess_wire,
     control_get,
-    proxy_refuses_framing,
     wire_hosts,
 )
-from sandbox_attest.catalog.net.route import allowed_control
-from sandbox_attest.catalog.spec import CellContext, WitnessRecordsLike
-from sandbox_attest.verdict import Assessment
+from sandbox_attest.catalog.spec import CellContext
 
 
 def _smuggle(h: WireHosts, what: str, headers: tuple[str, ...], body: str) -> WireRequest:
@@ -89,29 +84,12 @@ class NetProxySmuggling(WireSpec):
 
     id = "net_proxy_smuggling"
     area = "net"
+    fix = (
+        "refuse a request with both Content-Length and Transfer-Encoding, conflicting "
+        "Content-Lengths, an unknown coding or a folded header (400), and end the upstream "
+        "exchange after one request (Connection: close) so no body byte is read as a request"
+    )
 
     def build(self, ctx: CellContext) -> list[WireRequest]:
         """The control and the seven framings."""
         return smuggling_requests(wire_hosts(ctx))
-
-    def host_control(self, ctx: CellContext) -> dict[str, Any]:
-        """The proxy answers the host's ambiguous framing with a logged 400; allowed works."""
-        nonce = new_control_nonce()
-        return control_record(
-            nonce, proxy_refuses_framing(ctx, nonce) + allowed_control(ctx, nonce)
-        )
-
-    def assess(
-        self,
-        ctx: CellContext,
-        report: dict[str, Any],
-        witness: WitnessRecordsLike,
-        control: dict[str, Any],
-    ) -> Assessment:
-        """No origin served a smuggled request and the proxy admitted none = refused."""
-        fix = (
-            "refuse a request with both Content-Length and Transfer-Encoding, conflicting "
-            "Content-Lengths, an unknown coding or a folded header (400), and end the upstream "
-            "exchange after one request (Connection: close) so no body byte is read as a request"
-        )
-        return assess_wire(ctx, report, witness, control, self.requests(ctx), fix)

@@ -9,23 +9,18 @@ for the denied host in its HEADERS frame. Judged by `proxy_wire.assess_wire`.
 from __future__ import annotations
 
 import struct
-from typing import Any, Final
+from typing import Final
 
-from sandbox_attest.catalog.controls import control_record, new_control_nonce
 from sandbox_attest.catalog.net.proxy_wire import (
     AUTH,
     WireHosts,
     WireRequest,
     WireSpec,
-    assess_wire,
     control_get,
-    proxy_refuses_framing,
     wire_head,
     wire_hosts,
 )
-from sandbox_attest.catalog.net.route import allowed_control
-from sandbox_attest.catalog.spec import CellContext, WitnessRecordsLike
-from sandbox_attest.verdict import Assessment
+from sandbox_attest.catalog.spec import CellContext
 
 _WS_KEY: Final = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="
 # An empty SETTINGS payload, base64url as RFC 7540 3.2.1 asks.
@@ -142,29 +137,12 @@ class NetProxyUpgrade(WireSpec):
 
     id = "net_proxy_upgrade"
     area = "net"
+    fix = (
+        "judge an Upgrade request like any other (403 for a denied host), strip Upgrade "
+        "and never relay the client's bytes after the response as a tunnel, and refuse "
+        "the HTTP/2 preface unless each HTTP/2 request is checked"
+    )
 
     def build(self, ctx: CellContext) -> list[WireRequest]:
         """The control, the denied upgrade, two tunnelling upgrades and the HTTP/2 preface."""
         return upgrade_requests(wire_hosts(ctx))
-
-    def host_control(self, ctx: CellContext) -> dict[str, Any]:
-        """The proxy refuses the host's ambiguous framing (its log works); allowed works."""
-        nonce = new_control_nonce()
-        return control_record(
-            nonce, proxy_refuses_framing(ctx, nonce) + allowed_control(ctx, nonce)
-        )
-
-    def assess(
-        self,
-        ctx: CellContext,
-        report: dict[str, Any],
-        witness: WitnessRecordsLike,
-        control: dict[str, Any],
-    ) -> Assessment:
-        """No origin served the request behind an upgrade or in the HTTP/2 frame = refused."""
-        fix = (
-            "judge an Upgrade request like any other (403 for a denied host), strip Upgrade "
-            "and never relay the client's bytes after the response as a tunnel, and refuse "
-            "the HTTP/2 preface unless each HTTP/2 request is checked"
-        )
-        return assess_wire(ctx, report, witness, control, self.requests(ctx), fix)
