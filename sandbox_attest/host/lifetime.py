@@ -186,7 +186,11 @@ class RunSignals:
 
         if self._previous or threading.current_thread() is not threading.main_thread():
             return
-        self._holding = False  # a new run in this process raises again until it holds
+        # A new run in this process starts uncut, and raises again until it holds: an
+        # earlier run's signal must not end (or mark incomplete) the next one.
+        self._holding = False
+        self.caught = None
+        self.later = []
         for signum in RUN_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
 

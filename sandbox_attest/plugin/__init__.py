@@ -521,16 +521,18 @@ def _close_signer(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, object]:
     """Mark the run incomplete if the loop ends by interrupt, -x or an error."""
+    from sandbox_attest.host.lifetime import caught_signal, hold_run_signals  # noqa: PLC0415
+
     try:
         result = yield
     except BaseException:
         session.config.stash[INTERRUPTED_KEY] = True
         raise
-    if session.shouldstop or session.shouldfail:
+    if session.shouldstop or session.shouldfail or caught_signal() is not None:
+        # A signal that some code turned into another exception, or swallowed, still cut
+        # the run: the recorded signal decides, not whether its exception reached pytest.
         session.config.stash[INTERRUPTED_KEY] = True
     if session.config.stash.get(SESSION_KEY, None) is not None:
-        from sandbox_attest.host.lifetime import hold_run_signals  # noqa: PLC0415
-
         # Every cell ran: a signal from here on is recorded, and the report is finished first.
         hold_run_signals()
     return result

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest import __version__
 from sandbox_attest.errors import ConfigError, HarnessError
-from sandbox_attest.host.lifetime import RunInterrupted
+from sandbox_attest.host.lifetime import RunInterrupted, caught_signal
 from sandbox_attest.host.provenance import file_sha256
 from sandbox_attest.host.separation import trust_domains
 from sandbox_attest.host.trust import payload_user
@@ -198,8 +198,20 @@ class RunSession:
         self.pool.plan(cells)
 
     def run_cell(self, cell: Cell) -> CellEntry:
-        """Run (or, when planned in parallel, await) one cell and record it durably."""
+        """Run (or, when planned in parallel, await) one cell and record it durably.
+
+        Raises:
+            RunInterrupted: a run signal arrived while the cell ran. The handler raises it
+                once, but code on the way may have turned it into another exception (a
+                cleanup that failed as the signal cut it, which the runner then judged an
+                ERROR cell) or swallowed it: the recorded signal, not the exception's
+                fate, ends the run, so an interrupted run never goes on to call itself
+                complete.
+        """
         entry = self.pool.result(cell)
+        cut = caught_signal()
+        if cut is not None:
+            raise cut
         entry["required"] = self.is_required(cell, entry.get("verdict"))
         self._journal(entry)
         return entry

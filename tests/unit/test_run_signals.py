@@ -51,3 +51,13 @@ def test_a_new_run_raises_again(signals: RunSignals) -> None:
     signals.install()
     with pytest.raises(RunInterrupted):
         signal.raise_signal(signal.SIGINT)
+
+
+def test_a_new_run_starts_uncut(signals: RunSignals) -> None:
+    """An earlier run's signal is not the next run's: installing anew forgets it."""
+    with pytest.raises(RunInterrupted):
+        signal.raise_signal(signal.SIGTERM)
+    signals.restore()
+    signals.install()
+    assert signals.caught is None
+    assert signals.later == []

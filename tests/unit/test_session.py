@@ -13,6 +13,7 @@ import os
 import signal
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from sandbox_attest.attest import ATTESTATION_NAME
 from sandbox_attest.attest.keys import ENV_VAR, private_key_pem
 from sandbox_attest.attest.subjects import ALL_SUBJECTS, JUNIT
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.host.lifetime import RunInterrupted, RunSignals, catch_run_signals
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.report.evidence import cell_entry
 from sandbox_attest.report.policy import load_policy
@@ -164,6 +166,60 @@ class TestMissing:
         assert entries[0]["verdict"] == "ERROR"
         assert "Timeout >60.0s" in entries[0]["reason"]
         assert entries[0]["required"] is True
+
+
+class TestSignalTurnedIntoAnError:
+    """The CI failure of stop 23: SIGINT midway, yet evidence.json said complete.
+
+    A signal's KeyboardInterrupt that code on the way replaces (a cleanup failing as the
+    signal cut it) reaches the runner as an ordinary exception: it judged the cell ERROR
+    and the run went on to the end, calling itself complete.
+    """
+
+    @pytest.fixture
+    def handlers(self) -> Iterator[RunSignals]:
+        """The process's run handlers, installed as a run installs them, then put back."""
+        handlers = catch_run_signals()
+        try:
+            yield handlers
+        finally:
+            handlers.restore()
+            handlers.caught = None  # the next run's install would; no test may inherit it
+
+    def test_the_recorded_signal_ends_the_run(
+        self, tmp_path: Path, handlers: RunSignals, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The cell judged ERROR under the signal is not journaled: the signal ends the run."""
+        run = session(tmp_path, ["firejail"], {"firejail"})
+        cell = next(c for c in run.cells() if c.backend == "firejail")
+
+        def judged_while_cut(judged: Cell) -> dict[str, Any]:
+            try:
+                try:
+                    signal.raise_signal(signal.SIGINT)
+                finally:
+                    raise OSError("cleanup failed as the signal cut it")
+            except Exception as exc:  # as CellRunner.run_cell does: an ERROR cell
+                return dict(
+                    cell_entry(
+                        cell_id=judged.cell_id,
+                        backend=judged.backend,
+                        probe=judged.probe.id,
+                        platform=run.platform,
+                        verdict="ERROR",
+                        reason=f"harness error while running the cell: {exc}",
+                    )
+                )
+
+        monkeypatch.setattr(run.pool, "result", judged_while_cut)
+        with pytest.raises(RunInterrupted) as cut:
+            run.run_cell(cell)
+        assert cut.value is handlers.caught
+        assert cut.value.signame == "SIGINT"
+        # The item records the cell as cut short (MatrixItem.runtest), not as judged.
+        assert run.writer.cells == []
+        run.record_aborted(cell, cut.value)
+        assert run.writer.cells[0]["reason"] == "cut short by SIGINT before it was judged"
 
 
 class TestWarnings:
