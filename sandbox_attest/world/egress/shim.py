@@ -19,6 +19,12 @@ a handed-over connection when its unix connection closes, so nothing handed over
 shim or its sandbox. If the sandbox refuses descriptor passing, or with --relay, the shim
 relays the bytes itself instead (bench/bench_proxy.py measures both).
 
+The shim hands CMD exactly the descriptors it inherited beyond 0-2, read from its own
+descriptor table before it opens anything, and none of its own (the listener, the proxy's
+connections): a sandbox that leaks descriptors to the payload must leak them with the shim
+in between as without it, so the host sees the same payload either way (env_inheritance
+judges those descriptors; a shim that closed them would hide the sandbox's mistake).
+
 Diagnostics go to --log FILE (appended) or to stderr prefixed `shim: `, never to stdout: in
 CMD mode stdout belongs to the payload, whose one JSON line is the probe's report.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import array
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -60,6 +67,32 @@ class _Log:
                     sys.stderr.flush()
             except OSError:
                 pass  # a diagnostics failure must never break the payload's traffic
+
+
+def inherited_fds() -> list[int]:
+    """The open descriptors above 2 this process holds, by number (call it before opening any).
+
+    Listed from /proc/self/fd (Linux) or /dev/fd (macOS); listing's own descriptor is closed
+    by the time the numbers are checked, so only numbers that still answer fstat are kept.
+    """
+    listed: list[int] = []
+    for where in ("/proc/self/fd", "/dev/fd"):
+        try:
+            names = os.listdir(where)  # noqa: PTH208  (one listing, names only)
+        except OSError:
+            continue
+        listed = [int(name) for name in names if name.isdigit()]
+        break
+    found = []
+    for fd in sorted(listed):
+        if fd <= 2:
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        found.append(fd)
+    return found
 
 
 def _abort(*socks: socket.socket) -> None:
@@ -173,6 +206,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the shim; returns the exit code (CMD's code in CMD mode)."""
+    # First, before the listener or a log opens: what the sandbox handed us is CMD's.
+    inherited = inherited_fds()
     args, command = _parse(sys.argv[1:] if argv is None else argv)
     log = _Log(args.log)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -199,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         listener.close()
         return 0
     try:
-        child = subprocess.Popen(command)
+        # close_fds stays on for the shim's own descriptors; pass_fds keeps (and makes
+        # inheritable) exactly the inherited ones, numbers unchanged.
+        child = subprocess.Popen(command, pass_fds=inherited)
     except OSError as exc:
         log("cannot run %r: %s" % (command[0], exc))  # noqa: UP031
         listener.close()
