@@ -13,7 +13,8 @@ ends (`Rendezvous`):
 - `status`: CapEff/CapPrm/CapBnd/CapAmb, NoNewPrivs, Seccomp and Seccomp_filters, Uid/Gid;
 - the uid map; the network namespace's interfaces and IPv4 routes (a default route is a path
   out, seen without a packet sent); the mount table's size and its writable mounts;
-- the names (never the values) of its environment variables, and its open descriptors;
+- the names (never the values) of its environment variables, and its open descriptors, each
+  also by the identity of the object it holds (sandbox_attest/run/fdview.py);
 - its resource limits (`/proc/<pid>/limits`: processes, open files, file size, address
   space) and the pids and memory limits of its cgroup and every cgroup above it;
 - the paths a probe asks about (`look`): whether each is in the payload's own view of the
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest.host import cellgroup, disguise
+from sandbox_attest.run.fdview import fd_identities
 from sandbox_attest.run.pathview import errno_name, looked
 
 if TYPE_CHECKING:
@@ -252,12 +254,7 @@ def read_process(pid: int, look: Sequence[str] = ()) -> dict[str, Any]:
         )
     except OSError as exc:
         env_names = [f"unreadable: {exc.strerror}"]
-    try:
-        fds = {
-            fd.name: _link(fd) for fd in sorted((proc / "fd").iterdir(), key=lambda p: int(p.name))
-        }
-    except OSError as exc:
-        fds = {"error": exc.strerror or "unreadable"}
+    fds = _fds(proc)
     routes = _routes(_read(proc / "net" / "route"))
     return {
         "pid": pid,
@@ -272,6 +269,7 @@ def read_process(pid: int, look: Sequence[str] = ()) -> dict[str, Any]:
         "writable_mounts": writable[:50],
         "env_names": env_names,
         "fds": fds,
+        "fd_ids": fd_identities(proc, fds),
         "limits": read_limits(pid),
         "cgroup_limits": read_cgroup_limits(pid),
         **looked(pid, look),
@@ -356,6 +354,7 @@ def read_brief(pid: int, *, environ: bool = False) -> dict[str, Any]:
     if environ:
         brief["env_names"] = _env_names(proc)
         brief["fds"] = _fds(proc)
+        brief["fd_ids"] = fd_identities(proc, brief["fds"])
     return brief
 
 
