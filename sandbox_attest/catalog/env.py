@@ -4,6 +4,25 @@
 secrets would have, values only this cell knows) and an inheritable descriptor, then reads
 what the payload saw against what the harness declares as the payload's environment
 (`sandbox_attest.payload.payload_env`). A canary or a host descriptor inside is an escape.
+
+Descriptors are judged by the identity of the object they hold, not by their link text
+(issue 26): a sandbox that keeps what its launcher inherited (bwrap hands on whatever it
+inherits) gives the payload the host's `/` or the user's home as fd 7 or 8, whatever its
+mounts hide. The host reads every descriptor of every judged process at the rendezvous
+(sandbox_attest/run/fdview.py: st_dev, st_ino, type; for a directory the identities above
+it) and `judge_descriptors` compares them with what the host stats itself:
+
+1. an object on a filesystem the host does not mount (the sandbox's own tmpfs, proc,
+   pipes, sockets, anonymous inodes) is the sandbox's own;
+2. a directory on a host filesystem is within the claims only if it, or a directory above
+   it in the payload's tree, is the workspace or an item of the read-only set the runner
+   hands every backend (staged inputs with the shim, the interpreter, the CA bundle);
+3. a regular file there is within them only if it is such an item, or sits under one of
+   those directories at its link's path with the same identity;
+4. anything else on a host filesystem is a hole named by descriptor, target and fix,
+   whether or not the payload used it; a descriptor the host could not identify makes the
+   cell undecided, never PASS. Pipes and sockets the harness holds are `_host_fds`';
+   devices are dev_access's.
 """
 
 from __future__ import annotations
@@ -14,9 +33,9 @@ import hmac
 import json
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest.catalog.attempts import (
     attempts_by_role,
@@ -38,12 +57,18 @@ from sandbox_attest.catalog.spec import (
     ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
+    home_of,
     host_processes,
 )
 from sandbox_attest.claims import claims_of
+from sandbox_attest.errors import HarnessError
 from sandbox_attest.host import disguise
-from sandbox_attest.payload import payload_env
+from sandbox_attest.host.interpreter import payload_interpreter
+from sandbox_attest.payload import INPUT_DIR, payload_env
 from sandbox_attest.verdict import Assessment, Escape, Expectation
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
 
 ENV_PREFIX: Final = disguise.ENV_CANARY_PREFIX
 # Variables the interpreter or the sandbox sets by itself, whatever it was given: bwrap's
@@ -116,6 +141,225 @@ def _host_fds(fd_targets: dict[str, Any], held: set[str]) -> list[str]:
 
 def _fd_list(fd_targets: dict[str, Any]) -> str:
     return ", ".join(f"{fd} {target}" for fd, target in sorted(fd_targets.items())) or "none"
+
+
+FIX: Final = (
+    "fix: close every descriptor above 2 before the sandbox starts the payload: bwrap (and "
+    "most launchers) hand on whatever they inherit, so start the sandbox with close_fds=True "
+    "(Python's default) or close them in the launcher (`exec 7<&-`), and pass only the "
+    "--*-fd descriptors the sandbox is told to read"
+)
+# The object types judged here; devices are dev_access's, pipes and sockets `_host_fds`'.
+JUDGED_TYPES: Final = ("dir", "reg")
+# At most this many mount points are stat'ed for the host's filesystems.
+MAX_MOUNTS: Final = 4096
+_STDIO: Final = 2
+
+
+Identity = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class HostObjects:
+    """What the host's own stats say, to hold a payload's descriptors against.
+
+    Attributes:
+        devices: st_dev of every filesystem in the host's view (None: unread, off Linux).
+        allowed: identity -> host path of each object the claims let the payload hold.
+        allowed_dirs: host paths of the allowed directories (a file is placed under one).
+        names: identity -> (what a notable host object is, its host path).
+    """
+
+    devices: frozenset[int] | None
+    allowed: dict[Identity, str] = field(default_factory=dict)
+    allowed_dirs: tuple[str, ...] = ()
+    names: dict[Identity, tuple[str, str]] = field(default_factory=dict)
+
+
+def _identity(path: Path) -> Identity | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _unescape(field_text: str) -> str:
+    """A mountinfo path field: spaces, tabs, newlines and backslashes come octal-escaped."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field_text = field_text.replace(code, char)
+    return field_text
+
+
+def host_devices(mountinfo: Path = Path("/proc/self/mountinfo")) -> frozenset[int] | None:
+    """The st_dev of every filesystem in the harness's own view, or None where unreadable.
+
+    Both the device mountinfo names and what lstat of each mount point says (btrfs hands
+    out a device per subvolume that mountinfo does not name), and the devices of the top
+    directories and homes (a subvolume that is no mount point).
+    """
+    try:
+        lines = mountinfo.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    devices: set[int] = set()
+    points = []
+    for line in lines[:MAX_MOUNTS]:
+        fields = line.split()
+        if len(fields) > 4 and ":" in fields[2]:  # id parent maj:min root point
+            major, _, minor = fields[2].partition(":")
+            if major.isdigit() and minor.isdigit():
+                devices.add(os.makedev(int(major), int(minor)))
+            points.append(Path(_unescape(fields[4])))
+    tops = [Path("/"), *_children(Path("/")), *_children(Path("/home"))]
+    for point in [*points, *tops]:
+        with contextlib.suppress(OSError):
+            # lstat: a mount point's own root, without triggering an automount below it.
+            devices.add(point.lstat().st_dev)
+    return frozenset(devices)
+
+
+def _children(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []
+
+
+def host_objects(
+    allowed: Iterable[Path], named: Mapping[str, Path], devices: frozenset[int] | None
+) -> HostObjects:
+    """The host's side of the comparison: identities of what is allowed and what is notable.
+
+    Args:
+        allowed: host paths the claims let the payload hold (workspace, read-only set).
+        named: a description for each notable host path ("the host's /": Path("/")).
+        devices: `host_devices()`.
+    """
+    allowed_ids: dict[Identity, str] = {}
+    dirs = []
+    for path in allowed:
+        ident = _identity(path)
+        if ident is not None:
+            allowed_ids.setdefault(ident, str(path))
+            if path.is_dir():
+                dirs.append(str(path))
+    names: dict[Identity, tuple[str, str]] = {}
+    for what, path in named.items():
+        ident = _identity(path)
+        if ident is not None:
+            names.setdefault(ident, (what, str(path)))
+    return HostObjects(devices, allowed_ids, tuple(dirs), names)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One descriptor of the payload on a host object outside the claims (or unidentified)."""
+
+    fd: str
+    link: str
+    what: str
+    pids: tuple[str, ...]
+
+    def phrase(self) -> str:
+        """`fd 7 -> / (the host's /: a host directory outside ...) in host pids 12, 13`."""
+        pids = "pids " if len(self.pids) > 1 else "pid "
+        return f"fd {self.fd} -> {self.link} ({self.what}) in host {pids}{', '.join(self.pids)}"
+
+
+def _within(entry: Mapping[str, Any], host: HostObjects) -> bool | None:
+    """Whether the object is one the claims allow; None: the host cannot tell."""
+    ident = (int(entry["dev"]), int(entry["ino"]))
+    if ident in host.allowed:
+        return True
+    if entry.get("type") == "dir":
+        chain = [(int(i[0]), int(i[1])) for i in entry.get("up") or [] if len(i) == 2]
+        if any(i in host.allowed for i in chain):
+            return True
+        return False if entry.get("top") else None
+    link = str(entry.get("link") or "")
+    for root in host.allowed_dirs:
+        if link.startswith(root.rstrip("/") + "/"):
+            with contextlib.suppress(OSError):
+                st = Path(link).lstat()
+                if (st.st_dev, st.st_ino) == ident:
+                    return True
+    return False
+
+
+def _what(entry: Mapping[str, Any], host: HostObjects) -> str:
+    ident = (int(entry["dev"]), int(entry["ino"]))
+    kind = "directory" if entry.get("type") == "dir" else "file"
+    outside = f"a host {kind} outside the workspace and the read-only set"
+    named = host.names.get(ident)
+    if named is None:
+        return outside
+    what, path = named
+    # The link text is a name in the view of whoever opened it; the host path is added
+    # where the two differ (a directory bound elsewhere, another mount namespace).
+    return f"{what}: {outside}" if path == entry.get("link") else f"{what} {path}: {outside}"
+
+
+def judge_descriptors(
+    processes: Sequence[Mapping[str, Any]], host: HostObjects
+) -> tuple[list[Finding], list[Finding]]:
+    """(holes, unidentified): the payload's descriptors 3+ on host objects outside the claims.
+
+    `processes` are the host's readings of the judged processes (`catalog.spec.host_processes`),
+    each with `fd_ids` (sandbox_attest/run/fdview.py). The same descriptor number on the same
+    object in several processes (the shim and the payload) is one finding naming every pid.
+    """
+    holes: dict[tuple[str, str, str], list[str]] = {}
+    unknown: dict[tuple[str, str, str], list[str]] = {}
+    for process in processes:
+        if process.get("unread"):
+            continue  # no reading at all: the assessor's other checks say so
+        pid = str(process.get("pid", "?"))
+        for fd, entry in _judged_entries(process):
+            verdict = _verdict(entry, host)
+            if verdict is None:
+                continue
+            target, (what, hole) = str(entry.get("link") or "?"), verdict
+            (holes if hole else unknown).setdefault((fd, target, what), []).append(pid)
+    return _findings(holes), _findings(unknown)
+
+
+def _judged_entries(process: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The descriptors 3+ of one reading; a reading without identities is one unknown entry."""
+    ids = process.get("fd_ids")
+    fds = process.get("fds") or {}
+    if not isinstance(ids, dict):
+        extra = [n for n in fds if not n.isdigit() or int(n) > _STDIO]
+        why = "the host read no identities of its descriptors"
+        return [("*", {"link": ", ".join(extra), "unread": why})] if extra else []
+    entries = [(n, e) for n, e in ids.items() if n.isdigit() and int(n) > _STDIO]
+    if "error" in fds:
+        entries.append(("*", {"link": "?", "unread": f"descriptor table: {fds['error']}"}))
+    return sorted(entries, key=lambda item: int(item[0]) if item[0].isdigit() else -1)
+
+
+def _verdict(entry: Mapping[str, Any], host: HostObjects) -> tuple[str, bool] | None:
+    """(what, is a hole) for one descriptor; None where it is no host object to judge."""
+    if entry.get("unread"):
+        return f"the host could not identify it: {entry['unread']}", False
+    if entry.get("type") not in JUDGED_TYPES:
+        return None
+    if host.devices is None:
+        return "the host could not read its own filesystems to compare", False
+    if int(entry.get("dev", -1)) not in host.devices:
+        return None  # a filesystem the host does not mount: the sandbox's own
+    within = _within(entry, host)
+    if within is None:
+        why = entry.get("why") or "its climb stopped short of the top"
+        return f"a host directory the host could not place: {why}", False
+    return None if within else (_what(entry, host), True)
+
+
+def _findings(found: Mapping[tuple[str, str, str], list[str]]) -> list[Finding]:
+    return [
+        Finding(fd, link, what, tuple(dict.fromkeys(pids)))
+        for (fd, link, what), pids in found.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -214,40 +458,96 @@ def _escape_of(
     seen: bool,
     observed: str,
     escapes: list[dict[str, Any]],
-    fd_targets: dict[str, Any],
-    now_held: set[str] | None,
-    hits: _VariableHits,
-    by_what: dict[str, dict[str, Any]],
+    cannot_tell: str,
+    extras: str,
     reasons: list[str],
 ) -> Escape:
-    """The escape once the host's own objects were looked for inside; adds its reason."""
+    """The escape once the host's own objects were looked for inside; adds its reason.
+
+    `cannot_tell` names what the host could not compare (descriptors it could not identify,
+    targets it could not read), `extras` what the sandbox added itself.
+    """
     escape: Escape
     if seen:
         escape = "escaped"
+    elif cannot_tell:
+        # Nothing shows such a descriptor is the sandbox's own: fail closed, never PASS.
+        escape = "undecided"
+        reasons.append(cannot_tell)
     elif observed == "refused":
         escape = "refused"
         reasons.append("only the declared environment and fds 0-2 inside")
     elif observed == "error":
         escape = "undecided"
         reasons.append(f"the payload could not look: {attempts_summary(escapes)}")
-    elif fd_targets and (now_held is None or None in fd_targets.values()):
-        # Without both sides' targets nothing shows an extra fd is the sandbox's own.
-        escape = "undecided"
-        reasons.append(
-            f"extra fds that cannot be compared with the harness's: {_fd_list(fd_targets)}"
-        )
     else:
         # What it found is none of the host's: variables or fds the sandbox itself added.
         escape = "contained"
-        names = (by_what.get("env-undeclared") or {}).get("names", [])
-        # Under a passthrough claim the variables are the wrapper's, as claimed (its
-        # `hits.reasons()` said so): only the descriptors are left to account for.
-        added = "" if hits.passthrough else f"variables {', '.join(map(str, names)) or 'none'}; "
         reasons.append(
-            "extras the sandbox added itself, none held by the harness: "
-            f"{added}fds {_fd_list(fd_targets)}"
+            "extras the sandbox added itself, none held by the harness and none on a host "
+            f"directory or file outside the claims: {extras}"
         )
     return escape
+
+
+def _cannot_tell(
+    fd_targets: dict[str, Any], now_held: set[str] | None, unidentified: list[Finding]
+) -> str:
+    """What of the payload's descriptors the host could not compare with its own, or ""."""
+    parts = []
+    if unidentified:
+        parts.append(
+            "descriptors the host could not identify, so nothing shows they are the "
+            f"sandbox's own: {'; '.join(f.phrase() for f in unidentified)}"
+        )
+    if fd_targets and (now_held is None or None in fd_targets.values()):
+        # Without both sides' targets nothing shows an extra fd is the sandbox's own.
+        parts.append(
+            f"extra fds that cannot be compared with the harness's: {_fd_list(fd_targets)}"
+        )
+    return "; ".join(parts)
+
+
+def host_side(ctx: CellContext) -> HostObjects:
+    """The host's own objects for `judge_descriptors`: what the claims allow, what is notable.
+
+    Allowed: the cell's workspace and the read-only set the runner hands every backend (the
+    staged inputs with the shim, the payload interpreter, the CA bundle). Named: the host's
+    `/`, the payload user's and the harness user's homes, the harness's scratch directories.
+    """
+    allowed = [ctx.workspace, ctx.cell_dir / INPUT_DIR]
+    with contextlib.suppress(HarnessError):
+        allowed += payload_interpreter(ctx.user).bind_paths()
+    with contextlib.suppress(HarnessError, AttributeError, TypeError):
+        allowed.append(Path(ctx.world.info.ca_bundle))
+    named = {
+        "the host's /": Path("/"),
+        "the payload user's home": home_of(ctx),
+        "the harness user's home": Path.home(),
+        "this cell's scratch dir": ctx.cell_dir,
+        "the directory holding the workspace": ctx.workspace.parent,
+        "the harness's scratch dir": ctx.cell_dir.parent,
+    }
+    return host_objects(allowed, named, host_devices())
+
+
+def _descriptor_reasons(
+    fd_hits: list[str], host_fds: list[str], held_objects: list[Finding]
+) -> list[str]:
+    """The verdict's phrases for the host's descriptors and objects open in the payload."""
+    reasons = []
+    if fd_hits:
+        reasons.append(f"the host's canary pipe is open in the payload as fd {', '.join(fd_hits)}")
+    if host_fds:
+        reasons.append(
+            f"descriptors the harness holds are open in the payload: {', '.join(host_fds)}"
+        )
+    if held_objects:
+        reasons.append(
+            "the sandbox hands the payload descriptors on the host's own objects, outside "
+            f"what it claims to show: {'; '.join(f.phrase() for f in held_objects)}; {FIX}"
+        )
+    return reasons
 
 
 def _inside_checks(
@@ -290,6 +590,8 @@ class EnvInheritance(SpecBase):
             return []
         if _host_view_hits(ctx, self.names(ctx)):
             return []
+        if any(judge_descriptors(processes, host_side(ctx))):
+            return []  # a held host object, or a descriptor the host could not identify
         return ["host view: environment names", "host view: open descriptors"]
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
@@ -396,16 +698,24 @@ class EnvInheritance(SpecBase):
         # What the host read of the payload from /proc no wrapper can rewrite.
         host_seen = [] if hits.passthrough else _host_view_hits(ctx, self.names(ctx))
         reasons.extend(host_seen)
-        if fd_hits:
-            reasons.append(
-                f"the host's canary pipe is open in the payload as fd {', '.join(fd_hits)}"
-            )
-        if host_fds:
-            reasons.append(
-                f"descriptors the harness holds are open in the payload: {', '.join(host_fds)}"
-            )
-        seen = bool(canary_hits or host_hits or planted_hits or fd_hits or host_fds or host_seen)
-        escape = _escape_of(seen, observed, escapes, fd_targets, now_held, hits, by_what, reasons)
+        # Every judged process's descriptors by the identity of what they hold: the host's
+        # own directories and files outside the claims, whether or not the payload used them.
+        held_objects, unidentified = judge_descriptors(host_processes(ctx), host_side(ctx))
+        reasons += _descriptor_reasons(fd_hits, host_fds, held_objects)
+        found = (canary_hits, host_hits, planted_hits, fd_hits, host_fds, host_seen, held_objects)
+        seen = any(found)
+        names = (by_what.get("env-undeclared") or {}).get("names", [])
+        # Under a passthrough claim the variables are the wrapper's, as claimed (its
+        # `hits.reasons()` said so): only the descriptors are left to account for.
+        added = "" if hits.passthrough else f"variables {', '.join(map(str, names)) or 'none'}; "
+        escape = _escape_of(
+            seen,
+            observed,
+            escapes,
+            _cannot_tell(fd_targets, now_held, unidentified),
+            f"{added}fds {_fd_list(fd_targets)}",
+            reasons,
+        )
         checks = _inside_checks(by_what, salt, ctx.nonce)
         inside_ok = all(c["ok"] for c in checks)
         return conclude(
@@ -424,6 +734,8 @@ class EnvInheritance(SpecBase):
                 "host_env_hits": host_hits,
                 "fd_hits": fd_hits,
                 "host_fds": host_fds,
+                "held_host_objects": [f.phrase() for f in held_objects],
+                "unidentified_fds": [f.phrase() for f in unidentified],
                 "payload_env_names": sorted(seen_env),
             },
             controls={"inside": checks, "host": control},
