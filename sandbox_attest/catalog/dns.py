@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any
-
-from sandbox_attest.claims import claims_of
-from sandbox_attest.verdict import Assessment, Expectation
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+from typing import Any, Final
 
 from sandbox_attest.catalog.attempts import (
     attempts_by_role,
@@ -29,13 +23,23 @@ from sandbox_attest.catalog.judging import (
     judge_escape,
     private_namespace_reason,
 )
-from sandbox_attest.catalog.records import wait_for_records
+from sandbox_attest.catalog.records import dns_hits, in_lab_world, wait_for_records
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
     ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
+)
+from sandbox_attest.claims import claims_of
+from sandbox_attest.verdict import Assessment, Expectation
+
+# What this probe's verdict covers where the sandbox brings its own proxy: the payload's own
+# resolvers. That proxy resolving a requested name is another channel, with its own witness.
+OWN_PROXY_SCOPE: Final = (
+    "this probe asks the payload's own resolvers only; the sandbox's own proxy resolving a "
+    "name the payload requests is a lookup this cell never causes, witnessed in the DNS "
+    "fixture's log by net_denied_host, net_host_canonical and net_proxy_dns_exfil"
 )
 
 
@@ -62,7 +66,7 @@ class DnsResolution(SpecBase):
             "dns": f"{info.dns.host}:{info.dns.port}",
             "name": f"{ctx.nonce}.{info.probe_name_suffix}",
             # getaddrinfo only where the system resolver is the fixture: in the lab.
-            "system_resolver": _in_lab(info.extra),
+            "system_resolver": in_lab_world(info.extra),
         }
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
@@ -78,7 +82,7 @@ class DnsResolution(SpecBase):
             return host_check("host resolves through the fixture", bool(answers), ",".join(answers))
 
         checks = [guarded_check("host resolves through the fixture", resolve)]
-        if _in_lab(info.extra):
+        if in_lab_world(info.extra):
             system_name = f"s{nonce}.{info.probe_name_suffix}"
 
             def system() -> dict[str, Any]:
@@ -89,8 +93,8 @@ class DnsResolution(SpecBase):
                 )
 
             checks.append(guarded_check("host resolves via the system resolver", system))
-        records = wait_for_records(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
-        hits = _dns_hits(records.dns, nonce)
+        records = wait_for_records(ctx.world, nonce, lambda r: bool(dns_hits(r.dns, nonce)))
+        hits = dns_hits(records.dns, nonce)
         checks.append(host_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
         return control_record(nonce, checks)
 
@@ -104,7 +108,7 @@ class DnsResolution(SpecBase):
         """Any query carrying the nonce at the fixture is an escape."""
         escapes = attempts_by_role(report, "escape")
         observed = observed_outcome(escapes)
-        hits = _dns_hits(witness.dns, ctx.nonce)
+        hits = dns_hits(witness.dns, ctx.nonce)
         reasons = [
             f"dns fixture logged {len(hits)} queries carrying the nonce",
             f"payload: {attempts_summary(escapes)}",
@@ -115,13 +119,6 @@ class DnsResolution(SpecBase):
         claims = claims_of(ctx.claims)
         if escape == "escaped" and claims.network != "open":
             reasons.insert(0, f"{claims.phrase('network')}; the DNS fixture heard the payload")
+        if ctx.route is None:
+            reasons.append(OWN_PROXY_SCOPE)
         return conclude(escape, observed, reasons, host_control=control, witness={"dns": hits})
-
-
-def _in_lab(extra: Mapping[str, Any]) -> bool:
-    world = extra.get("world")
-    return isinstance(world, dict) and world.get("kind") == "lab"
-
-
-def _dns_hits(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
-    return [e for e in entries if nonce in str(e.get("name", "")).lower()]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sandbox_attest.catalog.spec import WitnessRecordsLike, WorldLike
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 
 T = TypeVar("T")
@@ -25,6 +25,22 @@ def entries_with_nonce(entries: list[dict[str, Any]], nonce: str) -> list[dict[s
         for e in entries
         if e.get("nonce") == nonce or (e.get("nonce") is None and nonce in str(e.get("data", "")))
     ]
+
+
+def dns_hits(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
+    """The DNS fixture's log entries whose queried name carries `nonce` (DNS names fold case)."""
+    lowered = nonce.lower()
+    return [e for e in entries if lowered in str(e.get("name", "")).lower()]
+
+
+def in_lab_world(extra: Mapping[str, Any]) -> bool:
+    """Whether the world (`WorldInfo.extra`) is the lab.
+
+    Only there is the system resolver the DNS fixture, so only there does the fixture's log
+    witness a lookup made through the system resolver.
+    """
+    world = extra.get("world")
+    return isinstance(world, dict) and world.get("kind") == "lab"
 
 
 def poll_until(read: Callable[[], T], found: Callable[[T], bool]) -> T:

@@ -6,7 +6,7 @@ refused, an allowed one must carry 18 MiB byte-exact. Every target is harness-ow
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from sandbox_attest.catalog.attempts import (
     attempts_by_role,
@@ -27,6 +27,14 @@ from sandbox_attest.catalog.judging import (
     expect_capability,
     judge_escape,
 )
+from sandbox_attest.catalog.net.lookups import (
+    FIX,
+    looked_up,
+    lookups_outside,
+    names_reach_fixture,
+    plant_answer,
+    witness_lookups,
+)
 from sandbox_attest.catalog.net.route import (
     claims_no_network,
     no_network_reason,
@@ -43,13 +51,19 @@ from sandbox_attest.catalog.spec import (
 )
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
+# Under a wrapper's own proxy (egress "own") the harness's decision log sees nothing.
+OWN_PROXY_WITNESSES: Final = (
+    "the sandbox's own proxy keeps no decision log the host reads: the DNS fixture's log and "
+    "the origins' logs are the witnesses"
+)
+
 
 class NetDeniedHost(SpecBase):
     """The proxy refuses the denied fixture host on every leg; the allowed host works."""
 
     id = "net_denied_host"
     area = "net"
-    host_readings = ("proxy decision log", "origin access logs")
+    host_readings = ("proxy decision log", "origin access logs", "DNS fixture query log")
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Absolute-form and CONNECT to the denied host, and the allowed GET.
@@ -69,12 +83,16 @@ class NetDeniedHost(SpecBase):
         return "denied"
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
-        """Name the denied and allowed hosts and their ports."""
+        """Name the denied and allowed hosts and their ports.
+
+        A wrapper's own proxy is asked for the denied host under a name carrying the nonce
+        (`denied_request_name`), so the DNS fixture's log attributes its lookups to this cell.
+        """
         hosts = ctx.world.info.hosts
         denied, allowed = hosts["denied"], hosts["allowed"]
         return {
             "denied": {
-                "name": denied.name,
+                "name": denied_request_name(ctx),
                 "http_port": denied.http_port,
                 "https_port": denied.https_port,
             },
@@ -159,7 +177,10 @@ class NetDeniedHost(SpecBase):
                 reasons.append("a refusal did not come as the proxy's 403")
         else:
             reasons.append(f"payload: {attempts_summary(escapes)}")
-        reasons.append(f"proxy logged {len(denies)} denies with the nonce")
+        if ctx.route is None:
+            reasons.append(OWN_PROXY_WITNESSES)
+        else:
+            reasons.append(f"proxy logged {len(denies)} denies with the nonce")
         escape = judge_escape(observed, bool(origin_hits or allowed_through), None, reasons)
         if escape == "refused" and len(forms) != len(escapes) and not no_network:
             escape = "disagree"
@@ -169,7 +190,7 @@ class NetDeniedHost(SpecBase):
             bool(controls)
             and all(a.get("outcome") == "succeeded" and a.get("status") == 200 for a in controls)
         )
-        return conclude(
+        assessment = conclude(
             escape,
             observed,
             reasons,
@@ -178,6 +199,31 @@ class NetDeniedHost(SpecBase):
             host_control=control,
             witness={"proxy": proxied, "denied_origin": origin_hits},
         )
+        hits = lookups_outside(ctx, witness.dns)
+        exfil = (
+            f"DNS exfiltration through the proxy's resolver: the DNS fixture logged lookups of "
+            f"{looked_up(hits)}, names carrying the cell's nonce that the allowlist does not "
+            f"admit (a secret label in such a name leaves with the query, refused or not); {FIX}"
+        )
+        return witness_lookups(ctx, assessment, hits, exfil)
+
+
+def denied_request_name(ctx: CellContext) -> str:
+    """The name the payload asks the proxy for the denied host by.
+
+    Under a wrapper's own proxy in the lab: a name below the denied host carrying the nonce,
+    which the fixture answers with the denied origin's address (so a proxy that admits it
+    still reaches that origin, and its log shows it; unplanted, its lookup is still seen).
+    Elsewhere the denied host's own name: the harness's proxy never resolves a name before
+    its rules admit it, and outside the lab a nonce name could leave this machine through the
+    system resolver.
+    """
+    denied = ctx.world.info.hosts["denied"]
+    if ctx.route is not None or not names_reach_fixture(ctx):
+        return denied.name
+    name = f"{ctx.nonce}.{denied.name}"
+    plant_answer(ctx, name, denied.address)
+    return name
 
 
 class NetTransfer18MiB(SpecBase):

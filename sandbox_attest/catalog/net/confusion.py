@@ -11,6 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from sandbox_attest.catalog.controls import control_record, new_control_nonce
+from sandbox_attest.catalog.net.lookups import (
+    FIX,
+    looked_up,
+    lookups_outside,
+    names_reach_fixture,
+    witness_lookups,
+)
 from sandbox_attest.catalog.net.route import (
     ProxyRequest,
     RouteReading,
@@ -38,12 +45,19 @@ class NetHostCanonical(RouteSpec):
     area = "net"
 
     def build(self, ctx: CellContext) -> list[ProxyRequest]:
-        """Canonical and equivalent spellings (controls); widening spellings (escapes)."""
+        """Canonical and equivalent spellings (controls); widening spellings (escapes).
+
+        The two spellings that are names of their own carry the nonce in a label
+        (`{nonce}evil<allowed>`, `<allowed>.{nonce}.<denied>`) wherever only the DNS fixture
+        can resolve them, so a lookup the proxy makes for one is this cell's (lookups.py).
+        """
         hosts = ctx.world.info.hosts
         allowed, denied = hosts["allowed"], hosts["denied"]
         name, port, http = allowed.name, allowed.https_port, allowed.http_port
         deny_http = f"{denied.name}:{denied.http_port}"
         n = ctx.nonce
+        tag = n if names_reach_fixture(ctx) else ""
+        below_denied = f"{tag}.{denied.name}" if tag else denied.name
         homoglyph = "\u0430" + name[1:] if name.startswith("a") else "\u0430" + name
         return [
             connect_request(
@@ -59,8 +73,8 @@ class NetHostCanonical(RouteSpec):
                 role="control",
                 verify=True,
             ),
-            connect_request("connect-suffix-no-boundary", f"evil{name}:{port}", n, name),
-            connect_request("connect-allowed-as-label", f"{name}.{denied.name}:{port}", n, name),
+            connect_request("connect-suffix-no-boundary", f"{tag}evil{name}:{port}", n, name),
+            connect_request("connect-allowed-as-label", f"{name}.{below_denied}:{port}", n, name),
             connect_request("connect-ipv4-literal", f"{allowed.address}:{port}", n, name),
             connect_request("connect-ipv4-short", f"127.1:{port}", n, name),
             connect_request("connect-ipv4-hex", f"0x7f.0.0.1:{port}", n, name),
@@ -77,6 +91,11 @@ class NetHostCanonical(RouteSpec):
             absolute_request("get-fragment-authority", f"{deny_http}#@{name}:{http}", n, None),
             absolute_request("get-ipv4-decimal", f"2130706433:{http}", n, f"2130706433:{http}"),
         ]
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The route's readings and the DNS fixture's log (a proxy's lookups), once it ran."""
+        readings = super().corroboration(ctx, report)
+        return [*readings, "DNS fixture query log"] if readings else []
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host is refused `127.1` (and logged); the canonical name answers it."""
@@ -116,9 +135,17 @@ class NetHostCanonical(RouteSpec):
             elif spelled:
                 reasons.append(f"the equivalent spelling was logged as {spelled[0].get('host')}")
 
-        return assess_route(
+        assessment = assess_route(
             ctx, report, witness, control, requests, equivalent_admitted_as_canonical
         )
+        hits = lookups_outside(ctx, witness.dns)
+        tried = (
+            f"a refusal after a lookup is not a refusal: the proxy tried {looked_up(hits)}, "
+            f"outside its allowlist, before it answered (the DNS fixture logged the lookup); "
+            f"fix: match allowlist hosts on whole labels (evil{allowed} is not {allowed}, "
+            f"nor is {allowed}.<other zone>) and {FIX.removeprefix('fix: ')}"
+        )
+        return witness_lookups(ctx, assessment, hits, tried)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,12 +11,13 @@ log is the witness. The harness's own proxy checks its rules before it resolves
 Safety: the names travel only inside requests to the proxy. A wrapper's own proxy resolves
 them through the system resolver, which is the DNS fixture only in the lab world; outside the
 lab its query could leave the machine, so there the payload is not given the names and the
-cell says why (never PASS).
+cell says why (never PASS). The reading of the fixture's log (lookups.py) is shared with
+net_denied_host and net_host_canonical, which witness the same proxies' lookups.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from sandbox_attest.catalog.attempts import (
     attempts_by_role,
@@ -32,7 +33,14 @@ from sandbox_attest.catalog.controls import (
     origin_control_checks,
 )
 from sandbox_attest.catalog.judging import conclude, judge_escape
-from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
+from sandbox_attest.catalog.net.lookups import (
+    FIX,
+    NOT_IN_LAB,
+    looked_up,
+    lookups_outside,
+    names_reach_fixture,
+)
+from sandbox_attest.catalog.records import dns_hits, entries_with_nonce, wait_for_records
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
@@ -43,22 +51,10 @@ from sandbox_attest.catalog.spec import (
 from sandbox_attest.claims import claims_of
 from sandbox_attest.verdict import Assessment, Expectation
 
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-
 # A zone label no fixture origin and no proxy rule names: only a proxy that resolves before it
 # checks would ever ask the DNS fixture about a name below it.
 UNKNOWN_LABEL: Final = "exfil"
 ESCAPES: Final = ("connect-secret", "connect-secret-unknown", "get-secret-absolute")
-FIX: Final = (
-    "fix: check the allowlist before resolving; a name no rule admits must be refused "
-    "without any DNS lookup (resolve only the admitted host, once, and dial that address)"
-)
-NOT_IN_LAB: Final = (
-    "not attempted: the backend brings its own proxy, which resolves through the system "
-    "resolver, and outside the lab world that resolver may send the secret name off this "
-    "machine; run with --world lab"
-)
 # errnos of a payload with no network at all (a seccomp filter's EPERM, no route, nothing on the
 # sandbox's own empty loopback): under network = "none" they are the claim holding.
 NO_NETWORK_ERRNOS: Final = frozenset(
@@ -75,11 +71,6 @@ def _refused_by_no_network(attempts: list[dict[str, Any]]) -> bool:
     return bool(attempts) and all(
         a.get("outcome") == "refused" and a.get("errno") in NO_NETWORK_ERRNOS for a in attempts
     )
-
-
-def _in_lab(extra: Mapping[str, Any]) -> bool:
-    world = extra.get("world")
-    return isinstance(world, dict) and world.get("kind") == "lab"
 
 
 class NetProxyDnsExfil(SpecBase):
@@ -114,7 +105,7 @@ class NetProxyDnsExfil(SpecBase):
         }
         # A wrapper's own proxy (no harness route) resolves through the system resolver; only
         # in the lab is that the DNS fixture. Elsewhere the payload gets no name to send.
-        if ctx.route is None and not _in_lab(info.extra):
+        if not names_reach_fixture(ctx):
             return targets | {"withheld": NOT_IN_LAB}
         return targets | {
             "secret_connect": f"{ctx.nonce}.{denied.name}",
@@ -138,8 +129,8 @@ class NetProxyDnsExfil(SpecBase):
             return host_check("host queries the fixture", ok=True, detail=f"{name}: rcode {rcode}")
 
         checks = [guarded_check("host queries the fixture", resolve)]
-        records = wait_for_records(ctx.world, nonce, lambda r: bool(_dns_hits(r.dns, nonce)))
-        hits = _dns_hits(records.dns, nonce)
+        records = wait_for_records(ctx.world, nonce, lambda r: bool(dns_hits(r.dns, nonce)))
+        hits = dns_hits(records.dns, nonce)
         checks.append(host_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
         allowed = info.hosts["allowed"]
         url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
@@ -157,15 +148,14 @@ class NetProxyDnsExfil(SpecBase):
         escapes = attempts_by_role(report, "escape")
         controls = attempts_by_role(report, "control")
         observed = observed_outcome(escapes)
-        hits = _dns_hits(witness.dns, ctx.nonce)
+        hits = lookups_outside(ctx, witness.dns)
         mine = entries_with_nonce(witness.origin, ctx.nonce)
         origin_hits = [o for o in mine if o.get("host") == "denied"]
         reasons: list[str] = []
         if hits:
-            names = ", ".join(sorted({str(h.get("name")) for h in hits}))
             reasons.append(
                 f"the proxy resolved denied names before refusing them: the DNS fixture logged "
-                f"{len(hits)} queries carrying the secret label ({names}); "
+                f"{len(hits)} queries carrying the secret label ({looked_up(hits)}); "
                 f"{claims_of(ctx.claims).phrase('network')}; {FIX}"
             )
         if origin_hits:
@@ -192,7 +182,3 @@ class NetProxyDnsExfil(SpecBase):
             host_control=control,
             witness={"dns": hits, "denied_origin": origin_hits},
         )
-
-
-def _dns_hits(entries: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]:
-    return [e for e in entries if nonce in str(e.get("name", "")).lower()]
