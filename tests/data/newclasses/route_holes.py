@@ -13,6 +13,14 @@ to it), runs CMD, serves until CMD exits and exits with its code. MODE:
                  net_metadata_service (the metadata service's names end in .internal).
   socks5         an open SOCKS5 relay (no auth, CONNECT to any name, UDP ASSOCIATE refused):
                  the hole of net_socks5.
+  no-label-boundary
+                 an HTTP proxy that checks its allowlist before it resolves, but matches a
+                 host by string suffix, not on a label boundary (`evilallowed.test` passes as
+                 `allowed.test`), and answers 403 "upstream failed: NXDOMAIN for <host>" when
+                 the lookup then fails: the hole of net_host_canonical (issue 26).
+  correct        the same HTTP proxy done right: the canonical host (lower case, one trailing
+                 dot dropped) and port must be on ALLOWED_CSV exactly, checked before any
+                 lookup; the clean wrapper of tests/integration/test_identity_proxy.py.
 
 Network rule (DEVELOPERS.md): names are resolved only through the DNS fixture named on the
 command line (never the system resolver), and only an answer on loopback or in the lab's
@@ -115,7 +123,36 @@ def serve_http(conn: socket.socket, dns: Dns, allowed: Set[str]) -> None:
     splice(conn, upstream)
 
 
-def serve_internal(conn: socket.socket, dns: Dns, allowed: Set[str]) -> None:
+def canonical(host: str) -> str:
+    """Lower case, one trailing dot dropped: `ALLOWED.test.` is `allowed.test`."""
+    host = host.lower()
+    return host[:-1] if host.endswith(".") else host
+
+
+def admits_internal(host: str, port: str, allowed: Set[str]) -> bool:
+    # The hole: a suffix rule for internal names beside the allowlist.
+    return "%s:%s" % (host, port) in allowed or host.endswith(".internal")
+
+
+def admits_exactly(host: str, port: str, allowed: Set[str]) -> bool:
+    return "%s:%s" % (canonical(host), port) in allowed
+
+
+def admits_suffix(host: str, port: str, allowed: Set[str]) -> bool:
+    # The hole: a string suffix, no label boundary (`evilallowed.test` ends in `allowed.test`).
+    return any(canonical(host).endswith(a.rpartition(":")[0]) and port == a.rpartition(":")[2]
+               for a in allowed)
+
+
+Admits = Callable[[str, str, Set[str]], bool]
+
+
+def checking_proxy(admits: Admits) -> Serve:
+    """An HTTP proxy that asks `admits` before it resolves (the allowlist first)."""
+    return lambda conn, dns, allowed: serve_checked(conn, dns, allowed, admits)
+
+
+def serve_checked(conn: socket.socket, dns: Dns, allowed: Set[str], admits: Admits) -> None:
     head = b""
     while b"\r\n\r\n" not in head and len(head) < 65536:
         chunk = conn.recv(4096)
@@ -129,12 +166,15 @@ def serve_internal(conn: socket.socket, dns: Dns, allowed: Set[str]) -> None:
     tunnel = method == "CONNECT"
     hostport = target if tunnel else target.split("://", 1)[-1].split("/", 1)[0]
     host, _, port = hostport.rpartition(":")
-    # The hole: a suffix rule for internal names beside the allowlist.
-    if hostport not in allowed and not host.endswith(".internal"):
+    if not admits(host, port, allowed):
         conn.sendall(FORBIDDEN)
         return
-    address = resolve(dns, host)
-    if address is None or not harness_owned(address):
+    address = resolve(dns, canonical(host))
+    if address is None:
+        conn.sendall(FORBIDDEN.replace(b"not on the list", b"upstream failed: NXDOMAIN for "
+                                       + canonical(host).encode("latin-1", "replace")))
+        return
+    if not harness_owned(address):
         conn.sendall(FORBIDDEN)
         return
     upstream = socket.create_connection((address, int(port)), timeout=10)
@@ -208,8 +248,9 @@ def handle(serve: Serve, conn: socket.socket, dns: Dns, allowed: Set[str]) -> No
 def main(argv: list[str]) -> int:
     mode, path, dns_host, dns_port, allowed = argv[1:6]
     cmd = argv[argv.index("--") + 1:]
-    serve: Serve = {"resolve-first": serve_http, "allow-internal": serve_internal,
-             "socks5": serve_socks}[mode]
+    serve: Serve = {"resolve-first": serve_http, "allow-internal": checking_proxy(admits_internal),
+                    "socks5": serve_socks, "no-label-boundary": checking_proxy(admits_suffix),
+                    "correct": checking_proxy(admits_exactly)}[mode]
     # The availability check renders placeholders it cannot know yet as `<name>`: then there
     # is no fixture to ask, and every name stays unresolved (refused).
     dns = (dns_host, int(dns_port)) if dns_port.isdigit() else None
