@@ -28,6 +28,7 @@ it) and `judge_descriptors` compares them with what the host stats itself:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
@@ -333,7 +334,9 @@ def _judged_entries(process: Mapping[str, Any]) -> list[tuple[str, Mapping[str, 
         why = "the host read no identities of its descriptors"
         return [("*", {"link": ", ".join(extra), "unread": why})] if extra else []
     entries = [(n, e) for n, e in ids.items() if n.isdigit() and int(n) > _STDIO]
-    if "error" in fds:
+    # A process gone while the host listed its table (it exited) holds nothing any more;
+    # any other refusal leaves its descriptors unknown.
+    if "error" in fds and fds["error"] != os.strerror(errno.ENOENT):
         entries.append(("*", {"link": "?", "unread": f"descriptor table: {fds['error']}"}))
     return sorted(entries, key=lambda item: int(item[0]) if item[0].isdigit() else -1)
 

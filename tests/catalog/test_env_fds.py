@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sandbox_attest.catalog import PROBES
 from sandbox_attest.catalog.env import (
     FIX,
     HostObjects,
@@ -18,6 +19,7 @@ from sandbox_attest.catalog.env import (
     host_objects,
     judge_descriptors,
 )
+from tests.catalog.test_corroboration import ctx, view
 
 DEV = 65024
 ROOT = (DEV, 2)
@@ -150,6 +152,13 @@ class TestUnidentified:
         holes, unknown = judge_descriptors([process], HOST)
         assert (holes, [u.fd for u in unknown]) == ([], ["*"])
 
+    def test_an_unlistable_table_is_unidentified_but_a_gone_process_is_not(self) -> None:
+        """EACCES on the table leaves it unknown; a process that exited holds nothing."""
+        refused = {"pid": 12, "fds": {"error": "Permission denied"}, "fd_ids": {}}
+        gone = {"pid": 13, "fds": {"error": "No such file or directory"}, "fd_ids": {}}
+        holes, unknown = judge_descriptors([refused, gone], HOST)
+        assert (holes, [u.pids for u in unknown]) == ([], [("12",)])
+
     def test_a_climb_cut_short_is_unidentified(self) -> None:
         """A host directory whose climb stopped before the top cannot be placed."""
         deep = {"4": {"dev": DEV, "ino": 5, "link": "/a", "type": "dir", "top": False}}
@@ -176,3 +185,39 @@ class TestHostSide:
     def test_an_unreadable_mount_table_is_none(self, tmp_path: Path) -> None:
         """No mount table, no comparison (None), never an empty set that passes everything."""
         assert host_devices(tmp_path / "missing") is None
+
+
+CONTROL = {"ok": True, "nonce": "h", "checks": [], "baseline": {}}
+# The payload's own word: nothing beyond 0-2 (a wrapper can rewrite it; the host decides).
+REFUSED = {
+    "attempts": [{"what": "fds", "role": "escape", "outcome": "refused", "targets": {}}],
+    "facts": {"env": {}},
+}
+
+
+class TestAssess:
+    def test_a_member_holding_the_hosts_root_fails_the_cell(self, tmp_path: Path) -> None:
+        """Whatever the payload reports, the host's / held by a judged member is a FAIL."""
+        st = Path("/").stat()
+        root = {"7": {"dev": st.st_dev, "ino": st.st_ino, "link": "/", "type": "dir"}}
+        root["7"] |= {"top": True, "up": []}
+        member = _process(5150, root, comm="python3", status={"Uid": "1 1 1 1"})
+        spec = PROBES["env_inheritance"]
+        cell = ctx(tmp_path, spec.id, view() | {"others": [member]})
+        assert spec.corroboration(cell, {}) == []
+        reading = spec.assess(cell, REFUSED, None, CONTROL)  # type: ignore[arg-type]
+        assert reading.escape == "escaped"
+        text = " ".join(reading.reasons)
+        assert "fd 7 -> / (the host's /: a host directory outside the workspace" in text
+        assert "in host pid 5150" in text
+        assert FIX in text
+
+    def test_an_unidentified_descriptor_is_undecided_not_pass(self, tmp_path: Path) -> None:
+        """Extra descriptors the host could not identify make the cell undecided."""
+        member = {"pid": 5151, "comm": "python3", "status": {"Uid": "1 1 1 1"}}
+        member["fds"] = {"0": "/dev/null", "7": "/"}
+        spec = PROBES["env_inheritance"]
+        cell = ctx(tmp_path, spec.id, view() | {"others": [member]})
+        reading = spec.assess(cell, REFUSED, None, CONTROL)  # type: ignore[arg-type]
+        assert reading.escape == "undecided"
+        assert "descriptors the host could not identify" in " ".join(reading.reasons)
