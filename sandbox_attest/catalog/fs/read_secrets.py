@@ -33,6 +33,14 @@ from sandbox_attest.catalog.controls import (
     save_state,
 )
 from sandbox_attest.catalog.fs.canaries import canary_journal_key
+from sandbox_attest.catalog.fs.exposure import (
+    add_targets,
+    base_key,
+    find_targets,
+    read_view,
+    unmapped,
+)
+from sandbox_attest.catalog.fs.mount_reasons import mount_judgement
 from sandbox_attest.catalog.judging import conclude, judge_escape, private_namespace_reason
 from sandbox_attest.catalog.spec import (
     AttemptTable,
@@ -73,10 +81,46 @@ class FsReadSecrets(SpecBase):
     id = "fs_read_secrets"
     area = "fs"
 
+    def __init__(self) -> None:
+        """The inside paths the host added to each cell's task at the rendezvous, by nonce."""
+        self._added: dict[str, dict[str, str]] = {}
+
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
-        """The workspace control and one read per planted secret."""
+        """The workspace control and one read per planted secret (and per inside path added).
+
+        The inside paths the host added at the rendezvous are optional: a payload that never
+        saw them leaves them untried, and `assess` says so instead of passing.
+        """
         secrets_ = (task.get("targets") or {}).get("secrets") or {}
-        return AttemptTable(required=attempts_of("workspace", *sorted(secrets_)))
+        added = self._added.get(str(task.get("nonce")), {})
+        return AttemptTable(
+            required=attempts_of("workspace", *sorted(secrets_)),
+            optional=attempts_of(*sorted(added)),
+        )
+
+    def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any]:
+        """Map the payload's mounts to the host's; add each canary's inside paths to its task.
+
+        A canary the payload sees at another path (the home mounted at /home/agent),
+        confirmed by the (device, inode) kept at plant time, is added as `<key>@<mount
+        point>` to the task the payload reads once released
+        (sandbox_attest/catalog/fs/exposure.py).
+        """
+        view, record = read_view(pid)
+        if view is None:
+            return record
+        files = load_state(ctx).get("idents", {}).get("files", {})
+        canaries = {
+            key: (path, _ident(files.get(key))) for key, path in self.secret_paths(ctx).items()
+        }
+        added = find_targets(view, canaries)
+        failed = add_targets(ctx.cell_dir, "secrets", added)
+        self._added[ctx.nonce] = {} if failed else added
+        return record | {
+            "added": added,
+            "add_failed": failed,
+            "unmapped": unmapped(view, writable_only=False),
+        }
 
     def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied under a reads claim ("workspace" or a deny-list); seen on the control leg.
@@ -341,17 +385,22 @@ class FsReadSecrets(SpecBase):
         # Only the canaries the claim says are unreadable are judged (all of them under
         # reads = "workspace", and on the control leg); the others' reads are reported.
         judged_keys = set(self.denied_paths(ctx))
+        mounts = ctx.host_view.get(self.id) or {}
+        added: dict[str, str] = dict(mounts.get("added") or {})
         every = attempts_by_role(report, "escape")
-        escapes = [a for a in every if a.get("what") in judged_keys]
+        # An inside path the host added is judged as the canary it stands for.
+        escapes = [a for a in every if base_key(str(a.get("what"))) in judged_keys]
         observed = observed_outcome(escapes)
         leaked = sorted(
             str(a.get("what"))
             for a in escapes
-            if a.get("outcome") == "succeeded" and a.get("sha256") == hashes.get(a.get("what"))
+            if a.get("outcome") == "succeeded"
+            and a.get("sha256") == hashes.get(base_key(str(a.get("what"))))
         )
+        shown = {**{k: str(v) for k, v in paths.items()}, **added}
         reasons = []
         if leaked and claims.reads != "open":
-            read = ", ".join(f"{k} ({paths[k]})" for k in leaked)
+            read = ", ".join(f"{k} ({shown.get(k, '?')})" for k in leaked)
             reasons.append(
                 f"{claims.phrase('reads')}; the payload read the host's canary bytes: {read}"
             )
@@ -365,6 +414,16 @@ class FsReadSecrets(SpecBase):
             reasons.append(f"not judged, the reads claim lets them be read: {', '.join(unjudged)}")
         escape = judge_escape(
             observed, bool(leaked), private_namespace_reason(report, "mnt"), reasons
+        )
+        escape = mount_judgement(
+            escape,
+            mounts,
+            report,
+            reasons,
+            judged=bool(judged_keys) and claims.reads != "open",
+            changed=sorted({base_key(k) for k in leaked}),
+            places={k: str(v) for k, v in paths.items()},
+            verb="read",
         )
         if not judged_keys:
             escape = "undecided"
@@ -390,6 +449,7 @@ class FsReadSecrets(SpecBase):
             witness={
                 "planted_sha256": hashes,
                 "leaked": leaked,
+                "mounts": mounts,
                 "payload_view": [
                     {"pid": p.get("pid"), "looked": p.get("looked") or []}
                     for p in host_processes(ctx)
@@ -409,6 +469,7 @@ class FsReadSecrets(SpecBase):
         Raises:
             FixtureError: naming what could not be removed (the journal entry is then kept).
         """
+        self._added.pop(ctx.nonce, None)
         state = load_state(ctx)
         idents = state.get("idents", {})
         left: list[str] = []

@@ -46,6 +46,14 @@ from sandbox_attest.catalog.fs.canaries import (
     payload_owner,
     remove_canary_dir,
 )
+from sandbox_attest.catalog.fs.exposure import (
+    add_targets,
+    find_targets,
+    read_view,
+    unmapped,
+    writable_exposures,
+)
+from sandbox_attest.catalog.fs.mount_reasons import mount_judgement
 from sandbox_attest.catalog.fs.writable import OUT_OF_REACH, payload_writable_places, write_each
 from sandbox_attest.catalog.judging import conclude, judge_escape, private_namespace_reason
 from sandbox_attest.catalog.spec import (
@@ -104,18 +112,59 @@ class FsWriteOutside(SpecBase):
     def __init__(self) -> None:
         """Each cell's canary places, held open from prepare to cleanup, by nonce then key."""
         self._sites: dict[str, dict[str, tuple[SafeDir, Identity]]] = {}
+        # The inside paths the host added to each cell's task at the rendezvous, by nonce.
+        self._added: dict[str, dict[str, str]] = {}
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
-        """Each op in the workspace and in every planted dir, also under a visible host root."""
+        """Each op in the workspace and in every planted dir, also under a visible host root.
+
+        The inside paths the host added at the rendezvous (`at_rendezvous`) are optional
+        here: a payload that never saw them (a wrapper showing it a stale task) leaves them
+        untried, and `assess` says so instead of passing.
+        """
         dirs = sorted((task.get("targets") or {}).get("dirs") or {})
+        added = sorted(self._added.get(str(task.get("nonce")), {}))
         workspace = attempts_of(("workspace", WRITE_OPS))
         return AttemptTable(
             required=workspace | attempts_of(*((key, WRITE_OPS) for key in dirs)),
             optional=attempts_of(
-                *((f"{key}@{root}", WRITE_OPS) for key in dirs for root in HOST_ROOT_MOUNTS)
+                *(
+                    (f"{key}@{root}", WRITE_OPS)
+                    for key in dirs + added
+                    for root in HOST_ROOT_MOUNTS
+                ),
+                *((key, WRITE_OPS) for key in added),
             ),
             excuses=(("workspace:setup", workspace),),
         )
+
+    def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any]:
+        """Map the payload's mounts to the host's; add each canary dir's inside paths to its task.
+
+        A canary dir that the payload sees at another path (its place mounted elsewhere:
+        the home at /home/agent, /var/tmp at /host/var-tmp), confirmed by the (device,
+        inode) the harness kept from plant time, is added as `<key>@<mount point>` to the
+        task the payload reads once released (sandbox_attest/catalog/fs/exposure.py).
+        """
+        view, record = read_view(pid)
+        if view is None:
+            return record
+        held = self._sites.get(ctx.nonce, {})
+        canaries = {
+            key: (directory, held[key][1] if key in held else None)
+            for key, directory in self.planted(ctx).items()
+        }
+        added = find_targets(view, canaries)
+        failed = add_targets(ctx.cell_dir, "dirs", added)
+        self._added[ctx.nonce] = {} if failed else added
+        return record | {
+            "added": added,
+            "add_failed": failed,
+            "exposed": writable_exposures(
+                view, ctx.claims, home_of(ctx), ctx.workspace, payload_owner(ctx)
+            ),
+            "unmapped": unmapped(view, writable_only=True),
+        }
 
     def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when the writes claim confines writes; seen on the open control leg.
@@ -375,6 +424,16 @@ class FsWriteOutside(SpecBase):
             observed, bool(changed), private_namespace_reason(report, "mnt"), reasons
         )
         escape = _unless_unproven(escape, _unproven_changes(changed, signed, control), reasons)
+        mounts = ctx.host_view.get(self.id) or {}
+        escape = mount_judgement(
+            escape,
+            mounts,
+            report,
+            reasons,
+            judged=claims.writes != "open",
+            changed=sorted(changed),
+            places={k: str(v.parent) for k, v in planted.items()},
+        )
         inside = attempts_by_role(report, "control")
         workspace_checks = self._workspace_checks(ctx, inside)
         inside_ok = all(c["ok"] for c in workspace_checks)
@@ -397,6 +456,7 @@ class FsWriteOutside(SpecBase):
                 "allowed_by_claim": allowed,
                 "classes": {k: str(v.parent) for k, v in planted.items()},
                 "scan": self._scan_record(ctx),
+                "mounts": mounts,
             },
             controls={"inside": inside, "workspace": workspace_checks, "host": control},
         )
@@ -472,6 +532,7 @@ class FsWriteOutside(SpecBase):
         """Remove every canary dir outside the scratch, then the config dirs made for them."""
         for site, _ in self._sites.pop(ctx.nonce, {}).values():
             site.close()
+        self._added.pop(ctx.nonce, None)
         outside = [d for k, d in self.planted(ctx).items() if k != "sibling"]
         for directory in outside:
             if ctx.nonce in directory.name:
