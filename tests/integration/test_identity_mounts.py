@@ -104,10 +104,9 @@ class TestHomeAtAnotherPath:
         reason = cell["reason"]
         assert f"the sandbox mounts the host's {PAYLOAD_HOME} at /home/agent (writable)" in reason
         assert "home@/home/agent" in cell["witness"]["mounts"]["added"]
-        exposed = cell["witness"]["mounts"]["exposed"]
-        assert {"inside": "/home/agent", "host": str(PAYLOAD_HOME), "payload_may_write": True} in (
-            exposed
-        )
+        exposed = {e["inside"]: e for e in cell["witness"]["mounts"]["exposed"]}
+        assert exposed["/home/agent"]["host"] == str(PAYLOAD_HOME), exposed
+        assert exposed["/home/agent"]["canary_tried"], exposed
         assert "home" in cell["witness"]["changed"], cell["witness"]["changed"]
         assert f"fix: do not mount the host's {PAYLOAD_HOME} into the sandbox" in reason
 

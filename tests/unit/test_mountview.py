@@ -11,6 +11,7 @@ import pytest
 from sandbox_attest.catalog.fs.exposure import (
     base_key,
     find_targets,
+    mark_tried,
     mount_point_of,
     payload_may_write,
     untried,
@@ -276,7 +277,14 @@ class TestJudgement:
         """A host dir the payload user may write, mounted writable, never tried: undecided."""
         reading = {
             "mounts": [],
-            "exposed": [{"inside": "/data", "host": "/srv/data", "payload_may_write": True}],
+            "exposed": [
+                {
+                    "inside": "/data",
+                    "host": "/srv/data",
+                    "payload_may_write": True,
+                    "canary_tried": False,
+                }
+            ],
         }
         reasons: list[str] = []
         got = mount_judgement(
@@ -315,3 +323,27 @@ class TestPayloadMayWrite:
         place.mkdir()
         place.chmod(mode)
         assert payload_may_write(place, owner) is expected
+
+
+class TestMarkTried:
+    @pytest.mark.parametrize(
+        ("inside", "added", "expected"),
+        [
+            ("/var/tmp", {}, True),
+            ("/host/var-tmp", {"var_tmp@/host/var-tmp": "/host/var-tmp/kiln-n"}, True),
+            ("/host/var-tmp", {}, False),
+        ],
+        ids=["same-path", "added", "not-tried"],
+    )
+    def test_a_canary_in_the_exposed_dir(
+        self, inside: str, added: dict[str, str], expected: bool
+    ) -> None:
+        """Tried at its host path, or at an added inside path; else the exposure is untried."""
+        exposed = [{"inside": inside, "host": "/var/tmp", "payload_may_write": True}]
+        got = mark_tried(exposed, [Path("/var/tmp/kiln-n"), Path("/tmp/kiln-n")], added)
+        assert got[0]["canary_tried"] is expected
+
+    def test_no_canary_in_the_dir(self) -> None:
+        """A host dir holding no canary is never tried."""
+        exposed = [{"inside": "/data", "host": "/srv/data", "payload_may_write": True}]
+        assert mark_tried(exposed, [Path("/var/tmp/kiln-n")], {})[0]["canary_tried"] is False

@@ -133,6 +133,27 @@ def writable_exposures(
     return out
 
 
+def mark_tried(
+    exposed: list[dict[str, Any]], canaries: list[Path], added: dict[str, str]
+) -> list[dict[str, Any]]:
+    """`exposed`, each with `canary_tried`: whether a canary in it is tried at its inside path.
+
+    A planted canary dir under the exposed host directory is tried there when its inside path
+    is its host path (the payload tries that anyway) or one the host added to the task.
+    """
+    inside_added = set(added.values())
+    for entry in exposed:
+        host, point = Path(str(entry["host"])), str(entry["inside"])
+        tried = False
+        for canary in canaries:
+            if canary != host and host not in canary.parents:
+                continue
+            inside = str(Path(point) / canary.relative_to(host))
+            tried = tried or inside == str(canary) or inside in inside_added
+        entry["canary_tried"] = tried
+    return exposed
+
+
 def unmapped(view: MountMap, *, writable_only: bool) -> list[dict[str, Any]]:
     """The mounts the host could not map (writable ones only, if asked), as evidence."""
     return [m.record() for m in view.of_kind("unmapped") if m.mount.writable or not writable_only]

@@ -111,12 +111,12 @@ def mount_judgement(
             "the payload's report has no attempt at the inside paths the host added to its "
             f"task: {', '.join(missing)}"
         )
-    tried = {mount_point_of(k) for k in added}
     open_dirs = [
         e
         for e in mounts.get("exposed") or []
-        if e.get("payload_may_write") and e.get("inside") not in tried
+        if e.get("payload_may_write") and not e.get("canary_tried")
     ]
+
     if open_dirs:
         blockers.append(
             "the payload's view holds writable host directories outside the claims where no "

@@ -49,6 +49,7 @@ from sandbox_attest.catalog.fs.canaries import (
 from sandbox_attest.catalog.fs.exposure import (
     add_targets,
     find_targets,
+    mark_tried,
     read_view,
     unmapped,
     writable_exposures,
@@ -160,8 +161,12 @@ class FsWriteOutside(SpecBase):
         return record | {
             "added": added,
             "add_failed": failed,
-            "exposed": writable_exposures(
-                view, ctx.claims, home_of(ctx), ctx.workspace, payload_owner(ctx)
+            "exposed": mark_tried(
+                writable_exposures(
+                    view, ctx.claims, home_of(ctx), ctx.workspace, payload_owner(ctx)
+                ),
+                list(self.planted(ctx).values()),
+                added,
             ),
             "unmapped": unmapped(view, writable_only=True),
         }
