@@ -122,6 +122,14 @@ class TestSharedReading:
         assert lookups.plant_answer(ctx, "x.denied.test", "198.18.0.7")
         assert ctx.world.planted == {"x.denied.test": ["198.18.0.7"]}  # type: ignore[attr-defined]
 
+    @pytest.mark.parametrize(("own", "lab"), [(False, True), (False, False), (True, False)])
+    def test_no_fixture_check_where_silence_decides_nothing(
+        self, tmp_path: Path, own: bool, lab: bool
+    ) -> None:
+        """The fixture's hearing is checked only under an own proxy in the lab (live-tested)."""
+        ctx = ctx_for("net_denied_host", tmp_path, own=own, lab=lab)
+        assert lookups.own_proxy_witness_checks(ctx, "hcontrol") == []
+
 
 class TestDeniedHostUnderOwnProxy:
     def test_nonce_name_is_planted_in_the_lab(self, tmp_path: Path) -> None:

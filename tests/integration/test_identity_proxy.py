@@ -102,6 +102,16 @@ class TestStrongLegs:
             if probe != "dns_resolution" or backend != "none":
                 assert denied_lookups(cell) == [], (backend, probe, cell["witness"])
 
+    @pytest.mark.parametrize("probe", ["net_denied_host", "net_host_canonical"])
+    def test_the_witness_could_hear(self, run: HoleRun, probe: str) -> None:
+        """The correct proxy's PASS rests on the fixture's silence, and the fixture can hear.
+
+        The host control queried a nonce name and saw it logged: silence means no lookup.
+        """
+        cell = run.cell(CLEAN, probe)
+        checks = {c["what"]: c for c in cell["control"]["host"]["checks"]}
+        assert checks["dns fixture logged the host query"]["ok"], checks
+
 
 @pytest.mark.usefixtures("lab")
 class TestResolveFirst:

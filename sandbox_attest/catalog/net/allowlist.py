@@ -32,6 +32,7 @@ from sandbox_attest.catalog.net.lookups import (
     looked_up,
     lookups_outside,
     names_reach_fixture,
+    own_proxy_witness_checks,
     plant_answer,
     witness_lookups,
 )
@@ -119,6 +120,7 @@ class NetDeniedHost(SpecBase):
 
         checks = [guarded_check("host connect denied", connect_denied)]
         checks.append(guarded_check("host get allowed", get_allowed))
+        checks += own_proxy_witness_checks(ctx, nonce)
         records = wait_for_records(
             ctx.world,
             nonce,

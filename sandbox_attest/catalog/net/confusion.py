@@ -16,6 +16,7 @@ from sandbox_attest.catalog.net.lookups import (
     looked_up,
     lookups_outside,
     names_reach_fixture,
+    own_proxy_witness_checks,
     witness_lookups,
 )
 from sandbox_attest.catalog.net.route import (
@@ -109,6 +110,7 @@ class NetHostCanonical(RouteSpec):
             lambda p: p.get("nonce") == nonce and p.get("target") == target,
         )
         checks += allowed_control(ctx, nonce)
+        checks += own_proxy_witness_checks(ctx, nonce)
         return control_record(nonce, checks)
 
     def assess(

@@ -22,7 +22,8 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from sandbox_attest.catalog.records import dns_hits, in_lab_world
+from sandbox_attest.catalog.controls import guarded_check, host_check
+from sandbox_attest.catalog.records import dns_hits, in_lab_world, wait_for_records
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
 
 if TYPE_CHECKING:
@@ -99,6 +100,40 @@ def lookups_outside(ctx: CellContext, entries: list[dict[str, Any]]) -> list[dic
     made for a name only this cell's payload used, of a host the allowlist refuses.
     """
     return [e for e in dns_hits(entries, ctx.nonce) if not allowlisted(ctx, str(e.get("name")))]
+
+
+def fixture_hears(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:
+    """Host control checks: the witness can hear, a host query for a nonce name is logged.
+
+    A silent log proves no lookup only if a lookup would have shown: the host asks the
+    fixture for `<nonce>.<denied host>` (a control nonce, never the cell's) and waits for it.
+    """
+    from dnslib import DNSRecord  # noqa: PLC0415  (host-only dependency, loaded when used)
+
+    info = ctx.world.info
+    name = f"{nonce}.{info.hosts['denied'].name}"
+
+    def resolve() -> dict[str, Any]:
+        raw = DNSRecord.question(name).send(info.dns.host, info.dns.port, timeout=3)
+        rcode = DNSRecord.parse(raw).header.rcode
+        return host_check("host queries the fixture", ok=True, detail=f"{name}: rcode {rcode}")
+
+    checks = [guarded_check("host queries the fixture", resolve)]
+    records = wait_for_records(ctx.world, nonce, lambda r: bool(dns_hits(r.dns, nonce)))
+    hits = dns_hits(records.dns, nonce)
+    checks.append(host_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
+    return checks
+
+
+def own_proxy_witness_checks(ctx: CellContext, nonce: str) -> list[dict[str, Any]]:
+    """`fixture_hears` where a PASS rests on the fixture's silence about a wrapper's own proxy.
+
+    That is under egress "own" in the lab; on the harness's route its decision log decides,
+    and outside the lab nothing is witnessed (`witness_lookups` says so): no checks there.
+    """
+    if ctx.route is None and names_reach_fixture(ctx):
+        return fixture_hears(ctx, nonce)
+    return []
 
 
 def looked_up(hits: list[dict[str, Any]]) -> str:

@@ -27,8 +27,6 @@ from sandbox_attest.catalog.attempts import (
 )
 from sandbox_attest.catalog.controls import (
     control_record,
-    guarded_check,
-    host_check,
     new_control_nonce,
     origin_control_checks,
 )
@@ -36,11 +34,12 @@ from sandbox_attest.catalog.judging import conclude, judge_escape
 from sandbox_attest.catalog.net.lookups import (
     FIX,
     NOT_IN_LAB,
+    fixture_hears,
     looked_up,
     lookups_outside,
     names_reach_fixture,
 )
-from sandbox_attest.catalog.records import dns_hits, entries_with_nonce, wait_for_records
+from sandbox_attest.catalog.records import entries_with_nonce
 from sandbox_attest.catalog.spec import (
     AttemptTable,
     CellContext,
@@ -118,20 +117,8 @@ class NetProxyDnsExfil(SpecBase):
 
         And the allowed host answers through the harness's proxy, so a refusal is a rule's.
         """
-        from dnslib import DNSRecord  # noqa: PLC0415  (host-only dependency, loaded when used)
-
         info, nonce = ctx.world.info, new_control_nonce()
-        name = f"{nonce}.{info.hosts['denied'].name}"
-
-        def resolve() -> dict[str, Any]:
-            raw = DNSRecord.question(name).send(info.dns.host, info.dns.port, timeout=3)
-            rcode = DNSRecord.parse(raw).header.rcode
-            return host_check("host queries the fixture", ok=True, detail=f"{name}: rcode {rcode}")
-
-        checks = [guarded_check("host queries the fixture", resolve)]
-        records = wait_for_records(ctx.world, nonce, lambda r: bool(dns_hits(r.dns, nonce)))
-        hits = dns_hits(records.dns, nonce)
-        checks.append(host_check("dns fixture logged the host query", bool(hits), f"{len(hits)}"))
+        checks = fixture_hears(ctx, nonce)
         allowed = info.hosts["allowed"]
         url = f"https://{allowed.name}:{allowed.https_port}/ok?nonce={nonce}"
         checks += origin_control_checks(ctx, nonce, url, "allowed")
