@@ -11,6 +11,9 @@ keeps a terminal from becoming the payload's controlling terminal.
                   when unconfined: /dev/kvm, /dev/net/tun, /dev/fuse... where they exist), and
                   every other character or block device found under /dev (at most
                   targets["max_nodes"], at most targets["max_depth"] levels down)
+  dev:/<inside>   each of targets["elsewhere"]: device nodes OUTSIDE /dev that the host found
+                  in this process's view while it waited (a sandbox that binds the host's
+                  /dev at /host/dev), by their absolute inside path
 Each attempt carries the device number it opened (``rdev`` "major:minor") and its kind, so the
 host can compare it with its own devices: device numbers are the kernel's, not a namespace's,
 so a node that opens is the host's device whatever path it has inside.
@@ -133,6 +136,12 @@ def run(task, out):
         if rel in controls or any(os.path.basename(rel).startswith(b) for b in NEVER_OPEN):
             continue
         out["attempts"].append(open_device("dev:" + rel, "escape", os.path.join(DEV, rel)))
+    elsewhere = targets.get("elsewhere") or {}
+    for key in sorted(elsewhere):
+        path = str(elsewhere[key])
+        if any(os.path.basename(path).startswith(b) for b in NEVER_OPEN):
+            continue
+        out["attempts"].append(open_device("dev:" + key, "escape", path))
 
 
 def main(argv):

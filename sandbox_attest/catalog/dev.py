@@ -19,6 +19,14 @@ host reads that against its own device table:
   class backs a refusal whatever the report says; a device in the view that the report calls
   absent is a report the host contradicts.
 
+- devices outside /dev (issue 26): a sandbox may put a host device node anywhere
+  (`--dev-bind /dev /host/dev` exposes `/host/dev/fuse`). At the rendezvous the host also
+  walks the payload's whole view (sandbox_attest/host/viewwalk.py, bounded, nothing
+  followed) and adds every node outside /dev and outside the harmless class to the task the
+  payload reads once released (`elsewhere`), so the payload tries those inside paths too;
+  the device number decides as above, and an added node the report never tried keeps the
+  cell from PASS. What the walk did not cover is in the evidence (`walk.not_covered`).
+
 What it does not do: it never reads, writes or sends an ioctl to a device, so it says nothing
 about what a device would let the payload do once open; and where a node is in the view but
 the sandbox denies its open by other means (a container's device cgroup), the refusal rests on
@@ -50,6 +58,7 @@ from sandbox_attest.catalog.controls import (
     new_control_nonce,
     save_state,
 )
+from sandbox_attest.catalog.fs.exposure import add_targets, untried
 from sandbox_attest.catalog.judging import (
     conclude,
     expect_fs_confined,
@@ -66,6 +75,7 @@ from sandbox_attest.catalog.spec import (
 )
 from sandbox_attest.errors import HarnessError
 from sandbox_attest.host.trust import PayloadUser, measure_as, payload_user
+from sandbox_attest.host.viewwalk import walk_view
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 DEV: Final = Path("/dev")
@@ -219,14 +229,55 @@ def read_view(pid: int) -> dict[str, Any]:
     return {"seen": True, "pid": pid, "nodes": device_nodes(dev)}
 
 
+def elsewhere_nodes(devices: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The device nodes a whole-view walk found outside /dev that are not harmless.
+
+    Keyed by inside path. /dev itself is the payload's own scan's; a watchdog is never
+    opened, so it is never added (the walk's listing still shows it).
+    """
+    return {
+        inside: node
+        for inside, node in sorted(devices.items())
+        if inside != "/dev"
+        and not inside.startswith("/dev/")
+        and not harmless_rdev(str(node.get("rdev")))
+        and not Path(inside).name.startswith(NEVER_OPEN)
+    }
+
+
+def read_whole_view(pid: int) -> dict[str, Any]:
+    """`read_view` of the payload's /dev, plus the device nodes anywhere else in its view.
+
+    `elsewhere` maps each inside path outside /dev to its node (`elsewhere_nodes`); `walk`
+    is the walk's evidence without its sockets (the socket probe reads those).
+    """
+    view = read_view(pid)
+    walk = walk_view(pid)
+    evidence = walk.as_evidence()
+    evidence.pop("sockets", None)
+    view["walk"] = evidence
+    view["elsewhere"] = elsewhere_nodes(walk.devices) if walk.seen else {}
+    return view
+
+
 def view_sensitive(view: dict[str, Any]) -> list[str]:
-    """The nodes of a payload's view outside the harmless class (by number and name)."""
+    """The nodes of a payload's view outside the harmless class (by number and name).
+
+    Nodes under its /dev by their path relative to /dev; nodes elsewhere by their inside
+    path (absolute), as the payload names them (`dev:/host/dev/fuse`).
+    """
     nodes = view.get("nodes") or {}
-    return sorted(
+    in_dev = [
         rel
         for rel, d in nodes.items()
         if rel not in HARMLESS_NAMES and not harmless_rdev(str(d.get("rdev")))
-    )
+    ]
+    return sorted([*in_dev, *(view.get("elsewhere") or {})])
+
+
+def _shown(rel: str) -> str:
+    """A node's path as the payload sees it: `/dev/kvm` for "kvm", an inside path as is."""
+    return rel if rel.startswith("/") else f"/dev/{rel}"
 
 
 @functools.cache
@@ -262,8 +313,8 @@ def _exposed_and_judged(
 
 
 def _contradicted_by_view(judged: list[dict[str, Any]], view: dict[str, Any]) -> list[str]:
-    """The nodes the report calls absent (ENOENT) that the host sees in the payload's /dev."""
-    nodes = view.get("nodes") or {}
+    """The nodes the report calls absent (ENOENT) that the host sees in the payload's view."""
+    nodes = {**(view.get("nodes") or {}), **(view.get("elsewhere") or {})}
     # The report calls a node absent that the host sees in the payload's own /dev.
     return sorted(
         str(a.get("what")).removeprefix("dev:")
@@ -285,19 +336,32 @@ def _weigh_view(
         escape = "disagree"
         reasons.append(
             "the host sees "
-            + ", ".join(f"/dev/{rel}" for rel in contradicted)
-            + " in the payload's /dev, which its report calls absent (ENOENT): the report "
+            + ", ".join(_shown(rel) for rel in contradicted)
+            + " in the payload's view, which its report calls absent (ENOENT): the report "
             "is not what ran"
         )
     elif in_view and not exposed:
         reasons.append(
             "the host sees "
-            + ", ".join(f"/dev/{rel}" for rel in in_view)
-            + " in the payload's /dev: their refusal rests on the payload's word"
+            + ", ".join(_shown(rel) for rel in in_view)
+            + " in the payload's view: their refusal rests on the payload's word"
         )
     if not view.get("seen"):
         reasons.append(f"the host did not read the payload's /dev: {view.get('why')}")
     return escape
+
+
+def _weigh_untried(escape: Escape, missing: list[str], reasons: list[str]) -> Escape:
+    """A node the host found outside /dev and added, that the report never tried."""
+    if not missing:
+        return escape
+    reasons.append(
+        "the host found "
+        + ", ".join(m.removeprefix("dev:") for m in missing)
+        + " in the payload's view and added them to its task, but the report never tried "
+        "them: the report is not what ran"
+    )
+    return escape if escape == "escaped" else "disagree"
 
 
 def _inside_control(inside: list[dict[str, Any]], host: dict[str, Any]) -> tuple[bool, str]:
@@ -352,18 +416,26 @@ class DevAccess(SpecBase):
         return {
             "control": list(CONTROL_DEVICES),
             "devices": named,
+            # Inside path -> inside path, added by the host at the rendezvous.
+            "elsewhere": {},
             "max_nodes": MAX_NODES,
             "max_depth": MAX_DEPTH,
         }
 
     def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any]:
-        """The host's listing of the payload's own /dev, taken while it waits (`read_view`).
+        """The host's listing of the payload's view, taken while it waits (`read_whole_view`).
 
         The runner calls it at the host's rendezvous (sandbox_attest/run/hostview.py) and stores the
-        result in `ctx.host_view` under this probe's id.
+        result in `ctx.host_view` under this probe's id. Nodes found outside /dev are added
+        to the task (`elsewhere`), which the payload reads once released.
         """
-        del ctx
-        return read_view(pid)
+        view = read_whole_view(pid)
+        added = {inside: inside for inside in view["elsewhere"]}
+        failed = add_targets(ctx.cell_dir, "elsewhere", added)
+        view["added"] = sorted(f"dev:{inside}" for inside in added) if not failed else []
+        if failed:
+            view["add_failed"] = failed
+        return view
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """As the payload user, unconfined: the harmless devices open, and a sensitive one does.
@@ -427,6 +499,11 @@ class DevAccess(SpecBase):
             observed, bool(exposed), private_namespace_reason(report, "mnt"), reasons
         )
         escape = _weigh_view(escape, view, in_view, exposed, contradicted, reasons)
+        missing = untried({str(k): "" for k in view.get("added") or ()}, report)
+        escape = _weigh_untried(escape, missing, reasons)
+        if view.get("add_failed") and not exposed:
+            escape = "disagree" if view.get("elsewhere") else escape
+            reasons.append(str(view["add_failed"]))
         corroborated = self._corroboration(view, in_view, exposed, contradicted)
         inside = attempts_by_role(report, "control")
         inside_ok, inside_failed = _inside_control(inside, host)
@@ -492,9 +569,10 @@ class DevAccess(SpecBase):
         """
         if not view.get("seen") or contradicted:
             return []
-        where = f"the payload's /dev as the host listed it (/proc/{view.get('pid')}/root/dev)"
+        where = f"the payload's view as the host listed it (/proc/{view.get('pid')}/root)"
         if exposed:
-            numbers = {str(d.get("rdev")) for d in (view.get("nodes") or {}).values()}
+            nodes = {**(view.get("nodes") or {}), **(view.get("elsewhere") or {})}
+            numbers = {str(d.get("rdev")) for d in nodes.values()}
             seen = all(str(a.get("rdev")) in numbers for a in exposed)
             return [f"{where}: the opened devices are in it"] if seen else []
         return [] if in_view else [f"{where}: only the harmless class"]

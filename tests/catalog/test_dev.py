@@ -8,6 +8,8 @@ the host's real device table, through the assessor.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import secrets
 from collections.abc import Iterator
@@ -20,20 +22,24 @@ import pytest
 from sandbox_attest.backends.base import Backend, DeclaredClaims
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
 from sandbox_attest.backends.none import NoneBackend
-from sandbox_attest.catalog import PROBES
+from sandbox_attest.catalog import PROBES, probe_path
 from sandbox_attest.catalog.dev import (
     CONTROL_DEVICES,
     DevAccess,
     device_nodes,
+    elsewhere_nodes,
     harmless_rdev,
     open_devices,
     payload_user_devices,
     read_view,
+    read_whole_view,
     sensitive,
     view_sensitive,
 )
 from sandbox_attest.catalog.spec import CellContext
+from sandbox_attest.host import viewwalk
 from sandbox_attest.host.trust import payload_user
+from sandbox_attest.payload import INPUT_DIR, STAGED_TASK
 from sandbox_attest.report.evidence import CellEntry
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
@@ -251,7 +257,7 @@ class TestHostView:
         attempts = [*controls(), *(refused(f"dev:{rel}") for rel in HERE)]
         verdict, assessment = assess(tmp_path, attempts, harmless_view())
         assert verdict == "PASS", assessment.reasons
-        where = f"the payload's /dev as the host listed it (/proc/{os.getpid()}/root/dev)"
+        where = f"the payload's view as the host listed it (/proc/{os.getpid()}/root)"
         assert assessment.corroborated_by == [f"{where}: only the harmless class"]
 
     @needs_a_sensitive_device
@@ -264,7 +270,7 @@ class TestHostView:
         verdict, assessment = assess(tmp_path, attempts, view)
         assert verdict == "PASS", assessment.reasons
         assert assessment.corroborated_by == []
-        assert f"the host sees /dev/{rel} in the payload's /dev" in " ".join(assessment.reasons)
+        assert f"the host sees /dev/{rel} in the payload's view" in " ".join(assessment.reasons)
 
     @needs_a_sensitive_device
     def test_a_report_calling_a_seen_node_absent_is_inconclusive(self, tmp_path: Path) -> None:
@@ -277,6 +283,118 @@ class TestHostView:
         assert verdict == "INCONCLUSIVE", assessment.reasons
         assert assessment.escape == "disagree"
         assert "which its report calls absent (ENOENT)" in " ".join(assessment.reasons)
+
+
+class TestDevicesOutsideDev:
+    """Issue 26, row 4: a host device node anywhere in the view, found by the host's walk."""
+
+    def ctx(self, tmp_path: Path) -> CellContext:
+        """A confined cell whose staged task is the one `prepare` would write."""
+        context = CellContext(
+            probe=SPEC.id,
+            backend="unit",
+            nonce="n" + secrets.token_hex(8),
+            world=None,  # type: ignore[arg-type]  # dev_access never reads the world
+            workspace=tmp_path,
+            cell_dir=tmp_path,
+            claims=CONFINED,
+            user=payload_user(),
+        )
+        (tmp_path / INPUT_DIR).mkdir()
+        task = {"targets": {"control": list(CONTROL_DEVICES), "devices": [], "elsewhere": {}}}
+        (tmp_path / INPUT_DIR / STAGED_TASK).write_text(json.dumps(task))
+        return context
+
+    def test_only_sensitive_nodes_outside_dev_are_kept(self) -> None:
+        """/dev is the payload's own scan's; harmless numbers and watchdogs are never added."""
+        nodes = {
+            "/dev/fuse": {"kind": "char", "rdev": "10:229"},
+            "/host/dev/fuse": {"kind": "char", "rdev": "10:229"},
+            "/host/dev/null": {"kind": "char", "rdev": "1:3"},
+            "/host/dev/pts/3": {"kind": "char", "rdev": "136:3"},
+            "/host/dev/watchdog0": {"kind": "char", "rdev": "248:0"},
+            "/srv/sda": {"kind": "block", "rdev": "8:0"},
+        }
+        assert set(elsewhere_nodes(nodes)) == {"/host/dev/fuse", "/srv/sda"}
+
+    def test_nodes_elsewhere_count_as_in_view(self) -> None:
+        """A node elsewhere is in the view by its inside path, beside /dev's by their names."""
+        view = harmless_view()
+        view["elsewhere"] = {"/host/dev/fuse": {"kind": "char", "rdev": "10:229"}}
+        assert view_sensitive(view) == ["/host/dev/fuse"]
+
+    def test_this_process_view_is_walked(self) -> None:
+        """The host's own view is walked; what it finds outside /dev is keyed by inside path."""
+        view = read_whole_view(os.getpid())
+        assert view["seen"], view
+        assert view["walk"]["seen"], view["walk"]
+        assert "sockets" not in view["walk"]
+        assert all(p.startswith("/") and not p.startswith("/dev/") for p in view["elsewhere"])
+
+    def test_the_rendezvous_adds_them_to_the_task(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """What the walk found outside /dev is in the task the payload reads once released."""
+        found = viewwalk.ViewWalk(os.getpid())
+        found.devices = {
+            "/host/dev/fuse": {"kind": "char", "rdev": "10:229"},
+            "/host/dev/null": {"kind": "char", "rdev": "1:3"},
+        }
+        monkeypatch.setattr("sandbox_attest.catalog.dev.walk_view", lambda _pid: found)
+        view = SPEC.at_rendezvous(self.ctx(tmp_path), os.getpid())
+        task = json.loads((tmp_path / INPUT_DIR / STAGED_TASK).read_text())
+        assert task["targets"]["elsewhere"] == {"/host/dev/fuse": "/host/dev/fuse"}
+        assert view["added"] == ["dev:/host/dev/fuse"]
+        assert "add_failed" not in view
+
+    def test_the_payload_tries_each_added_path(self, tmp_path: Path) -> None:
+        """The payload opens an added inside path and reports its number under dev:<path>."""
+        spec = importlib.util.spec_from_file_location("payload_dev", probe_path(SPEC.id))
+        assert spec is not None
+        assert spec.loader is not None
+        payload = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(payload)
+        out: dict[str, Any] = {"attempts": [], "facts": {}}
+        task = {
+            "targets": {
+                "control": [],
+                "devices": [],
+                "elsewhere": {"/elsewhere/null": "/dev/null"},
+                "max_nodes": 0,
+                "max_depth": 0,
+            }
+        }
+        payload.run(task, out)
+        tried = {a["what"]: a for a in out["attempts"]}
+        assert tried["dev:/elsewhere/null"]["outcome"] == "succeeded"
+        assert tried["dev:/elsewhere/null"]["rdev"] == "1:3"
+
+    @needs_a_sensitive_device
+    def test_an_opened_node_elsewhere_fails_naming_its_inside_path(self, tmp_path: Path) -> None:
+        """Opened at /host/dev/<rel>: FAIL naming the inside path and the host's own node."""
+        rel = HERE[0]
+        node = device_nodes()[rel]
+        inside = f"/host/dev/{rel}"
+        view = harmless_view() | {"elsewhere": {inside: node}, "added": [f"dev:{inside}"]}
+        attempt = opened(f"dev:{inside}", node["rdev"]) | {"path": inside}
+        verdict, assessment = assess(tmp_path, [*controls(), attempt], view)
+        assert verdict == "FAIL", assessment.reasons
+        assert f"{inside} (char {node['rdev']}" in assessment.reasons[0]
+        assert f"the host's /dev/{rel}" in assessment.reasons[0]
+
+    @needs_a_sensitive_device
+    def test_an_added_node_the_report_never_tried_is_inconclusive(self, tmp_path: Path) -> None:
+        """The host added /host/dev/<rel> to the task; a report without it is not what ran."""
+        rel = HERE[0]
+        inside = f"/host/dev/{rel}"
+        view = harmless_view() | {
+            "elsewhere": {inside: device_nodes()[rel]},
+            "added": [f"dev:{inside}"],
+        }
+        attempts = [*controls(), *(refused(f"dev:{r}") for r in HERE)]
+        verdict, assessment = assess(tmp_path, attempts, view)
+        assert verdict == "INCONCLUSIVE", assessment.reasons
+        assert "but the report never tried them" in " ".join(assessment.reasons)
 
 
 # ---------------------------------------------------------------------------------------------
