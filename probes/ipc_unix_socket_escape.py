@@ -12,6 +12,8 @@ Escape attempts, each a single ``GET /_ping`` and nothing else:
     line carrying the nonce; to any other (a real daemon: it cannot know) it sends nothing,
     a connect and a close are evidence enough. Each path attempt carries the socket's st_dev
     and st_ino as seen inside, so the host can tell its own socket from a sandbox-private one.
+  * the host's own sockets wherever its walk of this view found them (targets["view_hint"],
+    a file the host writes into the workspace at the rendezvous): `view:<inside path>`.
 Control: ``socket.socketpair()`` works inside (unix sockets as such are usable).
 facts["netns"]/["mntns"] let the host tell its own sockets from the sandbox's.
 
@@ -220,6 +222,41 @@ def sweep_class(task, targets, out, skip):
         out["attempts"].append(result)
 
 
+def try_view(task, targets, out):
+    """The host's own sockets at the inside paths its walk of this view found.
+
+    The host writes them into the workspace (targets["view_hint"]) while this process waits
+    at the rendezvous, each [path, how]: "witness" gets the nonce line, "daemon" a
+    ``GET /_ping`` with the nonce, "touch" (a real daemon) a connect and a close. The host's
+    own logs decide; this only makes the attempts. Returns the paths tried.
+    """
+    name = targets.get("view_hint")
+    try:
+        with open(os.path.join(task["workspace"], name)) as fh:
+            paths = json.load(fh).get("paths") or []
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    nonce = task["nonce"]
+    line = ("SANDBOX-ATTEST-WITNESS %s\n" % nonce).encode()
+    tried = set()
+    for inside, how in paths[:WALK_SOCKETS]:
+        if inside in tried:
+            continue
+        tried.add(inside)
+        if how == "daemon":
+            result = ping("view:" + inside, inside, nonce)
+        else:
+            result = touch("view:" + inside, inside, line if how == "witness" else None)
+        try:
+            info = os.lstat(inside)
+            result.update({"dev": info.st_dev, "ino": info.st_ino})
+        except OSError:
+            pass
+        result["witness"] = how in ("witness", "daemon")
+        out["attempts"].append(result)
+    return tried
+
+
 def control():
     try:
         left, right = socket.socketpair()
@@ -253,6 +290,7 @@ def run(task, out):
     # grant, not a host daemon), are not touched again.
     skip = set(targets.get("skip") or []) | {targets["unix"]}
     skip |= set(targets.get("docker_sockets") or [])
+    skip |= try_view(task, targets, out)
     sweep_class(task, targets, out, skip)
 
 

@@ -160,6 +160,30 @@ def socket_dirs(*, exclude: tuple[Path, ...] = ()) -> list[Path]:
     return [Path(d) for d in list(ordered)[:MAX_WITNESS_DIRS]]
 
 
+def sockets_in(directories: list[Path]) -> dict[Identity, str]:
+    """Every unix socket directly in each directory, (st_dev, st_ino) -> its host path.
+
+    Only lstat, nothing followed or connected: the host's own sockets, by identity, for the
+    walk of a payload's view to find wherever a sandbox put them. The harness's witnesses
+    are left out (they are listed by `WitnessSockets.identities`).
+    """
+    found: dict[Identity, str] = {}
+    for directory in dict.fromkeys(directories):
+        try:
+            with os.scandir(directory) as entries:
+                listed = list(entries)
+        except OSError:
+            continue
+        for entry in listed:
+            if entry.name.startswith(WITNESS_PREFIX):
+                continue
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISSOCK(st.st_mode):
+                    found.setdefault((st.st_dev, st.st_ino), entry.path)
+    return found
+
+
 def searchable(paths: list[str]) -> dict[str, str]:
     """Run as the payload user: each directory, "" where this process may search it, else why.
 
@@ -279,6 +303,7 @@ class WitnessSockets:
     Attributes:
         nonce: the cell's nonce; a line carrying it is the payload's.
         dirs: the directories to plant a path witness in.
+        sites: exact paths to plant a witness at, by their own names (see the field).
         abstract: whether to plant the abstract witness (Linux only).
         journal_key: the sweep journal entry that lists the planted paths.
     """
@@ -287,6 +312,9 @@ class WitnessSockets:
     dirs: list[Path]
     abstract: bool = True
     journal_key: str = ""
+    # Exact socket paths to plant beside the nonce-named ones: where a login session's
+    # daemons keep theirs (`$XDG_RUNTIME_DIR/bus`, the ssh-agent's), by their own names.
+    sites: list[Path] = field(default_factory=list)
     planted: dict[str, socket.socket] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     # Witness sites the host control dropped: {witness: why} (its owner moved the directory,
@@ -310,7 +338,7 @@ class WitnessSockets:
         witness is bound through a descriptor of its directory, opened without following a
         symlink and held until `stop`: `moved` compares it with what the path names later.
         """
-        paths = [d / witness_name(self.nonce) for d in self.dirs]
+        paths = [*(d / witness_name(self.nonce) for d in self.dirs), *self.sites]
         self.journal_key = f"socket-witness-{self.nonce}"
         sweep.record(self.journal_key, paths)
         for path in paths:
@@ -348,6 +376,14 @@ class WitnessSockets:
         sock.setblocking(False)  # noqa: FBT003  (the socket API's own positional flag)
         self.planted[str(path)] = sock
         self._sites[str(path)] = (site, ident)
+
+    def identities(self) -> dict[str, Identity]:
+        """Each planted path witness's (st_dev, st_ino), by its host path.
+
+        What the host's walk of a payload's view matches (host/viewwalk.py): a witness bound
+        in at another inside path is still this socket.
+        """
+        return {address: ident for address, (_, ident) in self._sites.items()}
 
     def moved(self, address: str) -> str:
         """Why the directory of a path witness is no longer the one planted in, or "".

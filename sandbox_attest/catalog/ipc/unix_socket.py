@@ -36,6 +36,26 @@ from sandbox_attest.catalog.controls import (
     new_control_nonce,
     save_state,
 )
+from sandbox_attest.catalog.ipc.session_sockets import (
+    SharedSession,
+    acquire_session,
+    control_check,
+    heard_by,
+    release_session,
+    session_reason,
+)
+from sandbox_attest.catalog.ipc.socket_view import (
+    WITNESSED,
+    daemon_reason,
+    exposures,
+    hint_name,
+    host_table,
+    inside_paths,
+    reached_reason,
+    read_view,
+    real_reached,
+    walk_summary,
+)
 from sandbox_attest.catalog.judging import conclude, judge_escape, private_namespace_reason
 from sandbox_attest.catalog.records import entries_with_nonce, wait_for_records
 from sandbox_attest.catalog.socket_witness import (
@@ -48,6 +68,7 @@ from sandbox_attest.catalog.socket_witness import (
     reachable_dirs,
     remove_nonce_files,
     socket_dirs,
+    sockets_in,
     witness_name,
 )
 from sandbox_attest.catalog.spec import (
@@ -62,6 +83,7 @@ from sandbox_attest.catalog.spec import (
     host_processes,
 )
 from sandbox_attest.host.trust import PayloadUser
+from sandbox_attest.host.viewwalk import HostSocket, Identity
 from sandbox_attest.verdict import Assessment, Expectation
 
 # How many sockets a reason names before it says "and N more": a verdict stays one line.
@@ -120,8 +142,15 @@ class IpcUnixSocketEscape(SpecBase):
     host_readings = ("fake daemon log", "witness sockets")
 
     def __init__(self) -> None:
-        """The witness sockets of each cell, held by nonce between prepare and assess."""
+        """The witness sockets of each cell, held by nonce between prepare and assess.
+
+        Beside them, per nonce: the host's own sockets by identity (what the walk of the
+        view at the rendezvous matches), and the login session the cell holds, with the
+        time it began (its witnesses' connections before then are another cell's).
+        """
         self._witnesses: dict[str, WitnessSockets] = {}
+        self._tables: dict[str, dict[Identity, HostSocket]] = {}
+        self._sessions: dict[str, tuple[SharedSession, float]] = {}
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The socketpair control, the daemon's sockets, the Docker sockets, what it finds.
@@ -135,7 +164,7 @@ class IpcUnixSocketEscape(SpecBase):
         return AttemptTable(
             required=attempts_of("socketpair", "daemon-unix", *abstract),
             optional=attempts_of(*docker),
-            discovered=("path:", "abstract:"),
+            discovered=("path:", "abstract:", "view:"),
         )
 
     def expectation(self, declared: ClaimsLike) -> Expectation:
@@ -154,9 +183,8 @@ class IpcUnixSocketEscape(SpecBase):
         info = ctx.world.info
         daemon = info.daemon
         scratch = ctx.cell_dir.parent.parent
-        dirs, unreachable = reachable_dirs(
-            socket_dirs(exclude=(Path(info.run_dir), scratch)), ctx.user
-        )
+        found = socket_dirs(exclude=(Path(info.run_dir), scratch))
+        dirs, unreachable = reachable_dirs(found, ctx.user)
         witnesses = WitnessSockets(ctx.nonce, dirs, abstract=sys.platform.startswith("linux"))
         self._witnesses[ctx.nonce] = witnesses
         witnesses.plant()
@@ -164,13 +192,30 @@ class IpcUnixSocketEscape(SpecBase):
             str(Path(d) / witness_name(ctx.nonce)): why for d, why in unreachable.items()
         }
         witnesses.start()
+        shared, no_session = acquire_session(ctx.user)
+        session_ids = {}
+        if shared is not None:
+            self._sessions[ctx.nonce] = (shared, time.time())
+            session_ids = shared.witnesses.identities()
+        route = (info.proxy.socket,)
+        self._tables[ctx.nonce] = host_table(
+            witnesses.identities(), session_ids, daemon.unix, sockets_in(found), route
+        )
         save_state(
             ctx,
-            {"planted": sorted(witnesses.planted), "not_planted": witnesses.skipped},
+            {
+                "planted": sorted(witnesses.planted),
+                "not_planted": witnesses.skipped,
+                "session": sorted(session_ids),
+                "no_session": no_session,
+            },
         )
         roots = [*RUNTIME_ROOTS, TMP_ROOT]
         if os.environ.get("XDG_RUNTIME_DIR"):
             roots.append((os.environ["XDG_RUNTIME_DIR"], 2))
+        if shared is not None:
+            # The session's places, walked by the payload whatever its environment says.
+            roots += [(str(shared.session.runtime), 3), (str(shared.session.ssh_sock.parent), 0)]
         skip = [info.proxy.socket, *([ctx.route.proxy_socket] if ctx.route else [])]
         return {
             "unix": daemon.unix,
@@ -181,7 +226,21 @@ class IpcUnixSocketEscape(SpecBase):
             "abstract_prefix": ABSTRACT_PREFIX,
             "skip": skip,
             "skip_abstract": [daemon.abstract] if daemon.abstract else [],
+            # Written into the workspace at the rendezvous: the inside paths of the host's
+            # sockets the host's walk of the view found (`at_rendezvous`).
+            "view_hint": hint_name(ctx.nonce),
         }
+
+    def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any] | None:
+        """Walk the payload's view for the host's sockets; tell the payload where they are.
+
+        Run while the payload waits (sandbox_attest/run/hostview.py): see catalog/ipc/
+        socket_view.py. None when this cell planted nothing to match against.
+        """
+        table = self._tables.get(ctx.nonce)
+        if table is None:
+            return None
+        return read_view(ctx, pid, table, hint_name(ctx.nonce))
 
     def host_control(self, ctx: CellContext) -> dict[str, Any]:
         """The host gets /_ping from each fake daemon socket, and every witness hears the host."""
@@ -210,6 +269,9 @@ class IpcUnixSocketEscape(SpecBase):
         witnesses = self._witnesses.get(ctx.nonce)
         if witnesses is not None:
             checks.append(_witnesses_hear_host(witnesses, nonce, ctx.user))
+        held = self._sessions.get(ctx.nonce)
+        if held is not None:
+            checks.append(control_check(held[0], ctx.user, nonce))
         return control_record(nonce, checks)
 
     def assess(
@@ -221,43 +283,43 @@ class IpcUnixSocketEscape(SpecBase):
     ) -> Assessment:
         """Any host socket the payload reached is an escape; the witnesses stop here.
 
-        What counts: a witness that heard the payload, a daemon request with the nonce, the
-        real Docker answering, a real daemon's socket whose inode the host confirms. The
-        witnesses are stopped and removed here, so the evidence lists what was removed.
+        What counts: a witness (the cell's, or the login session's) that heard the payload, a
+        daemon request with the nonce, the real Docker answering, a real daemon's socket whose
+        inode the host confirms at that path or found at that inside path by its walk of the
+        view. The witnesses are stopped and removed here, so the evidence lists what was
+        removed; the reasons name each socket where the payload saw it, and the fix.
         """
         escapes = attempts_by_role(report, "escape")
+        view = dict(ctx.host_view.get(self.id) or {})
+        self._tables.pop(ctx.nonce, None)
+        ours = {e["inside"] for e in exposures(view) if e["kind"] in WITNESSED}
         fixed = [a for a in escapes if not _is_class(a)]
         harness_attempts = [a for a in fixed if not a.get("real_docker")] + [
-            a for a in escapes if _is_class(a) and a.get("witness")
+            a for a in escapes if _is_class(a) and (a.get("witness") or _inside(a) in ours)
         ]
         docker = [a for a in escapes if a.get("real_docker")]
         docker_answered = [a for a in docker if a.get("outcome") == "succeeded"]
-        observed = observed_outcome(escapes)
         hits = entries_with_nonce(witness.daemon, ctx.nonce)
         open_leg = self.expectation(ctx.claims) == "allowed"
-        heard = self._stop_witnesses(ctx, open_leg=open_leg)
+        inside = inside_paths(view)
+        heard = self._stop_witnesses(ctx, open_leg=open_leg, inside=inside)
+        session = self._session_heard(ctx, open_leg=open_leg, inside=inside)
         confirmed = _host_confirmed(escapes)
-        reasons = [
-            *heard["reasons"],
-            *(_exposed(a, open_leg=open_leg) for a in confirmed[:REASON_NAMES]),
-            *([] if open_leg else _daemon_reasons(ctx, hits)),
-            f"fake daemon logged {len(hits)} requests with the nonce",
-            f"payload: {attempts_summary(fixed)}; {_class_summary(escapes)}",
-        ]
-        if len(confirmed) > REASON_NAMES:
-            reasons.insert(REASON_NAMES, f"and {len(confirmed) - REASON_NAMES} more host sockets")
+        reached = real_reached(view, escapes)
+        reasons = _reasons(ctx, heard, session, confirmed, reached, hits, view, open_leg=open_leg)
+        reasons.append(f"payload: {attempts_summary(fixed)}; {_class_summary(escapes)}")
         if docker_answered:
             reasons.append(
                 "the real docker socket answered /_ping inside "
                 "(payload-side evidence: no host witness for the real docker socket)"
             )
         private = private_namespace_reason(report, "net") or private_namespace_reason(report, "mnt")
-        seen = bool(hits) or bool(heard["heard"])
+        seen = bool(hits) or bool(heard["heard"]) or bool(session["heard"])
         escape = judge_escape(observed_outcome(harness_attempts), seen, private, reasons)
         # The real daemons have no host witness, so their answer counts only against a sandbox
         # that must deny it. On the control leg it must not stand in for the fake daemon's
         # and the witnesses' hits: that leg vouches that this probe's witnesses see at all.
-        if (docker_answered or confirmed) and self.expectation(ctx.claims) == "denied":
+        if (docker_answered or confirmed or reached) and not open_leg:
             escape = "escaped"
         controls = attempts_by_role(report, "control")
         inside_ok = all_succeeded(controls)
@@ -269,7 +331,7 @@ class IpcUnixSocketEscape(SpecBase):
             reasons.append(excuse)
         assessment = conclude(
             escape,
-            observed,
+            observed_outcome(escapes),
             reasons,
             inside_ok=inside_ok,
             inside_failed=f"in-sandbox control failed: {attempts_summary(controls)}",
@@ -279,19 +341,50 @@ class IpcUnixSocketEscape(SpecBase):
                 "daemon": hits,
                 "real_docker_payload_only": docker,
                 "witness_sockets": heard["evidence"],
+                "session_sockets": session["evidence"],
                 "host_sockets_reached": [
                     {k: a.get(k) for k in ("what", "dev", "ino", "host")} for a in confirmed
-                ],
+                ]
+                + reached,
+                "view": view,
             },
             controls={"inside": controls, "host": control},
         )
         if heard["evidence"].get("planted"):
+            backing = ["witness sockets", *(["the host's walk of the view"] if view else [])]
             assessment = dataclasses.replace(
-                assessment, corroborated_by=[*assessment.corroborated_by, "witness sockets"]
+                assessment, corroborated_by=[*assessment.corroborated_by, *backing]
             )
         return assessment
 
-    def _stop_witnesses(self, ctx: CellContext, *, open_leg: bool) -> dict[str, Any]:
+    def _session_heard(
+        self, ctx: CellContext, *, open_leg: bool, inside: dict[str, list[str]]
+    ) -> dict[str, Any]:
+        """What the login session's witnesses heard of this cell; the cell lets the session go.
+
+        A connection counts when its line carries the cell's nonce or its peer is a process
+        the host read as the cell's (catalog/ipc/session_sockets.py `heard_by`).
+        """
+        held = self._sessions.pop(ctx.nonce, None)
+        if held is None:
+            why = load_state(ctx).get("no_session") or "no login session for this cell"
+            return {"heard": [], "reasons": [], "evidence": {"planted": [], "why": why}}
+        shared, since = held
+        pids = {int(p["pid"]) for p in host_processes(ctx) if p.get("pid")}
+        heard = heard_by(shared, ctx.nonce, pids, since)
+        sites = sorted({e["witness"] for e in heard})
+        reasons = [session_reason(shared, sites, inside, open_leg=open_leg)] if sites else []
+        evidence = {
+            "planted": sorted(shared.witnesses.planted),
+            "env": shared.session.env(),
+            "heard": heard,
+            "removed": release_session(shared),
+        }
+        return {"heard": heard, "reasons": reasons, "evidence": evidence}
+
+    def _stop_witnesses(
+        self, ctx: CellContext, *, open_leg: bool, inside: dict[str, list[str]]
+    ) -> dict[str, Any]:
         """Stop the cell's witnesses, remove them, and read what they heard from the payload.
 
         A connection of the cell's phase counts when its line carries the nonce, or when the
@@ -317,7 +410,7 @@ class IpcUnixSocketEscape(SpecBase):
             shown = ", ".join(sites[:REASON_NAMES])
             reasons = [f"witness sockets heard the payload: {shown}"] if sites else []
         else:
-            reasons = [_witness_reason(site) for site in sites[:REASON_NAMES]]
+            reasons = [_witness_reason(site, inside.get(site, [])) for site in sites[:REASON_NAMES]]
         if len(sites) > REASON_NAMES:
             reasons.append(f"and {len(sites) - REASON_NAMES} more witness sockets heard it")
         if witnesses.dropped:
@@ -340,11 +433,49 @@ class IpcUnixSocketEscape(SpecBase):
         if witnesses is not None:
             witnesses.stop()
             remove_nonce_files(witnesses.dirs, ctx.nonce)
+        self._tables.pop(ctx.nonce, None)
+        held = self._sessions.pop(ctx.nonce, None)
+        if held is not None:
+            release_session(held[0])
 
 
 def _is_class(attempt: dict[str, Any]) -> bool:
-    """Whether an attempt is one of the class walk's (a socket the payload found)."""
-    return str(attempt.get("what", "")).startswith(("path:", "abstract:"))
+    """Whether an attempt is one of the class walk's (a socket the payload or the host found)."""
+    return str(attempt.get("what", "")).startswith(("path:", "abstract:", "view:"))
+
+
+def _inside(attempt: dict[str, Any]) -> str:
+    """The inside path of a `view:` attempt (one the host's walk found), else ""."""
+    what = str(attempt.get("what", ""))
+    return what.removeprefix("view:") if what.startswith("view:") else ""
+
+
+def _reasons(
+    ctx: CellContext,
+    heard: dict[str, Any],
+    session: dict[str, Any],
+    confirmed: list[dict[str, Any]],
+    reached: list[dict[str, Any]],
+    hits: list[dict[str, Any]],
+    view: dict[str, Any],
+    *,
+    open_leg: bool,
+) -> list[str]:
+    """The verdict's reasons: each host socket reached, where inside, and the fix; the walk."""
+    sockets = [
+        *(_exposed(a, open_leg=open_leg) for a in confirmed),
+        *(reached_reason(f, open_leg=open_leg) for f in reached),
+    ]
+    reasons = [*heard["reasons"], *session["reasons"], *sockets[:REASON_NAMES]]
+    if len(sockets) > REASON_NAMES:
+        reasons.append(f"and {len(sockets) - REASON_NAMES} more host sockets")
+    if not open_leg:
+        reasons += _daemon_reasons(ctx, hits, view)
+    reasons.append(f"fake daemon logged {len(hits)} requests with the nonce")
+    summary = walk_summary(view)
+    if summary:
+        reasons.append(summary)
+    return reasons
 
 
 def _host_confirmed(escapes: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -383,14 +514,23 @@ def _exposed(attempt: dict[str, Any], *, open_leg: bool = False) -> str:
     )
 
 
-def _daemon_reasons(ctx: CellContext, hits: list[dict[str, Any]]) -> list[str]:
-    """The reasons for the fake daemon's sockets that heard the payload, path and fix named."""
+def _daemon_reasons(
+    ctx: CellContext, hits: list[dict[str, Any]], view: dict[str, Any]
+) -> list[str]:
+    """The reasons for the fake daemon's sockets that heard the payload, path and fix named.
+
+    Where the host's walk found the daemon's socket at another inside path, the reason names
+    that path: the sandbox bound the socket itself there, not its directory.
+    """
     if not hits:
         return []
     daemon = ctx.world.info.daemon
     kinds = {str(h.get("socket")) for h in hits}
     reasons = []
-    if "unix" in kinds:
+    moved = daemon_reason(view, daemon.unix) if "unix" in kinds else None
+    if moved is not None:
+        reasons.append(f"the fake daemon answered the payload: {moved}")
+    elif "unix" in kinds:
         where = Path(daemon.unix).parent
         reasons.append(
             f"the fake daemon at {daemon.unix} answered the payload: the sandbox exposes the "
@@ -404,8 +544,18 @@ def _daemon_reasons(ctx: CellContext, hits: list[dict[str, Any]]) -> list[str]:
     return reasons
 
 
-def _witness_reason(site: str) -> str:
-    """The reason for a witness that heard the payload, naming where it sat and the fix."""
+def _witness_reason(site: str, inside: list[str]) -> str:
+    """The reason for a witness that heard the payload, naming where it sat and the fix.
+
+    `inside`: the inside paths the host's walk found it at, where not its host path.
+    """
+    if inside:
+        return (
+            f"witness socket {site} heard the payload at {', '.join(inside[:REASON_NAMES])} "
+            "inside (found there by the host's walk of the view, by identity): the sandbox "
+            f"exposes the host's {Path(site).parent} at another path; do not bind host "
+            "sockets (or the directories that hold them) into the sandbox"
+        )
     if site.startswith("@"):
         return (
             f"the abstract witness {site} heard the payload: the sandbox shares the host's "

@@ -1,0 +1,129 @@
+"""Issue 26, row 2 and item 2, live: the host's sockets found by identity wherever they sit.
+
+Two wrappers under tests/data/identity/, each matrix/backends/bwrap-generic.toml with one
+mistake, go through one real `sandbox-attest run` beside the control leg and the strong legs:
+
+- sock_daemon_elsewhere.toml binds the host's docker-style daemon socket (the world's fake
+  daemon) at `/run/host-docker.sock`. The host has nothing at that path, so looking the path
+  up on the host passed it; the host's walk of the payload's view (host/viewwalk.py) finds the
+  daemon's socket there by (st_dev, st_ino), tells the payload, and the daemon's own log of the
+  nonce is the escape: FAIL naming the inside path and the fix.
+- sock_session.toml binds the payload user's login session (`/run/user/<uid>`) and passes
+  XDG_RUNTIME_DIR: the session's witness sockets (the D-Bus session bus, gpg-agent, rootless
+  docker and podman) hear the payload: FAIL naming the session socket and the fix.
+
+The control leg proves every session socket is reachable unconfined; none, bubblewrap and
+bwrap-generic stay PASS in the same run, and the gate is FAILED. Real bubblewrap, real
+sockets, the real payload user (root only).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.integration.hole_runs import HoleRun, hole_run
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install)"),
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="the payload runs as a uid of its own only under root"
+    ),
+    pytest.mark.timeout(500),
+]
+
+DATA = Path(__file__).parent.parent / "data" / "identity"
+PROBE = "ipc_unix_socket_escape"
+STRONG = ("none", "bubblewrap", "bwrap-generic")
+DAEMON_HOLE = "hole-sock-daemon-elsewhere"
+SESSION_HOLE = "hole-sock-session"
+
+
+@pytest.fixture(scope="module")
+def run() -> Iterator[HoleRun]:
+    """One real run: the probe on the strong legs and both hole wrappers, every leg required."""
+    with hole_run(
+        "sa-idsock-",
+        probes=[PROBE],
+        legs=STRONG,
+        required=[*STRONG[1:], DAEMON_HOLE, SESSION_HOLE],
+        specs=[DATA / "sock_daemon_elsewhere.toml", DATA / "sock_session.toml"],
+        run_timeout=450,
+    ) as done:
+        yield done
+
+
+def view_of(cell: dict[str, Any]) -> dict[str, Any]:
+    """The host's walk of the payload's view, as the cell's evidence holds it."""
+    view: dict[str, Any] = cell["witness"]["view"]
+    return view
+
+
+class TestStrongLegs:
+    @pytest.mark.parametrize("backend", STRONG)
+    def test_strong_legs_stay_pass_with_their_view_walked(self, run: HoleRun, backend: str) -> None:
+        """None, bubblewrap and bwrap-generic PASS, each with the host's walk of its view."""
+        cell = run.cell(backend, PROBE)
+        assert cell["verdict"] == "PASS", cell["reason"]
+        walk = view_of(cell)["walk"]
+        assert walk["seen"], walk
+        assert "host walk of the view:" in cell["reason"]
+
+    def test_confined_legs_expose_no_host_socket(self, run: HoleRun) -> None:
+        """Bubblewrap and bwrap-generic show the payload none of the host's sockets."""
+        for backend in STRONG[1:]:
+            assert view_of(run.cell(backend, PROBE))["exposed"] == [], backend
+
+    def test_control_leg_reaches_every_session_socket(self, run: HoleRun) -> None:
+        """Unconfined, the payload reaches each session socket, and the host control held."""
+        cell = run.cell("none", PROBE)
+        session = cell["witness"]["session_sockets"]
+        assert session["planted"], session
+        heard = {h["witness"] for h in session["heard"]}
+        assert heard == set(session["planted"])
+        assert {"XDG_RUNTIME_DIR", "SSH_AUTH_SOCK"} <= set(session["env"])
+        checks = {c["what"]: c["ok"] for c in cell["control"]["host"]["checks"]}
+        assert checks["the login session's sockets hear the payload user"] is True
+
+
+class TestHoles:
+    def test_daemon_at_another_path_fails_naming_it(self, run: HoleRun) -> None:
+        """The daemon socket bound at /run/host-docker.sock FAILs, named there, with the fix."""
+        cell = run.cell(DAEMON_HOLE, PROBE)
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        assert "is in the payload's view at /run/host-docker.sock" in cell["reason"]
+        assert "do not bind host sockets" in cell["reason"]
+        kinds = {(e["inside"], e["kind"]) for e in view_of(cell)["exposed"]}
+        assert ("/run/host-docker.sock", "daemon") in kinds
+        assert cell["witness"]["daemon"], "the daemon's own log must hold the payload's request"
+
+    def test_exposed_session_fails_naming_the_socket(self, run: HoleRun) -> None:
+        """The bound runtime dir FAILs naming its D-Bus session bus socket and the fix."""
+        cell = run.cell(SESSION_HOLE, PROBE)
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        runtime = cell["witness"]["session_sockets"]["env"]["XDG_RUNTIME_DIR"]
+        assert f"D-Bus session bus {runtime}/bus" in cell["reason"]
+        assert "do not bind $XDG_RUNTIME_DIR" in cell["reason"]
+
+    def test_gate_fails_on_both_holes(self, run: HoleRun) -> None:
+        """The run's gate is FAILED, naming both hole cells."""
+        assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+        assert "gate: FAILED" in run.stdout
+        for backend in (DAEMON_HOLE, SESSION_HOLE):
+            assert f"required cell {backend}-{PROBE} is FAIL" in run.stdout
+
+    def test_session_is_gone_after_the_run(self, run: HoleRun) -> None:
+        """Every session witness socket and the ssh-agent directory are gone after the run."""
+        planted = run.cell("none", PROBE)["witness"]["session_sockets"]["planted"]
+        assert planted
+        assert [p for p in planted if os.path.lexists(p)] == []
+        ssh = Path(run.cell("none", PROBE)["witness"]["session_sockets"]["env"]["SSH_AUTH_SOCK"])
+        assert not ssh.parent.exists()
