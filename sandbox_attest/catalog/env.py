@@ -17,8 +17,9 @@ it) and `judge_descriptors` compares them with what the host stats itself:
 2. a directory on a host filesystem is within the claims only if it, or a directory above
    it in the payload's tree, is the workspace or an item of the read-only set the runner
    hands every backend (staged inputs with the shim, the interpreter, the CA bundle);
-3. a regular file there is within them only if it is such an item, or sits under one of
-   those directories at its link's path with the same identity;
+3. a regular file there is within them only if it is such an item, or the directory that
+   holds it at its link's path in the payload's view (the same object there), or one above
+   that, is; a file not at its path there was opened elsewhere and handed on;
 4. anything else on a host filesystem is a hole named by descriptor, target and fix,
    whether or not the payload used it; a descriptor the host could not identify makes the
    cell undecided, never PASS. Pipes and sockets the harness holds are `_host_fds`';
@@ -167,13 +168,11 @@ class HostObjects:
     Attributes:
         devices: st_dev of every filesystem in the host's view (None: unread, off Linux).
         allowed: identity -> host path of each object the claims let the payload hold.
-        allowed_dirs: host paths of the allowed directories (a file is placed under one).
         names: identity -> (what a notable host object is, its host path).
     """
 
     devices: frozenset[int] | None
     allowed: dict[Identity, str] = field(default_factory=dict)
-    allowed_dirs: tuple[str, ...] = ()
     names: dict[Identity, tuple[str, str]] = field(default_factory=dict)
 
 
@@ -238,19 +237,16 @@ def host_objects(
         devices: `host_devices()`.
     """
     allowed_ids: dict[Identity, str] = {}
-    dirs = []
     for path in allowed:
         ident = _identity(path)
         if ident is not None:
             allowed_ids.setdefault(ident, str(path))
-            if path.is_dir():
-                dirs.append(str(path))
     names: dict[Identity, tuple[str, str]] = {}
     for what, path in named.items():
         ident = _identity(path)
         if ident is not None:
             names.setdefault(ident, (what, str(path)))
-    return HostObjects(devices, allowed_ids, tuple(dirs), names)
+    return HostObjects(devices, allowed_ids, names)
 
 
 @dataclass(frozen=True)
@@ -269,23 +265,22 @@ class Finding:
 
 
 def _within(entry: Mapping[str, Any], host: HostObjects) -> bool | None:
-    """Whether the object is one the claims allow; None: the host cannot tell."""
+    """Whether the object is one the claims allow; None: the host cannot tell.
+
+    Within: the object, or a directory above it in the payload's tree (`up`: climbed from a
+    directory, or from the directory holding a file at its link's path), is allowed.
+    """
     ident = (int(entry["dev"]), int(entry["ino"]))
-    if ident in host.allowed:
+    chain = [(int(i[0]), int(i[1])) for i in entry.get("up") or [] if len(i) == 2]
+    if ident in host.allowed or any(i in host.allowed for i in chain):
         return True
-    if entry.get("type") == "dir":
-        chain = [(int(i[0]), int(i[1])) for i in entry.get("up") or [] if len(i) == 2]
-        if any(i in host.allowed for i in chain):
-            return True
-        return False if entry.get("top") else None
-    link = str(entry.get("link") or "")
-    for root in host.allowed_dirs:
-        if link.startswith(root.rstrip("/") + "/"):
-            with contextlib.suppress(OSError):
-                st = Path(link).lstat()
-                if (st.st_dev, st.st_ino) == ident:
-                    return True
-    return False
+    if entry.get("top"):
+        return False
+    if entry.get("type") == "reg" and not chain:
+        # Not at its link's path in the payload's view: opened elsewhere and handed on (a
+        # host file outside the claims), unless it is deleted, which leaves nothing to place.
+        return None if str(entry.get("link") or "").endswith(" (deleted)") else False
+    return None
 
 
 def _what(entry: Mapping[str, Any], host: HostObjects) -> str:

@@ -4,7 +4,9 @@ A descriptor's link text (`/proc/<pid>/fd/N`) is a name in the payload's view, o
 view of whoever opened it; the object behind it is what it reaches. `os.stat` on the magic
 link follows it to the object itself, so the host records each descriptor's (st_dev,
 st_ino, file type), and for a directory the identities of the directories above it, read
-by climbing `..` from the object (not from a path). catalog/env.py compares them with the
+by climbing `..` from the object (not from a path); for a regular file, from the directory
+that holds it at its link's path in the payload's view, if that entry is the same object.
+catalog/env.py compares them with the
 host's own directories and files (issue 26: a sandbox that keeps descriptors its launcher
 inherited hands the payload the host's `/` whatever its mounts hide).
 
@@ -44,24 +46,21 @@ def _kind(mode: int) -> str:
     return next((word for test, word in kinds if test(mode)), "other")
 
 
-def _climb(link: Path) -> dict[str, Any]:
-    """The (dev, ino) of every directory above the one `link` holds, up to its tree's top.
+_DIR_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
-    `..` is taken from the object itself (an O_PATH descriptor opened through the magic
-    link), so it climbs the payload's own mount tree: a workspace bound anywhere inside still
-    climbs into the workspace's identity, and a host directory outside every bound tree never
-    does. `top` says the climb reached the tree's root (`..` is itself) within FD_CLIMB_MAX.
+
+def _climb_from(current: int, up: list[list[int]]) -> dict[str, Any]:
+    """Append the (dev, ino) of every directory above `current` to `up`; closes `current`.
+
+    `..` is taken from the object itself (O_PATH descriptors), so it climbs the payload's
+    own mount tree: a workspace bound anywhere inside still climbs into the workspace's
+    identity, and a host directory outside every bound tree never does. `top` says the
+    climb reached the tree's root (`..` is itself) within FD_CLIMB_MAX.
     """
-    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-    up: list[list[int]] = []
-    try:
-        current = os.open(link, flags)
-    except OSError as exc:
-        return {"up": up, "top": False, "why": errno_name(exc)}
     try:
         here = os.fstat(current)
         for _ in range(FD_CLIMB_MAX):
-            parent = os.open("..", flags, dir_fd=current)
+            parent = os.open("..", _DIR_FLAGS, dir_fd=current)
             above = os.fstat(parent)
             os.close(current)
             current = parent
@@ -76,15 +75,58 @@ def _climb(link: Path) -> dict[str, Any]:
     return {"up": up, "top": False, "why": f"deeper than {FD_CLIMB_MAX} directories"}
 
 
+def _climb(link: Path) -> dict[str, Any]:
+    """The identities above the directory `link` (a /proc/<pid>/fd/N magic link) holds."""
+    try:
+        current = os.open(link, _DIR_FLAGS)
+    except OSError as exc:
+        return {"up": [], "top": False, "why": errno_name(exc)}
+    return _climb_from(current, [])
+
+
+def _place(proc: Path, link: str, identity: tuple[int, int]) -> dict[str, Any]:
+    """The directory holding a regular file in the payload's view, and those above it.
+
+    A file has no `..`: its directory is found by the link text, one component at a time
+    from /proc/<pid>/root, never following a symlink (the text the kernel writes for a file
+    reachable in the payload's tree has none), and the entry there must be the descriptor's
+    own object. A file opened elsewhere (in the launcher's tree, then handed on), deleted,
+    or moved since cannot be placed: `up` is then empty and `why` says so.
+    """
+    parts = link.split("/")
+    if not link.startswith("/") or link.endswith(" (deleted)") or {".", ".."} & set(parts):
+        return {"up": [], "top": False, "why": "not a path in the payload's view"}
+    try:
+        current = os.open(proc / "root", _DIR_FLAGS)
+    except OSError as exc:
+        return {"up": [], "top": False, "why": errno_name(exc)}
+    try:
+        for part in (p for p in parts[1:-1] if p):
+            step = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=current)
+            os.close(current)
+            current = step
+        st = os.stat(parts[-1], dir_fd=current, follow_symlinks=False)
+    except OSError as exc:
+        os.close(current)
+        return {"up": [], "top": False, "why": f"not at its path in the payload's view: {exc}"}
+    if (st.st_dev, st.st_ino) != identity:
+        os.close(current)
+        return {"up": [], "top": False, "why": "another file is at its path in the payload's view"}
+    here = os.fstat(current)
+    return _climb_from(current, [[here.st_dev, here.st_ino]])
+
+
 def fd_identities(proc: Path, fds: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """Each descriptor of `proc` by the identity of the object it holds, not by its name.
 
     `os.stat` on /proc/<pid>/fd/N follows the magic link to the object itself (root reads
     its identity, never a path the payload can swap): `dev`, `ino`, `type` ("dir", "reg",
-    "chr", "sock", ...) and `link` (the link text, `fds`' value). A directory also carries
-    `up`, the identities above it (`_climb`). A descriptor the host could not stat carries
-    `unread` with why; past FD_IDS_MAX descriptors the rest carry `unread` too, so a payload
-    cannot make the reading slow, only undecided. What it does not do: judge which objects
+    "chr", "sock", ...) and `link` (the link text, `fds`' value). A directory (3+) also
+    carries `up`, the identities above it (`_climb`), and a regular file `up` from the
+    directory holding it (`_place`), each with `top` and, where it stopped short, `why`.
+    A descriptor the host could not stat carries `unread` with why; past FD_IDS_MAX
+    descriptors the rest carry `unread` too, so a payload cannot make the reading slow,
+    only undecided. What it does not do: judge which objects
     are the host's (catalog/env.py does, against the host's own stats).
     """
     found: dict[str, dict[str, Any]] = {}
@@ -108,7 +150,9 @@ def fd_identities(proc: Path, fds: Mapping[str, str]) -> dict[str, dict[str, Any
             "ino": st.st_ino,
             "type": _kind(st.st_mode),
         }
-        if entry["type"] == "dir" and int(name) > 2:  # 0-2 are stdio
+        if int(name) > 2 and entry["type"] == "dir":  # 0-2 are stdio
             entry |= _climb(path)
+        elif int(name) > 2 and entry["type"] == "reg":
+            entry |= _place(proc, link, (st.st_dev, st.st_ino))
         found[name] = entry
     return found

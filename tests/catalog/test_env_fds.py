@@ -16,7 +16,6 @@ from sandbox_attest.catalog.env import (
     FIX,
     HostObjects,
     host_devices,
-    host_objects,
     judge_descriptors,
 )
 from tests.catalog.test_corroboration import ctx, view
@@ -45,7 +44,6 @@ LEAKED = {
 HOST = HostObjects(
     devices=frozenset({DEV}),
     allowed={WORKSPACE: "/tmp/ws"},
-    allowed_dirs=("/tmp/ws",),
     names={ROOT: ("the host's /", "/"), HOME: ("the payload user's home", "/home/agent")},
 )
 
@@ -123,17 +121,35 @@ class TestWithinTheClaims:
         sock = {"3": {"dev": 8, "ino": 4, "link": "socket:[4]", "type": "sock"}}
         assert judge_descriptors([_process(12, sock)], HOST) == ([], [])
 
-    def test_a_file_at_its_path_in_the_workspace_is_allowed(self, tmp_path: Path) -> None:
-        """A regular file found at its link's path under an allowed dir, same identity."""
-        (tmp_path / "out.log").write_text("x")
-        st = (tmp_path / "out.log").stat()
-        host = host_objects([tmp_path], {}, frozenset({st.st_dev}))
-        entry = {"dev": st.st_dev, "ino": st.st_ino, "link": str(tmp_path / "out.log")}
-        held = {"3": {**entry, "type": "reg"}}
-        assert judge_descriptors([_process(12, held)], host) == ([], [])
-        moved = {"3": {**entry, "link": "/elsewhere/out.log", "type": "reg"}}
-        holes, _ = judge_descriptors([_process(12, moved)], host)
-        assert [h.fd for h in holes] == ["3"]
+    def test_a_file_placed_in_the_workspace_is_allowed(self) -> None:
+        """A file found at its link's path, in a directory that climbs to the workspace."""
+        placed = {
+            "3": {
+                "dev": DEV,
+                "ino": 801,
+                "link": "/tmp/ws/.lock",
+                "type": "reg",
+                "top": True,
+                "up": [list(WORKSPACE), [DEV, 2]],
+            }
+        }
+        assert judge_descriptors([_process(12, placed)], HOST) == ([], [])
+
+
+class TestFilesNotPlaced:
+    def test_a_file_opened_elsewhere_is_a_hole(self) -> None:
+        """A host file not at its link's path in the payload's view was handed on: a hole."""
+        handed = {"3": {"dev": DEV, "ino": 99, "link": "/etc/shadow", "type": "reg"}}
+        handed["3"] |= {"up": [], "top": False, "why": "not at its path in the payload's view"}
+        holes, unknown = judge_descriptors([_process(12, handed)], HOST)
+        assert ([h.fd for h in holes], unknown) == (["3"], [])
+
+    def test_a_deleted_file_is_unidentified(self) -> None:
+        """A deleted host file cannot be placed at all: undecided, not passed, not failed."""
+        gone = {"3": {"dev": DEV, "ino": 99, "link": "/tmp/ws/x (deleted)", "type": "reg"}}
+        gone["3"] |= {"up": [], "top": False}
+        holes, unknown = judge_descriptors([_process(12, gone)], HOST)
+        assert (holes, [u.fd for u in unknown]) == ([], ["3"])
 
 
 class TestUnidentified:

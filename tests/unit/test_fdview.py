@@ -74,6 +74,22 @@ class TestFdIdentities:
         root = read_process(holder)["fd_ids"]["7"]
         assert (root["up"], root["top"]) == ([], True)
 
+    def test_a_file_is_placed_by_the_directory_holding_it(
+        self, holder: int, tmp_path: Path
+    ) -> None:
+        """A regular file climbs from the directory where its link's path finds it."""
+        entry = read_process(holder)["fd_ids"]["9"]
+        assert entry["up"][0] == _identity(tmp_path)
+        assert entry["top"] is True
+
+    def test_a_file_replaced_at_its_path_is_not_placed(self, holder: int, tmp_path: Path) -> None:
+        """Another file at the link's path is not the descriptor's: nothing above is claimed."""
+        (tmp_path / "g").write_text("y")
+        (tmp_path / "g").replace(tmp_path / "f")
+        entry = read_process(holder)["fd_ids"]["9"]
+        assert (entry["up"], entry["top"]) == ([], False)
+        assert entry["link"].endswith(" (deleted)")
+
     def test_the_reading_is_bounded(self, holder: int, monkeypatch: pytest.MonkeyPatch) -> None:
         """Past FD_IDS_MAX descriptors the rest are named unread, not identified."""
         monkeypatch.setattr(fdview, "FD_IDS_MAX", 2)
@@ -92,26 +108,27 @@ class TestFdIdentities:
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install)")
 def test_the_climb_follows_the_payloads_own_mount_tree(tmp_path: Path) -> None:
-    """A dir opened inside bwrap under a bound host dir climbs into that host dir's identity."""
+    """A dir or file opened inside bwrap under a bound host dir climbs into that dir."""
     (tmp_path / "sub").mkdir()
+    (tmp_path / "lock").write_text("x")
     argv = ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr"]
     argv += ["--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
     argv += ["--symlink", "usr/bin", "/bin", "--bind", str(tmp_path), "/ws"]
-    argv += ["--", "sh", "-c", "exec 7</ws/sub; exec sleep 30"]
+    argv += ["--", "sh", "-c", "exec 7</ws/sub 8</ws/lock; exec sleep 30"]
     child = subprocess.Popen(argv)
     try:
         pids = [child.pid]
         deadline = time.monotonic() + 10
-        entry = None
+        entry, pid = None, child.pid
         while entry is None and time.monotonic() < deadline:
-            for pid in list(pids):
-                kids = Path(f"/proc/{pid}/task/{pid}/children")
+            for parent in list(pids):
+                kids = Path(f"/proc/{parent}/task/{parent}/children")
                 if kids.exists():
                     pids += [int(k) for k in kids.read_text().split() if int(k) not in pids]
-            for pid in pids:
-                found = read_process(pid)["fd_ids"].get("7")
+            for candidate in pids:
+                found = read_process(candidate)["fd_ids"].get("7")
                 if found and found.get("link") == "/ws/sub":
-                    entry = found
+                    entry, pid = found, candidate
             time.sleep(0.02)
         if entry is None:
             pytest.skip("bwrap could not start a sandbox here (user namespaces refused?)")
@@ -119,6 +136,8 @@ def test_the_climb_follows_the_payloads_own_mount_tree(tmp_path: Path) -> None:
         assert entry["up"][0] == _identity(tmp_path)
         assert _identity(Path("/")) not in entry["up"], "the climb left the sandbox's tree"
         assert entry["top"] is True
+        held = read_process(pid)["fd_ids"]["8"]
+        assert (held["link"], held["up"][0], held["top"]) == ("/ws/lock", _identity(tmp_path), True)
     finally:
         child.kill()
         child.wait()
