@@ -45,6 +45,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
+from sandbox_attest.catalog.added_targets import add_targets, untried
 from sandbox_attest.catalog.attempts import (
     attempts_by_role,
     attempts_summary,
@@ -58,7 +59,6 @@ from sandbox_attest.catalog.controls import (
     new_control_nonce,
     save_state,
 )
-from sandbox_attest.catalog.fs.exposure import add_targets, untried
 from sandbox_attest.catalog.judging import (
     conclude,
     expect_fs_confined,

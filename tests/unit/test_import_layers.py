@@ -36,6 +36,7 @@ AREAS |= {"races"}  # issue 28: paths swapped and sockets bound around setup
 # What several areas share lives below them, named by concept.
 HELPERS = frozenset({"spec", "attempts", "judging", "controls", "records", "proxyclient"})
 HELPERS |= {"canary", "capabilities", "witness", "socket_witness"}
+HELPERS |= {"added_targets"}  # issue 26: inside paths the host adds at the rendezvous
 
 
 @dataclass(frozen=True)
