@@ -8,13 +8,13 @@ from typing import Any, Final
 
 import pytest
 
+from sandbox_attest.catalog.added_targets import untried
 from sandbox_attest.catalog.fs.exposure import (
     base_key,
     find_targets,
     mark_tried,
     mount_point_of,
     payload_may_write,
-    untried,
 )
 from sandbox_attest.catalog.fs.mount_reasons import mount_judgement
 from sandbox_attest.host import mountview
@@ -329,14 +329,14 @@ class TestMarkTried:
     @pytest.mark.parametrize(
         ("inside", "added", "expected"),
         [
-            ("/var/tmp", {}, True),
-            ("/host/var-tmp", {"var_tmp@/host/var-tmp": "/host/var-tmp/kiln-n"}, True),
-            ("/host/var-tmp", {}, False),
+            ("/var/tmp", set(), True),
+            ("/host/var-tmp", {"/host/var-tmp/kiln-n"}, True),
+            ("/host/var-tmp", set(), False),
         ],
         ids=["same-path", "added", "not-tried"],
     )
     def test_a_canary_in_the_exposed_dir(
-        self, inside: str, added: dict[str, str], expected: bool
+        self, inside: str, added: set[str], expected: bool
     ) -> None:
         """Tried at its host path, or at an added inside path; else the exposure is untried."""
         exposed = [{"inside": inside, "host": "/var/tmp", "payload_may_write": True}]
@@ -346,4 +346,4 @@ class TestMarkTried:
     def test_no_canary_in_the_dir(self) -> None:
         """A host dir holding no canary is never tried."""
         exposed = [{"inside": "/data", "host": "/srv/data", "payload_may_write": True}]
-        assert mark_tried(exposed, [Path("/var/tmp/kiln-n")], {})[0]["canary_tried"] is False
+        assert mark_tried(exposed, [Path("/var/tmp/kiln-n")], set())[0]["canary_tried"] is False

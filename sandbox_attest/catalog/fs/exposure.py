@@ -7,8 +7,9 @@ mounts to its own directories (sandbox_attest/host/mountview.py) and looks for e
 canary in that view: a mount whose host directory holds the canary gives an inside path,
 believed when the object at that inside path, stat'ed through `/proc/<pid>/root`, is the
 canary the harness planted (its device and inode). Those inside paths are added to the task
-the payload reads after the rendezvous (`add_targets`), each under `<key>@<mount point>`, so
-the payload tries them too; the host then judges the canary on the host object, as before.
+the payload reads after the rendezvous (sandbox_attest/catalog/added_targets.py), each under
+`<key>@<mount point>`, so the payload tries them too; the host then judges the canary on the
+host object, as before.
 
 The reading also says which mounts expose host directories outside the claims, and which
 mounts the host could not map at all (a device it cannot see): a probe does not PASS on the
@@ -17,21 +18,17 @@ payload's word for those.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any, Final
 
 from sandbox_attest.claims import claims_of
-from sandbox_attest.host import mountview, safefs
+from sandbox_attest.host import mountview
 from sandbox_attest.host.mountview import Identity, MountMap
-from sandbox_attest.payload import INPUT_DIR, STAGED_TASK
 
 # The separator between a canary's key and the inside mount point it is tried under.
 AT: Final = "@"
-# How big a staged task may be for the host to rewrite it (it is a few KiB).
-_TASK_CAP: Final = 1 << 20
 
 
 def base_key(key: str) -> str:
@@ -134,14 +131,15 @@ def writable_exposures(
 
 
 def mark_tried(
-    exposed: list[dict[str, Any]], canaries: list[Path], added: dict[str, str]
+    exposed: list[dict[str, Any]], canaries: list[Path], tried_inside: set[str]
 ) -> list[dict[str, Any]]:
     """`exposed`, each with `canary_tried`: whether a canary in it is tried at its inside path.
 
     A planted canary dir under the exposed host directory is tried there when its inside path
-    is its host path (the payload tries that anyway) or one the host added to the task.
+    is its host path (the payload tries that anyway) or one of `tried_inside` (the paths the
+    host added to the task, and those the payload tries by itself).
     """
-    inside_added = set(added.values())
+    inside_added = tried_inside
     for entry in exposed:
         host, point = Path(str(entry["host"])), str(entry["inside"])
         tried = False
@@ -157,38 +155,6 @@ def mark_tried(
 def unmapped(view: MountMap, *, writable_only: bool) -> list[dict[str, Any]]:
     """The mounts the host could not map (writable ones only, if asked), as evidence."""
     return [m.record() for m in view.of_kind("unmapped") if m.mount.writable or not writable_only]
-
-
-def add_targets(cell_dir: Path, field: str, added: dict[str, str]) -> str:
-    """Add `added` to the staged task's `targets[field]`, in place; "" or why it failed.
-
-    The payload reads its task after the rendezvous, so it tries these paths too. Through
-    the input dir's descriptor (root's, 0755), the file rewritten in place (same inode: a
-    wrapper that bound the file itself sees the new bytes too).
-    """
-    if not added:
-        return ""
-    try:
-        with safefs.open_dir(cell_dir / INPUT_DIR) as site:
-            task = json.loads(site.read_bytes(STAGED_TASK, _TASK_CAP))
-            task["targets"][field] = {**task["targets"][field], **added}
-            fd = site.open_file(STAGED_TASK, os.O_WRONLY | os.O_TRUNC)
-            try:
-                view = memoryview(json.dumps(task, indent=1).encode())
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-    except (OSError, ValueError, KeyError, TypeError, safefs.UnsafePathError) as exc:
-        return f"the host could not add the inside paths to the task: {exc}"
-    return ""
-
-
-def untried(added: dict[str, str], report: dict[str, Any]) -> list[str]:
-    """The added targets the payload's report has no attempt at (`key` or `key:op`)."""
-    names = {str(a.get("what")) for a in report.get("attempts") or []}
-    tried = {n.rsplit(":", 1)[0] for n in names} | names
-    return sorted(k for k in added if k not in tried)
 
 
 def fix_phrase(host_dir: str, inside: str, *, writable: bool) -> str:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandbox_attest.catalog.added_targets import untried
 from sandbox_attest.catalog.fs.exposure import (
     base_key,
     fix_phrase,
     mount_point_of,
     summary,
-    untried,
 )
 from sandbox_attest.verdict import Escape
 

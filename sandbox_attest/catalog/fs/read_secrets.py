@@ -16,6 +16,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Final
 
+from sandbox_attest.catalog.added_targets import add_targets
 from sandbox_attest.catalog.attempts import (
     all_succeeded,
     attempts_by_role,
@@ -34,7 +35,6 @@ from sandbox_attest.catalog.controls import (
 )
 from sandbox_attest.catalog.fs.canaries import canary_journal_key
 from sandbox_attest.catalog.fs.exposure import (
-    add_targets,
     base_key,
     find_targets,
     read_view,

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+from sandbox_attest.catalog.added_targets import add_targets
 from sandbox_attest.catalog.attempts import (
     all_succeeded,
     attempts_by_role,
@@ -47,7 +48,7 @@ from sandbox_attest.catalog.fs.canaries import (
     remove_canary_dir,
 )
 from sandbox_attest.catalog.fs.exposure import (
-    add_targets,
+    base_key,
     find_targets,
     mark_tried,
     read_view,
@@ -155,7 +156,15 @@ class FsWriteOutside(SpecBase):
             key: (directory, held[key][1] if key in held else None)
             for key, directory in self.planted(ctx).items()
         }
-        added = find_targets(view, canaries)
+        found = find_targets(view, canaries)
+        # The payload tries every canary under the usual host-root mount points by itself
+        # (HOST_ROOT_MOUNTS, as `<key>@<root>`): one the host found there is not added twice.
+        itself = {
+            key: inside
+            for key, inside in found.items()
+            if inside in {root + str(canaries[base_key(key)][0]) for root in HOST_ROOT_MOUNTS}
+        }
+        added = {key: inside for key, inside in found.items() if key not in itself}
         failed = add_targets(ctx.cell_dir, "dirs", added)
         self._added[ctx.nonce] = {} if failed else added
         return record | {
@@ -166,7 +175,7 @@ class FsWriteOutside(SpecBase):
                     view, ctx.claims, home_of(ctx), ctx.workspace, payload_owner(ctx)
                 ),
                 list(self.planted(ctx).values()),
-                added,
+                set(found.values()),
             ),
             "unmapped": unmapped(view, writable_only=True),
         }
