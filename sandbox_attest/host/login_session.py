@@ -12,7 +12,8 @@ each 0700 and owned by the payload user, made by root through directory descript
 (sandbox_attest/host/safefs.py: the user owns them and can change what is in them). It says
 where the session's daemons keep their sockets (`LoginSession.sites`); the catalogue plants
 its witness sockets there. `close` removes what it made, and the journal (host/journal.py)
-names all of it first, so a killed run's session is swept by the next.
+names it first, so a killed run's session is swept by the next. One run holds a user's session
+at a time (a lock in the harness's state dir), since the daemons' socket names are fixed.
 
 What it does not do: start any real daemon, or listen. It makes places, nothing more.
 """
@@ -20,9 +21,11 @@ What it does not do: start any real daemon, or listen. It makes places, nothing 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -44,6 +47,38 @@ RUNTIME_SOCKETS: Final[dict[str, str]] = {
     "podman/podman.sock": "rootless podman",
 }
 SSH_AGENT: Final = "ssh-agent"
+# The session's socket names are fixed, so two runs on one host (as root) would fight over
+# them: one run holds a user's session at a time, by a lock in the harness's own state dir
+# (root's 0700: never in the runtime dir, which the payload user owns). Another run waits
+# this long for it, then goes on without a session, and says so.
+LOCK_WAIT_S: Final = 30.0
+
+
+class SessionBusyError(OSError):
+    """Another live run holds this user's login session."""
+
+
+def _lock(uid: int, wait: float) -> int:
+    """The held lock on `uid`'s session (an fd to close to release it).
+
+    Raises:
+        SessionBusyError: another run held it for all of `wait` seconds.
+    """
+    path = journal.state_dir() / f"login-session-{uid}.lock"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                msg = f"another run holds the login session of uid {uid} (lock {path})"
+                raise SessionBusyError(msg) from None
+            time.sleep(0.05)
+        else:
+            return fd
 
 
 @dataclass
@@ -61,6 +96,7 @@ class LoginSession:
     runtime: Path
     ssh_sock: Path
     journal_key: str
+    lock_fd: int = -1
     # The directories made, deepest first, each with the SafeDir of its parent.
     _made: list[tuple[SafeDir, str]] = field(default_factory=list)
     _open: list[SafeDir] = field(default_factory=list)
@@ -92,6 +128,9 @@ class LoginSession:
         self._made.clear()
         self._open.clear()
         journal.forget(self.journal_key)
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)  # releases the session for another run
+            self.lock_fd = -1
         return removed
 
     def make(self, user: PayloadUser, subdirs: list[str], ssh_dir: Path) -> None:
@@ -114,6 +153,10 @@ class LoginSession:
             self._open.append(child)
             if made_child:
                 later.insert(0, (runtime, name))
+        _clear_stale(runtime, [name for name in RUNTIME_SOCKETS if "/" not in name])
+        for name in subdirs:
+            sockets = [Path(rel).name for rel in RUNTIME_SOCKETS if str(Path(rel).parent) == name]
+            _clear_stale(runtime.children[name], sockets)
         tmp = open_dir(TMP)
         self._open.append(tmp)
         agent = tmp.mkdir(ssh_dir.name, 0o700, owner)
@@ -148,29 +191,43 @@ def _ensure_dir(
     return child, False
 
 
-def open_session(user: PayloadUser) -> LoginSession:
-    """Make the payload user's login session (see the module docstring).
+def _clear_stale(place: SafeDir, names: list[str]) -> None:
+    """Remove a socket left at a daemon's name (a killed run's, or one the user put there).
+
+    Only while this run holds the session's lock: no live run listens there then. Never a
+    directory, never followed (safefs).
+    """
+    for name in names:
+        st = place.entry(name)
+        if st is not None and stat.S_ISSOCK(st.st_mode):
+            place.unlink(name, expect=(st.st_dev, st.st_ino))
+
+
+def open_session(user: PayloadUser, wait: float = LOCK_WAIT_S) -> LoginSession:
+    """Make the payload user's login session (see the module docstring), holding its lock.
 
     Raises:
+        SessionBusyError: another run held the session for `wait` seconds.
         OSError, UnsafePathError: a place could not be made safely (the caller says why).
     """
+    lock_fd = _lock(user.uid, wait)
     runtime = RUN / RUNTIME_PARENT / str(user.uid)
     ssh_dir = TMP / f"ssh-{secrets.token_hex(5)}"
     ssh_sock = ssh_dir / f"agent.{os.getpid()}"
-    session = LoginSession(runtime, ssh_sock, f"login-session-{user.uid}-{secrets.token_hex(4)}")
-    subdirs = sorted({str(Path(rel).parent) for rel in RUNTIME_SOCKETS} - {"."})
-    # Journalled first, deepest first: a killed run's sweep removes the sockets, then every
-    # directory that is empty (one the user really had is never empty, and stays).
-    journal.record(
-        session.journal_key,
-        [*session.sites()],
-        dirs=(
-            *(runtime / d for d in subdirs),
-            ssh_dir,
-            runtime,
-        ),
+    session = LoginSession(
+        runtime, ssh_sock, f"login-session-{user.uid}-{secrets.token_hex(4)}", lock_fd
     )
+    subdirs = sorted({str(Path(rel).parent) for rel in RUNTIME_SOCKETS} - {"."})
     try:
+        # Journalled first, deepest first: a killed run's sweep removes its ssh-agent socket,
+        # then every directory that is empty (one the user really had is never empty). The
+        # daemons' sockets keep fixed names another live run may hold by then, so the sweep
+        # is not told them: the next run to hold the lock clears them (`_clear_stale`).
+        journal.record(
+            session.journal_key,
+            [session.ssh_sock],
+            dirs=(*(runtime / d for d in subdirs), ssh_dir, runtime),
+        )
         session.make(user, subdirs, ssh_dir)
     except BaseException:
         session.close()

@@ -182,3 +182,29 @@ class TestLoginSession:
         (run / "user" / "65534").symlink_to("/etc")
         with pytest.raises(UnsafePathError):
             login_session.open_session(self.user())
+
+    def test_one_run_holds_a_session_at_a_time(self, places: tuple[Path, Path]) -> None:
+        """While one run holds the user's session another is refused (the names are fixed)."""
+        del places
+        first = login_session.open_session(self.user())
+        try:
+            with pytest.raises(login_session.SessionBusyError, match="another run holds"):
+                login_session.open_session(self.user(), wait=0)
+        finally:
+            first.close()
+        login_session.open_session(self.user(), wait=0).close()
+
+    def test_a_stale_socket_at_a_daemon_s_name_is_cleared(self, places: tuple[Path, Path]) -> None:
+        """A socket left at bus (a killed run's, or the user's own) is gone once a run holds it."""
+        run, _ = places
+        runtime = run / "user" / "65534"
+        runtime.mkdir(parents=True, mode=0o700)
+        os.chown(runtime, 65534, 65534)
+        with socket.socket(socket.AF_UNIX) as stale:
+            stale.bind(str(runtime / "bus"))
+        session = login_session.open_session(self.user())
+        try:
+            assert not (runtime / "bus").exists()
+        finally:
+            session.close()
+        assert runtime.is_dir()  # the user's own runtime dir was there before: it stays

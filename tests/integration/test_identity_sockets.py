@@ -15,18 +15,27 @@ mistake, go through one real `sandbox-attest run` beside the control leg and the
 The control leg proves every session socket is reachable unconfined; none, bubblewrap and
 bwrap-generic stay PASS in the same run, and the gate is FAILED. Real bubblewrap, real
 sockets, the real payload user (root only).
+
+On a real sandbox, in the lab: sock_srt_session.toml is matrix/backends/srt.toml with its own
+documented switch `allowAllUnixSockets` on and the runtime dir readable: FAIL naming the
+session's sockets, while srt as shipped in matrix/backends/ stays PASS in the same run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.integration.hole_runs import HoleRun, hole_run
+from sandbox_attest.world.lab import lab_supported
+from tests.integration.hole_runs import REPO, HoleRun, hole_run
+from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -127,3 +136,58 @@ class TestHoles:
         assert [p for p in planted if os.path.lexists(p)] == []
         ssh = Path(run.cell("none", PROBE)["witness"]["session_sockets"]["env"]["SSH_AUTH_SOCK"])
         assert not ssh.parent.exists()
+
+
+@pytest.fixture(scope="module")
+def srt_cells() -> Iterator[dict[str, dict[str, Any]]]:
+    """The sandbox srt as shipped and with allowAllUnixSockets, one lab run; cells by backend."""
+    supported, why_not = lab_supported()
+    if not supported:
+        pytest.skip(f"srt runs in the lab world, which needs root and namespaces: {why_not}")
+    check = subprocess.run(
+        [str(REPO / "scripts" / "real-sandboxes.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check.returncode != 0:
+        pytest.skip(f"srt missing: run scripts/real-sandboxes.sh ({check.stderr.strip()})")
+    with reachable_tempdir("sa-idsrt-") as root:
+        matrix, policy = root / "matrix.toml", root / "policy.toml"
+        matrix.write_text(
+            f'[[probe]]\nid = "{PROBE}"\ntimeout = 60\n'
+            + "".join(
+                f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in ("none", "srt")
+            )
+        )
+        policy.write_text(
+            f'[[require]]\nplatform = "linux"\nbackend = "srt"\nprobes = ["{PROBE}"]\n'
+        )
+        argv = [sys.executable, "-m", "sandbox_attest.cli", "run", "--matrix", str(matrix)]
+        argv += ["--policy", str(policy), "--backend", "none", "--backend", "srt"]
+        argv += ["--backend-spec", str(DATA / "sock_srt_session.toml"), "--world", "lab"]
+        argv += ["-j", "2", "--out", str(root / "report")]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=400, check=False, cwd=REPO
+        )
+        evidence = root / "report" / "evidence.json"
+        assert evidence.is_file(), f"no evidence: {done.stdout[-3000:]} {done.stderr[-2000:]}"
+        yield {c["backend"]: c for c in json.loads(evidence.read_text())["cells"]}
+
+
+class TestRealSandbox:
+    def test_srt_as_shipped_passes(self, srt_cells: dict[str, dict[str, Any]]) -> None:
+        """The shipped srt spec shows the payload none of the host's sockets."""
+        cell = srt_cells["srt"]
+        assert cell["verdict"] == "PASS", cell["reason"]
+        assert view_of(cell)["exposed"] == []
+
+    def test_srt_all_unix_sockets_fails_naming_the_session(
+        self, srt_cells: dict[str, dict[str, Any]]
+    ) -> None:
+        """With allowAllUnixSockets and the runtime dir readable, srt FAILs naming the session."""
+        cell = srt_cells["hole-srt-session"]
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        runtime = cell["witness"]["session_sockets"]["env"]["XDG_RUNTIME_DIR"]
+        assert f"D-Bus session bus {runtime}/bus" in cell["reason"]
+        assert "the sandbox exposes the agent's login session" in cell["reason"]
