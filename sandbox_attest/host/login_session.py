@@ -48,7 +48,7 @@ RUNTIME_SOCKETS: Final[dict[str, str]] = {
 }
 SSH_AGENT: Final = "ssh-agent"
 # The session's socket names are fixed, so two runs on one host (as root) would fight over
-# them: one run holds a user's session at a time, by a lock in the harness's own state dir
+# them: one run holds a user's session at a time, by a lock in the harness's journal dir
 # (root's 0700: never in the runtime dir, which the payload user owns). Another run waits
 # this long for it, then goes on without a session, and says so.
 LOCK_WAIT_S: Final = 30.0
@@ -64,8 +64,9 @@ def _lock(uid: int, wait: float) -> int:
     Raises:
         SessionBusyError: another run held it for all of `wait` seconds.
     """
-    path = journal.state_dir() / f"login-session-{uid}.lock"
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The journal's directory: made 0700 and checked to be the harness's alone. The sweep
+    # reads only its *.json entries.
+    path = journal.journal_dir() / f".login-session-{uid}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     deadline = time.monotonic() + wait
     while True:
