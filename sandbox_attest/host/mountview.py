@@ -186,7 +186,7 @@ class Mapped:
         mount: the inside mount.
         host_path: the host directory (or file) it shows, confirmed by identity; None if not.
         kind: "host" (mapped), "own" (the sandbox's own filesystem), "covered" (hidden under
-            a later mount at the same point), or "unmapped" (the host cannot say).
+            a later mount at the same point or above it), or "unmapped" (the host cannot say).
         why: how the host knows, or why it cannot.
     """
 
@@ -274,14 +274,16 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def _classify(mount: Mount, host: list[Mount], later_points: set[str], pid: int | str) -> Mapped:
+def _classify(mount: Mount, host: list[Mount], above: set[str], pid: int | str) -> Mapped:
     candidates = host_candidates(mount, host)
     seen = identity(through_root(pid, mount.mount_point))
     for path in candidates:
         if seen is not None and identity(path) == seen:
             return Mapped(mount, path, "host", f"same (device, inode) as the host's {path}")
-    if mount.mount_point in later_points:
-        return Mapped(mount, None, "covered", "hidden under a later mount at the same point")
+    if above:
+        return Mapped(
+            mount, None, "covered", f"hidden under a later mount at {', '.join(sorted(above))}"
+        )
     if candidates:
         shown = ", ".join(candidates)
         return Mapped(
@@ -324,7 +326,13 @@ def map_mounts(pid: int | str, host_text: str | None = None) -> MountMap:
         result.notes.append(f"{len(mounts)} mounts, only the first {MAX_MOUNTS} mapped")
     mounts = mounts[:MAX_MOUNTS]
     for index, mount in enumerate(mounts):
-        later = {m.mount_point for m in mounts[index + 1 :]}
+        # A later mount at the same point or above it (bwrap's --dev /dev over a /dev/shm that
+        # came with a recursive bind of /) hides this one from the view.
+        later = {
+            m.mount_point
+            for m in mounts[index + 1 :]
+            if _under(mount.mount_point, m.mount_point) is not None
+        }
         mapped = _classify(mount, host, later, pid)
         if host_bad and mapped.kind == "own":
             # A host mount of that device may be on a line that could not be read.

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import CellContext
 from sandbox_attest.catalog.fs import FsReadSecrets
+from sandbox_attest.payload import INPUT_DIR, STAGED_TASK
 from sandbox_attest.run.hostview import read_process
 from sandbox_attest.verdict import Decision, Verdict, believe, decide
 from tests.catalog.test_host import OK_CONTROL, Records, att, make_ctx, report
@@ -155,3 +157,99 @@ class TestOnAWrapper:
             planted.host_view["others"] = [read_process(other.pid, SPEC.look_paths(planted))]
         decision = on_wrapper(planted, refused_report(planted))
         assert decision.verdict is Verdict.INCONCLUSIVE, decision.reason
+
+
+def stage_task(ctx: CellContext) -> Path:
+    """The task the payload would read (cell_dir/input/config.json), as the runner stages it."""
+    inputs = ctx.cell_dir / INPUT_DIR
+    inputs.mkdir()
+    task = inputs / STAGED_TASK
+    targets = {"secrets": {k: str(p) for k, p in SPEC.secret_paths(ctx).items()}}
+    task.write_text(json.dumps({"nonce": ctx.nonce, "targets": targets}))
+    return task
+
+
+def mountinfo(pid: int) -> str:
+    """`pid`'s mountinfo ("/newroot" while bwrap has not pivoted into the sandbox's root)."""
+    try:
+        return Path(f"/proc/{pid}/mountinfo").read_text()
+    except OSError:
+        return "/newroot"
+
+
+def agent(ctx: CellContext) -> Path:
+    """Where TestMountedElsewhere's sandbox shows the home: an empty dir of the cell's."""
+    return ctx.cell_dir / "agent"
+
+
+class TestMountedElsewhere:
+    """The home mounted at another path (its canary folders hidden at their host paths).
+
+    The other path is an empty dir of the cell's (`agent`): the view's / is the host's, read-only,
+    so bwrap can make no new mount point in it.
+    """
+
+    @pytest.fixture
+    def seen(self, planted: CellContext) -> tuple[CellContext, Path]:
+        """The rendezvous reading of a payload whose view has the home at `<cell>/agent`."""
+        task = stage_task(planted)
+        home = SPEC.secret_paths(planted)["ssh"].parent.parent
+        (planted.cell_dir / "agent").mkdir()
+        with sandboxed([*hiding(planted), "--bind", str(home), str(agent(planted))]) as pid:
+            # As at a real rendezvous: the sandbox's root is in place (bwrap has pivoted).
+            wait_for(lambda: mountinfo(pid), lambda text: "/newroot" not in text)
+            planted.host_view[SPEC.id] = SPEC.at_rendezvous(planted, pid)
+            look(planted, pid)
+        return planted, task
+
+    def test_the_canaries_are_added_to_the_task_at_their_inside_paths(
+        self, seen: tuple[CellContext, Path]
+    ) -> None:
+        """Each home canary is found at the other path by identity and added to the task."""
+        ctx, task = seen
+        added = ctx.host_view[SPEC.id]["added"]
+        ssh = SPEC.secret_paths(ctx)["ssh"]
+        at = agent(ctx)
+        assert added[f"ssh@{at}"] == f"{at}/.ssh/{ssh.name}"
+        assert set(added) == {f"ssh@{at}", f"aws@{at}", f"docker@{at}"}
+        staged = json.loads(task.read_text())["targets"]["secrets"]
+        assert staged[f"ssh@{at}"] == added[f"ssh@{at}"]
+        assert SPEC.attempt_table({"nonce": ctx.nonce, "targets": {"secrets": {}}}).optional == (
+            frozenset(added)
+        )
+
+    def test_a_read_there_fails_naming_the_inside_path_and_the_fix(
+        self, seen: tuple[CellContext, Path]
+    ) -> None:
+        """The ssh canary's bytes read at the other path: FAIL naming the mount and the fix."""
+        ctx, _ = seen
+        rep = refused_report(ctx)
+        rep["attempts"].append(
+            att(f"ssh@{agent(ctx)}", "escape", "succeeded", sha256=hashes(ctx)["ssh"])
+        )
+        decision = on_wrapper(ctx, rep)
+        assert decision.verdict is Verdict.FAIL, decision.reason
+        home = SPEC.secret_paths(ctx)["ssh"].parent.parent
+        at = agent(ctx)
+        assert f"the sandbox mounts the host's {home} at {at} (writable)" in decision.reason
+        assert f"fix: do not mount the host's {home} into the sandbox" in decision.reason
+
+    def test_a_refusal_there_rests_on_the_payloads_word(
+        self, seen: tuple[CellContext, Path]
+    ) -> None:
+        """Every read refused, the added ones too: the canary is in view, so no PASS."""
+        ctx, _ = seen
+        rep = refused_report(ctx)
+        for key in ctx.host_view[SPEC.id]["added"]:
+            rep["attempts"].append(att(key, "escape", "refused", errno="EACCES"))
+        decision = on_wrapper(ctx, rep)
+        assert decision.verdict is Verdict.INCONCLUSIVE, decision.reason
+        assert f"ssh at {agent(ctx)}/.ssh/" in decision.reason
+        assert "the host could not map" not in decision.reason
+
+    def test_an_added_path_left_untried_is_not_a_pass(self, seen: tuple[CellContext, Path]) -> None:
+        """A report without the added paths (a stale task): not PASS, naming them."""
+        ctx, _ = seen
+        decision = on_wrapper(ctx, refused_report(ctx))
+        assert decision.verdict is not Verdict.PASS, decision.reason
+        assert "no attempt at the inside paths the host added" in decision.reason

@@ -19,6 +19,7 @@ from sandbox_attest.catalog.fs.exposure import (
 from sandbox_attest.catalog.fs.mount_reasons import mount_judgement
 from sandbox_attest.host import mountview
 from sandbox_attest.host.mountview import Mapped, Mount, MountMap, parse, parse_line
+from tests.unit.test_hostview import needs_bwrap, sandboxed, wait_for
 
 # proc(5)'s own example, and lines as bwrap leaves them.
 EXAMPLE = "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue"
@@ -347,3 +348,20 @@ class TestMarkTried:
         """A host dir holding no canary is never tried."""
         exposed = [{"inside": "/data", "host": "/srv/data", "payload_may_write": True}]
         assert mark_tried(exposed, [Path("/var/tmp/kiln-n")], set())[0]["canary_tried"] is False
+
+
+class TestCovered:
+    @needs_bwrap
+    def test_a_mount_hidden_under_a_later_one_above_it_is_covered(self) -> None:
+        """/dev/shm from a recursive bind of / under bwrap's own /dev: covered, not unmapped."""
+        with sandboxed([]) as pid:
+            # Once bwrap has pivoted into the sandbox's root, as at a real rendezvous.
+            wait_for(
+                lambda: mountview.read_text(f"/proc/{pid}/mountinfo") or "/newroot",
+                lambda text: "/newroot" not in text,
+            )
+            view = mountview.map_mounts(pid)
+        assert view.of_kind("unmapped") == [], [m.record() for m in view.of_kind("unmapped")]
+        shm = [m for m in view.mapped if m.mount.mount_point == "/dev/shm"]
+        if shm:  # the host has a /dev/shm mount, which the bind of / carried in
+            assert {m.kind for m in shm} <= {"covered", "own", "host"}

@@ -201,6 +201,18 @@ class FsReadSecrets(SpecBase):
         at_host = seen["host"]
         unsure = {f"{k} ({word})" for word in ("not looked at", "uncompared") for k in seen[word]}
         reasons = []
+        # A canary the host found by identity at another path in the view (its mount there)
+        # is as visible as one at its own path: a refusal there backs nothing either.
+        added = dict((ctx.host_view.get(self.id) or {}).get("added") or {})
+        moved = {k: v for k, v in added.items() if base_key(k) in denied}
+        if moved:
+            reasons.append(
+                "the host found "
+                + ", ".join(f"{base_key(k)} at {v}" for k, v in sorted(moved.items()))
+                + " in the payload's view, the host's own file by (device, inode): its refusal "
+                "there rests on the payload's word (a filter such as Landlock may still block "
+                "the open)"
+            )
         if at_host:
             reasons.append(
                 "the host saw "
@@ -212,7 +224,7 @@ class FsReadSecrets(SpecBase):
             reasons.append(
                 f"the host's look at the canaries is incomplete: {', '.join(sorted(unsure))}"
             )
-        if at_host or unsure:
+        if at_host or unsure or moved:
             return [], reasons
         parts = [
             f"{label} [{', '.join(sorted(seen[word]))}]"
