@@ -22,10 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from sandbox_attest.catalog.canary import call_as
 from sandbox_attest.catalog.controls import host_check
-from sandbox_attest.catalog.socket_witness import WitnessSockets, connect_each
-from sandbox_attest.catalog.spec import HOST_TIMEOUT_S
+from sandbox_attest.catalog.socket_witness import WitnessSockets
 from sandbox_attest.host.login_session import LoginSession, open_session
 from sandbox_attest.host.safefs import UnsafePathError
 
@@ -115,11 +113,17 @@ def heard_by(
     ]
 
 
-def control_check(shared: SharedSession, user: PayloadUser | None, nonce: str) -> dict[str, Any]:
-    """Host control: the payload user, unconfined, reaches every session witness; each logs it."""
+def control_check(
+    shared: SharedSession, nonce: str, reached: tuple[dict[str, str], str]
+) -> dict[str, Any]:
+    """Host control: the payload user, unconfined, reached every session witness; each logs it.
+
+    `reached` is the payload user's connects, made by the caller in a child as that user
+    (`connect_each`, the line carrying `nonce`): {address: "" or the errno}, and why the
+    child could not run.
+    """
     want = list(shared.witnesses.planted)
-    request = {"addresses": want, "line": f"SANDBOX-ATTEST-WITNESS {nonce}\n"}
-    reach, why = call_as(user, connect_each.__module__, "connect_each", request, HOST_TIMEOUT_S)
+    reach, why = reached
     if why:
         return host_check("the login session's sockets hear the payload user", ok=False, detail=why)
     deadline = time.monotonic() + HEAR_S
