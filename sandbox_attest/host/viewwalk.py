@@ -65,6 +65,11 @@ SKIP_FSTYPES: Final[dict[str, str]] = {
 }
 # Where the process's mount table cannot be read, these are skipped by path instead.
 FALLBACK_SKIP: Final = ("/proc", "/sys")
+# Why a directory was not entered though it is in the view (`_Walker.prune_reason`).
+PRUNED_WHY: Final = (
+    "the host's own directory at this path, with no mount of the view and no host socket "
+    "below it: its tree is the host's, whose sockets the caller already knows"
+)
 # How many examples a cut-off names before it says how many more.
 EXAMPLES: Final = 3
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -114,7 +119,9 @@ class ViewWalk:
             "pid": self.pid,
             "sockets": {p: list(i) for p, i in sorted(self.sockets.items())},
             "devices": dict(sorted(self.devices.items())),
-            "pruned": self.pruned,
+            # One reason serves every pruned directory: listed once, not once per path.
+            "pruned": sorted(self.pruned),
+            "pruned_why": PRUNED_WHY if self.pruned else "",
             "skipped": self.skipped,
             "not_covered": self.not_covered,
             "dirs": self.dirs,
@@ -232,10 +239,7 @@ class _Walker:
             os.close(fd)
         if (st.st_dev, st.st_ino) != ident:
             return ""
-        return (
-            "the host's own directory at this path, with no mount of the view and no host "
-            "socket below it"
-        )
+        return PRUNED_WHY
 
     def list_dir(
         self, parts: tuple[str, ...], ident: Identity | None

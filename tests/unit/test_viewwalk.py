@@ -158,6 +158,9 @@ class TestBounds:
             walk = walk_view(PID, proc=str(proc), host_root=str(root), known=["/run/r.sock"])
         assert "/usr" in walk.pruned
         assert list(walk.sockets) == ["/run/r.sock"]
+        evidence = walk.as_evidence()
+        assert "/usr" in evidence["pruned"]
+        assert "the host's own directory" in evidence["pruned_why"]
 
     def test_a_mount_below_stops_pruning(self, view: tuple[Path, Path]) -> None:
         """A twin dir with a mount of the view below it is walked: the mount may hold anything."""
