@@ -11,6 +11,9 @@ mistake, go through one real `sandbox-attest run` beside the control leg and the
 - sock_session.toml binds the payload user's login session (`/run/user/<uid>`) and passes
   XDG_RUNTIME_DIR: the session's witness sockets (the D-Bus session bus, gpg-agent, rootless
   docker and podman) hear the payload: FAIL naming the session socket and the fix.
+- sock_run_elsewhere.toml shows the host's /run read-only at `/host/run`, where the payload's
+  own walk never looks: the host's walk finds the cell's /run witness there, the payload is
+  told, and the witness hears it: FAIL naming the witness, the inside path and the fix.
 
 The control leg proves every session socket is reachable unconfined; none, bubblewrap and
 bwrap-generic stay PASS in the same run, and the gate is FAILED. Real bubblewrap, real
@@ -54,6 +57,7 @@ PROBE = "ipc_unix_socket_escape"
 STRONG = ("none", "bubblewrap", "bwrap-generic")
 DAEMON_HOLE = "hole-sock-daemon-elsewhere"
 SESSION_HOLE = "hole-sock-session"
+RUN_HOLE = "hole-sock-run-elsewhere"
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +67,12 @@ def run() -> Iterator[HoleRun]:
         "sa-idsock-",
         probes=[PROBE],
         legs=STRONG,
-        required=[*STRONG[1:], DAEMON_HOLE, SESSION_HOLE],
-        specs=[DATA / "sock_daemon_elsewhere.toml", DATA / "sock_session.toml"],
+        required=[*STRONG[1:], DAEMON_HOLE, SESSION_HOLE, RUN_HOLE],
+        specs=[
+            DATA / "sock_daemon_elsewhere.toml",
+            DATA / "sock_session.toml",
+            DATA / "sock_run_elsewhere.toml",
+        ],
         run_timeout=450,
     ) as done:
         yield done
@@ -122,20 +130,38 @@ class TestHoles:
         assert f"D-Bus session bus {runtime}/bus" in cell["reason"]
         assert "do not bind $XDG_RUNTIME_DIR" in cell["reason"]
 
-    def test_gate_fails_on_both_holes(self, run: HoleRun) -> None:
-        """The run's gate is FAILED, naming both hole cells."""
+    def test_witness_at_another_path_fails_naming_where(self, run: HoleRun) -> None:
+        """The host's /run at /host/run FAILs naming its witness where the payload saw it."""
+        cell = run.cell(RUN_HOLE, PROBE)
+        assert cell["verdict"] == "FAIL", cell["reason"]
+        name = f".kiln-ipc-{cell['nonce']}.sock"
+        assert (
+            f"witness socket /run/{name} heard the payload at /host/run/{name} inside"
+            in (cell["reason"])
+        )
+        assert "do not bind host sockets" in cell["reason"]
+
+    def test_gate_fails_on_every_hole(self, run: HoleRun) -> None:
+        """The run's gate is FAILED, naming every hole cell."""
         assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
         assert "gate: FAILED" in run.stdout
-        for backend in (DAEMON_HOLE, SESSION_HOLE):
+        for backend in (DAEMON_HOLE, SESSION_HOLE, RUN_HOLE):
             assert f"required cell {backend}-{PROBE} is FAIL" in run.stdout
 
     def test_session_is_gone_after_the_run(self, run: HoleRun) -> None:
-        """Every session witness socket and the ssh-agent directory are gone after the run."""
-        planted = run.cell("none", PROBE)["witness"]["session_sockets"]["planted"]
+        """The harness removed every session witness it planted, and its ssh-agent directory.
+
+        Read from the evidence, not from the paths: the names are fixed, and another run on
+        this host may hold the session (and its own sockets there) by the time this looks.
+        """
+        cells = [run.cell(b, PROBE) for b in (*STRONG, DAEMON_HOLE, SESSION_HOLE, RUN_HOLE)]
+        sessions = [c["witness"]["session_sockets"] for c in cells]
+        planted = {p for s in sessions for p in s["planted"]}
+        removed = {p for s in sessions for p in s.get("removed", [])}
         assert planted
-        assert [p for p in planted if os.path.lexists(p)] == []
-        ssh = Path(run.cell("none", PROBE)["witness"]["session_sockets"]["env"]["SSH_AUTH_SOCK"])
-        assert not ssh.parent.exists()
+        assert planted <= removed
+        for session in sessions:
+            assert not Path(session["env"]["SSH_AUTH_SOCK"]).parent.exists()
 
 
 @pytest.fixture(scope="module")
