@@ -341,6 +341,7 @@ def walk_view(
     bounds: Bounds | None = None,
     proc: str = "/proc",
     host_root: str = "/",
+    prune: bool = True,
 ) -> ViewWalk:
     """Walk `pid`'s view from its root (see the module docstring); what it found and missed.
 
@@ -351,6 +352,9 @@ def walk_view(
         bounds: depth, entries and seconds (default `Bounds()`).
         proc: where procfs is (tests point it at a fake tree).
         host_root: the host's root, for the pruning comparison (tests point it elsewhere).
+        prune: whether the host's own trees are left out (see the module docstring). Pruning
+            is sound for what the caller matches by identity and lists in `known`; a caller
+            after every device node in the view, the host's own included, passes False.
     """
     bounds = bounds or Bounds()
     start = time.monotonic()
@@ -373,7 +377,8 @@ def walk_view(
         # Without the host's root to compare with, nothing is pruned (`_Walker.prune_reason`).
         host_fd = -1
         with contextlib.suppress(OSError):
-            host_fd = os.open(host_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            if prune:
+                host_fd = os.open(host_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             walker = _Walker(
                 pid, root_fd, host_fd, bounds, mounts, tuple(known), result, start + bounds.seconds

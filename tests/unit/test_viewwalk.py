@@ -162,6 +162,15 @@ class TestBounds:
         assert "/usr" in evidence["pruned"]
         assert "the host's own directory" in evidence["pruned_why"]
 
+    def test_pruning_can_be_turned_off(self, view: tuple[Path, Path]) -> None:
+        """A caller after every node (the host's own too) walks the host's twins as well."""
+        proc, root = view
+        (root / "usr").mkdir()
+        with listen(root / "usr" / "u.sock"):
+            walk = walk_view(PID, proc=str(proc), host_root=str(root), prune=False)
+        assert walk.pruned == {}
+        assert list(walk.sockets) == ["/usr/u.sock"]
+
     def test_a_mount_below_stops_pruning(self, view: tuple[Path, Path]) -> None:
         """A twin dir with a mount of the view below it is walked: the mount may hold anything."""
         proc, root = view
