@@ -54,6 +54,21 @@ SSH_AGENT: Final = "ssh-agent"
 LOCK_WAIT_S: Final = 30.0
 
 
+# The session open in this process, if any: a command wrapper is started with an agent's
+# environment, and an agent's has the session's variables (`current_env`).
+_current: list[LoginSession] = []
+
+
+def current_env() -> dict[str, str]:
+    """The open session's XDG_RUNTIME_DIR and SSH_AUTH_SOCK, or nothing when none is open.
+
+    A command wrapper's environment is an agent's (backends/command/env.py), and an agent
+    started from a login has these; a sandbox that passes them on and exposes what they name
+    is what ipc_unix_socket_escape looks for.
+    """
+    return _current[-1].env() if _current else {}
+
+
 class SessionBusyError(OSError):
     """Another live run holds this user's login session."""
 
@@ -129,6 +144,7 @@ class LoginSession:
         self._made.clear()
         self._open.clear()
         journal.forget(self.journal_key)
+        _current[:] = [other for other in _current if other is not self]
         if self.lock_fd >= 0:
             os.close(self.lock_fd)  # releases the session for another run
             self.lock_fd = -1
@@ -233,4 +249,5 @@ def open_session(user: PayloadUser, wait: float = LOCK_WAIT_S) -> LoginSession:
     except BaseException:
         session.close()
         raise
+    _current.append(session)
     return session

@@ -27,6 +27,7 @@ from sandbox_attest.backends.command.leftovers import RUN_TAG_VAR, tagged_pids
 from sandbox_attest.backends.command.spec_load import load_spec, resolve_spec
 from sandbox_attest.backends.none import NoneBackend
 from sandbox_attest.errors import ConfigError
+from sandbox_attest.host import login_session
 from sandbox_attest.paths import matrix_dir
 from sandbox_attest.run.matrix import Cell, ProbeRow
 from sandbox_attest.run.runner import CellRunner
@@ -493,6 +494,16 @@ ipc = "open"
         assert (cwd / "wrapper.sh").stat().st_mode & 0o777 == 0o700
         assert str(cwd) in (cwd / "wrapper.sh").read_text()
         assert tagged_pids(tag) == []
+
+    def test_wrapper_env_has_the_login_session(
+        self, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """While the payload user's session is open, the wrapper gets its variables."""
+        session = {"XDG_RUNTIME_DIR": "/run/user/994", "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1"}
+        monkeypatch.setattr(login_session, "current_env", lambda: session)
+        backend = CommandBackend.from_path(SPECS / "daemonizing_wrapper.toml")
+        env = backend.prepare(self.request(world, tmp_path, timeout=3))[1]
+        assert {k: env[k] for k in session} == session
 
     def test_canaries_are_fresh_per_cell(self, world: World, tmp_path: Path) -> None:
         """Two cells of one backend get different canary values."""

@@ -167,6 +167,18 @@ class TestLoginSession:
         assert not session.ssh_sock.parent.exists()
         assert str(session.ssh_sock.parent) in removed
 
+    def test_an_open_session_is_in_an_agents_environment(self, places: tuple[Path, Path]) -> None:
+        """While open, its variables are what a command wrapper is started with; after, not."""
+        del places
+        assert login_session.current_env() == {}
+        session = login_session.open_session(self.user())
+        try:
+            assert login_session.current_env() == session.env()
+            assert set(session.env()) == {"XDG_RUNTIME_DIR", "SSH_AUTH_SOCK"}
+        finally:
+            session.close()
+        assert login_session.current_env() == {}
+
     def test_another_user_s_runtime_dir_is_refused(self, places: tuple[Path, Path]) -> None:
         """A runtime dir already there with another owner is not used, and is left alone."""
         run, _ = places

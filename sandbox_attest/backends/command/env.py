@@ -2,8 +2,10 @@
 
 The wrapper gets the harness's own variables minus anything secret-looking (`spec.SECRET_ENV`)
 and minus its proxy settings (they would route a wrapper's own proxy out of the world),
-plus canary credentials planted per cell with random values (`AGENT_CANARIES`), plus the
-payload's own variables, `[env] set` and `[env] wrapper`. What the sandbox lets through to the
+plus the payload user's login session variables while one is open (XDG_RUNTIME_DIR,
+SSH_AUTH_SOCK: sandbox_attest/host/login_session.py), plus canary credentials planted per
+cell with random values (`AGENT_CANARIES`), plus the payload's own variables, `[env] set` and
+`[env] wrapper`. What the sandbox lets through to the
 payload is `env_inheritance`'s to judge; the planted values and the wrapper-only names are
 written to the cell dir (`WRAPPER_ENV_FILE`, harness-only) for it.
 """

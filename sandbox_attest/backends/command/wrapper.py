@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from sandbox_attest.backends.command.env import harness_env
 from sandbox_attest.backends.command.spec import SECRET_ENV, CommandSpec, RenderContext, SpecEgress
 from sandbox_attest.errors import BackendError
+from sandbox_attest.host import login_session
 from sandbox_attest.host.interpreter import run_interpreter
 from sandbox_attest.host.provenance import executable_facts
 from sandbox_attest.host.trust import PayloadUser, payload_user
@@ -146,7 +147,9 @@ class SpecWrapper:
         # The payload's own variables pass whole, but a secret-looking name never does, even
         # there: the harness's signing key must not ride along by a caller's mistake.
         declared = {k: v for k, v in payload.items() if not SECRET_ENV.search(k)}
-        env = harness_env() | canaries | declared | {"PATH": self.run_path()}
+        # An agent started from a login has its session's variables (host/login_session.py).
+        session = login_session.current_env()
+        env = harness_env() | session | canaries | declared | {"PATH": self.run_path()}
         for name, template in spec.env_set.items():
             env[name] = ctx.render(template, f"{spec.source}: [env] set.{name}")
         for name, wrapper_template in spec.env_wrapper.items():
