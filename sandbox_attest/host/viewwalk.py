@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from sandbox_attest.host import mountview
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
@@ -130,34 +132,13 @@ class ViewWalk:
         }
 
 
-def unescape_mount_path(text: str) -> str:
-    r"""A mountinfo path with the kernel's octal escapes (`\040` for a space) undone."""
-    out, i = [], 0
-    while i < len(text):
-        chunk = text[i : i + 4]
-        if len(chunk) == 4 and chunk[0] == "\\" and chunk[1:].isdigit():
-            out.append(chr(int(chunk[1:], 8)))
-            i += 4
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
 def parse_mountinfo(text: str) -> list[tuple[str, str]]:
-    """(mount point, fstype) of each line of a /proc/<pid>/mountinfo, points as the process sees.
+    """(mount point, fstype) of each mount of a /proc/<pid>/mountinfo (`mountview.parse`).
 
-    The mount point (field 5) is relative to the reading process's root when it is the
-    process itself; the host reading /proc/<pid>/mountinfo gets it relative to <pid>'s root.
+    The mount point is relative to the reading process's root when it is the process itself;
+    the host reading /proc/<pid>/mountinfo gets it relative to <pid>'s root.
     """
-    mounts = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields = left.split()
-        if not sep or len(fields) < 5 or not right.split():
-            continue
-        mounts.append((unescape_mount_path(fields[4]), right.split()[0]))
-    return mounts
+    return [(m.mount_point, m.fstype) for m in mountview.parse(text)[0]]
 
 
 def _join(parts: tuple[str, ...]) -> str:
