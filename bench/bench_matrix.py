@@ -15,8 +15,9 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.backends.base import ProbeRequest
 from sandbox_attest.backends.bubblewrap import BubblewrapBackend
@@ -26,6 +27,9 @@ from sandbox_attest.catalog.dev import read_view
 from sandbox_attest.host.trust import give, payload_user
 from sandbox_attest.payload import interpreter_paths
 from sandbox_attest.run import hostview
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,6 +157,68 @@ def inspection_cost(runs: int, *, looking: bool = False) -> tuple[float, float, 
     return statistics.median(seen), statistics.median(unseen), statistics.median(held)
 
 
+@dataclass
+class _Stage:
+    """A launcher and a no-op probe staged where the payload user can read them."""
+
+    base: Path
+    launcher: Path
+    probe: Path
+    python: str
+
+
+def _stage(base: Path) -> _Stage:
+    import shutil  # noqa: PLC0415
+
+    from sandbox_attest.payload import LAUNCHER_SOURCE  # noqa: PLC0415
+
+    base.chmod(0o755)
+    probe = base / "probe.py"
+    probe.write_text("print('SANDBOX-ATTEST-START x')\n")
+    launcher = base / hostview.LAUNCHER  # staged under the name the host knows
+    shutil.copyfile(ROOT / "probes" / LAUNCHER_SOURCE, launcher)
+    for path in (probe, launcher):
+        path.chmod(0o644)
+    # The system interpreter: the one bubblewrap's default binds show the payload.
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    return _Stage(base, launcher, probe, python)
+
+
+def _rendezvous(
+    stage: _Stage,
+    backend: BubblewrapBackend | NoneBackend,
+    tag: str,
+    hooks: Mapping[str, Callable[[int], dict[str, Any] | None]] | None = None,
+) -> dict[str, Any]:
+    """One payload under `backend` with the host's rendezvous (and `hooks`): the host's view."""
+    user = payload_user()
+    workspace = stage.base / f"ws-{tag}"
+    workspace.mkdir()
+    give(workspace, user)
+    task = stage.base / f"task-{tag}.json"
+    nonce = f"g{tag}"
+    task.write_text(json.dumps({"workspace": str(workspace), "nonce": nonce, "rendezvous_s": 5}))
+    task.chmod(0o644)
+    request = ProbeRequest(
+        cell_id="bench",
+        argv=(stage.python, str(stage.launcher), str(stage.probe), str(task)),
+        env={"PATH": "/usr/bin:/bin"},
+        workspace=workspace,
+        read_only=(stage.base,),
+        egress=None,
+        timeout=20,
+        cell_dir=stage.base,
+        user=user,
+    )
+    watch = hostview.Rendezvous(workspace, task, nonce, hooks=dict(hooks or {}))
+    watch.start()
+    backend.run(request)
+    view = watch.finish()
+    if not view.get("seen"):
+        sys.exit(f"{backend.name}: the host did not see the payload: {view}")
+    return view
+
+
 def group_reading_cost(runs: int) -> dict[str, tuple[float, float]]:
     """Per backend: median ms the host held the payload, and median processes it read.
 
@@ -160,57 +226,55 @@ def group_reading_cost(runs: int) -> dict[str, tuple[float, float]]:
     before it lets the payload go, so `held_ms` is what reading all of them costs a cell:
     under bubblewrap its two bwrap processes and the payload, under none the payload alone.
     """
-    import shutil  # noqa: PLC0415
-
-    from sandbox_attest.payload import LAUNCHER_SOURCE  # noqa: PLC0415
-
     results: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="sa-bench-group-") as tmp:
-        base = Path(tmp)
-        base.chmod(0o755)
-        probe = base / "probe.py"
-        probe.write_text("print('SANDBOX-ATTEST-START x')\n")
-        launcher = base / hostview.LAUNCHER  # staged under the name the host knows
-        shutil.copyfile(ROOT / "probes" / LAUNCHER_SOURCE, launcher)
-        for path in (probe, launcher):
-            path.chmod(0o644)
-        user = payload_user()
-        # The system interpreter: the one bubblewrap's default binds show the payload.
-        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+        stage = _stage(Path(tmp))
         for backend in (BubblewrapBackend(), NoneBackend()):
             held: list[float] = []
             read: list[int] = []
             for i in range(runs):
-                workspace = base / f"ws-{backend.name}-{i}"
-                workspace.mkdir()
-                give(workspace, user)
-                task = base / f"task-{backend.name}-{i}.json"
-                nonce = f"g{i}"
-                task.write_text(
-                    json.dumps({"workspace": str(workspace), "nonce": nonce, "rendezvous_s": 5})
-                )
-                task.chmod(0o644)
-                request = ProbeRequest(
-                    cell_id="bench",
-                    argv=(python, str(launcher), str(probe), str(task)),
-                    env={"PATH": "/usr/bin:/bin"},
-                    workspace=workspace,
-                    read_only=(base,),
-                    egress=None,
-                    timeout=20,
-                    cell_dir=base,
-                    user=user,
-                )
-                watch = hostview.Rendezvous(workspace, task, nonce)
-                watch.start()
-                backend.run(request)
-                view = watch.finish()
-                if not view.get("seen"):
-                    sys.exit(f"{backend.name}: the host did not see the payload: {view}")
+                view = _rendezvous(stage, backend, f"{backend.name}-{i}")
                 held.append(float(view["held_ms"]))
                 read.append(sum(1 for p in view["processes"] if p["when"] == "rendezvous"))
             results[backend.name] = (statistics.median(held), statistics.median(read))
     return results
+
+
+def _identity_readers() -> dict[str, Callable[[int], dict[str, Any] | None]]:
+    """The readings issue 26 added to a cell's rendezvous, each as a spec's hook takes it.
+
+    The walk of the view (ipc_unix_socket_escape, dev_access), the mount map (the fs probes)
+    and the whole-view device reading; the descriptors' identities are read for every cell
+    inside `read_process` itself, so they are in both columns (run/fdview.py).
+    """
+    from sandbox_attest.catalog.dev import read_whole_view  # noqa: PLC0415
+    from sandbox_attest.host import mountview, viewwalk  # noqa: PLC0415
+
+    return {
+        "walk": lambda pid: viewwalk.walk_view(pid).as_evidence(),
+        "mounts": lambda pid: mountview.map_mounts(pid).record(),
+        "devices": read_whole_view,
+    }
+
+
+def identity_reading_cost(runs: int) -> dict[str, float]:
+    """Median ms the host held a bubblewrap payload: today's readings, and with each of issue 26's.
+
+    Keys: "without", then each reading's name alone. Alternated run by run, so drift on this
+    shared machine hits all alike. A cell takes at most one of them (each belongs to its
+    probe), so each alone, minus "without", is what it adds to a cell.
+    """
+    readers = _identity_readers()
+    held: dict[str, list[float]] = {"without": [], **{name: [] for name in readers}}
+    with tempfile.TemporaryDirectory(prefix="sa-bench-identity-") as tmp:
+        stage = _stage(Path(tmp))
+        backend = BubblewrapBackend()
+        for i in range(runs):
+            for name, values in held.items():
+                hooks = {name: readers[name]} if name in readers else {}
+                view = _rendezvous(stage, backend, f"{name}-{i}", hooks)
+                values.append(float(view["held_ms"]))
+    return {name: statistics.median(values) for name, values in held.items()}
 
 
 def main() -> None:
@@ -231,6 +295,13 @@ def main() -> None:
             f"cell group reading ({name}): {members:.0f} process(es) read at the rendezvous, "
             f"held {held_ms:.1f} ms median of {args.runs} (target < 20)"
         )
+    identity = identity_reading_cost(args.runs)
+    without = identity.pop("without")
+    added = ", ".join(f"{name} +{ms - without:.1f} ms" for name, ms in identity.items())
+    print(
+        f"identity readings (bubblewrap, median of {args.runs}): held {without:.1f} ms without; "
+        f"{added} (each cell takes at most one; target < 20)"
+    )
     bare, boxed = spawn_times(args.runs)
     print(
         f"spawn: bare python -c pass {bare * 1000:.1f} ms, under bubblewrap "
