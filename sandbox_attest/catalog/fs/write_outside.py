@@ -70,6 +70,7 @@ from sandbox_attest.catalog.spec import (
 from sandbox_attest.claims import Claims, claims_of
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host import disguise, journal, safefs
+from sandbox_attest.host.mountview import MountMap
 from sandbox_attest.host.safefs import Identity, SafeDir, UnsafePathError, open_dir
 from sandbox_attest.host.trust import open_home
 from sandbox_attest.verdict import Assessment, Escape, Expectation
@@ -116,6 +117,9 @@ class FsWriteOutside(SpecBase):
         self._sites: dict[str, dict[str, tuple[SafeDir, Identity]]] = {}
         # The inside paths the host added to each cell's task at the rendezvous, by nonce.
         self._added: dict[str, dict[str, str]] = {}
+        # Canary dirs planted at the rendezvous in exposed host dirs no class covered, by nonce
+        # then key: each dir and its canary's state when planted (the baseline).
+        self._mounted: dict[str, dict[str, tuple[Path, dict[str, Any]]]] = {}
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Each op in the workspace and in every planted dir, also under a visible host root.
@@ -165,20 +169,76 @@ class FsWriteOutside(SpecBase):
             if inside in {root + str(canaries[base_key(key)][0]) for root in HOST_ROOT_MOUNTS}
         }
         added = {key: inside for key, inside in found.items() if key not in itself}
+        exposed = mark_tried(
+            writable_exposures(view, ctx.claims, home_of(ctx), ctx.workspace, payload_owner(ctx)),
+            list(self.planted(ctx).values()),
+            set(found.values()),
+        )
+        planted_here, skipped = self._plant_exposed(ctx, view, exposed)
+        added |= planted_here
         failed = add_targets(ctx.cell_dir, "dirs", added)
         self._added[ctx.nonce] = {} if failed else added
         return record | {
             "added": added,
             "add_failed": failed,
             "exposed": mark_tried(
-                writable_exposures(
-                    view, ctx.claims, home_of(ctx), ctx.workspace, payload_owner(ctx)
-                ),
-                list(self.planted(ctx).values()),
-                set(found.values()),
+                exposed, list(self.planted(ctx).values()), set(found.values()) | set(added.values())
             ),
+            "planted_at_rendezvous": {k: str(d) for k, (d, _) in self._mounted_of(ctx).items()},
+            "not_planted": skipped,
             "unmapped": unmapped(view, writable_only=True),
         }
+
+    def _mounted_of(self, ctx: CellContext) -> dict[str, tuple[Path, dict[str, Any]]]:
+        return self._mounted.get(ctx.nonce, {})
+
+    def _plant_exposed(
+        self, ctx: CellContext, view: MountMap, exposed: list[dict[str, Any]]
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """Plant a canary in each exposed host dir no class covers; its inside path as a target.
+
+        A writable host dir outside the claims that the payload user may write, mounted in its
+        view where no planted canary is (`--bind /srv/data /data`), gets a canary dir now,
+        while the payload waits, held like the others (`_plant`, `_hold`); it is added to the
+        task only where the host sees it at the inside path by its (device, inode).
+
+        Returns:
+            The added targets (`<key>@<mount point>` -> inside path), and why a dir got none.
+        """
+        added: dict[str, str] = {}
+        skipped: dict[str, str] = {}
+        wanted = [e for e in exposed if e.get("payload_may_write") and not e.get("canary_tried")]
+        if not wanted:
+            return added, skipped
+        name = f"{disguise.CANARY_PREFIX}{ctx.nonce}"
+        dirs = {"mounted" + _class_key(str(e["host"]))[len("found") :]: e for e in wanted}
+        try:
+            made = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text()).get("made", [])
+        except (OSError, ValueError):
+            made = []
+        # Journalled before they exist, with the cell's other canaries (same entry, extended).
+        outside = [d for k, d in self.planted(ctx).items() if k != "sibling"]
+        journal.record(
+            canary_journal_key(self.id, ctx),
+            outside + [Path(str(e["host"])) / name for e in dirs.values()],
+            dirs=tuple(Path(m) for m in made),
+        )
+        for key, entry in dirs.items():
+            directory = Path(str(entry["host"])) / name
+            try:
+                self._plant(ctx, key, directory)
+                self._hold(ctx, key, directory)
+            except FixtureError as exc:
+                skipped[key] = str(exc)
+                continue
+            state = dir_canary_state(directory / CANARY_NAME)
+            self._mounted.setdefault(ctx.nonce, {})[key] = (directory, state)
+            held = self._sites[ctx.nonce][key][1]
+            found = find_targets(view, {key: (directory, held)})
+            if not found:
+                skipped[key] = f"planted, but not seen at {entry['inside']} by (device, inode)"
+            added |= found
+        return added, skipped
 
     def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when the writes claim confines writes; seen on the open control leg.
@@ -226,12 +286,17 @@ class FsWriteOutside(SpecBase):
         }
 
     def planted(self, ctx: CellContext) -> dict[str, Path]:
-        """The canary dirs `prepare` planted for this cell (the named classes before it ran)."""
+        """The canary dirs planted for this cell, by `prepare` and at the rendezvous.
+
+        `prepare`'s (the named classes before it ran) and those planted at the rendezvous in
+        exposed host dirs no class covered (`_plant_exposed`).
+        """
+        at_rendezvous = {k: d for k, (d, _) in self._mounted_of(ctx).items()}
         try:
             raw = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text())
         except (OSError, ValueError):
-            return self.canary_dirs(ctx)
-        return {str(k): Path(v) for k, v in raw.get("dirs", {}).items()}
+            return self.canary_dirs(ctx) | at_rendezvous
+        return {str(k): Path(v) for k, v in raw.get("dirs", {}).items()} | at_rendezvous
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant a canary dir (CANARY_NAME, its sha256 and mode recorded) in every class."""
@@ -415,6 +480,7 @@ class FsWriteOutside(SpecBase):
         """
         del witness  # the filesystem is this probe's witness
         baseline = json.loads((ctx.cell_dir / "canaries" / _BASELINE).read_text())
+        baseline |= {k: state for k, (_, state) in self._mounted_of(ctx).items()}
         planted = self.planted(ctx)
         dropped: dict[str, str] = dict(control.get("dropped") or {})
         changed, state = self._changes(ctx, planted, baseline, dropped)
@@ -548,6 +614,7 @@ class FsWriteOutside(SpecBase):
             site.close()
         self._added.pop(ctx.nonce, None)
         outside = [d for k, d in self.planted(ctx).items() if k != "sibling"]
+        self._mounted.pop(ctx.nonce, None)
         for directory in outside:
             if ctx.nonce in directory.name:
                 remove_canary_dir(directory)
