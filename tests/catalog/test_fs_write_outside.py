@@ -11,8 +11,10 @@ import dataclasses
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +26,12 @@ from sandbox_attest.catalog.fs.writable import payload_writable_places, writable
 from sandbox_attest.catalog.fs.write_outside import _PLANTED, HOME_CLASSES, _class_key
 from sandbox_attest.catalog.spec import CellContext
 from sandbox_attest.host import journal as sweep
+from sandbox_attest.host import mountview
 from sandbox_attest.host.trust import PayloadUser, payload_user
+from sandbox_attest.payload import INPUT_DIR, STAGED_TASK
 from sandbox_attest.verdict import Assessment
 from tests.catalog.test_proc import Records
+from tests.unit.test_hostview import needs_bwrap, sandboxed, wait_for
 
 CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 SPEC = FsWriteOutside()
@@ -209,3 +214,78 @@ class TestWritesClaim:
             )
             for r in assessment.reasons
         )
+
+
+def stage_task(ctx: CellContext, targets: dict[str, Any]) -> Path:
+    """The task the payload would read (cell_dir/input/config.json), as the runner stages it."""
+    inputs = ctx.cell_dir / INPUT_DIR
+    inputs.mkdir()
+    task = inputs / STAGED_TASK
+    task.write_text(json.dumps({"nonce": ctx.nonce, "targets": targets}))
+    return task
+
+
+def rendezvous_in(ctx: CellContext, extra: list[str]) -> dict[str, Any]:
+    """The spec's rendezvous reading of a bwrap payload with `extra` mounts, once pivoted."""
+    with sandboxed(extra) as pid:
+        wait_for(
+            lambda: mountview.read_text(f"/proc/{pid}/mountinfo") or "/newroot",
+            lambda text: "/newroot" not in text,
+        )
+        reading = SPEC.at_rendezvous(ctx, pid)
+    ctx.host_view[SPEC.id] = reading
+    return reading
+
+
+@as_root
+@needs_bwrap
+class TestMountedElsewhere:
+    """A canary's place mounted at another path in the view (an empty dir of the cell's)."""
+
+    def test_the_canary_is_added_at_its_inside_path(self, ctx: CellContext) -> None:
+        """/var/tmp bound at <cell>/vt: its canary is added there, and untried is no PASS."""
+        task = stage_task(ctx, SPEC.prepare(ctx))
+        inside = ctx.cell_dir / "vt"
+        inside.mkdir()
+        try:
+            reading = rendezvous_in(ctx, ["--bind", "/var/tmp", str(inside)])
+            key = f"var_tmp@{inside}"
+            name = SPEC.planted(ctx)["var_tmp"].name
+            assert reading["added"] == {key: str(inside / name)}, reading
+            assert json.loads(task.read_text())["targets"]["dirs"][key] == str(inside / name)
+            table = SPEC.attempt_table({"nonce": ctx.nonce, "targets": {"dirs": {}}})
+            assert f"{key}:create" in table.optional
+            exposed = {e["inside"]: e for e in reading["exposed"]}
+            assert exposed[str(inside)]["canary_tried"], exposed
+            report: dict[str, Any] = {"attempts": [], "facts": {}}
+            assessment = SPEC.assess(ctx, report, Records(), {"ok": True})
+            assert assessment.escape == "undecided", assessment.reasons
+            assert any("no attempt at the inside paths" in r for r in assessment.reasons)
+        finally:
+            SPEC.cleanup(ctx)
+
+    def test_a_host_dir_no_class_covers_gets_a_canary_then_loses_it(self, ctx: CellContext) -> None:
+        """A payload-writable dir under /var/tmp bound at <cell>/data: planted there, removed."""
+        assert USER is not None
+        stage_task(ctx, SPEC.prepare(ctx))
+        shared = Path(tempfile.mkdtemp(dir="/var/tmp"))
+        os.chown(shared, USER.uid, USER.gid)
+        inside = ctx.cell_dir / "data"
+        inside.mkdir()
+        try:
+            reading = rendezvous_in(ctx, ["--bind", str(shared), str(inside)])
+            key = "mounted" + _class_key(str(shared))[len("found") :]
+            assert set(reading["planted_at_rendezvous"]) == {key}, reading
+            planted = Path(reading["planted_at_rendezvous"][key])
+            assert (planted / CANARY_NAME).is_file()
+            assert reading["added"] == {f"{key}@{inside}": str(inside / planted.name)}
+            # The payload writes there: the host sees the change on its own canary.
+            (planted / f"{ctx.nonce}.txt").write_text("x")
+            assessment = SPEC.assess(ctx, {"attempts": [], "facts": {}}, Records(), {"ok": True})
+            assert assessment.escape == "escaped", assessment.reasons
+            assert any(f"at {inside} (writable)" in r for r in assessment.reasons)
+        finally:
+            SPEC.cleanup(ctx)
+            leftovers = list(shared.iterdir())
+            shutil.rmtree(shared)
+        assert leftovers == []
