@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import pytest
 
@@ -16,7 +16,7 @@ from sandbox_attest.catalog.fs.exposure import (
     mount_point_of,
     payload_may_write,
 )
-from sandbox_attest.catalog.fs.mount_reasons import mount_judgement
+from sandbox_attest.catalog.fs.mount_reasons import exposure_reasons, mount_judgement
 from sandbox_attest.host import mountview
 from sandbox_attest.host.mountview import Mapped, Mount, MountMap, parse, parse_line
 from tests.unit.test_hostview import needs_bwrap, sandboxed, wait_for
@@ -365,3 +365,31 @@ class TestCovered:
         shm = [m for m in view.mapped if m.mount.mount_point == "/dev/shm"]
         if shm:  # the host has a /dev/shm mount, which the bind of / carried in
             assert {m.kind for m in shm} <= {"covered", "own", "host"}
+
+
+class TestReasonsForPathsThePayloadTriesItself:
+    """A canary found where the payload looks anyway (`/host/...`): no target was added."""
+
+    MOUNTS: ClassVar[dict[str, Any]] = {
+        "added": {},
+        "mounts": [
+            {"inside": "/host/dev", "host": "/dev", "kind": "host", "rw": True},
+            {"inside": "/host/dev/shm", "host": "/dev/shm", "kind": "host", "rw": True},
+            {"inside": "/dev/shm", "host": "/dev/shm", "kind": "host", "rw": True},
+            {"inside": "/tmp", "host": None, "kind": "own", "rw": True},
+        ],
+    }
+
+    def test_the_deepest_host_dir_names_the_inside_path(self) -> None:
+        """The host's /dev/shm at /host/dev/shm, named as the mount showing the canary."""
+        reasons = exposure_reasons(self.MOUNTS, ["shm"], {"shm": "/dev/shm"}, "wrote")
+        assert reasons[0] == (
+            "the sandbox mounts the host's /dev/shm at /host/dev/shm (writable): the canary "
+            "shm (/dev/shm) is in the payload's view there"
+        )
+        assert len(reasons) == 2  # the reason and its fix, once
+
+    def test_a_host_dir_at_its_own_path_adds_nothing(self) -> None:
+        """Shown at its own path only, a canary is the plain reason's (no mount sentence)."""
+        mounts = {"added": {}, "mounts": [self.MOUNTS["mounts"][2]]}
+        assert exposure_reasons(mounts, ["shm"], {"shm": "/dev/shm"}, "wrote") == []

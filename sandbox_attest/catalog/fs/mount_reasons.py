@@ -60,7 +60,37 @@ def exposure_reasons(
         fix = fix_phrase(host, point, writable=rw)
         if fix not in fixes:
             fixes.append(fix)
+    named = {base_key(key) for key in added}
+    for key in sorted(set(escaped) - named):
+        # A canary the payload found at an inside path it tries by itself (`/host/...`), so
+        # the host added nothing for it: the mount map still names where the host dir is.
+        for entry in _elsewhere(mounts, places.get(key, "")):
+            point, host, rw = str(entry["inside"]), str(entry["host"]), bool(entry.get("rw"))
+            reasons.append(
+                f"the sandbox mounts the host's {host} at {point}"
+                + (" (writable)" if rw else "")
+                + f": the canary {key} ({places[key]}) is in the payload's view there"
+            )
+            fix = fix_phrase(host, point, writable=rw)
+            if fix not in fixes:
+                fixes.append(fix)
     return reasons + fixes
+
+
+def _elsewhere(mounts: dict[str, Any], place: str) -> list[dict[str, Any]]:
+    """The host's mounts shown at another inside path whose host dir holds `place`."""
+    if not place.startswith("/"):
+        return []
+    found = []
+    for entry in mounts.get("mounts") or []:
+        host, inside = str(entry.get("host") or ""), str(entry.get("inside") or "")
+        if entry.get("kind") != "host" or not host or inside == host:
+            continue
+        if (place == host or place.startswith(host.rstrip("/") + "/")) and entry not in found:
+            found.append(entry)
+    # The deepest host dir names the mount that shows the canary (/dev/shm, not /dev).
+    deepest = max((len(str(e["host"])) for e in found), default=0)
+    return [e for e in found if len(str(e["host"])) == deepest][:1]
 
 
 def mount_judgement(
