@@ -5,8 +5,9 @@ It opens device nodes read-only and never writes to one, reads from one or sends
 then ``close``. O_NONBLOCK keeps a serial line or a FIFO from blocking the open; O_NOCTTY
 keeps a terminal from becoming the payload's controlling terminal.
   control:<name>  each of targets["control"] (null, zero, full, random, urandom): harmless
-                  devices every sandbox gives its payload; they must open, or nothing shows
-                  that this probe could open a device at all
+                  devices a sandbox gives its payload; those present must open (null always),
+                  or nothing shows that this probe could open a device at all; one absent
+                  is reported refused (ENOENT), which the host checks against its listing
   dev:<path>      each of targets["devices"] (the host's devices the payload user can open
                   when unconfined: /dev/kvm, /dev/net/tun, /dev/fuse... where they exist), and
                   every other character or block device found under /dev (at most

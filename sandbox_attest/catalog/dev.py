@@ -8,8 +8,10 @@ host reads that against its own device table:
   host's device, whatever its path there; one outside the harmless set (null, zero, full,
   random, urandom, tty, ptmx and pty slaves) is an escape, named by the host's own path for
   it ("the sandbox exposes /dev/net/tun");
-- the control: the payload opens the harmless devices, and their numbers are the host's
-  (so the probe can open a device and report it); the host, as the payload user and
+- the control: the payload opens the harmless devices in its view, and their numbers are
+  the host's (so the probe can open a device and report it); /dev/null must be one of them,
+  and one absent from the view is not a failure (a sandbox may document only null, random
+  and urandom); the host, as the payload user and
   unconfined, opens the same sensitive devices (so a refusal inside is the sandbox's, not the
   file mode's).
 
@@ -79,9 +81,12 @@ from sandbox_attest.host.viewwalk import walk_view
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 DEV: Final = Path("/dev")
-# The harmless devices every sandbox hands its payload: the in-sandbox control. Each must
-# open inside, or nothing shows the payload could have opened a device at all.
+# The harmless devices a sandbox hands its payload: the in-sandbox control. Each one in the
+# payload's view must open inside as the host's own; one absent from it is no failure
+# (`_inside_control`), but REQUIRED_CONTROL must open, or nothing shows the payload could
+# have opened a device at all.
 CONTROL_DEVICES: Final = ("null", "zero", "full", "random", "urandom")
+REQUIRED_CONTROL: Final = "null"
 # Harmless too, but not required: a process without a controlling terminal gets ENXIO from
 # /dev/tty, and ptmx allocates a pty of the sandbox's own devpts.
 HARMLESS_NAMES: Final = frozenset({*CONTROL_DEVICES, "tty", "ptmx", "pts/ptmx"})
@@ -364,26 +369,71 @@ def _weigh_untried(escape: Escape, missing: list[str], reasons: list[str]) -> Es
     return escape if escape == "escaped" else "disagree"
 
 
-def _inside_control(inside: list[dict[str, Any]], host: dict[str, Any]) -> tuple[bool, str]:
-    """Whether the harmless devices opened inside as the host's own, and if not, why not."""
+def _control_name(attempt: dict[str, Any]) -> str:
+    return str(attempt.get("what", "")).removeprefix("control:")
+
+
+def _absent(attempt: dict[str, Any], view: dict[str, Any]) -> bool:
+    """A harmless device not in the payload's view: ENOENT, and the host's listing agrees.
+
+    Where the host read the view, its listing decides (a report calling a listed node absent
+    is not believed); where it did not, the payload's ENOENT stands for a harmless device,
+    since `/dev/null` must still open with the host's number for the control to hold.
+    """
+    if attempt.get("outcome") != "refused" or attempt.get("errno") != "ENOENT":
+        return False
+    return not view.get("seen") or _control_name(attempt) not in (view.get("nodes") or {})
+
+
+def _inside_control(
+    inside: list[dict[str, Any]], host: dict[str, Any], view: dict[str, Any]
+) -> tuple[bool, str, str | None]:
+    """Whether the harmless devices present inside opened as the host's own; why not; a note.
+
+    1. Every harmless device that opened must carry the host's number for that name: the
+       numbers the payload reports are then this host's.
+    2. One present in the view that did not open fails the control: the sandbox refuses
+       harmless opens, so a refusal of a sensitive device says nothing.
+    3. One absent from the view (`_absent`) is no failure: sandboxes document smaller sets
+       (null, random and urandom only); the note names them.
+    4. `REQUIRED_CONTROL` (/dev/null) must open: without one device opened nothing shows the
+       payload could open a device at all, and null is the one every sandbox gives and
+       every wrapper must expose (the payloads need it), so its absence is the wrapper's
+       gap to report, not a control to wave through.
+    """
     mismatched = [
         str(a.get("what"))
         for a in inside
         if a.get("outcome") == "succeeded"
-        and a.get("rdev")
-        != host.get(str(a.get("what", "")).removeprefix("control:"), {}).get("rdev")
+        and a.get("rdev") != host.get(_control_name(a), {}).get("rdev")
     ]
-    inside_ok = (
-        bool(inside) and all(a.get("outcome") == "succeeded" for a in inside) and not mismatched
+    absent = [a for a in inside if _absent(a, view)]
+    failed = [a for a in inside if a.get("outcome") != "succeeded" and a not in absent]
+    null_opened = any(
+        a.get("outcome") == "succeeded" and _control_name(a) == REQUIRED_CONTROL for a in inside
     )
-    failed = attempts_summary([a for a in inside if a.get("outcome") != "succeeded"])
-    inside_failed = (
-        f"the harmless devices did not open inside: {failed}"
-        if not mismatched
-        else f"inside, {', '.join(mismatched)} opened a device the host does not "
-        "have under that name: the report does not describe this host's devices"
+    inside_ok = null_opened and not failed and not mismatched
+    if mismatched:
+        why = (
+            f"inside, {', '.join(mismatched)} opened a device the host does not "
+            "have under that name: the report does not describe this host's devices"
+        )
+    elif failed:
+        why = f"the harmless devices did not open inside: {attempts_summary(failed)}"
+    else:
+        why = (
+            f"/dev/{REQUIRED_CONTROL} must open inside, and did not "
+            f"({attempts_summary([a for a in inside if _control_name(a) == REQUIRED_CONTROL])})"
+            ": nothing shows the payload could open a device; a wrapper must expose /dev/null"
+        )
+    note = (
+        "the payload's view has no "
+        + ", ".join(f"/dev/{_control_name(a)}" for a in absent)
+        + " (absent, not a failed control)"
+        if absent and inside_ok
+        else None
     )
-    return inside_ok, inside_failed
+    return inside_ok, why, note
 
 
 class DevAccess(SpecBase):
@@ -506,7 +556,9 @@ class DevAccess(SpecBase):
             reasons.append(str(view["add_failed"]))
         corroborated = self._corroboration(view, in_view, exposed, contradicted)
         inside = attempts_by_role(report, "control")
-        inside_ok, inside_failed = _inside_control(inside, host)
+        inside_ok, inside_failed, absent_note = _inside_control(inside, host, view)
+        if absent_note:
+            reasons.append(absent_note)
         assessment = conclude(
             escape,
             observed,

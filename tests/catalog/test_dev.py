@@ -182,12 +182,12 @@ class TestAssess:
 
     @needs_a_sensitive_device
     def test_a_failed_control_is_inconclusive(self, tmp_path: Path) -> None:
-        """No harmless device opened inside: nothing shows the probe could open one."""
+        """No harmless device opened inside, not even null: nothing shows it could open one."""
         attempts = [refused(f"control:{n}") for n in CONTROL_DEVICES]
         attempts += [refused(f"dev:{rel}") for rel in HERE]
         verdict, assessment = assess(tmp_path, attempts)
         assert verdict == "INCONCLUSIVE", assessment.reasons
-        assert any("the harmless devices did not open inside" in r for r in assessment.reasons)
+        assert any("/dev/null must open inside" in r for r in assessment.reasons)
 
     @needs_a_sensitive_device
     def test_a_control_with_a_foreign_number_is_inconclusive(self, tmp_path: Path) -> None:
