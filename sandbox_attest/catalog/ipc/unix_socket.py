@@ -82,6 +82,7 @@ from sandbox_attest.catalog.spec import (
     host_can_look,
     host_processes,
 )
+from sandbox_attest.claims import claims_of
 from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.host.viewwalk import HostSocket, Identity
 from sandbox_attest.verdict import Assessment, Expectation
@@ -170,6 +171,18 @@ class IpcUnixSocketEscape(SpecBase):
     def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when IPC is isolated; seen on the open control leg."""
         return "denied" if declared.ipc == "isolated" else "allowed"
+
+    def not_claimed(self, declared: ClaimsLike) -> str | None:
+        """NOT_APPLICABLE under `ipc = "open"`, except on the control leg.
+
+        Open IPC promises nothing about the host's sockets, so there is nothing to judge: a
+        sandbox that blocks more than it claims is no finding either way. The control leg
+        claims nothing at all and runs the probe, the unconfined leg every PASS rests on.
+        """
+        claims = claims_of(declared)
+        if claims.nothing or claims.ipc != "open":
+            return None
+        return f'the backend claims ipc = "open"; {self.id} tests only the ipc claim'
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the witnesses; the daemon's sockets, the Docker paths and the trees to walk.
