@@ -8,8 +8,9 @@ decision log and the origin logs. Every target is harness-owned.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
+from sandbox_attest.catalog.attempts import attempts_by_role, attempts_summary
 from sandbox_attest.catalog.controls import control_record, new_control_nonce
 from sandbox_attest.catalog.net.lookups import (
     FIX,
@@ -38,6 +39,10 @@ from sandbox_attest.verdict import Assessment
 # ---------------------------------------------------------------------------------------------
 # net_host_canonical
 
+# The equivalent spelling's attempt, and its role: neither a control nor an escape.
+EQUIVALENT: Final = "connect-equivalent-spelling"
+EQUIVALENT_ROLE: Final = "equivalent"
+
 
 class NetHostCanonical(RouteSpec):
     """Spellings of the allowed host must not widen its rule; equivalent spellings still work."""
@@ -46,7 +51,10 @@ class NetHostCanonical(RouteSpec):
     area = "net"
 
     def build(self, ctx: CellContext) -> list[ProxyRequest]:
-        """Canonical and equivalent spellings (controls); widening spellings (escapes).
+        """The canonical name (the control), an equivalent spelling, widening ones (escapes).
+
+        The control is the plain allowlisted name alone: a proxy that refuses the equivalent
+        spelling (upper case, trailing dot) fails closed, which is no failed control.
 
         The two spellings that are names of their own carry the nonce in a label
         (`{nonce}evil<allowed>`, `<allowed>.{nonce}.<denied>`) wherever only the DNS fixture
@@ -64,14 +72,14 @@ class NetHostCanonical(RouteSpec):
             connect_request(
                 "connect-canonical", f"{name}:{port}", n, name, role="control", verify=True
             ),
-            # Same canonical host: admitting it shows the denials below come from matching the
-            # canonical name, not from refusing everything unusual.
+            # Same canonical host, neither control nor escape: a proxy may admit it under the
+            # canonical name or refuse it (fail closed); either keeps the allowlist whole.
             connect_request(
-                "connect-equivalent-spelling",
+                EQUIVALENT,
                 f"{name.upper()}.:{port}",
                 n,
                 name,
-                role="control",
+                role=EQUIVALENT_ROLE,
                 verify=True,
             ),
             connect_request("connect-suffix-no-boundary", f"{tag}evil{name}:{port}", n, name),
@@ -124,22 +132,11 @@ class NetHostCanonical(RouteSpec):
         requests = self.requests(ctx)
         allowed = ctx.world.info.hosts["allowed"].name
 
-        def equivalent_admitted_as_canonical(reading: RouteReading, reasons: list[str]) -> None:
-            # The equivalent spelling must have been admitted under the canonical name.
+        def equivalent_spelling(reading: RouteReading, reasons: list[str]) -> None:
             del reading
-            spelled = [
-                p
-                for p in entries_with_nonce(witness.proxy, ctx.nonce)
-                if str(p.get("target", "")).startswith(allowed.upper() + ".:")
-            ]
-            if spelled and all(p.get("host") == allowed for p in spelled):
-                reasons.append(f"the equivalent spelling was admitted as {allowed}")
-            elif spelled:
-                reasons.append(f"the equivalent spelling was logged as {spelled[0].get('host')}")
+            reasons.append(equivalent_reason(report, witness.proxy, ctx.nonce, allowed))
 
-        assessment = assess_route(
-            ctx, report, witness, control, requests, equivalent_admitted_as_canonical
-        )
+        assessment = assess_route(ctx, report, witness, control, requests, equivalent_spelling)
         hits = lookups_outside(ctx, witness.dns)
         tried = (
             f"a refusal after a lookup is not a refusal: the proxy tried {looked_up(hits)}, "
@@ -148,6 +145,37 @@ class NetHostCanonical(RouteSpec):
             f"nor is {allowed}.<other zone>) and {FIX.removeprefix('fix: ')}"
         )
         return witness_lookups(ctx, assessment, hits, tried)
+
+
+def equivalent_reason(
+    report: dict[str, Any], proxy_log: list[dict[str, Any]], nonce: str, allowed: str
+) -> str:
+    """What became of the equivalent spelling: admitted as `allowed`, or refused (fail closed).
+
+    Never a verdict of its own: the spelling names the allowed host, so admitting it reaches
+    nothing the allowlist denies (the denied origin's log would say so), and refusing it is
+    the strict choice. A success is held to the proxy's log of the canonical name.
+    """
+    tried = attempts_by_role(report, EQUIVALENT_ROLE)
+    outcome = tried[0].get("outcome") if tried else None
+    if outcome == "refused":
+        return (
+            f"the proxy refused the equivalent spelling {allowed.upper()}. "
+            f"({tried[0].get('status')}): it fails closed on a spelling it does not "
+            "canonicalise, which widens nothing"
+        )
+    if outcome != "succeeded":
+        return f"the equivalent spelling: {attempts_summary(tried) if tried else 'not tried'}"
+    spelled = [
+        p
+        for p in entries_with_nonce(proxy_log, nonce)
+        if str(p.get("target", "")).startswith(allowed.upper() + ".:")
+    ]
+    if spelled and all(p.get("host") == allowed for p in spelled):
+        return f"the equivalent spelling was admitted as {allowed}"
+    if spelled:
+        return f"the equivalent spelling was logged as {spelled[0].get('host')}"
+    return "the equivalent spelling was admitted; the proxy's log does not name it"
 
 
 # ---------------------------------------------------------------------------------------------
