@@ -2,8 +2,11 @@
 
 The host counts what two loops left in the workspace (forked children's files, the fsize
 file's size) and reads each payload process's rlimits and cgroup caps at the rendezvous; how
-far the other loops got is the payload's word. Every loop stops at `BOUNDS` even where nothing
-caps it.
+far the other loops got is the payload's word. The effect decides: a limit the host counted
+holding is held even where it reads no rlimit or cap for it (a sandbox with its own kernel or
+a supervisor applies it by other means), and the mechanism reading backs it where it exists;
+a declared limit that neither the host's count nor its reading backs, read unset, is FAIL.
+Every loop stops at `BOUNDS` even where nothing caps it.
 """
 
 from __future__ import annotations
@@ -231,39 +234,100 @@ class ResourceLimitsSpec(SpecBase):
     def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
         """The host readings behind this cell: its counts, and the payload's limits it read.
 
-        See `host_limits`: only where the host read every payload process's limits and saw
-        each declared limit applied.
+        See `host_limits`: only where every declared limit is backed by the host's count of
+        its effect (`counted_held`) or seen applied on every payload process it read.
         """
-        del report
-        return self.host_limits(ctx)[0]
+        return self.host_limits(ctx, self.counted_held(ctx, report))[0]
 
-    def host_limits(self, ctx: CellContext) -> tuple[list[str], list[str], list[str]]:
+    def host_limits(
+        self, ctx: CellContext, counted: dict[str, int] | None = None
+    ) -> tuple[list[str], list[str], list[str]]:
         """The host's reading of the declared limits: (corroborated_by, unset, unknown).
 
-        The host counts the forked children's files and the fsize file's size itself, and
-        reads each payload process's rlimits and cgroup caps at the rendezvous. Both back
-        the cell only when every declared limit is seen applied there; `unset` names each
-        declared limit the host saw unset (with the pid and what it saw instead), `unknown`
-        each it could not tell (a cgroup it cannot read).
+        Two host readings back a declared limit: its effect, where the host counts it
+        (`counted`, see `counted_held`: the forked children's files, the fsize file's size),
+        and its mechanism, each payload process's rlimits and cgroup caps read at the
+        rendezvous. The cell is corroborated only when every declared limit is backed by
+        one of them; the mechanism reading is named for each limit where it shows it.
+        `unset` names each declared limit the host neither counted holding nor saw applied
+        (with the pid and what it saw instead), `unknown` each it could not tell (a cgroup
+        it cannot read). A limit the host counted holding is never `unset`: the sandbox
+        applied it by means the host does not read (its own kernel, a supervisor).
         """
         declared = declared_limits(ctx.claims).claims()
+        counted = counted or {}
         read = [p for p in host_processes(ctx) if p.get("limits")]
-        if not declared or not read:
+        by_count = HOST_COUNTS + "".join(
+            f"{': ' if i == 0 else ', '}{k}={n} against the declared {declared[k]}"
+            for i, (k, n) in enumerate(sorted(counted.items()))
+        )
+        if not declared:
             return [], [], []
+        if not read:
+            return ([by_count] if set(declared) <= set(counted) else []), [], []
         unset: list[str] = []
         unknown: list[str] = []
         for process in read:
             not_set, not_known = unapplied_limits(declared, process)
             unset += [f"{limit} on pid {process.get('pid')}" for limit in not_set]
             unknown += [f"{limit} on pid {process.get('pid')}" for limit in not_known]
+        missing = {limit.partition("=")[0] for limit in unset + unknown}
+        unset = [limit for limit in unset if limit.partition("=")[0] not in counted]
+        unknown = [limit for limit in unknown if limit.partition("=")[0] not in counted]
         if unset or unknown:
             return [], unset, unknown
+        applied = {k: v for k, v in declared.items() if k not in missing}
         pids = ", ".join(str(p.get("pid")) for p in read)
         limits = (
             f"the payload's rlimits and cgroup caps, read by the host (/proc/{pids}/limits): "
-            f"{_pairs(declared)} applied"
+            f"{_pairs(applied)} applied"
         )
-        return [HOST_COUNTS, limits], [], []
+        return [by_count, *([limits] if applied else [])], [], []
+
+    def counted_held(self, ctx: CellContext, report: dict[str, Any]) -> dict[str, int]:
+        """The declared limits the host's own count shows holding: limit -> the host's count.
+
+        Only a limit whose effect the host counts (forks, fsize_mib), testable below its
+        bound, where the host's count is within the declared value and equals the payload's,
+        and the loop stopped on the limit's own errno near it (`_unexplained_stop`). Then the
+        kernel refused the next step at the limit, whatever applied it. How far the other
+        loops got is the payload's word and never qualifies.
+        """
+        declared = declared_limits(ctx.claims).claims()
+        seen = self._witnessed(ctx)
+        loops = {
+            _LOOP_KEYS.get(str(a.get("what")), str(a.get("what"))): a
+            for a in attempts_by_role(report, "escape")
+        }
+        return {
+            key: seen[key]
+            for key, value in declared.items()
+            if key in seen
+            and value < BOUNDS[key]
+            and seen[key] <= value
+            and int((loops.get(key) or {}).get("reached") or 0) == seen[key]
+            and not _unexplained_stop(key, value, seen[key], loops.get(key) or {})
+        }
+
+    def _uncapped_but_counted(
+        self, ctx: CellContext, declared: dict[str, int], counted: dict[str, int]
+    ) -> list[str]:
+        """A reason for each limit the host counted holding but read no rlimit or cap for."""
+        read = [p for p in host_processes(ctx) if p.get("limits")]
+        reasons = []
+        for key, count in sorted(counted.items()):
+            uncapped = [
+                f"{limit} on pid {process.get('pid')}"
+                for process in read
+                for limit in unapplied_limits({key: declared[key]}, process)[0]
+            ]
+            if uncapped:
+                reasons.append(
+                    f"the host reads no rlimit or cgroup cap for {'; '.join(uncapped)}, but "
+                    f"the limit held by the host's count ({key}={count} against the declared "
+                    f"{declared[key]}): the sandbox applies it by other means"
+                )
+        return reasons
 
     @staticmethod
     def fork_dir(ctx: CellContext) -> str:
@@ -343,7 +407,9 @@ class ResourceLimitsSpec(SpecBase):
             escape = "escaped" if at_bound and not disagree else "disagree"
             if not at_bound:
                 reasons.append("an unconfined loop stopped before its bound")
-        corroborated, unapplied, unknown = self.host_limits(ctx)
+        counted = self.counted_held(ctx, report)
+        corroborated, unapplied, unknown = self.host_limits(ctx, counted)
+        reasons += self._uncapped_but_counted(ctx, declared, counted)
         if unknown:
             reasons.append(
                 f"the host cannot tell whether {'; '.join(unknown)} is applied: the cell "
