@@ -30,7 +30,9 @@ class Verdict(StrEnum):
 Expectation = Literal["denied", "allowed"]
 
 # What happened to the escape/capability, once payload and witness are compared:
-#   "escaped":    a host witness saw it (authoritative whatever the payload says).
+#   "escaped":    a host witness saw it (authoritative whatever the payload says), or, marked
+#                 `Assessment.reported_only`, the payload reports it and nothing on the host
+#                 could see it (a report against the sandbox is believed).
 #   "refused":    the payload was refused and no host witness saw anything.
 #   "contained":  the payload "succeeded" but only inside the sandbox (its private tmpfs, its
 #                 own empty loopback); nothing reached the host. Not an escape.
@@ -54,6 +56,10 @@ class Assessment:
         corroborated_by: the host readings that back the reading whatever the payload says
             (a listener's log, a canary's state, the host's /proc view of the payload), by
             name; empty when it rests on the payload's report alone (see `believe`).
+        reported_only: an "escaped" reading that rests on the payload's report alone: no
+            host witness saw the escape, and the report is believed only because it speaks
+            against the sandbox. The assessor that believes such a report sets it; `decide`
+            then words the FAIL as the payload's report, never as the host's observation.
     """
 
     escape: Escape
@@ -63,6 +69,7 @@ class Assessment:
     witness: dict[str, object] = field(default_factory=dict)
     control: dict[str, object] = field(default_factory=dict)
     corroborated_by: list[str] = field(default_factory=list)
+    reported_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,12 +80,21 @@ class Decision:
     reason: str
 
 
+# How a FAIL's reason begins: who saw the escape. A report is believed against the sandbox
+# (a wrapper that forges an escape only fails itself), but it is not the host's observation,
+# and a reviewer weighs the two differently.
+OBSERVED_ESCAPE = "escape observed by the host"
+REPORTED_ESCAPE = "escape reported by the payload (not seen by the host)"
+
+
 def decide(expected: Expectation, assessment: Assessment) -> Decision:  # noqa: PLR0911
     # (one return per rule keeps the rule table above readable line by line)
     """Apply the fail-closed rules to one assessed cell.
 
     Rules, in order:
-      1. A host witness that saw an escape where denial was expected is FAIL, always.
+      1. An escape where denial was expected is FAIL, always. Its reason says who saw it:
+         `OBSERVED_ESCAPE` (a host witness) or, for an `Assessment.reported_only` escape,
+         `REPORTED_ESCAPE` (the payload's own report, believed against the sandbox).
       2. Controls that failed make any non-FAIL outcome INCONCLUSIVE: a denial nobody could
          have seen succeed proves nothing.
       3. Payload and witness disagreeing, or an attempt never made, is INCONCLUSIVE.
@@ -91,7 +107,8 @@ def decide(expected: Expectation, assessment: Assessment) -> Decision:  # noqa: 
     why = "; ".join(assessment.reasons) or "no reason recorded"
     escape = assessment.escape
     if expected == "denied" and escape == "escaped":
-        return Decision(Verdict.FAIL, f"escape observed by the host: {why}")
+        said = REPORTED_ESCAPE if assessment.reported_only else OBSERVED_ESCAPE
+        return Decision(Verdict.FAIL, f"{said}: {why}")
     if not assessment.controls_ok:
         return Decision(Verdict.INCONCLUSIVE, f"positive control failed: {why}")
     if escape == "disagree":

@@ -52,6 +52,28 @@ class TestDecide:
         assert "escape observed by the host" in decision.reason
         assert "because" in decision.reason
 
+    def test_reported_only_fail_says_the_host_did_not_see_it(self) -> None:
+        """A FAIL on the payload's word alone says so, never that the host observed it."""
+        reported = assessment("escaped")
+        reported.reported_only = True
+        decision = decide("denied", reported)
+        assert decision.verdict is Verdict.FAIL
+        assert decision.reason == "escape reported by the payload (not seen by the host): because"
+        assert "observed by the host" not in decision.reason
+
+    @pytest.mark.parametrize(
+        ("expected", "escape", "controls_ok", "verdict"),
+        CASES,
+        ids=[f"{c[0]}-{c[1]}-controls_{c[2]}" for c in CASES],
+    )
+    def test_reported_only_changes_no_verdict(
+        self, expected: Expectation, escape: Escape, controls_ok: bool, verdict: Verdict
+    ) -> None:
+        """Who saw the escape changes the FAIL's words only, in every row of the table."""
+        reported = assessment(escape, controls_ok=controls_ok)
+        reported.reported_only = True
+        assert decide(expected, reported).verdict == verdict
+
     def test_only_two_paths_lead_to_pass(self) -> None:
         """PASS needs working controls and either a seen escape (allowed) or none (denied)."""
         passing = {

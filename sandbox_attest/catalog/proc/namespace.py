@@ -269,7 +269,8 @@ class ProcNamespaceEscape(AnchoredSpec):
             f"payload: {attempts_summary(escapes)}",
         ]
         escape = judge_escape(observed, seen, None, reasons)
-        if escape == "disagree" and self.expectation(ctx.claims) == "denied":
+        believed = escape == "disagree" and self.expectation(ctx.claims) == "denied"
+        if believed:
             # setns into the verified anchor's namespace, or a remount of the read-only task
             # dir, reported with no file to show for it: a report against the sandbox is
             # believed (package docstring). Not on the open leg, which must show its witness.
@@ -278,7 +279,7 @@ class ProcNamespaceEscape(AnchoredSpec):
         powers = [str(a.get("what")) for a in inner if a.get("outcome") == "succeeded"]
         if powers:
             reasons.append(f"exposure, not an escape (private to the payload): {', '.join(powers)}")
-        return conclude_with_controls(
+        assessment = conclude_with_controls(
             escape,
             observed,
             reasons,
@@ -291,3 +292,6 @@ class ProcNamespaceEscape(AnchoredSpec):
                 "inner": inner,
             },
         )
+        # No file and no connection showed it: the FAIL is the payload's word, and says so.
+        assessment.reported_only = believed
+        return assessment

@@ -108,17 +108,19 @@ class ProcPrivileges(BaselineSpec):
             ),
         ]
         escape = judge_self_reported(observed, reasons)
+        # Which host readings saw an escape themselves; none: it is the report's alone.
+        host_seen = False
         # Every judged process of the cell (sandbox_attest/run/hostview.py), not only the one
         # carrying the launcher's name: the worst one decides.
         held = with_capabilities(host_processes(ctx))
         if held:
-            escape = "escaped"
+            escape, host_seen = "escaped", True
             reasons.insert(0, f"the host sees effective capabilities on the payload: {held}")
         unset = without_no_new_privs(host_processes(ctx))
         if unset and str(status.get("NoNewPrivs")) == "1":
             # The report speaks for one process; the kernel shows another of the cell free to
             # gain privileges through a setuid program: the report is not the cell's state.
-            escape = "escaped"
+            escape, host_seen = "escaped", True
             reasons.insert(
                 0,
                 f"the report says NoNewPrivs 1, but the host sees a process of the cell "
@@ -128,13 +130,13 @@ class ProcPrivileges(BaselineSpec):
         if claims.runs_as:
             broke, seen = _runs_as_reading(ctx, claims)
             if broke:
-                escape = "escaped"
+                escape, host_seen = "escaped", True
                 reasons.insert(0, broke)
             elif seen:
                 reasons.append(f"{claims.phrase('runs_as')}: the host sees {seen}")
         baseline = control.get("baseline") or {}
         host_status = baseline.get("facts", {}).get("status", {})
-        return conclude_with_controls(
+        assessment = conclude_with_controls(
             escape,
             observed,
             reasons,
@@ -142,6 +144,9 @@ class ProcPrivileges(BaselineSpec):
             control,
             {"payload_status": status, "host_status": host_status},
         )
+        # An escape only `judge_self_reported` found is the payload's word: its FAIL says so.
+        assessment.reported_only = escape == "escaped" and not host_seen
+        return assessment
 
 
 def _wanted_uid(ctx: CellContext, claim: str) -> int | None:
