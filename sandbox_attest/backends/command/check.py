@@ -12,18 +12,22 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from sandbox_attest.backends.base import Availability, Identity, shim_path
+from sandbox_attest.backends.base import SHIM_PORT, Availability, Identity, shim_path
 from sandbox_attest.backends.command.leftovers import LeftoverWatcher
 from sandbox_attest.backends.command.spec import (
+    HOST_ROLES,
     LIST_NAMES,
     CommandSpec,
     RenderContext,
@@ -50,12 +54,28 @@ CONFINEMENT_PROBE: Final = (
     "for n in ('net', 'mnt', 'pid', 'user', 'ipc', 'uts'):\n"
     "    try: ns[n] = os.readlink('/proc/self/ns/' + n)\n"
     "    except OSError: ns[n] = None\n"
-    "st = {}\n"
-    "for line in open('/proc/self/status'):\n"
-    "    k, _, v = line.partition(':')\n"
-    "    if k in ('Seccomp', 'NoNewPrivs', 'CapEff'): st[k] = v.strip()\n"
-    "print('confinement=' + json.dumps({'ns': ns, 'status': st, 'uid': os.getuid()}))\n"
+    "st, proc = {}, ''\n"
+    "try:\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        k, _, v = line.partition(':')\n"
+    "        if k in ('Seccomp', 'NoNewPrivs', 'CapEff'): st[k] = v.strip()\n"
+    "except OSError as e: proc = str(e)\n"
+    "null = ''\n"
+    "try: open('/dev/null', 'r+b').close()\n"
+    "except OSError as e: null = str(e)\n"
+    "print('confinement=' + json.dumps({'ns': ns, 'status': st, 'uid': os.getuid(),\n"
+    "                                   'no_proc': proc, 'no_dev_null': null}))\n"
 )
+# What the payload needs inside that a wrapper may leave out (README.md, "Host paths a wrapper
+# must expose"): the test command names the gap instead of failing on it without a word.
+NEEDS_DEV_NULL: Final = (
+    "lifecycle_orphans (its children's stdio), resource_limits (its descriptor loop) and "
+    "dev_access (its control device)"
+)
+# Values for the world's placeholders at availability time, when no world runs: well-formed,
+# so a wrapper that checks its arguments (a port is a number, a CA bundle a readable file, an
+# --add-host an address) runs the test command as it will run the cells (issue 27).
+CHECK_HOST_IP: Final = "127.0.0.1"
 CONFINEMENT_LINE: Final = "confinement="
 NAMESPACES: Final = ("net", "mnt", "pid", "user", "ipc", "uts")
 # After the test command reported, how long its wrapper may take to exit by itself.
@@ -87,14 +107,13 @@ def check_availability(wrapper: SpecWrapper) -> Availability:
                 f"{spec.source}); {fix}",
             )
     # A neutral name: the test command's workspace is the wrapper's to see (issue 23).
-    with tempfile.TemporaryDirectory(prefix="agent-check-") as tmp:
-        ctx, run_dir, cwd = _check_context(wrapper, Path(tmp))
+    with (
+        tempfile.TemporaryDirectory(prefix="agent-check-") as tmp,
+        _held_ports() as ports,
+    ):
+        ctx, run_dir, cwd = _check_context(wrapper, Path(tmp), ports)
         env = wrapper.wrapper_env(_check_payload_env(wrapper, ctx), ctx, {})
-        version = "unknown"
-        if spec.version_argv:
-            result = _detect(wrapper, spec.version_argv, env)
-            if isinstance(result, subprocess.CompletedProcess):
-                version = _first_line(result.stdout) or _first_line(result.stderr) or version
+        version, version_gap = _version(wrapper, env)
         failure = _detect_check(wrapper, env)
         if failure:
             return _unavailable(failure)
@@ -104,15 +123,16 @@ def check_availability(wrapper: SpecWrapper) -> Availability:
     if isinstance(seen, str):
         return _unavailable(seen)
     facts = _confinement_facts(seen)
-    note = ""
+    notes = [version_gap] if version_gap else []
     if facts["unconfined"]:
-        note = (
+        notes.append(
             f"{spec.name} ran its test command with no confinement at all (the harness's "
             "namespaces, no seccomp filter, no NoNewPrivs), as a wrapper that silently "
             "falls back looks (firejail inside a container, its warning hidden by "
             "--quiet); its cells are judged on that, and each probe of a claim it "
             "cannot keep FAILs"
         )
+    notes += _missing_inside(seen)
     identity = Identity(
         name=spec.name,
         version=version,
@@ -133,7 +153,38 @@ def check_availability(wrapper: SpecWrapper) -> Availability:
         spec_sha256=hashlib.sha256(spec.source.read_bytes()).hexdigest(),
         runs_as=wrapper.runs_as(),
     )
-    return Availability(ok=True, reason=note, identity=identity)
+    return Availability(ok=True, reason="; ".join(notes), identity=identity)
+
+
+def _version(wrapper: SpecWrapper, env: dict[str, str]) -> tuple[str, str]:
+    """The wrapper's version as `[detect] version` printed it, and '' or why it is unknown.
+
+    The version goes into the signed identity, so only a command that exited 0 and printed
+    something names it; otherwise the identity says `unknown: <why>` (the command, its exit
+    status, the first line it printed), never a failing command's error line as a version,
+    and never a bare `unknown` that hides why. The wrapper stays AVAILABLE: no verdict rests on
+    the version, and the identity pins what ran by digest (`executables`) regardless.
+    """
+    spec = wrapper.spec
+    if not spec.version_argv:
+        return "unknown: the spec has no [detect] version", ""
+    command = shell_join(wrapper.static_argv(spec.version_argv))
+    result = _detect(wrapper, spec.version_argv, env)
+    if isinstance(result, str):
+        said = f"could not run: {result}"
+    elif result.returncode != 0:
+        first = _first_line(result.stderr) or _first_line(result.stdout) or "no output"
+        said = f"exit {result.returncode}: {first[:200]}"
+    elif not (first := _first_line(result.stdout) or _first_line(result.stderr)):
+        said = "exit 0 with no output"
+    else:
+        return first, ""
+    why = f"`{command}` run as {wrapper.runs_as()} {said}"
+    return f"unknown: {why}", (
+        f"{spec.name}'s version is unknown in its identity: {why}; the wrapper runs as that "
+        f"user, so let it read what the version command needs, or fix [detect] version in "
+        f"{spec.source}"
+    )
 
 
 def _detect_check(wrapper: SpecWrapper, env: dict[str, str]) -> str:
@@ -176,8 +227,30 @@ def _confinement_check(
     seen = _confinement_line(stdout)
     if seen is None:
         return _no_test_command(spec, said)
+    if seen.get("no_proc"):
+        # It started, but what it saw cannot be read: not the wrapper failing to run.
+        return (
+            f"{spec.name} ran the test command, but the payload has no /proc inside "
+            f"({seen['no_proc']}): the harness reads the payload's namespaces and status "
+            "there, and probes read /proc/self; mount a proc filesystem at /proc in [run] "
+            f'argv (bwrap: --proc /proc) in {spec.source} (README.md, "Host paths a wrapper '
+            'must expose")'
+        )
     seen["harness_ns"] = mine
     return seen
+
+
+def _missing_inside(seen: dict[str, Any]) -> list[str]:
+    """What the test command found missing inside that some probes need (a note each)."""
+    if not seen.get("no_dev_null"):
+        return []
+    why = seen["no_dev_null"]
+    note = (
+        f"the payload cannot open /dev/null inside ({why}): {NEEDS_DEV_NULL} need it and "
+        "cannot decide without it; expose a minimal /dev (bwrap: --dev /dev) "
+        '(README.md, "Host paths a wrapper must expose")'
+    )
+    return [note]
 
 
 def _run_test_command(
@@ -260,17 +333,70 @@ def _check_payload_env(wrapper: SpecWrapper, ctx: RenderContext) -> dict[str, st
     return payload_env(proxy, Path(ctx.scalars["workspace"]))
 
 
-def _check_context(wrapper: SpecWrapper, root: Path) -> tuple[RenderContext, Path, Path]:
-    """A render context for the test command: real paths under `root`, sample rest.
+@contextlib.contextmanager
+def _held_ports() -> Iterator[tuple[int, int]]:
+    """A loopback TCP listener and UDP socket held for the check: (tcp port, udp port).
+
+    The ports `{proxy_port}`, `{dns_port}` and the fixture ports name at availability time:
+    real, and the harness's own while the test command runs, so a wrapper that checks or
+    dials them meets no other service of the host. Nothing is served on them.
+    """
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+    ):
+        tcp.bind((CHECK_HOST_IP, 0))
+        tcp.listen(8)
+        udp.bind((CHECK_HOST_IP, 0))
+        yield tcp.getsockname()[1], udp.getsockname()[1]
+
+
+def _check_world(ports: tuple[int, int], ca_bundle: Path) -> dict[str, str]:
+    """The world's placeholders for the test command, well-formed (no world runs yet).
+
+    Every one a cell renders has a value of its kind here: a port is a held loopback port, the
+    CA bundle a readable file, a host a name, an address an address. A sample `<proxy_port>`
+    made a wrapper that checks its arguments refuse a correct spec (issue 27).
+    """
+    tcp, udp = ports
+    user, secret = "agent", secrets.token_hex(16)
+    scalars = {
+        "proxy_url": f"http://{user}:{secret}@{CHECK_HOST_IP}:{tcp}",
+        "proxy_host": CHECK_HOST_IP,
+        "proxy_port": str(tcp),
+        "proxy_user": user,
+        "proxy_secret": secret,
+        "shim_port": str(SHIM_PORT),
+        "ca_bundle": str(ca_bundle),
+        "dns_host": CHECK_HOST_IP,
+        "dns_port": str(udp),
+    }
+    for role in HOST_ROLES:
+        scalars |= {
+            f"{role}_host": f"{role}.test",
+            f"{role}_ip": CHECK_HOST_IP,
+            f"{role}_https_port": str(tcp),
+            f"{role}_http_port": str(tcp),
+        }
+    return scalars
+
+
+def _check_context(
+    wrapper: SpecWrapper, root: Path, ports: tuple[int, int]
+) -> tuple[RenderContext, Path, Path]:
+    """A render context for the test command: real paths under `root`, real-shaped rest.
 
     Returns:
         (context, run dir, the wrapper's cwd).
     """
     spec = wrapper.spec
-    workspace, run_dir, socket = root / "workspace", root / "run", root / "proxy.sock"
+    workspace, run_dir, proxy_sock = root / "workspace", root / "run", root / "proxy.sock"
     workspace.mkdir()
     run_dir.mkdir()
-    socket.touch()  # wrappers bind it in; nothing connects during the check
+    proxy_sock.touch()  # wrappers bind it in; nothing connects during the check
+    ca_bundle = root / "ca.pem"  # no certificate: nothing dials TLS during the check
+    ca_bundle.write_text("", encoding="utf-8")
+    ca_bundle.chmod(0o644)
     # A spec may bind {shim}: a copy under the cells' neutral name (issue 23).
     shim = root / STAGED_SHIM
     shutil.copyfile(shim_path(), shim)
@@ -294,6 +420,7 @@ def _check_context(wrapper: SpecWrapper, root: Path) -> tuple[RenderContext, Pat
     scalars = (
         sample.scalars
         | hosts
+        | _check_world(ports, ca_bundle)
         | {
             "workspace": str(workspace),
             "run_dir": str(run_dir),
@@ -301,7 +428,7 @@ def _check_context(wrapper: SpecWrapper, root: Path) -> tuple[RenderContext, Pat
             "python": python.path,
             "probe_argv": shell_join(payload),
             "payload_shell": shell_join(payload),
-            "proxy_socket": str(socket),
+            "proxy_socket": str(proxy_sock),
             "shim": str(shim),
             "world_dir": str(root),
             "read_only_json": json_list(read_only),
