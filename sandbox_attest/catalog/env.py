@@ -35,6 +35,7 @@ import hmac
 import json
 import os
 import secrets
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -78,6 +79,16 @@ ENV_PREFIX: Final = disguise.ENV_CANARY_PREFIX
 # LC_CTYPE=C.UTF-8 when no locale is declared, in the harness's own environment too, so an equal
 # value there is a coincidence, not a leak. They are reported, never counted as an escape.
 ENV_PLUMBING: Final = ("PWD", "OLDPWD", "SHLVL", "_", "LC_CTYPE")
+# Values a sandbox sets itself, whatever the harness has, by name: an equal value in the
+# harness's environment proves nothing was inherited, so it is reported, never counted. Only
+# these public, fixed values are excused, never a name alone: the same name carrying a value
+# no engine produces by itself (TERM=xterm-kitty, a token) still counts, and the planted
+# canaries (random, this cell's alone) are what prove wholesale inheritance. Sources:
+# - TERM=xterm: docker sets it with -t (moby container.CreateDaemonEnvironment); podman sets
+#   it always (containers.conf's default `env`).
+# - HOSTNAME (see `engine_default`): docker sets the container's hostname, which is the host's
+#   own under --network host or --uts host; uname(2) shows it to the payload anyway.
+ENGINE_DEFAULTS: Final[dict[str, tuple[str, ...]]] = {"TERM": ("xterm",)}
 _ENV_SUFFIXES: Final = ("API_KEY", "PASSWORD")
 # Where a command wrapper's backend records, per cell, the canary credentials it planted in the
 # wrapper's own environment and the names meant for the wrapper alone (`[env] wrapper`). The
@@ -97,6 +108,13 @@ def _wrapper_record(ctx: CellContext) -> tuple[dict[str, str], set[str]]:
     canaries = data.get("canaries")
     planted = {str(k): str(v) for k, v in canaries.items()} if isinstance(canaries, dict) else {}
     return planted, {str(n) for n in data.get("wrapper_only") or ()}
+
+
+def engine_default(name: str, value: str) -> bool:
+    """Whether `name=value` is what a sandbox may set by itself (`ENGINE_DEFAULTS`)."""
+    if value in ENGINE_DEFAULTS.get(name, ()):
+        return True
+    return name == "HOSTNAME" and value == socket.gethostname()
 
 
 def salted_hash(salt: str, value: str) -> str:
@@ -369,6 +387,8 @@ class _VariableHits:
     host: list[str]  # the harness's own, undeclared
     wrapper_only: set[str]  # a wrapper's own variables, ignored
     passthrough: str  # why none of them is judged ("" when they are)
+    # equal to the harness's, but a value the sandbox sets itself (`engine_default`)
+    engine: list[str] = field(default_factory=list)
 
     def reasons(self) -> list[str]:
         """What reached the payload, in words, most serious first."""
@@ -388,6 +408,11 @@ class _VariableHits:
                 "claims a scrubbed environment; undeclared host variables reached the payload: "
                 + ", ".join(self.host)
             )
+        if self.engine:
+            reasons.append(
+                "not counted: equal to the harness's, but values the sandbox sets itself "
+                f"(an engine's default), which prove no inheritance: {', '.join(self.engine)}"
+            )
         return reasons
 
 
@@ -405,7 +430,7 @@ def _variable_hits(
     planted, wrapper_only = _wrapper_record(ctx)
     seen_values = set(seen_env.values())
     planted_hits = sorted(n for n, v in planted.items() if salted_hash(salt, v) in seen_values)
-    host = sorted(
+    equal = [
         n
         for n, h in seen_env.items()
         if n not in declared
@@ -415,7 +440,9 @@ def _variable_hits(
         and n not in wrapper_only
         and n in os.environ
         and salted_hash(salt, os.environ[n]) == h
-    )
+    ]
+    engine = sorted(n for n in equal if engine_default(n, os.environ[n]))
+    host = sorted(n for n in equal if n not in engine)
     # A backend that claims `environment = "passthrough"` (srt, Codex) makes no scrub claim:
     # that part is NOT_APPLICABLE, so what reached the payload of the environment is reported,
     # never judged; the descriptors still are. Every other backend is held to a scrubbed one.
@@ -426,7 +453,7 @@ def _variable_hits(
             f"{', '.join(planted_hits) or 'none'}, host variables {len(host) + len(canary)})"
         )
         return _VariableHits([], [], [], wrapper_only, why)
-    return _VariableHits(canary, planted_hits, host, wrapper_only, "")
+    return _VariableHits(canary, planted_hits, host, wrapper_only, "", engine)
 
 
 def _host_view_hits(ctx: CellContext, canaries: list[str]) -> list[str]:
@@ -730,6 +757,7 @@ class EnvInheritance(SpecBase):
                 "planted_hits": planted_hits,
                 "wrapper_only": sorted(hits.wrapper_only),
                 "host_env_hits": host_hits,
+                "engine_defaults": hits.engine,
                 "fd_hits": fd_hits,
                 "host_fds": host_fds,
                 "held_host_objects": [f.phrase() for f in held_objects],
