@@ -276,6 +276,9 @@ class ProcNamespaceEscape(AnchoredSpec):
             # believed (package docstring). Not on the open leg, which must show its witness.
             reasons.append("believed: a report against the sandbox")
             escape = "escaped"
+        gap = _namespace_gap(report)
+        if gap:
+            reasons.insert(0, gap)
         powers = [str(a.get("what")) for a in inner if a.get("outcome") == "succeeded"]
         if powers:
             reasons.append(f"exposure, not an escape (private to the payload): {', '.join(powers)}")
@@ -295,3 +298,30 @@ class ProcNamespaceEscape(AnchoredSpec):
         # No file and no connection showed it: the FAIL is the payload's word, and says so.
         assessment.reported_only = believed
         return assessment
+
+
+def _namespace_gap(report: dict[str, Any]) -> str:
+    """The namespace files the payload could not read inside, in words; "" when it read all.
+
+    The `read-own-ns` control reads /proc/self/ns/{mnt,net,user} (facts `mntns`...; None for
+    one it could not read). A kernel of the sandbox's own (a user-space kernel, a microVM)
+    may not provide them: the control then fails and the cell is INCONCLUSIVE; this names the
+    files it lacks, never an escape.
+    """
+    facts = report.get("facts") or {}
+    if not any(
+        a.get("what") == "read-own-ns" and a.get("outcome") == "error"
+        for a in attempts_by_role(report, "control")
+    ):
+        return ""
+    missing = [
+        f"/proc/self/ns/{kind}"
+        for kind in ("mnt", "net", "user")
+        if f"{kind}ns" in facts and not facts[f"{kind}ns"]
+    ]
+    if not missing:
+        return ""
+    return (
+        f"the sandbox gives the payload no {', '.join(missing)} (a kernel of its own may not "
+        "provide them): its own namespaces cannot be read, so no change of them can be told"
+    )

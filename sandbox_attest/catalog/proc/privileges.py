@@ -107,6 +107,9 @@ class ProcPrivileges(BaselineSpec):
                 f"uid_map={facts.get('uid_map')}"
             ),
         ]
+        gap = _status_gap(report)
+        if gap:
+            reasons.insert(0, gap)
         escape = judge_self_reported(observed, reasons)
         # Which host readings saw an escape themselves; none: it is the report's alone.
         host_seen = False
@@ -147,6 +150,27 @@ class ProcPrivileges(BaselineSpec):
         # An escape only `judge_self_reported` found is the payload's word: its FAIL says so.
         assessment.reported_only = escape == "escaped" and not host_seen
         return assessment
+
+
+def _status_gap(report: dict[str, Any]) -> str:
+    """The status lines the payload found missing, in words; "" when it read them all.
+
+    probes/proc_privileges.py stops at `read-status` (an error, "missing: A,B") where its
+    /proc/self/status lacks a line it needs: a kernel of the sandbox's own (a user-space
+    kernel, a microVM) may not provide NoNewPrivs. The cell is then INCONCLUSIVE (its
+    control failed), and this names why, never an escape.
+    """
+    for status in attempts_by_role(report, "control"):
+        detail = str(status.get("detail") or "")
+        if status.get("what") == "read-status" and status.get("outcome") == "error":
+            missing = detail.removeprefix("missing: ") if detail.startswith("missing: ") else ""
+            if missing:
+                return (
+                    "the sandbox gives the payload a /proc/self/status without "
+                    f"{', '.join(missing.split(','))} (a kernel of its own may not provide "
+                    "them): nothing is judged without them"
+                )
+    return ""
 
 
 def _wanted_uid(ctx: CellContext, claim: str) -> int | None:
