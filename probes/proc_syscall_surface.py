@@ -7,6 +7,12 @@ unknown command), so even where it is allowed nothing is created, injected or lo
   bpf(<unknown command>, NULL, 0)    unfiltered: EINVAL (EPERM when unprivileged bpf is off)
   ioctl(-1, TIOCSTI, NULL)           unfiltered: EBADF (nothing is pushed to any terminal)
   socket(AF_VSOCK|AF_NETLINK|AF_PACKET)  unfiltered: a socket, closed at once, never used
+A descriptor socket() returns is asked what it is before it is closed (``identify_fd``):
+fstat says whether it is a socket at all, and the kernel's SO_DOMAIN, SO_TYPE and
+SO_PROTOCOL for it say which. A sandbox that intercepts socket() (a seccomp user-notify or
+ptrace supervisor) may hand back a socketpair end or a pipe of its own; the attempt carries
+``is_socket``, ``domain``, ``type`` and ``protocol`` (None where the kernel would not say, with
+``identity_error``), and the host counts only a socket of the family asked for as the kernel's.
 A seccomp filter answers at syscall entry, before any argument is read: EPERM or ENOSYS. So
 "succeeded" here means "the call reached the kernel's handler" (it returned, or it rejected
 the arguments); "refused" means EPERM/EACCES/ENOSYS/EAFNOSUPPORT. The host runs this same
@@ -22,6 +28,7 @@ import json
 import os
 import platform
 import socket
+import stat
 import sys
 
 PROBE = "proc_syscall_surface"
@@ -36,9 +43,16 @@ UNKNOWN_COMMAND = 0x7FFF
 REACHED = {"EBADF", "EFAULT", "EINVAL", "EOPNOTSUPP", "ENOTTY", "ENOKEY", "EIO", "E2BIG",
            "ENOTSUP"}
 REFUSED = {"EPERM", "EACCES", "ENOSYS", "EAFNOSUPPORT", "EPROTONOSUPPORT"}
-FAMILIES = (("socket-vsock", 40, socket.SOCK_STREAM, 0),
-            ("socket-netlink", 16, socket.SOCK_RAW, 0),
-            ("socket-packet", 17, socket.SOCK_RAW, 0))
+# The address family each socket attempt asks for, by the kernel's number; a copy of the
+# host's sandbox_attest/catalog/proc/syscall_surface.py FAMILY_DOMAINS.
+FAMILY_DOMAINS = {"socket-vsock": 40, "socket-netlink": 16, "socket-packet": 17}
+FAMILIES = (("socket-vsock", FAMILY_DOMAINS["socket-vsock"], socket.SOCK_STREAM, 0),
+            ("socket-netlink", FAMILY_DOMAINS["socket-netlink"], socket.SOCK_RAW, 0),
+            ("socket-packet", FAMILY_DOMAINS["socket-packet"], socket.SOCK_RAW, 0))
+# asm-generic's numbers (x86_64 and aarch64, the machines this probe has tables for); the
+# socket module names them from Python 3.6 on Linux only.
+SO_DOMAIN = getattr(socket, "SO_DOMAIN", 39)
+SO_PROTOCOL = getattr(socket, "SO_PROTOCOL", 38)
 
 
 def attempt(what, role, outcome, err=None, status=None, detail=""):
@@ -67,6 +81,37 @@ def raw(libc, nr, *args):
     result = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
     code = ctypes.get_errno()
     return result, (errno.errorcode.get(code, str(code)) if result < 0 else None)
+
+
+def identify_fd(fd):
+    """What descriptor `fd` is, by fstat and the kernel's socket options; `fd` stays open.
+
+    The options are read on a duplicate (socket.fromfd), closed here; the caller's descriptor
+    is left to the caller.
+    """
+    found = {"is_socket": None, "domain": None, "type": None, "protocol": None}
+    try:
+        found["is_socket"] = stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError as exc:
+        found["identity_error"] = "fstat: %s" % errno_name(exc)
+        return found
+    if not found["is_socket"]:
+        return found
+    try:
+        dup = socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:
+        found["identity_error"] = "fromfd: %s" % errno_name(exc)
+        return found
+    try:
+        for name, option in (("domain", SO_DOMAIN), ("type", socket.SO_TYPE),
+                             ("protocol", SO_PROTOCOL)):
+            try:
+                found[name] = dup.getsockopt(socket.SOL_SOCKET, option)
+            except OSError as exc:
+                found.setdefault("identity_error", "getsockopt(%s): %s" % (name, errno_name(exc)))
+    finally:
+        dup.close()
+    return found
 
 
 def run(task, out):
@@ -109,8 +154,15 @@ def run(task, out):
         except OSError as exc:
             out["attempts"].append(classify(what, errno_name(exc) or "EIO", repr(exc)))
         else:
-            sock.close()  # created and closed at once: nothing is sent or bound
-            out["attempts"].append(classify(what, None, "socket created and closed"))
+            try:
+                identity = identify_fd(sock.fileno())
+            finally:
+                sock.close()  # created and closed at once: nothing is sent or bound
+            entry = classify(what, None, "socket created and closed: domain %s type %s "
+                             "protocol %s" % (identity["domain"], identity["type"],
+                                              identity["protocol"]))
+            entry.update(identity)
+            out["attempts"].append(entry)
 
 
 def main(argv):

@@ -2,11 +2,14 @@
 
 Self-reported (`BaselineSpec`): whether a syscall reached its kernel handler is seen by the
 payload alone. A call is judged only where the host baseline reaches it; a refusal the host's
-own reading rules out (no seccomp filter on the payload) is an escape.
+own reading rules out (no seccomp filter on the payload) is an escape. A descriptor socket()
+returned counts as the kernel's socket only where the kernel names the family asked for
+(`descriptor_identity`): a sandbox may hand back a socketpair of its own instead.
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Final, Literal
 
 from sandbox_attest.catalog.attempts import (
@@ -31,12 +34,83 @@ from sandbox_attest.catalog.spec import (
 from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.verdict import Assessment, Expectation
 
-__all__ = ["SECCOMP_ONLY", "ProcSyscallSurface"]
+__all__ = ["FAMILY_DOMAINS", "SECCOMP_ONLY", "ProcSyscallSurface", "descriptor_identity"]
 
 # Raw syscalls only a seccomp filter refuses where the host baseline reaches them (the probe
 # calls them with arguments the kernel rejects, so no capability or namespace is involved).
 # TIOCSTI and the socket families are left out: a new session or an LSM refuses those too.
 SECCOMP_ONLY: Final = frozenset({"io_uring_setup", "keyctl", "bpf"})
+# The address family each socket attempt asks for, by the kernel's number (copied in
+# probes/proc_syscall_surface.py): a descriptor counts as the kernel's socket of that family
+# only where the kernel's SO_DOMAIN for it says so.
+FAMILY_DOMAINS: Final = {"socket-vsock": 40, "socket-netlink": 16, "socket-packet": 17}
+Identity = Literal["kernel", "not_the_kernels", "unknown"]
+
+
+def descriptor_identity(attempt: dict[str, Any]) -> Identity:
+    """Whose object a reported socket() descriptor is: the kernel's socket of that family?
+
+    "kernel" for every attempt that is not a created socket (the call's own answer is its
+    evidence) and for a socket whose SO_DOMAIN is the family asked for; "not_the_kernels"
+    where fstat says it is no socket, or the kernel names another family (a sandbox's
+    socketpair or pipe handed back for socket(), issue 27); "unknown" where the payload could
+    not ask (its `identity_error`), or an older report carries no identity.
+    """
+    want = FAMILY_DOMAINS.get(str(attempt.get("what")))
+    if want is None or attempt.get("outcome") != "succeeded":
+        return "kernel"
+    domain = attempt.get("domain")
+    known = isinstance(domain, int) and not isinstance(domain, bool)
+    if attempt.get("is_socket") is False or (known and domain != want):
+        return "not_the_kernels"
+    return "kernel" if known and attempt.get("is_socket") is True else "unknown"
+
+
+def _family_name(domain: object) -> str:
+    """`AF_UNIX` for 1; the number where the host's socket module has no name for it."""
+    try:
+        return socket.AddressFamily(int(str(domain))).name
+    except ValueError:
+        return f"AF {domain}"
+
+
+def _identity_reasons(
+    judged: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """The judged attempts left once socket() descriptors are identified; the unknown; why.
+
+    A descriptor that is not the kernel's socket of the family asked for reached no kernel
+    handler of that family: it is not an escape. Nor is it a refusal: the call returned a
+    descriptor the sandbox made, which may lead anywhere this probe never uses it for, so
+    it is taken out of the judged attempts and named; the other attempts decide the cell.
+    One whose identity is unknown leaves its surface unknown (the caller: undecided).
+    """
+    kept: list[dict[str, Any]] = []
+    unknown: list[dict[str, Any]] = []
+    reasons: list[str] = []
+    for a in judged:
+        identity = descriptor_identity(a)
+        if identity == "kernel":
+            kept.append(a)
+        elif identity == "unknown":
+            unknown.append(a)
+            reasons.append(
+                f"cannot tell whose descriptor {a.get('what')} returned "
+                f"({a.get('identity_error') or 'the report carries no SO_DOMAIN'}): that "
+                "surface is unknown"
+            )
+        else:
+            what = (
+                "no socket (fstat)"
+                if a.get("is_socket") is False
+                else f"an {_family_name(a.get('domain'))} socket (SO_DOMAIN {a.get('domain')})"
+            )
+            reasons.append(
+                f"not the kernel's: {a.get('what')} returned {what}, a descriptor the sandbox "
+                "handed back, so no kernel handler of that family was reached (not judged, "
+                "neither reached nor refused)"
+            )
+    return kept, unknown, reasons
 
 
 def _refused_without_filter(ctx: CellContext, refused: list[dict[str, Any]]) -> str:
@@ -116,6 +190,7 @@ class ProcSyscallSurface(BaselineSpec):
         skipped = sorted(
             str(a.get("what")) for a in escapes if a not in judged and a.get("outcome") != "error"
         )
+        judged, unidentified, identified = _identity_reasons(judged)
         observed: Literal["succeeded", "refused", "error"] = (
             observed_outcome(judged) if judged else "error"
         )
@@ -125,6 +200,7 @@ class ProcSyscallSurface(BaselineSpec):
             f"reached the kernel handler: {attempts_summary(reached) if reached else 'none'}",
             f"refused: {attempts_summary(refused) if refused else 'none'}",
             f"seccomp={report.get('facts', {}).get('seccomp')}",
+            *identified,
         ]
         if skipped:
             reasons.append(
@@ -148,7 +224,7 @@ class ProcSyscallSurface(BaselineSpec):
         missing = sorted(
             str(w) for w, a in host.items() if a.get("outcome") == "succeeded" and w not in tried
         )
-        if escape != "escaped" and (crashed or missing):
+        if escape != "escaped" and (crashed or missing or unidentified):
             escape = "undecided"
             if crashed:
                 reasons.append(f"the payload failed: {attempts_summary(crashed)}")
