@@ -60,6 +60,14 @@ from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
 if TYPE_CHECKING:
     from sandbox_attest.world.info import WorldInfo
 
+# How long a cell's shim waits for 127.0.0.1:SHIM_PORT while another listener holds it. A
+# wrapper that shares the harness's network namespace (a hole the probes FAIL) puts every
+# cell's shim in one namespace: the port passes from cell to cell, and each payload, started
+# only once its own shim listens, still reaches the proxy by the URL its task names. Under the
+# 10 s a probe's deadline keeps below the cell's timeout (run/runner.py
+# PROBE_DEADLINE_MARGIN_S), so a wait never turns into a killed cell.
+SHIM_PORT_WAIT_S = 6.0
+
 
 class CommandBackend(SpecWrapper):
     """A third-party sandbox CLI driven by a spec file."""
@@ -178,6 +186,8 @@ class CommandBackend(SpecWrapper):
                 scalars["proxy_socket_inside"],
                 "--port",
                 str(SHIM_PORT),
+                "--wait-port",
+                str(SHIM_PORT_WAIT_S),
                 "--",
                 *payload,
             ]

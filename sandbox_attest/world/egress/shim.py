@@ -7,7 +7,8 @@ harness, so it imports only the standard library and runs on Python 3.8+.
         Listen first (so the payload can connect the moment it starts: readiness by
         construction), run CMD with inherited stdio, serve connections until CMD exits, exit
         with its code.
-        Exit 97 without running CMD if the port cannot be bound.
+        Exit 97 without running CMD if the port cannot be bound (with --wait-port S: if it
+        is still held by another listener after S seconds).
     python3 shim.py --unix SOCK --port PORT
         Print `READY 127.0.0.1:PORT` on stdout once listening (PORT 0 picks one) and serve
         until SIGTERM.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import array
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -187,6 +189,40 @@ def _serve(listener: socket.socket, unix_path: str, log: _Log, relay: bool) -> N
         threading.Thread(target=_bridge, args=(client, unix_path, log, relay), daemon=True).start()
 
 
+def _listen(port: int, wait_s: float) -> socket.socket | str:
+    """A listener on 127.0.0.1:`port`, or why there is none.
+
+    SO_REUSEADDR: a connection an earlier shim served leaves TIME_WAIT on its port where the
+    network namespace outlives the cell (a wrapper that shares the host's), and that must not
+    stop this listener; it never lets two listeners share a port (Linux, macOS: without
+    SO_REUSEPORT a live listener still wins). A port another listener holds is waited for up to
+    `wait_s` seconds: where cells share a namespace, another cell's shim holds it until its
+    payload ends, and this payload has not started (its proxy URL names this port).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if os.name != "nt":  # on Windows the option lets a bind take a live port
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("127.0.0.1", port))
+            listener.listen(128)
+        except OSError as exc:
+            listener.close()
+            if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
+            why = "cannot listen on 127.0.0.1:%d: %s" % (port, exc)  # noqa: UP031
+            if exc.errno == errno.EADDRINUSE:
+                why += (
+                    " (another listener in this network namespace held it%s: a namespace"
+                    " shared with the host or other cells, or a service of the sandbox's own"
+                    " on that port)" % (" for %.0f s" % wait_s if wait_s > 0 else "")  # noqa: UP031
+                )
+            return why
+        return listener
+
+
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     command: list[str] = []
     if "--" in argv:
@@ -201,6 +237,12 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--relay", action="store_true", help="relay bytes instead of handing connections over"
     )
+    parser.add_argument(
+        "--wait-port",
+        type=float,
+        default=0.0,
+        help="seconds to wait for PORT while another listener holds it (default 0)",
+    )
     return parser.parse_args(argv), command
 
 
@@ -210,14 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     inherited = inherited_fds()
     args, command = _parse(sys.argv[1:] if argv is None else argv)
     log = _Log(args.log)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        listener.bind(("127.0.0.1", args.port))
-        listener.listen(128)
-    except OSError as exc:
+    listener = _listen(args.port, args.wait_port)
+    if isinstance(listener, str):
         # Always to stderr, whatever --log says: the caller needs the reason next to the 97.
-        sys.stderr.write("shim: cannot listen on 127.0.0.1:%d: %s\n" % (args.port, exc))  # noqa: UP031
-        listener.close()
+        sys.stderr.write("shim: " + listener + "\n")
         return EXIT_BIND_FAILED
     port = listener.getsockname()[1]
     threading.Thread(
