@@ -14,6 +14,7 @@ import pytest
 
 from sandbox_attest.backends.command.backend import CommandBackend
 from sandbox_attest.backends.command.spec import SCALARS
+from sandbox_attest.errors import ConfigError
 from sandbox_attest.host.trust import payload_user
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "data" / "artifacts"
@@ -63,6 +64,22 @@ class TestPlaceholdersAtAvailability:
         body = EVERY_SCALAR.replace("ARGS", args)
         avail = CommandBackend.from_path(write_spec(tmp_path, body)).availability()
         assert avail.ok, avail.reason
+
+    def test_a_check_with_a_run_time_placeholder_is_refused_at_load(self, tmp_path: Path) -> None:
+        """A `[detect] check` naming {proxy_port} is a ConfigError at load.
+
+        It runs before any world exists: the error names the placeholders a check may use,
+        and no sample value is ever rendered into its argv.
+        """
+        body = EVERY_SCALAR.replace("ARGS", "").replace(
+            'executables = ["sh"]', 'executables = ["sh"]\ncheck = ["test", "{proxy_port}"]'
+        )
+        with pytest.raises(ConfigError) as info:
+            CommandBackend.from_path(write_spec(tmp_path, body))
+        said = str(info.value)
+        assert "[detect] check[1]" in said
+        assert "{proxy_port}" in said
+        assert "only {spec_dir} and {harness_home}" in said
 
 
 VERSION_SPEC = """
