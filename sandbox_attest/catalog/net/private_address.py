@@ -3,12 +3,22 @@
 The one target that is not a harness origin is by construction never dialed: the probe plants
 link-local and private ANSWERS in the DNS fixture, and `prepare` refuses to plant an address
 the proxy's own address check would let through.
+
+A proxy that dials an answer anyway connects to the host's loopback at the allowed origin's
+ports, so every loopback address and port the requests name has a witness: the world's own
+origin where it listens there (the loopback world's 127.0.0.1), else a listener `prepare`
+plants for the cell (shared by concurrent cells, each reading its own nonce), told the nonce in
+the clear (`send-nonce`, or the forwarded GET's path). A connection that carries the nonce is
+FAIL naming where it landed, whatever the proxy told the payload.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
-from typing import Any, Protocol, runtime_checkable
+import threading
+import time
+from typing import Any, Final, Protocol, runtime_checkable
 
 from sandbox_attest.catalog.attempts import attempts_by_role
 from sandbox_attest.catalog.controls import control_record, host_check, new_control_nonce
@@ -29,6 +39,7 @@ from sandbox_attest.verdict import Assessment, Escape
 from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
 from sandbox_attest.world.dns import ResolveError, resolve
 from sandbox_attest.world.egress.rules import Rule, address_allowed
+from sandbox_attest.world.listeners import LOOPBACK, TCP_READ_WINDOW_S, DirectEgressListener
 
 
 def _own_proxy(ctx: CellContext) -> bool:
@@ -84,15 +95,160 @@ def _check_never_dialed(address: str) -> None:
         )
 
 
+FIX: Final = (
+    "fix: check the address each name resolves to (refuse loopback, unspecified, private and "
+    "link-local ones) after resolution and before dialing, and dial exactly the address checked"
+)
+
+
+def dialed(address: str) -> str:
+    """Where a dial to a planted `address` lands: Linux connects 0.0.0.0 to 127.0.0.1."""
+    return LOOPBACK if ipaddress.ip_address(address).is_unspecified else address
+
+
+Place = tuple[str, int]
+
+
+class _SharedWitnesses:
+    """Listeners at fixed loopback (address, port)s, shared by the cells that name them.
+
+    Cells of this probe on several backends may run at once and name the same places; each
+    reads only the connections that carry its own nonce.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[Place, tuple[DirectEgressListener, int]] = {}
+
+    def acquire(self, place: Place) -> DirectEgressListener | str:
+        """The listener at `place`, started if none is; or why it could not be bound."""
+        with self._lock:
+            held = self._held.get(place)
+            if held is not None:
+                self._held[place] = (held[0], held[1] + 1)
+                return held[0]
+            listener = DirectEgressListener(place[0], tcp_port=place[1])
+            try:
+                listener.start()
+            except FixtureError as exc:
+                return str(exc)
+            self._held[place] = (listener, 1)
+            return listener
+
+    def release(self, place: Place) -> None:
+        """One cell done with `place`: the last one stops its listener."""
+        with self._lock:
+            held = self._held.pop(place, None)
+            if held is None:
+                return
+            if held[1] > 1:
+                self._held[place] = (held[0], held[1] - 1)
+                return
+        held[0].stop()
+
+
+_WITNESSES: Final = _SharedWitnesses()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Records:
+    """The world's records with the planted witnesses' connections added to `direct_tcp`."""
+
+    origin: list[dict[str, Any]]
+    dns: list[dict[str, Any]]
+    proxy: list[dict[str, Any]]
+    direct_tcp: list[dict[str, Any]]
+    direct_udp: list[dict[str, Any]]
+    daemon: list[dict[str, Any]]
+
+
 class NetPrivateAddress(RouteSpec):
     """An allowed name resolving to a non-global address is refused after resolution."""
 
     id = "net_private_address"
     area = "net"
 
+    def __init__(self) -> None:
+        """Per cell: the loopback places its requests name, and what witnesses each."""
+        super().__init__()
+        self._lock = threading.Lock()
+        self._places: dict[str, dict[Place, DirectEgressListener | str]] = {}
+
     def _knob(self, ctx: CellContext) -> _AnswerKnob | None:
         dns = getattr(ctx.world, "dns", None)
         return dns if isinstance(dns, _AnswerKnob) else None
+
+    @staticmethod
+    def origin_listens(ctx: CellContext, place: Place) -> bool:
+        """Whether the world's allowed origin listens at `place` (the loopback world)."""
+        allowed = ctx.world.info.hosts["allowed"]
+        return place[0] == allowed.address and place[1] in (allowed.https_port, allowed.http_port)
+
+    @staticmethod
+    def places(ctx: CellContext) -> dict[str, Place]:
+        """Where each escape request lands if a proxy dials its planted answer."""
+        allowed = ctx.world.info.hosts["allowed"]
+        found = {f"connect-{k}": (dialed(a), allowed.https_port) for k, a in PRIVATE_ANSWERS}
+        found["get-loopback"] = (dialed("127.0.0.1"), allowed.http_port)
+        return found
+
+    def prepare(self, ctx: CellContext) -> dict[str, Any]:
+        """Build the requests (planting the answers), then a witness at every place named."""
+        task = super().prepare(ctx)
+        planted: dict[Place, DirectEgressListener | str] = {}
+        for place in set(self.places(ctx).values()) if task["requests"] else ():
+            if not self.origin_listens(ctx, place):
+                planted[place] = _WITNESSES.acquire(place)
+        with self._lock:
+            self._places[ctx.nonce] = planted
+        return task
+
+    def cleanup(self, ctx: CellContext) -> None:
+        """Let go of the cell's witnesses, then forget the cell."""
+        with self._lock:
+            planted = self._places.pop(ctx.nonce, {})
+        for place, held in planted.items():
+            if not isinstance(held, str):
+                _WITNESSES.release(place)
+        super().cleanup(ctx)
+
+    def loopback_hits(
+        self, ctx: CellContext, report: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """The planted witnesses' connections that carry the nonce, and what each place had.
+
+        A witness accepts and reads on its own thread, so a dial the proxy made just before
+        the payload reported may not be logged yet: unless every escape was refused with a
+        proxy status (nothing dialed), the witnesses get up to their read window to hear it.
+        """
+        with self._lock:
+            planted = dict(self._places.get(ctx.nonce, {}))
+        listeners = [h for h in planted.values() if not isinstance(h, str)]
+        places = self.places(ctx)
+        # The witnessed places of the escapes that were not refused with a proxy status.
+        due = set()
+        for tried in attempts_by_role(report, "escape"):
+            place = places.get(str(tried.get("what")))
+            if tried.get("status") in REFUSAL_STATUSES or place is None:
+                continue
+            if not isinstance(planted.get(place, ""), str):
+                due.add(f"{place[0]}:{place[1]}")
+        deadline = time.monotonic() + (TCP_READ_WINDOW_S if due else 0.0)
+        while True:
+            hits = [r for h in listeners for r in h.records_with(ctx.nonce)["tcp"]]
+            if due <= {str(h.get("local")) for h in hits} or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        where = {}
+        for place in sorted(set(places.values())):
+            held = planted.get(place)
+            if self.origin_listens(ctx, place):
+                where[f"{place[0]}:{place[1]}"] = "the allowed origin listens there"
+            elif held is None or isinstance(held, str):
+                where[f"{place[0]}:{place[1]}"] = f"not witnessed: {held or 'nothing planted'}"
+            else:
+                where[f"{place[0]}:{place[1]}"] = "a witness planted for the cell"
+        return hits, where
 
     def build(self, ctx: CellContext) -> list[ProxyRequest]:
         """Plant one name per address kind; CONNECT each, and GET the loopback one."""
@@ -115,9 +271,13 @@ class NetPrivateAddress(RouteSpec):
             _check_never_dialed(address)
             name = f"{n}-{kind}.{PRIVATE_NAME_SUFFIX}"
             knob.set_answers(name, [address])
-            requests.append(
-                connect_request(f"connect-{kind}", f"{name}:{allowed.https_port}", n, allowed.name)
+            request = connect_request(
+                f"connect-{kind}", f"{name}:{allowed.https_port}", n, allowed.name
             )
+            # Where no origin answers TLS, a tunnel to the witness carries the nonce in clear.
+            if not self.origin_listens(ctx, (dialed(address), allowed.https_port)):
+                request = dataclasses.replace(request, after="send-nonce")
+            requests.append(request)
         loopback = f"{n}-loopback.{PRIVATE_NAME_SUFFIX}:{allowed.http_port}"
         requests.append(absolute_request("get-loopback", loopback, n, loopback))
         return requests
@@ -192,7 +352,29 @@ class NetPrivateAddress(RouteSpec):
             )
             return None
 
-        return assess_route(ctx, report, witness, control, requests, after_resolution)
+        hits, where = self.loopback_hits(ctx, report)
+        records = _Records(
+            origin=witness.origin,
+            dns=witness.dns,
+            proxy=witness.proxy,
+            direct_tcp=[*witness.direct_tcp, *hits],
+            direct_udp=witness.direct_udp,
+            daemon=witness.daemon,
+        )
+        assessment = assess_route(ctx, report, records, control, requests, after_resolution)
+        if hits:
+            landed = sorted({str(h.get("local")) for h in hits})
+            assessment.reasons.insert(
+                0,
+                "the proxy dialed the host's loopback: the witness at "
+                f"{', '.join(landed)} heard this cell's nonce; {FIX}",
+            )
+        elif assessment.escape != "refused":
+            assessment.reasons.append(
+                "the loopback places named: " + "; ".join(f"{k} ({v})" for k, v in where.items())
+            )
+        assessment.witness["loopback"] = {"places": where, "heard": hits}
+        return assessment
 
 
 def _own_proxy_resolved(
