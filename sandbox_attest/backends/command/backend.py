@@ -20,9 +20,11 @@ line, and a wrapper that refuses to start is an ERROR with its stderr.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -67,6 +69,10 @@ if TYPE_CHECKING:
 # 10 s a probe's deadline keeps below the cell's timeout (run/runner.py
 # PROBE_DEADLINE_MARGIN_S), so a wait never turns into a killed cell.
 SHIM_PORT_WAIT_S = 6.0
+# One cell at a time holds 127.0.0.1:SHIM_PORT in the harness's own network namespace: taken by
+# the cells of every harness-unix wrapper whose test command ran there, so that a long probe's
+# shim never makes the next cell's wait run out (the wait stays for namespaces shared unseen).
+_HARNESS_NET_SHIM_PORT = threading.Lock()
 
 
 class CommandBackend(SpecWrapper):
@@ -75,6 +81,9 @@ class CommandBackend(SpecWrapper):
     # `{shim}` is the cell's staged copy (ProbeRequest.shim), wherever a spec shows it inside:
     # the runner watches that copy as the route's shim (sandbox_attest/run/runner.py inside_route).
     runs_staged_shim = True
+
+    # Whether the availability check's test command ran in the harness's network namespace.
+    shares_harness_network = False
 
     @classmethod
     def from_path(cls, path: Path) -> CommandBackend:
@@ -120,7 +129,21 @@ class CommandBackend(SpecWrapper):
         saw; what it saw (a private network namespace or the harness's, seccomp, no new
         privileges) goes into the identity as facts, for the probes to judge.
         """
-        return check_availability(self)
+        avail = check_availability(self)
+        facts = avail.identity.profile.get("test_command", {}) if avail.identity else {}
+        self.shares_harness_network = facts.get("network_namespace") == "the harness's own"
+        return avail
+
+    def cell_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """What a cell holds while it runs: the harness namespace's shim port, if it needs it.
+
+        A harness-unix wrapper whose test command ran in the harness's network namespace (a
+        hole its net probes FAIL) puts each cell's shim on the same 127.0.0.1:SHIM_PORT, so its
+        cells take turns; every other wrapper's cells run side by side.
+        """
+        if self.egress_mode == "shim" and self.shares_harness_network:
+            return _HARNESS_NET_SHIM_PORT
+        return contextlib.nullcontext()
 
     # -- rendering ---------------------------------------------------------------------
 
@@ -225,6 +248,10 @@ class CommandBackend(SpecWrapper):
 
     def run(self, request: ProbeRequest) -> ProbeRun:
         """Run the payload under the wrapper; kill its group at the deadline, then sweep."""
+        with self.cell_lock():
+            return self._run(request)
+
+    def _run(self, request: ProbeRequest) -> ProbeRun:
         argv, env, cwd, tag = self.prepare(request)
         # The cell's group: the rendezvous's where the runner opened one (the host reads the
         # same members), else one of its own for this run.
