@@ -34,6 +34,7 @@ from tests.here import cell_here, not_judgeable_here
 pytestmark = pytest.mark.slow
 
 SPECS = Path(__file__).parent.parent / "data" / "specs"
+IDENTITY = Path(__file__).parent.parent / "data" / "identity"
 # The host network: net_proxy_ignored (issue 28) too, because a program that ignores the proxy
 # variables then reaches the allowed origin by address, which its access log records (seen
 # live on bwrap share-net and docker host-network; the strong legs refuse the connect).
@@ -69,6 +70,11 @@ def docker(*weaken: str) -> Callable[[], Backend]:
 def spec(name: str) -> Callable[[], Backend]:
     """A command-wrapper backend from a test spec file."""
     return lambda: CommandBackend.from_path(SPECS / f"{name}.toml")
+
+
+def identity(name: str) -> Callable[[], Backend]:
+    """A command-wrapper hole of issue 26 (tests/data/identity/): a host object elsewhere."""
+    return lambda: CommandBackend.from_path(IDENTITY / f"{name}.toml")
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,61 @@ CORPUS = [
         "bwrap-generic",
         frozenset({"ipc_unix_socket_escape"}),
         "a wrapper that binds a docker-style daemon's socket in",
+    ),
+    # Issue 26: the host's objects where the probes did not look, found by identity.
+    Broken(
+        "wrapper-inherited-fds",
+        identity("fds_inherited"),
+        "bwrap-generic",
+        # The descriptors on the host's / and the home are the machinery class's leaked
+        # directory descriptors too: the payload reads a canary through them.
+        frozenset({"env_inheritance", "fs_leaked_dirfd"}),
+        "a wrapper started holding the host's / and the user's home as fds 7 and 8",
+    ),
+    Broken(
+        "wrapper-home-elsewhere",
+        identity("mnt_home"),
+        "bwrap-generic",
+        frozenset({"fs_write_outside", "fs_read_secrets"}),
+        "the payload user's home mounted writable at /home/agent",
+    ),
+    Broken(
+        "wrapper-host-tmp-elsewhere",
+        identity("mnt_host_tmp"),
+        "bwrap-generic",
+        frozenset({"fs_write_outside"}),
+        "the host's /var/tmp and /dev/shm mounted writable under /host",
+    ),
+    Broken(
+        "wrapper-daemon-socket-elsewhere",
+        identity("sock_daemon_elsewhere"),
+        "bwrap-generic",
+        frozenset({"ipc_unix_socket_escape"}),
+        "a host daemon's socket bound at /run/host-docker.sock",
+    ),
+    Broken(
+        "wrapper-run-elsewhere",
+        identity("sock_run_elsewhere"),
+        "bwrap-generic",
+        frozenset({"ipc_unix_socket_escape"}),
+        "the host's /run bound read-only at /host/run, its sockets with it",
+    ),
+    Broken(
+        "wrapper-login-session",
+        identity("sock_session"),
+        "bwrap-generic",
+        # The runtime dir is the payload user's own and writable: a write outside the workspace.
+        frozenset({"ipc_unix_socket_escape", "fs_write_outside"}),
+        "the payload user's login session (/run/user/<uid>) bound in with XDG_RUNTIME_DIR",
+    ),
+    Broken(
+        "wrapper-dev-elsewhere",
+        identity("dev_elsewhere"),
+        "bwrap-generic",
+        # The host's /dev/shm comes with its /dev; dev_access only where a device opens here.
+        frozenset({"fs_write_outside"})
+        | (frozenset({"dev_access"}) if not_judgeable_here("dev_access") is None else frozenset()),
+        "the host's /dev bound at /host/dev beside a minimal /dev",
     ),
 ]
 STRONG: dict[str, Callable[[], Backend]] = {
