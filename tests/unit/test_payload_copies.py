@@ -28,6 +28,7 @@ COPIES: dict[str, tuple[str, str]] = {
     "PROXY_FROM_ENV": ("sandbox_attest.backends.base", "PROXY_FROM_ENV"),
     "MAILBOX_LEN": ("sandbox_attest.catalog.crossproc", "MAILBOX_LEN"),
     "NEVER_OPEN": ("sandbox_attest.catalog.dev", "NEVER_OPEN"),
+    "FAMILY_DOMAINS": ("sandbox_attest.catalog.proc.syscall_surface", "FAMILY_DOMAINS"),
     "AT_FDCWD": ("sandbox_attest.catalog.handles", "AT_FDCWD"),
     "MAX_HANDLE_SZ": ("sandbox_attest.catalog.handles", "MAX_HANDLE_SZ"),
     "TIOCSTI": ("sandbox_attest.backends.seccomp", "TIOCSTI"),
