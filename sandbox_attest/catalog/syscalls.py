@@ -206,7 +206,7 @@ class _SurfaceSpec(SpecBase):
             escape = "undecided"
             reasons.extend(unknown)
         inside = attempts_by_role(report, "control")
-        return conclude(
+        assessment = conclude(
             escape,
             observed,
             reasons,
@@ -221,6 +221,9 @@ class _SurfaceSpec(SpecBase):
             },
             controls={"inside": inside, "host": control},
         )
+        # A call reached only by the report's word (the host saw a filter) is said as such.
+        assessment.reported_only = escape == "escaped" and not unfiltered
+        return assessment
 
 
 class ProcSyscallSurfaceExtended(_SurfaceSpec):

@@ -236,13 +236,16 @@ class ProcKernelTunables(SpecBase):
                 f"{claims_of(ctx.claims).phrase('writes')}; the payload {'; '.join(what)}; "
                 f"fix: {'; '.join(fixes) or _FIX_FILES}",
             )
-        return conclude(
+        assessment = conclude(
             escape,
             observed,
             reasons,
             host_control=control,
             witness={"group": str(made), "group_made": seen, "opened": opened, "host_root": root},
         )
+        # Control files opened are the payload's word; a group the host found is its own.
+        assessment.reported_only = escape == "escaped" and not seen
+        return assessment
 
     def cleanup(self, ctx: CellContext) -> None:
         """Remove the cell's delegated group and whatever the payload made in it."""

@@ -305,7 +305,11 @@ class TestProcClaims:
     }
 
     def test_reached_syscall_names_the_filtered_claim(self, make_ctx: Any) -> None:
-        """A call the baseline reaches, reached inside under a filtered claim: FAIL naming it."""
+        """A call the baseline reaches, reached inside under a filtered claim: FAIL naming it.
+
+        The host read no filter state here, so the escape is the payload's word, believed
+        against the sandbox, and the reason says so (issue 27).
+        """
         spec = PROBES["proc_syscall_surface"]
         ctx = make_ctx(spec, SCRUBBED)
         rep = report(att("getpid", "control", "succeeded"), att("keyctl", "escape", "succeeded"))
@@ -313,8 +317,8 @@ class TestProcClaims:
         decision = decide(spec.expectation(ctx.claims), spec.assess(ctx, rep, Records(), control))
         assert decision.verdict is Verdict.FAIL
         assert decision.reason.startswith(
-            "escape observed by the host: claims a filtered syscall surface (implied by "
-            'ipc = "isolated"); the payload reached keyctl'
+            "escape reported by the payload (not seen by the host): claims a filtered syscall "
+            'surface (implied by ipc = "isolated"); the payload reached keyctl'
         )
 
     def _privileges(self, make_ctx: Any, uids: str) -> Decision:

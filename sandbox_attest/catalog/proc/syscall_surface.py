@@ -230,7 +230,7 @@ class ProcSyscallSurface(BaselineSpec):
                 reasons.append(f"the payload failed: {attempts_summary(crashed)}")
             if missing:
                 reasons.append(f"never tried, though the host reaches them: {', '.join(missing)}")
-        return conclude_with_controls(
+        assessment = conclude_with_controls(
             escape,
             observed,
             reasons,
@@ -238,3 +238,7 @@ class ProcSyscallSurface(BaselineSpec):
             control,
             {"reached": reached, "host_baseline": list(host.values())},
         )
+        # A handler reached only by the report's word (the host saw a filter in place) is
+        # the payload's claim against the sandbox: believed, and said so (issue 27).
+        assessment.reported_only = escape == "escaped" and not unfiltered
+        return assessment
