@@ -221,8 +221,10 @@ class _SurfaceSpec(SpecBase):
             },
             controls={"inside": inside, "host": control},
         )
-        # A call reached only by the report's word (the host saw a filter) is said as such.
-        assessment.reported_only = escape == "escaped" and not unfiltered
+        # A call reached only by the report's word is said as such; a judged process the
+        # host sees with no seccomp filter at all backs it (nothing could have refused it).
+        bare = [p for p in host_processes(ctx) if seccomp_filters(p.get("status") or {}) < 1]
+        assessment.reported_only = escape == "escaped" and not unfiltered and not bare
         return assessment
 
 

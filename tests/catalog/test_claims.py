@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
+
 from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.env import EnvInheritance, salted_hash
@@ -320,6 +322,27 @@ class TestProcClaims:
             "escape reported by the payload (not seen by the host): claims a filtered syscall "
             'surface (implied by ipc = "isolated"); the payload reached keyctl'
         )
+
+    @pytest.mark.parametrize(
+        ("status", "said"),
+        [
+            ({"Seccomp": "0"}, "escape observed by the host: "),
+            ({"Seccomp": "2", "Seccomp_filters": "1"}, "escape reported by the payload"),
+        ],
+        ids=["no-filter-seen", "filter-seen"],
+    )
+    def test_a_reach_is_host_seen_only_where_no_filter_could_refuse(
+        self, make_ctx: Any, status: dict[str, str], said: str
+    ) -> None:
+        """Keyctl reached: the host backs it where it sees no seccomp filter on the payload."""
+        spec = PROBES["proc_syscall_surface"]
+        ctx = make_ctx(spec, SCRUBBED)
+        ctx.host_view.update(SHARED_VIEW | {"status": status})
+        rep = report(att("getpid", "control", "succeeded"), att("keyctl", "escape", "succeeded"))
+        control = OK_CONTROL | {"baseline": self.BASELINE}
+        decision = decide(spec.expectation(ctx.claims), spec.assess(ctx, rep, Records(), control))
+        assert decision.verdict is Verdict.FAIL
+        assert decision.reason.startswith(said), decision.reason
 
     def _privileges(self, make_ctx: Any, uids: str) -> Decision:
         spec = PROBES["proc_privileges"]

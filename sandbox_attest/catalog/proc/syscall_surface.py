@@ -238,7 +238,9 @@ class ProcSyscallSurface(BaselineSpec):
             control,
             {"reached": reached, "host_baseline": list(host.values())},
         )
-        # A handler reached only by the report's word (the host saw a filter in place) is
-        # the payload's claim against the sandbox: believed, and said so (issue 27).
-        assessment.reported_only = escape == "escaped" and not unfiltered
+        # A handler reached only by the report's word is the payload's claim against the
+        # sandbox: believed, and said so (issue 27). Where the host sees a judged process
+        # with no seccomp filter at all, nothing could have refused it: the host backs it.
+        bare = [p for p in host_processes(ctx) if seccomp_filter_count(p.get("status") or {}) < 1]
+        assessment.reported_only = escape == "escaped" and not unfiltered and not bare
         return assessment
