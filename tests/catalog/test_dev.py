@@ -99,14 +99,12 @@ def harmless_view() -> dict[str, Any]:
     return {"seen": True, "pid": os.getpid(), "nodes": {n: nodes[n] for n in keep if n in nodes}}
 
 
-def assess(
-    tmp_path: Path, attempts: list[dict[str, Any]], view: dict[str, Any] | None = None
-) -> tuple[str, Any]:
-    """The decision for one hand-made report under a confining claim, with a real control.
+def cell_ctx(tmp_path: Path, *, separated: bool = True) -> CellContext:
+    """A dev_access cell under a confining claim in `tmp_path` (dev_access reads no world).
 
-    `view` stands for the host's listing of the payload's /dev (none read: not seen).
+    Run as the payload user, or (`separated=False`) with no trust separation at all.
     """
-    ctx = CellContext(
+    return CellContext(
         probe=SPEC.id,
         backend="unit",
         nonce="n" + secrets.token_hex(8),
@@ -114,8 +112,18 @@ def assess(
         workspace=tmp_path,
         cell_dir=tmp_path,
         claims=CONFINED,
-        user=payload_user(),
+        user=payload_user() if separated else None,
     )
+
+
+def assess(
+    tmp_path: Path, attempts: list[dict[str, Any]], view: dict[str, Any] | None = None
+) -> tuple[str, Any]:
+    """The decision for one hand-made report under a confining claim, with a real control.
+
+    `view` stands for the host's listing of the payload's /dev (none read: not seen).
+    """
+    ctx = cell_ctx(tmp_path)
     control = SPEC.host_control(ctx)
     if view is not None:
         control["payload_view"] = view
@@ -216,16 +224,7 @@ class TestHostView:
 
     def test_the_rendezvous_reading_is_the_controls_payload_view(self, tmp_path: Path) -> None:
         """The host control carries the /dev listing the rendezvous stored under dev_access."""
-        ctx = CellContext(
-            probe=SPEC.id,
-            backend="unit",
-            nonce="n" + secrets.token_hex(8),
-            world=None,  # type: ignore[arg-type]  # dev_access never reads the world
-            workspace=tmp_path,
-            cell_dir=tmp_path,
-            claims=CONFINED,
-            user=payload_user(),
-        )
+        ctx = cell_ctx(tmp_path)
         ctx.host_view.update({"seen": True, SPEC.id: SPEC.at_rendezvous(ctx, os.getpid())})
         view = SPEC.host_control(ctx)["payload_view"]
         assert view["seen"], view
@@ -233,16 +232,7 @@ class TestHostView:
 
     def test_no_rendezvous_reading_says_why(self, tmp_path: Path) -> None:
         """Without a rendezvous reading the control's view is not seen, with the host's why."""
-        ctx = CellContext(
-            probe=SPEC.id,
-            backend="unit",
-            nonce="n" + secrets.token_hex(8),
-            world=None,  # type: ignore[arg-type]  # dev_access never reads the world
-            workspace=tmp_path,
-            cell_dir=tmp_path,
-            claims=CONFINED,
-            user=payload_user(),
-        )
+        ctx = cell_ctx(tmp_path)
         ctx.host_view.update({"seen": False, "why": "the payload never reached the rendezvous"})
         view = SPEC.host_control(ctx)["payload_view"]
         assert view == {"seen": False, "why": "the payload never reached the rendezvous"}
@@ -290,16 +280,7 @@ class TestDevicesOutsideDev:
 
     def ctx(self, tmp_path: Path) -> CellContext:
         """A confined cell whose staged task is the one `prepare` would write."""
-        context = CellContext(
-            probe=SPEC.id,
-            backend="unit",
-            nonce="n" + secrets.token_hex(8),
-            world=None,  # type: ignore[arg-type]  # dev_access never reads the world
-            workspace=tmp_path,
-            cell_dir=tmp_path,
-            claims=CONFINED,
-            user=payload_user(),
-        )
+        context = cell_ctx(tmp_path)
         (tmp_path / INPUT_DIR).mkdir()
         task = {"targets": {"control": list(CONTROL_DEVICES), "devices": [], "elsewhere": {}}}
         (tmp_path / INPUT_DIR / STAGED_TASK).write_text(json.dumps(task))

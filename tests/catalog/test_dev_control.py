@@ -15,28 +15,14 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from sandbox_attest.backends.base import DeclaredClaims
-from sandbox_attest.catalog.dev import CONTROL_DEVICES, DevAccess, device_nodes
-from sandbox_attest.catalog.spec import CellContext
+from sandbox_attest.catalog.dev import CONTROL_DEVICES, device_nodes
 from sandbox_attest.verdict import decide
+from tests.catalog.test_dev import CONFINED, SPEC, Records, cell_ctx
 
-CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
-SPEC = DevAccess()
 NODES = device_nodes()
 # A sensitive device the recorded host control says the payload user opens unconfined.
 KVM = {"kind": "char", "rdev": "10:232", "opened": True}
 DOCUMENTED = ("null", "random", "urandom")
-
-
-class Records:
-    """Empty witness records: this probe's witness is the host's device table."""
-
-    origin: list[dict[str, Any]] = []  # noqa: RUF012  # read-only, never mutated
-    dns: list[dict[str, Any]] = []  # noqa: RUF012  # read-only, never mutated
-    proxy: list[dict[str, Any]] = []  # noqa: RUF012  # read-only, never mutated
-    direct_tcp: list[dict[str, Any]] = []  # noqa: RUF012  # read-only, never mutated
-    direct_udp: list[dict[str, Any]] = []  # noqa: RUF012  # read-only, never mutated
-    daemon: list[dict[str, Any]] = []  # noqa: RUF012  # read-only, never mutated
 
 
 def opened(name: str, rdev: str | None = None) -> dict[str, Any]:
@@ -76,16 +62,7 @@ def host_control(view: dict[str, Any]) -> dict[str, Any]:
 
 def judge(tmp_path: Path, controls: list[dict[str, Any]], view: dict[str, Any]) -> Any:
     """The verdict and assessment for controls plus a refused /dev/kvm under a confining claim."""
-    ctx = CellContext(
-        probe=SPEC.id,
-        backend="unit",
-        nonce="n" + secrets.token_hex(8),
-        world=None,  # type: ignore[arg-type]  # dev_access never reads the world
-        workspace=tmp_path,
-        cell_dir=tmp_path,
-        claims=CONFINED,
-        user=None,
-    )
+    ctx = cell_ctx(tmp_path, separated=False)
     report = {"attempts": [*controls, refused("dev:kvm", role="escape")], "facts": {}}
     assessment = SPEC.assess(ctx, report, Records(), host_control(view))
     return decide(SPEC.expectation(CONFINED), assessment).verdict.value, assessment

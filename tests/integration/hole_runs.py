@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pytest
 
 from sandbox_attest.report.evidence import EVIDENCE_NAME
 from tests.integration.test_cli_run import CLI, keypair
@@ -20,6 +24,14 @@ from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+
+# What every live hole test needs: root (the payload user exists only as root), bubblewrap,
+# and time; each file adds its own bound (`pytest.mark.timeout`).
+LIVE_HOLE_MARKS = (
+    pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install)"),
+    pytest.mark.slow,
+)
 
 # The checkout, where the run starts (tests/integration/hole_runs.py -> its root).
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,6 @@ Real bubblewrap, real devices, real uids; root only (the payload user exists onl
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,17 +26,12 @@ import pytest
 from sandbox_attest.catalog.dev import payload_user_devices, sensitive
 from sandbox_attest.host.trust import payload_user
 from tests.here import not_judgeable_here
-from tests.integration.hole_runs import HoleRun, hole_run
+from tests.integration.hole_runs import LIVE_HOLE_MARKS, HoleRun, hole_run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root"),
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install)"),
-    pytest.mark.slow,
-    pytest.mark.timeout(400),
-]
+pytestmark = [*LIVE_HOLE_MARKS, pytest.mark.timeout(400)]
 
 SPEC = Path(__file__).parent.parent / "data" / "identity" / "dev_elsewhere.toml"
 HOLE = "hole-dev-elsewhere"

@@ -32,17 +32,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from sandbox_attest.host.trust import PAYLOAD_HOME, payload_user
-from tests.integration.hole_runs import HoleRun, hole_run
+from tests.integration.hole_runs import LIVE_HOLE_MARKS, HoleRun, hole_run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root"),
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install)"),
-    pytest.mark.slow,
-    pytest.mark.timeout(400),
-]
+pytestmark = [*LIVE_HOLE_MARKS, pytest.mark.timeout(400)]
 
 DATA = Path(__file__).parent.parent / "data" / "identity"
 WRITE, READ = "fs_write_outside", "fs_read_secrets"

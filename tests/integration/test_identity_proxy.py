@@ -23,24 +23,17 @@ Real bwrap, the real running world; root only (the payload user exists only as r
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.integration.hole_runs import HoleRun, hole_run
+from tests.integration.hole_runs import LIVE_HOLE_MARKS, HoleRun, hole_run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="uid separation needs root"),
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install)"),
-    pytest.mark.slow,
-    pytest.mark.timeout(400),
-]
+pytestmark = [*LIVE_HOLE_MARKS, pytest.mark.timeout(400)]
 
 DATA = Path(__file__).parent.parent / "data" / "identity"
 PROBES = ("net_denied_host", "dns_resolution", "net_host_canonical")

@@ -27,8 +27,6 @@ session's sockets, while srt as shipped in matrix/backends/ stays PASS in the sa
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,20 +35,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from sandbox_attest.world.lab import lab_supported
-from tests.integration.hole_runs import REPO, HoleRun, hole_run
+from tests.integration.hole_runs import LIVE_HOLE_MARKS, REPO, HoleRun, hole_run
 from tests.reachable import reachable_tempdir
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt install)"),
-    pytest.mark.skipif(
-        os.geteuid() != 0, reason="the payload runs as a uid of its own only under root"
-    ),
-    pytest.mark.timeout(500),
-]
+pytestmark = [*LIVE_HOLE_MARKS, pytest.mark.timeout(500)]
 
 DATA = Path(__file__).parent.parent / "data" / "identity"
 PROBE = "ipc_unix_socket_escape"

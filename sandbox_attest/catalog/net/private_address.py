@@ -36,7 +36,7 @@ from sandbox_attest.catalog.net.witness import REFUSAL_STATUSES
 from sandbox_attest.catalog.spec import HOST_TIMEOUT_S, CellContext, WitnessRecordsLike
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.verdict import Assessment, Escape
-from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX
+from sandbox_attest.world.core import PRIVATE_NAME_SUFFIX, WitnessRecords
 from sandbox_attest.world.dns import ResolveError, resolve
 from sandbox_attest.world.egress.rules import Rule, address_allowed
 from sandbox_attest.world.listeners import LOOPBACK, TCP_READ_WINDOW_S, DirectEgressListener
@@ -148,18 +148,6 @@ class _SharedWitnesses:
 
 
 _WITNESSES: Final = _SharedWitnesses()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Records:
-    """The world's records with the planted witnesses' connections added to `direct_tcp`."""
-
-    origin: list[dict[str, Any]]
-    dns: list[dict[str, Any]]
-    proxy: list[dict[str, Any]]
-    direct_tcp: list[dict[str, Any]]
-    direct_udp: list[dict[str, Any]]
-    daemon: list[dict[str, Any]]
 
 
 class NetPrivateAddress(RouteSpec):
@@ -353,7 +341,8 @@ class NetPrivateAddress(RouteSpec):
             return None
 
         hits, where = self.loopback_hits(ctx, report)
-        records = _Records(
+        # The world's records with the planted witnesses' connections added to direct_tcp.
+        records = WitnessRecords(
             origin=witness.origin,
             dns=witness.dns,
             proxy=witness.proxy,
