@@ -16,9 +16,9 @@ from typing import Any
 
 from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import PROBES, CellContext
-from sandbox_attest.catalog.proc import BOUNDS, LIMIT_ERRNOS
+from sandbox_attest.catalog.proc import BOUNDS
 from sandbox_attest.verdict import Verdict, believe, decide
-from tests.catalog.test_proc import OK_CONTROL, Records, att, make_ctx
+from tests.catalog.test_proc import OK_CONTROL, Records, limits_report, make_ctx
 
 MIB = 1024 * 1024
 FORKS_20 = DeclaredClaims(
@@ -50,25 +50,7 @@ UNCAPPED: dict[str, Any] = {
 
 def report(**reached: int) -> dict[str, Any]:
     """Loops that reached `reached` (the rest their bound), stopped by their limit's errno."""
-    attempts = [att("write-and-fork-once", "succeeded", "control")]
-    for what, key in (
-        ("forks", "forks"),
-        ("memory", "memory_mib"),
-        ("fsize", "fsize_mib"),
-        ("nofile", "nofile"),
-    ):
-        value = reached.get(key, BOUNDS[key])
-        stopped = value < BOUNDS[key]
-        attempts.append(
-            att(
-                what,
-                "refused" if stopped else "succeeded",
-                errno=LIMIT_ERRNOS[key] if stopped else None,
-                reached=value,
-                bound=BOUNDS[key],
-            )
-        )
-    return {"attempts": attempts, "facts": {}}
+    return limits_report(reached)
 
 
 def cell(tmp_path: Path, claims: DeclaredClaims, forks: int, fsize_mib: int) -> CellContext:

@@ -623,34 +623,37 @@ class TestPrivilegesBaseline:
         assert verdict_of(ctx, report, control) is Verdict.INCONCLUSIVE
 
 
+def limits_report(reached: dict[str, int], errnos: dict[str, str] | None = None) -> dict[str, Any]:
+    """Loops that reached `reached` (the rest their bound), stopped by their limit's errno.
+
+    `errnos` overrides the errno a stopped loop reports, by limit key.
+    """
+    attempts = [att("write-and-fork-once", "succeeded", "control")]
+    for what, key in (
+        ("forks", "forks"),
+        ("memory", "memory_mib"),
+        ("fsize", "fsize_mib"),
+        ("nofile", "nofile"),
+    ):
+        value = reached.get(key, BOUNDS[key])
+        stopped = value < BOUNDS[key]
+        errno = (errnos or {}).get(key, proc_module.LIMIT_ERRNOS[key]) if stopped else None
+        attempts.append(
+            att(
+                what,
+                "refused" if stopped else "succeeded",
+                errno=errno,
+                reached=value,
+                bound=BOUNDS[key],
+            )
+        )
+    return {"attempts": attempts, "facts": {}}
+
+
 class TestResourceLimitsTable:
     def report(self, errnos: dict[str, str] | None = None, **reached: int) -> dict[str, Any]:
-        """Loops that reached `reached` (the rest their bound), stopped by their limit's errno.
-
-        `errnos` overrides the errno a stopped loop reports, by limit key.
-        """
-        attempts = [att("write-and-fork-once", "succeeded", "control")]
-        for what, key in (
-            ("forks", "forks"),
-            ("memory", "memory_mib"),
-            ("fsize", "fsize_mib"),
-            ("nofile", "nofile"),
-        ):
-            value = reached.get(key, BOUNDS[key])
-            attempts.append(
-                att(
-                    what,
-                    "succeeded" if value >= BOUNDS[key] else "refused",
-                    errno=(
-                        None
-                        if value >= BOUNDS[key]
-                        else (errnos or {}).get(key, proc_module.LIMIT_ERRNOS[key])
-                    ),
-                    reached=value,
-                    bound=BOUNDS[key],
-                )
-            )
-        return {"attempts": attempts, "facts": {}}
+        """`limits_report`: loops that reached `reached`, stopped by `errnos` or their own."""
+        return limits_report(reached, errnos)
 
     def witness_files(self, ctx: CellContext, forks: int, fsize_mib: int) -> None:
         """What the payload's loops would have left in the workspace."""
