@@ -116,9 +116,9 @@ class TestSharedReading:
         assert lookups.allowlisted(ctx, "ALLOWED.test.")
 
     def test_never_plants_an_address_off_this_host(self, tmp_path: Path) -> None:
-        """Only loopback or lab addresses are planted; anything else is refused quietly."""
+        """Only loopback or lab addresses are planted; any other (TEST-NET-3 here) is refused."""
         ctx = ctx_for("net_denied_host", tmp_path, own=True, lab=True)
-        assert not lookups.plant_answer(ctx, "x.denied.test", "10.0.0.1")
+        assert not lookups.plant_answer(ctx, "x.denied.test", "203.0.113.7")
         assert lookups.plant_answer(ctx, "x.denied.test", "198.18.0.7")
         assert ctx.world.planted == {"x.denied.test": ["198.18.0.7"]}  # type: ignore[attr-defined]
 
