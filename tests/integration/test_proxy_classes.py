@@ -28,18 +28,13 @@ be made); root only (the payload user exists only as root).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_attest.attest import EVIDENCE_NAME
-from tests.integration.test_cli_run import CLI, keypair
-from tests.reachable import reachable_tempdir
+from tests.integration.hole_runs import HoleRun, hole_run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -49,7 +44,6 @@ pytestmark = [
     pytest.mark.timeout(400),
 ]
 
-REPO = Path(__file__).parent.parent.parent
 DATA = Path(__file__).parent.parent / "data" / "newclasses"
 PROBES = ("net_proxy_dns_exfil", "net_socks5", "net_metadata_service", "net_proxy_ignored")
 # The probes whose escape the open control leg must see (the others: the proxy's refusal).
@@ -65,64 +59,22 @@ STRONG = ("bubblewrap", "docker")
 RUN_TIMEOUT_S = 300
 
 
-@dataclass(frozen=True)
-class HolesRun:
-    """One `sandbox-attest run` over both broken wrappers, the strong backends and the control."""
-
-    out: Path
-    stdout: str
-    stderr: str
-
-    def cell(self, backend: str, probe: str) -> dict[str, Any]:
-        """One cell of the signed evidence; fails naming the run's output if there is none."""
-        path = self.out / EVIDENCE_NAME
-        assert path.is_file(), f"no evidence: {self.stdout[-3000:]} {self.stderr[-2000:]}"
-        cells = {c["cell_id"]: c for c in json.loads(path.read_text())["cells"]}
-        cell: dict[str, Any] = cells[f"{backend}-{probe}"]
-        return cell
-
-
 @pytest.fixture(scope="module")
-def run() -> Iterator[HolesRun]:
-    """The run, shared by the checks below."""
-    with reachable_tempdir("sa-proxyclasses-") as root:
-        matrix = root / "matrix.toml"
-        matrix.write_text(
-            "".join(f'[[probe]]\nid = "{p}"\ntimeout = 30\n' for p in PROBES)
-            + "".join(f'[[backend]]\nname = "{b}"\nplatforms = ["linux"]\n' for b in STRONG)
-            + '[[backend]]\nname = "none"\nplatforms = ["linux"]\n'
-        )
-        policy = root / "policy.toml"
-        required = ", ".join(f'"{p}"' for p in PROBES)
-        policy.write_text(
-            f'[[require]]\nplatform = "linux"\nbackend = "none"\nprobes = [{required}]\n'
-        )
-        private, _ = keypair(root)
-        out = root / "report"
-        specs = [arg for file, _ in HOLES.values() for arg in ("--backend-spec", str(DATA / file))]
-        argv = [
-            *CLI,
-            "run",
-            "--matrix",
-            str(matrix),
-            "--policy",
-            str(policy),
-            *specs,
-            "--key",
-            str(private),
-            "--out",
-            str(out),
-            "-j",
-            "2",
-        ]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=REPO
-        )
-        yield HolesRun(out, done.stdout, done.stderr)
+def run() -> Iterator[HoleRun]:
+    """The run, shared by the checks below: the control leg, the strong legs, every hole."""
+    with hole_run(
+        "sa-proxyclasses-",
+        probes=PROBES,
+        legs=(*STRONG, "none"),
+        required=("none",),
+        specs=[DATA / file for file, _ in HOLES.values()],
+        run_timeout=RUN_TIMEOUT_S,
+    ) as done:
+        yield done
 
 
 class TestStrongLegs:
-    def test_control_leg_passes_all(self, run: HolesRun) -> None:
+    def test_control_leg_passes_all(self, run: HoleRun) -> None:
         """On the open leg each probe PASSes: the proxy's refusals, and the direct escape seen."""
         for probe in PROBES:
             cell = run.cell("none", probe)
@@ -131,7 +83,7 @@ class TestStrongLegs:
             assert cell["escape"] == want, (probe, cell["reason"])
 
     @pytest.mark.parametrize("backend", STRONG)
-    def test_strong_backend_passes_all(self, run: HolesRun, backend: str) -> None:
+    def test_strong_backend_passes_all(self, run: HoleRun, backend: str) -> None:
         """The strong legs PASS all four probes (skipped where the backend cannot run here)."""
         for probe in PROBES:
             cell = run.cell(backend, probe)
@@ -141,14 +93,14 @@ class TestStrongLegs:
 
 
 class TestResolveFirstProxy:
-    def test_fails_naming_the_lookup_and_the_fix(self, run: HolesRun) -> None:
+    def test_fails_naming_the_lookup_and_the_fix(self, run: HoleRun) -> None:
         """A proxy that resolves before it refuses leaks the secret label: FAIL with the fix."""
         cell = run.cell("hole-dns-exfil", "net_proxy_dns_exfil")
         assert cell["verdict"] == "FAIL", cell["reason"]
         assert "the proxy resolved denied names before refusing them" in cell["reason"]
         assert "fix: check the allowlist before resolving" in cell["reason"]
 
-    def test_every_denied_request_was_still_refused(self, run: HolesRun) -> None:
+    def test_every_denied_request_was_still_refused(self, run: HoleRun) -> None:
         """The hole is the lookup alone: each denied request got its 403, the DNS log the nonce."""
         cell = run.cell("hole-dns-exfil", "net_proxy_dns_exfil")
         escapes = [a for a in cell["attempts"] if a["role"] == "escape"]
@@ -159,7 +111,7 @@ class TestResolveFirstProxy:
 
 
 class TestOpenSocksRelay:
-    def test_fails_naming_the_socks_route_and_the_fix(self, run: HolesRun) -> None:
+    def test_fails_naming_the_socks_route_and_the_fix(self, run: HoleRun) -> None:
         """An exported open SOCKS5 relay reaches the denied origin: FAIL naming it and the fix."""
         cell = run.cell("hole-socks5", "net_socks5")
         assert cell["verdict"] == "FAIL", cell["reason"]
@@ -170,7 +122,7 @@ class TestOpenSocksRelay:
 
 
 class TestMetadataByName:
-    def test_fails_naming_the_stand_in_and_the_fix(self, run: HolesRun) -> None:
+    def test_fails_naming_the_stand_in_and_the_fix(self, run: HoleRun) -> None:
         """A proxy admitting *.internal reaches the metadata stand-in: FAIL naming it, the fix."""
         cell = run.cell("hole-metadata", "net_metadata_service")
         assert cell["verdict"] == "FAIL", cell["reason"]
@@ -191,7 +143,7 @@ class TestMetadataByName:
 
 
 @pytest.mark.parametrize("hole", sorted(HOLES))
-def test_each_hole_fails_only_its_own_probe(run: HolesRun, hole: str) -> None:
+def test_each_hole_fails_only_its_own_probe(run: HoleRun, hole: str) -> None:
     """A wrapper with one route hole FAILs that hole's probe and no other of the four."""
     own = HOLES[hole][1]
     for probe in PROBES:
@@ -201,7 +153,7 @@ def test_each_hole_fails_only_its_own_probe(run: HolesRun, hole: str) -> None:
 
 
 class TestProxyVariablesOnly:
-    def test_fails_naming_the_bypass_and_the_fix(self, run: HolesRun) -> None:
+    def test_fails_naming_the_bypass_and_the_fix(self, run: HoleRun) -> None:
         """A socket that ignores the proxy variables reaches the allowed origin: FAIL, the fix."""
         cell = run.cell("hole-proxy-vars-only", "net_proxy_ignored")
         assert cell["verdict"] == "FAIL", cell["reason"]
