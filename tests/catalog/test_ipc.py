@@ -52,3 +52,13 @@ def test_confined_leg_real_docker_answer_still_fails(tmp_path: Path) -> None:
     spec = PROBES[ctx.probe]
     assessment = spec.assess(ctx, report("refused", "succeeded"), Records(), OK_CONTROL)
     assert decide("denied", assessment).verdict is Verdict.FAIL
+
+
+def test_a_cell_without_a_session_says_that_class_went_untested(tmp_path: Path) -> None:
+    """No login session was planted for the cell (never prepared here): the reasons say so."""
+    ctx = make_ctx(tmp_path, "ipc_unix_socket_escape", CONFINED)
+    spec = PROBES[ctx.probe]
+    assessment = spec.assess(ctx, report("refused", "refused"), Records(), OK_CONTROL)
+    untested = [r for r in assessment.reasons if "login session's sockets were not tested" in r]
+    why = "no login session for this cell"
+    assert untested == [f"the login session's sockets were not tested: {why}"]

@@ -329,6 +329,8 @@ class IpcUnixSocketEscape(SpecBase):
         reached = real_reached(view, escapes)
         reasons = _reasons(ctx, heard, session, confirmed, reached, hits, view, open_leg=open_leg)
         reasons.append(f"payload: {attempts_summary(fixed)}; {_class_summary(escapes)}")
+        if session.get("untested"):
+            reasons.append(str(session["untested"]))
         if docker_answered:
             reasons.append(
                 "the real docker socket answered /_ping inside "
@@ -389,7 +391,15 @@ class IpcUnixSocketEscape(SpecBase):
         held = self._sessions.pop(ctx.nonce, None)
         if held is None:
             why = load_state(ctx).get("no_session") or "no login session for this cell"
-            return {"heard": [], "reasons": [], "evidence": {"planted": [], "why": why}}
+            # Said in the verdict's reasons, not only in the evidence: this cell's PASS then
+            # covers no session socket, and a reader must see that class went untested.
+            untested = f"the login session's sockets were not tested: {why}"
+            return {
+                "heard": [],
+                "reasons": [],
+                "untested": untested,
+                "evidence": {"planted": [], "why": why},
+            }
         shared, since = held
         pids = {int(p["pid"]) for p in host_processes(ctx) if p.get("pid")}
         heard = heard_by(shared, ctx.nonce, pids, since)
