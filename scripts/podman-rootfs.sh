@@ -16,7 +16,7 @@ set -eu
 PREFIX=${PODMAN_ROOTFS_PREFIX:-/opt/sandbox-attest/podman}
 ROOTFS="$PREFIX/rootfs"
 STAMP="$ROOTFS/.sandbox-attest-rootfs"
-VERSION=2 # bump when the layout below changes
+VERSION=3 # bump when the layout below changes
 # Container root in matrix/backends/podman.toml's user namespace (--uidmap 0:2147483647:1).
 CONTAINER_ROOT=2147483647
 
@@ -67,7 +67,6 @@ chmod 0755 "$NEW"
 cd "$NEW"
 # Empty mount points and scratch directories, as the docker skeleton (SKELETON_DIRS).
 for d in dev etc proc sys tmp usr run home var; do mkdir "$d"; done
-chmod 1777 tmp
 # Merged /usr (Debian 12): /bin, /lib... are symlinks into /usr, recreated as they are here. A
 # host where one is a real directory is not merged; the spec mounts only /usr, so refuse.
 for root in /bin /sbin /lib /lib32 /lib64 /libx32; do
@@ -93,8 +92,10 @@ if [ -f /etc/ld.so.cache ]; then cp /etc/ld.so.cache etc/ld.so.cache; fi
 mkdir run/kiln
 chmod 0644 etc/*
 want >"$NEW/.sandbox-attest-rootfs"
+# Nothing in it is writable by anyone but its owner: /tmp is read-only inside (the spec's
+# --read-only-tmpfs=false), so unlike the docker skeleton's it is not 1777, and no local user
+# can plant files in the containers' /tmp through the host's view of the rootfs.
 chmod -R go-w "$NEW"
-chmod 1777 "$NEW/tmp"
 # The skeleton belongs to the container's root, as podman's own storage does for a container
 # in a user namespace: runc, as that root inside the namespace, makes the mount points of the
 # binds (the workspace, the harness's inputs) in the overlay over it. Host root is not mapped
