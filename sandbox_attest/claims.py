@@ -31,6 +31,11 @@ ReadsMode = Literal["open", "workspace", "deny"]
 WritesMode = Literal["open", "workspace", "allow"]
 EnvironmentMode = Literal["scrubbed", "passthrough"]
 SyscallsMode = Literal["filtered", "open"]
+# kernel: "shared" the payload runs on the host's kernel, as a host process the host reads in
+# /proc; "own" a kernel of its own (gVisor's Sentry, a microVM's guest): the host cannot see
+# the payload's processes, and every verdict rests on the effects outside the sandbox.
+KernelMode = Literal["shared", "own"]
+KERNEL_OWN: Final = "own"
 # How a network claim other than "open" is enforced (see sandbox_attest/backends/base.py).
 NetworkCut = Literal["namespace", "seccomp", "proxy-only"]
 # Cuts under which the payload shares the harness's network namespace by design: sharing it
@@ -57,6 +62,8 @@ class Claims:
         syscalls: "filtered" | "open".
         ipc: "open" | "isolated".
         runs_as: "" (no claim), "non-root", "payload-user", a user name or a uid.
+        kernel: "shared" (the host's kernel runs the payload) | "own" (the host cannot see
+            the payload's processes; see `own_kernel`).
     """
 
     network: str
@@ -70,12 +77,18 @@ class Claims:
     syscalls: str
     ipc: str
     runs_as: str
+    kernel: str = "shared"
     # (claim, the key it follows from) for each claim the backend did not write itself.
     implied: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def implied_by(self, name: str) -> str:
         """The key claim `name` follows from (`ipc = "isolated"`), or "" when written."""
         return dict(self.implied).get(name, "")
+
+    @property
+    def own_kernel(self) -> bool:
+        """Whether the payload runs on a kernel of its own, out of the host's /proc view."""
+        return self.kernel == KERNEL_OWN
 
     @property
     def nothing(self) -> bool:
@@ -105,6 +118,9 @@ class Claims:
             data["protected"] = list(self.protected)
         if self.runs_as:
             data["runs_as"] = self.runs_as
+        if self.own_kernel:
+            # Only when claimed: every older identity keeps its bytes (shared is the default).
+            data["kernel"] = self.kernel
         return data
 
     def words(self) -> dict[str, str]:
@@ -118,6 +134,7 @@ class Claims:
             "environment": self.environment,
             "syscalls": self.syscalls,
             "runs_as": self.runs_as,
+            "kernel": self.kernel,
         }
 
     def phrase(self, name: str) -> str:
@@ -148,8 +165,8 @@ class Claims:
         if name == "network":
             cut = f" cut by {self.network_cut}" if self.network_cut else ""
             return f'claims network = "{self.network}"{cut}'
-        if name == "runs_as":
-            return f'claims runs_as = "{self.runs_as}"'
+        if name in ("runs_as", "kernel"):
+            return f'claims {name} = "{getattr(self, name)}"'
         return f"claims {name}"
 
     def read_denied(self, path: Path, home: Path) -> bool:
@@ -223,6 +240,7 @@ def claims_of(declared: object) -> Claims:
         ),
         ipc=ipc,
         runs_as=str(getattr(declared, "runs_as", "")),
+        kernel=str(getattr(declared, "kernel", None) or "shared"),
         implied=tuple(sorted(implied.items())),
     )
 
@@ -244,6 +262,7 @@ def _claims_of_dict(data: dict[str, Any]) -> Claims:
             environment=data.get("environment", "scrubbed"),
             syscalls=data.get("syscalls"),
             runs_as=data.get("runs_as", ""),
+            kernel=data.get("kernel", "shared"),
         )
     )
 
@@ -267,4 +286,37 @@ def unclaimed(probe: str, claims: Claims) -> str | None:
     syscall_probes = {"proc_syscall_surface", "proc_syscall_surface_extended", "proc_new_mount_api"}
     if probe in syscall_probes and claims.syscalls == "open":
         return "the backend claims an open syscall surface"
+    return _writes_unclaimed(probe, claims) or _own_kernel_unjudged(probe, claims)
+
+
+def _writes_unclaimed(probe: str, claims: Claims) -> str | None:
+    """proc_kernel_tunables under open writes: its control files are writes the backend allows."""
+    if probe == "proc_kernel_tunables" and claims.writes == "open":
+        return "the backend claims open writes; proc_kernel_tunables tests only the writes claim"
+    return None
+
+
+def _own_kernel_unjudged(probe: str, claims: Claims) -> str | None:
+    """Why a probe only a host view of the payload's process could judge has nothing here.
+
+    Under `kernel = "own"` the payload's syscalls, environment and descriptors belong to the
+    sandbox's kernel, out of the host's /proc: "the handler answered" is that kernel's
+    handler, not the host's, and no witness outside the sandbox sees which host calls that
+    kernel makes for it, nor what the payload's environment holds.
+    """
+    if not claims.own_kernel:
+        return None
+    syscall_probes = {"proc_syscall_surface", "proc_syscall_surface_extended", "proc_new_mount_api"}
+    if probe in syscall_probes:
+        return (
+            'the backend claims kernel = "own": the sandbox\'s own kernel answers the '
+            "payload's syscalls, so a handler that answered is not the host kernel's, and no "
+            "host reading shows which host calls that kernel makes on the payload's behalf"
+        )
+    if probe == "env_inheritance":
+        return (
+            'the backend claims kernel = "own": the payload\'s environment and descriptors are '
+            "its own kernel's, out of the host's /proc, and no witness outside the sandbox "
+            "sees them; only the payload's report could say, and it crossed the wrapper"
+        )
     return None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.paths import probes_dir
@@ -348,6 +349,22 @@ def host_seen_own_network(ctx: CellContext) -> str:
     return "host view: own network namespace, no default route"
 
 
+def own_kernel_ran(ctx: CellContext) -> bool:
+    """Whether a payload on a kernel of its own reached the workspace rendezvous.
+
+    Under `kernel = "own"` (gVisor, a microVM) the host reads no payload process: the Sentry
+    or the guest kernel runs it, out of /proc's view. What the host has instead is the
+    launcher's ready file, named for this cell's nonce, on its own disk in the workspace
+    (sandbox_attest/run/hostview.py `workspace_rendezvous`): something inside ran this cell's
+    task, so the witnesses outside the sandbox (fixtures' logs, canaries, witness sockets, the
+    workspace) heard, or did not hear, a payload that was there to be heard.
+    """
+    if not claims_of(ctx.claims).own_kernel:
+        return False
+    rendezvous = ctx.host_view.get("workspace_rendezvous")
+    return isinstance(rendezvous, dict) and bool(rendezvous.get("seen"))
+
+
 def host_can_look(ctx: CellContext) -> bool:
     """Whether a host reading of the payload was possible here (Linux /proc)."""
     return bool(ctx.host_view.get("supported", True))
@@ -367,10 +384,12 @@ class SpecBase:
 
         A witness that heard nothing backs a refusal only if there was a payload to refuse:
         where the host can look (Linux), it must have seen the payload at its rendezvous, or a
-        wrapper that never ran it would be credited with the silence.
+        wrapper that never ran it would be credited with the silence. A sandbox with its own
+        kernel shows the host no process at all; there the payload's ready file in the
+        workspace is what says it ran (`own_kernel_ran`).
         """
         del report
-        if host_can_look(ctx) and not host_processes(ctx):
+        if host_can_look(ctx) and not host_processes(ctx) and not own_kernel_ran(ctx):
             return []
         return list(self.host_readings)
 
@@ -393,9 +412,13 @@ class SpecBase:
         return None
 
     def not_claimed(self, declared: ClaimsLike) -> str | None:
-        """The probe tests no claim a backend may leave out, by default."""
-        del declared
-        return None
+        """The claim table's reason (`sandbox_attest.claims.unclaimed`), or None.
+
+        Most probes test no claim a backend may leave out, and the table says nothing of
+        them; the ones it names (a write-only probe under open writes, a probe only a host
+        view of the process could judge under `kernel = "own"`) need no hook of their own.
+        """
+        return unclaimed(self.id, claims_of(declared))
 
     def at_rendezvous(self, ctx: CellContext, pid: int) -> dict[str, Any] | None:
         """No reading of the spec's own at the rendezvous by default (nothing is stored)."""

@@ -34,6 +34,7 @@ payload's report.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import threading
 import time
@@ -80,6 +81,41 @@ CGROUP_FILES: Final = {
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
 # v1 writes "no limit" as a page-rounded 2**63 - 1; anything this large caps nothing.
 CGROUP_UNLIMITED: Final = 2**62
+
+
+def workspace_rendezvous(name: str, said: str, uid: int | None) -> dict[str, Any]:
+    """What the host read of the launcher's ready file: the payload's own word on the host's disk.
+
+    The file is named for the cell's nonce and landed in the workspace on the host, so
+    something inside the sandbox ran the launcher with this cell's task. It is the one trace
+    of the payload a sandbox with its own kernel leaves the host (`kernel = "own"`: no host
+    process to read), which is why it is recorded even where the host read a process too.
+    `pid` is the launcher's pid as its own kernel numbers it (under gVisor, not a host pid);
+    `uid` the file's owner on the host: the host user the payload's writes land as, whatever
+    it is inside (None: the host could not read the file as a regular file).
+    """
+    return {"seen": True, "file": name, "pid": said.strip()[:32], "uid": uid}
+
+
+def _ready_file(path: Path) -> tuple[str, int | None]:
+    """The ready file's first bytes and owner, never through a link the payload made.
+
+    Root reads it: O_NOFOLLOW refuses a symlink to a host file, O_NONBLOCK a FIFO left to hang
+    the host, and anything but a regular file is read as nothing, with no owner.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "", None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "", None
+        return os.read(fd, 64).decode(errors="replace"), info.st_uid
+    except OSError:
+        return "", None
+    finally:
+        os.close(fd)
 
 
 def ready_name(nonce: str) -> str:
@@ -516,11 +552,13 @@ class Rendezvous:
         else:
             self._watch_later()
             return
+        said, owner = _ready_file(ready)
         members = self.group.pids() if self.group is not None else []
         if members:
             self._read_group(members)
         else:
             self._read_by_command_line()
+        self.view["workspace_rendezvous"] = workspace_rendezvous(ready.name, said, owner)
         self._release()
         self._watch_later()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Final, cast, get_args
 
@@ -24,9 +25,11 @@ from sandbox_attest.backends.command.spec_fields import (
     spec_error,
 )
 from sandbox_attest.claims import (
+    KERNEL_OWN,
     RUNS_AS_RE,
     RUNS_AS_WORDS,
     EnvironmentMode,
+    KernelMode,
     NetworkCut,
     ReadsMode,
     SyscallsMode,
@@ -46,6 +49,20 @@ CLAIMS_HEADERS: Final = frozenset({"[claims]", f"[{LEGACY_TABLE}]"})
 RENAME_FIX: Final = f"rename [{LEGACY_TABLE}] to [claims]"
 # Spec files already told (a run loads a spec more than once): one message per file.
 _TOLD: set[Path] = set()
+
+
+@dataclass(frozen=True)
+class OwnKernelClaims(DeclaredClaims):
+    """The claims of a sandbox with a kernel of its own (`kernel = "own"`).
+
+    The host cannot see such a payload's processes (gVisor's Sentry runs them, or a microVM's
+    guest kernel), so the host's rendezvous happens through the workspace alone and every
+    verdict rests on the effects outside the sandbox (`sandbox_attest.claims.Claims.own_kernel`).
+    A spec without the key keeps building a plain `DeclaredClaims`, so every existing spec's
+    claims, and the identity they sign, stay what they were.
+    """
+
+    kernel: KernelMode = KERNEL_OWN
 
 
 def claims_table(source: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -99,7 +116,11 @@ def read_claims(source: Path, table: dict[str, Any]) -> DeclaredClaims:
             'says how a network claim is enforced, and network = "open" claims none; drop '
             'network_cut or claim network = "none" or "proxy"',
         )
-    return DeclaredClaims(
+    kernel = read_choice(
+        source, "[claims] kernel", table.get("kernel", "shared"), get_args(KernelMode)
+    )
+    made = OwnKernelClaims if kernel == KERNEL_OWN else DeclaredClaims
+    return made(
         cast("NetworkMode", network),
         # What the old shorthand means for the probes that read it: writes confined or not.
         "open" if writes == "open" else "workspace",
@@ -195,11 +216,12 @@ def claim_sources(spec: CommandSpec) -> dict[str, str]:
         "environment": 'default ("scrubbed": the payload sees only declared variables)',
         "runs_as": "default (no claim on the payload's uid)",
         "protected": "default (none)",
+        "kernel": 'default ("shared": the payload is a host process the host reads in /proc)',
     }
     out: dict[str, str] = {}
     for name in (
         "network", "network_cut", "reads", "writes", "ipc", "environment", "syscalls",
-        "protected", "runs_as", "limits",
+        "protected", "runs_as", "limits", "kernel",
     ):  # fmt: skip
         if name in lines:
             out[name] = f"{spec.source}:{lines[name]}"

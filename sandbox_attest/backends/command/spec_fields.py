@@ -31,6 +31,7 @@ NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 TOP_KEYS: Final = {"backend", "detect", "run", "env", "file", "claims", "lists", "policy"}
 CLAIM_KEYS: Final = {
+    "kernel",
     "network",
     "filesystem",
     "ipc",

@@ -32,7 +32,15 @@ from sandbox_attest.catalog.judging import judge_escape
 from sandbox_attest.catalog.proc.anchor import ANCHOR_NAMESPACES, AnchoredSpec
 from sandbox_attest.catalog.proc.baseline import conclude_with_controls, confines_anything
 from sandbox_attest.catalog.records import poll_until
-from sandbox_attest.catalog.spec import AttemptTable, CellContext, ClaimsLike, WitnessRecordsLike
+from sandbox_attest.catalog.spec import (
+    AttemptTable,
+    CellContext,
+    ClaimsLike,
+    WitnessRecordsLike,
+    host_processes,
+    own_kernel_ran,
+)
+from sandbox_attest.claims import claims_of
 from sandbox_attest.host import disguise, lifetime, safefs
 from sandbox_attest.host.interpreter import payload_interpreter
 from sandbox_attest.host.trust import give
@@ -277,7 +285,16 @@ class ProcNamespaceEscape(AnchoredSpec):
             reasons.append("believed: a report against the sandbox")
             escape = "escaped"
         gap = _namespace_gap(report)
-        if gap:
+        if gap and own_kernel_ran(ctx) and not host_processes(ctx):
+            # Its namespaces are its own kernel's: the files this control reads need not
+            # exist there, and no escape is judged by them; the host's witnesses decide.
+            report = _without_own_ns_control(report)
+            reasons.append(
+                f"{gap}; under {claims_of(ctx.claims).phrase('kernel')} that is its kernel's "
+                "own business, and the host's witnesses (the anchor's canary dir, the task "
+                "dir and the anchor's listener) judge the escape"
+            )
+        elif gap:
             reasons.insert(0, gap)
         powers = [str(a.get("what")) for a in inner if a.get("outcome") == "succeeded"]
         if powers:
@@ -325,3 +342,20 @@ def _namespace_gap(report: dict[str, Any]) -> str:
         f"the sandbox gives the payload no {', '.join(missing)} (a kernel of its own may not "
         "provide them): its own namespaces cannot be read, so no change of them can be told"
     )
+
+
+def _without_own_ns_control(report: dict[str, Any]) -> dict[str, Any]:
+    """`report` without its `read-own-ns` control: for a payload on a kernel of its own.
+
+    That control shows the payload can read its own namespace ids, so a change of them can be
+    told; a sandbox's own kernel (gVisor's Sentry) need not provide /proc/self/ns at all, and
+    no verdict under `kernel = "own"` rests on those ids. Every other control stays.
+    """
+    attempts = [
+        a
+        for a in report.get("attempts", [])
+        if not (
+            isinstance(a, dict) and a.get("role") == "control" and a.get("what") == "read-own-ns"
+        )
+    ]
+    return {**report, "attempts": attempts}

@@ -17,6 +17,7 @@ from sandbox_attest.catalog.attempts import (
     observed_outcome,
 )
 from sandbox_attest.catalog.controls import control_record, host_check
+from sandbox_attest.catalog.judging import conclude
 from sandbox_attest.catalog.proc.baseline import (
     BaselineSpec,
     conclude_with_controls,
@@ -30,6 +31,7 @@ from sandbox_attest.catalog.spec import (
     ClaimsLike,
     WitnessRecordsLike,
     host_processes,
+    own_kernel_ran,
 )
 from sandbox_attest.claims import Claims, claims_of
 from sandbox_attest.verdict import Assessment, Expectation
@@ -44,9 +46,16 @@ class ProcPrivileges(BaselineSpec):
     area = "proc"
 
     def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
-        """The host's read of the payload's status: no effective capability, NoNewPrivs set."""
+        """The host's read of the payload's status: no effective capability, NoNewPrivs set.
+
+        Under `kernel = "own"` (no payload process on the host) the host's reading is the
+        owner of the payload's ready file in the workspace: the host user its writes land as.
+        """
         del report
         processes = host_processes(ctx)
+        if not processes:
+            uid = _own_kernel_uid(ctx)
+            return [] if uid is None else [f"host view: the payload's workspace file, uid {uid}"]
         statuses = [p.get("status") or {} for p in processes]
         if not statuses or with_capabilities(processes):
             return []
@@ -92,9 +101,13 @@ class ProcPrivileges(BaselineSpec):
         """Any effective capability or a usable setuid route is an escape (self-reported).
 
         The host's own read of the payload's status wins over the report: effective
-        capabilities the host sees while the report says none are an escape.
+        capabilities the host sees while the report says none are an escape. Under `kernel
+        = "own"` the host sees no payload process, and the privilege judged is the one its
+        effects carry on the host (`_assess_own_kernel`).
         """
         del witness
+        if not host_processes(ctx) and own_kernel_ran(ctx):
+            return _assess_own_kernel(ctx, report, control)
         escapes = attempts_by_role(report, "escape")
         observed = observed_outcome(escapes)
         facts = report.get("facts", {})
@@ -214,3 +227,73 @@ def _runs_as_reading(ctx: CellContext, claims: Claims) -> tuple[str, str]:
                 f"run with uids {text} (real, effective, saved, fs)"
             ), ""
     return "", "; ".join(seen)
+
+
+def _own_kernel_uid(ctx: CellContext) -> int | None:
+    """The host owner of the payload's ready file under `kernel = "own"`; None: no such reading."""
+    if not own_kernel_ran(ctx):
+        return None
+    uid = (ctx.host_view.get("workspace_rendezvous") or {}).get("uid")
+    return uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+
+
+def _assess_own_kernel(
+    ctx: CellContext, report: dict[str, Any], control: dict[str, Any]
+) -> Assessment:
+    """proc_privileges for a payload on a kernel of its own: judged by its effect on the host.
+
+    Inside, the payload may be root with every capability: of its own kernel, over that
+    kernel's objects (gVisor's Sentry runs it as root in a user namespace of the Sentry's).
+    What reaches the host is what that kernel does there, and the host reads it without the
+    payload's word: the owner of the ready file the payload wrote into the workspace is the
+    host user its writes land as. Root there is an escape (its kernel acts with root's power
+    on the host); so is a uid `runs_as` does not allow. The payload's own status (it may lack
+    NoNewPrivs: such a kernel need not provide it) is recorded, not judged, and its
+    in-sandbox control with it; the host control still has to hold.
+    """
+    claims = claims_of(ctx.claims)
+    uid = _own_kernel_uid(ctx)
+    facts = report.get("facts", {})
+    status = facts.get("status", {})
+    reasons = [
+        (
+            f"{claims.phrase('kernel')}: the host sees no payload process, so the privilege "
+            "judged is the one its writes carry on the host"
+        ),
+        (
+            "inside its own kernel, not judged (that kernel's privileges act on its own "
+            f"objects): CapEff={status.get('CapEff')} NoNewPrivs={status.get('NoNewPrivs')} "
+            f"uid_map={facts.get('uid_map')}; payload: "
+            f"{attempts_summary(attempts_by_role(report, 'escape'))}"
+        ),
+    ]
+    escape: Any
+    if uid is None:
+        escape = "undecided"
+        reasons.insert(0, "the host could not read the owner of the payload's workspace file")
+    else:
+        wanted = _wanted_uid(ctx, claims.runs_as) if claims.runs_as else None
+        if uid == 0:
+            escape = "escaped"
+            reasons.insert(
+                0,
+                "the payload's workspace file lands on the host as root (uid 0): its kernel "
+                "acts on the host with root's power",
+            )
+        elif claims.runs_as and claims.runs_as != "non-root" and uid != wanted:
+            escape = "escaped"
+            reasons.insert(
+                0,
+                f"{claims.phrase('runs_as')}; the payload's workspace file lands on the "
+                f"host as uid {uid}",
+            )
+        else:
+            escape = "refused"
+            reasons.append(f"the payload's workspace file lands on the host as uid {uid}")
+    return conclude(
+        escape,
+        "succeeded" if escape == "escaped" else "refused" if escape == "refused" else "error",
+        reasons,
+        host_control=control,
+        witness={"host_uid_of_payload_writes": uid, "payload_status": status},
+    )
