@@ -37,7 +37,8 @@ from sandbox_attest.backends.command.spec import (
     shell_join,
 )
 from sandbox_attest.backends.none import platform_string
-from sandbox_attest.host import cellgroup, lifetime
+from sandbox_attest.claims import claims_of
+from sandbox_attest.host import cellgroup, disguise, lifetime
 from sandbox_attest.host.interpreter import run_interpreter
 from sandbox_attest.host.platform import current_platform
 from sandbox_attest.host.trust import give, payload_user
@@ -63,6 +64,15 @@ CONFINEMENT_PROBE: Final = (
     "null = ''\n"
     "try: open('/dev/null', 'r+b').close()\n"
     "except OSError as e: null = str(e)\n"
+    # The check's own rendezvous (`_CheckLook`): a file in the workspace, then a short wait
+    # for the host's answer, so the host can look for this process while it waits.
+    "import sys, time\n"
+    "if len(sys.argv) > 2:\n"
+    "    try: open(sys.argv[1], 'w').close()\n"
+    "    except OSError: pass\n"
+    "    else:\n"
+    "        end = time.monotonic() + 3\n"
+    "        while not os.path.exists(sys.argv[2]) and time.monotonic() < end: time.sleep(0.01)\n"
     "print('confinement=' + json.dumps({'ns': ns, 'status': st, 'uid': os.getuid(),\n"
     "                                   'no_proc': proc, 'no_dev_null': null}))\n"
 )
@@ -133,6 +143,10 @@ def check_availability(wrapper: SpecWrapper) -> Availability:
             "cannot keep FAILs"
         )
     notes += _missing_inside(seen)
+    refused, kernel_notes = _kernel_shape(spec, facts["host_process"], seen.get("host_look") or {})
+    if refused:
+        return _unavailable(refused)
+    notes += kernel_notes
     identity = Identity(
         name=spec.name,
         version=version,
@@ -223,10 +237,11 @@ def _confinement_check(
             f"{spec.name}: cannot read the harness's own namespaces ({exc}), so cannot "
             "compare the wrapper's; run the harness on Linux with /proc mounted"
         )
-    said, stdout = _run_test_command(wrapper, ctx.render_argv(spec), env, cwd)
+    said, stdout, look = _run_test_command(wrapper, ctx.render_argv(spec), env, cwd, ctx)
     seen = _confinement_line(stdout)
     if seen is None:
         return _no_test_command(spec, said)
+    seen["host_look"] = look
     if seen.get("no_proc"):
         # It started, but what it saw cannot be read: not the wrapper failing to run.
         return (
@@ -254,8 +269,8 @@ def _missing_inside(seen: dict[str, Any]) -> list[str]:
 
 
 def _run_test_command(
-    wrapper: SpecWrapper, argv: list[str], env: dict[str, str], cwd: Path
-) -> tuple[str, str]:
+    wrapper: SpecWrapper, argv: list[str], env: dict[str, str], cwd: Path, ctx: RenderContext
+) -> tuple[str, str, dict[str, Any]]:
     """Run the test command as a cell runs: own session, own group, swept afterwards.
 
     It returns soon after the one-liner reported: a wrapper that lingers (a helper left
@@ -263,11 +278,20 @@ def _run_test_command(
     killed and everything left in its cell group swept, so availability never waits on
     a leftover.
 
+    Meanwhile `_CheckLook` watches for the test command's file in the workspace and looks for
+    its process among the group's members (or, where the group holds none, all of /proc).
+
     Returns:
-        (what happened in words, the stdout read).
+        (what happened in words, the stdout read, what the host saw of the test command).
     """
     with cellgroup.open_cell() as group:
-        return _run_test_command_in(wrapper, group, argv, env, cwd)
+        look = _CheckLook(ctx.payload, group)
+        look.start()
+        try:
+            said, stdout = _run_test_command_in(wrapper, group, argv, env, cwd)
+        finally:
+            seen = look.finish()
+        return said, stdout, seen
 
 
 def _run_test_command_in(
@@ -403,7 +427,10 @@ def _check_context(
     shim.chmod(0o644)
     # The interpreter every cell's payload gets (sandbox_attest/host/interpreter.py).
     python = run_interpreter()
-    payload = [python.path, "-c", CONFINEMENT_PROBE]
+    # The ready and go files of the check's rendezvous, named as a cell's are (neutral).
+    mark = secrets.token_hex(8)
+    ready, go = workspace / disguise.ready_name(mark), workspace / disguise.go_name(mark)
+    payload = [python.path, "-c", CONFINEMENT_PROBE, str(ready), str(go)]
     sample = sample_context()
     read_only = [str(p) for p in python.bind_paths()]
     env = [f"{k}={v}" for k, v in payload_env(None, workspace).items()]
@@ -533,7 +560,17 @@ def _confinement_facts(seen: dict[str, Any]) -> dict[str, Any]:
         "no_new_privs": no_new_privs,
         "uid": seen.get("uid"),
         "unconfined": set(shared) == set(NAMESPACES) and seccomp == "0" and no_new_privs == "0",
+        "host_process": _host_process_fact(seen.get("host_look") or {}),
     }
+
+
+def _host_process_fact(look: dict[str, Any]) -> str:
+    """Whether the host read the test command as a process of its own, in one stable phrase."""
+    if look.get("host_pids"):
+        return "seen"
+    if look.get("landed"):
+        return "not seen; its workspace file landed"
+    return "unknown: its workspace file never reached the host"
 
 
 def _no_test_command(spec: CommandSpec, said: str) -> str:
@@ -545,3 +582,96 @@ def _no_test_command(spec: CommandSpec, said: str) -> str:
 
 def _unavailable(reason: str) -> Availability:
     return Availability(ok=False, reason=reason, identity=None)
+
+
+def _kernel_shape(spec: CommandSpec, fact: str, look: dict[str, Any]) -> tuple[str, list[str]]:
+    """The kernel claim against the test command's behaviour: (why UNAVAILABLE or "", notes).
+
+    A sandbox with its own kernel (gVisor's Sentry, a microVM) shows the host no process of
+    the payload's: the test command's file lands in the workspace, yet no host process runs
+    it. Seen without `kernel = "own"`, the note says so and names the claim (the cells would
+    otherwise wait for a host reading that never comes). Claimed while the host reads the
+    test command as its own process, the claim is false, and a false claim would take the
+    probes only a host view could judge off the table: UNAVAILABLE, naming the fix.
+    """
+    own = claims_of(spec.claims).own_kernel
+    if own and fact == "seen":
+        pids = ", ".join(str(p) for p in look.get("host_pids", []))
+        return (
+            f'{spec.name} claims kernel = "own", but the host reads its test command as a host '
+            f"process (pid {pids}): a payload the host can read runs on the host's kernel; drop "
+            f"kernel from [claims] in {spec.source}"
+        ), []
+    if own and fact != "not seen; its workspace file landed":
+        note = (
+            f'{spec.name} claims kernel = "own", and its test command\'s file in the workspace '
+            "never reached the host: under that claim the workspace is the rendezvous and the "
+            "witness that the payload ran, so make the workspace writable through to the host "
+            "or no cell can be judged"
+        )
+        return "", [note]
+    if not own and fact == "not seen; its workspace file landed":
+        note = (
+            f"{spec.name} ran its test command where the host sees no process of it, yet its "
+            "file landed in the workspace: the shape of a sandbox with a kernel of its own "
+            f'(gVisor, a microVM); claim kernel = "own" in [claims] of {spec.source} so its '
+            "cells are judged by the effects outside the sandbox (README, Claims)"
+        )
+        return "", [note]
+    return "", []
+
+
+class _CheckLook:
+    """The availability check's rendezvous: did the host see the test command as a process?
+
+    The one-liner (CONFINEMENT_PROBE) writes its ready file into the workspace and waits for
+    the go file; on seeing the ready file the host looks, for at most FIND_S, for a process
+    whose command line is the one-liner's own (`python -c PROBE READY GO`: a wrapper's
+    command line carries the same words later on, and is the wrapper), then answers.
+    """
+
+    FIND_S: Final = 1.0
+
+    def __init__(self, payload: list[str], group: cellgroup.CellGroup) -> None:
+        """Watch for `payload`'s ready file (its argv[3]) in `group`."""
+        self.ready, self.go = Path(payload[3]), Path(payload[4])
+        self.group = group
+        self.landed = False
+        self.host_pids: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="check-look", daemon=True)
+
+    def start(self) -> None:
+        """Begin watching in a background thread."""
+        self._thread.start()
+
+    def finish(self) -> dict[str, Any]:
+        """Stop watching; whether the file landed and which host pids ran the one-liner."""
+        self._stop.set()
+        self._thread.join(self.FIND_S + 1.0)
+        return {"landed": self.landed, "host_pids": list(self.host_pids)}
+
+    def _watch(self) -> None:
+        while not self.ready.exists():
+            if self._stop.wait(0.005):
+                return
+        self.landed = True
+        deadline = time.monotonic() + self.FIND_S
+        while not self.host_pids and time.monotonic() < deadline:
+            members = self.group.pids() or _all_pids()
+            self.host_pids = [pid for pid in members if self._runs_it(pid)]
+            if not self.host_pids:
+                time.sleep(0.01)
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.go, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+
+    def _runs_it(self, pid: int) -> bool:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return len(argv) >= 4 and argv[1] == b"-c" and argv[3] == str(self.ready).encode()
+
+
+def _all_pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
