@@ -8,14 +8,15 @@ note /work/helpers/out/sandlock.md, each checked by hand outside the harness:
 - true findings (FAIL): Landlock has no access right for metadata changes, so the payload
   chmods, chowns and touches host paths its user owns outside every write grant;
 - INCONCLUSIVE only where a refusal has no host reading until the kernel witness (issue 27,
-  item 1) records the syscall and its errno;
+  item 1) records the syscall and its errno (the two syscall-surface cells join them once
+  the supervisor artifact is fixed: measured with the fix applied in a scratch copy);
 - harness artifacts still open (each with its proposed fix in the note): sandlock's
   supervisor is the launcher's own Python process, above the payload and unconfined by
   design, and the harness judges every Python member of a cell as a payload; and the proc
   probes judge a shared pid namespace instead of what the payload could reach in it. Each is
   held to its exact signature here (so a real hole in those cells still fails), and
   `test_no_harness_artifact_is_left` (strict xfail) starts passing, and so fails, the day
-  the fixes land: then move those cells to PASS.
+  the fixes land: then move those cells to PASS (or to the kernel witness's list).
 
 Skips, naming `scripts/real-sandboxes.sh`, where sandlock is not installed.
 """
@@ -127,10 +128,27 @@ def _supervisors(cell: dict[str, Any]) -> set[int]:
     }
 
 
+def _after_supervisor_fix(probe: str, cell: dict[str, Any]) -> bool:
+    """A syscall cell as it is once the supervisor is not judged: refused, waiting for kw.
+
+    Measured with the proposed `is_supervisor` change applied in a scratch copy: both cells
+    are then INCONCLUSIVE ("PASS rests on the payload's report alone"), every call refused,
+    like proc_new_mount_api: only the kernel witness corroborates a filter's refusal.
+    """
+    return (
+        probe in SUPERVISOR_FAILS - {"proc_privileges"}
+        and cell["verdict"] == "INCONCLUSIVE"
+        and cell["reason"].startswith("PASS rests on the payload's report alone")
+        and "reached the kernel handler: none" in cell["reason"]
+    )
+
+
 def _artifact_signature(probe: str, cell: dict[str, Any]) -> bool:
     """Whether a non-PASS artifact cell is exactly the open artifact, and nothing more."""
     reason = cell["reason"]
     if probe in SUPERVISOR_FAILS:
+        if cell["verdict"] != "FAIL":
+            return False
         named = {int(p) for p in re.findall(r"host pid (\d+) \(python3\)", reason)}
         named |= {int(p) for p in re.findall(r"host pid (\d+) \(Seccomp 0\)", reason)}
         nothing_reached = probe == "proc_privileges" or "reached the kernel handler: none" in reason
@@ -172,7 +190,9 @@ class TestSandlock:
         off = {
             p
             for p in ARTIFACTS
-            if cells[p]["verdict"] != "PASS" and not _artifact_signature(p, cells[p])
+            if cells[p]["verdict"] != "PASS"
+            and not _artifact_signature(p, cells[p])
+            and not _after_supervisor_fix(p, cells[p])
         }
         assert not off, _show(cells, off)
 
@@ -191,5 +211,6 @@ class TestSandlock:
         "judge the shared pid namespace, not what the payload reached",
     )
     def test_no_harness_artifact_is_left(self, grid: dict[str, dict[str, Any]]) -> None:
-        """Once the artifacts are fixed, their cells PASS (this xfail then fails: drop it)."""
-        assert {p for p in ARTIFACTS if grid[p]["verdict"] != "PASS"} == set()
+        """Once the artifacts are fixed, no cell shows one (this xfail then fails: drop it)."""
+        left = {p for p in ARTIFACTS if grid[p]["verdict"] != "PASS"}
+        assert {p for p in left if _artifact_signature(p, grid[p])} == set()
