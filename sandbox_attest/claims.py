@@ -313,6 +313,12 @@ def _own_kernel_unjudged(probe: str, claims: Claims) -> str | None:
             "payload's syscalls, so a handler that answered is not the host kernel's, and no "
             "host reading shows which host calls that kernel makes on the payload's behalf"
         )
+    if probe == "dev_access":
+        return (
+            'the backend claims kernel = "own": the device nodes the payload opens are its own '
+            "kernel's (gVisor implements /dev/fuse and /dev/net/tun itself), so a device number "
+            "names no host device, and the host cannot read the payload's view to map it"
+        )
     if probe == "env_inheritance":
         return (
             'the backend claims kernel = "own": the payload\'s environment and descriptors are '

@@ -91,7 +91,7 @@ class TestSpecKey:
 
 
 class TestUnclaimed:
-    @pytest.mark.parametrize("probe", [*HOST_VIEW_ONLY, "env_inheritance"])
+    @pytest.mark.parametrize("probe", [*HOST_VIEW_ONLY, "env_inheritance", "dev_access"])
     def test_host_view_only_probes_are_not_applicable_under_an_own_kernel(
         self, tmp_path: Path, probe: str
     ) -> None:
