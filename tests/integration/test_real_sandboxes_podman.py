@@ -5,10 +5,11 @@ says which flag comes from where) on a read-only rootfs built from this host by
 `scripts/podman-rootfs.sh`. The verdicts asserted are the findings written up for the
 README's "Real sandboxes, measured": every FAIL is a true finding about podman's default
 seccomp profile (/usr/share/containers/seccomp.json), each reproduced by hand outside the
-harness with the spec's own flags (/work/helpers/out/podman.md), and no cell is INCONCLUSIVE
-or ERROR. The run is also held to the honest trust record: rootful podman needs root, so the
-spec's `[run] user = "root"` makes the backend "shared", while every judged process of the
-payload ran as the payload uid.
+harness with the spec's own flags (`podman run` with the argv a cell records, running a
+ctypes script and `unshare -U -m id`), and no cell is INCONCLUSIVE or ERROR. The run is also
+held to the honest trust record: rootful podman needs root, so the spec's `[run] user =
+"root"` makes the backend "shared", while every judged process of the payload ran as the
+payload uid.
 
 `scripts/real-sandboxes.sh` installs podman (Debian's package); without it, or without root
 and the lab, the tests skip naming the fix.
