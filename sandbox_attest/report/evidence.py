@@ -93,7 +93,42 @@ def cell_entry(
     *, cell_id: str, backend: str, probe: str, platform: str, **facts: Unpack[CellFacts]
 ) -> CellEntry:
     """A cell's evidence entry: the one place its head is made (every producer calls this)."""
+    if isinstance(facts.get("host_view"), dict):
+        facts["host_view"] = bounded_host_view(facts["host_view"])
     return {"cell_id": cell_id, "backend": backend, "probe": probe, "platform": platform, **facts}
+
+
+# How many of a cell's kernel events the host view keeps (sandbox_attest/host/kernelwitness.py
+# records up to 4096 per cell); the events that judged the cell are in its `witness`.
+KERNEL_EVENTS_KEPT = 24
+# Refusals that every payload's start-up makes (a library or locale file not there): counted,
+# not listed.
+_ROUTINE_ERRORS = frozenset({"ENOENT", "ENOTTY", "ENXIO", "EAGAIN", "EINPROGRESS"})
+
+
+def bounded_host_view(view: dict[str, Any]) -> dict[str, Any]:
+    """The host view with its kernel witness reading bounded: counts, and a few refusals.
+
+    Every event is counted by syscall and answer; the first `KERNEL_EVENTS_KEPT` refusals
+    that are not routine (see `_ROUTINE_ERRORS`) are kept whole, in the order they came.
+    """
+    kernel = view.get("kernel")
+    if not isinstance(kernel, dict) or not isinstance(kernel.get("events"), list):
+        return view
+    events = [e for e in kernel["events"] if isinstance(e, dict)]
+    counts: dict[str, int] = {}
+    for event in events:
+        key = f"{event.get('syscall')} -> {event.get('error') or 'ok'}"
+        counts[key] = counts.get(key, 0) + 1
+    refusals = [e for e in events if e.get("error") and e.get("error") not in _ROUTINE_ERRORS]
+    bounded = {k: v for k, v in kernel.items() if k != "events"}
+    bounded.update(
+        events_total=len(events),
+        answers=dict(sorted(counts.items())),
+        refusals=refusals[:KERNEL_EVENTS_KEPT],
+        refusals_left_out=max(0, len(refusals) - KERNEL_EVENTS_KEPT),
+    )
+    return {**view, "kernel": bounded}
 
 
 def parse_cells(

@@ -34,6 +34,7 @@ from sandbox_attest.backends.base import (
 )
 from sandbox_attest.catalog import PROBES, CellContext, InsideRoute, probe_path, report_mismatch
 from sandbox_attest.errors import HarnessError, ProbeOutputError
+from sandbox_attest.host import cellgroup, kernelwitness
 from sandbox_attest.host.interpreter import payload_interpreter
 from sandbox_attest.host.trust import (
     PayloadUser,
@@ -234,12 +235,77 @@ def run_watched(
     # A spec-owned reading (dev_access lists the payload's /dev) runs at the same rendezvous,
     # so no spec keeps a polling thread of its own to find the payload.
     hooks = {ctx.probe: functools.partial(spec.at_rendezvous, ctx)} if spec is not None else {}
-    watch = hostview.Rendezvous(request.workspace, task_path, ctx.nonce, look, hooks)
+    group = cellgroup.new_cell()
+    kernel = KernelCell.register(group)
+    watch = hostview.Rendezvous(request.workspace, task_path, ctx.nonce, look, hooks, group=group)
     watch.start()
     try:
         return backend.run(request)
     finally:
         ctx.host_view.update(watch.finish())
+        ctx.host_view["kernel"] = kernel.drain()
+
+
+@dataclass
+class KernelCell:
+    """One cell as the kernel witness records it: registered before its payload, then drained.
+
+    What `drain` returns goes into `ctx.host_view["kernel"]`: the witness's status, and where
+    it recorded this cell, every event (the catalogue reads them through
+    sandbox_attest.catalog.witness.kernel.py; the evidence keeps a bounded part).
+    """
+
+    witness: kernelwitness.KernelWitness | None
+    cgroup: int = 0
+    why: str = ""
+
+    @classmethod
+    def register(cls, group: cellgroup.CellGroup) -> KernelCell:
+        """Name the cell's cgroup to the run's witness, before anything runs in it."""
+        witness = kernelwitness.run_witness()
+        if witness is None or not witness.attached:
+            return cls(witness)
+        if group.mechanism != cellgroup.CGROUP or group.path is None:
+            return cls(witness, why=f"the cell has no cgroup of its own ({group.why})")
+        cell = cls(witness, kernelwitness.cgroup_id(group.path))
+        if not witness.register(cell.cgroup):
+            cell.why = witness.why
+            cell.cgroup = 0
+        return cell
+
+    def drain(self) -> dict[str, Any]:
+        """The witness's reading of the cell, or why there is none."""
+        if self.witness is None:
+            return {"status": "unavailable", "why": "no kernel witness was started for the run"}
+        facts: dict[str, Any] = {"status": self.witness.status}
+        if not self.cgroup:
+            facts["why"] = self.why or self.witness.why
+            return facts
+        began = time.monotonic()
+        got = self.witness.drain(self.cgroup)
+        facts["drain_ms"] = round((time.monotonic() - began) * 1000, 2)
+        if got is None:
+            return {**facts, "status": self.witness.status, "why": self.witness.why}
+        facts.update(
+            recorded=True,
+            cgroup=self.cgroup,
+            dropped=got.dropped,
+            events=[event.as_dict() for event in got.events],
+        )
+        return facts
+
+
+def kernel_unseen(assessment: Assessment) -> list[str]:
+    """Attempts the payload reports that the kernel never saw (catalog/witness/kernel.py).
+
+    Such a report does not match the probe: the payload (or a wrapper rewriting its line)
+    says it tried something the kernel has no trace of. An escape the host saw still wins.
+    """
+    if assessment.escape == "escaped":
+        return []
+    kernel = assessment.witness.get("kernel")
+    unseen = kernel.get("unseen") if isinstance(kernel, dict) else None
+    return [str(u) for u in unseen] if isinstance(unseen, list) else []
 
 
 def applicable_here(cell: Cell) -> Cell:
@@ -536,6 +602,17 @@ class CellRunner:
                 "witness": vars(witness),
             }
         assessment: Assessment = spec.assess(ctx, report, witness, control)
+        unseen = kernel_unseen(assessment)
+        if unseen:
+            return {
+                "verdict": Verdict.ERROR.value,
+                "observed": "error",
+                "reason": "the payload's report does not match the probe: "
+                + "; ".join(unseen)
+                + " (kernel witness, attached to this cell)",
+                "attempts": report.get("attempts", []),
+                "witness": assessment.witness or vars(witness),
+            }
         if not assessment.corroborated_by:
             assessment.corroborated_by = spec.corroboration(ctx, report)
         # The report crossed a wrapper the harness does not control (a command wrapper,

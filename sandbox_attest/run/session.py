@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest import __version__
 from sandbox_attest.errors import ConfigError, HarnessError
+from sandbox_attest.host import cellgroup, kernelwitness
 from sandbox_attest.host.lifetime import RunInterrupted, caught_signal
 from sandbox_attest.host.provenance import file_sha256
 from sandbox_attest.host.separation import trust_domains
@@ -142,6 +143,18 @@ class RunSession:
             run_facts=self.writer.run_facts,
         )
         self.pool = CellPool(self.world, self.jobs, self.matrix.control)
+        self._start_kernel_witness()
+
+    def _start_kernel_witness(self) -> None:
+        """Attach the kernel witness once, before any cell (sandbox_attest/host/kernelwitness.py).
+
+        Cells are filtered by their cgroup, so the run cgroup is made now (it would be at the
+        first cell). Where no witness can run, the evidence says why and verdicts use the
+        host's other readings.
+        """
+        run, why = cellgroup.run_cgroup()
+        witness = kernelwitness.start_run(run is not None, why)
+        self.writer.run_facts["kernel_witness"] = witness.facts()
 
     # -- the gate's rules (sandbox_attest/run/requirements.py), over the cells judged so far
 
@@ -298,6 +311,15 @@ class RunSession:
         if self.finished:
             return []
         self.finished = True
+        # The witness goes first: a signal that ends the run must not leave bpftrace running
+        # or a tracefs mount this run made (its notes are in the evidence).
+        notes = kernelwitness.stop_run()
+        witness = kernelwitness.run_witness()
+        if witness is not None:
+            facts = witness.facts()
+            if notes:
+                facts["notes"] = notes
+            self.writer.run_facts["kernel_witness"] = facts
         self.world.stop()
         close_backends(self.backends)
         self.world.remove_scratch()

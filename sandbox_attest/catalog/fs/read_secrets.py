@@ -51,6 +51,14 @@ from sandbox_attest.catalog.spec import (
     home_of,
     host_processes,
 )
+from sandbox_attest.catalog.witness.kernel import (
+    OPENS,
+    KernelJudgement,
+    ReportedAttempt,
+    corroborate,
+    path_match,
+    reads_bytes,
+)
 from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host import disguise, journal, safefs
@@ -446,7 +454,20 @@ class FsReadSecrets(SpecBase):
             )
         # The host's own look at the payload's view: what backs a refusal on a wrapper.
         corroborated, looked = self.host_look(ctx)
-        if not leaked:
+        kernel = self.kernel_judgement(ctx, escapes, shown)
+        if kernel is not None and kernel.escapes and not leaked:
+            escape = "escaped"
+            reasons.insert(
+                0, "the kernel returned the canary to the payload: " + "; ".join(kernel.escapes)
+            )
+        if kernel is not None and kernel.all_corroborated:
+            # A filter refused the open in the kernel: that, not the view, backs the refusal.
+            reasons.append("; ".join(kernel.corroborated))
+            corroborated = [
+                *corroborated,
+                "the kernel's answer to each canary open (kernel witness)",
+            ]
+        elif not leaked:
             reasons.extend(looked)
         inside = attempts_by_role(report, "control")
         inside_ok = all_succeeded(inside, 1) and inside[0].get("sha256") == hashes.get("workspace")
@@ -466,11 +487,34 @@ class FsReadSecrets(SpecBase):
                     {"pid": p.get("pid"), "looked": p.get("looked") or []}
                     for p in host_processes(ctx)
                 ],
+                **({"kernel": kernel.as_witness()} if kernel is not None else {}),
             },
             controls={"inside": inside, "host": control},
         )
         assessment.corroborated_by = corroborated
         return assessment
+
+    @staticmethod
+    def kernel_judgement(
+        ctx: CellContext, escapes: list[dict[str, Any]], shown: dict[str, str]
+    ) -> KernelJudgement | None:
+        """The kernel's answer to each judged canary open, on a filter sandbox (else None).
+
+        The payload's own mount namespace is the harness's there, so the path it opened is
+        the host's canary; an open that only looks (O_PATH) reads no byte and is no escape.
+        """
+        attempts = [
+            ReportedAttempt(
+                label=f"{a.get('what')} ({shown.get(str(a.get('what')), '?')})",
+                outcome=str(a.get("outcome")),
+                syscalls=OPENS,
+                match=path_match(shown.get(str(a.get("what")), "")),
+                counts=reads_bytes,
+            )
+            for a in escapes
+            if str(a.get("what")) in shown
+        ]
+        return corroborate(ctx, attempts, "mnt") if attempts else None
 
     def cleanup(self, ctx: CellContext) -> None:
         """Remove the canaries it made in $HOME, then the dirs it made there that are empty.

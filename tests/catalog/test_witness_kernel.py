@@ -1,0 +1,267 @@
+"""The kernel witness's answers judge a filter sandbox's refusals (issue 27, item 1).
+
+The events here are the ones a live sandlock cell recorded (/tmp/kw-r2, 2026-12-02): the
+payload (pid 19680, python) opening each canary and Landlock answering EACCES, beside the
+sandlock supervisor's own openat2 of the same path (pid 19600), which is not the payload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from sandbox_attest.catalog import CellContext
+from sandbox_attest.catalog.controls import load_state
+from sandbox_attest.catalog.fs import FsReadSecrets
+from sandbox_attest.catalog.witness.kernel import (
+    OPENS,
+    ReportedAttempt,
+    corroborate,
+    kernel_answer,
+    path_match,
+    reads_bytes,
+)
+from sandbox_attest.errors import FixtureError
+from sandbox_attest.run.runner import inside_route, kernel_unseen
+from sandbox_attest.verdict import Verdict, believe, decide
+from tests.catalog.test_host import CONFINED, Records, StubWorld, stub_info
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+PAYLOAD_PID = 19680
+SUPERVISOR_PID = 19600
+O_RDONLY_CLOEXEC = 0o2000000
+O_PATH = 0o10000000
+
+
+def event(
+    path: str, ret: int, *, pid: int = PAYLOAD_PID, flags: int = O_RDONLY_CLOEXEC, **over: Any
+) -> dict[str, Any]:
+    """An openat event as the witness records it."""
+    error = {-13: "EACCES", -2: "ENOENT", -1: "EPERM"}.get(ret, "")
+    base = {
+        "syscall": "openat",
+        "pid": pid,
+        "comm": "python",
+        "ret": ret,
+        "error": error,
+        "entered": True,
+        "args": [4294967196, 140473405470672, flags, 0],
+        "text": path,
+    }
+    return {**base, **over}
+
+
+def view(
+    events: list[dict[str, Any]], *, shared: tuple[str, ...] = ("mnt", "net")
+) -> dict[str, Any]:
+    """A host view: the payload seen at the rendezvous, and the kernel's reading of the cell."""
+    return {
+        "seen": True,
+        "pid": PAYLOAD_PID,
+        "shared_with_harness": list(shared),
+        "kernel": {"status": "attached", "recorded": True, "dropped": 0, "events": events},
+    }
+
+
+def attempt(path: str, outcome: str = "refused") -> ReportedAttempt:
+    """A reported read of `path`."""
+    return ReportedAttempt(path, outcome, OPENS, path_match(path), reads_bytes)
+
+
+class TestCorroborate:
+    """`corroborate` applies issue 27's rule to reported attempts."""
+
+    def test_a_refusal_the_kernel_returned_is_corroborated(self) -> None:
+        """The kernel's EACCES for that path backs the payload's refusal."""
+        ctx: Any = SimpleNamespace(host_view=view([event("/h/.ssh/id", -13)]))
+        judged = corroborate(ctx, [attempt("/h/.ssh/id")], "mnt")
+        assert judged is not None
+        assert judged.all_corroborated
+        assert judged.corroborated == ["/h/.ssh/id: the kernel saw openat(/h/.ssh/id) -> EACCES"]
+
+    def test_an_attempt_the_kernel_never_saw_does_not_match(self) -> None:
+        """A refusal with no syscall behind it is a report that does not match the probe."""
+        ctx: Any = SimpleNamespace(host_view=view([event("/h/other", 3)]))
+        judged = corroborate(ctx, [attempt("/h/.ssh/id")], "mnt")
+        assert judged is not None
+        assert judged.unseen
+        assert "the kernel saw no open/openat/openat2 of it" in judged.unseen[0]
+
+    def test_unseen_after_dropped_events_is_only_uncertain(self) -> None:
+        """Past the cell's cap the kernel kept less than it saw: not seen is not an error."""
+        host_view = view([event("/h/other", 3)])
+        host_view["kernel"]["dropped"] = 12
+        ctx: Any = SimpleNamespace(host_view=host_view)
+        judged = corroborate(ctx, [attempt("/h/.ssh/id")], "mnt")
+        assert judged is not None
+        assert not judged.unseen
+        assert "dropped 12" in judged.uncertain[0]
+
+    def test_a_success_in_the_payload_is_an_escape(self) -> None:
+        """An open that read the file in the payload's own process outweighs its refusal."""
+        ctx: Any = SimpleNamespace(host_view=view([event("/h/.ssh/id", 3)]))
+        judged = corroborate(ctx, [attempt("/h/.ssh/id")], "mnt")
+        assert judged is not None
+        assert judged.escapes == ["/h/.ssh/id: the kernel saw openat(/h/.ssh/id) -> 3"]
+
+    @pytest.mark.parametrize(
+        ("over", "why"),
+        [
+            ({"pid": SUPERVISOR_PID}, "the supervisor's open is not the payload's"),
+            ({"args": [0, 0, O_PATH, 0]}, "an O_PATH open reads no byte"),
+            ({"syscall": "openat2"}, "openat2's flags are not seen"),
+        ],
+        ids=["supervisor", "o_path", "openat2"],
+    )
+    def test_a_success_that_reads_nothing_of_the_payloads_is_no_escape(
+        self, over: dict[str, Any], why: str
+    ) -> None:
+        """Successes that are not the payload reading the file do not count against it."""
+        events = [event("/h/.ssh/id", 3, **over), event("/h/.ssh/id", -13)]
+        ctx: Any = SimpleNamespace(host_view=view(events))
+        judged = corroborate(ctx, [attempt("/h/.ssh/id")], "mnt")
+        assert judged is not None
+        assert judged.escapes == [], why
+        assert judged.all_corroborated
+
+    def test_seccomp_refusals_without_arguments_are_said_as_such(self) -> None:
+        """A syscall refused before sys_enter has no argument; it corroborates, and says so."""
+        unseen = {"syscall": "openat", "pid": PAYLOAD_PID, "entered": False, "error": "EPERM"}
+        ctx: Any = SimpleNamespace(host_view=view([event("/x", 3), {**unseen, "ret": -1}]))
+        judged = corroborate(ctx, [attempt("/h/.ssh/id")], "mnt")
+        assert judged is not None
+        assert "before it began -> EPERM (seccomp" in judged.corroborated[0]
+
+    @pytest.mark.parametrize(
+        ("host_view", "why"),
+        [
+            ({"kernel": {"status": "unavailable", "why": "not root"}}, "no witness"),
+            ({**view([event("/h/.ssh/id", -13)], shared=("net",))}, "own mount namespace"),
+            ({**view([event("/h/.ssh/id", -13, pid=4)])}, "payload outside the cgroup"),
+            ({**view([event("/h/.ssh/id", -13)]), "seen": False}, "payload never seen"),
+        ],
+        ids=["no-witness", "namespace-sandbox", "other-cgroup", "unseen-payload"],
+    )
+    def test_today_s_readings_stand_where_the_rule_does_not_apply(
+        self, host_view: dict[str, Any], why: str
+    ) -> None:
+        """No witness, a namespace sandbox or a payload outside the cell's cgroup: None."""
+        ctx: Any = SimpleNamespace(host_view=host_view)
+        assert corroborate(ctx, [attempt("/h/.ssh/id")], "mnt") is None, why
+
+    def test_kernel_answer_prefers_the_refusal(self) -> None:
+        """One attempt's answer: its refusal, and the reading names syscall, path and errno."""
+        ctx: Any = SimpleNamespace(host_view=view([event("/p", 3), event("/p", -13)]))
+        answer = kernel_answer(ctx, "openat", path_match("/p"))
+        assert answer is not None
+        assert answer.reading() == "the kernel saw openat(/p) -> EACCES"
+
+
+# ---------------------------------------------------------------------------------------------
+# fs_read_secrets on a filter sandbox: the cell the sandlock run showed (INCONCLUSIVE before).
+
+
+@pytest.fixture
+def make_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CellContext]:
+    """One fs_read_secrets context with its canaries planted under a home of the test's own."""
+    if os.name != "posix" or os.geteuid() != 0:
+        pytest.skip("planting canaries with their owner needs root")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    nonce = "n" + secrets.token_hex(8)
+    (tmp_path / nonce / "workspace").mkdir(parents=True)
+    (tmp_path / "real.sock").touch()
+    spec = FsReadSecrets()
+    ctx = CellContext(
+        probe=spec.id,
+        backend="unit",
+        nonce=nonce,
+        world=StubWorld(stub_info(tmp_path / "real.sock")),
+        workspace=tmp_path / nonce / "workspace",
+        cell_dir=tmp_path / nonce,
+        claims=CONFINED,
+        route=inside_route(),
+    )
+    spec.prepare(ctx)
+    yield ctx
+    with contextlib.suppress(FixtureError):
+        spec.cleanup(ctx)
+
+
+def filter_cell(ctx: CellContext, kernel: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What the sandlock run's host saw: every canary visible as the host's own file."""
+    spec = FsReadSecrets()
+    paths = spec.secret_paths(ctx)
+    looked = [{"path": str(p), "visible": True, "same_inode_as_host": True} for p in paths.values()]
+    host_view = view(kernel or [])
+    host_view["looked"] = looked
+    if kernel is None:
+        host_view["kernel"] = {"status": "unavailable", "why": "not root"}
+    hashes = load_state(ctx)["hashes"]
+    attempts = [
+        {"what": "workspace", "role": "control", "outcome": "succeeded"},
+        *({"what": k, "role": "escape", "outcome": "refused", "errno": "EACCES"} for k in paths),
+    ]
+    attempts[0]["sha256"] = hashes["workspace"]
+    ctx.host_view.update(host_view)
+    return {"probe": spec.id, "nonce": ctx.nonce, "attempts": attempts, "facts": {}}
+
+
+OK_CONTROL: dict[str, Any] = {"ok": True, "nonce": "hcontrol", "checks": []}
+
+
+class TestFsReadSecretsOnAFilter:
+    """fs_read_secrets judged on a filter sandbox whose canaries are visible in its view."""
+
+    def test_without_the_kernel_the_refusal_rests_on_the_report(self, make_ctx: Any) -> None:
+        """The artifact: the host's view backs nothing, so a wrapper's PASS is INCONCLUSIVE."""
+        spec = FsReadSecrets()
+        report = filter_cell(make_ctx, None)
+        assessment = spec.assess(make_ctx, report, Records(), OK_CONTROL)
+        decision = believe(decide("denied", assessment), assessment, crossed_wrapper=True)
+        assert decision.verdict is Verdict.INCONCLUSIVE
+
+    def test_the_kernels_eacces_for_each_canary_makes_it_a_pass(self, make_ctx: Any) -> None:
+        """Landlock's EACCES for each canary open, seen by the kernel witness, backs the PASS."""
+        spec = FsReadSecrets()
+        paths = spec.secret_paths(make_ctx)
+        kernel = [event(str(p), -13) for p in paths.values()]
+        kernel.append(event(str(paths["ssh"]), 9, pid=SUPERVISOR_PID, syscall="openat2"))
+        report = filter_cell(make_ctx, kernel)
+        assessment = spec.assess(make_ctx, report, Records(), OK_CONTROL)
+        decision = believe(decide("denied", assessment), assessment, crossed_wrapper=True)
+        assert decision.verdict is Verdict.PASS, decision.reason
+        assert f"the kernel saw openat({paths['ssh']}) -> EACCES" in decision.reason
+        kernel_witness: Any = assessment.witness["kernel"]
+        assert len(kernel_witness["events"]) == len(paths)
+
+    def test_a_canary_open_the_kernel_never_saw_is_an_error(self, make_ctx: Any) -> None:
+        """A refusal reported for a canary the payload never opened does not match the probe."""
+        spec = FsReadSecrets()
+        paths = spec.secret_paths(make_ctx)
+        kernel = [event(str(p), -13) for k, p in paths.items() if k != "aws"]
+        report = filter_cell(make_ctx, kernel)
+        assessment = spec.assess(make_ctx, report, Records(), OK_CONTROL)
+        unseen = kernel_unseen(assessment)
+        assert len(unseen) == 1
+        assert unseen[0].startswith(f"aws ({paths['aws']}): the payload reports refused")
+
+    def test_a_canary_the_kernel_opened_for_the_payload_is_a_fail(self, make_ctx: Any) -> None:
+        """The payload says refused, the kernel returned it a descriptor: FAIL naming the open."""
+        spec = FsReadSecrets()
+        paths = spec.secret_paths(make_ctx)
+        kernel = [event(str(p), -13 if k != "ssh" else 5) for k, p in paths.items()]
+        report = filter_cell(make_ctx, kernel)
+        assessment = spec.assess(make_ctx, report, Records(), OK_CONTROL)
+        decision = decide("denied", assessment)
+        assert decision.verdict is Verdict.FAIL
+        assert f"openat({paths['ssh']}) -> 5" in decision.reason
