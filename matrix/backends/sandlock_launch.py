@@ -1,3 +1,4 @@
+#!/usr/bin/python3 -I
 """Run one command under sandlock 0.9.0 in its strictest documented configuration.
 
 sandlock (PyPI `sandlock`, github.com/multikernel/sandlock) is a Python SDK with no CLI of
@@ -146,6 +147,11 @@ def main(argv: list[str]) -> int:
     sandbox = build(sandlock, settings)
     # PyPI README, "sandbox.run_interactive(cmd) -> int": "Run with inherited stdio (no
     # capture). Returns the exit code." The payload's one JSON line goes straight to stdout.
+    # sandlock forks the payload into a child and supervises it from this process, which is
+    # unconfined by design; the harness exempts this process from judgement only because it
+    # is the one it spawned, running this file as pinned (sandbox_attest/host/cellgroup.py).
+    # So this launcher must never exec the payload in its own process (no os.exec*, no
+    # run_interactive replaced by an exec): the exempt pid would then be the payload's.
     code = sandbox.run_interactive(argv[3:])
     sys.stdout.flush()
     return code if 0 <= code < 256 else 1  # an exit status is one byte

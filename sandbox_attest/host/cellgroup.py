@@ -35,6 +35,23 @@ writes its own pid (a shell rewrites the environment it passes on: it drops name
 and sets PWD, which env_inheritance would read as the sandbox's doing), and posix_spawn (no uid
 switch).
 
+A supervisor written in Python (sandlock's SDK runs its seccomp-notify supervisor in the
+launcher's own process, unconfined by design) is exempt from judgement on four conditions
+together, each one a way a payload could otherwise pass for it: (1) it is the very process the
+harness spawned for the cell (its pid *and* start time, recorded by `started`: a decoy forked
+later with the same command line is another process); (2) its executable is the interpreter the
+script's `#!` names (by inode); (3) its command line runs, in isolated mode (`-I`: no
+PYTHONPATH, no user site) and with no option taking a value (`-c`, `-m`, `-W` import code), an
+absolute script path that is (4) a file the spec declared in `[detect] executables` (signed by
+sha256 in the backend's identity), pinned by (st_dev, st_ino, sha256) before the spawn and
+unchanged since, on a path with no symlink and no component the payload user can change
+(owned by root or the harness, not writable by others unless sticky). argv words never pin a
+script: `python3 probe.py` is the payload. Such a script must never exec the payload in its own
+process (the pid would then run the payload's code under the exempt identity): sandlock's
+launcher forks it through sandlock. Residual risk: a payload that can ptrace, write the memory
+of, or inject into its unconfined supervisor (same uid) runs code there unjudged; that access
+is exactly what proc_cross_process and proc_visibility measure, so it shows there as a FAIL.
+
 Leftovers are found through the group too (no run tag in any environment): whatever is still
 in a cell's group once its wrapper has exited is a leftover. The per-run parent's path is
 journalled (`sandbox_attest.host.journal`), so the next run's sweep (`sandbox_attest.run.sweep`)
@@ -46,6 +63,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import hashlib
 import os
 import secrets
 import signal
@@ -81,6 +99,19 @@ PR_SET_CHILD_SUBREAPER: Final = 36
 REAP_WAIT_S: Final = 2.0
 # The journal key prefix of a run's cgroup (sandbox_attest.run.sweep reads it back).
 JOURNAL_PREFIX: Final = "cgroup-"
+# Interpreter options a pinned supervisor script may run under: flags only (none takes a
+# value, so none names code or a module to import), and -I (or -E with -s) is required.
+SAFE_PYTHON_FLAGS: Final = frozenset("IEsSBuOPq")
+
+
+@dataclass(frozen=True)
+class PinnedScript:
+    """A Python supervisor script the spec declared, as it was when the cell was spawned."""
+
+    dev: int
+    ino: int
+    sha256: str
+    interpreter: tuple[int, int]  # (st_dev, st_ino) of the interpreter its #! names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,6 +306,8 @@ class CellGroup:
         roots: the wrappers started in this group (their host pids).
         supervisors: (st_dev, st_ino) of the executables the backend starts as its wrapper;
             a member running one of them is the sandbox's own process, not the payload.
+        supervisor_scripts: Python scripts the spec declared as its wrapper, by absolute
+            path; only the spawned root running one is exempt (module docstring).
     """
 
     mechanism: str
@@ -283,6 +316,7 @@ class CellGroup:
     reaping: bool = False  # this group made the harness a subreaper (`_become_subreaper`)
     roots: list[int] = field(default_factory=list)
     supervisors: set[tuple[int, int]] = field(default_factory=set)
+    supervisor_scripts: dict[str, PinnedScript] = field(default_factory=dict)
     _known: dict[int, int | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -293,12 +327,47 @@ class CellGroup:
         return f"descendants of host pid(s) {self.roots or '(none started)'}"
 
     def pin_supervisor(self, executable: str, env_path: str | None = None) -> None:
+        """Count `executable`, which the spec declares its wrapper runs, as the wrapper's own.
+
+        As `pin_executable`; and a Python script (its `#!` names an interpreter that can run
+        Python) is pinned as a supervisor script (`pin_script`), which exempts only the
+        spawned root running it (module docstring). Call this for what a spec *declares*
+        (`[detect] executables`), never for argv words: those name the payload's script too.
+        """
+        self.pin_executable(executable, env_path)
+        if executable.startswith("/"):
+            self.pin_script(executable)
+
+    def pin_script(self, path: str) -> None:
+        """Pin Python script `path` by inode and digest, if nothing the payload may change is on it.
+
+        Not pinned (and so judged): a relative path, a symlink anywhere on it, a component
+        owned by someone else than root or the harness, or a directory others may write
+        without the sticky bit; a file that is not a regular file whose `#!` names a Python.
+        """
+        if _changeable_path(path):
+            return
+        interpreters = _interpreter_of(path, None)
+        if not interpreters or not can_run_python(interpreters[0]):
+            return
+        try:
+            info = Path(path).lstat()
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            python = Path(interpreters[0]).stat()
+        except OSError:
+            return
+        self.supervisor_scripts[path] = PinnedScript(
+            info.st_dev, info.st_ino, digest, (python.st_dev, python.st_ino)
+        )
+
+    def pin_executable(self, executable: str, env_path: str | None = None) -> None:
         """Count `executable` (found on `env_path` like exec does) as the wrapper's own.
 
         A script counts by its `#!` interpreter too, since that is what /proc/<pid>/exe shows.
         Never pinned: anything that can run the payload's Python (`can_run_python`), nor the
         dynamic loader (`ld.so PROGRAM` runs any program under the loader's name). A wrapper
-        written in Python is therefore judged as its payload is (hostview's docstring).
+        written in Python is therefore judged as its payload is (hostview's docstring), unless
+        the spec declared its script (`pin_supervisor`).
         """
         import shutil  # noqa: PLC0415
 
@@ -325,7 +394,8 @@ class CellGroup:
         chain above the process carrying the launcher: the wrapper, bwrap, a seccomp
         helper), and in either case runs nothing that can run Python: the payload is Python,
         so a process that could be running it is judged wherever it sits, a copy of the
-        interpreter or the loader running one included (`can_run_python`).
+        interpreter or the loader running one included (`can_run_python`). The one Python
+        exempt is the spawned root running a pinned supervisor script (`runs_pinned_script`).
         """
         exe = f"/proc/{pid}/exe"
         try:
@@ -333,9 +403,40 @@ class CellGroup:
             target = str(Path(exe).readlink())
         except OSError:
             return False  # unreadable: judged, never exempted
-        if (info.st_dev, info.st_ino) not in self.supervisors and pid not in ancestors:
+        if Path(target).name.startswith("ld-") or can_run_python(exe):
+            return self.runs_pinned_script(pid, (info.st_dev, info.st_ino))
+        return (info.st_dev, info.st_ino) in self.supervisors or pid in ancestors
+
+    def runs_pinned_script(self, pid: int, exe: tuple[int, int]) -> bool:
+        """Whether `pid` is a root the harness spawned, running a pinned script unchanged.
+
+        `exe` is the (st_dev, st_ino) of its executable, read by the caller. Every condition
+        of the module docstring; any doubt (a process gone, a file unreadable) is a no.
+        """
+        with self._lock:
+            spawned = pid in self.roots and self._known.get(pid) is not None
+            ticks = self._known.get(pid)
+        if not spawned or start_ticks(pid) != ticks:
             return False
-        return not (Path(target).name.startswith("ld-") or can_run_python(exe))
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        script = _isolated_script(argv)
+        pinned = self.supervisor_scripts.get(script) if script else None
+        if pinned is None or script is None or pinned.interpreter != exe:
+            return False
+        if _changeable_path(script):
+            return False
+        try:
+            info = Path(script).lstat()
+            digest = hashlib.sha256(Path(script).read_bytes()).hexdigest()
+        except OSError:
+            return False
+        # Read again after the file: a process that exec'd meanwhile is no longer the root.
+        return (info.st_dev, info.st_ino, digest) == (pinned.dev, pinned.ino, pinned.sha256) and (
+            start_ticks(pid) == ticks
+        )
 
     def spawn_kwargs(self) -> dict[str, Any]:
         """`Popen` keyword arguments that start the child in this group and tie it to us."""
@@ -464,6 +565,60 @@ _OPEN_FDS = threading.local()
 _CURRENT = threading.local()
 
 
+def _isolated_script(argv: list[bytes]) -> str | None:
+    """The absolute script a Python command line runs in isolated mode, else None.
+
+    `argv` is /proc/<pid>/cmdline split at NULs. Only flag options (SAFE_PYTHON_FLAGS) may
+    come before the script, `-I` (or both `-E` and `-s`) among them.
+    """
+    flags: set[str] = set()
+    index = 1
+    while index < len(argv):
+        word = argv[index].decode(errors="replace")
+        if word == "--":
+            index += 1
+            break
+        if not word.startswith("-") or word == "-":
+            break
+        if not set(word[1:]) <= SAFE_PYTHON_FLAGS:
+            return None
+        flags |= set(word[1:])
+        index += 1
+    if index >= len(argv) or not ("I" in flags or {"E", "s"} <= flags):
+        return None
+    script = argv[index].decode(errors="replace")
+    return script if script.startswith("/") else None
+
+
+def _changeable_path(path: str) -> bool:
+    """Whether anyone but root or the harness could change what `path` names (or it is odd).
+
+    True for a relative path, one that is not its own realpath (a symlink or `..` on it), a
+    component not owned by root or the harness, a directory others may write without the
+    sticky bit above a component, and anything but a regular file at the end.
+    """
+    if not path.startswith("/") or os.path.realpath(path) != path:
+        return True
+    trusted = {0, os.geteuid()}
+    parts = Path(path).parts
+    parent_open = False  # the directory above lets others replace an entry
+    for depth in range(1, len(parts) + 1):
+        here = Path(*parts[:depth])
+        try:
+            info = here.lstat()
+        except OSError:
+            return True
+        if info.st_uid not in trusted or (parent_open and depth > 1):
+            return True
+        last = depth == len(parts)
+        if last:
+            return not stat.S_ISREG(info.st_mode) or bool(info.st_mode & 0o022)
+        if not stat.S_ISDIR(info.st_mode):
+            return True
+        parent_open = bool(info.st_mode & 0o022) and not info.st_mode & stat.S_ISVTX
+    return True
+
+
 def _interpreter_of(path: str, env_path: str | None) -> list[str]:
     """The `#!` interpreter of script `path` (and `env NAME`'s NAME, found on `env_path`)."""
     import shutil  # noqa: PLC0415
@@ -552,8 +707,9 @@ def spawn_kwargs(argv: Sequence[str], env: dict[str, str] | None = None) -> dict
         return lifetime.popen_kwargs()
     # Every word of the command line that names an executable: a wrapper may start through
     # another (prlimit ... bwrap ...). Python and the loader are never pinned (pin_supervisor).
+    # Executables only: a script named on the command line may be the payload's own.
     for word in argv:
-        group.pin_supervisor(word, (env or {}).get("PATH", os.defpath))
+        group.pin_executable(word, (env or {}).get("PATH", os.defpath))
     return group.spawn_kwargs()
 
 

@@ -260,3 +260,136 @@ class TestWhoIsTheSandboxsOwn:
         group.pin_supervisor("sh", os.defpath)
         shell = Path("/bin/sh").resolve().stat()
         assert group.supervisors == {(shell.st_dev, shell.st_ino)}
+
+
+# A Python supervisor script (sandlock's SDK supervises in its launcher's own process).
+SUPERVISOR_CODE = "#!{python} -I\nimport sys, time\nprint('up', flush=True)\ntime.sleep(30)\n"
+
+
+@pytest.fixture
+def supervisor_script(tmp_path: Path) -> Path:
+    """A Python script in a directory only root writes, its #! naming this interpreter."""
+    if os.geteuid() != 0:
+        pytest.skip("a pinned script must sit where only root (the harness) can change it")
+    script = tmp_path / "launch.py"
+    script.write_text(SUPERVISOR_CODE.format(python=sys.executable))
+    script.chmod(0o755)
+    return script
+
+
+def run_in(cell: cellgroup.CellGroup, argv: list[str]) -> subprocess.Popen[str]:
+    """`spawn` and wait for the script's "up" line (it is running its own code by then)."""
+    proc = spawn(cell, argv)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "up\n"
+    return proc
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """Kill and reap `proc`, closing its pipe."""
+    proc.kill()
+    proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+class TestAPinnedPythonSupervisor:
+    """Only the harness's own spawn, running the pinned script unchanged, is exempt."""
+
+    def test_the_spawned_process_running_the_pinned_script_is_own(
+        self, supervisor_script: Path
+    ) -> None:
+        """Pinned by the spec ([detect] executables), spawned by the harness: the sandbox's."""
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        group.pin_supervisor(str(supervisor_script))
+        proc = run_in(group, [sys.executable, "-I", str(supervisor_script)])
+        try:
+            assert group.is_supervisor(proc.pid) is True
+            assert group.is_supervisor(proc.pid, {proc.pid}) is True
+        finally:
+            stop(proc)
+
+    def test_an_unpinned_python_parent_is_still_judged(self, supervisor_script: Path) -> None:
+        """The same spawn, its script not declared by the spec: judged, above the launcher too."""
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        proc = run_in(group, [sys.executable, "-I", str(supervisor_script)])
+        try:
+            assert group.is_supervisor(proc.pid, {proc.pid}) is False
+        finally:
+            stop(proc)
+
+    def test_a_script_named_on_the_command_line_is_never_pinned(
+        self, supervisor_script: Path
+    ) -> None:
+        """Command-line words pin executables, never scripts: `python3 probe.py` is the payload."""
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        argv = [sys.executable, "-I", str(supervisor_script)]
+        proc = run_in(group, argv)
+        try:
+            assert group.supervisor_scripts == {}
+            assert group.is_supervisor(proc.pid, {proc.pid}) is False
+        finally:
+            stop(proc)
+
+    def test_a_process_the_harness_did_not_spawn_is_judged(self, supervisor_script: Path) -> None:
+        """A decoy with the very same command line, forked by a member: not the harness's."""
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        group.pin_supervisor(str(supervisor_script))
+        decoy = subprocess.Popen(
+            [sys.executable, "-I", str(supervisor_script)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert decoy.stdout is not None
+            assert decoy.stdout.readline() == "up\n"
+            assert group.is_supervisor(decoy.pid, {decoy.pid}) is False
+        finally:
+            stop(decoy)
+
+    @pytest.mark.parametrize(
+        "options",
+        [[], ["-c", "import time; print('up', flush=True); time.sleep(30)", "x"], ["-W", "x"]],
+        ids=["not-isolated", "dash-c", "option-with-argument"],
+    )
+    def test_any_other_way_of_running_it_is_judged(
+        self, supervisor_script: Path, options: list[str]
+    ) -> None:
+        """Without -I (PYTHONPATH, user site), `-c`, or an option taking a value: judged."""
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        group.pin_supervisor(str(supervisor_script))
+        argv = [sys.executable, *options, str(supervisor_script)]
+        if options[:1] == ["-W"]:
+            argv = [sys.executable, "-I", "-W", "ignore", str(supervisor_script)]
+        proc = run_in(group, argv)
+        try:
+            assert group.is_supervisor(proc.pid, {proc.pid}) is False
+        finally:
+            stop(proc)
+
+    def test_a_changed_script_is_judged(self, supervisor_script: Path) -> None:
+        """The digest pinned before the spawn must still be the file's."""
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        group.pin_supervisor(str(supervisor_script))
+        proc = run_in(group, [sys.executable, "-I", str(supervisor_script)])
+        try:
+            with supervisor_script.open("a") as handle:
+                handle.write("# changed\n")
+            assert group.is_supervisor(proc.pid, {proc.pid}) is False
+        finally:
+            stop(proc)
+
+    def test_a_script_the_payload_user_could_change_is_not_pinned(self, tmp_path: Path) -> None:
+        """In a directory others may write (no sticky bit), or through a symlink: never pinned."""
+        if os.geteuid() != 0:
+            pytest.skip("needs root to own the directories")
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        script = shared / "launch.py"
+        script.write_text(SUPERVISOR_CODE.format(python=sys.executable))
+        script.chmod(0o755)
+        shared.chmod(0o777)
+        link = tmp_path / "link.py"
+        link.symlink_to(script)
+        group = cellgroup.CellGroup(cellgroup.SUBTREE, why="a test of the rule alone")
+        group.pin_supervisor(str(script))
+        group.pin_supervisor(str(link))
+        assert group.supervisor_scripts == {}
