@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox_attest.catalog import CellContext
+from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.controls import load_state
 from sandbox_attest.catalog.fs import FsReadSecrets
 from sandbox_attest.catalog.witness.kernel import (
@@ -265,3 +265,112 @@ class TestFsReadSecretsOnAFilter:
         decision = decide("denied", assessment)
         assert decision.verdict is Verdict.FAIL
         assert f"openat({paths['ssh']}) -> 5" in decision.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# net_ipv6_udp_icmp on a filter sandbox: the sandlock cell of /tmp/kw-r5 (INCONCLUSIVE before:
+# the payload shares the harness's network namespace, and no listener hears a refusal).
+
+
+def unseen_connect(ret: int = -111, error: str = "ECONNREFUSED") -> dict[str, Any]:
+    """A connect sandlock's supervisor answered before sys_enter: no argument is seen."""
+    return {
+        "syscall": "connect",
+        "pid": PAYLOAD_PID,
+        "comm": "python",
+        "ret": ret,
+        "error": error,
+        "entered": False,
+        "args": [0, 0, 0, 0],
+    }
+
+
+@pytest.fixture
+def net_ctx(tmp_path: Path) -> Iterator[tuple[CellContext, dict[str, Any]]]:
+    """One net_ipv6_udp_icmp context with its loopback listeners started, and its targets."""
+    spec = PROBES["net_ipv6_udp_icmp"]
+    nonce = "n" + secrets.token_hex(8)
+    (tmp_path / nonce / "workspace").mkdir(parents=True)
+    (tmp_path / "real.sock").touch()
+    ctx = CellContext(
+        probe=spec.id,
+        backend="unit",
+        nonce=nonce,
+        world=StubWorld(stub_info(tmp_path / "real.sock")),
+        workspace=tmp_path / nonce / "workspace",
+        cell_dir=tmp_path / nonce,
+        claims=CONFINED,
+        route=inside_route(),
+    )
+    targets = spec.prepare(ctx)
+    yield ctx, targets
+    spec.cleanup(ctx)
+
+
+NET_ATTEMPTS = [
+    {"what": "tcp6-connect", "role": "escape", "outcome": "refused", "errno": "ECONNREFUSED"},
+    {"what": "udp6-datagram", "role": "escape", "outcome": "refused", "errno": "ECONNREFUSED"},
+    {"what": "udp4-datagram", "role": "escape", "outcome": "refused", "errno": "ECONNREFUSED"},
+    {"what": "icmp-echo", "role": "escape", "outcome": "refused", "errno": "EACCES"},
+    {"what": "raw-socket", "role": "escape", "outcome": "refused", "errno": "EPERM"},
+    {"what": "packet-socket", "role": "escape", "outcome": "refused", "errno": "EAFNOSUPPORT"},
+]
+# The host itself lacks the three local capabilities here (as on this machine).
+NET_CONTROL: dict[str, Any] = {
+    "ok": True,
+    "nonce": "hcontrol",
+    "checks": [],
+    "capabilities": {"icmp-echo": "EACCES", "raw-socket": "EPERM", "packet-socket": "EPERM"},
+}
+
+
+def net_verdict(cell: Any, kernel: list[dict[str, Any]] | None) -> tuple[Any, Any]:
+    """The cell's decision on a command wrapper, and its assessment."""
+    ctx: CellContext = cell[0]
+    ctx.host_view.update(view(kernel or [], shared=("mnt", "net")))
+    if kernel is None:
+        ctx.host_view["kernel"] = {"status": "unavailable", "why": "not root"}
+    report = {"probe": ctx.probe, "nonce": ctx.nonce, "attempts": NET_ATTEMPTS, "facts": {}}
+    assessment = PROBES[ctx.probe].assess(ctx, report, Records(), NET_CONTROL)
+    if not assessment.corroborated_by:
+        assessment.corroborated_by = PROBES[ctx.probe].corroboration(ctx, report)
+    return believe(decide("denied", assessment), assessment, crossed_wrapper=True), assessment
+
+
+class TestNetIpv6UdpIcmpOnAFilter:
+    """net_ipv6_udp_icmp judged on a filter sandbox in the harness's network namespace."""
+
+    def test_without_the_kernel_nothing_backs_the_refusals(self, net_ctx: Any) -> None:
+        """The artifact: no listener hears a refusal, so the wrapper's PASS is INCONCLUSIVE."""
+        decision, _ = net_verdict(net_ctx, None)
+        assert decision.verdict is Verdict.INCONCLUSIVE
+
+    def test_the_kernels_refusal_of_each_attempt_makes_it_a_pass(self, net_ctx: Any) -> None:
+        """Three connects refused (by sandlock's supervisor, before sys_enter): PASS, said so."""
+        decision, assessment = net_verdict(net_ctx, [unseen_connect() for _ in range(3)])
+        assert decision.verdict is Verdict.PASS, decision.reason
+        assert "tcp6-connect: the kernel refused connect before it began" in decision.reason
+        assert len(assessment.witness["kernel"]["events"]) == 3
+
+    def test_one_refusal_does_not_answer_two_attempts(self, net_ctx: Any) -> None:
+        """A refusal with no argument answers one attempt: the others were never seen."""
+        decision, assessment = net_verdict(net_ctx, [unseen_connect(), event("/x", 3)])
+        assert decision.verdict is not Verdict.PASS
+        assert len(kernel_unseen(assessment)) == 2
+
+    def test_a_refused_socket_of_another_protocol_answers_nothing(self, net_ctx: Any) -> None:
+        """The ping socket's EACCES (IPPROTO_ICMP) is not the UDP attempt's socket()."""
+        ping = {**unseen_connect(-13, "EACCES"), "syscall": "socket", "entered": True}
+        ping["args"] = [2, 524290, 1, 0]
+        _, assessment = net_verdict(net_ctx, [unseen_connect(), unseen_connect(), ping])
+        assert [u.split(":")[0] for u in kernel_unseen(assessment)] == ["udp4-datagram"]
+
+    def test_a_tcp_connect_the_kernel_completed_is_a_fail(self, net_ctx: Any) -> None:
+        """The payload says refused; the kernel connected it to the listener: FAIL."""
+        tcp6 = net_ctx[1]["tcp6"]
+        port = int(tcp6.rpartition(":")[2])
+        done = {**unseen_connect(0, ""), "entered": True}
+        done["address"] = {"family": "AF_INET6", "ip": "::1", "port": port, "address": tcp6}
+        decision, _ = net_verdict(net_ctx, [done, unseen_connect(), unseen_connect()])
+        assert decision.verdict is Verdict.FAIL
+        assert f"tcp6-connect: the kernel saw connect({tcp6}) -> 0" in decision.reason

@@ -45,6 +45,14 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     host_seen_own_network,
 )
+from sandbox_attest.catalog.witness.kernel import (
+    KernelJudgement,
+    ReportedAttempt,
+    address_match,
+    corroborate,
+    either,
+    socket_match,
+)
 from sandbox_attest.claims import SHARED_NETNS_CUTS, claims_of
 from sandbox_attest.verdict import Assessment, Expectation
 from sandbox_attest.world.listeners import LOOPBACK
@@ -482,6 +490,43 @@ class NetProxyEnvOverride(PerCellSpec):
         )
 
 
+# AF_PACKET (Linux); `socket` lacks the name elsewhere, and the kernel's number is what counts.
+PACKET_FAMILY = 17
+
+
+def _connected(event: dict[str, Any]) -> bool:
+    return event.get("syscall") == "connect"
+
+
+def _never(event: dict[str, Any]) -> bool:
+    del event
+    return False
+
+
+def _socket_route(
+    witness: LoopbackWitness, kind: int, port: int
+) -> tuple[tuple[str, ...], Any, Any]:
+    """How the kernel shows a TCP or UDP attempt at `witness`: syscalls, match, what counts.
+
+    Its connect/sendto to the listener, or a refused socket() of that family and kind (a
+    filter that refuses the socket itself).
+
+    A TCP connect that succeeded reached the listener; a UDP connect sends nothing, so only
+    its refusal is read.
+    """
+    default = socket.IPPROTO_TCP if kind == socket.SOCK_STREAM else socket.IPPROTO_UDP
+    refused_socket = socket_match(witness.family, kind, (0, default))
+    match = either(
+        address_match(witness.address, port),
+        lambda e: bool(e.get("error")) and refused_socket(e),
+    )
+    return (
+        ("connect", "sendto", "socket"),
+        match,
+        _connected if kind == socket.SOCK_STREAM else _never,
+    )
+
+
 class NetIpv6UdpIcmp(PerCellSpec):
     """IPv6 TCP/UDP, IPv4 UDP, ICMP echo and raw/packet sockets, past a TCP-minded filter."""
 
@@ -636,6 +681,12 @@ class NetIpv6UdpIcmp(PerCellSpec):
                 f"({', '.join(capabilities[w] for w in absent)})"
             )
         escape = judge_escape(observed, bool(seen or local_seen), private, reasons)
+        kernel = self.kernel_judgement(ctx, judged, v4, v6)
+        if kernel is not None and kernel.escapes:
+            escape = "escaped"
+            reasons.insert(
+                0, "the kernel saw the payload get through: " + "; ".join(kernel.escapes)
+            )
         if v6 is None and escape != "escaped":
             reasons.insert(
                 0,
@@ -643,10 +694,65 @@ class NetIpv6UdpIcmp(PerCellSpec):
                 "(enable it: sysctl -w net.ipv6.conf.lo.disable_ipv6=0)",
             )
             escape = "undecided"
-        return conclude(
+        if kernel is not None and kernel.all_corroborated:
+            reasons.append("; ".join(kernel.corroborated))
+        assessment = conclude(
             escape,
             observed,
             reasons,
             host_control=control,
-            witness={"listeners": hits, "local_in_host_netns": local_seen},
+            witness={
+                "listeners": hits,
+                "local_in_host_netns": local_seen,
+                **({"kernel": kernel.as_witness()} if kernel is not None else {}),
+            },
         )
+        if kernel is not None and kernel.all_corroborated:
+            # A filter in the harness's own namespace refused each attempt in the kernel:
+            # that backs the refusals no listener or namespace reading can.
+            assessment.corroborated_by = ["the kernel's answer to each attempt (kernel witness)"]
+        return assessment
+
+    @staticmethod
+    def kernel_judgement(
+        ctx: CellContext,
+        attempts: list[dict[str, Any]],
+        v4: LoopbackWitness | None,
+        v6: LoopbackWitness | None,
+    ) -> KernelJudgement | None:
+        """The kernel's answer to each judged attempt, on a filter sandbox (else None).
+
+        TCP and UDP: see `_socket_route`. ICMP echo, raw and packet sockets are refused at
+        `socket()`; creating a raw or packet one is the attempt itself.
+        """
+        routes: dict[str, tuple[tuple[str, ...], Any, Any]] = {
+            "icmp-echo": (
+                ("socket", "sendto"),
+                either(
+                    socket_match(socket.AF_INET, socket.SOCK_DGRAM, (socket.IPPROTO_ICMP,)),
+                    address_match("127.0.0.1", 0),
+                ),
+                _never,
+            ),
+            "raw-socket": (("socket",), socket_match(socket.AF_INET, socket.SOCK_RAW), None),
+            "packet-socket": (("socket",), socket_match(PACKET_FAMILY, socket.SOCK_RAW), None),
+        }
+        for what, witness, kind, port in (
+            ("udp4-datagram", v4, socket.SOCK_DGRAM, "udp_port"),
+            ("tcp6-connect", v6, socket.SOCK_STREAM, "tcp_port"),
+            ("udp6-datagram", v6, socket.SOCK_DGRAM, "udp_port"),
+        ):
+            if witness is not None:
+                routes[what] = _socket_route(witness, kind, getattr(witness, port))
+        reported = [
+            ReportedAttempt(
+                label=str(a.get("what")),
+                outcome=str(a.get("outcome")),
+                syscalls=routes[str(a.get("what"))][0],
+                match=routes[str(a.get("what"))][1],
+                counts=routes[str(a.get("what"))][2] or (lambda _e: True),
+            )
+            for a in attempts
+            if str(a.get("what")) in routes
+        ]
+        return corroborate(ctx, reported, "net") if reported else None

@@ -17,8 +17,9 @@ subtree cell group): `recorded(ctx)` is False and the judges keep today's readin
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -142,6 +143,43 @@ def path_match(path: str) -> Callable[[dict[str, Any]], bool]:
     return match
 
 
+def address_match(ip: str, port: int) -> Callable[[dict[str, Any]], bool]:
+    """A match for a connect/bind/sendto event whose socket address is `ip`:`port`."""
+    want = ipaddress.ip_address(ip.strip("[]"))
+
+    def match(event: dict[str, Any]) -> bool:
+        address = event.get("address") or {}
+        try:
+            got = ipaddress.ip_address(str(address.get("ip", "")))
+        except ValueError:
+            return False
+        return got == want and address.get("port") == port
+
+    return match
+
+
+def socket_match(
+    family: int, kind: int, protos: Collection[int] | None = None
+) -> Callable[[dict[str, Any]], bool]:
+    """A match for socket(family, kind, proto) with proto in `protos` (None: any).
+
+    SOCK_NONBLOCK and SOCK_CLOEXEC in the type are ignored.
+    """
+
+    def match(event: dict[str, Any]) -> bool:
+        args = event.get("args") or [0, 0, 0, 0]
+        if event.get("syscall") != "socket" or args[0] != family or args[1] & 0xF != kind:
+            return False
+        return protos is None or args[2] in protos
+
+    return match
+
+
+def either(*matches: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
+    """A match that any of `matches` accepts."""
+    return lambda event: any(m(event) for m in matches)
+
+
 def reads_bytes(event: dict[str, Any]) -> bool:
     """Whether an open event could read the file's bytes (not O_PATH; openat2's are unseen)."""
     args = event.get("args") or [0, 0, 0, 0]
@@ -231,24 +269,30 @@ def corroborate(
     judged = KernelJudgement()
     mine = payload_pids(ctx)
     dropped = int(witness_reading(ctx).get("dropped") or 0)
+    # Each event answers one attempt: two attempts refused the same way before the syscall
+    # began (no argument to tell them apart) need two such refusals.
+    used: set[int] = set()
     for attempt in attempts:
-        found = kernel_answers(ctx, attempt.syscalls, attempt.match)
+        found = [
+            a
+            for a in kernel_answers(ctx, attempt.syscalls, attempt.match)
+            if id(a.event) not in used
+        ]
         refused = [a for a in found if a.error]
         won = [a for a in found if not a.error and a.pid in mine and attempt.counts(a.event)]
         if won and attempt.outcome != "succeeded":
             judged.escapes.append(f"{attempt.label}: {won[0].reading()}")
             judged.cited.append(won[0].event)
+            used.add(id(won[0].event))
             continue
         if attempt.outcome == "succeeded":
             continue
-        if refused:
-            judged.corroborated.append(f"{attempt.label}: {refused[0].reading()}")
-            judged.cited.append(refused[0].event)
-            continue
-        before = refused_unseen(ctx, attempt.syscalls)
-        if before:
-            judged.corroborated.append(f"{attempt.label}: {before[0].reading()}")
-            judged.cited.append(before[0].event)
+        before = [a for a in refused_unseen(ctx, attempt.syscalls) if id(a.event) not in used]
+        for answer in (refused or before)[:1]:
+            judged.corroborated.append(f"{attempt.label}: {answer.reading()}")
+            judged.cited.append(answer.event)
+            used.add(id(answer.event))
+        if refused or before:
             continue
         said = (
             f"{attempt.label}: the payload reports {attempt.outcome}, but the kernel saw no "
