@@ -10,11 +10,17 @@ pipe only the harness reads. Escape attempts, each on that process only:
   mem-read      pread of /proc/<pid>/mem at the secret
   mem-write     pwrite of "m:<nonce>" into mailbox 2 through /proc/<pid>/mem
   signal-usr1   kill(pid, SIGUSR1): a real signal, which the target blocks and logs
-Safety: every attempt acts only on a pid whose /proc/<pid>/cmdline was just read to carry the
-marker (inside a pid namespace the host's pid number may be another process, even this one:
-it is never guessed at). Writes go only into the target's own mailboxes, at the addresses it
-published, never elsewhere. No marker visible: nothing is attempted and each attempt is
-refused with ESRCH.
+Where the target is: the pid whose /proc/<pid>/cmdline carries the marker; where this /proc
+shows no such process (a sandbox may filter /proc or mount its own), the host pid it was
+given, targets["target_pid"] (facts "attempted_pid"): in the host's pid namespace that is the
+target whatever /proc shows, and the host judges an unlisted target only there. "verified":
+the target's memory at targets["tag_addr"] holds the marker (read like the secret).
+Safety: the given pid is never this process or its parent. Inside a pid namespace of its own
+the host's pid number may be another process of the sandbox: reads there are harmless (the
+host compares what came back with the secret), the two mailbox writes land only where the
+payload may already write (the same ptrace access check), and the one act that could end a
+process, SIGUSR1, goes only to a verified target: unverified, it is kill(pid, 0), which
+delivers nothing. Writes go only to the addresses the target published.
 Controls: this process finds itself the same way, and delivers SIGUSR1 to itself.
 Context (not judged): process_vm_readv and /proc/self/mem on its own memory, which say
 whether the method itself is filtered inside.
@@ -140,7 +146,22 @@ def controls(out):
                                        None, repr(exc)))
 
 
-def escapes(task, out, pid):
+def tagged(pid, targets):
+    """Whether `pid`'s memory at targets["tag_addr"] holds the marker (either way of reading)."""
+    marker = targets["marker"].encode()
+    addr = int(targets.get("tag_addr") or 0)
+    if not addr:
+        return False
+    data, _ = vm_read(pid, addr, len(marker))
+    if data == marker:
+        return True
+    try:
+        return mem_read(pid, addr, len(marker)) == marker
+    except OSError:
+        return False
+
+
+def escapes(task, out, pid, verified):
     targets, nonce, facts = task["targets"], str(task["nonce"]), out["facts"]
     addr, length = int(targets["secret_addr"]), int(targets["secret_len"])
     boxes = [int(b) for b in targets["mailboxes"]]
@@ -175,8 +196,17 @@ def escapes(task, out, pid):
     except OSError as exc:
         add(attempt("mem-write", "escape", "refused", errno_name(exc), None, repr(exc)))
     # Checked again right before the signal: SIGUSR1's default action ends a process, so it
-    # goes only to the process that carries the marker now.
-    if not carries(pid, targets["marker"]):
+    # goes only to the process that carries the marker now; unverified, signal 0 only.
+    if not verified:
+        try:
+            os.kill(pid, 0)
+            add(attempt("signal-usr1", "escape", "succeeded", None, None,
+                        "kill(%d, 0) ok: unverified target, so no real signal" % pid))
+        except OSError as exc:
+            add(attempt("signal-usr1", "escape", "refused", errno_name(exc), None,
+                        "kill(%d, 0), unverified target: %r" % (pid, exc)))
+        return
+    if not (carries(pid, targets["marker"]) or tagged(pid, targets)):
         add(attempt("signal-usr1", "escape", "refused", "ESRCH", None, "target gone"))
         return
     try:
@@ -195,9 +225,17 @@ def run(task, out):
         except OSError:
             facts[kind + "ns"] = None
     controls(out)
-    pid = find(targets["marker"], int(targets["target_pid"]))
+    given = int(targets["target_pid"])
+    pid = find(targets["marker"], given)
     facts["found_pid"] = pid
-    escapes(task, out, pid)
+    verified = pid is not None
+    if pid is None and given > 1 and given not in (os.getpid(), os.getppid()):
+        # Not listed here: the host pid it was given (the module docstring's safety rules).
+        pid = given
+        verified = tagged(pid, targets)
+    facts["attempted_pid"] = pid
+    facts["verified"] = verified
+    escapes(task, out, pid, verified)
 
 
 def main(argv):

@@ -55,7 +55,7 @@ from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host import disguise, lifetime
 from sandbox_attest.host.interpreter import payload_interpreter
-from sandbox_attest.verdict import Assessment, Expectation
+from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 __all__ = ["LINUX_ONLY_REASON", "SPECS", "ProcCrossProcess"]
 
@@ -75,9 +75,10 @@ marker, lifetime = sys.argv[1], float(sys.argv[2])
 secret = os.urandom(16).hex().encode()
 held = ctypes.create_string_buffer(secret, len(secret))
 boxes = [ctypes.create_string_buffer(64) for _ in range(2)]
+tag = ctypes.create_string_buffer(marker.encode(), len(marker))
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 print("ready", ctypes.addressof(held), len(secret), ctypes.addressof(boxes[0]),
-      ctypes.addressof(boxes[1]), secret.decode(), flush=True)
+      ctypes.addressof(boxes[1]), secret.decode(), ctypes.addressof(tag), flush=True)
 seen = [b"", b""]
 end = time.monotonic() + lifetime
 while time.monotonic() < end:
@@ -105,6 +106,7 @@ class _Target:
     secret: str
     secret_addr: int
     mailboxes: tuple[int, int]
+    tag_addr: int = 0  # where its memory holds the marker (a payload verifies the pid by it)
     lines: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     reader: threading.Thread | None = None
@@ -173,6 +175,7 @@ def _start_target(ctx: CellContext) -> _Target:
     target.secret_addr, secret_len = int(words[1]), int(words[2])
     target.mailboxes = (int(words[3]), int(words[4]))
     target.secret = words[5]
+    target.tag_addr = int(words[6]) if len(words) > 6 else 0
     if len(target.secret) != secret_len:
         _stop(target)
         raise FixtureError(f"the {ctx.probe} target reported a malformed ready line")
@@ -187,6 +190,42 @@ def _stop(target: _Target) -> None:
         target.reader.join(timeout=HOST_TIMEOUT_S)
     if target.process.stdout is not None:
         target.process.stdout.close()
+
+
+def _judge_unlisted(
+    escapes: list[dict[str, Any]], facts: dict[str, Any], shared: list[str], reasons: list[str]
+) -> Escape:
+    """A refusal whose payload shares the host's pid namespace but did not list the target.
+
+    Its /proc may hide the target (sandlock filters /proc, a sandbox may mount a /proc of its
+    own), yet the pid is addressable: the payload then attempts at the host pid it was
+    given (`attempted_pid`), and the target's log witnesses the writes and the signal as
+    wherever it was found. Undecided: nothing attempted (an older payload), or a refusal no
+    kernel gives there (ESRCH: the target is alive in that very pid namespace), which only a
+    report that is not the kernel's answer, or a filter faking errnos, could carry.
+    """
+    where = f"the host sees {', '.join(shared)} in the harness's pid namespace"
+    attempted = facts.get("attempted_pid")
+    if attempted is None:
+        reasons.append(
+            f"{where}, yet the payload did not find the target in its /proc, so it attempted "
+            "nothing"
+        )
+        return "undecided"
+    absent = [str(a.get("what")) for a in escapes if a.get("errno") == "ESRCH"]
+    if absent:
+        reasons.append(
+            f"{where}, where the target pid {attempted} is alive, yet the payload reports "
+            f"no such process for {', '.join(absent)}: that is no kernel's answer there, and "
+            "nothing corroborates it"
+        )
+        return "undecided"
+    reasons.append(
+        f"{where}; the target was not listed in its /proc, so each attempt was made at the "
+        f"host pid it was given ({attempted}, verified by its memory: "
+        f"{bool(facts.get('verified'))})"
+    )
+    return "refused"
 
 
 class ProcCrossProcess(SpecBase):
@@ -264,6 +303,7 @@ class ProcCrossProcess(SpecBase):
             "secret_addr": target.secret_addr,
             "secret_len": len(target.secret),
             "mailboxes": list(target.mailboxes),
+            "tag_addr": target.tag_addr,
         }
 
     def assess(
@@ -300,14 +340,7 @@ class ProcCrossProcess(SpecBase):
             if "pid" in (p.get("shared_with_harness") or [])
         ]
         if escape == "refused" and shared and facts.get("found_pid") is None:
-            # In the host's pid namespace the target's pid is addressable whether or not this
-            # /proc shows it (a sandbox may mount a /proc of its own): "not found, nothing
-            # attempted" then proves nothing about kill or process_vm_readv.
-            reasons.append(
-                f"the host sees {', '.join(shared)} in the harness's pid namespace, yet the "
-                "payload did not find the target in its /proc, so it attempted nothing"
-            )
-            escape = "undecided"
+            escape = _judge_unlisted(escapes, facts, shared, reasons)
         if escape == "escaped" and self.expectation(ctx.claims) == "denied":
             done = [str(a.get("what")) for a in escapes if a.get("outcome") == "succeeded"]
             where = (

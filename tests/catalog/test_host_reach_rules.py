@@ -155,6 +155,39 @@ class TestCrossProcess:
         assert verdict is Verdict.INCONCLUSIVE, reason
         assert "host pid 9 in the harness's pid namespace" in reason
 
+    SHARED = {  # noqa: RUF012  (read only)
+        "seen": True,
+        "pid": 9,
+        "shared_with_harness": ["pid"],
+        "status": {"Uid": "994 994 994 994", "CapEff": "0"},
+    }
+
+    def at_the_given_pid(self, tmp_path: Path, errno: str) -> Cell:
+        """Not listed in its /proc, so attempted at the host pid it was given: all refused."""
+        made = cell(tmp_path, "proc_cross_process", CONFINED, dict(self.SHARED))
+        made.attempts = [att("find-self", "succeeded", "control")]
+        made.attempts += [att("signal-self", "succeeded", "control")]
+        made.attempts += [
+            att(w, "refused", errno=errno)
+            for w in ("vm-readv", "vm-writev", "mem-read", "mem-write", "signal-usr1")
+        ]
+        made.facts = {"found_pid": None, "attempted_pid": 777, "verified": False}
+        return made
+
+    def test_refused_at_the_given_pid_in_the_hosts_pid_namespace_passes(
+        self, tmp_path: Path
+    ) -> None:
+        """Every attempt made at the host pid and refused, the target's log empty: PASS."""
+        verdict, reason, _ = self.at_the_given_pid(tmp_path, "EPERM").judge()
+        assert verdict is Verdict.PASS, reason
+        assert "made at the host pid it was given (777" in reason
+
+    def test_no_such_process_in_the_hosts_pid_namespace_is_no_refusal(self, tmp_path: Path) -> None:
+        """ESRCH for a live pid of a shared pid namespace is no kernel's answer: INCONCLUSIVE."""
+        verdict, reason, _ = self.at_the_given_pid(tmp_path, "ESRCH").judge()
+        assert verdict is Verdict.INCONCLUSIVE, reason
+        assert "no such process" in reason
+
 
 class TestOpenByHandle:
     def handle(
