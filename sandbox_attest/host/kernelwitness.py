@@ -362,6 +362,9 @@ class KernelWitness:
     why: str = ""
     attach_ms: float = 0.0
     mounted_tracefs: bool = False
+    # What this run did with tracefs, for the evidence: "was mounted", "mounted by this run",
+    # "mounted and unmounted by this run".
+    tracefs: str = ""
     stopped: bool = False
     unparsed: int = 0
     _proc: subprocess.Popen[str] | None = None
@@ -399,6 +402,8 @@ class KernelWitness:
             out["unparsed_lines"] = self.unparsed
         if self.stopped and self.attach_ms:
             out["stopped"] = True
+        if self.tracefs:
+            out["tracefs"] = self.tracefs
         return out
 
     def start(self, cells_have_cgroups: bool, why_not: str = "") -> KernelWitness:
@@ -448,12 +453,14 @@ class KernelWitness:
 
     def _mount_tracefs(self) -> None:
         if (TRACEFS / "events").is_dir():
+            self.tracefs = "was mounted"
             return
         libc = _libc()
         if libc.mount(b"nodev", str(TRACEFS).encode(), b"tracefs", 0, None) != 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         self.mounted_tracefs = True
+        self.tracefs = "mounted by this run"
 
     def _read(self) -> None:
         proc = self._proc
@@ -571,6 +578,7 @@ class KernelWitness:
                 notes.append(f"could not unmount {TRACEFS}: {os.strerror(err)}")
             else:
                 self.mounted_tracefs = False
+                self.tracefs = "mounted and unmounted by this run"
         return notes
 
 
