@@ -75,6 +75,14 @@ from sandbox_attest.catalog.spec import (
     SpecBase,
     WitnessRecordsLike,
 )
+from sandbox_attest.catalog.witness.kernel import (
+    OPENS,
+    KernelJudgement,
+    ReportedAttempt,
+    corroborate,
+    path_match,
+    reads_bytes,
+)
 from sandbox_attest.errors import HarnessError
 from sandbox_attest.host.trust import PayloadUser, measure_as, payload_user
 from sandbox_attest.host.viewwalk import walk_view
@@ -317,6 +325,26 @@ def _exposed_and_judged(
     return exposed, judged
 
 
+def kernel_judgement(ctx: CellContext, judged: list[dict[str, Any]]) -> KernelJudgement | None:
+    """The kernel's answer to each judged device open, on a filter sandbox (else None).
+
+    The payload's mount namespace is the harness's there, so the path it opened names the
+    host's node; the probe opens read-only, which `reads_bytes` counts as an open that works.
+    """
+    attempts = [
+        ReportedAttempt(
+            label=str(a.get("path") or a.get("what")),
+            outcome=str(a.get("outcome")),
+            syscalls=OPENS,
+            match=path_match(str(a.get("path"))),
+            counts=reads_bytes,
+        )
+        for a in judged
+        if a.get("path")
+    ]
+    return corroborate(ctx, attempts, "mnt") if attempts else None
+
+
 def _contradicted_by_view(judged: list[dict[str, Any]], view: dict[str, Any]) -> list[str]:
     """The nodes the report calls absent (ENOENT) that the host sees in the payload's view."""
     nodes = {**(view.get("nodes") or {}), **(view.get("elsewhere") or {})}
@@ -555,6 +583,17 @@ class DevAccess(SpecBase):
             escape = "disagree" if view.get("elsewhere") else escape
             reasons.append(str(view["add_failed"]))
         corroborated = self._corroboration(view, in_view, exposed, contradicted)
+        kernel = kernel_judgement(ctx, judged)
+        if kernel is not None and kernel.escapes and not exposed:
+            escape = "escaped"
+            reasons.insert(
+                0, "the kernel opened the device for the payload: " + "; ".join(kernel.escapes)
+            )
+        elif kernel is not None and kernel.all_corroborated and not exposed and not corroborated:
+            # Nodes in the view, refused by a filter (Landlock, seccomp): the kernel's error for
+            # each open backs the refusal that the listing cannot.
+            reasons.append("; ".join(kernel.corroborated))
+            corroborated = ["the kernel's answer to each device open (kernel witness)"]
         inside = attempts_by_role(report, "control")
         inside_ok, inside_failed, absent_note = _inside_control(inside, host, view)
         if absent_note:
@@ -574,6 +613,7 @@ class DevAccess(SpecBase):
                 },
                 "host_devices": host,
                 "payload_view": view,
+                **({"kernel": kernel.as_witness()} if kernel is not None else {}),
             },
             controls={"inside": inside, "host": control},
         )

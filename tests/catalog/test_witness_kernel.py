@@ -18,6 +18,7 @@ import pytest
 
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.controls import load_state
+from sandbox_attest.catalog.dev import CONTROL_DEVICES, device_nodes
 from sandbox_attest.catalog.fs import FsReadSecrets
 from sandbox_attest.catalog.witness.kernel import (
     OPENS,
@@ -374,3 +375,80 @@ class TestNetIpv6UdpIcmpOnAFilter:
         decision, _ = net_verdict(net_ctx, [done, unseen_connect(), unseen_connect()])
         assert decision.verdict is Verdict.FAIL
         assert f"tcp6-connect: the kernel saw connect({tcp6}) -> 0" in decision.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# dev_access on a filter sandbox: /dev/fuse is in the payload's view (the host's own /dev), and
+# Landlock refuses its open (INCONCLUSIVE before: the listing shows a node it could open).
+
+
+def dev_cell(tmp_path: Path, kernel: list[dict[str, Any]] | None) -> tuple[Any, Any]:
+    """The decision on a command wrapper for a refused /dev/fuse open, and the assessment."""
+    spec = PROBES["dev_access"]
+    nodes = device_nodes()
+    harmless: dict[str, Any] = {n: nodes[n] for n in CONTROL_DEVICES if n in nodes}
+    fuse: dict[str, Any] = {"rdev": "10:229", "kind": "char"}
+    host_view = view(kernel or [])
+    if kernel is None:
+        host_view["kernel"] = {"status": "unavailable", "why": "not root"}
+    ctx = CellContext(
+        probe=spec.id,
+        backend="unit",
+        nonce="n" + secrets.token_hex(8),
+        world=StubWorld(stub_info(tmp_path / "real.sock")),
+        workspace=tmp_path,
+        cell_dir=tmp_path,
+        claims=CONFINED,
+        route=inside_route(),
+        host_view=host_view,
+    )
+    payload_view: dict[str, Any] = {"seen": True, "pid": PAYLOAD_PID, "nodes": {**harmless, "fuse": fuse}}
+    control: dict[str, Any] = {
+        "ok": True,
+        "nonce": "hcontrol",
+        "checks": [],
+        "devices": {**harmless, "fuse": {**fuse, "opens": True}},
+        "payload_view": payload_view,
+    }
+    inside = [
+        {
+            "what": f"control:{n}",
+            "role": "control",
+            "outcome": "succeeded",
+            "path": f"/dev/{n}",
+            "rdev": d["rdev"],
+            "kind": "char",
+        }
+        for n, d in harmless.items()
+    ]
+    fuse_attempt = {
+        "what": "dev:fuse",
+        "role": "escape",
+        "outcome": "refused",
+        "errno": "EACCES",
+        "path": "/dev/fuse",
+    }
+    report = {"probe": spec.id, "nonce": ctx.nonce, "attempts": [*inside, fuse_attempt]}
+    assessment = spec.assess(ctx, report, Records(), control)
+    return believe(decide("denied", assessment), assessment, crossed_wrapper=True), assessment
+
+
+class TestDevAccessOnAFilter:
+    """dev_access judged where the host's device nodes are in the payload's view."""
+
+    def test_without_the_kernel_the_refusal_rests_on_the_report(self, tmp_path: Path) -> None:
+        """The artifact: a node in the view backs no refusal, so the PASS is INCONCLUSIVE."""
+        decision, _ = dev_cell(tmp_path, None)
+        assert decision.verdict is Verdict.INCONCLUSIVE, decision.reason
+
+    def test_the_kernels_eacces_for_the_open_makes_it_a_pass(self, tmp_path: Path) -> None:
+        """Landlock's EACCES for openat(/dev/fuse), seen by the kernel, backs the PASS."""
+        decision, _ = dev_cell(tmp_path, [event("/dev/fuse", -13, flags=0o4400)])
+        assert decision.verdict is Verdict.PASS, decision.reason
+        assert "the kernel saw openat(/dev/fuse) -> EACCES" in decision.reason
+
+    def test_a_device_the_kernel_opened_for_the_payload_is_a_fail(self, tmp_path: Path) -> None:
+        """The payload says refused; the kernel gave it /dev/fuse read-only: FAIL."""
+        decision, _ = dev_cell(tmp_path, [event("/dev/fuse", 3, flags=0o4400)])
+        assert decision.verdict is Verdict.FAIL
+        assert "openat(/dev/fuse) -> 3" in decision.reason
