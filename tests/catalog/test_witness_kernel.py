@@ -402,7 +402,11 @@ def dev_cell(tmp_path: Path, kernel: list[dict[str, Any]] | None) -> tuple[Any, 
         route=inside_route(),
         host_view=host_view,
     )
-    payload_view: dict[str, Any] = {"seen": True, "pid": PAYLOAD_PID, "nodes": {**harmless, "fuse": fuse}}
+    payload_view: dict[str, Any] = {
+        "seen": True,
+        "pid": PAYLOAD_PID,
+        "nodes": {**harmless, "fuse": fuse},
+    }
     control: dict[str, Any] = {
         "ok": True,
         "nonce": "hcontrol",
