@@ -4,7 +4,10 @@ The host starts one harmless "anchor" process per cell whose argv carries
 targets["marker"] (``kiln-idle:<nonce>``: sandbox_attest.host.disguise.ANCHOR_MARKER) and whose
 environment carries a secret that exists nowhere else (not in the task). Escape attempts:
   scan-proc      look for the marker in every /proc/<pid>/cmdline
-  read-environ   read the found process's /proc/<pid>/environ (report the secret if seen)
+  read-environ   read the found process's /proc/<pid>/environ (report the secret if seen);
+                 where no process shows the marker (a /proc that hides other pids), the
+                 /proc/<anchor_pid>/environ it was given: a read, harmless whatever process
+                 that pid is here, and the host checks any secret reported against its own
   kill-0         kill(targets["anchor_pid"], 0): signal 0 only, which delivers nothing
   ptrace-seize   PTRACE_SEIZE the found process from a forked child that then exits
 Safety: signal 0 never delivers a signal, and ptrace is only tried on a pid whose cmdline
@@ -138,17 +141,25 @@ def run(task, out):
         out["attempts"].append(attempt("scan-proc", "escape", "refused", "ENOENT", None,
                                        "marker not in any of %d /proc entries" % scanned))
     target = found[0] if found else None
-    if target is None:
+    readable = target if target is not None else anchor_pid
+    if readable == me:
         out["attempts"].append(attempt("read-environ", "escape", "refused", "ENOENT", None,
                                        "no process with the marker is visible"))
     else:
         try:
-            env = read_bytes("/proc/%d/environ" % target).split(b"\0")
+            env = read_bytes("/proc/%d/environ" % readable).split(b"\0")
             secret = [e.split(b"=", 1)[1].decode("ascii", "replace") for e in env
                       if e.startswith(SECRET_VAR.encode() + b"=")]
             facts["environ_secret"] = secret[0] if secret else None
-            out["attempts"].append(attempt("read-environ", "escape", "succeeded", None, None,
-                                           "read %d variables" % len(env)))
+            if target is None and not secret and not carries(readable, marker):
+                # Another process that happens to have the anchor's number here (a pid
+                # namespace of its own): the anchor was not read.
+                out["attempts"].append(attempt("read-environ", "escape", "refused", "ESRCH",
+                                               None, "pid %d here is not the anchor" % readable))
+            else:
+                out["attempts"].append(attempt("read-environ", "escape", "succeeded", None,
+                                               None, "pid %d: read %d variables"
+                                               % (readable, len(env))))
         except OSError as exc:
             out["attempts"].append(attempt("read-environ", "escape", "refused", errno_name(exc),
                                            None, repr(exc)))

@@ -70,17 +70,50 @@ class TestVisibility:
         spec = PROBES["proc_visibility"]
         shared = view() | {"shared_with_harness": ["pid"], "comm": "python3"}
         cell = ctx(tmp_path, spec.id, shared)
-        report = {
-            "attempts": [
-                {"what": w, "role": "escape", "outcome": "refused"}
-                for w in ("scan-proc", "read-environ", "kill-0", "ptrace-seize")
-            ],
-            "facts": {"found_pids": []},
-        }
-        reading = spec.assess(cell, report, None, CONTROL)  # type: ignore[arg-type]
+        reading = spec.assess(cell, visibility_report("ESRCH"), None, CONTROL)  # type: ignore[arg-type]
         assert reading.escape == "escaped"
         assert "host pid 4242 (python3)" in reading.reasons[0]
         assert "shared_with_harness: ['pid']" in reading.reasons[0]
+        assert "no such process" in reading.reasons[0]
+
+    def test_a_refusal_in_the_harness_pid_namespace_waits_for_a_witness(
+        self, tmp_path: Path
+    ) -> None:
+        """Kernel-shaped refusals (EPERM, EACCES), nothing reached: refused on the report alone.
+
+        No host reading backs it (the anchor logs no read and no signal 0), so a report that
+        crossed a wrapper is INCONCLUSIVE (`believe`), never a hole.
+        """
+        spec = PROBES["proc_visibility"]
+        cell = ctx(tmp_path, spec.id, view() | {"shared_with_harness": ["pid"], "comm": "python3"})
+        reading = spec.assess(cell, visibility_report("EPERM"), None, CONTROL)  # type: ignore[arg-type]
+        assert reading.escape == "refused"
+        said = " ".join(reading.reasons)
+        assert "host pid 4242 (python3) in the harness's pid namespace" in said
+        assert "nothing corroborates them but the report" in said
+        assert spec.corroboration(cell, {}) == []
+
+    def test_a_signal_reaching_the_anchor_fails(self, tmp_path: Path) -> None:
+        """kill(anchor, 0) answered in the harness's pid namespace: the anchor is reachable."""
+        spec = PROBES["proc_visibility"]
+        cell = ctx(tmp_path, spec.id, view() | {"shared_with_harness": ["pid"], "comm": "python3"})
+        report = visibility_report("EPERM")
+        report["attempts"][2] = {"what": "kill-0", "role": "escape", "outcome": "succeeded"}
+        reading = spec.assess(cell, report, None, CONTROL)  # type: ignore[arg-type]
+        assert reading.escape == "escaped"
+        assert "shared_with_harness: ['pid']" in reading.reasons[0]
+
+
+def visibility_report(kill_errno: str) -> dict[str, Any]:
+    """Every escape of proc_visibility refused; kill(anchor, 0) with `kill_errno`."""
+    errnos = {"scan-proc": "ENOENT", "read-environ": "EACCES", "kill-0": kill_errno}
+    return {
+        "attempts": [
+            {"what": w, "role": "escape", "outcome": "refused", "errno": errnos.get(w, "ENOENT")}
+            for w in ("scan-proc", "read-environ", "kill-0", "ptrace-seize")
+        ],
+        "facts": {"found_pids": []},
+    }
 
 
 class TestEnvironment:

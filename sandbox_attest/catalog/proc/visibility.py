@@ -23,9 +23,53 @@ from sandbox_attest.catalog.spec import (
     host_processes,
 )
 from sandbox_attest.claims import claims_of
-from sandbox_attest.verdict import Assessment, Expectation
+from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 __all__ = ["ProcVisibility"]
+
+
+def _judge_shared(
+    escape: Escape,
+    escapes: list[dict[str, Any]],
+    anchor_pid: int | None,
+    where: str,
+    reasons: list[str],
+) -> Escape:
+    """A payload in the harness's pid namespace: what it reached decides, not the namespace.
+
+    Sharing the namespace makes the anchor addressable; whether the payload could see, read
+    or signal it is the sandbox's to refuse (sandlock hides other pids in its /proc and scopes
+    signals with Landlock). So: anything reached (the anchor's log, its secret, its pid, or a
+    success the report names, plausible there) is an escape; a "no such process" for the
+    anchor's live pid is no kernel's answer in that namespace, so the report is not believed
+    (a forgery, or a filter faking errnos) and it fails; refusals shaped like the kernel's
+    (EPERM, EACCES) leave nothing the anchor can log (a read, signal 0): a refusal, backed
+    by the report alone (`ProcVisibility.corroboration`), so a report that crossed a wrapper
+    is INCONCLUSIVE until a kernel-side reading of the payload's calls backs it.
+    """
+    absent = [
+        str(a.get("what"))
+        for a in escapes
+        if a.get("what") == "kill-0" and a.get("errno") == "ESRCH"
+    ]
+    if escape == "escaped" or any(a.get("outcome") == "succeeded" for a in escapes):
+        reasons.insert(0, where)
+        return "escaped"
+    if absent:
+        reasons.insert(
+            0,
+            f"{where}, where the anchor pid {anchor_pid or '?'} is alive (the "
+            "host control signals it), yet "
+            f"the payload reports no such process for {', '.join(absent)}: not what the "
+            "kernel answers there, so its report of seeing nothing is not believed",
+        )
+        return "escaped"
+    reasons.append(
+        f"{where}: nothing reached the anchor, and the refusals the payload reports leave "
+        "nothing the anchor can log (a /proc read, signal 0), so nothing corroborates them "
+        "but the report (`corroboration`)"
+    )
+    return "refused"
 
 
 class ProcVisibility(AnchoredSpec):
@@ -47,6 +91,16 @@ class ProcVisibility(AnchoredSpec):
     def expectation(self, declared: ClaimsLike) -> Expectation:
         """Denied when ipc is "isolated": that claim includes no view of host processes."""
         return "denied" if declared.ipc == "isolated" else "allowed"
+
+    def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
+        """The anchor's log, except where a judged process shares the harness's pid namespace.
+
+        There the anchor is addressable, and its silent log does not back a refused /proc
+        read or signal 0 (neither leaves a trace in it): the refusal is the report's word.
+        """
+        if sharing_with_harness(host_processes(ctx), "pid"):
+            return []
+        return super().corroboration(ctx, report)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Start the anchor; the payload gets its marker and pid, never its secret."""
@@ -85,13 +139,13 @@ class ProcVisibility(AnchoredSpec):
         escape = judge_escape(observed, bool(tracers or secret_read or pid_found), None, reasons)
         shared = sharing_with_harness(host_processes(ctx), "pid")
         if shared and self.expectation(ctx.claims) == "denied":
-            # The host's own reading: a process of the cell in the harness's pid namespace
-            # sees every host process, whatever its report says it found.
-            escape = "escaped"
-            reasons.insert(
-                0,
+            escape = _judge_shared(
+                escape,
+                escapes,
+                anchor.pid if anchor else None,
                 f"{claims_of(ctx.claims).phrase('ipc')}; the host sees {shared} in the "
                 "harness's pid namespace (shared_with_harness: ['pid'])",
+                reasons,
             )
         return conclude_with_controls(
             escape,
