@@ -178,8 +178,33 @@ def write_into_var_tmp(ctx: CellContext) -> Assessment:
         SPEC.cleanup(ctx)
 
 
+def chmod_in_var_tmp(ctx: CellContext) -> Assessment:
+    """Plant the canaries, chmod /var/tmp's (no byte, no name) as sandlock lets through."""
+    targets = SPEC.prepare(ctx)
+    try:
+        (Path(targets["dirs"]["var_tmp"]) / CANARY_NAME).chmod(0o666)
+        report: dict[str, Any] = {"attempts": [], "facts": {}}
+        return SPEC.assess(ctx, report, Records(), {"ok": True})
+    finally:
+        SPEC.cleanup(ctx)
+
+
 @as_root
 class TestWritesClaim:
+    def test_a_metadata_only_change_names_a_fix_for_metadata(self, ctx: CellContext) -> None:
+        """Only a mode changed: the fix is about chmod/chown/utime, not about a writable bind."""
+        assessment = chmod_in_var_tmp(ctx)
+        assert assessment.escape == "escaped"
+        said = " ".join(assessment.reasons)
+        assert "var_tmp (/var/tmp): mode changed" in said
+        assert "do not bind" not in said
+        assert "refuses writes here but not chmod, chown or utime" in said
+
+    def test_a_content_change_keeps_the_bind_fix(self, ctx: CellContext) -> None:
+        """Bytes written: the fix is still to keep the place out of the sandbox's writes."""
+        said = " ".join(write_into_var_tmp(ctx).reasons)
+        assert "fix: do not bind /var/tmp writable into the sandbox" in said
+
     def test_a_write_the_claim_forbids_is_an_escape_named_by_the_claim(
         self, ctx: CellContext
     ) -> None:

@@ -662,6 +662,11 @@ def _unproven_changes(
     return unproven if unproven == set(changed) else set()
 
 
+# What `dir_canary_diff` says of a canary whose mode alone moved (catalog/canary.py
+# file_state records kind, inode, links, mode and content: mode is its one metadata field).
+METADATA_ONLY: Final = "mode changed"
+
+
 def _canary_reasons(
     claims: Claims,
     planted: dict[str, Path],
@@ -684,10 +689,19 @@ def _canary_reasons(
             + "; ".join(f"{k} ({planted[k].parent}): {v}" for k, v in changed.items())
         )
         places = ", ".join(sorted({str(planted[k].parent) for k in changed}))
-        reasons.append(
-            f"fix: do not bind {places} writable into the sandbox; leave it out of the "
-            "view, or mount a private tmpfs there (bwrap --tmpfs, docker --tmpfs)"
-        )
+        if all(diff == METADATA_ONLY for diff in changed.values()):
+            # No byte and no name moved: a filter sandbox (Landlock has no access right for
+            # metadata) that refuses every write there but not chmod; nothing is bound.
+            reasons.append(
+                f"fix: the sandbox refuses writes here but not chmod, chown or utime ({places}):"
+                " refuse those calls outside its write grants (a seccomp rule, or its "
+                "supervisor's own check), or keep the payload user's own paths out of its reach"
+            )
+        else:
+            reasons.append(
+                f"fix: do not bind {places} writable into the sandbox; leave it out of the "
+                "view, or mount a private tmpfs there (bwrap --tmpfs, docker --tmpfs)"
+            )
     else:
         kept = sorted(k for k in planted if k not in dropped)
         reasons.append(
