@@ -361,6 +361,8 @@ class KernelWitness:
     status: str = "unavailable"
     why: str = ""
     attach_ms: float = 0.0
+    # How long the run itself waited for the attach (the rest overlapped its setup).
+    waited_ms: float = 0.0
     mounted_tracefs: bool = False
     # What this run did with tracefs, for the evidence: "was mounted", "mounted by this run",
     # "mounted and unmounted by this run".
@@ -380,6 +382,9 @@ class KernelWitness:
     _ready: threading.Event = field(default_factory=threading.Event)
     _stderr: list[str] = field(default_factory=list)
     _readers: list[threading.Thread] = field(default_factory=list)
+    _attach_lock: threading.Lock = field(default_factory=threading.Lock)
+    _began: float = 0.0
+    _attached_at: float = 0.0
 
     def __post_init__(self) -> None:
         """The condition the reader signals on, over the one lock."""
@@ -397,6 +402,7 @@ class KernelWitness:
             out["why"] = self.why
         if self.attach_ms:
             out["attach_ms"] = self.attach_ms
+            out["waited_ms"] = self.waited_ms
             out["cell_cap"] = CELL_CAP
         if self.unparsed:
             out["unparsed_lines"] = self.unparsed
@@ -406,17 +412,24 @@ class KernelWitness:
             out["tracefs"] = self.tracefs
         return out
 
-    def start(self, cells_have_cgroups: bool, why_not: str = "") -> KernelWitness:
-        """Mount tracefs if needed, start bpftrace, wait until its probes are attached.
+    def start(
+        self, cells_have_cgroups: bool, why_not: str = "", *, wait: bool = True
+    ) -> KernelWitness:
+        """Mount tracefs if needed and start bpftrace; with `wait`, until its probes attach.
+
+        Without `wait` the status is "attaching" and `wait_attached` (the first `register`
+        calls it) waits: bpftrace compiles its program meanwhile, while the run does the rest
+        of its setup.
 
         Args:
             cells_have_cgroups: whether each cell runs in a cgroup of its own (the filter).
             why_not: why they do not, for the reason the evidence carries.
+            wait: wait here until the probes are attached.
         """
         self.why = unavailable_reason(cells_have_cgroups, why_not)
         if self.why:
             return self
-        began = time.monotonic()
+        self._began = time.monotonic()
         try:
             self._mount_tracefs()
         except OSError as exc:
@@ -441,15 +454,31 @@ class KernelWitness:
         ]
         for reader in self._readers:
             reader.start()
-        if not self._ready.wait(ATTACH_TIMEOUT_S) or self._proc.poll() is not None:
-            self.stop()
-            said = [ln.strip() for ln in self._stderr if "RLIMIT_MEMLOCK" not in ln][-2:]
-            self.why = "bpftrace did not attach its probes: " + (" / ".join(said) or "no output")
-            self.status = "unavailable"
-            return self
-        self.attach_ms = round((time.monotonic() - began) * 1000, 1)
-        self.status = "attached"
+        self.status = "attaching"
+        if wait:
+            self.wait_attached()
         return self
+
+    def wait_attached(self) -> bool:
+        """Wait (once) until bpftrace says its probes are attached; whether they are."""
+        with self._attach_lock:
+            if self.status != "attaching":
+                return self.attached
+            began = time.monotonic()
+            proc = self._proc
+            ok = self._ready.wait(ATTACH_TIMEOUT_S) and proc is not None and proc.poll() is None
+            self.waited_ms = round((time.monotonic() - began) * 1000, 1)
+            if not ok:
+                self.status = "unavailable"
+                self.stop()
+                said = [ln.strip() for ln in self._stderr if "RLIMIT_MEMLOCK" not in ln][-2:]
+                self.why = "bpftrace did not attach its probes: " + (
+                    " / ".join(said) or "no output"
+                )
+                return False
+            self.attach_ms = round((self._attached_at - self._began) * 1000, 1)
+            self.status = "attached"
+            return True
 
     def _mount_tracefs(self) -> None:
         if (TRACEFS / "events").is_dir():
@@ -501,6 +530,7 @@ class KernelWitness:
                 else:
                     self._early[(got[1], got[2])] = (got[0], got[3])
             elif got[0] == "ready":
+                self._attached_at = time.monotonic()
                 self._ready.set()
             elif got[0] in {"cell", "mark"}:
                 self._echoes.add((got[0], got[1]))
@@ -533,7 +563,7 @@ class KernelWitness:
 
     def register(self, cell_cgroup: int) -> bool:
         """Record the cell whose cgroup id is `cell_cgroup` from now on (before its payload)."""
-        return self._send(cell_cgroup, REGISTER, "cell")
+        return self.wait_attached() and self._send(cell_cgroup, REGISTER, "cell")
 
     def drain(self, cell_cgroup: int) -> CellEvents | None:
         """Stop recording the cell; every event it caused, and how many were dropped.
@@ -553,24 +583,15 @@ class KernelWitness:
 
     def stop(self) -> list[str]:
         """Stop bpftrace (its probes go with it) and unmount tracefs if this run mounted it."""
-        notes: list[str] = []
+        if self.status == "attaching":
+            if self._ready.is_set():
+                self.attach_ms = round((self._attached_at - self._began) * 1000, 1)
+                self.status = "attached"
+            else:
+                self.status = "unavailable"
+                self.why = "the run ended before bpftrace attached its probes"
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # bpftrace detaches and exits on SIGINT
-            try:
-                proc.wait(5.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5.0)
-                notes.append("bpftrace did not stop on SIGINT; killed")
-        if proc is not None:
-            # The readers end at the pipes' EOF (bpftrace gone); then the pipes are closed.
-            for reader in self._readers:
-                reader.join(2.0)
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    with contextlib.suppress(OSError, ValueError):
-                        stream.close()
+        notes = _end(proc, self._readers) if proc is not None else []
         self.stopped = True
         if self.mounted_tracefs:
             if _libc().umount2(str(TRACEFS).encode(), 0) != 0:
@@ -580,6 +601,27 @@ class KernelWitness:
                 self.mounted_tracefs = False
                 self.tracefs = "mounted and unmounted by this run"
         return notes
+
+
+def _end(proc: subprocess.Popen[str], readers: list[threading.Thread]) -> list[str]:
+    """End bpftrace (SIGINT: it detaches its probes and exits), then its readers and pipes."""
+    notes = []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5.0)
+            notes.append("bpftrace did not stop on SIGINT; killed")
+    # The readers end at the pipes' EOF (bpftrace gone); then the pipes are closed.
+    for reader in readers:
+        reader.join(2.0)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()
+    return notes
 
 
 def _has_text(syscall: str) -> bool:
@@ -606,6 +648,8 @@ _RUN_LOCK = threading.Lock()
 def start_run(cells_have_cgroups: bool, why_not: str = "") -> KernelWitness:
     """Start this process's witness once (later calls return it); stopped at exit at the latest.
 
+    It attaches in the background: the first cell's `register` waits for it.
+
     Set SANDBOX_ATTEST_KERNEL_WITNESS=off to run without one (the evidence then says so).
     """
     global _RUN_WITNESS  # noqa: PLW0603  (one per process, like the run cgroup)
@@ -615,7 +659,7 @@ def start_run(cells_have_cgroups: bool, why_not: str = "") -> KernelWitness:
             if os.environ.get(DISABLE_ENV, "").lower() in {"off", "0", "no"}:
                 witness.why = f"turned off by {DISABLE_ENV}"
             else:
-                witness.start(cells_have_cgroups, why_not)
+                witness.start(cells_have_cgroups, why_not, wait=False)
                 atexit.register(witness.stop)
             _RUN_WITNESS = witness
         return _RUN_WITNESS

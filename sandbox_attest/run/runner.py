@@ -263,7 +263,7 @@ class KernelCell:
     def register(cls, group: cellgroup.CellGroup) -> KernelCell:
         """Name the cell's cgroup to the run's witness, before anything runs in it."""
         witness = kernelwitness.run_witness()
-        if witness is None or not witness.attached:
+        if witness is None or not witness.wait_attached():
             return cls(witness)
         if group.mechanism != cellgroup.CGROUP or group.path is None:
             return cls(witness, why=f"the cell has no cgroup of its own ({group.why})")

@@ -96,6 +96,7 @@ class RunSession:
 
     def __post_init__(self) -> None:
         """Ask every backend whether it can run here, before any cell starts."""
+        self.start_kernel_witness()
         # Who runs the judged code: a dedicated unprivileged user where the harness is root.
         self.user = payload_user()
         # What the payload user must read (the CA bundle, task files, cell dirs) is made by
@@ -143,18 +144,26 @@ class RunSession:
             run_facts=self.writer.run_facts,
         )
         self.pool = CellPool(self.world, self.jobs, self.matrix.control)
-        self._start_kernel_witness()
+        self.writer.run_facts["kernel_witness"] = self.kernel_facts()
 
-    def _start_kernel_witness(self) -> None:
-        """Attach the kernel witness once, before any cell (sandbox_attest/host/kernelwitness.py).
+    @staticmethod
+    def start_kernel_witness() -> None:
+        """Start the kernel witness first (sandbox_attest/host/kernelwitness.py).
 
-        Cells are filtered by their cgroup, so the run cgroup is made now (it would be at the
-        first cell). Where no witness can run, the evidence says why and verdicts use the
-        host's other readings.
+        bpftrace compiles and attaches while the backends are asked and the world is set up;
+        the first cell waits for it. Cells are filtered by their cgroup, so the run cgroup is
+        made now (it would be at the first cell). Where no witness can run, the evidence says
+        why and verdicts use the host's other readings.
         """
         run, why = cellgroup.run_cgroup()
-        witness = kernelwitness.start_run(run is not None, why)
-        self.writer.run_facts["kernel_witness"] = witness.facts()
+        kernelwitness.start_run(run is not None, why)
+
+    @staticmethod
+    def kernel_facts(notes: list[str] | None = None) -> dict[str, Any]:
+        """The kernel witness's status as the evidence carries it."""
+        witness = kernelwitness.run_witness()
+        facts = witness.facts() if witness is not None else {"status": "unavailable"}
+        return {**facts, "notes": notes} if notes else facts
 
     # -- the gate's rules (sandbox_attest/run/requirements.py), over the cells judged so far
 
@@ -313,13 +322,7 @@ class RunSession:
         self.finished = True
         # The witness goes first: a signal that ends the run must not leave bpftrace running
         # or a tracefs mount this run made (its notes are in the evidence).
-        notes = kernelwitness.stop_run()
-        witness = kernelwitness.run_witness()
-        if witness is not None:
-            facts = witness.facts()
-            if notes:
-                facts["notes"] = notes
-            self.writer.run_facts["kernel_witness"] = facts
+        self.writer.run_facts["kernel_witness"] = self.kernel_facts(kernelwitness.stop_run())
         self.world.stop()
         close_backends(self.backends)
         self.world.remove_scratch()
