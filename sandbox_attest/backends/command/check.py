@@ -627,7 +627,8 @@ class _CheckLook:
     The one-liner (CONFINEMENT_PROBE) writes its ready file into the workspace and waits for
     the go file; on seeing the ready file the host looks, for at most FIND_S, for a process
     whose command line is the one-liner's own (`python -c PROBE READY GO`: a wrapper's
-    command line carries the same words later on, and is the wrapper), then answers.
+    command line carries the same words later on, and is the wrapper), in the cell's group
+    and then anywhere on the host, then answers.
     """
 
     FIND_S: Final = 1.0
@@ -658,10 +659,12 @@ class _CheckLook:
         self.landed = True
         deadline = time.monotonic() + self.FIND_S
         while not self.host_pids and time.monotonic() < deadline:
-            members = self.group.pids() or _all_pids()
-            self.host_pids = [pid for pid in members if self._runs_it(pid)]
+            # The group first; then every host process: an engine's daemon starts the
+            # container outside the group (docker, podman), and it is still a host process.
+            found = [pid for pid in self.group.pids() if self._runs_it(pid)]
+            self.host_pids = found or [pid for pid in _all_pids() if self._runs_it(pid)]
             if not self.host_pids:
-                time.sleep(0.01)
+                time.sleep(0.02)
         with contextlib.suppress(OSError):
             os.close(os.open(self.go, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
 
