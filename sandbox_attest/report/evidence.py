@@ -98,7 +98,7 @@ def cell_entry(
     return {"cell_id": cell_id, "backend": backend, "probe": probe, "platform": platform, **facts}
 
 
-# How many of a cell's kernel events the host view keeps (sandbox_attest/host/kernelwitness.py
+# How many of a cell's kernel events the host view keeps (sandbox_attest/host/kernel/
 # records up to 4096 per cell); the events that judged the cell are in its `witness`.
 KERNEL_EVENTS_KEPT = 24
 # Refusals that every payload's start-up makes (a library or locale file not there): counted,

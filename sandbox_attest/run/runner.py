@@ -34,8 +34,9 @@ from sandbox_attest.backends.base import (
 )
 from sandbox_attest.catalog import PROBES, CellContext, InsideRoute, probe_path, report_mismatch
 from sandbox_attest.errors import HarnessError, ProbeOutputError
-from sandbox_attest.host import cellgroup, kernelwitness
+from sandbox_attest.host import cellgroup
 from sandbox_attest.host.interpreter import payload_interpreter
+from sandbox_attest.host.kernel import KernelWitness, cgroup_id, run_witness
 from sandbox_attest.host.trust import (
     PayloadUser,
     give,
@@ -252,22 +253,22 @@ class KernelCell:
 
     What `drain` returns goes into `ctx.host_view["kernel"]`: the witness's status, and where
     it recorded this cell, every event (the catalogue reads them through
-    sandbox_attest.catalog.witness.kernel.py; the evidence keeps a bounded part).
+    sandbox_attest/catalog/witness/kernel.py; the evidence keeps a bounded part).
     """
 
-    witness: kernelwitness.KernelWitness | None
+    witness: KernelWitness | None
     cgroup: int = 0
     why: str = ""
 
     @classmethod
     def register(cls, group: cellgroup.CellGroup) -> KernelCell:
         """Name the cell's cgroup to the run's witness, before anything runs in it."""
-        witness = kernelwitness.run_witness()
+        witness = run_witness()
         if witness is None or not witness.wait_attached():
             return cls(witness)
         if group.mechanism != cellgroup.CGROUP or group.path is None:
             return cls(witness, why=f"the cell has no cgroup of its own ({group.why})")
-        cell = cls(witness, kernelwitness.cgroup_id(group.path))
+        cell = cls(witness, cgroup_id(group.path))
         if not witness.register(cell.cgroup):
             cell.why = witness.why
             cell.cgroup = 0

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_attest import __version__
 from sandbox_attest.errors import ConfigError, HarnessError
-from sandbox_attest.host import cellgroup, kernelwitness
+from sandbox_attest.host import cellgroup, kernel
 from sandbox_attest.host.lifetime import RunInterrupted, caught_signal
 from sandbox_attest.host.provenance import file_sha256
 from sandbox_attest.host.separation import trust_domains
@@ -148,7 +148,7 @@ class RunSession:
 
     @staticmethod
     def start_kernel_witness() -> None:
-        """Start the kernel witness first (sandbox_attest/host/kernelwitness.py).
+        """Start the kernel witness first (sandbox_attest/host/kernel/).
 
         bpftrace compiles and attaches while the backends are asked and the world is set up;
         the first cell waits for it. Cells are filtered by their cgroup, so the run cgroup is
@@ -156,12 +156,12 @@ class RunSession:
         why and verdicts use the host's other readings.
         """
         run, why = cellgroup.run_cgroup()
-        kernelwitness.start_run(run is not None, why)
+        kernel.start_run(run is not None, why)
 
     @staticmethod
     def kernel_facts(notes: list[str] | None = None) -> dict[str, Any]:
         """The kernel witness's status as the evidence carries it."""
-        witness = kernelwitness.run_witness()
+        witness = kernel.run_witness()
         facts = witness.facts() if witness is not None else {"status": "unavailable"}
         return {**facts, "notes": notes} if notes else facts
 
@@ -322,7 +322,7 @@ class RunSession:
         self.finished = True
         # The witness goes first: a signal that ends the run must not leave bpftrace running
         # or a tracefs mount this run made (its notes are in the evidence).
-        self.writer.run_facts["kernel_witness"] = self.kernel_facts(kernelwitness.stop_run())
+        self.writer.run_facts["kernel_witness"] = self.kernel_facts(kernel.stop_run())
         self.world.stop()
         close_backends(self.backends)
         self.world.remove_scratch()

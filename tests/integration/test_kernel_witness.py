@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.host.kernelwitness import unavailable_reason
+from sandbox_attest.host.kernel import unavailable_reason
 from sandbox_attest.world.lab import lab_supported
 
 ROOT = Path(__file__).parent.parent.parent

@@ -13,21 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_attest.host import kernelwitness
-from sandbox_attest.host.kernelwitness import (
+from sandbox_attest.host.kernel import witness as kernelwitness
+from sandbox_attest.host.kernel.program import (
     CELL_CAP,
     DRAIN,
     NOTIF_IOCTL_TYPE,
     REGISTER,
     SYSCALLS,
     KernelEvent,
-    KernelWitness,
     hex_bytes,
     parse_line,
     program_text,
     sockaddr,
-    unavailable_reason,
 )
+from sandbox_attest.host.kernel.witness import KernelWitness, unavailable_reason
 
 CELL = 1476705
 RECORDED = [

@@ -1,6 +1,6 @@
 """What the kernel answered a cell's attempts: the kernel witness's reading, for the judges.
 
-sandbox_attest/host/kernelwitness.py records, per cell, each syscall probes care about with
+sandbox_attest/host/kernel/ records, per cell, each syscall probes care about with
 its argument and the kernel's answer; the runner puts them in `ctx.host_view["kernel"]`.
 This module is how a probe's judge asks about one attempt:
 
