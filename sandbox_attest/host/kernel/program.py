@@ -66,7 +66,7 @@ SYSCALLS: Final[dict[str, tuple[int, str, str]]] = {
 NAMES: Final = {nr: name for name, (nr, _, _) in SYSCALLS.items()}
 
 
-@dataclass
+@dataclass(slots=True)
 class KernelEvent:
     """One syscall of a cell's process and the kernel's answer.
 
@@ -194,20 +194,23 @@ def parse_line(line: str) -> KernelEvent | tuple[str, int, int, str] | None:  # 
     """
     tag, _, rest = line.rstrip("\n").partition("\t")
     try:
-        if tag == "KR":
+        if tag == "KE":  # the most frequent line first
+            parts = rest.split("\t", 10)
+            if len(parts) != 11:  # ten numbers and the command name
+                return None
+            nums = [int(p) for p in parts[:10]]
+        elif tag == "KR":
             return ("ready", 0, 0, "")
-        if tag == "KC":
+        elif tag == "KC":
             return ("cell", int(rest), 0, "")
-        if tag == "KM":
+        elif tag == "KM":
             cell, _, drops = rest.partition("\t")
             return ("mark", int(cell), int(drops or 0), "")
-        if tag in {"KS", "KA"}:
+        elif tag in {"KS", "KA"}:
             who, stamp, text = rest.split("\t", 2)
             return ("text" if tag == "KS" else "addr", int(who), int(stamp), text)
-        parts = rest.split("\t", 10)
-        if tag != "KE" or len(parts) != 11:
+        else:
             return None
-        nums = [int(p) for p in parts[:10]]
     except ValueError:
         return None
     cg, pid, tid, nr, ret, key, a0, a1, a2, a3 = nums

@@ -253,7 +253,9 @@ class KernelWitness:
                 self._echoes.add((got[0], got[1]))
                 if got[0] == "mark":
                     self._drops[got[1]] = got[2]
-            self._changed.notify_all()
+                # Only an echo is waited for; events wake nobody (a busy cell prints
+                # thousands, and a notify per line doubled the cost of reading them).
+                self._changed.notify_all()
 
     def _send(self, cgroup: int, whence: int, echo: str) -> bool:
         """Tell the program about `cgroup` through the kernel; wait for its echo."""
