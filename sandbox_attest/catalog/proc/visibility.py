@@ -22,10 +22,57 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     host_processes,
 )
+from sandbox_attest.catalog.witness.kernel import (
+    OPENS,
+    KernelJudgement,
+    ReportedAttempt,
+    corroborate,
+    path_match,
+)
 from sandbox_attest.claims import claims_of
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 __all__ = ["ProcVisibility"]
+
+# What backs a refusal in the harness's pid namespace when the kernel witness recorded it.
+KERNEL_BACKED = (
+    "the kernel's answers to kill(anchor, 0) and the /proc/<anchor>/environ read (kernel witness)"
+)
+
+
+def kernel_judgement(
+    ctx: CellContext, report: dict[str, Any], anchor_pid: int | None
+) -> KernelJudgement | None:
+    """The kernel's answers to the two attempts it can witness, on a shared pid namespace.
+
+    kill(anchor, 0) (matched by its pid and signal 0) and the open of
+    /proc/<anchor>/environ; None where the witness did not record the payload in the
+    harness's pid namespace (`corroborate`), or the anchor is unknown. The /proc scan and
+    ptrace are not among them: the scan's "not listed" is no refusal of a call, and ptrace
+    is never tried on an unverified pid.
+    """
+    if anchor_pid is None:
+        return None
+    outcomes = {
+        str(a.get("what")): str(a.get("outcome")) for a in attempts_by_role(report, "escape")
+    }
+
+    def signal_zero(event: dict[str, Any]) -> bool:
+        args = event.get("args") or [0, 0]
+        return bool(args[0] == anchor_pid and args[1] == 0)
+
+    attempts = [
+        ReportedAttempt(
+            f"kill({anchor_pid}, 0)", outcomes.get("kill-0", "refused"), ("kill",), signal_zero
+        ),
+        ReportedAttempt(
+            f"/proc/{anchor_pid}/environ",
+            outcomes.get("read-environ", "refused"),
+            OPENS,
+            path_match(f"/proc/{anchor_pid}/environ"),
+        ),
+    ]
+    return corroborate(ctx, attempts, "pid")
 
 
 def _judge_shared(
@@ -34,6 +81,7 @@ def _judge_shared(
     anchor_pid: int | None,
     where: str,
     reasons: list[str],
+    kernel: KernelJudgement | None,
 ) -> Escape:
     """A payload in the harness's pid namespace: what it reached decides, not the namespace.
 
@@ -44,8 +92,10 @@ def _judge_shared(
     anchor's live pid is no kernel's answer in that namespace, so the report is not believed
     (a forgery, or a filter faking errnos) and it fails; refusals shaped like the kernel's
     (EPERM, EACCES) leave nothing the anchor can log (a read, signal 0): a refusal, backed
-    by the report alone (`ProcVisibility.corroboration`), so a report that crossed a wrapper
-    is INCONCLUSIVE until a kernel-side reading of the payload's calls backs it.
+    by the kernel witness's answers where it recorded them (`kernel_judgement`), else by the
+    report alone (`ProcVisibility.corroboration`: a report that crossed a wrapper is then
+    INCONCLUSIVE). The kernel's word wins both ways: a success it returned to the payload is
+    an escape; an ESRCH it returned (a filter's) is a refusal, not a forgery.
     """
     absent = [
         str(a.get("what"))
@@ -55,6 +105,17 @@ def _judge_shared(
     if escape == "escaped" or any(a.get("outcome") == "succeeded" for a in escapes):
         reasons.insert(0, where)
         return "escaped"
+    if kernel is not None and kernel.escapes:
+        reasons.insert(
+            0, f"{where}; the kernel let the payload through: {'; '.join(kernel.escapes)}"
+        )
+        return "escaped"
+    if kernel is not None and kernel.all_corroborated:
+        reasons.append(
+            f"{where}: nothing reached the anchor, and the kernel answered each refusal: "
+            + "; ".join(kernel.corroborated)
+        )
+        return "refused"
     if absent:
         reasons.insert(
             0,
@@ -99,7 +160,9 @@ class ProcVisibility(AnchoredSpec):
         read or signal 0 (neither leaves a trace in it): the refusal is the report's word.
         """
         if sharing_with_harness(host_processes(ctx), "pid"):
-            return []
+            anchor = self._anchor(ctx)
+            kernel = kernel_judgement(ctx, report, anchor.pid if anchor else None)
+            return [KERNEL_BACKED] if kernel is not None and kernel.all_corroborated else []
         return super().corroboration(ctx, report)
 
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
@@ -138,6 +201,7 @@ class ProcVisibility(AnchoredSpec):
         ]
         escape = judge_escape(observed, bool(tracers or secret_read or pid_found), None, reasons)
         shared = sharing_with_harness(host_processes(ctx), "pid")
+        kernel = kernel_judgement(ctx, report, anchor.pid if anchor else None) if shared else None
         if shared and self.expectation(ctx.claims) == "denied":
             escape = _judge_shared(
                 escape,
@@ -146,8 +210,9 @@ class ProcVisibility(AnchoredSpec):
                 f"{claims_of(ctx.claims).phrase('ipc')}; the host sees {shared} in the "
                 "harness's pid namespace (shared_with_harness: ['pid'])",
                 reasons,
+                kernel,
             )
-        return conclude_with_controls(
+        assessment = conclude_with_controls(
             escape,
             observed,
             reasons,
@@ -158,5 +223,9 @@ class ProcVisibility(AnchoredSpec):
                 "secret_echoed": secret_read,
                 "pid_found": pid_found,
                 "pid_namespace_shared": shared,
+                **({"kernel": kernel.as_witness()} if kernel is not None else {}),
             },
         )
+        if kernel is not None and kernel.all_corroborated and escape == "refused":
+            assessment.corroborated_by = [KERNEL_BACKED]
+        return assessment
