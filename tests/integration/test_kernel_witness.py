@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from sandbox_attest.host.kernel import unavailable_reason
+from sandbox_attest.host import cellgroup
+from sandbox_attest.host.kernel import KernelWitness, cgroup_id, unavailable_reason
 from sandbox_attest.world.lab import lab_supported
 
 ROOT = Path(__file__).parent.parent.parent
@@ -158,3 +159,45 @@ class TestNothingLeftBehind:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(RUN_TIMEOUT_S)
         assert witness_processes(proc.pid) == []
+
+
+# mov eax, 257; int 0x80; ret: i386's remap_file_pages, whose number is x86_64's openat.
+INT80_257 = "b801010000cd80c3"
+COMPAT_PAYLOAD = f"""
+import ctypes, mmap, os
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(bytes.fromhex("{INT80_257}"))
+ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))()
+try:
+    os.open("/nonexistent/native", os.O_RDONLY)
+except OSError:
+    pass
+"""
+
+
+class TestOneCell:
+    """One cell registered and drained by hand (no matrix run)."""
+
+    def test_a_32_bit_syscall_is_not_read_as_a_64_bit_one(self) -> None:
+        """A 32-bit call numbered 257 (not openat) is left out; the native openat is recorded."""
+        witness = KernelWitness().start(cells_have_cgroups=True)
+        group = cellgroup.new_cell()
+        try:
+            assert witness.attached, witness.why
+            assert group.path is not None
+            procs = group.path / "cgroup.procs"
+            cg = cgroup_id(group.path)
+            assert witness.register(cg)
+            subprocess.run(
+                [sys.executable, "-S", "-c", COMPAT_PAYLOAD],
+                preexec_fn=lambda: procs.write_text("0"),
+                check=True,
+            )
+            got = witness.drain(cg)
+        finally:
+            group.close(kill=True)
+            witness.stop()
+        assert got is not None
+        opens = [e.describe() for e in got.events if e.syscall == "openat" and e.error]
+        assert "openat(/nonexistent/native) -> ENOENT" in opens
+        assert not [e for e in got.events if e.syscall == "openat" and e.error == "EINVAL"]

@@ -75,6 +75,12 @@ class TestProgramText:
         assert f"@n[cgroup] >= {CELL_CAP}" in text
         assert f"% 256 == {NOTIF_IOCTL_TYPE}" in text
 
+    def test_it_leaves_out_32_bit_syscalls(self) -> None:
+        """Both probes skip a task in a 32-bit syscall (TS_COMPAT), read by its offset."""
+        text = program_text(1, status_offset=16)
+        assert text.count("(*(uint32 *)((uint64)curtask + 16) & 2) == 0") == 2
+        assert "curtask->" not in text  # BTF through curtask costs a second of compiling
+
     def test_it_reads_user_memory_with_uptr(self) -> None:
         """Paths and socket addresses are the payload's memory: read as user addresses."""
         text = program_text(1)

@@ -22,6 +22,11 @@ NOTIF_IOCTL_TYPE: Final = 0x21
 # whence values no kernel defines (SEEK_* stop at 4), so the call is EBADF and nothing else.
 REGISTER: Final = 0x4B57
 DRAIN: Final = 0x4B4D
+# x86: `struct thread_info` is task_struct's first member (THREAD_INFO_IN_TASK, since 4.9),
+# and its `status` follows `flags` and `syscall_work` (5.11 on; `flags` alone before).
+THREAD_INFO_STATUS: Final = 16
+THREAD_INFO_STATUS_BEFORE_5_11: Final = 8
+TS_COMPAT: Final = 0x0002
 # BPFTRACE_STRLEN: bpftrace 0.17's cap; a longer path is cut to its first 199 bytes.
 STRLEN: Final = 200
 
@@ -59,6 +64,7 @@ SYSCALLS: Final[dict[str, tuple[int, str, str]]] = {
     "open_tree": (428, "a1", ""),
     "move_mount": (429, "a1", ""),
     "fsopen": (430, "a0", ""),
+    "clone3": (435, "", ""),
     "fsmount": (432, "", ""),
     "fspick": (433, "a1", ""),
     "mount_setattr": (442, "a1", ""),
@@ -120,7 +126,7 @@ class KernelEvent:
         return out
 
 
-def program_text(harness_pid: int) -> str:
+def program_text(harness_pid: int, status_offset: int = THREAD_INFO_STATUS) -> str:
     """The bpftrace program for one run; the harness names each cell's cgroup to it.
 
     The harness registers a cell by `lseek(-1, <cgroup id>, REGISTER)` and drains it by
@@ -134,6 +140,7 @@ def program_text(harness_pid: int) -> str:
 
     Args:
         harness_pid: the harness's pid (the only one whose lseek registers or drains).
+        status_offset: where `thread_info.status` is in `task_struct` (see THREAD_INFO_STATUS).
     """
     where = {"": 0, "a0": 1, "a1": 2, "a4": 5}
     fill = " ".join(
@@ -141,6 +148,10 @@ def program_text(harness_pid: int) -> str:
         for nr, text, addr in SYSCALLS.values()
     )
     forget = " ".join(f"delete(@{m}[tid]);" for m in ("in", "a0", "a1", "a2", "a3"))
+    # raw_syscalls fire for 32-bit (int 0x80) syscalls too, numbered from the i386 table:
+    # i386's 257 is not openat. TS_COMPAT in thread_info.status marks them; they are left out
+    # (read by offset, not through BTF: curtask's BTF costs bpftrace a second of compiling).
+    native = f"(*(uint32 *)((uint64)curtask + {status_offset}) & {TS_COMPAT}) == 0"
     return f"""\
 BEGIN {{ {fill} printf("KR\\n"); }}
 tracepoint:syscalls:sys_enter_lseek /pid == {harness_pid} && args->fd == 4294967295/ {{
@@ -150,7 +161,7 @@ tracepoint:syscalls:sys_enter_lseek /pid == {harness_pid} && args->fd == 4294967
     printf("KM\\t%lu\\t%lu\\n", args->offset, @drop[args->offset]);
     delete(@n[args->offset]); delete(@drop[args->offset]); }}
 }}
-tracepoint:raw_syscalls:sys_enter /@want[args->id] && @cells[cgroup]/ {{
+tracepoint:raw_syscalls:sys_enter /@want[args->id] && @cells[cgroup] && {native}/ {{
   if (args->id == 16 && (args->args[1] >> 8) % 256 == {NOTIF_IOCTL_TYPE}) {{
     @quiet[tid] = 1; return; }}
   if (@n[cgroup] < {CELL_CAP}) {{
@@ -168,7 +179,7 @@ tracepoint:raw_syscalls:sys_enter /@want[args->id] && @cells[cgroup]/ {{
       printf("KA\\t%d\\t%lu\\t%r\\n", tid, $k, buf(uptr(args->args[4]), 28)); }}
   }}
 }}
-tracepoint:raw_syscalls:sys_exit /@want[args->id] && @cells[cgroup]/ {{
+tracepoint:raw_syscalls:sys_exit /@want[args->id] && @cells[cgroup] && {native}/ {{
   if (@quiet[tid]) {{ delete(@quiet[tid]); return; }}
   if (@n[cgroup] >= {CELL_CAP}) {{
     @drop[cgroup] = @drop[cgroup] + 1;

@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from sandbox_attest.host import lifetime
+from sandbox_attest.host.cgroupfs import kernel_at_least
 from sandbox_attest.host.kernel.program import (
     CELL_CAP,
     DRAIN,
     REGISTER,
     STRLEN,
+    THREAD_INFO_STATUS,
+    THREAD_INFO_STATUS_BEFORE_5_11,
     CellEvents,
     KernelEvent,
     fill_argument,
@@ -59,6 +62,11 @@ def unavailable_reason(cells_have_cgroups: bool, why_not: str = "") -> str:  # n
     if not cells_have_cgroups:
         return f"cells have no cgroup of their own ({why_not}): the witness filters by cgroup"
     return ""
+
+
+def _status_offset() -> int:
+    """`thread_info.status`'s offset in task_struct on this kernel (program.THREAD_INFO_STATUS)."""
+    return THREAD_INFO_STATUS if kernel_at_least((5, 11)) else THREAD_INFO_STATUS_BEFORE_5_11
 
 
 def _libc() -> Any:
@@ -156,7 +164,7 @@ class KernelWitness:
         # Its own session: a terminal's Ctrl-C reaches the harness, which stops bpftrace
         # itself; the parent-death signal (host/lifetime.py) covers a killed harness.
         self._proc = subprocess.Popen(
-            [BPFTRACE, "-B", "line", "-e", program_text(os.getpid())],
+            [BPFTRACE, "-B", "line", "-e", program_text(os.getpid(), _status_offset())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
