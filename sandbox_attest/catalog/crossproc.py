@@ -51,6 +51,13 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     host_processes,
 )
+from sandbox_attest.catalog.witness.kernel import (
+    OPENS,
+    KernelJudgement,
+    ReportedAttempt,
+    corroborate,
+    path_match,
+)
 from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.host import disguise, lifetime
@@ -190,6 +197,37 @@ def _stop(target: _Target) -> None:
         target.reader.join(timeout=HOST_TIMEOUT_S)
     if target.process.stdout is not None:
         target.process.stdout.close()
+
+
+# What backs the two reads the target's log cannot witness, where the kernel witness did.
+KERNEL_READS: Final = "the kernel's answers to the payload's reads of the target (kernel witness)"
+
+
+def _kernel_reads(
+    ctx: CellContext, escapes: list[dict[str, Any]], facts: dict[str, Any], pid: int | None
+) -> KernelJudgement | None:
+    """The kernel's answers to vm-readv and mem-read at the target, where it can give them.
+
+    Only the reads: the target's own log witnesses the writes and the signal. None where
+    nothing was attempted, the target is unknown, or the witness did not record the payload
+    in the harness's pid namespace (`corroborate`), where the pid it names is the target's.
+    """
+    if pid is None or (facts.get("found_pid") is None and facts.get("attempted_pid") is None):
+        return None
+    outcomes = {str(a.get("what")): str(a.get("outcome")) for a in escapes}
+
+    def at_target(event: dict[str, Any]) -> bool:
+        return bool((event.get("args") or [0])[0] == pid)
+
+    attempts = [
+        ReportedAttempt(
+            "vm-readv", outcomes.get("vm-readv", "refused"), ("process_vm_readv",), at_target
+        ),
+        ReportedAttempt(
+            "mem-read", outcomes.get("mem-read", "refused"), OPENS, path_match(f"/proc/{pid}/mem")
+        ),
+    ]
+    return corroborate(ctx, attempts, "pid")
 
 
 def _judge_unlisted(
@@ -341,6 +379,12 @@ class ProcCrossProcess(SpecBase):
         ]
         if escape == "refused" and shared and facts.get("found_pid") is None:
             escape = _judge_unlisted(escapes, facts, shared, reasons)
+        kernel = _kernel_reads(ctx, escapes, facts, target.pid if target else None)
+        if kernel is not None and kernel.escapes and escape != "escaped":
+            escape = "escaped"
+            reasons.insert(0, f"the kernel let the payload through: {'; '.join(kernel.escapes)}")
+        elif kernel is not None and kernel.all_corroborated and escape == "refused":
+            reasons.append("the kernel answered the reads: " + "; ".join(kernel.corroborated))
         if escape == "escaped" and self.expectation(ctx.claims) == "denied":
             done = [str(a.get("what")) for a in escapes if a.get("outcome") == "succeeded"]
             where = (
@@ -355,15 +399,23 @@ class ProcCrossProcess(SpecBase):
                 f"{where}; fix: {_FIX}",
             )
         inside = attempts_by_role(report, "control")
-        return conclude(
+        assessment = conclude(
             escape,
             observed,
             reasons,
             inside=inside,
             inside_ok=all_succeeded(inside),
             host_control=control,
-            witness={"secret_read_via": read, "mailboxes": written, "signals": signals},
+            witness={
+                "secret_read_via": read,
+                "mailboxes": written,
+                "signals": signals,
+                **({"kernel": kernel.as_witness()} if kernel is not None else {}),
+            },
         )
+        if kernel is not None and kernel.all_corroborated and escape == "refused":
+            assessment.corroborated_by = [*self.host_readings, KERNEL_READS]
+        return assessment
 
     def cleanup(self, ctx: CellContext) -> None:
         """Kill this cell's target (only that process) and reap it."""

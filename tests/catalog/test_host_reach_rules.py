@@ -7,16 +7,20 @@ readings (host view, target log, canary token) and check each rule's verdict and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox_attest.backends.base import DeclaredClaims
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.verdict import Verdict, decide
 from tests.catalog.test_proc import FakeWorld, Records, att
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 CONFINED = DeclaredClaims(network="proxy", filesystem="workspace", ipc="isolated")
 OPEN = DeclaredClaims(network="open", filesystem="open", ipc="open")
@@ -181,6 +185,65 @@ class TestCrossProcess:
         verdict, reason, _ = self.at_the_given_pid(tmp_path, "EPERM").judge()
         assert verdict is Verdict.PASS, reason
         assert "made at the host pid it was given (777" in reason
+
+    @staticmethod
+    def vm_read(pid: int, ret: int, *, entered: bool) -> dict[str, Any]:
+        """process_vm_readv of `pid` by the payload (host pid 9), as the witness saw it."""
+        return {
+            "syscall": "process_vm_readv",
+            "pid": 9,
+            "comm": "python",
+            "ret": ret,
+            "error": "EPERM" if ret < 0 else "",
+            "entered": entered,
+            "args": [pid, 0, 1, 0] if entered else [0, 0, 0, 0],
+        }
+
+    @staticmethod
+    def mem_refused(pid: int) -> dict[str, Any]:
+        """The payload's open of /proc/<pid>/mem, refused by Landlock (entered, EACCES)."""
+        return {
+            "syscall": "openat",
+            "pid": 9,
+            "comm": "python",
+            "ret": -13,
+            "error": "EACCES",
+            "entered": True,
+            "args": [4294967196, 0, 0o2000000, 0],
+            "text": f"/proc/{pid}/mem",
+        }
+
+    @contextlib.contextmanager
+    def with_target(self, tmp_path: Path) -> Iterator[tuple[Cell, int]]:
+        """A cell attempted at the given pid, with its real target (prepare), and that pid."""
+        made = self.at_the_given_pid(tmp_path, "EPERM")
+        spec = PROBES["proc_cross_process"]
+        pid = int(spec.prepare(made.ctx)["target_pid"])
+        made.facts["attempted_pid"] = pid
+        try:
+            yield made, pid
+        finally:
+            spec.cleanup(made.ctx)
+
+    def test_the_kernel_backs_the_reads_no_log_can_witness(self, tmp_path: Path) -> None:
+        """Refused reads, the kernel's errors behind them: PASS, the kernel named as witness."""
+        with self.with_target(tmp_path) as (made, pid):
+            events = [self.vm_read(pid, -1, entered=False), self.mem_refused(pid)]
+            made.ctx.host_view["kernel"] = {"recorded": True, "dropped": 0, "events": events}
+            verdict, reason, witness = made.judge()
+        assert verdict is Verdict.PASS, reason
+        assert "vm-readv: the kernel refused process_vm_readv before it began -> EPERM" in reason
+        assert f"mem-read: the kernel saw openat(/proc/{pid}/mem) -> EACCES" in reason
+        assert witness["kernel"]["corroborated"]
+
+    def test_a_read_the_kernel_allowed_fails(self, tmp_path: Path) -> None:
+        """The report says EPERM; the kernel returned the bytes: FAIL naming the kernel's answer."""
+        with self.with_target(tmp_path) as (made, pid):
+            events = [self.vm_read(pid, 32, entered=True), self.mem_refused(pid)]
+            made.ctx.host_view["kernel"] = {"recorded": True, "dropped": 0, "events": events}
+            verdict, reason, _ = made.judge()
+        assert verdict is Verdict.FAIL, reason
+        assert "the kernel let the payload through: vm-readv" in reason
 
     def test_no_such_process_in_the_hosts_pid_namespace_is_no_refusal(self, tmp_path: Path) -> None:
         """ESRCH for a live pid of a shared pid namespace is no kernel's answer: INCONCLUSIVE."""
