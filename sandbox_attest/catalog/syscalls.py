@@ -15,7 +15,7 @@ same file, run unsandboxed on the host as the payload user (the host control), r
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from sandbox_attest.catalog.attempts import (
     all_succeeded,
@@ -37,6 +37,7 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     host_processes,
 )
+from sandbox_attest.catalog.witness.kernel import ReportedAttempt, corroborate
 from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
@@ -77,6 +78,18 @@ def unknown_surface(escapes: list[dict[str, Any]], host: dict[Any, dict[str, Any
     return reasons
 
 
+def _any_event(event: dict[str, Any]) -> bool:
+    """Every event of the call: its arguments are not what tells the attempt (its errno is)."""
+    del event
+    return True
+
+
+def _no_event(event: dict[str, Any]) -> bool:
+    """No event of the call is an escape by itself."""
+    del event
+    return False
+
+
 class _SurfaceSpec(SpecBase):
     """A syscall-surface probe judged against its own unsandboxed baseline.
 
@@ -88,6 +101,9 @@ class _SurfaceSpec(SpecBase):
     calls: tuple[str, ...] = ()
     seccomp_only: frozenset[str] = frozenset()
     reached_words: str = "reached"
+    # Each attempt's syscalls as the kernel witness records them (sandbox_attest/host/kernel/);
+    # an attempt not named here is not judged by the kernel's answer.
+    kernel_calls: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
         """None: a seccomp filter the host sees shows that one exists, not what it refuses.
@@ -225,7 +241,43 @@ class _SurfaceSpec(SpecBase):
         # host sees with no seccomp filter at all backs it (nothing could have refused it).
         bare = [p for p in host_processes(ctx) if seccomp_filters(p.get("status") or {}) < 1]
         assessment.reported_only = escape == "escaped" and not unfiltered and not bare
+        self._judge_by_kernel(ctx, refused, assessment)
         return assessment
+
+    def _judge_by_kernel(
+        self, ctx: CellContext, refused: list[dict[str, Any]], assessment: Assessment
+    ) -> None:
+        """The kernel's errno behind each refused call backs the refusals (kernel witness).
+
+        The kernel's answer to these calls is the sandbox's whatever namespaces the payload
+        has, so the rule applies wherever the witness recorded the payload's own processes.
+        A refusal with the reported errno answers the attempt (one event each); a refused
+        call the kernel never saw is a report that does not match (the runner's ERROR).
+        """
+        attempts = [
+            ReportedAttempt(
+                label=str(a.get("what")),
+                outcome="refused",
+                syscalls=self.kernel_calls[str(a.get("what"))],
+                match=_any_event,
+                # A success of the call is no escape here: clone3 also makes every thread,
+                # and a reached call is judged by the report (believed against the sandbox).
+                counts=_no_event,
+                errno=str(a.get("errno") or ""),
+            )
+            for a in refused
+            if str(a.get("what")) in self.kernel_calls and a.get("errno")
+        ]
+        kernel = corroborate(ctx, attempts, None) if attempts else None
+        if kernel is None:
+            return
+        assessment.witness["kernel"] = kernel.as_witness()
+        every = len(attempts) == len(refused)
+        if kernel.all_corroborated and every and assessment.escape == "refused":
+            assessment.reasons.append("; ".join(kernel.corroborated))
+            assessment.corroborated_by = [
+                "the kernel's errno for each refused call (kernel witness)"
+            ]
 
 
 class ProcSyscallSurfaceExtended(_SurfaceSpec):
@@ -256,6 +308,13 @@ class ProcNewMountApi(_SurfaceSpec):
     # a sandbox may refuse them without a filter (bwrap --disable-userns), so none is here.
     seccomp_only = frozenset()
     reached_words = "reached (clone3 made namespaces, or the mount API passed its permission check)"
+    kernel_calls: ClassVar[dict[str, tuple[str, ...]]] = {
+        "clone3-newns": ("clone3",),
+        "open_tree": ("open_tree",),
+        "move_mount": ("move_mount",),
+        "mount_setattr": ("mount_setattr",),
+        "fsopen": ("fsopen",),
+    }
 
 
 SPECS: Final = (ProcSyscallSurfaceExtended(), ProcNewMountApi())

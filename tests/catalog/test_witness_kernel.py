@@ -456,3 +456,74 @@ class TestDevAccessOnAFilter:
         decision, _ = dev_cell(tmp_path, [event("/dev/fuse", 3, flags=0o4400)])
         assert decision.verdict is Verdict.FAIL
         assert "openat(/dev/fuse) -> 3" in decision.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# proc_new_mount_api (issue 28) on bwrap-generic: its own namespaces, no user namespace left
+# (--disable-userns); the calls refused by the kernel's own checks (/tmp/kw-r9, 2026-12-02).
+
+MOUNT_CALLS = ("open_tree", "move_mount", "mount_setattr", "fsopen")
+
+
+def mount_api_cell(tmp_path: Path, kernel: list[dict[str, Any]] | None) -> tuple[Any, Any]:
+    """The decision on a command wrapper for the bwrap-generic report, and the assessment."""
+    spec = PROBES["proc_new_mount_api"]
+    host_view = view(kernel or [], shared=())
+    if kernel is None:
+        host_view["kernel"] = {"status": "unavailable", "why": "not root"}
+    ctx = CellContext(
+        probe=spec.id,
+        backend="unit",
+        nonce="n" + secrets.token_hex(8),
+        world=StubWorld(stub_info(tmp_path / "real.sock")),
+        workspace=tmp_path,
+        cell_dir=tmp_path,
+        claims=CONFINED,
+        route=inside_route(),
+        host_view=host_view,
+    )
+    calls = ("clone3-newns", *MOUNT_CALLS)
+    baseline = {"attempts": [{"what": w, "role": "escape", "outcome": "succeeded"} for w in calls]}
+    control = {"ok": True, "nonce": "hcontrol", "checks": [], "baseline": baseline}
+    attempts = [
+        {"what": "getpid", "role": "control", "outcome": "succeeded"},
+        {"what": "clone3-newns", "role": "escape", "outcome": "refused", "errno": "ENOSPC"},
+        *(
+            {"what": w, "role": "escape", "outcome": "refused", "errno": "EPERM"}
+            for w in MOUNT_CALLS
+        ),
+    ]
+    report = {"probe": spec.id, "nonce": ctx.nonce, "attempts": attempts, "facts": {}}
+    assessment = spec.assess(ctx, report, Records(), control)
+    if not assessment.corroborated_by:
+        assessment.corroborated_by = spec.corroboration(ctx, report)
+    return believe(decide("denied", assessment), assessment, crossed_wrapper=True), assessment
+
+
+def call(syscall: str, ret: int, error: str) -> dict[str, Any]:
+    """A syscall event of the payload, entered, without a path."""
+    return {**event("", ret, syscall=syscall, error=error), "text": ""}
+
+
+class TestNewMountApiByTheKernel:
+    """proc_new_mount_api's refusals backed by the kernel's errno for each call."""
+
+    def test_without_the_kernel_the_refusals_rest_on_the_report(self, tmp_path: Path) -> None:
+        """The artifact (issue 28): nothing on the host reads a refused syscall: INCONCLUSIVE."""
+        decision, _ = mount_api_cell(tmp_path, None)
+        assert decision.verdict is Verdict.INCONCLUSIVE
+
+    def test_the_kernels_errno_for_each_call_makes_it_a_pass(self, tmp_path: Path) -> None:
+        """clone3 -> ENOSPC and EPERM for each mount call, beside clone3's own threads: PASS."""
+        kernel = [call("clone3", 3, ""), call("clone3", -28, "ENOSPC")]
+        kernel += [call(name, -1, "EPERM") for name in MOUNT_CALLS]
+        decision, _ = mount_api_cell(tmp_path, kernel)
+        assert decision.verdict is Verdict.PASS, decision.reason
+        assert "clone3-newns: the kernel saw clone3() -> ENOSPC" in decision.reason
+
+    def test_another_errno_does_not_answer_the_attempt(self, tmp_path: Path) -> None:
+        """The kernel said EFAULT (the handler ran), the payload says EPERM: no match, ERROR."""
+        kernel = [call("clone3", -28, "ENOSPC"), call("open_tree", -14, "EFAULT")]
+        kernel += [call(name, -1, "EPERM") for name in MOUNT_CALLS[1:]]
+        _, assessment = mount_api_cell(tmp_path, kernel)
+        assert [u.split(":")[0] for u in kernel_unseen(assessment)] == ["open_tree"]

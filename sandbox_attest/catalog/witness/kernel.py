@@ -227,21 +227,24 @@ class ReportedAttempt:
     syscalls: tuple[str, ...]
     match: Callable[[dict[str, Any]], bool]
     counts: Callable[[dict[str, Any]], bool] = lambda _event: True
+    # The errno the payload reports: when given, only a refusal with it answers the attempt.
+    errno: str = ""
 
 
-def filter_sandbox(ctx: CellContext, namespace: str) -> str:
+def filter_sandbox(ctx: CellContext, namespace: str | None) -> str:
     """Why the rule does not apply to this cell, or "" where it does.
 
     It applies where the payload runs in the harness's own `namespace` (a filter sandbox:
-    the path or address it names is the host's) and the witness saw the payload's own
-    processes in the cell's cgroup (a container engine moves them to a cgroup of its own).
+    the path or address it names is the host's; None for a syscall whose answer does not
+    depend on any namespace's view) and the witness saw the payload's own processes in the
+    cell's cgroup (a container engine moves them to a cgroup of its own).
     """
     if not recorded(ctx):
         return why_not_recorded(ctx)
     processes = host_processes(ctx)
     if not processes:
         return "the host did not see the payload's processes"
-    if any(namespace not in (p.get("shared_with_harness") or []) for p in processes):
+    if namespace and any(namespace not in (p.get("shared_with_harness") or []) for p in processes):
         return f"the payload has a {namespace} namespace of its own"
     events = witness_reading(ctx).get("events") or []
     mine = payload_pids(ctx)
@@ -251,7 +254,7 @@ def filter_sandbox(ctx: CellContext, namespace: str) -> str:
 
 
 def corroborate(
-    ctx: CellContext, attempts: Sequence[ReportedAttempt], namespace: str
+    ctx: CellContext, attempts: Sequence[ReportedAttempt], namespace: str | None
 ) -> KernelJudgement | None:
     """Issue 27's rule for each reported attempt; None where it does not apply (`filter_sandbox`).
 
@@ -278,7 +281,7 @@ def corroborate(
             for a in kernel_answers(ctx, attempt.syscalls, attempt.match)
             if id(a.event) not in used
         ]
-        refused = [a for a in found if a.error]
+        refused = [a for a in found if a.error and attempt.errno in {"", a.error}]
         won = [a for a in found if not a.error and a.pid in mine and attempt.counts(a.event)]
         if won and attempt.outcome != "succeeded":
             judged.escapes.append(f"{attempt.label}: {won[0].reading()}")
@@ -287,7 +290,11 @@ def corroborate(
             continue
         if attempt.outcome == "succeeded":
             continue
-        before = [a for a in refused_unseen(ctx, attempt.syscalls) if id(a.event) not in used]
+        before = [
+            a
+            for a in refused_unseen(ctx, attempt.syscalls)
+            if id(a.event) not in used and attempt.errno in {"", a.error}
+        ]
         for answer in (refused or before)[:1]:
             judged.corroborated.append(f"{attempt.label}: {answer.reading()}")
             judged.cited.append(answer.event)
