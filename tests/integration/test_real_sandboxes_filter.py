@@ -14,8 +14,9 @@ notes /work/helpers/out/sandlock.md and sl2.md, each checked by hand outside the
   (the launcher's own unconfined Python process) is exempt only as the harness's own spawn
   running the pinned launcher (sandbox_attest/host/cellgroup.py), so proc_privileges
   PASSes; proc_cross_process attempts at the host pid it was given where sandlock's /proc
-  hides the target, and PASSes on the target's log; proc_visibility judges what the payload
-  reached in the shared pid namespace, and its refusals wait for the kernel witness.
+  hides the target, and PASSes on the target's log and the kernel's answers to its reads;
+  proc_visibility judges what the payload reached in the shared pid namespace, and PASSes
+  where the kernel witness recorded its refusals (INCONCLUSIVE where it could not run).
 
 Skips, naming `scripts/real-sandboxes.sh`, where sandlock is not installed.
 """
@@ -32,6 +33,7 @@ from typing import Any
 import pytest
 
 from sandbox_attest.catalog import PROBES
+from sandbox_attest.catalog.proc.visibility import KERNEL_BACKED
 from sandbox_attest.world.lab import lab_supported
 from tests.here import not_judgeable_here
 
@@ -191,6 +193,17 @@ class TestSandlock:
         reason = cells["proc_cross_process"]["reason"]
         assert "secret read via nothing; mailboxes written: 0; signals received: none" in reason
         assert "made at the host pid it was given" in reason
+
+    def test_the_kernel_witness_backs_proc_visibility(
+        self, grid: dict[str, dict[str, Any]]
+    ) -> None:
+        """Where the witness recorded the cell: PASS on the kernel's EPERM and EACCES."""
+        cell = grid["proc_visibility"]
+        if not (cell["host_view"].get("kernel") or {}).get("recorded"):
+            pytest.skip("the kernel witness did not record this cell (not root, no bpftrace)")
+        assert cell["verdict"] == "PASS", cell["reason"]
+        assert cell["corroborated_by"] == [KERNEL_BACKED], cell
+        assert ", 0): the kernel saw kill() -> EPERM" in cell["reason"]
 
     def test_every_other_cell_passes(self, grid: dict[str, dict[str, Any]]) -> None:
         """Every cell not listed above PASSes, the network probes among them."""
