@@ -17,6 +17,7 @@ from sandbox_attest.host.kernel import witness as kernelwitness
 from sandbox_attest.host.kernel.program import (
     CELL_CAP,
     DRAIN,
+    FLUSH,
     NOTIF_IOCTL_TYPE,
     REGISTER,
     SYSCALLS,
@@ -67,6 +68,7 @@ class TestProgramText:
         assert "/pid == 4242 && args->fd == 4294967295/" in text
         assert f"args->whence == {REGISTER}" in text
         assert f"args->whence == {DRAIN}" in text
+        assert f"args->whence == {FLUSH}" in text
         assert "@cells[cgroup]" in text
 
     def test_it_bounds_each_cell_and_leaves_out_the_notify_ioctls(self) -> None:
@@ -96,6 +98,7 @@ class TestParser:
         assert parse_line("KR\n") == ("ready", 0, 0, "")
         assert parse_line(f"KC\t{CELL}\n") == ("cell", CELL, 0, "")
         assert parse_line(f"KM\t{CELL}\t3\n") == ("mark", CELL, 3, "")
+        assert parse_line(f"KF\t{CELL}\n") == ("flush", CELL, 0, "")
 
     @pytest.mark.parametrize(
         "line",
@@ -135,11 +138,19 @@ class TestParser:
     def test_an_exit_read_before_its_enter_waits_for_it(self) -> None:
         """Lines of two CPUs come in no set order: an early exit takes its later argument."""
         witness = KernelWitness()
+        witness.take(f"KC\t{CELL}\n")
         witness.take(f"KE\t{CELL}\t7\t7\t257\t-13\t99\t0\t0\t0\t0\tpython3\n")
         witness.take("KS\t7\t98\t/older/call\n")  # another call of the same thread
         witness.take("KS\t7\t99\t/home/u/.ssh/id\n")
         (event,) = witness.events_of(CELL)
         assert event.describe() == "openat(/home/u/.ssh/id) -> EACCES"
+
+    def test_events_of_a_cell_not_registered_are_only_counted(self) -> None:
+        """A line read after its cell was drained (or never registered) is counted as late."""
+        witness = KernelWitness()
+        witness.take(f"KE\t{CELL}\t7\t7\t257\t-13\t0\t0\t0\t0\t0\tpython3\n")
+        assert witness.events_of(CELL) == []
+        assert witness.late == 1
 
     def test_an_event_as_the_evidence_shows_it(self) -> None:
         """The evidence carries syscall, pid, answer, arguments and the decoded address."""

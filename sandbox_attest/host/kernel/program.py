@@ -22,6 +22,8 @@ NOTIF_IOCTL_TYPE: Final = 0x21
 # whence values no kernel defines (SEEK_* stop at 4), so the call is EBADF and nothing else.
 REGISTER: Final = 0x4B57
 DRAIN: Final = 0x4B4D
+# ... and flushes: its echo comes after every line bpftrace read before the drain's echo.
+FLUSH: Final = 0x4B46
 # x86: `struct thread_info` is task_struct's first member (THREAD_INFO_IN_TASK, since 4.9),
 # and its `status` follows `flags` and `syscall_work` (5.11 on; `flags` alone before).
 THREAD_INFO_STATUS: Final = 16
@@ -160,6 +162,7 @@ tracepoint:syscalls:sys_enter_lseek /pid == {harness_pid} && args->fd == 4294967
   if (args->whence == {DRAIN}) {{ delete(@cells[args->offset]);
     printf("KM\\t%lu\\t%lu\\n", args->offset, @drop[args->offset]);
     delete(@n[args->offset]); delete(@drop[args->offset]); }}
+  if (args->whence == {FLUSH}) {{ printf("KF\\t%lu\\n", args->offset); }}
 }}
 tracepoint:raw_syscalls:sys_enter /@want[args->id] && @cells[cgroup] && {native}/ {{
   if (args->id == 16 && (args->args[1] >> 8) % 256 == {NOTIF_IOCTL_TYPE}) {{
@@ -198,10 +201,10 @@ def parse_line(line: str) -> KernelEvent | tuple[str, int, int, str] | None:  # 
     """One line of the program's output, or None for a line that is none of ours.
 
     Returns an event (`KE`), or a tuple: ("ready", 0, 0, ""), ("cell", cgroup, 0, ""),
-    ("mark", cgroup, drops, ""), ("text", tid, key, path) for `KS`, ("addr", tid, key, hex)
-    for `KA`. A `KS`/`KA` line belongs to the `KE` line with the same thread and key (the
-    enter's timestamp): enter and exit may run on two CPUs, whose lines bpftrace reads in
-    no set order, so the pairing is by key, never by order.
+    ("mark", cgroup, drops, ""), ("flush", cgroup, 0, ""), ("text", tid, key, path) for
+    `KS`, ("addr", tid, key, hex) for `KA`. A `KS`/`KA` line belongs to the `KE` line with
+    the same thread and key (the enter's timestamp): enter and exit may run on two CPUs,
+    whose lines bpftrace reads in no set order, so the pairing is by key, never by order.
     """
     tag, _, rest = line.rstrip("\n").partition("\t")
     try:
@@ -214,6 +217,8 @@ def parse_line(line: str) -> KernelEvent | tuple[str, int, int, str] | None:  # 
             return ("ready", 0, 0, "")
         elif tag == "KC":
             return ("cell", int(rest), 0, "")
+        elif tag == "KF":
+            return ("flush", int(rest), 0, "")
         elif tag == "KM":
             cell, _, drops = rest.partition("\t")
             return ("mark", int(cell), int(drops or 0), "")

@@ -25,6 +25,7 @@ from sandbox_attest.host.cgroupfs import kernel_at_least
 from sandbox_attest.host.kernel.program import (
     CELL_CAP,
     DRAIN,
+    FLUSH,
     REGISTER,
     STRLEN,
     THREAD_INFO_STATUS,
@@ -45,6 +46,8 @@ TRACEFS: Final = Path("/sys/kernel/tracing")
 ATTACH_TIMEOUT_S: Final = 20.0
 # How long a drain waits for its marker to come back through bpftrace.
 DRAIN_TIMEOUT_S: Final = 2.0
+# Argument lines kept while their exit line has not come (a capped cell's may never come).
+EARLY_CAP: Final = 4096
 
 
 def unavailable_reason(cells_have_cgroups: bool, why_not: str = "") -> str:  # noqa: PLR0911
@@ -94,6 +97,7 @@ class KernelWitness:
     tracefs: str = ""
     stopped: bool = False
     unparsed: int = 0
+    late: int = 0
     _proc: subprocess.Popen[str] | None = None
     _cells: dict[int, CellEvents] = field(default_factory=dict)
     _echoes: set[tuple[str, int]] = field(default_factory=set)
@@ -107,6 +111,7 @@ class KernelWitness:
     _ready: threading.Event = field(default_factory=threading.Event)
     _stderr: list[str] = field(default_factory=list)
     _readers: list[threading.Thread] = field(default_factory=list)
+    _live: set[int] = field(default_factory=set)
     _attach_lock: threading.Lock = field(default_factory=threading.Lock)
     _began: float = 0.0
     _attached_at: float = 0.0
@@ -131,6 +136,8 @@ class KernelWitness:
             out["cell_cap"] = CELL_CAP
         if self.unparsed:
             out["unparsed_lines"] = self.unparsed
+        if self.late:
+            out["late_events"] = self.late
         if self.stopped and self.attach_ms:
             out["stopped"] = True
         if self.tracefs:
@@ -240,30 +247,42 @@ class KernelWitness:
         got = parse_line(line)
         with self._changed:
             if isinstance(got, KernelEvent):
-                self._cells.setdefault(got.cgroup, CellEvents()).events.append(got)
-                early = self._early.pop((got.tid, got.key), None) if got.entered else None
-                if early is not None:
-                    fill_argument(got, *early)
-                elif got.entered and has_argument(got.syscall):
-                    self._waiting[(got.tid, got.key)] = got
+                self._take_event(got)
             elif got is None:
                 self.unparsed += line.startswith("K")
             elif got[0] in {"text", "addr"}:
                 event = self._waiting.pop((got[1], got[2]), None)
                 if event is not None:
                     fill_argument(event, got[0], got[3])
-                else:
+                elif len(self._early) < EARLY_CAP:
                     self._early[(got[1], got[2])] = (got[0], got[3])
             elif got[0] == "ready":
                 self._attached_at = time.monotonic()
                 self._ready.set()
-            elif got[0] in {"cell", "mark"}:
-                self._echoes.add((got[0], got[1]))
-                if got[0] == "mark":
-                    self._drops[got[1]] = got[2]
-                # Only an echo is waited for; events wake nobody (a busy cell prints
-                # thousands, and a notify per line doubled the cost of reading them).
-                self._changed.notify_all()
+            elif got[0] in {"cell", "mark", "flush"}:
+                self._take_echo(*got[:3])
+
+    def _take_event(self, event: KernelEvent) -> None:
+        if event.cgroup not in self._live:
+            self.late += 1  # read after its cell was drained: counted, not kept
+            return
+        self._cells.setdefault(event.cgroup, CellEvents()).events.append(event)
+        early = self._early.pop((event.tid, event.key), None) if event.entered else None
+        if early is not None:
+            fill_argument(event, *early)
+        elif event.entered and has_argument(event.syscall):
+            self._waiting[(event.tid, event.key)] = event
+
+    def _take_echo(self, echo: str, cgroup: int, drops: int) -> None:
+        self._echoes.add((echo, cgroup))
+        if echo == "cell":
+            # Registered in the kernel now: its events can come only after this line.
+            self._live.add(cgroup)
+        elif echo == "mark":
+            self._drops[cgroup] = drops
+        # Only an echo is waited for; events wake nobody (a busy cell prints thousands,
+        # and a notify per line doubled the cost of reading them).
+        self._changed.notify_all()
 
     def _send(self, cgroup: int, whence: int, echo: str) -> bool:
         """Tell the program about `cgroup` through the kernel; wait for its echo."""
@@ -299,9 +318,13 @@ class KernelWitness:
         after their last syscall, so every line of theirs is read before its echo. None when
         the witness is not attached or bpftrace stopped answering (`why` says so).
         """
-        if not self._send(cell_cgroup, DRAIN, "mark"):
+        # Two echoes: bpftrace reads each CPU's buffer in turn, so the drain's echo may come
+        # before a cell's last lines from another CPU's buffer that was ready in the same
+        # round; the flush is written after that echo was read, so it comes after them.
+        if not (self._send(cell_cgroup, DRAIN, "mark") and self._send(cell_cgroup, FLUSH, "flush")):
             return None
         with self._lock:
+            self._live.discard(cell_cgroup)
             got = self._cells.pop(cell_cgroup, CellEvents())
             got.dropped = self._drops.pop(cell_cgroup, 0)
             for key in [k for k, e in self._waiting.items() if e.cgroup == cell_cgroup]:
