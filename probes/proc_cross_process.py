@@ -78,26 +78,67 @@ class IoVec(ctypes.Structure):
 
 
 def vm_call(name, pid, local, remote_addr, length):
-    """process_vm_readv/writev through libc; (count, errno name)."""
+    """process_vm_readv/writev through libc, in a forked child; (count, errno name, bytes).
+
+    A seccomp filter may kill the caller instead of failing the call (nsjail's shipped
+    configs: KILL_PROCESS for ptrace and process_vm_readv/writev): a child that dies of a
+    signal is a refusal named by it ("SIGSYS"), and the probe lives to report it. A call on
+    the payload's own pid (the control) is made on the child's own pid, whose memory is the
+    same copy at the same addresses: a child may not read its parent where Yama restricts
+    ptrace to descendants, and the control must not fail for that. The child sends back what
+    it read into `local` (its copy of the buffer).
+    """
     libc = ctypes.CDLL(None, use_errno=True)
     func = getattr(libc, name, None)
     if func is None:
-        return -1, "ENOSYS"
+        return -1, "ENOSYS", b""
     func.restype = ctypes.c_ssize_t
     func.argtypes = [ctypes.c_int, ctypes.POINTER(IoVec), ctypes.c_ulong,
                      ctypes.POINTER(IoVec), ctypes.c_ulong, ctypes.c_ulong]
-    lvec = IoVec(ctypes.addressof(local), length)
-    rvec = IoVec(remote_addr, length)
-    done = func(pid, ctypes.byref(lvec), 1, ctypes.byref(rvec), 1, 0)
+    on_self = pid == os.getpid()
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(read_end)
+            target = os.getpid() if on_self else pid
+            lvec = IoVec(ctypes.addressof(local), length)
+            rvec = IoVec(remote_addr, length)
+            done = func(target, ctypes.byref(lvec), 1, ctypes.byref(rvec), 1, 0)
+            code = ctypes.get_errno() if done < 0 else 0
+            got = local.raw[:done] if done > 0 else b""
+            os.write(write_end, ("%d %d " % (done, code)).encode() + got)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while True:
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_end)
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            return -1, signal.Signals(number).name, b""
+        except ValueError:
+            return -1, "signal %d" % number, b""
+    try:
+        done, code, got = b"".join(chunks).split(b" ", 2)
+        done, code = int(done), int(code)
+    except ValueError:
+        return -1, "EIO", b""
     if done < 0:
-        return -1, errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
-    return done, None
+        return -1, errno.errorcode.get(code, str(code)), b""
+    return done, None, got
 
 
 def vm_read(pid, addr, length):
     buf = ctypes.create_string_buffer(length)
-    count, err = vm_call("process_vm_readv", pid, buf, addr, length)
-    return (buf.raw[:count] if count >= 0 else None), err
+    count, err, got = vm_call("process_vm_readv", pid, buf, addr, length)
+    return (got[:count] if count >= 0 else None), err
 
 
 def mem_read(pid, addr, length):
@@ -177,7 +218,7 @@ def escapes(task, out, pid, verified):
                 "pid %d, %d bytes" % (pid, len(data or b""))))
     payload = ("v:" + nonce).encode()[:MAILBOX_LEN]
     local = ctypes.create_string_buffer(payload, len(payload))
-    count, err = vm_call("process_vm_writev", pid, local, boxes[0], len(payload))
+    count, err, _ = vm_call("process_vm_writev", pid, local, boxes[0], len(payload))
     add(attempt("vm-writev", "escape", "succeeded" if count > 0 else "refused", err, None,
                 "pid %d mailbox 1, %d bytes" % (pid, max(count, 0))))
     try:
