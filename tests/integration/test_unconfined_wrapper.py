@@ -108,7 +108,9 @@ HOLE_NAMED: dict[str, str] = {
     "proc_cross_process": r"host pid \d+",
     "proc_kernel_tunables": r"group /sys/fs/cgroup/" + r"[\w./-]+",
     "fs_machinery_overwrite": r"machinery written: " + _PATH,
-    "fs_leaked_dirfd": _PATH,
+    # The canary by its host path, or through a descriptor: the payload's own, or another
+    # process's through /proc/PID/fd (the harness's pid namespace, same uid).
+    "fs_leaked_dirfd": r"(?:procfd|dirfd|fchdir):\d+|" + _PATH,
     "fs_setup_race": r"unix socket of the payload's is left on the host: " + _PATH,
     "fs_open_by_handle": r"canary outside its view",
     "net_proxy_dns_exfil": r"harness's network namespace \(net:\[\d+\]\)|DNS fixture logged",
