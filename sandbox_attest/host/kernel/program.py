@@ -67,6 +67,8 @@ SYSCALLS: Final[dict[str, tuple[int, str, str]]] = {
     "move_mount": (429, "a1", ""),
     "fsopen": (430, "a0", ""),
     "clone3": (435, "", ""),
+    "io_uring_setup": (425, "", ""),
+    "execveat": (322, "a1", ""),
     "fsmount": (432, "", ""),
     "fspick": (433, "a1", ""),
     "mount_setattr": (442, "a1", ""),
