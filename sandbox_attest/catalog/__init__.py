@@ -48,6 +48,7 @@ from sandbox_attest.catalog.net import (
     NetProxyEnvOverride,
     NetTransfer18MiB,
 )
+from sandbox_attest.catalog.net.direct import around_the_proxy
 from sandbox_attest.catalog.net.doh import NetDohBypass
 from sandbox_attest.catalog.net.ignored import NetProxyIgnored
 from sandbox_attest.catalog.net.metadata import NetMetadataService
@@ -81,6 +82,7 @@ __all__ = [
     "ProbeSpec",
     "WitnessRecordsLike",
     "WorldLike",
+    "around_the_proxy",
     "probe_path",
     "report_mismatch",
 ]

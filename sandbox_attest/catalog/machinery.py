@@ -583,10 +583,12 @@ class FsLeakedDirfd(SpecBase):
         forbidden = _forbidden_dirs(state)
         claims = claims_of(ctx.claims)
         every = attempts_by_role(report, "escape")
-        # The host path is this class's route only where nothing confines reads (the control
-        # leg): in a sandbox, reading host paths is fs_read_secrets' claim, and a canary the
-        # reads claim leaves readable (Codex's deny-list) is no descriptor leak.
-        by_path = claims.reads == "open"
+        # The host path is this class's route where nothing confines reads (the control leg),
+        # and where the reads claim puts the canary out of reach (a payload that reads it by
+        # its host path has the host's directories in view, a hole whichever way it came);
+        # a canary the reads claim leaves readable (Codex's deny-list) is no descriptor leak.
+        canary = ctx.cell_dir / DIRFD_DIR / DIRFD_CANARY
+        by_path = claims.reads == "open" or claims.read_denied(canary, home_of(ctx))
         escapes = [
             a
             for a in every
@@ -612,7 +614,11 @@ class FsLeakedDirfd(SpecBase):
                 "rewritten, so no read can be told from a refusal"
             )
         if seen:
-            reasons += _reached_reasons(claims, read, reached, leaked)
+            reached_reasons = _reached_reasons(claims, read, reached, leaked)
+            if PATH_ATTEMPT in read and claims.reads != "open":
+                where = f"the canary {canary} is in the payload's view at its host path"
+                reached_reasons.insert(1, where)
+            reasons += reached_reasons
         else:
             reasons.append(_nothing_reached_reason(facts, view))
         reasons.append(f"payload: {attempts_summary(escapes)}")

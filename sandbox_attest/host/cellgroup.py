@@ -345,6 +345,7 @@ class CellGroup:
         owned by someone else than root or the harness, or a directory others may write
         without the sticky bit; a file that is not a regular file whose `#!` names a Python.
         """
+        path = _lexical(path)
         if _changeable_path(path):
             return
         interpreters = _interpreter_of(path, None)
@@ -423,6 +424,7 @@ class CellGroup:
         except OSError:
             return False
         script = _isolated_script(argv)
+        script = _lexical(script) if script is not None else None
         pinned = self.supervisor_scripts.get(script) if script else None
         if pinned is None or script is None or pinned.interpreter != exe:
             return False
@@ -588,6 +590,18 @@ def _isolated_script(argv: list[bytes]) -> str | None:
         return None
     script = argv[index].decode(errors="replace")
     return script if script.startswith("/") else None
+
+
+def _lexical(path: str) -> str:
+    """`path` with its `..` and `.` resolved by name, where that names the same file.
+
+    A spec reaches a helper beside it as `{spec_dir}/../x.py`; the kernel resolves `..` after
+    any symlink before it, so the name form is used only where no symlink is on the way
+    (its realpath is its normpath); otherwise `path` as it came, which `_changeable_path`
+    refuses.
+    """
+    lexical = os.path.normpath(path)
+    return lexical if os.path.realpath(path) == lexical else path
 
 
 def _changeable_path(path: str) -> bool:

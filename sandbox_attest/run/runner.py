@@ -32,7 +32,14 @@ from sandbox_attest.backends.base import (
     inside_paths_of,
     shim_path,
 )
-from sandbox_attest.catalog import PROBES, CellContext, InsideRoute, probe_path, report_mismatch
+from sandbox_attest.catalog import (
+    PROBES,
+    CellContext,
+    InsideRoute,
+    around_the_proxy,
+    probe_path,
+    report_mismatch,
+)
 from sandbox_attest.errors import HarnessError, ProbeOutputError
 from sandbox_attest.host import cellgroup
 from sandbox_attest.host.interpreter import payload_interpreter
@@ -616,6 +623,8 @@ class CellRunner:
             }
         if not assessment.corroborated_by:
             assessment.corroborated_by = spec.corroboration(ctx, report)
+        # A proxy's refusals count only where the proxy is the payload's one route out.
+        assessment = around_the_proxy(ctx, assessment)
         # The report crossed a wrapper the harness does not control (a command wrapper,
         # the only kind with a spec file): there only a host reading makes a PASS.
         decision = _unless_home_moved(

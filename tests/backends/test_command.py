@@ -545,17 +545,17 @@ class TestHoles:
         assert verdict(entry).startswith("FAIL: escape observed by the host")
 
     def test_own_proxy_wrapper_sharing_the_network(self, runner: CellRunner) -> None:
-        """Its proxy (from the env, NO_PROXY ignored) denies; its shared network FAILs.
+        """Its proxy (from the env, NO_PROXY ignored) denies; its shared network FAILs both.
 
-        The denial alone is not a PASS outside the lab (issue 26): a wrapper's own proxy
-        resolves through the system resolver, which is not the DNS fixture here, so a lookup
-        it made before refusing could not be seen, and the cell says how to see it.
+        The proxy's 403 is no PASS: the host saw the payload in the harness's network
+        namespace, so the denied host is reachable around the proxy (issue 27). The cell
+        still says its proxy's lookups went unwitnessed outside the lab (issue 26).
         """
         name = add(runner, CommandBackend.from_path(SPECS / "hole_env_shared_net.toml"))
         denied = runner.run_cell(cell(name, "net_denied_host"))
-        assert denied["verdict"] == "INCONCLUSIVE", verdict(denied)
+        assert verdict(denied).startswith("FAIL: escape observed by the host"), verdict(denied)
+        assert "ran in the harness's network namespace" in denied["reason"]
         assert "the proxy's lookups were not witnessed" in denied["reason"]
-        assert denied["reason"].endswith("run with --world lab"), denied["reason"]
         direct = runner.run_cell(cell(name, "net_direct_egress"))
         assert verdict(direct).startswith("FAIL: escape observed by the host")
 

@@ -82,21 +82,7 @@ class TestCorroboration:
         ]
         assert len(dropped) >= 19, dropped  # the artifact, kept where no claim says why
 
-    @pytest.mark.parametrize(
-        "probe",
-        [
-            pytest.param(
-                p,
-                marks=pytest.mark.xfail(
-                    reason="catalog/net/direct.py still asks for a host netns reading beside "
-                    "the listeners (the change is proposed in issue 27's own-kernel note)"
-                ),
-            )
-            if p == "net_ipv6_udp_icmp"
-            else p
-            for p in witnessed()
-        ],
-    )
+    @pytest.mark.parametrize("probe", witnessed())
     def test_own_kernel_keeps_the_witnesses(self, tmp_path: Path, probe: str) -> None:
         """Under kernel = "own" the ready file in the workspace lets the witnesses back it."""
         cell = ctx(tmp_path, probe, OWN, gvisor_view())

@@ -66,6 +66,9 @@ FAILS["firejail"] = {
     "proc_syscall_surface",
     "proc_syscall_surface_extended",
     "fs_open_by_handle",
+    # its --read-only=/ leaves the host's /tmp readable: the descriptor probe's canary is read
+    # by its host path under a reads claim that puts it out of view (issue 27)
+    "fs_leaked_dirfd",
 }
 
 

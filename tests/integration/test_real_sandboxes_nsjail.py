@@ -133,9 +133,7 @@ class TestNsjail:
         cells, _ = grid
         _, skipped_want, unjudged = expected()
         broken = {
-            p
-            for p, c in cells.items()
-            if c["verdict"] in ("ERROR", "UNAVAILABLE", "INCONCLUSIVE")
+            p for p, c in cells.items() if c["verdict"] in ("ERROR", "UNAVAILABLE", "INCONCLUSIVE")
         }
         assert not broken, _show(cells, broken)
         skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}

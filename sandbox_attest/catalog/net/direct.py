@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import socket
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest.catalog.attempts import (
     attempts_by_role,
@@ -43,7 +44,9 @@ from sandbox_attest.catalog.spec import (
     ClaimsLike,
     SpecBase,
     WitnessRecordsLike,
+    host_processes,
     host_seen_own_network,
+    own_kernel_ran,
 )
 from sandbox_attest.catalog.witness.kernel import (
     KernelJudgement,
@@ -244,6 +247,58 @@ def host_seen_path_out(ctx: CellContext) -> str:
                 "without a packet sent"
             )
     return ""
+
+
+# The probes that judge the proxy's own checks: each asks the proxy for something its allowlist
+# refuses, and a refusal holds for the payload only where the proxy is its one route out.
+PROXY_PROBES: Final = frozenset(
+    {
+        "net_denied_host",
+        "net_host_canonical",
+        "net_proxy_confusion",
+        "net_private_address",
+        "net_proxy_dns_exfil",
+        "net_socks5",
+        "net_proxy_smuggling",
+        "net_proxy_upgrade",
+        "net_dns_rebinding",
+        "net_doh_bypass",
+        "net_proxy_relay",
+    }
+)
+
+
+def around_the_proxy(ctx: CellContext, assessment: Assessment) -> Assessment:
+    """`assessment`, an escape where the host saw a way around the proxy that `ctx.probe` judges.
+
+    A proxy probe (`PROXY_PROBES`) reads the proxy's answers, and the proxy may well refuse
+    every request the payload put to it; but under a network claim cut by a namespace, a
+    payload the host saw in the harness's network namespace (or with a default route in its
+    own, `host_seen_path_out`) reaches whatever the proxy refuses without asking it. That
+    path out is this cell's hole too, read from /proc at the rendezvous, so no report can hide
+    it. Not under a cut that shares the harness's namespace by design (`seccomp`,
+    `proxy-only`): net_direct_egress judges those by their refused connects. It does not
+    change an escape already seen, nor any other probe's reading.
+    """
+    if ctx.probe not in PROXY_PROBES or assessment.escape == "escaped":
+        return assessment
+    if claims_of(ctx.claims).network_cut in SHARED_NETNS_CUTS:
+        return assessment
+    seen_out = host_seen_path_out(ctx)
+    if not seen_out:
+        return assessment
+    around = (
+        f"{seen_out}: the proxy is not the payload's only route out, so what it refuses "
+        "here is reachable around it (net_direct_egress shows the direct route); fix: give "
+        "the payload a network namespace of its own with no route out (bwrap --unshare-net, "
+        "docker --network none), so the proxy is its one way out"
+    )
+    return replace(
+        assessment,
+        escape="escaped",
+        reasons=[around, *assessment.reasons],
+        corroborated_by=[*assessment.corroborated_by, "the host's /proc view of the payload"],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,7 +597,11 @@ class NetIpv6UdpIcmp(PerCellSpec):
         """
         found = super().corroboration(ctx, report)
         own = host_seen_own_network(ctx)
-        return [*found, own] if found and own else []
+        if found and own:
+            return [*found, own]
+        # A kernel of its own shows the host no process whose namespace it could read: the
+        # listeners back the kinds they hear, and `assess` leaves the unheard kinds unjudged.
+        return found if found and _own_kernel_unseen(ctx) else []
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """IPv6 TCP/UDP, IPv4 UDP, ICMP echo, raw and packet sockets: one attempt each."""
@@ -663,6 +722,7 @@ class NetIpv6UdpIcmp(PerCellSpec):
         judged = [
             a for a in escapes if not (a.get("what") in absent and a.get("outcome") != "succeeded")
         ]
+        judged, unheard = _without_unheard(ctx, judged)
         observed = observed_outcome(judged)
         seen = [w for w, entries in hits.items() if entries]
         reasons = []
@@ -680,6 +740,7 @@ class NetIpv6UdpIcmp(PerCellSpec):
                 f"not judged (the host itself cannot): {', '.join(absent)} "
                 f"({', '.join(capabilities[w] for w in absent)})"
             )
+        reasons.extend(unheard)
         escape = judge_escape(observed, bool(seen or local_seen), private, reasons)
         kernel = self.kernel_judgement(ctx, judged, v4, v6)
         if kernel is not None and kernel.escapes:
@@ -756,3 +817,30 @@ class NetIpv6UdpIcmp(PerCellSpec):
             if str(a.get("what")) in routes
         ]
         return corroborate(ctx, reported, "net") if reported else None
+
+
+def _own_kernel_unseen(ctx: CellContext) -> bool:
+    """A payload on a kernel of its own ran (its ready file landed), and no host process is it."""
+    return own_kernel_ran(ctx) and not host_processes(ctx)
+
+
+def _without_unheard(
+    ctx: CellContext, judged: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """`judged` less the ICMP, raw and packet attempts under kernel = "own"; and the reason.
+
+    No witness outside the sandbox hears those, and the host reads no process of the payload
+    to place them in a namespace: on a kernel of its own they are that kernel's business, not
+    judged either way. Elsewhere `judged` is returned as it is, with no reason.
+    """
+    if not _own_kernel_unseen(ctx):
+        return judged, []
+    unheard = [str(a.get("what")) for a in judged if a.get("what") in LOCAL_CAPABILITIES]
+    if not unheard:
+        return judged, []
+    kept = [a for a in judged if a.get("what") not in unheard]
+    why = (
+        f"not judged ({claims_of(ctx.claims).phrase('kernel')}: no witness outside the sandbox "
+        f"hears them, and the host reads no process of the payload): {', '.join(unheard)}"
+    )
+    return kept, [why]

@@ -251,6 +251,10 @@ class Proxy:
         else:
             raise Refusal(400, "absolute-form http:// or CONNECT only")
         host, _, port_text = authority.partition(":")
+        if not (port_text or "80").isdigit():
+            # A bracketed IPv6 literal or a fragment in the authority: refused with a status,
+            # never a dropped connection (net_host_canonical reads a refusal by its status).
+            raise Refusal(400, f"bad authority {authority!r}")
         host, port = host.lower(), int(port_text or "80")
         rule = rule_for(self.allowed, host, port)
         if self.mistake == "self-relay" and connect and (host, port) == ("127.0.0.1", self.port):

@@ -1,3 +1,4 @@
+#!/usr/bin/python3
 """Deliberately broken egress servers for the issue-28 proxy holes (tests/data/newclasses/*.toml).
 
     python3 route_holes.py MODE UNIX_SOCKET DNS_HOST DNS_PORT ALLOWED_CSV -- CMD ARGS...
