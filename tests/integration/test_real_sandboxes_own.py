@@ -38,11 +38,10 @@ RUN_TIMEOUT_S = 180.0
 
 # True findings against the claims gVisor's spec makes: none (see the module docstring).
 FAILS: dict[str, set[str]] = {"gvisor": set()}
-# A missing judgement by effect, not a finding: net_ipv6_udp_icmp's corroboration still asks
-# for a host reading of the payload's network namespace beside its listeners, which no
-# sandbox with its own kernel can give (the change to catalog/net/direct.py is proposed in
-# own.md). Its listeners heard nothing; the payload's only interface is the Sentry's lo.
-INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {"gvisor": {"net_ipv6_udp_icmp"}}
+# No INCONCLUSIVE cell: net_ipv6_udp_icmp once was (its corroboration asked for a host
+# reading of the payload's network namespace, which no sandbox with its own kernel gives); it
+# is judged by its listeners now, and the kinds no listener hears are named as not judged.
+INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {"gvisor": set()}
 NOT_APPLICABLE: dict[str, set[str]] = {
     "gvisor": {
         # reads = "open" (runsc do maps the host's root), writes = "open" (overlay off)
@@ -121,13 +120,13 @@ class TestOwnKernelSandboxes:
     def test_no_error_and_only_named_inconclusives(
         self, grid: tuple[str, dict[str, Any], float]
     ) -> None:
-        """No ERROR or UNAVAILABLE; INCONCLUSIVE only where named; NOT_APPLICABLE exactly."""
+        """No ERROR, UNAVAILABLE or INCONCLUSIVE; NOT_APPLICABLE exactly."""
         backend, cells, _ = grid
         want, unjudged = expected(backend)
         broken = {p for p, c in cells.items() if c["verdict"] in ("ERROR", "UNAVAILABLE")}
         assert not broken, _show(cells, broken)
         unsure = {p for p, c in cells.items() if c["verdict"] == "INCONCLUSIVE"}
-        assert unsure <= want["INCONCLUSIVE"], _show(cells, unsure)
+        assert unsure == want["INCONCLUSIVE"], _show(cells, unsure)
         skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}
         assert skipped == want["NOT_APPLICABLE"] | set(unjudged), _show(cells, skipped)
 
