@@ -74,6 +74,17 @@ SYSCALLS: Final[dict[str, tuple[int, str, str]]] = {
     "mount_setattr": (442, "a1", ""),
 }
 NAMES: Final = {nr: name for name, (nr, _, _) in SYSCALLS.items()}
+# SIGSYS (x86_64's 31) and the si_code seccomp gives it (SYS_SECCOMP, <asm-generic/siginfo.h>).
+SIGSYS: Final = 31
+SYS_SECCOMP: Final = 1
+# The calls by which a thread can queue itself a signal with any si_code, SYS_SECCOMP too
+# (the kernel refuses a forged code only towards another process): rt_sigqueueinfo,
+# rt_tgsigqueueinfo and pidfd_send_signal, by their x86_64 and i386 numbers. Each is marked
+# while it runs (not recorded): a SIGSYS raised inside one is the thread's own, not seccomp's.
+# A number of one table that is another call in the other (i386 129, 297) only marks more
+# calls; a seccomp kill never happens inside an entered syscall, so none is mistaken.
+QUEUEING: Final = (129, 297, 424, 178, 335)
+MARK_ONLY: Final = 512
 
 
 @dataclass(slots=True)
@@ -96,16 +107,27 @@ class KernelEvent:
     key: int = 0
     text: str = ""
     address: dict[str, Any] = field(default_factory=dict)
+    # A SIGSYS raised in the cell (`syscall` "signal", from a `KG` line): see `sigsys_event`.
+    signal: dict[str, Any] = field(default_factory=dict)
 
     @property
     def error(self) -> str:
-        """The errno name of a refusal ("EACCES"), or "" for a success."""
+        """The errno name of a refusal ("EACCES"), or "" for a success.
+
+        A SIGSYS seccomp raised is "SIGSYS" (the kernel's answer was to kill); any other
+        SIGSYS (sent by a process, or queued by the thread to itself) answers nothing: "".
+        """
+        if self.signal:
+            return "SIGSYS" if self.signal.get("seccomp") else ""
         if self.ret >= 0:
             return ""
         return errno.errorcode.get(-self.ret, f"E{-self.ret}")
 
     def describe(self) -> str:
         """`openat(/home/u/.ssh/id) -> EACCES`, as a reason reads it."""
+        if self.signal:
+            by = "seccomp" if self.signal.get("seccomp") else "not seccomp"
+            return f"SIGSYS to {self.signal.get('target')} ({by})"
         what = self.text or self.address.get("address", "")
         if not self.entered:
             what = "arguments not seen: refused before the syscall began (seccomp)"
@@ -127,7 +149,32 @@ class KernelEvent:
             out["text"] = self.text
         if self.address:
             out["address"] = self.address
+        if self.signal:
+            out["signal"] = self.signal
         return out
+
+
+def sigsys_event(nums: list[int], comm: str) -> KernelEvent:
+    """A `KG` line's SIGSYS as an event: ("signal", entered False, `signal` its facts).
+
+    `signal["seccomp"]` is the kernel's own "killed by seccomp": si_code SYS_SECCOMP, raised
+    for the thread that was running (seccomp signals `current`, before the syscall begins),
+    and not inside a call by which the thread queues itself a signal of any code
+    (`QUEUEING`), the one way a process forges that si_code.
+    """
+    cg, pid, tid, target, code, group, result, queued = nums
+    facts = {
+        "sig": SIGSYS,
+        "code": code,
+        "target": target,
+        "group": bool(group),
+        "result": result,
+        "queued_by_itself": bool(queued),
+        "seccomp": code == SYS_SECCOMP and target == tid and not queued,
+    }
+    return KernelEvent(
+        cg, pid, tid, "signal", 0, entered=False, args=(0, 0, 0, 0), comm=comm, signal=facts
+    )
 
 
 def program_text(harness_pid: int, status_offset: int = THREAD_INFO_STATUS) -> str:
@@ -150,7 +197,7 @@ def program_text(harness_pid: int, status_offset: int = THREAD_INFO_STATUS) -> s
     fill = " ".join(
         f"@want[{nr}] = {1 + where[text] * 8 + where[addr] * 64};"
         for nr, text, addr in SYSCALLS.values()
-    )
+    ) + "".join(f" @want[{nr}] = {MARK_ONLY};" for nr in QUEUEING)
     forget = " ".join(f"delete(@{m}[tid]);" for m in ("in", "a0", "a1", "a2", "a3"))
     # raw_syscalls fire for 32-bit (int 0x80) syscalls too, numbered from the i386 table:
     # i386's 257 is not openat. TS_COMPAT in thread_info.status marks them; they are left out
@@ -166,7 +213,9 @@ tracepoint:syscalls:sys_enter_lseek /pid == {harness_pid} && args->fd == 4294967
     delete(@n[args->offset]); delete(@drop[args->offset]); }}
   if (args->whence == {FLUSH}) {{ printf("KF\\t%lu\\n", args->offset); }}
 }}
-tracepoint:raw_syscalls:sys_enter /@want[args->id] && @cells[cgroup] && {native}/ {{
+tracepoint:raw_syscalls:sys_enter /@want[args->id] && @cells[cgroup]/ {{
+  if (@want[args->id] == {MARK_ONLY}) {{ @queue[tid] = 1; return; }}
+  if (!({native})) {{ return; }}
   if (args->id == 16 && (args->args[1] >> 8) % 256 == {NOTIF_IOCTL_TYPE}) {{
     @quiet[tid] = 1; return; }}
   if (@n[cgroup] < {CELL_CAP}) {{
@@ -184,7 +233,9 @@ tracepoint:raw_syscalls:sys_enter /@want[args->id] && @cells[cgroup] && {native}
       printf("KA\\t%d\\t%lu\\t%r\\n", tid, $k, buf(uptr(args->args[4]), 28)); }}
   }}
 }}
-tracepoint:raw_syscalls:sys_exit /@want[args->id] && @cells[cgroup] && {native}/ {{
+tracepoint:raw_syscalls:sys_exit /@want[args->id] && @cells[cgroup]/ {{
+  if (@want[args->id] == {MARK_ONLY}) {{ delete(@queue[tid]); return; }}
+  if (!({native})) {{ return; }}
   if (@quiet[tid]) {{ delete(@quiet[tid]); return; }}
   if (@n[cgroup] >= {CELL_CAP}) {{
     @drop[cgroup] = @drop[cgroup] + 1;
@@ -196,17 +247,28 @@ tracepoint:raw_syscalls:sys_exit /@want[args->id] && @cells[cgroup] && {native}/
   }}
   {forget}
 }}
+tracepoint:signal:signal_generate /args->sig == {SIGSYS} && @cells[cgroup]/ {{
+  if (@n[cgroup] >= {CELL_CAP}) {{ @drop[cgroup] = @drop[cgroup] + 1; return; }}
+  @n[cgroup] = @n[cgroup] + 1;
+  printf("KG\\t%lu\\t%d\\t%d\\t%d\\t%d\\t%d\\t%d\\t%d\\t%s\\n", cgroup, pid, tid, args->pid,
+    args->code, args->group, args->result, @queue[tid], comm);
+}}
 """
+
+
+# The program's echoes that carry one number (or none): their tuple's name.
+ECHOES: Final = {"KR": "ready", "KC": "cell", "KF": "flush"}
 
 
 def parse_line(line: str) -> KernelEvent | tuple[str, int, int, str] | None:  # noqa: PLR0911  (one return per line kind)
     """One line of the program's output, or None for a line that is none of ours.
 
-    Returns an event (`KE`), or a tuple: ("ready", 0, 0, ""), ("cell", cgroup, 0, ""),
-    ("mark", cgroup, drops, ""), ("flush", cgroup, 0, ""), ("text", tid, key, path) for
-    `KS`, ("addr", tid, key, hex) for `KA`. A `KS`/`KA` line belongs to the `KE` line with
-    the same thread and key (the enter's timestamp): enter and exit may run on two CPUs,
-    whose lines bpftrace reads in no set order, so the pairing is by key, never by order.
+    Returns an event (`KE`; or `KG`, a SIGSYS: `sigsys_event`), or a tuple: ("ready", 0, 0,
+    ""), ("cell", cgroup, 0, ""), ("mark", cgroup, drops, ""), ("flush", cgroup, 0, ""),
+    ("text", tid, key, path) for `KS`, ("addr", tid, key, hex) for `KA`. A `KS`/`KA` line
+    belongs to the `KE` line with the same thread and key (the enter's timestamp): enter and
+    exit may run on two CPUs, whose lines bpftrace reads in no set order, so the pairing is by
+    key, never by order.
     """
     tag, _, rest = line.rstrip("\n").partition("\t")
     try:
@@ -215,12 +277,13 @@ def parse_line(line: str) -> KernelEvent | tuple[str, int, int, str] | None:  # 
             if len(parts) != 11:  # ten numbers and the command name
                 return None
             nums = [int(p) for p in parts[:10]]
-        elif tag == "KR":
-            return ("ready", 0, 0, "")
-        elif tag == "KC":
-            return ("cell", int(rest), 0, "")
-        elif tag == "KF":
-            return ("flush", int(rest), 0, "")
+        elif tag == "KG":
+            parts = rest.split("\t", 8)
+            if len(parts) != 9:  # eight numbers and the command name
+                return None
+            return sigsys_event([int(p) for p in parts[:8]], parts[8])
+        elif tag in ECHOES:  # KR (no number), KC, KF
+            return (ECHOES[tag], int(rest or 0), 0, "")
         elif tag == "KM":
             cell, _, drops = rest.partition("\t")
             return ("mark", int(cell), int(drops or 0), "")

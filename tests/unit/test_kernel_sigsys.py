@@ -1,0 +1,99 @@
+"""The kernel witness's record of SIGSYS (issue 27): a seccomp kill is the kernel's own answer.
+
+A call seccomp kills (its architecture check on an int 0x80 call, SECCOMP_RET_KILL_*) reaches
+neither `sys_enter` nor a recorded `sys_exit`; the kernel raises SIGSYS with si_code
+SYS_SECCOMP for the thread that made it (`force_sig_seccomp`), which
+`tracepoint:signal:signal_generate` shows (fields sig, errno, code, comm, pid, group, result
+on this kernel's format). The `KG` lines below are the ones live cells printed
+(/tmp/ks2-r2: sandlock's socketcall-i386 child, 2026-12-02).
+"""
+
+from __future__ import annotations
+
+from sandbox_attest.host.kernel.program import (
+    MARK_ONLY,
+    QUEUEING,
+    SIGSYS,
+    KernelEvent,
+    parse_line,
+    program_text,
+)
+from sandbox_attest.host.kernel.witness import KernelWitness
+
+CELL = 1523559
+# cgroup, pid, tid, target pid, code, group, result, queued by itself, comm
+SECCOMP_KILL = f"KG\t{CELL}\t11449\t11449\t11449\t1\t0\t0\t0\tpython\n"
+
+
+def sigsys(line: str) -> KernelEvent:
+    """The event a `KG` line is."""
+    got = parse_line(line)
+    assert isinstance(got, KernelEvent), got
+    return got
+
+
+class TestProgram:
+    """What the program attaches for SIGSYS, and how it keeps it cheap."""
+
+    def test_it_records_sigsys_raised_in_a_cell(self) -> None:
+        """One probe on signal_generate, filtered in the kernel by signal and cell."""
+        text = program_text(1)
+        assert f"tracepoint:signal:signal_generate /args->sig == {SIGSYS} && @cells[cgroup]/" in (
+            text
+        )
+        assert "args->code, args->group, args->result, @queue[tid], comm" in text
+
+    def test_the_signal_queueing_calls_are_marked_not_recorded(self) -> None:
+        """rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal (x86_64 and i386 numbers)."""
+        text = program_text(1)
+        for nr in QUEUEING:
+            assert f"@want[{nr}] = {MARK_ONLY};" in text
+        assert f"if (@want[args->id] == {MARK_ONLY}) {{ @queue[tid] = 1; return; }}" in text
+        assert f"if (@want[args->id] == {MARK_ONLY}) {{ delete(@queue[tid]); return; }}" in text
+
+    def test_sigsys_events_count_against_the_cells_cap(self) -> None:
+        """A payload raising SIGSYS in a loop fills its own cell's cap, no more."""
+        after = program_text(1).split("signal_generate", 1)[1]
+        assert "@drop[cgroup] = @drop[cgroup] + 1; return;" in after
+
+
+class TestParser:
+    """A `KG` line, and what makes it seccomp's answer."""
+
+    def test_a_seccomp_kill_of_the_running_thread(self) -> None:
+        """si_code SYS_SECCOMP, for the thread itself, not queued by it: seccomp's SIGSYS."""
+        event = sigsys(SECCOMP_KILL)
+        assert event.syscall == "signal"
+        assert not event.entered
+        assert event.error == "SIGSYS"
+        assert event.signal["seccomp"] is True
+        assert event.describe() == "SIGSYS to 11449 (seccomp)"
+        assert event.as_dict()["signal"]["code"] == 1
+
+    def test_a_sigsys_the_thread_queued_itself_is_not_seccomps(self) -> None:
+        """rt_tgsigqueueinfo(self, SIGSYS, {si_code 1}) is allowed to a thread: no answer."""
+        event = sigsys(f"KG\t{CELL}\t7\t7\t7\t1\t0\t0\t1\tpython\n")
+        assert event.signal["queued_by_itself"] is True
+        assert event.signal["seccomp"] is False
+        assert event.error == ""
+
+    def test_a_sigsys_sent_by_kill_is_not_seccomps(self) -> None:
+        """kill(pid, SIGSYS) has si_code SI_USER (0): a signal, not a refusal."""
+        assert sigsys(f"KG\t{CELL}\t7\t7\t8\t0\t1\t0\t0\tpython\n").error == ""
+
+    def test_a_sigsys_for_another_thread_is_not_seccomps(self) -> None:
+        """Seccomp signals the thread that made the call; another target is someone's send."""
+        assert sigsys(f"KG\t{CELL}\t7\t7\t8\t1\t0\t0\t0\tpython\n").error == ""
+
+    def test_a_short_line_is_none(self) -> None:
+        """A line cut short is not an event."""
+        assert parse_line(f"KG\t{CELL}\t7\t7\n") is None
+
+    def test_the_witness_keeps_it_with_the_cells_events(self) -> None:
+        """Taken like any event of a registered cell; drained with them."""
+        witness = KernelWitness()
+        witness.take(f"KC\t{CELL}\n")
+        witness.take(SECCOMP_KILL)
+        (event,) = witness.events_of(CELL)
+        assert event.error == "SIGSYS"
+        assert event.pid == 11449
