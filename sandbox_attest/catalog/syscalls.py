@@ -7,10 +7,14 @@ with namespace flags and the new mount API (open_tree, move_mount, mount_setattr
 from a user namespace of the payload's own. Both payloads call with arguments the kernel
 rejects, so "succeeded" means the call reached its handler.
 
-No host witness can see whether a syscall reached its handler, so the payload's report is
-the evidence, believed in one direction only (as in `catalog/proc.py`): a call reported
-reached is believed, because no payload gains by forging one; a refusal counts only where the
-same file, run unsandboxed on the host as the payload user (the host control), reached it.
+Without the kernel witness no host reading sees whether a syscall reached its handler, so the
+payload's report is the evidence, believed in one direction only (as in `catalog/proc.py`): a
+call reported reached is believed, because no payload gains by forging one; a refusal counts
+only where the same file, run unsandboxed on the host as the payload user (the host control),
+reached it. Where the witness recorded the cell (sandbox_attest/host/kernel/), the kernel's
+errno for each refused call backs it; for proc_syscall_surface_extended, whose arguments name
+its own calls, a call the kernel let reach its handler is an escape, and its int 0x80
+socketcall killed by seccomp is backed by the SIGSYS the kernel raised for it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,18 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     host_processes,
 )
-from sandbox_attest.catalog.witness.kernel import ReportedAttempt, corroborate
+from sandbox_attest.catalog.witness.kernel import (
+    SIGSYS_KILL,
+    KernelJudgement,
+    ReportedAttempt,
+    SurfaceCall,
+    back_refusals,
+    corroborate,
+    first_args,
+    seccomp_kill,
+    surface_escapes,
+    surface_judgement,
+)
 from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
@@ -102,8 +117,12 @@ class _SurfaceSpec(SpecBase):
     seccomp_only: frozenset[str] = frozenset()
     reached_words: str = "reached"
     # Each attempt's syscalls as the kernel witness records them (sandbox_attest/host/kernel/);
-    # an attempt not named here is not judged by the kernel's answer.
+    # an attempt not named here is not judged by the kernel's answer. `kernel_calls`: matched
+    # by syscall and errno alone (arguments that do not tell the payload's call from others);
+    # `surface_calls`: matched by the payload's own arguments too, so a handler the kernel
+    # let run for a call reported refused is an escape (`surface_judgement`).
     kernel_calls: ClassVar[dict[str, tuple[str, ...]]] = {}
+    surface_calls: ClassVar[dict[str, SurfaceCall]] = {}
 
     def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
         """None: a seccomp filter the host sees shows that one exists, not what it refuses.
@@ -213,10 +232,15 @@ class _SurfaceSpec(SpecBase):
         if unfiltered:
             escape = "escaped"
             reasons.insert(0, unfiltered)
+        kernel, every = self._kernel_judgement(ctx, refused)
+        escaped = surface_escapes(kernel, reasons)
+        escape = "escaped" if escaped else escape
         claims = claims_of(ctx.claims)
         if escape == "escaped" and claims.syscalls == "filtered":
-            names = ", ".join(str(a.get("what")) for a in reached) or "a forged refusal"
-            reasons.insert(0, f"{claims.phrase('syscalls')}; the payload reached {names}")
+            names = ", ".join([str(a.get("what")) for a in reached] + escaped)
+            reasons.insert(
+                0, f"{claims.phrase('syscalls')}; the payload reached {names or 'a forged refusal'}"
+            )
         unknown = unknown_surface(escapes, host)
         if escape != "escaped" and unknown:
             escape = "undecided"
@@ -240,20 +264,22 @@ class _SurfaceSpec(SpecBase):
         # A call reached only by the report's word is said as such; a judged process the
         # host sees with no seccomp filter at all backs it (nothing could have refused it).
         bare = [p for p in host_processes(ctx) if seccomp_filters(p.get("status") or {}) < 1]
-        assessment.reported_only = escape == "escaped" and not unfiltered and not bare
-        self._judge_by_kernel(ctx, refused, assessment)
+        assessment.reported_only = escape == "escaped" and not (unfiltered or bare or escaped)
+        back_refusals(kernel, every, assessment)
         return assessment
 
-    def _judge_by_kernel(
-        self, ctx: CellContext, refused: list[dict[str, Any]], assessment: Assessment
-    ) -> None:
-        """The kernel's errno behind each refused call backs the refusals (kernel witness).
+    def _kernel_judgement(
+        self, ctx: CellContext, refused: list[dict[str, Any]]
+    ) -> tuple[KernelJudgement | None, bool]:
+        """The kernel's answer behind each refused call; whether every refusal was asked.
 
         The kernel's answer to these calls is the sandbox's whatever namespaces the payload
         has, so the rule applies wherever the witness recorded the payload's own processes.
         A refusal with the reported errno answers the attempt (one event each); a refused
         call the kernel never saw is a report that does not match (the runner's ERROR).
         """
+        if self.surface_calls:
+            return surface_judgement(ctx, refused, self.surface_calls)
         attempts = [
             ReportedAttempt(
                 label=str(a.get("what")),
@@ -268,16 +294,9 @@ class _SurfaceSpec(SpecBase):
             for a in refused
             if str(a.get("what")) in self.kernel_calls and a.get("errno")
         ]
-        kernel = corroborate(ctx, attempts, None) if attempts else None
-        if kernel is None:
-            return
-        assessment.witness["kernel"] = kernel.as_witness()
-        every = len(attempts) == len(refused)
-        if kernel.all_corroborated and every and assessment.escape == "refused":
-            assessment.reasons.append("; ".join(kernel.corroborated))
-            assessment.corroborated_by = [
-                "the kernel's errno for each refused call (kernel witness)"
-            ]
+        if not attempts:
+            return None, False
+        return corroborate(ctx, attempts, None), len(attempts) == len(refused)
 
 
 class ProcSyscallSurfaceExtended(_SurfaceSpec):
@@ -297,6 +316,17 @@ class ProcSyscallSurfaceExtended(_SurfaceSpec):
     # (or an LSM hook this host does not run) can refuse them where the baseline reaches them.
     seccomp_only = frozenset({"add_key", "request_key", "userfaultfd"})
     reached_words = "reached the kernel handler"
+    # The payload's arguments (probes/proc_syscall_surface_extended.py) pick its own calls;
+    # its i386 socketcall is a 32-bit call the witness leaves out: a seccomp kill of it is
+    # seen as the SIGSYS the kernel raised (SYS_SECCOMP), any other answer is not judged.
+    surface_calls: ClassVar[dict[str, SurfaceCall]] = {
+        "add_key": SurfaceCall(("add_key",), first_args(0)),
+        "request_key": SurfaceCall(("request_key",), first_args(0)),
+        "userfaultfd": SurfaceCall(("userfaultfd",), first_args(3)),
+        "perf_event_open": SurfaceCall(("perf_event_open",), first_args(0, 0, -1, -1)),
+        "ioctl-tioclinux": SurfaceCall(("ioctl",), first_args(-1, 0x541C)),
+        "socketcall-i386": SurfaceCall(SIGSYS_KILL, seccomp_kill, frozenset({"SIGSYS"})),
+    }
 
 
 class ProcNewMountApi(_SurfaceSpec):

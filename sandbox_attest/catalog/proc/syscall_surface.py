@@ -1,10 +1,13 @@
 """proc_syscall_surface: io_uring, keyctl, bpf, TIOCSTI and odd socket families.
 
 Self-reported (`BaselineSpec`): whether a syscall reached its kernel handler is seen by the
-payload alone. A call is judged only where the host baseline reaches it; a refusal the host's
-own reading rules out (no seccomp filter on the payload) is an escape. A descriptor socket()
-returned counts as the kernel's socket only where the kernel names the family asked for
-(`descriptor_identity`): a sandbox may hand back a socketpair of its own instead.
+payload, and, where the kernel witness recorded the cell (sandbox_attest/host/kernel/), by the
+kernel's own errno for each call (`KERNEL_CALLS`): a refusal it returned backs the report, a
+handler it let run is an escape, a refusal it never saw is a report that does not match. A
+call is judged only where the host baseline reaches it; a refusal the host's own reading rules
+out (no seccomp filter on the payload) is an escape. A descriptor socket() returned counts as
+the kernel's socket only where the kernel names the family asked for (`descriptor_identity`):
+a sandbox may hand back a socketpair of its own instead.
 """
 
 from __future__ import annotations
@@ -31,10 +34,24 @@ from sandbox_attest.catalog.spec import (
     WitnessRecordsLike,
     host_processes,
 )
+from sandbox_attest.catalog.witness.kernel import (
+    SurfaceCall,
+    back_refusals,
+    first_args,
+    socket_match,
+    surface_escapes,
+    surface_judgement,
+)
 from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.verdict import Assessment, Expectation
 
-__all__ = ["FAMILY_DOMAINS", "SECCOMP_ONLY", "ProcSyscallSurface", "descriptor_identity"]
+__all__ = [
+    "FAMILY_DOMAINS",
+    "KERNEL_CALLS",
+    "SECCOMP_ONLY",
+    "ProcSyscallSurface",
+    "descriptor_identity",
+]
 
 # Raw syscalls only a seccomp filter refuses where the host baseline reaches them (the probe
 # calls them with arguments the kernel rejects, so no capability or namespace is involved).
@@ -45,6 +62,21 @@ SECCOMP_ONLY: Final = frozenset({"io_uring_setup", "keyctl", "bpf"})
 # only where the kernel's SO_DOMAIN for it says so.
 FAMILY_DOMAINS: Final = {"socket-vsock": 40, "socket-netlink": 16, "socket-packet": 17}
 Identity = Literal["kernel", "not_the_kernels", "unknown"]
+# Each attempt as the kernel witness records it, matched by the arguments the payload passes
+# (probes/proc_syscall_surface.py: an unknown command 0x7FFF, io_uring_setup(0, NULL), fd -1
+# with TIOCSTI, and the socket family and type asked for).
+UNKNOWN_COMMAND: Final = 0x7FFF
+TIOCSTI: Final = 0x5412
+SOCK_STREAM, SOCK_RAW = 1, 3
+KERNEL_CALLS: Final = {
+    "io_uring_setup": SurfaceCall(("io_uring_setup",), first_args(0, 0)),
+    "keyctl": SurfaceCall(("keyctl",), first_args(UNKNOWN_COMMAND)),
+    "bpf": SurfaceCall(("bpf",), first_args(UNKNOWN_COMMAND)),
+    "ioctl-tiocsti": SurfaceCall(("ioctl",), first_args(-1, TIOCSTI)),
+    "socket-vsock": SurfaceCall(("socket",), socket_match(40, SOCK_STREAM)),
+    "socket-netlink": SurfaceCall(("socket",), socket_match(16, SOCK_RAW)),
+    "socket-packet": SurfaceCall(("socket",), socket_match(17, SOCK_RAW)),
+}
 
 
 def descriptor_identity(attempt: dict[str, Any]) -> Identity:
@@ -213,10 +245,15 @@ class ProcSyscallSurface(BaselineSpec):
         if unfiltered:
             escape = "escaped"
             reasons.insert(0, unfiltered)
+        kernel, every = surface_judgement(ctx, refused, KERNEL_CALLS)
+        escaped = surface_escapes(kernel, reasons)
+        escape = "escaped" if escaped else escape
         claims = claims_of(ctx.claims)
         if escape == "escaped" and claims.syscalls == "filtered":
-            names = ", ".join(str(a.get("what")) for a in reached) or "a forged refusal"
-            reasons.insert(0, f"{claims.phrase('syscalls')}; the payload reached {names}")
+            names = ", ".join([str(a.get("what")) for a in reached] + escaped)
+            reasons.insert(
+                0, f"{claims.phrase('syscalls')}; the payload reached {names or 'a forged refusal'}"
+            )
         # A refusal counts only for a surface that was tried: a crash, or a call the host
         # reaches that the report never mentions, leaves that surface unknown.
         crashed = [a for a in escapes if a.get("outcome") == "error"]
@@ -242,5 +279,6 @@ class ProcSyscallSurface(BaselineSpec):
         # sandbox: believed, and said so (issue 27). Where the host sees a judged process
         # with no seccomp filter at all, nothing could have refused it: the host backs it.
         bare = [p for p in host_processes(ctx) if seccomp_filter_count(p.get("status") or {}) < 1]
-        assessment.reported_only = escape == "escaped" and not unfiltered and not bare
+        assessment.reported_only = escape == "escaped" and not (unfiltered or bare or escaped)
+        back_refusals(kernel, every, assessment)
         return assessment

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sandbox_attest.catalog.spec import CellContext, host_processes
+from sandbox_attest.verdict import Assessment
 
 # The open flags that read nothing (O_PATH): such an open reaches no byte of the file.
 O_PATH: Final = 0o10000000
@@ -46,6 +47,11 @@ class KernelAnswer:
 
     def reading(self) -> str:
         """`the kernel saw openat(/home/u/.ssh/id) -> EACCES`."""
+        if self.syscall == "signal":
+            return (
+                f"the kernel killed pid {self.pid} by seccomp, SIGSYS (si_code SYS_SECCOMP, "
+                "before the syscall began)"
+            )
         if not self.entered:
             return (
                 f"the kernel refused {self.syscall} before it began -> {self.error} "
@@ -229,6 +235,14 @@ class ReportedAttempt:
     counts: Callable[[dict[str, Any]], bool] = lambda _event: True
     # The errno the payload reports: when given, only a refusal with it answers the attempt.
     errno: str = ""
+    # The answers that are refusals, where the attempt's arguments are ones the kernel rejects
+    # (a syscall-surface probe): an event with another errno reached the call's handler and
+    # counts as a success. None: every error is a refusal.
+    refusals: frozenset[str] | None = None
+
+    def refused_by(self, answer: KernelAnswer) -> bool:
+        """Whether `answer` is a refusal of this attempt (not a success, not a handler's no)."""
+        return bool(answer.error) and (self.refusals is None or answer.error in self.refusals)
 
 
 def filter_sandbox(ctx: CellContext, namespace: str | None) -> str:
@@ -281,8 +295,12 @@ def corroborate(
             for a in kernel_answers(ctx, attempt.syscalls, attempt.match)
             if id(a.event) not in used
         ]
-        refused = [a for a in found if a.error and attempt.errno in {"", a.error}]
-        won = [a for a in found if not a.error and a.pid in mine and attempt.counts(a.event)]
+        refused = [a for a in found if attempt.refused_by(a) and attempt.errno in {"", a.error}]
+        won = [
+            a
+            for a in found
+            if not attempt.refused_by(a) and a.pid in mine and attempt.counts(a.event)
+        ]
         if won and attempt.outcome != "succeeded":
             judged.escapes.append(f"{attempt.label}: {won[0].reading()}")
             judged.cited.append(won[0].event)
@@ -311,3 +329,105 @@ def corroborate(
         else:
             judged.unseen.append(said)
     return judged
+
+
+# ---------------------------------------------------------------------------------------------
+# Syscall-surface probes (proc_syscall_surface, proc_syscall_surface_extended): each call is
+# made with arguments the kernel rejects, so the kernel's own errno tells a refusal (a filter,
+# an LSM, a missing capability) from a handler that ran and rejected the arguments.
+
+# The answers the payloads count as refused (their REFUSED); SIGSYS is a seccomp kill.
+SURFACE_REFUSALS: Final = frozenset(
+    {"EPERM", "EACCES", "ENOSYS", "EAFNOSUPPORT", "EPROTONOSUPPORT", "SIGSYS"}
+)
+# What backs a syscall-surface cell whose every refusal the kernel answered.
+KERNEL_BACKED_CALLS: Final = "the kernel's errno for each refused call (kernel witness)"
+# The SIGSYS seccomp raised (the witness's `signal` events; sandbox_attest/host/kernel/).
+SIGSYS_KILL: Final = ("signal",)
+U32: Final = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SurfaceCall:
+    """How the kernel witness sees one attempt of a syscall-surface probe.
+
+    `match` picks the payload's own call among the cell's entered events by its arguments
+    (a refusal before the syscall began has none and is matched by syscall and errno alone).
+    `errnos`: the reported errnos this mapping judges (empty: any); another is not judged.
+    """
+
+    syscalls: tuple[str, ...]
+    match: Callable[[dict[str, Any]], bool]
+    errnos: frozenset[str] = frozenset()
+
+
+def first_args(*want: int) -> Callable[[dict[str, Any]], bool]:
+    """A match for an event whose first arguments are `want` (each compared as 32 bits)."""
+
+    def match(event: dict[str, Any]) -> bool:
+        args = list(event.get("args") or [])[: len(want)]
+        return len(args) == len(want) and all(
+            int(a) & U32 == w & U32 for a, w in zip(args, want, strict=True)
+        )
+
+    return match
+
+
+def seccomp_kill(event: dict[str, Any]) -> bool:
+    """No entered event is a seccomp kill: the SIGSYS events are matched by `refused_unseen`."""
+    del event
+    return False
+
+
+def surface_judgement(
+    ctx: CellContext, refused: Sequence[dict[str, Any]], calls: dict[str, SurfaceCall]
+) -> tuple[KernelJudgement | None, bool]:
+    """The kernel's answer behind each refused call; and whether every refusal was asked.
+
+    A refusal is corroborated by the kernel's refusal with the reported errno (one event
+    each); a refused call the kernel let reach its handler in the payload's own process (a
+    success, or an errno the handler gives these arguments) is an escape; a refused call the
+    kernel never saw is a report that does not match (`unseen`, the runner's ERROR). The
+    answer to these calls does not depend on any namespace's view (`corroborate`, None).
+    """
+    attempts = []
+    for a in refused:
+        call = calls.get(str(a.get("what")))
+        err = str(a.get("errno") or "")
+        if call is None or not err or (call.errnos and err not in call.errnos):
+            continue
+        attempts.append(
+            ReportedAttempt(
+                label=str(a.get("what")),
+                outcome="refused",
+                syscalls=call.syscalls,
+                match=call.match,
+                errno=err,
+                refusals=SURFACE_REFUSALS,
+            )
+        )
+    if not attempts:
+        return None, False
+    return corroborate(ctx, attempts, None), len(attempts) == len(refused)
+
+
+def surface_escapes(kernel: KernelJudgement | None, reasons: list[str]) -> list[str]:
+    """The refused calls the kernel let reach their handler (labels); said first in `reasons`."""
+    if kernel is None or not kernel.escapes:
+        return []
+    reasons.insert(
+        0,
+        "the report says refused, but the kernel let the call reach its handler: "
+        + "; ".join(kernel.escapes),
+    )
+    return [e.split(":")[0] for e in kernel.escapes]
+
+
+def back_refusals(kernel: KernelJudgement | None, every: bool, assessment: Assessment) -> None:
+    """Put the kernel's judgement in the witness; where it answered every refusal, back them."""
+    if kernel is None:
+        return
+    assessment.witness["kernel"] = kernel.as_witness()
+    if kernel.all_corroborated and every and assessment.escape == "refused":
+        assessment.reasons.append("; ".join(kernel.corroborated))
+        assessment.corroborated_by = [KERNEL_BACKED_CALLS]
