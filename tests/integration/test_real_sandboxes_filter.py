@@ -16,7 +16,10 @@ notes /work/helpers/out/sandlock.md and sl2.md, each checked by hand outside the
   PASSes; proc_cross_process attempts at the host pid it was given where sandlock's /proc
   hides the target, and PASSes on the target's log and the kernel's answers to its reads;
   proc_visibility judges what the payload reached in the shared pid namespace, and PASSes
-  where the kernel witness recorded its refusals (INCONCLUSIVE where it could not run).
+  where the kernel witness recorded its refusals (INCONCLUSIVE where it could not run);
+- proc_syscall_surface and proc_syscall_surface_extended PASS on the kernel's errno for each
+  refused call, and on the SIGSYS seccomp raised for the i386 socketcall's child (the witness
+  records SIGSYS with its si_code), INCONCLUSIVE only where the witness could not run.
 
 Skips, naming `scripts/real-sandboxes.sh`, where sandlock is not installed.
 """
@@ -34,6 +37,7 @@ import pytest
 
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.catalog.proc.visibility import KERNEL_BACKED
+from sandbox_attest.catalog.witness.kernel import KERNEL_BACKED_CALLS
 from sandbox_attest.world.lab import lab_supported
 from tests.here import not_judgeable_here
 
@@ -55,7 +59,7 @@ TRUE_FAILS = {"fs_write_outside", "ipc_proxy_socket_tamper"}
 # proc_new_mount_api: clone3 ENOSYS, unshare/fsopen/open_tree EPERM from the filter; the two
 # syscall-surface cells: every call EPERM or killed by the filter; proc_visibility:
 # /proc/<anchor>/environ EACCES and kill(anchor, 0) EPERM, which the anchor cannot log).
-# Each may turn PASS once the witness lands, never FAIL without a reached handler or anchor.
+# Each PASSes where the witness recorded the cell, never FAIL without a reached handler or anchor.
 WAITING_FOR_KERNEL_WITNESS = {
     "fs_read_secrets",
     "net_ipv6_udp_icmp",
@@ -70,6 +74,25 @@ PINNED_WAIT = {
     "proc_syscall_surface": "reached the kernel handler: none",
     "proc_syscall_surface_extended": "reached the kernel handler: none",
     "proc_visibility": "traced by nobody, secret echoed: False, host pid found: False",
+}
+# The kernel's answer behind each refusal of the two syscall-surface cells (/tmp/ks2-r2): the
+# filter refused each raw call before it began with the errno the payload reports, and killed
+# the i386 socketcall's child (seccomp's SIGSYS, si_code SYS_SECCOMP, raised for that thread).
+KERNEL_READINGS = {
+    "proc_syscall_surface": [
+        "io_uring_setup: the kernel refused io_uring_setup before it began -> EPERM",
+        "keyctl: the kernel refused keyctl before it began -> EPERM",
+        "bpf: the kernel refused bpf before it began -> EPERM",
+        "ioctl-tiocsti: the kernel refused ioctl before it began -> EPERM",
+        "socket-vsock: the kernel refused socket before it began -> EAFNOSUPPORT",
+    ],
+    "proc_syscall_surface_extended": [
+        "add_key: the kernel refused add_key before it began -> EPERM",
+        "perf_event_open: the kernel refused perf_event_open before it began -> EPERM",
+        "ioctl-tioclinux: the kernel refused ioctl before it began -> EPERM",
+        "socketcall-i386: the kernel killed pid ",
+        "by seccomp, SIGSYS (si_code SYS_SECCOMP, before the syscall began)",
+    ],
 }
 # No claim: sandlock's spec sets no resource limits and claims no protected paths.
 NOT_APPLICABLE = {"fs_protected_in_workspace", "resource_limits"}
@@ -204,6 +227,19 @@ class TestSandlock:
         assert cell["verdict"] == "PASS", cell["reason"]
         assert cell["corroborated_by"] == [KERNEL_BACKED], cell
         assert ", 0): the kernel saw kill() -> EPERM" in cell["reason"]
+
+    @pytest.mark.parametrize("probe", sorted(KERNEL_READINGS))
+    def test_the_kernel_witness_backs_each_refused_call(
+        self, grid: dict[str, dict[str, Any]], probe: str
+    ) -> None:
+        """Where the witness recorded the cell: PASS on the kernel's errno for every refusal."""
+        cell = grid[probe]
+        if not (cell["host_view"].get("kernel") or {}).get("recorded"):
+            pytest.skip("the kernel witness did not record this cell (not root, no bpftrace)")
+        assert cell["verdict"] == "PASS", cell["reason"]
+        assert cell["corroborated_by"] == [KERNEL_BACKED_CALLS], cell
+        missing = [r for r in KERNEL_READINGS[probe] if r not in cell["reason"]]
+        assert not missing, (missing, cell["reason"])
 
     def test_every_other_cell_passes(self, grid: dict[str, dict[str, Any]]) -> None:
         """Every cell not listed above PASSes, the network probes among them."""
