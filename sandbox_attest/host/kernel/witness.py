@@ -26,6 +26,7 @@ from sandbox_attest.host.kernel.program import (
     CELL_CAP,
     DRAIN,
     FLUSH,
+    PERF_RB_PAGES,
     REGISTER,
     STRLEN,
     THREAD_INFO_STATUS,
@@ -34,6 +35,7 @@ from sandbox_attest.host.kernel.program import (
     KernelEvent,
     fill_argument,
     has_argument,
+    lost_count,
     parse_line,
     program_text,
 )
@@ -98,10 +100,13 @@ class KernelWitness:
     stopped: bool = False
     unparsed: int = 0
     late: int = 0
+    # Events bpftrace's buffers lost (its "Lost N events" lines), over the run.
+    lost: int = 0
     _proc: subprocess.Popen[str] | None = None
     _cells: dict[int, CellEvents] = field(default_factory=dict)
     _echoes: set[tuple[str, int]] = field(default_factory=set)
     _drops: dict[int, int] = field(default_factory=dict)
+    _lost: dict[int, int] = field(default_factory=dict)
     # (tid, key) -> the enter's text or address line that came before its exit line, and
     # the exit's event still waiting for the line that comes after it.
     _early: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
@@ -138,6 +143,8 @@ class KernelWitness:
             out["unparsed_lines"] = self.unparsed
         if self.late:
             out["late_events"] = self.late
+        if self.lost:
+            out["lost_events"] = self.lost
         if self.stopped and self.attach_ms:
             out["stopped"] = True
         if self.tracefs:
@@ -167,7 +174,11 @@ class KernelWitness:
         except OSError as exc:
             self.why = f"cannot mount tracefs at {TRACEFS}: {exc.strerror}"
             return self
-        env = {**os.environ, "BPFTRACE_STRLEN": str(STRLEN)}
+        env = {
+            **os.environ,
+            "BPFTRACE_STRLEN": str(STRLEN),
+            "BPFTRACE_PERF_RB_PAGES": str(PERF_RB_PAGES),
+        }
         # Its own session: a terminal's Ctrl-C reaches the harness, which stops bpftrace
         # itself; the parent-death signal (host/lifetime.py) covers a killed harness.
         self._proc = subprocess.Popen(
@@ -250,6 +261,7 @@ class KernelWitness:
                 self._take_event(got)
             elif got is None:
                 self.unparsed += line.startswith("K")
+                self._take_lost(lost_count(line))
             elif got[0] in {"text", "addr"}:
                 event = self._waiting.pop((got[1], got[2]), None)
                 if event is not None:
@@ -272,6 +284,14 @@ class KernelWitness:
             fill_argument(event, *early)
         elif event.entered and has_argument(event.syscall):
             self._waiting[(event.tid, event.key)] = event
+
+    def _take_lost(self, lost: int) -> None:
+        """Count lost events against every live cell: the kernel does not say whose they were."""
+        if not lost:
+            return
+        self.lost += lost
+        for cgroup in self._live:
+            self._lost[cgroup] = self._lost.get(cgroup, 0) + lost
 
     def _take_echo(self, echo: str, cgroup: int, drops: int) -> None:
         self._echoes.add((echo, cgroup))
@@ -326,7 +346,7 @@ class KernelWitness:
         with self._lock:
             self._live.discard(cell_cgroup)
             got = self._cells.pop(cell_cgroup, CellEvents())
-            got.dropped = self._drops.pop(cell_cgroup, 0)
+            got.dropped = self._drops.pop(cell_cgroup, 0) + self._lost.pop(cell_cgroup, 0)
             for key in [k for k, e in self._waiting.items() if e.cgroup == cell_cgroup]:
                 del self._waiting[key]
         return got
