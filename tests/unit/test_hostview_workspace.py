@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 from sandbox_attest.paths import probes_dir
@@ -26,6 +26,11 @@ from sandbox_attest.run.hostview import (
     ready_name,
     workspace_rendezvous,
 )
+
+# Named waits, not time budgets: the launcher must be let go before its rendezvous_s (30), and
+# a FIFO read that blocks never returns at all.
+LET_GO_WAIT_S = 25.0
+FIFO_WAIT_S = 10.0
 
 
 class TestWorkspaceRendezvous:
@@ -42,16 +47,16 @@ class TestWorkspaceRendezvous:
         staged = shutil.copyfile(probes_dir() / LAUNCHER_SOURCE, tmp_path / LAUNCHER)
         watch = Rendezvous(workspace, task, "n2")
         watch.start()
-        start = time.monotonic()
+        # Bounded below the task's rendezvous_s (30): a host that never let go would hold the
+        # launcher for all of it, and this wait raises TimeoutExpired instead.
         done = subprocess.run(
             [sys.executable, staged, str(probe), str(task)],
             capture_output=True,
-            timeout=60,
+            timeout=LET_GO_WAIT_S,
             check=True,
         )
         view = watch.finish()
         assert done.returncode == 0
-        assert time.monotonic() - start < 30, "never let go"
         found = view["workspace_rendezvous"]
         assert found["seen"] is True
         assert found["file"] == ready_name("n2")
@@ -69,9 +74,13 @@ class TestWorkspaceRendezvous:
         """A FIFO at the ready file's name is no regular file: read as nothing, at once."""
         fifo = tmp_path / "ready"
         os.mkfifo(fifo)
-        start = time.monotonic()
-        assert _ready_file(fifo) == ("", None)
-        assert time.monotonic() - start < 1
+        read: list[tuple[str, int | None]] = []
+        reader = threading.Thread(target=lambda: read.append(_ready_file(fifo)), daemon=True)
+        reader.start()
+        # A read that blocked on the FIFO (no writer ever comes) would still be running.
+        reader.join(FIFO_WAIT_S)
+        assert not reader.is_alive(), "the host blocked on a FIFO"
+        assert read == [("", None)]
 
     def test_the_record_shape(self) -> None:
         """The record keeps at most 32 characters of the payload's own pid."""
