@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,16 +34,18 @@ class CellPool:
     def plan(self, cells: list[Cell]) -> None:
         """With jobs > 1, start running `cells` in a pool: the control leg first, then the rest.
 
-        Later legs are judged against the control leg, so phase two starts only when every
-        control cell is done. Each cell has its own nonce, so the shared world's logs never
-        mix. Items still report (and evidence is still appended) in collection order.
+        A cell of a later leg is judged against its probe's control cell, so it starts only
+        once that cell is done; it does not wait for the whole control leg (a barrier there
+        left a worker idle behind the leg's slowest cell). The longest probes (by their
+        matrix timeout) start first in each leg, so a slow cell does not end the run alone.
+        Each cell has its own nonce, so the shared world's logs never mix. Items still report
+        (and evidence is still appended) in collection order.
         """
         if self.jobs <= 1 or self.futures:
             return
         self.world.ensure()
         self.futures = {cell.cell_id: Future() for cell in cells}
-        control = [c for c in cells if c.backend == self.control_leg]
-        rest = [c for c in cells if c.backend != self.control_leg]
+        queue = _CellQueue(cells, self.control_leg)
 
         def run_into(cell: Cell) -> None:
             future = self.futures[cell.cell_id]
@@ -58,14 +60,57 @@ class CellPool:
             except BaseException as exc:  # surfaced to the waiting item, never swallowed
                 future.set_exception(exc)
 
-        def orchestrate() -> None:
-            with ThreadPoolExecutor(self.jobs, thread_name_prefix="cell") as pool:
-                list(pool.map(run_into, control))
-                list(pool.map(run_into, rest))
+        def work() -> None:
+            while (cell := queue.take()) is not None:
+                try:
+                    run_into(cell)
+                finally:
+                    queue.done(cell)
 
-        threading.Thread(target=orchestrate, name="cell-pool", daemon=True).start()
+        for number in range(self.jobs):
+            threading.Thread(target=work, name=f"cell-{number}", daemon=True).start()
 
     def result(self, cell: Cell) -> CellEntry:
         """The cell's evidence entry: awaited when planned in the pool, else judged now."""
         future = self.futures.get(cell.cell_id)
         return future.result() if future is not None else self.world.judge(cell)
+
+
+class _CellQueue:
+    """The cells not yet started: control cells first, then each cell whose control is done.
+
+    Longest first within each: a probe's matrix timeout is the one cost known before it runs
+    (pip's install has 180 s, most probes 60 s).
+    """
+
+    def __init__(self, cells: list[Cell], control_leg: str) -> None:
+        """Queue `cells`; those of `control_leg` are the controls the others wait for."""
+        by_cost = sorted(cells, key=lambda c: -c.probe.timeout)
+        self.control_leg = control_leg
+        self.controls = [c for c in by_cost if c.backend == control_leg]
+        self.rest = [c for c in by_cost if c.backend != control_leg]
+        self.controlled = {c.probe.id for c in self.controls}
+        self.controls_done: set[str] = set()
+        self.changed = threading.Condition()
+
+    def take(self) -> Cell | None:
+        """The next cell to start, waiting while every cell left waits for its control."""
+        with self.changed:
+            while True:
+                if self.controls:
+                    return self.controls.pop(0)
+                for index, cell in enumerate(self.rest):
+                    probe = cell.probe.id
+                    if probe in self.controls_done or probe not in self.controlled:
+                        return self.rest.pop(index)
+                if not self.rest:
+                    return None
+                self.changed.wait()
+
+    def done(self, cell: Cell) -> None:
+        """`cell` ended (judged, or cut short): the cells of its probe may start."""
+        if cell.backend != self.control_leg:
+            return
+        with self.changed:
+            self.controls_done.add(cell.probe.id)
+            self.changed.notify_all()
