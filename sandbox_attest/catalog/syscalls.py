@@ -47,11 +47,13 @@ from sandbox_attest.catalog.witness.kernel import (
     ReportedAttempt,
     SurfaceCall,
     back_refusals,
+    backed_in_payload,
     corroborate,
     first_args,
     seccomp_kill,
     surface_escapes,
     surface_judgement,
+    surface_reached,
 )
 from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.verdict import Assessment, Escape, Expectation
@@ -219,20 +221,27 @@ class _SurfaceSpec(SpecBase):
             )
         if not judged:
             reasons.append("no call the host baseline reaches was reported")
+        seen = surface_reached(ctx, reached, self.surface_calls)
         escape: Escape = "undecided"
         if observed == "succeeded":
             escape = "escaped"
             reasons.append(
-                "the payload reports it (no host witness exists; a report against the "
+                "the kernel saw the handlers run: " + "; ".join(seen)
+                if seen
+                else "the payload reports it (no host witness exists; a report against the "
                 "sandbox is believed)"
             )
         elif observed == "refused":
             escape = "refused"
-        unfiltered = self._refused_without_filter(ctx, refused)
+        kernel, every = self._kernel_judgement(ctx, refused)
+        # A refusal the kernel made in the payload's own process is no forgery.
+        backed = backed_in_payload(ctx, kernel)
+        unfiltered = self._refused_without_filter(
+            ctx, [a for a in refused if a.get("what") not in backed]
+        )
         if unfiltered:
             escape = "escaped"
             reasons.insert(0, unfiltered)
-        kernel, every = self._kernel_judgement(ctx, refused)
         escaped = surface_escapes(kernel, reasons)
         escape = "escaped" if escaped else escape
         claims = claims_of(ctx.claims)
@@ -264,7 +273,9 @@ class _SurfaceSpec(SpecBase):
         # A call reached only by the report's word is said as such; a judged process the
         # host sees with no seccomp filter at all backs it (nothing could have refused it).
         bare = [p for p in host_processes(ctx) if seccomp_filters(p.get("status") or {}) < 1]
-        assessment.reported_only = escape == "escaped" and not (unfiltered or bare or escaped)
+        assessment.reported_only = escape == "escaped" and not (
+            unfiltered or bare or escaped or seen
+        )
         back_refusals(kernel, every, assessment)
         return assessment
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sandbox_attest.catalog import PROBES, CellContext
 from sandbox_attest.catalog.witness.kernel import KERNEL_BACKED_CALLS
@@ -114,8 +114,15 @@ EXTENDED_EVENTS = [
 ]
 
 
+# srt's wrapper shell: a judged member of the cell with no seccomp filter (/tmp/ks2-srt-r1).
+SRT_SHELL = {"pid": 22991, "comm": "bash", "status": {"Seccomp": "0"}, "shared_with_harness": []}
+
+
 def cell(
-    probe: str, attempts: list[dict[str, Any]], kernel: list[dict[str, Any]] | None
+    probe: str,
+    attempts: list[dict[str, Any]],
+    kernel: list[dict[str, Any]] | None,
+    others: tuple[dict[str, Any], ...] = (),
 ) -> tuple[Decision, Assessment]:
     """The decision on a command wrapper (sandlock's spec) and the assessment."""
     spec = PROBES[probe]
@@ -126,6 +133,7 @@ def cell(
         "shared_with_harness": ["mnt", "net", "pid"],
         "status": {"Seccomp": "2", "Seccomp_filters": "1", "NoNewPrivs": "1"},
         "kernel": {"status": "attached", "recorded": True, "dropped": 0, "events": kernel},
+        "others": list(others),
     }
     if kernel is None:
         host_view["kernel"] = {"status": "unavailable", "why": "not root"}
@@ -216,6 +224,61 @@ class TestSurfaceByTheKernel:
         assert decision.verdict is Verdict.PASS
 
 
+class TestSurfaceOnSrt:
+    """srt: its filter refuses io_uring_setup and vsock, not keyctl, bpf, TIOCSTI, netlink."""
+
+    ATTEMPTS: ClassVar[list[dict[str, Any]]] = [
+        att("io_uring_setup", "refused", "EPERM"),
+        att("keyctl", "succeeded", "ENOTSUP"),
+        att("bpf", "succeeded", "EINVAL"),
+        att("ioctl-tiocsti", "succeeded", "EBADF"),
+        att("socket-vsock", "refused", "EPERM"),
+        att("socket-netlink", "succeeded", None, domain=16, is_socket=True, type=3, protocol=0),
+        att("socket-packet", "refused", "EPERM"),
+    ]
+    EVENTS: ClassVar[list[dict[str, Any]]] = [
+        refused_before("io_uring_setup", "EPERM", -1),
+        entered("keyctl", [0x7FFF, 0, 0, 0], "ENOTSUP", -95),
+        entered("bpf", [0x7FFF, 0, 0, 0], "EINVAL", -22),
+        entered("ioctl", [MINUS_ONE, 0x5412, 0, 0], "EBADF", -9),
+        refused_before("socket", "EPERM", -1),
+        entered("socket", [16, 0x80003, 0, 0], "", 4),
+    ]
+
+    def test_a_refusal_the_kernel_backs_is_not_called_forged(self) -> None:
+        """The wrapper's unfiltered shell does not make the payload's real refusal a forgery.
+
+        The host reads Seccomp 0 on srt's bash; the kernel saw seccomp refuse the payload's
+        io_uring_setup. The FAIL stands on keyctl, bpf, TIOCSTI and netlink, not on that.
+        """
+        decision, _ = cell(SURFACE, self.ATTEMPTS, self.EVENTS, (SRT_SHELL,))
+        assert decision.verdict is Verdict.FAIL, decision.reason
+        assert "nothing could have refused them" not in decision.reason
+        assert "the payload reached keyctl, bpf, ioctl-tiocsti, socket-netlink" in decision.reason
+
+    def test_without_the_kernel_the_shell_still_rules_it_out(self) -> None:
+        """Where no witness ran, today's reading stands (the host's Seccomp 0)."""
+        decision, _ = cell(SURFACE, self.ATTEMPTS, None, (SRT_SHELL,))
+        assert "nothing could have refused them" in decision.reason
+
+    def test_the_reached_calls_are_the_kernels_reading(self) -> None:
+        """Each reached call seen by the kernel in the payload: the host saw the escape."""
+        decision, assessment = cell(SURFACE, self.ATTEMPTS, self.EVENTS)
+        assert decision.verdict is Verdict.FAIL
+        assert not assessment.reported_only
+        assert "keyctl: the kernel saw keyctl() -> ENOTSUP" in decision.reason
+        assert "socket-netlink: the kernel saw socket() -> 4" in decision.reason
+        assert "no host witness exists" not in decision.reason
+
+    def test_a_reached_call_the_kernel_did_not_see_stays_the_payloads_word(self) -> None:
+        """A keyctl reported reached with no keyctl event: believed against the sandbox, said so."""
+        events = [e for e in self.EVENTS if e["syscall"] != "keyctl"]
+        decision, assessment = cell(SURFACE, self.ATTEMPTS, events)
+        assert decision.verdict is Verdict.FAIL
+        assert assessment.reported_only
+        assert "no host witness exists" in decision.reason
+
+
 class TestExtendedByTheKernel:
     """proc_syscall_surface_extended: the same, and the i386 socketcall's seccomp kill."""
 
@@ -261,6 +324,30 @@ class TestExtendedByTheKernel:
         decision, assessment = cell(EXTENDED, attempts, events)
         assert decision.verdict is Verdict.INCONCLUSIVE, decision.reason
         assert not kernel_unseen(assessment)
+
+    def test_reached_calls_the_kernel_saw_are_its_reading(self) -> None:
+        """nsjail/codex/srt: each call the kernel let run in the payload backs the FAIL."""
+        attempts = [
+            att("add_key", "succeeded", "EFAULT"),
+            att("request_key", "succeeded", "EFAULT"),
+            att("userfaultfd", "succeeded", "EINVAL"),
+            att("perf_event_open", "succeeded", "EFAULT"),
+            att("ioctl-tioclinux", "succeeded", "EBADF"),
+            att("socketcall-i386", "refused", "SIGSYS"),
+        ]
+        events = [
+            entered("add_key", [0, 0, 0, 0], "EFAULT", -14),
+            entered("request_key", [0, 0, 0, 0], "EFAULT", -14),
+            entered("userfaultfd", [3, 0, 0, 0], "EINVAL", -22),
+            entered("perf_event_open", [0, 0, MINUS_ONE, MINUS_ONE], "EFAULT", -14),
+            entered("ioctl", [MINUS_ONE, 0x541C, 0, 0], "EBADF", -9),
+            sigsys(),
+        ]
+        decision, assessment = cell(EXTENDED, attempts, events)
+        assert decision.verdict is Verdict.FAIL
+        assert not assessment.reported_only
+        assert "perf_event_open: the kernel saw perf_event_open() -> EFAULT" in decision.reason
+        assert "no host witness exists" not in decision.reason
 
     def test_an_add_key_the_kernel_ran_is_a_fail(self) -> None:
         """add_key(NULL, ...) -> EFAULT in the payload: its handler ran, the report hid it."""

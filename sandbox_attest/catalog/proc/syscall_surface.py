@@ -37,10 +37,12 @@ from sandbox_attest.catalog.spec import (
 from sandbox_attest.catalog.witness.kernel import (
     SurfaceCall,
     back_refusals,
+    backed_in_payload,
     first_args,
     socket_match,
     surface_escapes,
     surface_judgement,
+    surface_reached,
 )
 from sandbox_attest.claims import claims_of, unclaimed
 from sandbox_attest.verdict import Assessment, Expectation
@@ -68,6 +70,8 @@ Identity = Literal["kernel", "not_the_kernels", "unknown"]
 UNKNOWN_COMMAND: Final = 0x7FFF
 TIOCSTI: Final = 0x5412
 SOCK_STREAM, SOCK_RAW = 1, 3
+# How judge_self_reported says a reached call rests on the payload's report.
+SELF_REPORTED: Final = "the payload reports it (no host witness exists"
 KERNEL_CALLS: Final = {
     "io_uring_setup": SurfaceCall(("io_uring_setup",), first_args(0, 0)),
     "keyctl": SurfaceCall(("keyctl",), first_args(UNKNOWN_COMMAND)),
@@ -241,12 +245,21 @@ class ProcSyscallSurface(BaselineSpec):
         if not judged:
             reasons.append("no call the host baseline reaches was reported")
         escape = judge_self_reported(observed, reasons)
-        unfiltered = _refused_without_filter(ctx, refused)
+        kernel, every = surface_judgement(ctx, refused, KERNEL_CALLS)
+        # A refusal the kernel made in the payload's own process is no forgery.
+        backed = backed_in_payload(ctx, kernel)
+        unfiltered = _refused_without_filter(
+            ctx, [a for a in refused if a.get("what") not in backed]
+        )
         if unfiltered:
             escape = "escaped"
             reasons.insert(0, unfiltered)
-        kernel, every = surface_judgement(ctx, refused, KERNEL_CALLS)
         escaped = surface_escapes(kernel, reasons)
+        seen = surface_reached(ctx, reached, KERNEL_CALLS)
+        if seen:
+            # The kernel's reading, not the payload's word (judge_self_reported's line).
+            reasons[:] = [r for r in reasons if not r.startswith(SELF_REPORTED)]
+            reasons.append("the kernel saw the handlers run: " + "; ".join(seen))
         escape = "escaped" if escaped else escape
         claims = claims_of(ctx.claims)
         if escape == "escaped" and claims.syscalls == "filtered":
@@ -279,6 +292,8 @@ class ProcSyscallSurface(BaselineSpec):
         # sandbox: believed, and said so (issue 27). Where the host sees a judged process
         # with no seccomp filter at all, nothing could have refused it: the host backs it.
         bare = [p for p in host_processes(ctx) if seccomp_filter_count(p.get("status") or {}) < 1]
-        assessment.reported_only = escape == "escaped" and not (unfiltered or bare or escaped)
+        assessment.reported_only = escape == "escaped" and not (
+            unfiltered or bare or escaped or seen
+        )
         back_refusals(kernel, every, assessment)
         return assessment

@@ -203,6 +203,7 @@ class KernelJudgement:
     uncertain: list[str] = field(default_factory=list)  # unseen, but the cell's events overflowed
     escapes: list[str] = field(default_factory=list)  # successes in the payload's processes
     cited: list[dict[str, Any]] = field(default_factory=list)  # the events that judged
+    backed: dict[str, int] = field(default_factory=dict)  # refused label -> its event's pid
 
     @property
     def all_corroborated(self) -> bool:
@@ -316,6 +317,7 @@ def corroborate(
         for answer in (refused or before)[:1]:
             judged.corroborated.append(f"{attempt.label}: {answer.reading()}")
             judged.cited.append(answer.event)
+            judged.backed[attempt.label] = answer.pid
             used.add(id(answer.event))
         if refused or before:
             continue
@@ -409,6 +411,43 @@ def surface_judgement(
     if not attempts:
         return None, False
     return corroborate(ctx, attempts, None), len(attempts) == len(refused)
+
+
+def backed_in_payload(ctx: CellContext, kernel: KernelJudgement | None) -> set[str]:
+    """The refused calls the kernel refused in one of the payload's own processes.
+
+    Such a refusal is the kernel's word that a filter was on the process that made the call,
+    whatever the host read on the cell's other members (a wrapper's unfiltered shell).
+    """
+    if kernel is None:
+        return set()
+    mine = payload_pids(ctx)
+    return {label for label, pid in kernel.backed.items() if pid in mine}
+
+
+def surface_reached(
+    ctx: CellContext, reached: Sequence[dict[str, Any]], calls: dict[str, SurfaceCall]
+) -> list[str]:
+    """The kernel's reading of each reported reached call, or [] unless it saw every one.
+
+    A call counts as seen where the payload's own process made it with the payload's
+    arguments and the kernel gave it no refusal (`SURFACE_REFUSALS`): its handler ran.
+    """
+    if not reached or filter_sandbox(ctx, None):
+        return []
+    mine = payload_pids(ctx)
+    readings = []
+    for attempt in reached:
+        call = calls.get(str(attempt.get("what")))
+        seen = [
+            a
+            for a in (kernel_answers(ctx, call.syscalls, call.match) if call else [])
+            if a.pid in mine and a.error not in SURFACE_REFUSALS
+        ]
+        if not seen:
+            return []
+        readings.append(f"{attempt.get('what')}: {seen[0].reading()}")
+    return readings
 
 
 def surface_escapes(kernel: KernelJudgement | None, reasons: list[str]) -> list[str]:
