@@ -32,7 +32,6 @@ so nothing inside can use it as a channel.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import selectors
 import socket
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from sandbox_attest.catalog.canary import call_as, site_moved
-from sandbox_attest.host import disguise
+from sandbox_attest.host import as_user, disguise
 from sandbox_attest.host import journal as sweep
 from sandbox_attest.host.safefs import Identity, SafeDir, UnsafePathError, open_dir
 
@@ -184,19 +183,6 @@ def sockets_in(directories: list[Path]) -> dict[Identity, str]:
     return found
 
 
-def searchable(paths: list[str]) -> dict[str, str]:
-    """Run as the payload user: each directory, "" where this process may search it, else why.
-
-    `os.access` with the real uid checks search permission on every component of the path,
-    which is what a connect to a socket in it needs first. A directory gone since the walk
-    (its owner removed it) is "ENOENT", not a refusal.
-    """
-    return {
-        p: "" if os.access(p, os.X_OK) else "EACCES" if os.path.lexists(p) else "ENOENT"
-        for p in paths
-    }
-
-
 def reachable_dirs(dirs: list[Path], user: PayloadUser | None) -> tuple[list[Path], dict[str, str]]:
     """The directories the payload user can search unconfined, and why each other one is not.
 
@@ -207,7 +193,7 @@ def reachable_dirs(dirs: list[Path], user: PayloadUser | None) -> tuple[list[Pat
     Returns:
         (the reachable directories in order, {witness path: reason} for the others).
     """
-    answer, why = call_as(user, __name__, "searchable", [str(d) for d in dirs], REACH_S)
+    answer, why = call_as(user, as_user.__name__, "searchable", [str(d) for d in dirs], REACH_S)
     if why:
         # Unknown reach plants everywhere: the host control then drops what it cannot reach.
         return list(dirs), {}
@@ -220,35 +206,6 @@ def reachable_dirs(dirs: list[Path], user: PayloadUser | None) -> tuple[list[Pat
         if answer.get(str(d))
     }
     return kept, skipped
-
-
-def connect_each(request: dict[str, Any]) -> dict[str, str]:
-    """Run as the payload user: connect to each witness and send `line`; "" or the errno name.
-
-    `request` is `{"addresses": [...], "line": str}`; an address starting with `@` is
-    abstract. A long path goes through a descriptor of its directory, as `bind_unix` does.
-    """
-    line = str(request["line"]).encode()
-    result: dict[str, str] = {}
-    for address in request["addresses"]:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        dir_fd = None
-        try:
-            sock.settimeout(READ_S * 4)
-            target = "\0" + address[1:] if address.startswith("@") else address
-            if not address.startswith("@") and len(os.fsencode(address)) >= _UNIX_PATH_MAX:
-                dir_fd = os.open(Path(address).parent, os.O_RDONLY | os.O_DIRECTORY)
-                target = f"/proc/self/fd/{dir_fd}/{Path(address).name}"
-            sock.connect(target)
-            sock.sendall(line)
-            result[address] = ""
-        except OSError as exc:
-            result[address] = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-        finally:
-            sock.close()
-            if dir_fd is not None:
-                os.close(dir_fd)
-    return result
 
 
 def abstract_names(proc_net_unix: str = "/proc/net/unix") -> list[str]:

@@ -96,7 +96,7 @@ class TestSiteMoved:
 class TestCallAs:
     def test_returns_the_functions_json_answer(self) -> None:
         """The function gets its JSON argument and its answer comes back decoded."""
-        got, why = call_as(USER, "sandbox_attest.catalog.socket_witness", "searchable", ["/"], 30)
+        got, why = call_as(USER, "sandbox_attest.host.as_user", "searchable", ["/"], 30)
         assert (got, why) == ({"/": ""}, "")
 
     @as_root
@@ -105,7 +105,7 @@ class TestCallAs:
         private = base / "private"
         private.mkdir(mode=0o700)
         got, why = call_as(
-            USER, "sandbox_attest.catalog.socket_witness", "searchable", [str(private)], 30
+            USER, "sandbox_attest.host.as_user", "searchable", [str(private)], 30
         )
         assert (got, why) == ({str(private): "EACCES"}, "")
 

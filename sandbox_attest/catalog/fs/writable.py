@@ -3,18 +3,16 @@
 Both run as the payload user in a child (`measure_as`, `call_as` name this module and the
 function), so what they find is that user's reach on this host, not the harness's (root's).
 `fs_write_outside` plants a canary in every place the scan finds, and its host control writes
-in each planted dir with `write_each`.
+in each planted dir with `sandbox_attest.host.as_user.write_each`.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import functools
 import os
 import time
-from pathlib import Path
 from typing import Any, Final
 
 from sandbox_attest.host.trust import PayloadUser, measure_as
@@ -27,35 +25,6 @@ SCAN_MAX_DIRS: Final = 200_000
 SCAN_PRUNE: Final = ("/proc", "/sys")
 # A place the payload user's own permissions close to it: out of its reach unconfined.
 OUT_OF_REACH: Final = frozenset({"place:EACCES", "place:EPERM", "place:EROFS"})
-
-
-def write_each(request: dict[str, Any]) -> dict[str, str]:
-    """Run as the payload user: create, read back and remove a nonce file in each directory.
-
-    `request` is `{"dirs": {key: path}, "nonce": str}`. Never follows a symlink at the name.
-
-    Returns:
-        {key: ""} where it worked, else {key: the errno name (or what went wrong)}.
-    """
-    nonce = str(request["nonce"])
-    name = f"host-control-{nonce}.txt"
-    result: dict[str, str] = {}
-    for key, directory in dict(request["dirs"]).items():
-        path = Path(directory) / name
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(nonce)
-            same = path.read_text() == nonce
-            path.unlink()
-            result[key] = "" if same else "read back other bytes"
-        except OSError as exc:
-            failed = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-            # Whose refusal: the place's (its owner closed it to this user: "place:EACCES")
-            # or the canary dir's, which is the harness's planted object in a place still open.
-            place = Path(directory).parent
-            result[key] = failed if os.access(place, os.W_OK | os.X_OK) else f"place:{failed}"
-    return result
 
 
 def writable_places(

@@ -56,7 +56,7 @@ from sandbox_attest.catalog.fs.exposure import (
     writable_exposures,
 )
 from sandbox_attest.catalog.fs.mount_reasons import mount_judgement
-from sandbox_attest.catalog.fs.writable import OUT_OF_REACH, payload_writable_places, write_each
+from sandbox_attest.catalog.fs.writable import OUT_OF_REACH, payload_writable_places
 from sandbox_attest.catalog.judging import conclude, judge_escape, private_namespace_reason
 from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
@@ -69,7 +69,7 @@ from sandbox_attest.catalog.spec import (
 )
 from sandbox_attest.claims import Claims, claims_of
 from sandbox_attest.errors import FixtureError
-from sandbox_attest.host import disguise, journal, safefs
+from sandbox_attest.host import as_user, disguise, journal, safefs
 from sandbox_attest.host.mountview import MountMap
 from sandbox_attest.host.safefs import Identity, SafeDir, UnsafePathError, open_dir
 from sandbox_attest.host.trust import open_home
@@ -443,7 +443,7 @@ class FsWriteOutside(SpecBase):
         ]
         wrote, why = call_as(
             ctx.user,
-            write_each.__module__,
+            as_user.__name__,
             "write_each",
             {"dirs": live, "nonce": nonce},
             HOST_TIMEOUT_S,

@@ -64,7 +64,6 @@ from sandbox_attest.catalog.socket_witness import (
     TMP_ROOT,
     WITNESS_PREFIX,
     WitnessSockets,
-    connect_each,
     reachable_dirs,
     remove_nonce_files,
     socket_dirs,
@@ -83,6 +82,7 @@ from sandbox_attest.catalog.spec import (
     host_processes,
 )
 from sandbox_attest.claims import claims_of
+from sandbox_attest.host import as_user
 from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.host.viewwalk import HostSocket, Identity
 from sandbox_attest.verdict import Assessment, Expectation
@@ -683,7 +683,7 @@ def _reach_as(
     if not addresses:
         return {}, ""
     request = {"addresses": addresses, "line": f"SANDBOX-ATTEST-WITNESS {nonce}\n"}
-    reach, why = call_as(user, connect_each.__module__, "connect_each", request, HOST_TIMEOUT_S)
+    reach, why = call_as(user, as_user.__name__, "connect_each", request, HOST_TIMEOUT_S)
     return (dict(reach or {}), why)
 
 
