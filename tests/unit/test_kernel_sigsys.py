@@ -12,7 +12,15 @@ on this kernel's format). The `KG` lines below are the ones live cells printed
 
 from __future__ import annotations
 
+import os
+import threading
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
 from sandbox_attest.host.kernel.program import (
+    DRAIN,
     MARK_ONLY,
     PERF_RB_PAGES,
     QUEUEING,
@@ -132,3 +140,33 @@ class TestLostEvents:
         """A power of two (bpftrace's rule), well above its default 64 pages."""
         assert PERF_RB_PAGES >= 1024
         assert PERF_RB_PAGES & (PERF_RB_PAGES - 1) == 0
+
+    def test_an_echo_lost_with_them_is_asked_for_again(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A drain whose marker echo was lost asks again instead of failing the run's witness.
+
+        Measured (ks2's note, bench at load 4 with 64-page buffers): a drain timed out, the
+        witness went "failed", and every later cell of the run had no kernel reading.
+        """
+        witness = KernelWitness()
+        witness.status = "attached"
+        witness._proc = cast("Any", SimpleNamespace(poll=lambda: None))
+        witness.take(f"KC\t{CELL}\n")
+        sent: list[int] = []
+
+        def feed(lines: list[str]) -> None:
+            for line in lines:
+                witness.take(line)
+
+        def lseek(fd: int, offset: int, whence: int) -> int:
+            sent.append(whence)
+            # The reader thread's lines: the first echo is lost, the second comes.
+            lines = ["Lost 12 events\n"] if len(sent) == 1 else [f"KM\t{offset}\t0\n"]
+            threading.Thread(target=feed, args=(lines,)).start()
+            raise OSError(9, "EBADF")
+
+        monkeypatch.setattr(os, "lseek", lseek)
+        assert witness._send(CELL, DRAIN, "mark")  # the marker's echo, asked twice
+        assert sent == [DRAIN, DRAIN]
+        assert witness.status == "attached"

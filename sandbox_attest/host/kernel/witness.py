@@ -48,6 +48,8 @@ TRACEFS: Final = Path("/sys/kernel/tracing")
 ATTACH_TIMEOUT_S: Final = 20.0
 # How long a drain waits for its marker to come back through bpftrace.
 DRAIN_TIMEOUT_S: Final = 2.0
+# How often a wait for an echo looks whether events were lost since (then it asks again).
+RESEND_S: Final = 0.1
 # Argument lines kept while their exit line has not come (a capped cell's may never come).
 EARLY_CAP: Final = 4096
 
@@ -292,6 +294,7 @@ class KernelWitness:
         self.lost += lost
         for cgroup in self._live:
             self._lost[cgroup] = self._lost.get(cgroup, 0) + lost
+        self._changed.notify_all()  # a wait for an echo asks again (`_send`)
 
     def _take_echo(self, echo: str, cgroup: int, drops: int) -> None:
         self._echoes.add((echo, cgroup))
@@ -308,6 +311,8 @@ class KernelWitness:
         """Tell the program about `cgroup` through the kernel; wait for its echo."""
         if not self.attached or self._proc is None:
             return False
+        with self._lock:
+            lost = self.lost  # before the marker: a loss after it may have taken its echo
         with contextlib.suppress(OSError):
             os.lseek(-1, cgroup, whence)
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -318,7 +323,14 @@ class KernelWitness:
                     self.status = "failed"
                     self.why = f"bpftrace stopped answering (exit {self._proc.poll()})"
                     return False
-                self._changed.wait(left)
+                if self.lost != lost:
+                    # bpftrace's buffers lost events meanwhile: the echo may be one of them
+                    # (measured: a drain timed out so, and the run lost its witness). Asked
+                    # again; a second echo of the same marker changes nothing.
+                    lost = self.lost
+                    with contextlib.suppress(OSError):
+                        os.lseek(-1, cgroup, whence)
+                self._changed.wait(min(left, RESEND_S))
             self._echoes.discard((echo, cgroup))
         return True
 
