@@ -36,10 +36,11 @@ class CellPool:
 
         A cell of a later leg is judged against its probe's control cell, so it starts only
         once that cell is done; it does not wait for the whole control leg (a barrier there
-        left a worker idle behind the leg's slowest cell). The longest probes (by their
-        matrix timeout) start first in each leg, so a slow cell does not end the run alone.
-        Each cell has its own nonce, so the shared world's logs never mix. Items still report
-        (and evidence is still appended) in collection order.
+        left a worker idle behind the leg's slowest cell). Otherwise cells start in collection
+        order, the order pytest waits for their items in: each item's timeout (the probe's,
+        plus a margin) runs while it waits, so a cell moved later would time out an item
+        whose cell never hung. Each cell has its own nonce, so the shared world's logs never
+        mix. Items still report (and evidence is still appended) in collection order.
         """
         if self.jobs <= 1 or self.futures:
             return
@@ -79,16 +80,14 @@ class CellPool:
 class _CellQueue:
     """The cells not yet started: control cells first, then each cell whose control is done.
 
-    Longest first within each: a probe's matrix timeout is the one cost known before it runs
-    (pip's install has 180 s, most probes 60 s).
+    In collection order within each (see `CellPool.plan` for why not longest first).
     """
 
     def __init__(self, cells: list[Cell], control_leg: str) -> None:
         """Queue `cells`; those of `control_leg` are the controls the others wait for."""
-        by_cost = sorted(cells, key=lambda c: -c.probe.timeout)
         self.control_leg = control_leg
-        self.controls = [c for c in by_cost if c.backend == control_leg]
-        self.rest = [c for c in by_cost if c.backend != control_leg]
+        self.controls = [c for c in cells if c.backend == control_leg]
+        self.rest = [c for c in cells if c.backend != control_leg]
         self.controlled = {c.probe.id for c in self.controls}
         self.controls_done: set[str] = set()
         self.changed = threading.Condition()
