@@ -88,15 +88,9 @@ if tmp_is_its_own_mount():
 # Cells allowed to be INCONCLUSIVE: none. Each one measured so far was the harness's own
 # artefact (a probe bug, a missing host reading) and was fixed; a new one fails this test.
 INCONCLUSIVE_ALLOWED: dict[str, set[str]] = {"srt": set(), "codex": set(), "firejail": set()}
-# But one, a missing host reading not fixed yet: srt refuses clone3 (ENOSYS), unshare and the
-# new mount API (EPERM), and only its report says so; the host reads that a filter exists,
-# not what it refuses (PTRACE_SECCOMP_GET_FILTER at the rendezvous would, issue 28).
-INCONCLUSIVE_ALLOWED["srt"] |= {"proc_new_mount_api"}
-# The same cell on firejail: clone3 and unshare(CLONE_NEWUSER) give EPERM (util-linux's
-# unshare fails the same way inside it), though its printed filter (firejail
-# --seccomp.print) names neither call, so the refusal is the kernel's within firejail's
-# setup; the host has no reading that shows why, so the report stands alone.
-INCONCLUSIVE_ALLOWED["firejail"] |= {"proc_new_mount_api"}
+# srt's and firejail's proc_new_mount_api were INCONCLUSIVE until the kernel witness: each
+# refuses clone3, unshare and the new mount API, and only the payload's report said so. The
+# kernel's errno for each call in the payload's own process now backs the refusal (PASS).
 # Cells that do not apply, each for a claim the sandbox does not make or a route it does not
 # have: the reason is the runner's, decided before the cell runs.
 NOT_APPLICABLE: dict[str, set[str]] = {
