@@ -104,9 +104,7 @@ class TestCallAs:
         """A 0700 root directory is not searchable by the payload user, and it says so."""
         private = base / "private"
         private.mkdir(mode=0o700)
-        got, why = call_as(
-            USER, "sandbox_attest.host.as_user", "searchable", [str(private)], 30
-        )
+        got, why = call_as(USER, "sandbox_attest.host.as_user", "searchable", [str(private)], 30)
         assert (got, why) == ({str(private): "EACCES"}, "")
 
 

@@ -18,24 +18,19 @@ in any run here; its recorded verdict below holds where the host can judge it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.world.lab import lab_supported
 from tests.here import not_judgeable_here
+from tests.integration.real_runs import ROOT, run_full_matrix, show, skip_without_lab
 
-ROOT = Path(__file__).parent.parent.parent
 INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
-CLI = [sys.executable, "-m", "sandbox_attest.cli"]
-RUN_TIMEOUT_S = 180.0
 
 # The true findings (README.md, "Real sandboxes, measured"), per sandbox: each FAILs against a
 # claim the spec declares from the sandbox's own docs. Neither filter covers keyctl, bpf or
@@ -138,22 +133,6 @@ def _installed(backend: str) -> str | None:
     return None
 
 
-def run_matrix(backend: str, out: Path) -> dict[str, dict[str, Any]]:
-    """Run the full matrix on `backend` in the lab; cell probe -> evidence entry."""
-    proc = subprocess.run(
-        [*CLI, "run", "--backend", backend, "--world", "lab", "-j", "2", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-        cwd=ROOT,
-    )
-    evidence = out / "evidence.json"
-    assert evidence.is_file(), f"no evidence (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    cells = json.loads(evidence.read_text())["cells"]
-    return {c["probe"]: c for c in cells if c["backend"] == backend}
-
-
 @pytest.fixture(scope="module", params=["srt", "codex", "firejail"])
 def grid(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -161,18 +140,12 @@ def grid(
     """One full-matrix run per real sandbox (skipped, naming the fix, where it cannot run)."""
     # The run is a subprocess of its own: whether *it* can make the lab is the question, not
     # whether this pytest process (xdist's threads, a fixture's server) could enter one.
-    supported, why_not = lab_supported()
-    if not supported:
-        pytest.skip(f"the lab world needs root and network namespaces: {why_not}")
+    skip_without_lab()
     backend = str(request.param)
     why = _installed(backend)
     if why is not None:
         pytest.skip(why)
-    return backend, run_matrix(backend, tmp_path_factory.mktemp(f"run-{backend}"))
-
-
-def _show(cells: dict[str, dict[str, Any]], probes: set[str]) -> str:
-    return "; ".join(f"{p}: {cells[p]['verdict']} {cells[p]['reason'][:160]}" for p in probes)
+    return backend, run_full_matrix(backend, tmp_path_factory.mktemp(f"run-{backend}")).cells
 
 
 @pytest.mark.slow
@@ -187,7 +160,7 @@ class TestRealSandboxes:
         backend, cells = grid
         want = expected(backend)[0]["FAIL"]
         failed = {p for p, c in cells.items() if c["verdict"] == "FAIL"}
-        assert failed == want, _show(cells, failed ^ want)
+        assert failed == want, show(cells, failed ^ want)
         said = ("escape observed by the host", "escape reported by the payload (not seen by")
         assert all(c["reason"].startswith(said) for p, c in cells.items() if p in failed)
 
@@ -198,11 +171,11 @@ class TestRealSandboxes:
         backend, cells = grid
         want, unjudged = expected(backend)
         broken = {p for p, c in cells.items() if c["verdict"] in ("ERROR", "UNAVAILABLE")}
-        assert not broken, _show(cells, broken)
+        assert not broken, show(cells, broken)
         unsure = {p for p, c in cells.items() if c["verdict"] == "INCONCLUSIVE"}
-        assert unsure <= want["INCONCLUSIVE"], _show(cells, unsure)
+        assert unsure <= want["INCONCLUSIVE"], show(cells, unsure)
         skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}
-        assert skipped == want["NOT_APPLICABLE"] | set(unjudged), _show(cells, skipped)
+        assert skipped == want["NOT_APPLICABLE"] | set(unjudged), show(cells, skipped)
         assert {p: cells[p]["reason"] for p in unjudged} == unjudged
 
     def test_every_other_cell_passes(self, grid: tuple[str, dict[str, Any]]) -> None:

@@ -26,26 +26,17 @@ Skips, naming `scripts/real-sandboxes.sh`, where sandlock is not installed.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandbox_attest.catalog import PROBES
 from sandbox_attest.catalog.proc.visibility import KERNEL_BACKED
 from sandbox_attest.catalog.witness.kernel import KERNEL_BACKED_CALLS
-from sandbox_attest.world.lab import lab_supported
-from tests.here import not_judgeable_here
+from tests.integration.real_runs import ROOT, run_full_matrix, show, skip_without_lab, unjudged_here
 
-ROOT = Path(__file__).parent.parent.parent
 INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
 LAUNCHER = ROOT / "matrix" / "backends" / "sandlock_launch.py"
-CLI = [sys.executable, "-m", "sandbox_attest.cli"]
-RUN_TIMEOUT_S = 180.0
 BACKEND = "sandlock"
 
 # True findings, shown by hand (helper note, "fs_write_outside"): chmod/chown/utime of a
@@ -116,36 +107,12 @@ def _installed() -> str | None:
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """One full-matrix run on sandlock in the lab: probe -> evidence entry."""
-    supported, why_not = lab_supported()
-    if not supported:
-        pytest.skip(f"the lab world needs root and network namespaces: {why_not}")
+    skip_without_lab()
     why = _installed()
     if why is not None:
         pytest.skip(why)
-    out = tmp_path_factory.mktemp("run-sandlock")
-    started = time.monotonic()
-    proc = subprocess.run(
-        [*CLI, "run", "--backend", BACKEND, "--world", "lab", "-j", "2", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-        cwd=ROOT,
-    )
     # The issue's budget is 30 s with -j 2; printed, not asserted: this machine is shared.
-    print(f"sandlock full matrix: {time.monotonic() - started:.1f} s")
-    evidence = out / "evidence.json"
-    assert evidence.is_file(), f"no evidence (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    cells = json.loads(evidence.read_text())["cells"]
-    return {c["probe"]: c for c in cells if c["backend"] == BACKEND}
-
-
-def _unjudged() -> dict[str, str]:
-    return {p: r for p in PROBES if (r := not_judgeable_here(p)) is not None}
-
-
-def _show(cells: dict[str, dict[str, Any]], probes: set[str]) -> str:
-    return "; ".join(f"{p}: {cells[p]['verdict']} {cells[p]['reason'][:200]}" for p in probes)
+    return run_full_matrix(BACKEND, tmp_path_factory.mktemp("run-sandlock")).cells
 
 
 def _supervisors(cell: dict[str, Any]) -> list[dict[str, Any]]:
@@ -167,8 +134,8 @@ class TestSandlock:
         """Exactly the metadata-change holes FAIL, fs_write_outside naming the metadata fix."""
         cells = grid
         failed = {p for p, c in cells.items() if c["verdict"] == "FAIL"}
-        want = TRUE_FAILS - set(_unjudged())
-        assert failed == want, _show(cells, failed ^ want)
+        want = TRUE_FAILS - set(unjudged_here())
+        assert failed == want, show(cells, failed ^ want)
         assert all("mode changed" in cells[p]["reason"] for p in want)
         if "fs_write_outside" in want:
             reason = cells["fs_write_outside"]["reason"]
@@ -181,19 +148,19 @@ class TestSandlock:
         """No ERROR or UNAVAILABLE; INCONCLUSIVE only where the kernel witness will decide."""
         cells = grid
         broken = {p for p, c in cells.items() if c["verdict"] in ("ERROR", "UNAVAILABLE")}
-        assert not broken, _show(cells, broken)
+        assert not broken, show(cells, broken)
         unsure = {p for p, c in cells.items() if c["verdict"] == "INCONCLUSIVE"}
-        assert unsure <= WAITING_FOR_KERNEL_WITNESS, _show(cells, unsure)
+        assert unsure <= WAITING_FOR_KERNEL_WITNESS, show(cells, unsure)
         off = {
             p
             for p, mark in PINNED_WAIT.items()
             if cells[p]["verdict"] == "INCONCLUSIVE"
             and not (cells[p]["reason"].startswith(REPORT_ONLY) and mark in cells[p]["reason"])
         }
-        assert not off, _show(cells, off)
-        unjudged = _unjudged()
+        assert not off, show(cells, off)
+        unjudged = unjudged_here()
         skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}
-        assert skipped == NOT_APPLICABLE | set(unjudged), _show(cells, skipped)
+        assert skipped == NOT_APPLICABLE | set(unjudged), show(cells, skipped)
 
     def test_the_supervisor_alone_is_not_judged(self, grid: dict[str, dict[str, Any]]) -> None:
         """In every cell one process goes unjudged: the launcher's own unconfined Python.
@@ -212,7 +179,7 @@ class TestSandlock:
     def test_the_fixed_artifacts_pass(self, grid: dict[str, dict[str, Any]]) -> None:
         """proc_privileges and proc_cross_process PASS, the latter on the target's log."""
         cells = grid
-        assert {p for p in FIXED if cells[p]["verdict"] != "PASS"} == set(), _show(cells, FIXED)
+        assert {p for p in FIXED if cells[p]["verdict"] != "PASS"} == set(), show(cells, FIXED)
         reason = cells["proc_cross_process"]["reason"]
         assert "secret read via nothing; mailboxes written: 0; signals received: none" in reason
         assert "made at the host pid it was given" in reason
@@ -245,6 +212,6 @@ class TestSandlock:
         """Every cell not listed above PASSes, the network probes among them."""
         cells = grid
         listed = TRUE_FAILS | WAITING_FOR_KERNEL_WITNESS | NOT_APPLICABLE
-        others = {p for p in cells if p not in listed | set(_unjudged())}
+        others = {p for p in cells if p not in listed | set(unjudged_here())}
         assert {p for p in others if cells[p]["verdict"] != "PASS"} == set()
         assert {"net_direct_egress", "ipc_unix_socket_escape", "env_inheritance"} <= others

@@ -15,23 +15,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-import time
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.world.lab import lab_supported
 from tests.here import not_judgeable_here
+from tests.integration.real_runs import ROOT, run_full_matrix, show, skip_without_lab
 
-ROOT = Path(__file__).parent.parent.parent
 SPEC = ROOT / "matrix" / "backends" / "nsjail.toml"
 INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
-CLI = [sys.executable, "-m", "sandbox_attest.cli"]
 RUN_TIMEOUT_S = 180.0
 
 # The true findings. The spec claims a filtered syscall surface (its kafel policy is the union
@@ -68,34 +62,14 @@ def _missing() -> str | None:
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict[str, Any]], float]:
     """One full-matrix run on nsjail: cell probe -> evidence entry, and its wall time."""
-    supported, why_not = lab_supported()
-    if not supported:
-        pytest.skip(f"the lab world needs root and network namespaces: {why_not}")
+    skip_without_lab()
     why = _missing()
     if why is not None:
         pytest.skip(why)
-    out = tmp_path_factory.mktemp("run-nsjail")
-    started = time.monotonic()
-    proc = subprocess.run(
-        [*CLI, "run", "--backend", "nsjail", "--world", "lab", "-j", "2", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-        cwd=ROOT,
-    )
-    wall = time.monotonic() - started
-    evidence = out / "evidence.json"
-    assert evidence.is_file(), f"no evidence (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    cells = json.loads(evidence.read_text())["cells"]
-    return {c["probe"]: c for c in cells if c["backend"] == "nsjail"}, wall
+    run = run_full_matrix("nsjail", tmp_path_factory.mktemp("run-nsjail"))
+    return run.cells, run.wall_s
 
 
-def _show(cells: dict[str, dict[str, Any]], probes: set[str]) -> str:
-    return "; ".join(f"{p}: {cells[p]['verdict']} {cells[p]['reason'][:200]}" for p in probes)
-
-
-@pytest.mark.slow
 class TestNsjail:
     def test_fails_are_the_true_findings(self, grid: tuple[dict[str, Any], float]) -> None:
         """Exactly the three syscall-surface findings FAIL, each on the payload's own report.
@@ -106,7 +80,7 @@ class TestNsjail:
         cells, _ = grid
         want = expected()[0]
         failed = {p for p, c in cells.items() if c["verdict"] == "FAIL"}
-        assert failed == want, _show(cells, failed ^ want)
+        assert failed == want, show(cells, failed ^ want)
         said = ("escape observed by the host", "escape reported by the payload (not seen by")
         assert all(cells[p]["reason"].startswith(said) for p in failed)
 
@@ -135,9 +109,9 @@ class TestNsjail:
         broken = {
             p for p, c in cells.items() if c["verdict"] in ("ERROR", "UNAVAILABLE", "INCONCLUSIVE")
         }
-        assert not broken, _show(cells, broken)
+        assert not broken, show(cells, broken)
         skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}
-        assert skipped == skipped_want | set(unjudged), _show(cells, skipped)
+        assert skipped == skipped_want | set(unjudged), show(cells, skipped)
         assert {p: cells[p]["reason"] for p in unjudged} == unjudged
 
     def test_every_other_cell_passes(self, grid: tuple[dict[str, Any], float]) -> None:
@@ -146,7 +120,7 @@ class TestNsjail:
         fails, skipped, unjudged = expected()
         listed = fails | skipped | set(unjudged)
         others = {p for p in cells if p not in listed}
-        assert {p for p in others if cells[p]["verdict"] != "PASS"} == set(), _show(
+        assert {p for p in others if cells[p]["verdict"] != "PASS"} == set(), show(
             cells, {p for p in others if cells[p]["verdict"] != "PASS"}
         )
         assert {"net_direct_egress", "fs_read_secrets", "lifecycle_orphans"} <= others

@@ -18,22 +18,15 @@ scripts/real-sandboxes.sh.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox_attest.catalog import PROBES
-from sandbox_attest.world.lab import lab_supported
 from tests.here import not_judgeable_here
+from tests.integration.real_runs import run_full_matrix, show, skip_without_lab
 
-ROOT = Path(__file__).parent.parent.parent
-CLI = [sys.executable, "-m", "sandbox_attest.cli"]
 RUN_TIMEOUT_S = 180.0
 
 # True findings against the claims gVisor's spec makes: none (see the module docstring).
@@ -62,37 +55,17 @@ NOT_APPLICABLE: dict[str, set[str]] = {
 }
 
 
-def run_matrix(backend: str, out: Path) -> tuple[dict[str, dict[str, Any]], float]:
-    """Run the full matrix on `backend` in the lab: cell probe -> evidence entry, and the wall."""
-    start = time.monotonic()
-    proc = subprocess.run(
-        [*CLI, "run", "--backend", backend, "--world", "lab", "-j", "2", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-        cwd=ROOT,
-    )
-    wall = time.monotonic() - start
-    evidence = out / "evidence.json"
-    assert evidence.is_file(), f"no evidence (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    cells = json.loads(evidence.read_text())["cells"]
-    return {c["probe"]: c for c in cells if c["backend"] == backend}, wall
-
-
 @pytest.fixture(scope="module", params=["gvisor"])
 def grid(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, dict[str, dict[str, Any]], float]:
     """One full-matrix run per own-kernel sandbox (skipped, naming the fix, where it cannot)."""
-    supported, why_not = lab_supported()
-    if not supported:
-        pytest.skip(f"the lab world needs root and network namespaces: {why_not}")
+    skip_without_lab()
     if shutil.which("runsc") is None:
         pytest.skip("runsc missing: run scripts/real-sandboxes.sh (Debian's runsc package)")
     backend = str(request.param)
-    cells, wall = run_matrix(backend, tmp_path_factory.mktemp(f"run-{backend}"))
-    return backend, cells, wall
+    run = run_full_matrix(backend, tmp_path_factory.mktemp(f"run-{backend}"))
+    return backend, run.cells, run.wall_s
 
 
 def expected(backend: str) -> tuple[dict[str, set[str]], dict[str, str]]:
@@ -105,17 +78,13 @@ def expected(backend: str) -> tuple[dict[str, set[str]], dict[str, str]]:
     }, unjudged
 
 
-def _show(cells: dict[str, dict[str, Any]], probes: set[str]) -> str:
-    return "; ".join(f"{p}: {cells[p]['verdict']} {cells[p]['reason'][:160]}" for p in probes)
-
-
 @pytest.mark.slow
 class TestOwnKernelSandboxes:
     def test_fails_are_the_true_findings(self, grid: tuple[str, dict[str, Any], float]) -> None:
         """Exactly the recorded true findings FAIL (none for gVisor's claims)."""
         backend, cells, _ = grid
         failed = {p for p, c in cells.items() if c["verdict"] == "FAIL"}
-        assert failed == expected(backend)[0]["FAIL"], _show(cells, failed)
+        assert failed == expected(backend)[0]["FAIL"], show(cells, failed)
 
     def test_no_error_and_only_named_inconclusives(
         self, grid: tuple[str, dict[str, Any], float]
@@ -124,11 +93,11 @@ class TestOwnKernelSandboxes:
         backend, cells, _ = grid
         want, unjudged = expected(backend)
         broken = {p for p, c in cells.items() if c["verdict"] in ("ERROR", "UNAVAILABLE")}
-        assert not broken, _show(cells, broken)
+        assert not broken, show(cells, broken)
         unsure = {p for p, c in cells.items() if c["verdict"] == "INCONCLUSIVE"}
-        assert unsure == want["INCONCLUSIVE"], _show(cells, unsure)
+        assert unsure == want["INCONCLUSIVE"], show(cells, unsure)
         skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}
-        assert skipped == want["NOT_APPLICABLE"] | set(unjudged), _show(cells, skipped)
+        assert skipped == want["NOT_APPLICABLE"] | set(unjudged), show(cells, skipped)
 
     def test_every_other_cell_passes_on_a_witness(
         self, grid: tuple[str, dict[str, Any], float]
@@ -138,8 +107,8 @@ class TestOwnKernelSandboxes:
         want, unjudged = expected(backend)
         listed = set().union(*want.values(), unjudged)
         others = {p for p in cells if p not in listed}
-        assert {p for p in others if cells[p]["verdict"] != "PASS"} == set(), _show(cells, others)
-        assert all(cells[p].get("corroborated_by") for p in others), _show(cells, others)
+        assert {p for p in others if cells[p]["verdict"] != "PASS"} == set(), show(cells, others)
+        assert all(cells[p].get("corroborated_by") for p in others), show(cells, others)
         assert {"net_denied_host", "net_direct_egress", "ipc_unix_socket_escape"} <= others
 
     def test_privileges_are_judged_by_the_host_uid_of_its_writes(

@@ -17,12 +17,9 @@ and the lab, the tests skip naming the fix.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +28,10 @@ import pytest
 from sandbox_attest.catalog import PROBES
 from sandbox_attest.world.lab import lab_supported
 from tests.here import not_judgeable_here
+from tests.integration.real_runs import ROOT, run_full_matrix, show
 
-ROOT = Path(__file__).parent.parent.parent
 INSTALL = ROOT / "scripts" / "real-sandboxes.sh"
 ROOTFS_SCRIPT = ROOT / "scripts" / "podman-rootfs.sh"
-CLI = [sys.executable, "-m", "sandbox_attest.cli"]
-RUN_TIMEOUT_S = 300.0
 BACKEND = "podman"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 UNIFIED = CGROUP_ROOT / "unified"
@@ -87,36 +82,17 @@ def podman_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     why = _why_not_here()
     if why is not None:
         pytest.skip(why)
-    out = tmp_path_factory.mktemp("run-podman")
-    started = time.monotonic()
-    proc = subprocess.run(
-        [*CLI, "run", "--backend", BACKEND, "--world", "lab", "-j", "2", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-        cwd=ROOT,
-    )
-    wall = time.monotonic() - started
-    evidence = out / "evidence.json"
-    assert evidence.is_file(), f"no evidence (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    data = json.loads(evidence.read_text())
-    cells = {c["probe"]: c for c in data["cells"] if c["backend"] == BACKEND}
-    return {"cells": cells, "evidence": data, "wall_s": wall}
+    run = run_full_matrix(BACKEND, tmp_path_factory.mktemp("run-podman"))
+    return {"cells": run.cells, "evidence": run.evidence, "wall_s": run.wall_s}
 
 
-def _show(cells: dict[str, dict[str, Any]], probes: set[str]) -> str:
-    return "; ".join(f"{p}: {cells[p]['verdict']} {cells[p]['reason'][:200]}" for p in probes)
-
-
-@pytest.mark.slow
 class TestPodmanMatrix:
     def test_fails_are_the_true_findings(self, podman_run: dict[str, Any]) -> None:
         """Exactly the default seccomp profile's gaps FAIL, each saying what it rests on."""
         cells = podman_run["cells"]
         want = expected()[0]["FAIL"]
         failed = {p for p, c in cells.items() if c["verdict"] == "FAIL"}
-        assert failed == want, _show(cells, failed ^ want)
+        assert failed == want, show(cells, failed ^ want)
         said = ("escape observed by the host", "escape reported by the payload (not seen by")
         assert all(cells[p]["reason"].startswith(said) for p in failed)
 
@@ -128,9 +104,9 @@ class TestPodmanMatrix:
         broken = {
             p for p, c in cells.items() if c["verdict"] in ("INCONCLUSIVE", "ERROR", "UNAVAILABLE")
         }
-        assert not broken, _show(cells, broken)
+        assert not broken, show(cells, broken)
         skipped = {p for p, c in cells.items() if c["verdict"] == "NOT_APPLICABLE"}
-        assert skipped == want["NOT_APPLICABLE"] | set(unjudged), _show(cells, skipped)
+        assert skipped == want["NOT_APPLICABLE"] | set(unjudged), show(cells, skipped)
         assert {p: cells[p]["reason"] for p in unjudged} == unjudged
 
     def test_every_other_cell_passes(self, podman_run: dict[str, Any]) -> None:
@@ -153,7 +129,7 @@ class TestPodmanMatrix:
         cells = podman_run["cells"]
         ran = {p: c for p, c in cells.items() if c["verdict"] != "NOT_APPLICABLE"}
         unseen = {p for p, c in ran.items() if not (c.get("host_view") or {}).get("seen")}
-        assert not unseen, _show(cells, unseen)
+        assert not unseen, show(cells, unseen)
         payload_uid = podman_run["evidence"]["trust_domains"]["payload_uid"]
         for probe, cell in ran.items():
             for proc in cell["host_view"].get("processes", []):

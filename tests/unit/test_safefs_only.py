@@ -77,8 +77,7 @@ ROOT_ONLY_MODULES: Final = {
 # Single functions in modules that also touch payload-reachable paths (through safefs there).
 ROOT_ONLY_FUNCTIONS: Final = {
     "catalog/controls.py:save_state": "the cell dir: root's",
-    "host/as_user.py:write_each": "runs in a child as the payload user (call_as), never "
-    "as root",
+    "host/as_user.py:write_each": "runs in a child as the payload user (call_as), never as root",
     "catalog/fs/write_outside.py:FsWriteOutside.prepare": "its baseline and plant list in the "
     "cell dir",
     "catalog/fs/read_secrets.py:FsReadSecrets.prepare": "the control canary in the workspace, "
