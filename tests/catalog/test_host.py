@@ -356,6 +356,21 @@ class StubWorld:
         return Records()
 
 
+def stub_cell(probe: str, tmp: Path, host_view: dict[str, Any]) -> CellContext:
+    """A confined command-wrapper cell of `probe` under `tmp`, with `host_view` as read."""
+    return CellContext(
+        probe=probe,
+        backend="unit",
+        nonce="n" + secrets.token_hex(8),
+        world=StubWorld(stub_info(tmp / "real.sock")),
+        workspace=tmp,
+        cell_dir=tmp,
+        claims=CONFINED,
+        route=inside_route(),
+        host_view=host_view,
+    )
+
+
 @pytest.fixture
 def make_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Build CellContexts under tmp_path; run each spec's cleanup afterwards.

@@ -10,15 +10,14 @@ INCONCLUSIVE ("PASS rests on the payload's report alone"); that is reproduced fi
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sandbox_attest.catalog import PROBES, CellContext
+from sandbox_attest.catalog import PROBES
 from sandbox_attest.catalog.witness.kernel import KERNEL_BACKED_CALLS
-from sandbox_attest.run.runner import inside_route, kernel_unseen
+from sandbox_attest.run.runner import kernel_unseen
 from sandbox_attest.verdict import Assessment, Decision, Verdict, believe, decide
-from tests.catalog.test_host import CONFINED, Records, StubWorld, stub_info
+from tests.catalog.test_host import Records, stub_cell
 
 PAYLOAD_PID = 11450
 CHILD_PID = 11449
@@ -137,17 +136,7 @@ def cell(
     }
     if kernel is None:
         host_view["kernel"] = {"status": "unavailable", "why": "not root"}
-    ctx = CellContext(
-        probe=spec.id,
-        backend="unit",
-        nonce="n" + secrets.token_hex(8),
-        world=StubWorld(stub_info(tmp / "real.sock")),
-        workspace=tmp,
-        cell_dir=tmp,
-        claims=CONFINED,
-        route=inside_route(),
-        host_view=host_view,
-    )
+    ctx = stub_cell(spec.id, tmp, host_view)
     escapes = [a for a in attempts if a["role"] == "escape"]
     reached = [{**a, "outcome": "succeeded", "errno": "EFAULT"} for a in escapes]
     baseline = {"attempts": reached, "facts": {"seccomp": "0"}}

@@ -31,7 +31,7 @@ from sandbox_attest.catalog.witness.kernel import (
 from sandbox_attest.errors import FixtureError
 from sandbox_attest.run.runner import inside_route, kernel_unseen
 from sandbox_attest.verdict import Verdict, believe, decide
-from tests.catalog.test_host import CONFINED, Records, StubWorld, stub_info
+from tests.catalog.test_host import CONFINED, Records, StubWorld, stub_cell, stub_info
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -391,17 +391,7 @@ def dev_cell(tmp_path: Path, kernel: list[dict[str, Any]] | None) -> tuple[Any, 
     host_view = view(kernel or [])
     if kernel is None:
         host_view["kernel"] = {"status": "unavailable", "why": "not root"}
-    ctx = CellContext(
-        probe=spec.id,
-        backend="unit",
-        nonce="n" + secrets.token_hex(8),
-        world=StubWorld(stub_info(tmp_path / "real.sock")),
-        workspace=tmp_path,
-        cell_dir=tmp_path,
-        claims=CONFINED,
-        route=inside_route(),
-        host_view=host_view,
-    )
+    ctx = stub_cell(spec.id, tmp_path, host_view)
     payload_view: dict[str, Any] = {
         "seen": True,
         "pid": PAYLOAD_PID,
@@ -471,17 +461,7 @@ def mount_api_cell(tmp_path: Path, kernel: list[dict[str, Any]] | None) -> tuple
     host_view = view(kernel or [], shared=())
     if kernel is None:
         host_view["kernel"] = {"status": "unavailable", "why": "not root"}
-    ctx = CellContext(
-        probe=spec.id,
-        backend="unit",
-        nonce="n" + secrets.token_hex(8),
-        world=StubWorld(stub_info(tmp_path / "real.sock")),
-        workspace=tmp_path,
-        cell_dir=tmp_path,
-        claims=CONFINED,
-        route=inside_route(),
-        host_view=host_view,
-    )
+    ctx = stub_cell(spec.id, tmp_path, host_view)
     calls = ("clone3-newns", *MOUNT_CALLS)
     baseline = {"attempts": [{"what": w, "role": "escape", "outcome": "succeeded"} for w in calls]}
     control = {"ok": True, "nonce": "hcontrol", "checks": [], "baseline": baseline}
