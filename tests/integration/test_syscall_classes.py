@@ -18,6 +18,7 @@ uids; root only (the payload user exists only as root).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from sandbox_attest.report.evidence import EVIDENCE_NAME
 from tests.integration.hole_runs import HoleRun, hole_run
 
 if TYPE_CHECKING:
@@ -111,12 +113,19 @@ class TestExactlyThatHole:
     def test_the_seccomp_hole_leaves_namespaces_closed(self, run: HoleRun) -> None:
         """Without a filter but with --disable-userns, the mount API stays out of reach.
 
-        The refusal is the payload's word across a wrapper, with no host reading behind it,
-        so the verdict is INCONCLUSIVE (never PASS, and never FAIL: nothing was reached).
+        The refusal crossed a wrapper: it is a PASS only on the kernel witness's errno for each
+        call in the payload's own process (never FAIL: nothing was reached). Where no witness
+        ran (not root, no bpftrace), nothing corroborates it and the cell is INCONCLUSIVE.
         """
         cell = run.cell("hole-syscall-surface", "proc_new_mount_api")
-        assert (cell["verdict"], cell["escape"]) == ("INCONCLUSIVE", "refused"), cell["reason"]
-        assert "no host reading corroborates it" in cell["reason"], cell["reason"]
+        evidence = json.loads((run.out / EVIDENCE_NAME).read_text())
+        if evidence["kernel_witness"].get("status") == "attached":
+            assert (cell["verdict"], cell["escape"]) == ("PASS", "refused"), cell["reason"]
+            for call in ("clone3", "open_tree", "move_mount", "mount_setattr", "fsopen"):
+                assert f"the kernel saw {call}() -> E" in cell["reason"], cell["reason"]
+        else:
+            assert (cell["verdict"], cell["escape"]) == ("INCONCLUSIVE", "refused"), cell["reason"]
+            assert "no host reading corroborates it" in cell["reason"], cell["reason"]
 
     def test_the_compat_entry_is_refused_by_the_filters(self, run: HoleRun) -> None:
         """The i386 socketcall reaches the kernel without a filter and never under one."""
