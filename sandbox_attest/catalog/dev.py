@@ -469,6 +469,7 @@ class DevAccess(SpecBase):
 
     id = "dev_access"
     area = "dev"
+    kernel_witness = True
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """The harmless controls and the named devices; more `dev:` nodes the scan finds."""

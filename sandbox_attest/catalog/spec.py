@@ -175,6 +175,7 @@ class ProbeSpec(Protocol):
 
     id: str
     area: str  # net / dns / ipc / fs / env / proc / lifecycle / pkg: its module here
+    kernel_witness: bool  # whether it judges by the kernel witness (only its cells recorded)
 
     def expectation(self, declared: ClaimsLike) -> Expectation:
         """What the declared claims say must happen to the attempt."""
@@ -378,6 +379,10 @@ class SpecBase:
     # The host readings this probe's assessment always rests on, whatever the payload says
     # (a listener's log, a canary's state on the host). Empty: its reading is the payload's.
     host_readings: tuple[str, ...] = ()
+    # Whether this probe judges by the kernel witness's events (catalog/witness/kernel.py).
+    # Only such cells are recorded: every event of a cell is a line the witness's reader
+    # parses beside the judging threads, and the others' were never read.
+    kernel_witness: bool = False
 
     def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
         """The host readings that back this cell: `host_readings`, once the payload ran.

@@ -115,6 +115,7 @@ class _SurfaceSpec(SpecBase):
     """
 
     area = "syscalls"
+    kernel_witness = True
     calls: tuple[str, ...] = ()
     seccomp_only: frozenset[str] = frozenset()
     reached_words: str = "reached"

@@ -36,10 +36,12 @@ from sandbox_attest.catalog import (
     PROBES,
     CellContext,
     InsideRoute,
+    ProbeSpec,
     around_the_proxy,
     probe_path,
     report_mismatch,
 )
+from sandbox_attest.claims import claims_of
 from sandbox_attest.errors import HarnessError, ProbeOutputError
 from sandbox_attest.host import cellgroup
 from sandbox_attest.host.interpreter import payload_interpreter
@@ -244,7 +246,7 @@ def run_watched(
     # so no spec keeps a polling thread of its own to find the payload.
     hooks = {ctx.probe: functools.partial(spec.at_rendezvous, ctx)} if spec is not None else {}
     group = cellgroup.new_cell()
-    kernel = KernelCell.register(group)
+    kernel = KernelCell.register(group, unread=kernel_unread(spec, ctx))
     watch = hostview.Rendezvous(request.workspace, task_path, ctx.nonce, look, hooks, group=group)
     watch.start()
     try:
@@ -252,6 +254,29 @@ def run_watched(
     finally:
         ctx.host_view.update(watch.finish())
         ctx.host_view["kernel"] = kernel.drain()
+
+
+# Why a cell has no kernel witness reading though the witness runs: nothing would read it.
+OWN_KERNEL_UNRECORDED = (
+    'not recorded: the backend claims kernel = "own", so the host kernel sees only the '
+    "sandbox's kernel at work (gVisor's Sentry and gofer), never the payload's syscalls"
+)
+PROBE_UNRECORDED = "not recorded: this probe does not judge by the kernel witness"
+
+
+def kernel_unread(spec: ProbeSpec | None, ctx: CellContext) -> str:
+    """Why no rule will read this cell's kernel events, or "" where one may.
+
+    The kernel rule (catalog/witness/kernel.py) needs the payload's processes in the host's
+    view, which a kernel of its own never shows, and only the specs that say
+    `kernel_witness` apply it. Unread events still cost: each is a line the witness's reader
+    parses beside the judging threads (a gVisor cell made 12,000; the run 113,000).
+    """
+    if claims_of(ctx.claims).own_kernel:
+        return OWN_KERNEL_UNRECORDED
+    if spec is None or not spec.kernel_witness:
+        return PROBE_UNRECORDED
+    return ""
 
 
 @dataclass
@@ -268,9 +293,15 @@ class KernelCell:
     why: str = ""
 
     @classmethod
-    def register(cls, group: cellgroup.CellGroup) -> KernelCell:
-        """Name the cell's cgroup to the run's witness, before anything runs in it."""
+    def register(cls, group: cellgroup.CellGroup, *, unread: str = "") -> KernelCell:
+        """Name the cell's cgroup to the run's witness, before anything runs in it.
+
+        Not where `unread` says why nothing will read the cell's events (`kernel_unread`):
+        the cell's reading then says that instead.
+        """
         witness = run_witness()
+        if unread and witness is not None:
+            return cls(witness, why=unread)
         if witness is None or not witness.wait_attached():
             return cls(witness)
         if group.mechanism != cellgroup.CGROUP or group.path is None:

@@ -88,6 +88,7 @@ class FsReadSecrets(SpecBase):
 
     id = "fs_read_secrets"
     area = "fs"
+    kernel_witness = True
 
     def __init__(self) -> None:
         """The inside paths the host added to each cell's task at the rendezvous, by nonce."""

@@ -170,6 +170,7 @@ class ProcSyscallSurface(BaselineSpec):
 
     id = "proc_syscall_surface"
     area = "proc"
+    kernel_witness = True
 
     def corroboration(self, ctx: CellContext, report: dict[str, Any]) -> list[str]:
         """None: a seccomp filter the host sees shows that one exists, not what it refuses.

@@ -138,6 +138,7 @@ class ProcVisibility(AnchoredSpec):
 
     id = "proc_visibility"
     area = "proc"
+    kernel_witness = True
     host_readings = ("anchor process log",)
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
