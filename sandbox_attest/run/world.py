@@ -23,7 +23,7 @@ from sandbox_attest.report.evidence import CellEntry, cell_entry
 from sandbox_attest.run.reach import stage_payload_files, unstage
 from sandbox_attest.run.runner import CellRunner
 from sandbox_attest.verdict import Verdict
-from sandbox_attest.world.core import World, start_world
+from sandbox_attest.world.core import ANY_CHECK, World, start_world
 from sandbox_attest.world.lab import current_lab
 
 if TYPE_CHECKING:
@@ -125,7 +125,9 @@ class RunWorld:
             try:
                 # A fixture that died in an earlier cell stays dead: this cell is not run
                 # against it (its payload's attempts would go unwitnessed), only recorded.
-                self.world.check_health()
+                # The fault is the one an earlier cell's check found after its payload; one
+                # that dies from then to this payload's end is found by this cell's own.
+                self.world.check_health(since=ANY_CHECK)
             except FixtureError as exc:
                 reason = f"not run: {exc}"
                 runner = None

@@ -125,6 +125,8 @@ class World:
     # every later cell is told which one and when (not a fresh guess per cell).
     _fault: str | None = field(default=None, repr=False)
     _health_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # When the last check that found every fixture up began (`time.monotonic()`), if any.
+    _up_at: float | None = field(default=None, repr=False)
 
     def __enter__(self) -> Self:
         """Return the (already running) world."""
@@ -141,8 +143,12 @@ class World:
         nonce appears in the queried name (case-insensitively: DNS names are); the
         listeners match when the nonce's bytes appear in what they received.
         """
-        # Witness logs of a dead fixture are silent, and silence reads as "no escape".
-        self.check_health()
+        # Witness logs of a dead fixture are silent, and silence reads as "no escape". The
+        # fixtures were found up after the payload ended (the runner's check_health with
+        # `since`), and a fixture that dies stays dead, so what they logged for the run is
+        # whole; here a fault already found still stops the read. A host control's own
+        # requests, read after that check, are its control's to find (they must be logged).
+        self.check_health(since=ANY_CHECK)
         lowered = nonce.lower()
         direct = self.listener.records_with(nonce)
         for extra in self.extra_listeners:
@@ -201,19 +207,29 @@ class World:
         ]
         return found
 
-    def check_health(self) -> None:
+    def check_health(self, since: float | None = None) -> None:
         """Raise if a fixture is dead: a cell judged against a dead witness could PASS falsely.
 
         The first fault found is kept for the rest of the run: later cells name the same
         fixture and when it was found, without probing again.
 
+        Args:
+            since: a `time.monotonic()` instant (a payload's end). A check that began at or
+                after it and found every fixture up is enough, without probing again: a
+                fixture that dies stays dead (its fault is kept), so that check shows them up
+                all the way to `since`. None: probe now.
+
         Raises:
             FixtureError: naming each dead fixture, what it was, and the fix.
         """
         with self._health_lock:
-            if self._fault is None and not self._stopped:
+            fresh = since is not None and self._up_at is not None and self._up_at >= since
+            if self._fault is None and not self._stopped and not fresh:
+                began = time.monotonic()
                 problems = self.problems()
-                if problems:
+                if not problems:
+                    self._up_at = began
+                else:
                     when = time.strftime("%H:%M:%S", time.gmtime())
                     self._fault = (
                         f"a fixture of the world failed (found {when} UTC): "
@@ -231,6 +247,10 @@ class World:
             return
         self._stopped = True
         self._stop_stack.close()
+
+
+# `check_health(since=...)` that any check which found the fixtures up satisfies.
+ANY_CHECK: float = float("-inf")
 
 
 def _signal_name(number: int) -> str:

@@ -208,9 +208,9 @@ class LaxWorld:
             proxy=ProxyInfo(url=proxy.url, socket=str(proxy.socket), port=proxy.port),
         )
 
-    def check_health(self) -> None:
+    def check_health(self, since: float | None = None) -> None:
         """The world's fixtures, and the lax proxy in place of the world's own, are alive."""
-        self._world.check_health()
+        self._world.check_health(since)
         status = self._proxy.exit_status()
         if status is not None:
             msg = f"the lax proxy died (exit {status}); rerun"

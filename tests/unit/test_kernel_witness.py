@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,48 @@ class TestWhereItCannotRun:
             "tool": "bpftrace (/usr/bin/bpftrace)",
             "why": f"turned off by {kernelwitness.DISABLE_ENV}",
         }
+
+
+class _Bpftrace:
+    """Stands in for the bpftrace process: counts the signals; still detaching until waited."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.waited = False
+        self.stdout = None
+        self.stderr = None
+
+    def poll(self) -> int | None:
+        return 0 if self.waited else None
+
+    def send_signal(self, number: int) -> None:
+        self.signals.append(number)
+
+    def wait(self, timeout: float) -> int:
+        del timeout
+        self.waited = True
+        return 0
+
+
+class TestStopping:
+    """The session interrupts bpftrace first and stops the world while it detaches."""
+
+    def test_interrupt_sends_one_sigint_and_stop_only_waits(self) -> None:
+        """`interrupt` then `stop`: one SIGINT in all (a second could cut the detach short)."""
+        proc = _Bpftrace()
+        witness = KernelWitness()
+        witness._proc = proc  # type: ignore[assignment]
+        witness.interrupt()
+        witness.interrupt()
+        assert proc.signals == [signal.SIGINT]
+        witness.stop()
+        assert proc.signals == [signal.SIGINT]
+        assert witness.stopped
+
+    def test_stop_alone_still_interrupts(self) -> None:
+        """Without `interrupt`, `stop` sends the SIGINT itself."""
+        proc = _Bpftrace()
+        witness = KernelWitness()
+        witness._proc = proc  # type: ignore[assignment]
+        witness.stop()
+        assert proc.signals == [signal.SIGINT]

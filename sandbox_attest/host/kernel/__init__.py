@@ -39,6 +39,7 @@ with today's readings.
 from sandbox_attest.host.kernel.program import cgroup_id
 from sandbox_attest.host.kernel.witness import (
     KernelWitness,
+    interrupt_run,
     run_witness,
     start_run,
     stop_run,
@@ -48,6 +49,7 @@ from sandbox_attest.host.kernel.witness import (
 __all__ = [
     "KernelWitness",
     "cgroup_id",
+    "interrupt_run",
     "run_witness",
     "start_run",
     "stop_run",
