@@ -55,6 +55,32 @@ def write_each(request: dict[str, Any]) -> dict[str, str]:
     return result
 
 
+def local_capabilities() -> dict[str, str]:
+    """Which sockets with no host listener this process may create: "ok" or the errno name.
+
+    ICMP echo, raw and packet sockets (catalog/capabilities.py: LOCAL_CAPABILITIES), each
+    created and closed at once: nothing is sent.
+    """
+    kinds = {
+        "icmp-echo": ("AF_INET", socket.SOCK_DGRAM, socket.IPPROTO_ICMP),
+        "raw-socket": ("AF_INET", socket.SOCK_RAW, socket.IPPROTO_ICMP),
+        "packet-socket": ("AF_PACKET", socket.SOCK_RAW, 0),
+    }
+    found: dict[str, str] = {}
+    for what, (family_name, kind, proto) in kinds.items():
+        family = getattr(socket, family_name, None)
+        if family is None:
+            found[what] = "EAFNOSUPPORT"
+            continue
+        try:
+            socket.socket(family, kind, proto).close()
+        except OSError as exc:
+            found[what] = errno.errorcode.get(exc.errno or -1, type(exc).__name__)
+        else:
+            found[what] = "ok"
+    return found
+
+
 def searchable(paths: list[str]) -> dict[str, str]:
     """Each directory: "" where this process may search it, else why.
 
