@@ -197,6 +197,10 @@ class ProbeSpec(Protocol):
         """The host readings that back this cell's reading; empty: the payload's word alone."""
         ...
 
+    def warm_up(self, user: PayloadUser | None) -> None:
+        """Start a run-wide host measurement in the background (see `SpecBase.warm_up`)."""
+        ...
+
     def look_paths(self, ctx: CellContext) -> list[str]:
         """Host paths the host looks for in the payload's view at its rendezvous.
 
@@ -402,6 +406,13 @@ class SpecBase:
         """No path is looked at by default: the rendezvous reads only the process."""
         del ctx
         return []
+
+    def warm_up(self, user: PayloadUser | None) -> None:
+        """Start, in the background, a host measurement every cell of the run shares.
+
+        Called once a run knows its cells, before the first starts; nothing by default.
+        """
+        del user
 
     def cleanup(self, ctx: CellContext) -> None:
         """Nothing is planted outside `cell_dir` by default."""

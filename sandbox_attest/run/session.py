@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox_attest import __version__
+from sandbox_attest.catalog import PROBES
 from sandbox_attest.errors import ConfigError, HarnessError
 from sandbox_attest.host import cellgroup, kernel
 from sandbox_attest.host.lifetime import RunInterrupted, caught_signal
@@ -216,7 +217,13 @@ class RunSession:
     # -- the cells: run (in the pool once planned) and recorded durably
 
     def plan(self, cells: list[Cell]) -> None:
-        """With jobs > 1, start running `cells` in a pool: the control leg first, then the rest."""
+        """With jobs > 1, start running `cells` in a pool: the control leg first, then the rest.
+
+        First each planned probe may begin a host measurement its cells share (`warm_up`:
+        fs_write_outside's scan for writable places), off the first cell's path.
+        """
+        for probe in dict.fromkeys(c.probe.id for c in cells if c.not_applicable is None):
+            PROBES[probe].warm_up(self.user)
         self.pool.plan(cells)
 
     def run_cell(self, cell: Cell) -> CellEntry:

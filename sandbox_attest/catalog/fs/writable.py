@@ -12,6 +12,7 @@ import collections
 import contextlib
 import functools
 import os
+import threading
 import time
 from typing import Any, Final
 
@@ -64,6 +65,10 @@ def writable_places(
     }
 
 
+# One scan at a time: `functools.cache` alone would let two first callers both scan.
+_SCAN_LOCK = threading.Lock()
+
+
 @functools.cache
 def _scan_as(user: PayloadUser | None) -> dict[str, Any]:
     if user is None:
@@ -74,8 +79,21 @@ def _scan_as(user: PayloadUser | None) -> dict[str, Any]:
     return dict(scanned)
 
 
+def start_scan(user: PayloadUser | None) -> None:
+    """Begin `payload_writable_places(user)` in the background (a run's cells wait for it).
+
+    The scan takes 1 to 2.5 s here; begun when the run knows its cells, it is done (or
+    nearly) when the first fs_write_outside cell plants, instead of holding up that cell.
+    """
+    threading.Thread(
+        target=payload_writable_places, args=(user,), daemon=True, name="writable-scan"
+    ).start()
+
+
 def payload_writable_places(user: PayloadUser | None) -> dict[str, Any]:
     """`writable_places()` as the payload user, once per process (see SCAN_BUDGET_S).
+
+    Callers at the same time wait for the one scan (`start_scan` may have begun it).
 
     Without a payload user the payload runs as the harness's own user, and the scan does too;
     except as root, which may write everywhere, and off POSIX: no scan then (only the named
@@ -85,8 +103,7 @@ def payload_writable_places(user: PayloadUser | None) -> dict[str, Any]:
         # On Windows os.access reads the read-only attribute, not the ACL, so it would call
         # the system drive's root writable. The named classes stand alone there.
         return {"found": [], "complete": False, "error": f"not scanned on {os.name}"}
-    if user is None:
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            return {"found": [], "complete": False, "error": "not scanned as root"}
-        return _scan_as(None)
-    return _scan_as(user)
+    if user is None and hasattr(os, "geteuid") and os.geteuid() == 0:
+        return {"found": [], "complete": False, "error": "not scanned as root"}
+    with _SCAN_LOCK:
+        return _scan_as(user)

@@ -56,7 +56,7 @@ from sandbox_attest.catalog.fs.exposure import (
     writable_exposures,
 )
 from sandbox_attest.catalog.fs.mount_reasons import mount_judgement
-from sandbox_attest.catalog.fs.writable import OUT_OF_REACH, payload_writable_places
+from sandbox_attest.catalog.fs.writable import OUT_OF_REACH, payload_writable_places, start_scan
 from sandbox_attest.catalog.judging import conclude, judge_escape, private_namespace_reason
 from sandbox_attest.catalog.spec import (
     HOST_TIMEOUT_S,
@@ -72,7 +72,7 @@ from sandbox_attest.errors import FixtureError
 from sandbox_attest.host import as_user, disguise, journal, safefs
 from sandbox_attest.host.mountview import MountMap
 from sandbox_attest.host.safefs import Identity, SafeDir, UnsafePathError, open_dir
-from sandbox_attest.host.trust import open_home
+from sandbox_attest.host.trust import PayloadUser, open_home
 from sandbox_attest.verdict import Assessment, Escape, Expectation
 
 _BASELINE = "baseline.json"
@@ -274,6 +274,10 @@ class FsWriteOutside(SpecBase):
     def control_name(ctx: CellContext) -> str:
         """The payload's control dir inside the workspace."""
         return f"fs-control-{ctx.nonce}"
+
+    def warm_up(self, user: PayloadUser | None) -> None:
+        """Begin the run's one scan for writable places (`writable.start_scan`)."""
+        start_scan(user)
 
     def _found_dirs(self, ctx: CellContext, named: dict[str, Path]) -> dict[str, Path]:
         """A canary dir in every place the scan found that no named class covers."""
