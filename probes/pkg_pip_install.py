@@ -4,8 +4,9 @@ Capability: ``python -m pip install --only-binary :all: --no-deps ... --index-ur
 targets["index_url"] --cert task["ca_bundle"] --target <workspace>/site <package>`` with
 HTTP(S)_PROXY = task["proxy_url"] (NO_PROXY emptied, user pip config ignored), then import the
 module from that target in a fresh interpreter and print its NONCE.
-Control: the same install pointed at targets["denied_index_url"] must fail, and pip's stderr
-must carry the proxy's 403 ("Tunnel connection failed: 403").
+Control: the same install pointed at targets["denied_index_url"] (started beside the
+capability's: each is a whole pip start-up) must fail, and pip's stderr must carry the
+proxy's 403 ("Tunnel connection failed: 403").
 pip gets HOME and TMPDIR under the workspace: inside a sandbox they may be the only writable
 places.
 
@@ -76,14 +77,37 @@ def pip_env(task):
     return env
 
 
-def pip_install(task, index_url, target, timeout):
+def start_pip(task, index_url, target):
+    """Start one pip install; `finish_pip` waits for it. The capability and the control run
+    side by side: each is a whole pip start-up (about 2.4 s under gVisor's ptrace platform),
+    and neither depends on the other (their targets differ; HOME and TMPDIR hold only pip's
+    uniquely named temporaries)."""
     t = task["targets"]
     argv = [sys.executable, "-m", "pip", "install", "--only-binary", ":all:", "--no-deps",
             "--no-cache-dir", "--disable-pip-version-check", "--no-input", "--retries", "1",
             "--timeout", "10", "--progress-bar", "off", "--index-url", index_url,
             "--cert", task["ca_bundle"], "--target", target, t["package"]]
-    return subprocess.run(argv, env=pip_env(task), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout)
+    return subprocess.Popen(argv, env=pip_env(task), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True)
+
+
+def finish_pip(proc, timeout):
+    """Wait for a started pip (killed at `timeout`, raising TimeoutExpired, as run() does)."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def started(task, index_url, target):
+    """A started pip, or the exception that kept it from starting."""
+    try:
+        return start_pip(task, index_url, target)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return exc
 
 
 def tail(text, size=400):
@@ -138,8 +162,12 @@ def run(task, out):
     t = task["targets"]
     budget = float(task.get("deadline_s") or 120)
     site = os.path.join(task["workspace"], "site")
+    installing = started(task, t["index_url"], site)
+    denied = started(task, t["denied_index_url"], site + "-denied")
     try:
-        proc = pip_install(task, t["index_url"], site, budget * 0.45)
+        if isinstance(installing, Exception):
+            raise installing
+        proc = finish_pip(installing, budget * 0.45)
     except (OSError, subprocess.SubprocessError) as exc:
         out["attempts"].append(attempt("pip-install", "capability", "error", errno_name(exc),
                                        None, repr(exc)))
@@ -161,7 +189,9 @@ def run(task, out):
                                            "succeeded" if good else "refused", None, None,
                                            "printed %r" % printed if printed else tail(imp.stderr)))
     try:
-        proc = pip_install(task, t["denied_index_url"], site + "-denied", budget * 0.35)
+        if isinstance(denied, Exception):
+            raise denied
+        proc = finish_pip(denied, budget * 0.35)
     except (OSError, subprocess.SubprocessError) as exc:
         out["attempts"].append(attempt("pip-install-denied", "control", "error",
                                        errno_name(exc), None, repr(exc)))
