@@ -33,6 +33,7 @@ payload's report.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import sys
@@ -225,11 +226,48 @@ def _tightest(base: Path, group: str, name: str) -> int | str | None:
     where = base / group.lstrip("/")
     if not where.is_dir():
         return f"unreadable: no {where} on the host"
+    ours = _own_group(base)
     tightest: int | None = None
     while True:
-        text = _read(where / name).strip()
-        if text.isdigit() and int(text) < CGROUP_UNLIMITED:
-            tightest = int(text) if tightest is None else min(tightest, int(text))
+        if where == ours or where in ours.parents:
+            # From the harness's own group up, the chain is the same for every cell of the
+            # run and out of any sandbox's reach: read once (`_tightest_from`).
+            above = _tightest_from(where, base, name)
+            if above is None or tightest is None:
+                return tightest if above is None else above
+            return min(tightest, above)
+        tightest = _tighter(tightest, _read(where / name))
+        if where == base or base not in where.parents:
+            return tightest
+        where = where.parent
+
+
+def _tighter(tightest: int | None, text: str) -> int | None:
+    """`tightest` lowered to the cap `text` holds, if it holds one below CGROUP_UNLIMITED."""
+    text = text.strip()
+    if text.isdigit() and int(text) < CGROUP_UNLIMITED:
+        return int(text) if tightest is None else min(tightest, int(text))
+    return tightest
+
+
+def _own_group(base: Path) -> Path:
+    """The harness's own cgroup under `base` (a v1 controller's mount, or the v2 root)."""
+    controller = "" if base == CGROUP_ROOT else base.name
+    return base / _cgroup_paths(os.getpid()).get(controller, "/nowhere").lstrip("/")
+
+
+@functools.lru_cache(maxsize=64)
+def _tightest_from(where: Path, base: Path, name: str) -> int | None:
+    """The smallest `name` from `where` (the harness's own group or above) up to `base`.
+
+    Read once per process: a host may nest its own processes deep (a VM agent here moved
+    every command one `runtime/` level further down the v1 memory hierarchy, 300 levels by
+    mid-session), and walking them for every cell held each payload 50 ms at its
+    rendezvous. Neither the payload nor its sandbox can write these groups' limits.
+    """
+    tightest: int | None = None
+    while True:
+        tightest = _tighter(tightest, _read(where / name))
         if where == base or base not in where.parents:
             return tightest
         where = where.parent

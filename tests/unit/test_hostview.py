@@ -23,6 +23,7 @@ import pytest
 
 from sandbox_attest.paths import probes_dir
 from sandbox_attest.payload import LAUNCHER_SOURCE
+from sandbox_attest.run import hostview
 from sandbox_attest.run.hostview import (
     LAUNCHER,
     Rendezvous,
@@ -398,3 +399,41 @@ class TestRendezvous:
             "why": f"RuntimeError: no reading of {view['pid']}",
         }
         assert "Max open files" in view["limits"]
+
+
+class TestCgroupChainAboveTheHarness:
+    """From the harness's own group up, limits are read once per process.
+
+    A host may nest its own processes deep (this VM's agent: 300 levels of `runtime/` in the
+    v1 memory hierarchy by mid-session); walking them at every rendezvous held each payload
+    50 ms. The groups below the harness's (the cell's, the sandbox's) are read every time.
+    """
+
+    def test_only_the_cells_part_is_read_again(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The cap is the smallest of both parts; the part above the harness is read once."""
+        base = tmp_path / "pids"
+        ours = base / "host" / "harness"
+        cell = ours / "cell"
+        cell.mkdir(parents=True)
+        for where, value in ((base, "max"), (base / "host", "64"), (ours, "max"), (cell, "20")):
+            (where / "pids.max").write_text(value)
+        monkeypatch.setattr(hostview, "_own_group", lambda _base: ours)
+        hostview._tightest_from.cache_clear()
+        reads: list[Path] = []
+        real = hostview._read
+
+        def counted(path: Path) -> str:
+            reads.append(path)
+            return real(path)
+
+        monkeypatch.setattr(hostview, "_read", counted)
+        group = "/host/harness/cell"
+        assert hostview._tightest(base, group, "pids.max") == 20
+        assert hostview._tightest(base, group, "pids.max") == 20
+        (cell / "pids.max").write_text("100")
+        assert hostview._tightest(base, group, "pids.max") == 64
+        assert reads.count(cell / "pids.max") == 3
+        assert reads.count(base / "host" / "pids.max") == 1
+        hostview._tightest_from.cache_clear()
