@@ -513,6 +513,30 @@ class TestHeadLimits:
         assert status == 408
         assert sent < len(head), "the proxy waited for the whole drip: no whole-head deadline"
 
+    @pytest.mark.parametrize(
+        ("first", "said"),
+        [(b"\x05\x01\x00", "0x05 (a SOCKS5 greeting?)"), (b"\x16\x03\x01", "0x16 (TLS?)")],
+        ids=["socks5-greeting", "tls-hello"],
+    )
+    def test_bytes_that_cannot_begin_http_are_refused_at_once(
+        self, make_proxy: Callable[..., ProxyProcess], first: bytes, said: str
+    ) -> None:
+        """A SOCKS greeting or a TLS hello gets 400 naming it, not a wait for the head deadline.
+
+        The deadline is long (30 s) and the client waits at most 10 s: only a refusal on the
+        first byte answers in time. An HTTP client's bytes still wait for a whole head (the
+        drip above).
+        """
+        proxy = make_proxy((Rule("allowed.test"),), head_timeout=30)
+        with tcp_client(proxy) as sock:
+            sock.settimeout(10)
+            sock.sendall(first)
+            status, headers, _ = read_head(sock)
+        assert status == 400
+        assert said in headers[DENY_HEADER.lower()]
+        assert wait_for(lambda: len(proxy.decisions()) == 1)
+        assert proxy.decisions()[0]["status"] == 400
+
 
 class TestUpstreamFailures:
     def test_dial_timeout_504(

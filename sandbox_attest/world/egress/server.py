@@ -72,6 +72,32 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
+# The bytes a request line may begin with: a method is a token (RFC 9110 5.6.2), after any
+# empty lines a server may skip (RFC 9112 2.2).
+_TOKEN_BYTES = frozenset(
+    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+)
+
+
+def _refuse_if_not_http(received: bytes) -> None:
+    """Refuse at once a connection whose first byte cannot begin an HTTP request.
+
+    A SOCKS greeting (0x05) or a TLS ClientHello (0x16) would otherwise wait out the head
+    deadline for a line that never comes; the refusal says what it looked like.
+
+    Raises:
+        Refusal: 400, naming the first byte.
+    """
+    head = received.lstrip(b"\r\n")
+    if head and head[0] not in _TOKEN_BYTES:
+        guess = {0x05: " (a SOCKS5 greeting?)", 0x04: " (a SOCKS4 request?)", 0x16: " (TLS?)"}
+        raise Refusal(
+            400,
+            f"not an HTTP request: it begins with byte 0x{head[0]:02x}"
+            f"{guess.get(head[0], '')}; this proxy speaks HTTP only",
+        )
+
+
 class _Server:
     def __init__(self, config: ProxyConfig, secret: str) -> None:
         self.config = config
@@ -315,6 +341,7 @@ class _Server:
                 record.reason = "client closed before a complete request head"
                 raise OSError("client closed before a complete request head")
             buf += chunk
+            _refuse_if_not_http(bytes(buf))
         client.settimeout(None)
         return parse_head(bytes(buf[:end])), bytes(buf[end + 4 :])
 
