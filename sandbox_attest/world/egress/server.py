@@ -317,6 +317,8 @@ class _Server:
     ) -> tuple[RequestHead, bytes]:
         deadline = time.monotonic() + self.config.head_timeout
         buf = bytearray(initial)
+        # Bytes handed over with the connection (`take_handoff`) are judged before any wait.
+        _refuse_if_not_http(initial)
         while True:
             end = buf.find(b"\r\n\r\n")
             if end != -1:
