@@ -80,6 +80,9 @@ CGROUP_FILES: Final = {
     "memory.max": ("memory", "memory.limit_in_bytes"),
 }
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
+# `read_cgroup_limits`'s "cgroup" entry for a hierarchy where the process is in the
+# harness's own group.
+HARNESS_OWN_GROUP: Final = "(the harness's own group)"
 # v1 writes "no limit" as a page-rounded 2**63 - 1; anything this large caps nothing.
 CGROUP_UNLIMITED: Final = 2**62
 
@@ -285,7 +288,12 @@ def read_cgroup_limits(pid: int) -> dict[str, Any]:
     paths = _cgroup_paths(pid)
     if not paths:
         return {}
-    result: dict[str, Any] = {"cgroup": paths}
+    ours = _cgroup_paths(os.getpid())
+    # A group the payload shares with the harness is said so, not spelled out: a host may
+    # nest its own processes hundreds of levels deep (3 KB a path here, once per process of
+    # every cell), and which group the harness is in says nothing about the sandbox.
+    shown = {c: HARNESS_OWN_GROUP if ours.get(c) == p != "/" else p for c, p in paths.items()}
+    result: dict[str, Any] = {"cgroup": shown}
     for name, (controller, v1_name) in CGROUP_FILES.items():
         if controller in paths:
             result[name] = _tightest(CGROUP_ROOT / controller, paths[controller], v1_name)

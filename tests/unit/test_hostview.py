@@ -171,7 +171,13 @@ def sandboxed(extra: list[str], code: str = SLEEPER) -> Iterator[int]:
             # the line that names the child.
             line = wait_for(info.readline, lambda ln: "child-pid" in ln or not ln)
         pid = int(line.split(":")[1].strip().rstrip(","))
-        wait_for(lambda: Path(f"/proc/{pid}/cmdline").read_bytes(), lambda c: code.encode() in c)
+        # The interpreter's own argv: bwrap's pid carries the same code in its argv until it
+        # execs, and a slow fork let the tests read bwrap's half-built root as the payload's.
+        interpreter = [sys.executable.encode(), b"-c", code.encode()]
+        wait_for(
+            lambda: Path(f"/proc/{pid}/cmdline").read_bytes(),
+            lambda c: c.split(b"\0")[:3] == interpreter,
+        )
         yield pid
     finally:
         proc.kill()
@@ -437,3 +443,17 @@ class TestCgroupChainAboveTheHarness:
         assert reads.count(cell / "pids.max") == 3
         assert reads.count(base / "host" / "pids.max") == 1
         hostview._tightest_from.cache_clear()
+
+    def test_a_group_shared_with_the_harness_is_named_not_spelled_out(self) -> None:
+        """A plain child is in the harness's groups: each non-root one reads as such.
+
+        A host may nest its processes hundreds of levels deep (3 KB a path here), and every
+        process of every cell would carry the path; the caps are read all the same.
+        """
+        ours = {c: p for c, p in hostview._cgroup_paths(os.getpid()).items() if p != "/"}
+        with started(["sleep", "30"]) as proc:
+            caps = read_cgroup_limits(proc.pid)
+        for controller, path in ours.items():
+            assert caps["cgroup"][controller] == hostview.HARNESS_OWN_GROUP, path
+        assert "pids.max" in caps
+        assert "memory.max" in caps
