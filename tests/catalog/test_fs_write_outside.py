@@ -321,3 +321,40 @@ class TestMountedElsewhere:
             leftovers = list(shared.iterdir())
             shutil.rmtree(shared)
         assert leftovers == []
+
+
+@as_root
+class TestTwoCellsAtOnce:
+    """Two cells of different backends plant in a fresh home at the same time (CI: `-j 2`).
+
+    The second found `.cache` made by the first between its check and its mkdir, and failed
+    with FileExistsError (an ERROR cell); the first's cleanup could also remove a config dir
+    the second's canary still needed. A dir one cell made is held by every cell that uses it,
+    and the last one out removes it.
+    """
+
+    def test_the_second_uses_the_firsts_dirs_and_the_last_out_removes_them(
+        self, ctx: CellContext, tmp_path: Path
+    ) -> None:
+        """Both prepare; the made dirs outlive the first cleanup and not the second."""
+        other = dataclasses.replace(
+            ctx, nonce="n" + secrets.token_hex(8), cell_dir=tmp_path / "cells" / "other"
+        )
+        (other.cell_dir / "workspace").mkdir(parents=True)
+        other = dataclasses.replace(other, workspace=other.cell_dir / "workspace")
+        first = SPEC.prepare(ctx)
+        try:
+            made = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text())["made"]
+            if not made:
+                pytest.skip("the payload's home already has every config dir: nothing is made")
+            second = SPEC.prepare(other)
+            try:
+                held = json.loads((other.cell_dir / "canaries" / _PLANTED).read_text())["made"]
+                assert set(made) <= set(held)
+                assert set(first["dirs"]) == set(second["dirs"])
+            finally:
+                SPEC.cleanup(ctx)
+                assert all(Path(m).is_dir() for m in made), "removed under the other cell"
+        finally:
+            SPEC.cleanup(other)
+        assert not any(Path(m).exists() for m in made)

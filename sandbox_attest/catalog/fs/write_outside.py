@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -120,6 +121,10 @@ class FsWriteOutside(SpecBase):
         # Canary dirs planted at the rendezvous in exposed host dirs no class covered, by nonce
         # then key: each dir and its canary's state when planted (the baseline).
         self._mounted: dict[str, dict[str, tuple[Path, dict[str, Any]]]] = {}
+        # Config dirs this process made in the payload's home, each with the cells (nonces)
+        # that hold it: made by the first, removed by the last (`_make_home_dirs`).
+        self._home_dirs: dict[Path, set[str]] = {}
+        self._home_lock = threading.Lock()
 
     def attempt_table(self, task: dict[str, Any]) -> AttemptTable:
         """Each op in the workspace and in every planted dir, also under a visible host root.
@@ -302,25 +307,37 @@ class FsWriteOutside(SpecBase):
             return self.canary_dirs(ctx) | at_rendezvous
         return {str(k): Path(v) for k, v in raw.get("dirs", {}).items()} | at_rendezvous
 
+    def _make_home_dirs(
+        self, ctx: CellContext, home: Path, candidates: dict[str, Path]
+    ) -> list[Path]:
+        """Make the config dirs a fresh home lacks for the cell's canaries; the ones it holds.
+
+        Two cells of different backends prepare at the same time: a dir one of them made is
+        used by the other too (it existed by then), and the last cell out removes it
+        (`cleanup`), so neither fails on the other's mkdir nor loses its parent mid-cell.
+        Journalled before they exist: a killed run's canaries outside the scratch are removed
+        by the next run (sandbox_attest/run/sweep.py); the sibling goes with the scratch.
+        """
+        parents = sorted({d.parent for k, d in candidates.items() if k in HOME_CLASSES})
+        chain = [p for parent in parents for p in (*reversed(parent.parents), parent)]
+        chain = list(dict.fromkeys(p for p in chain if home in p.parents))
+        outside = [d for k, d in candidates.items() if k != "sibling"]
+        with self._home_lock:
+            held = [p for p in chain if p in self._home_dirs or not p.exists()]
+            journal.record(canary_journal_key(self.id, ctx), outside, dirs=tuple(held))
+            for directory in held:
+                if directory not in self._home_dirs:
+                    # Through the parent's descriptor: the parent is in the payload's home.
+                    with safefs.open_dir(directory.parent) as up:
+                        up.mkdir(directory.name, 0o700, payload_owner(ctx))
+                self._home_dirs.setdefault(directory, set()).add(ctx.nonce)
+        return held
+
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant a canary dir (CANARY_NAME, its sha256 and mode recorded) in every class."""
         named = self.canary_dirs(ctx)
         candidates = {**named, **self._found_dirs(ctx, named)}
-        home = home_of(ctx)
-        # Config dirs a fresh home lacks are made for the cell, removed again if still empty.
-        parents = sorted(
-            {d.parent for k, d in candidates.items() if k in HOME_CLASSES and not d.parent.exists()}
-        )
-        made = [p for parent in parents for p in (*reversed(parent.parents), parent)]
-        made = list(dict.fromkeys(p for p in made if home in p.parents and not p.exists()))
-        # Journalled before they exist: a killed run's canaries outside the scratch are
-        # removed by the next run (sandbox_attest/run/sweep.py); the sibling goes with the scratch.
-        outside = [d for k, d in candidates.items() if k != "sibling"]
-        journal.record(canary_journal_key(self.id, ctx), outside, dirs=tuple(made))
-        for directory in made:
-            # Through the parent's descriptor: the parent is in the payload user's home.
-            with safefs.open_dir(directory.parent) as up:
-                up.mkdir(directory.name, 0o700, payload_owner(ctx))
+        made = self._make_home_dirs(ctx, home_of(ctx), candidates)
         baseline: dict[str, dict[str, Any]] = {}
         planted: dict[str, Path] = {}
         skipped: dict[str, str] = {}
@@ -626,13 +643,19 @@ class FsWriteOutside(SpecBase):
             made = json.loads((ctx.cell_dir / "canaries" / _PLANTED).read_text()).get("made", [])
         except (OSError, ValueError):
             made = []
-        for created in reversed(made):
-            # Not empty (something else uses it now) or swapped: kept.
-            with (
-                contextlib.suppress(OSError, safefs.UnsafePathError),
-                safefs.open_dir(Path(created).parent) as up,
-            ):
-                up.rmdir(Path(created).name)
+        with self._home_lock:
+            for created in map(Path, reversed(made)):
+                users = self._home_dirs.get(created, set())
+                users.discard(ctx.nonce)
+                if users:
+                    continue  # another cell's canary lives in it: the last one out removes it
+                self._home_dirs.pop(created, None)
+                # Not empty (something else uses it now) or swapped: kept.
+                with (
+                    contextlib.suppress(OSError, safefs.UnsafePathError),
+                    safefs.open_dir(created.parent) as up,
+                ):
+                    up.rmdir(created.name)
         # Only once they are gone: a cleanup cut short leaves the entry for the next sweep.
         if not any(d.exists() for d in outside):
             journal.forget(canary_journal_key(self.id, ctx))
