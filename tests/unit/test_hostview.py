@@ -48,16 +48,38 @@ def launcher(tmp_path: Path) -> Path:
     return script
 
 
+def _exe(pid: int) -> str:
+    """What `pid` runs, or "" while it cannot be read."""
+    try:
+        return str(Path(f"/proc/{pid}/exe").readlink())
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> bytes:
+    """`pid`'s NUL-separated argv, or b"" while it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @contextlib.contextmanager
 def started(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     """Start `argv`, yield it once its cmdline is visible, kill its whole group afterwards."""
     proc = subprocess.Popen(argv, start_new_session=True)  # a wrapper's child goes with it
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if Path(f"/proc/{proc.pid}/cmdline").read_bytes().count(b"\0") >= len(argv):
-                break
-            time.sleep(0.01)
+        # Until the exec the child is this interpreter with this cmdline. Counting argv's
+        # words in its cmdline instead missed a program that execs on (unshare -> sh has
+        # fewer words), and waited out the whole 10 s whenever the check came after that exec.
+        ours = str(Path("/proc/self/exe").readlink())
+        words = [os.fsencode(a) for a in argv]
+
+        def exec_done(seen: tuple[str, bytes]) -> bool:
+            exe, cmdline = seen
+            return exe not in {ours, ""} or cmdline.split(b"\0")[: len(words)] == words
+
+        wait_for(lambda: (_exe(proc.pid), _cmdline(proc.pid)), exec_done)
         yield proc
     finally:
         with contextlib.suppress(ProcessLookupError):
