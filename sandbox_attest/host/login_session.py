@@ -220,6 +220,16 @@ def _clear_stale(place: SafeDir, names: list[str]) -> None:
             place.unlink(name, expect=(st.st_dev, st.st_ino))
 
 
+def session_dirs() -> list[Path]:
+    """The ssh-agent and runtime directories of the sessions this process holds open.
+
+    They are the harness's fixtures: a cell's own witness planted in one (it holds a socket,
+    so a walk for socket directories finds it) kept the directory from being removed when
+    the session closed before that cell ended, and left `/tmp/ssh-*` behind.
+    """
+    return [d for session in list(_current) for d in (session.ssh_sock.parent, session.runtime)]
+
+
 def open_session(user: PayloadUser, wait: float = LOCK_WAIT_S) -> LoginSession:
     """Make the payload user's login session (see the module docstring), holding its lock.
 

@@ -23,6 +23,7 @@ from sandbox_attest.catalog.ipc.socket_view import (
     walk_summary,
     write_hint,
 )
+from sandbox_attest.catalog.socket_witness import walk_socket_dirs
 from sandbox_attest.host import login_session
 from sandbox_attest.host.safefs import UnsafePathError
 from sandbox_attest.host.trust import PayloadUser
@@ -178,6 +179,28 @@ class TestLoginSession:
         finally:
             session.close()
         assert login_session.current_env() == {}
+
+    def test_an_open_session_s_dirs_are_no_witness_site(self, places: tuple[Path, Path]) -> None:
+        """A walk for socket dirs that excludes `session_dirs()` skips the open session's.
+
+        Its ssh-agent dir holds a socket once the session's witness is in it; a cell's own
+        witness planted there kept `close` from removing the dir (left in /tmp after a run).
+        """
+        _, tmp = places
+        session = login_session.open_session(self.user())
+        try:
+            agent = socket.socket(socket.AF_UNIX)
+            agent.bind(str(session.ssh_sock))  # the session's witness, as acquire plants it
+            dirs = login_session.session_dirs()
+            assert session.ssh_sock.parent in dirs
+            found = walk_socket_dirs(str(tmp), 1, exclude=tuple(str(d) for d in dirs))
+            assert str(session.ssh_sock.parent) not in found
+            assert str(session.ssh_sock.parent) in walk_socket_dirs(str(tmp), 1)
+            agent.close()
+            session.ssh_sock.unlink()
+        finally:
+            session.close()
+        assert login_session.session_dirs() == []
 
     def test_another_user_s_runtime_dir_is_refused(self, places: tuple[Path, Path]) -> None:
         """A runtime dir already there with another owner is not used, and is left alone."""

@@ -83,6 +83,7 @@ from sandbox_attest.catalog.spec import (
 )
 from sandbox_attest.claims import claims_of
 from sandbox_attest.host import as_user
+from sandbox_attest.host.login_session import session_dirs
 from sandbox_attest.host.trust import PayloadUser
 from sandbox_attest.host.viewwalk import HostSocket, Identity
 from sandbox_attest.verdict import Assessment, Expectation
@@ -187,8 +188,9 @@ class IpcUnixSocketEscape(SpecBase):
     def prepare(self, ctx: CellContext) -> dict[str, Any]:
         """Plant the witnesses; the daemon's sockets, the Docker paths and the trees to walk.
 
-        The world's run dir and the run's scratch are no witness sites: they hold the egress
-        route and the fixture daemon, judged by their own witnesses. The route's socket is
+        The world's run dir, the run's scratch and the login session's dirs are no witness
+        sites: they hold the egress route, the fixture daemon and the session's daemons,
+        judged by their own witnesses. The route's socket is
         handed to the payload as one to skip: it is the backend's grant, not a host daemon.
         A directory the payload user cannot search unconfined (another program's private
         one) gets no witness: listed in `not_planted` with the reason.
@@ -196,7 +198,9 @@ class IpcUnixSocketEscape(SpecBase):
         info = ctx.world.info
         daemon = info.daemon
         scratch = ctx.cell_dir.parent.parent
-        found = socket_dirs(exclude=(Path(info.run_dir), scratch))
+        # The login session's directories are judged by its own witnesses (session_sockets):
+        # a cell's witness planted there outlived a session closed before the cell ended.
+        found = socket_dirs(exclude=(Path(info.run_dir), scratch, *session_dirs()))
         dirs, unreachable = reachable_dirs(found, ctx.user)
         witnesses = WitnessSockets(ctx.nonce, dirs, abstract=sys.platform.startswith("linux"))
         self._witnesses[ctx.nonce] = witnesses
