@@ -77,20 +77,38 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 
-def relay(listener: socket.socket, port: int) -> None:
-    """Accept in the payload's namespace; dial the harness side's loopback; copy both ways."""
+def relay(listener: socket.socket, port: int, done: threading.Event) -> None:
+    """Accept in the payload's namespace; dial the harness side's loopback; copy both ways.
+
+    Until `done` (the payload exited), then once more for what is still queued, and every
+    copy towards the host is finished before this returns: a gateway delivers what the
+    sandbox sent before it ended. Without that the wrapper, exiting with its payload, cut a
+    relay a busy host had not yet scheduled, and the hole went unseen by the host.
+    """
+    copies: list[threading.Thread] = []
+    listener.settimeout(0.05)
     while True:
+        finishing = done.is_set()
         try:
             inner, _ = listener.accept()
+        except TimeoutError:
+            if finishing:
+                break
+            continue
         except OSError:
-            return
+            break
+        inner.settimeout(None)
         try:
             outer = socket.create_connection(("127.0.0.1", port), 3)
         except OSError:
             inner.close()
             continue
-        for a, b in ((inner, outer), (outer, inner)):
-            threading.Thread(target=pump, args=(a, b), daemon=True).start()
+        towards_host = threading.Thread(target=pump, args=(inner, outer), daemon=True)
+        towards_host.start()
+        copies.append(towards_host)
+        threading.Thread(target=pump, args=(outer, inner), daemon=True).start()
+    for copy in copies:
+        copy.join(10)
 
 
 def main(argv: list[str]) -> int:
@@ -102,11 +120,17 @@ def main(argv: list[str]) -> int:
         ours.close()
         child(payload, port, theirs)
     theirs.close()
+    done = threading.Event()
+    relaying = None
     if port is not None:
         _, fds, _, _ = socket.recv_fds(ours, 1, 1)
         listener = socket.socket(fileno=fds[0])
-        threading.Thread(target=relay, args=(listener, port), daemon=True).start()
+        relaying = threading.Thread(target=relay, args=(listener, port, done), daemon=True)
+        relaying.start()
     _, status = os.waitpid(pid, 0)
+    done.set()
+    if relaying is not None:
+        relaying.join(15)
     return os.waitstatus_to_exitcode(status)
 
 
